@@ -1,0 +1,303 @@
+//! The runtime seam: the only place outside `src/shard/` that names glommio. Files for the
+//! commit log (O_DIRECT through io_uring, or buffered I/O where the filesystem refuses
+//! O_DIRECT), task spawning, timers and yielding. Swapping the io_uring runtime means
+//! rewriting this module and `src/shard/`, nothing else.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Alignment of every write offset and length on a [`LogFile`].
+pub const IO_ALIGN: usize = 4096;
+
+/// A file of the commit log: direct I/O when the filesystem supports it, buffered I/O
+/// otherwise (tmpfs), decided when it is opened.
+pub struct LogFile {
+    path: PathBuf,
+    inner: Inner,
+}
+
+enum Inner {
+    Dma(glommio::io::DmaFile),
+    Buffered(std::fs::File),
+}
+
+/// A buffer to write with [`LogFile::write_at`]: aligned memory for direct I/O.
+pub struct IoBuf {
+    inner: IoBufInner,
+}
+
+enum IoBufInner {
+    Dma(glommio::io::DmaBuffer),
+    Plain(Vec<u8>),
+}
+
+impl IoBuf {
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.inner {
+            IoBufInner::Dma(b) => b.as_bytes_mut(),
+            IoBufInner::Plain(v) => v.as_mut_slice(),
+        }
+    }
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            IoBufInner::Dma(b) => b.len(),
+            IoBufInner::Plain(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Bytes read from a [`LogFile`].
+pub enum ReadBuf {
+    Dma(glommio::io::ReadResult),
+    Plain(Vec<u8>),
+}
+
+impl std::ops::Deref for ReadBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBuf::Dma(r) => r,
+            ReadBuf::Plain(v) => v,
+        }
+    }
+}
+
+fn with_context(e: impl Into<io::Error>, op: &str, path: &Path) -> io::Error {
+    let e: io::Error = e.into();
+    io::Error::new(e.kind(), format!("{op} {}: {e}", path.display()))
+}
+
+impl LogFile {
+    /// Opens (and with `create`, creates) a file for reading and writing. Falls back to
+    /// buffered I/O, with a warning on stderr, when the filesystem refuses O_DIRECT.
+    pub async fn open(path: &Path, create: bool) -> io::Result<LogFile> {
+        let dma = glommio::io::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .dma_open(path)
+            .await;
+        match dma {
+            Ok(f) => Ok(LogFile {
+                path: path.to_owned(),
+                inner: Inner::Dma(f),
+            }),
+            Err(e) => {
+                let e: io::Error = e.into();
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    warn_buffered_once(path);
+                    let f = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(create)
+                        .truncate(false)
+                        .open(path)
+                        .map_err(|e| with_context(e, "open", path))?;
+                    Ok(LogFile {
+                        path: path.to_owned(),
+                        inner: Inner::Buffered(f),
+                    })
+                } else {
+                    Err(with_context(e, "open", path))
+                }
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// True when this file uses direct I/O.
+    pub fn is_direct(&self) -> bool {
+        matches!(self.inner, Inner::Dma(_))
+    }
+
+    /// A zeroed buffer of `len` bytes (a multiple of [`IO_ALIGN`]) to write with.
+    pub fn alloc(&self, len: usize) -> IoBuf {
+        debug_assert_eq!(len % IO_ALIGN, 0);
+        match &self.inner {
+            Inner::Dma(f) => {
+                let mut b = f.alloc_dma_buffer(len);
+                b.as_bytes_mut().fill(0);
+                IoBuf {
+                    inner: IoBufInner::Dma(b),
+                }
+            }
+            Inner::Buffered(_) => IoBuf {
+                inner: IoBufInner::Plain(vec![0u8; len]),
+            },
+        }
+    }
+
+    /// Writes the whole buffer at `pos` (aligned).
+    pub async fn write_at(&self, buf: IoBuf, pos: u64) -> io::Result<()> {
+        debug_assert_eq!(pos % IO_ALIGN as u64, 0);
+        let want = buf.len();
+        let written = match (&self.inner, buf.inner) {
+            (Inner::Dma(f), IoBufInner::Dma(b)) => f
+                .write_at(b, pos)
+                .await
+                .map_err(|e| with_context(e, "write", &self.path))?,
+            (Inner::Buffered(f), IoBufInner::Plain(v)) => {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&v, pos)
+                    .map_err(|e| with_context(e, "write", &self.path))?;
+                v.len()
+            }
+            _ => unreachable!("IoBuf allocated by another LogFile"),
+        };
+        if written != want {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!(
+                    "short write {}: {written} of {want} bytes at {pos}",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at `pos`; fewer at the end of the file.
+    pub async fn read_at(&self, pos: u64, len: usize) -> io::Result<ReadBuf> {
+        match &self.inner {
+            Inner::Dma(f) => f
+                .read_at(pos, len)
+                .await
+                .map(ReadBuf::Dma)
+                .map_err(|e| with_context(e, "read", &self.path)),
+            Inner::Buffered(f) => {
+                use std::os::unix::fs::FileExt;
+                let mut v = vec![0u8; len];
+                let mut got = 0;
+                while got < len {
+                    let n = f
+                        .read_at(&mut v[got..], pos + got as u64)
+                        .map_err(|e| with_context(e, "read", &self.path))?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                v.truncate(got);
+                Ok(ReadBuf::Plain(v))
+            }
+        }
+    }
+
+    pub async fn fdatasync(&self) -> io::Result<()> {
+        match &self.inner {
+            Inner::Dma(f) => f
+                .fdatasync()
+                .await
+                .map_err(|e| with_context(e, "fdatasync", &self.path)),
+            Inner::Buffered(f) => f
+                .sync_data()
+                .map_err(|e| with_context(e, "fdatasync", &self.path)),
+        }
+    }
+
+    pub async fn size(&self) -> io::Result<u64> {
+        match &self.inner {
+            Inner::Dma(f) => f
+                .file_size()
+                .await
+                .map_err(|e| with_context(e, "stat", &self.path)),
+            Inner::Buffered(f) => f
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|e| with_context(e, "stat", &self.path)),
+        }
+    }
+
+    pub async fn truncate(&self, len: u64) -> io::Result<()> {
+        match &self.inner {
+            Inner::Dma(f) => f
+                .truncate(len)
+                .await
+                .map_err(|e| with_context(e, "truncate", &self.path)),
+            Inner::Buffered(f) => f
+                .set_len(len)
+                .map_err(|e| with_context(e, "truncate", &self.path)),
+        }
+    }
+
+    /// Reserves `len` bytes of disk for the file without changing its size.
+    pub async fn preallocate(&self, len: u64) -> io::Result<()> {
+        match &self.inner {
+            Inner::Dma(f) => f
+                .pre_allocate(len, true)
+                .await
+                .map_err(|e| with_context(e, "fallocate", &self.path)),
+            Inner::Buffered(_) => Ok(()),
+        }
+    }
+
+    pub async fn close(self) -> io::Result<()> {
+        match self.inner {
+            Inner::Dma(f) => f
+                .close()
+                .await
+                .map_err(|e| with_context(e, "close", &self.path)),
+            Inner::Buffered(_) => Ok(()),
+        }
+    }
+}
+
+fn warn_buffered_once(path: &Path) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "ringmq: warning: the filesystem of {} does not support O_DIRECT; using buffered I/O \
+             (slower, and durability still relies on fdatasync)",
+            path.display()
+        );
+    }
+}
+
+/// Spawns a task on the current shard's executor. The task runs until it finishes even if
+/// the handle is dropped.
+pub fn spawn<T: 'static>(fut: impl std::future::Future<Output = T> + 'static) {
+    glommio::spawn_local(fut).detach();
+}
+
+/// Spawns a task and returns a handle to await its result.
+pub fn spawn_joinable<T: 'static>(
+    fut: impl std::future::Future<Output = T> + 'static,
+) -> impl std::future::Future<Output = Option<T>> {
+    glommio::spawn_local(fut).detach()
+}
+
+/// Runs a blocking function (file deletion, directory scans) off the shard's thread.
+pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    glommio::executor().spawn_blocking(f).await
+}
+
+pub async fn sleep(d: Duration) {
+    glommio::timer::sleep(d).await;
+}
+
+/// Lets the other tasks of this shard run before going on.
+pub async fn yield_now() {
+    glommio::executor().yield_now().await;
+}
+
+/// Runs a future to completion on a fresh single-threaded executor (tools, tests, benches).
+pub fn run_local<F, Fut, T>(make: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .spawn(make)
+        .expect("spawn executor")
+        .join()
+        .expect("executor thread panicked")
+}

@@ -1,0 +1,1 @@
+//! Wire protocol (filled by the broker issue).
