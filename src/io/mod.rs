@@ -75,6 +75,7 @@ impl LogFile {
     /// Opens (and with `create`, creates) a file for reading and writing. Falls back to
     /// buffered I/O, with a warning on stderr, when the filesystem refuses O_DIRECT.
     pub async fn open(path: &Path, create: bool) -> io::Result<LogFile> {
+        probe_iopoll_once(path).await;
         let dma = glommio::io::OpenOptions::new()
             .read(true)
             .write(true)
@@ -247,6 +248,38 @@ impl LogFile {
             Inner::Buffered(_) => Ok(()),
         }
     }
+}
+
+thread_local! {
+    static IOPOLL_PROBED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// glommio decides per device whether its polled ring works by reading the first DMA file
+/// it opens; on an empty file that read succeeds without touching the device, the device is
+/// wrongly marked pollable, and every later read fails with EOPNOTSUPP. So the first open
+/// of each executor thread opens a scratch file that holds real data.
+async fn probe_iopoll_once(near: &Path) {
+    if IOPOLL_PROBED.with(|p| p.replace(true)) {
+        return;
+    }
+    let Some(dir) = near.parent() else { return };
+    let probe = dir.join(format!(".ringmq-iopoll-probe-{}", std::process::id()));
+    let written = std::fs::write(&probe, vec![0xa5u8; IO_ALIGN]).and_then(|_| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&probe)
+            .and_then(|f| f.sync_all())
+    });
+    if written.is_ok() {
+        if let Ok(f) = glommio::io::OpenOptions::new()
+            .read(true)
+            .dma_open(&probe)
+            .await
+        {
+            let _ = f.close().await;
+        }
+    }
+    let _ = std::fs::remove_file(&probe);
 }
 
 fn warn_buffered_once(path: &Path) {

@@ -1,1 +1,778 @@
-//! Store.
+//! The message store of one shard: its commit log, the consume queues of its queues, the
+//! key index, the checkpoint and crash recovery. It assigns queue offsets, so it is the
+//! layer that knows topics and queues; it knows nothing of sockets, groups or consumers.
+//!
+//! On disk, under the store's directory:
+//! ```text
+//! commitlog/<20-digit base>      segments of the commit log
+//! consumequeue/<topic>/<queue>/  consume queue files
+//! index/                         key index files
+//! checkpoint                     log offset below which every index entry is on disk
+//! abort                          present while the store is open: its presence at start
+//!                                means the last shutdown was not clean
+//! ```
+
+mod checkpoint;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::index::{
+    tag_hash, ConsumeQueue, ConsumeQueueConfig, CqEntry, IndexError, KeyIndex, KeyIndexConfig,
+    TAG_HASH_NONE,
+};
+use crate::io::ReadBuf;
+use crate::log::record::{prop, RecordDraft, RecordView, HEADER_BYTES};
+use crate::log::{CommitLog, LogConfig, LogError, RecoveryReport};
+
+pub use checkpoint::Checkpoint;
+
+/// Options of a store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub log: LogConfig,
+    pub consume_queue: ConsumeQueueConfig,
+    pub key_index: KeyIndexConfig,
+    /// How often indexes are flushed and the checkpoint advanced.
+    pub checkpoint_interval_ms: u64,
+    /// How often retention runs.
+    pub retention_check_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            log: LogConfig::default(),
+            consume_queue: ConsumeQueueConfig::default(),
+            key_index: KeyIndexConfig::default(),
+            checkpoint_interval_ms: 5_000,
+            retention_check_interval_ms: 60_000,
+        }
+    }
+}
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("invalid topic name {0:?}: use 1 to 127 characters of A-Z a-z 0-9 _ - % |")]
+    InvalidTopic(String),
+    #[error("queue offset {offset} of {topic}:{queue_id} is below the queue's first offset {min}")]
+    OffsetTooSmall {
+        topic: String,
+        queue_id: u32,
+        offset: u64,
+        min: u64,
+    },
+    #[error("queue offset {offset} of {topic}:{queue_id} is beyond the queue's end {max}")]
+    OffsetTooBig {
+        topic: String,
+        queue_id: u32,
+        offset: u64,
+        max: u64,
+    },
+    #[error("store I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("recovery failed: {0}")]
+    Recovery(String),
+}
+
+/// Where a stored message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutResult {
+    pub queue_offset: u64,
+    pub physical_offset: u64,
+    pub size: u32,
+    pub store_timestamp_ms: i64,
+}
+
+impl PutResult {
+    pub fn end(&self) -> u64 {
+        self.physical_offset + self.size as u64
+    }
+}
+
+/// What recovery did.
+#[derive(Debug, Clone, Default)]
+pub struct StoreRecovery {
+    pub log: RecoveryReport,
+    pub clean_shutdown: bool,
+    pub checkpoint_offset: u64,
+    pub records_dispatched: u64,
+    pub queues: usize,
+}
+
+/// Records read for one pull: a few large reads, and the byte ranges of the records in them.
+pub struct QueueRead {
+    bufs: Vec<ReadBuf>,
+    /// (buffer index, start, length) of each record, in queue order.
+    slices: Vec<(u32, u32, u32)>,
+    /// Queue offset of each record.
+    offsets: Vec<u64>,
+    /// The queue offset to read next.
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+}
+
+impl QueueRead {
+    pub fn len(&self) -> usize {
+        self.slices.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty()
+    }
+    pub fn bytes_len(&self) -> usize {
+        self.slices.iter().map(|s| s.2 as usize).sum()
+    }
+    /// The stored bytes of each record, exactly as in the log.
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.slices
+            .iter()
+            .map(|&(b, s, l)| &self.bufs[b as usize][s as usize..(s + l) as usize])
+    }
+    pub fn queue_offsets(&self) -> &[u64] {
+        &self.offsets
+    }
+}
+
+struct QueueState {
+    cq: ConsumeQueue,
+}
+
+struct Inner {
+    dir: PathBuf,
+    cfg: StoreConfig,
+    log: CommitLog,
+    queues: RefCell<HashMap<(String, u32), QueueState>>,
+    keys: RefCell<KeyIndex>,
+    stopped: std::cell::Cell<bool>,
+}
+
+/// The store of one shard. Cheap to clone; not `Send`.
+#[derive(Clone)]
+pub struct MessageStore {
+    inner: Rc<Inner>,
+}
+
+/// Topic names become directory names: keep them to a safe alphabet.
+pub fn validate_topic(topic: &str) -> Result<(), StoreError> {
+    let ok = !topic.is_empty()
+        && topic.len() <= 127
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-%|.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidTopic(topic.to_owned()))
+    }
+}
+
+fn index_key(topic: &str, key: &str) -> String {
+    format!("{topic}#{key}")
+}
+
+fn io_err(op: &str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Io(std::io::Error::new(
+        e.kind(),
+        format!("{op} {}: {e}", path.display()),
+    ))
+}
+
+impl MessageStore {
+    /// Opens the store in `dir`, recovering from the last checkpoint.
+    pub async fn open(
+        dir: &Path,
+        cfg: StoreConfig,
+    ) -> Result<(MessageStore, StoreRecovery), StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
+        let abort_path = dir.join("abort");
+        let clean_shutdown = !abort_path.exists();
+        let checkpoint = Checkpoint::read(dir)?;
+        let checkpoint_offset = if clean_shutdown {
+            checkpoint.log_offset
+        } else {
+            checkpoint.log_offset
+        };
+        // Consume queues and key index as they were flushed.
+        let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue)?;
+        let mut keys = KeyIndex::open(&dir.join("index"), cfg.key_index.clone())?;
+        let keys_last = keys.last_physical_offset();
+        let mut dispatched = 0u64;
+        let mut failure: Option<StoreError> = None;
+        let (log, log_report) = {
+            let cq_cfg = cfg.consume_queue.clone();
+            let cq_root = dir.join("consumequeue");
+            let dispatch = |view: RecordView<'_>| {
+                if failure.is_some() {
+                    return;
+                }
+                dispatched += 1;
+                if let Err(e) =
+                    dispatch_record(&mut queues, &mut keys, keys_last, &cq_root, &cq_cfg, view)
+                {
+                    failure = Some(e);
+                }
+            };
+            CommitLog::open(
+                &dir.join("commitlog"),
+                cfg.log.clone(),
+                checkpoint_offset,
+                dispatch,
+            )
+            .await?
+        };
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        // Drop index entries past the recovered end of the log, and below its start.
+        let end = log.write_offset();
+        for q in queues.values_mut() {
+            q.cq.truncate_after_log_end(end)?;
+            q.cq.delete_before_physical(log.min_offset())?;
+        }
+        std::fs::write(&abort_path, b"ringmq store open\n")
+            .map_err(|e| io_err("create", &abort_path, e))?;
+        let report = StoreRecovery {
+            log: log_report,
+            clean_shutdown,
+            checkpoint_offset,
+            records_dispatched: dispatched,
+            queues: queues.len(),
+        };
+        let store = MessageStore {
+            inner: Rc::new(Inner {
+                dir: dir.to_owned(),
+                cfg,
+                log,
+                queues: RefCell::new(queues),
+                keys: RefCell::new(keys),
+                stopped: std::cell::Cell::new(false),
+            }),
+        };
+        store.spawn_housekeeping();
+        Ok((store, report))
+    }
+
+    pub fn log(&self) -> &CommitLog {
+        &self.inner.log
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Assigns the next queue offset, appends the record and indexes it. The record becomes
+    /// readable once the log's write completes: await [`acked`](Self::acked).
+    pub fn append(&self, draft: &RecordDraft<'_>) -> Result<PutResult, StoreError> {
+        validate_topic(draft.topic)?;
+        let mut queues = self.inner.queues.borrow_mut();
+        let key = (draft.topic.to_owned(), draft.queue_id);
+        if !queues.contains_key(&key) {
+            let qdir = queue_dir(
+                &self.inner.dir.join("consumequeue"),
+                draft.topic,
+                draft.queue_id,
+            );
+            let cq = ConsumeQueue::open(&qdir, self.inner.cfg.consume_queue.clone())?;
+            queues.insert(key.clone(), QueueState { cq });
+        }
+        let q = queues
+            .get_mut(&key)
+            .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?;
+        let queue_offset = q.cq.max_offset();
+        let appended = self.inner.log.append(draft, queue_offset)?;
+        let tags = crate::log::record::Properties::new(draft.properties).get(prop::TAGS);
+        let entry = CqEntry {
+            physical_offset: appended.physical_offset,
+            size: appended.size,
+            tag_hash: tags.map(tag_hash).unwrap_or(TAG_HASH_NONE),
+        };
+        q.cq.put(queue_offset, entry)?;
+        drop(queues);
+        let props = crate::log::record::Properties::new(draft.properties);
+        index_keys(
+            &mut self.inner.keys.borrow_mut(),
+            draft.topic,
+            props,
+            appended.physical_offset,
+            appended.store_timestamp_ms,
+        )?;
+        Ok(PutResult {
+            queue_offset,
+            physical_offset: appended.physical_offset,
+            size: appended.size,
+            store_timestamp_ms: appended.store_timestamp_ms,
+        })
+    }
+
+    /// Waits until the record ending at `end` is acknowledged under the flush mode.
+    pub async fn acked(&self, end: u64) -> Result<(), StoreError> {
+        Ok(self.inner.log.wait_acked(end).await?)
+    }
+
+    /// Waits until an fdatasync covers the record ending at `end`.
+    pub async fn durable(&self, end: u64) -> Result<(), StoreError> {
+        Ok(self.inner.log.wait_durable(end).await?)
+    }
+
+    /// Appends and waits for the acknowledgement.
+    pub async fn put(&self, draft: &RecordDraft<'_>) -> Result<PutResult, StoreError> {
+        let r = self.append(draft)?;
+        self.acked(r.end()).await?;
+        Ok(r)
+    }
+
+    /// The queues this store has, with (min, max) offsets.
+    pub fn queues(&self) -> Vec<(String, u32, u64, u64)> {
+        let mut v: Vec<_> = self
+            .inner
+            .queues
+            .borrow()
+            .iter()
+            .map(|((t, q), s)| (t.clone(), *q, s.cq.min_offset(), self.visible_max(&s.cq)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The readable end of a queue: entries whose record is not written yet are not visible.
+    fn visible_max(&self, cq: &ConsumeQueue) -> u64 {
+        let readable = self.inner.log.readable_end();
+        let mut max = cq.max_offset();
+        while max > cq.min_offset() {
+            match cq.get(max - 1) {
+                Some(e) if e.physical_offset + e.size as u64 > readable => max -= 1,
+                _ => break,
+            }
+        }
+        max
+    }
+
+    /// (min, max) queue offsets; max is the offset the next message will get. An unknown
+    /// queue is empty: (0, 0).
+    pub fn queue_range(&self, topic: &str, queue_id: u32) -> (u64, u64) {
+        let queues = self.inner.queues.borrow();
+        match queues.get(&(topic.to_owned(), queue_id)) {
+            Some(q) => (q.cq.min_offset(), self.visible_max(&q.cq)),
+            None => (0, 0),
+        }
+    }
+
+    fn entry(&self, topic: &str, queue_id: u32, offset: u64) -> Result<CqEntry, StoreError> {
+        let (min, max) = self.queue_range(topic, queue_id);
+        if offset < min {
+            return Err(StoreError::OffsetTooSmall {
+                topic: topic.into(),
+                queue_id,
+                offset,
+                min,
+            });
+        }
+        if offset >= max {
+            return Err(StoreError::OffsetTooBig {
+                topic: topic.into(),
+                queue_id,
+                offset,
+                max,
+            });
+        }
+        let queues = self.inner.queues.borrow();
+        queues
+            .get(&(topic.to_owned(), queue_id))
+            .and_then(|q| q.cq.get(offset))
+            .ok_or(StoreError::OffsetTooBig {
+                topic: topic.into(),
+                queue_id,
+                offset,
+                max,
+            })
+    }
+
+    /// Reads the message at a queue offset.
+    pub async fn read_at(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+    ) -> Result<ReadBuf, StoreError> {
+        let e = self.entry(topic, queue_id, offset)?;
+        Ok(self
+            .inner
+            .log
+            .read_record(e.physical_offset, e.size)
+            .await?)
+    }
+
+    /// Reads the message at a physical offset (message by id).
+    pub async fn read_physical(&self, physical_offset: u64) -> Result<ReadBuf, StoreError> {
+        Ok(self.inner.log.read_record_at(physical_offset).await?)
+    }
+
+    /// Reads up to `max_messages` (and about `max_bytes`) records of a queue from `offset`,
+    /// skipping records whose tag hash is not in `tag_hashes` (empty: all). Records that lie
+    /// close together in the log are fetched with one read.
+    pub async fn read_queue(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: usize,
+        tag_hashes: &[u64],
+    ) -> Result<QueueRead, StoreError> {
+        const SCAN_ENTRIES_MAX: u64 = 4096;
+        let (min, max) = self.queue_range(topic, queue_id);
+        if offset < min {
+            return Err(StoreError::OffsetTooSmall {
+                topic: topic.into(),
+                queue_id,
+                offset,
+                min,
+            });
+        }
+        if offset > max {
+            return Err(StoreError::OffsetTooBig {
+                topic: topic.into(),
+                queue_id,
+                offset,
+                max,
+            });
+        }
+        // Pick the entries, then plan reads: a run of entries is one read while the span
+        // stays within one segment and no more than twice the bytes it carries (plus slack).
+        let mut picked: Vec<(u64, CqEntry)> = Vec::new();
+        let mut next = offset;
+        {
+            let queues = self.inner.queues.borrow();
+            if let Some(q) = queues.get(&(topic.to_owned(), queue_id)) {
+                let mut bytes = 0usize;
+                let scan_end = max.min(offset + SCAN_ENTRIES_MAX);
+                while next < scan_end && picked.len() < max_messages as usize {
+                    let Some(e) = q.cq.get(next) else { break };
+                    if picked.is_empty() || bytes + e.size as usize <= max_bytes {
+                        if tag_hashes.is_empty() || tag_hashes.contains(&e.tag_hash) {
+                            bytes += e.size as usize;
+                            picked.push((next, e));
+                        }
+                        next += 1;
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+        let seg = self.inner.log.config().segment_bytes;
+        let mut bufs = Vec::new();
+        let mut slices = Vec::with_capacity(picked.len());
+        let mut offsets = Vec::with_capacity(picked.len());
+        let mut i = 0;
+        while i < picked.len() {
+            let start = picked[i].1.physical_offset;
+            let mut end = start + picked[i].1.size as u64;
+            let mut carried = picked[i].1.size as u64;
+            let mut j = i + 1;
+            while j < picked.len() {
+                let e = picked[j].1;
+                let new_end = e.physical_offset + e.size as u64;
+                let same_segment = e.physical_offset / seg == start / seg;
+                let span = new_end - start;
+                if !same_segment
+                    || span > 2 * (carried + e.size as u64) + 64 * 1024
+                    || span > 16 << 20
+                {
+                    break;
+                }
+                end = new_end;
+                carried += e.size as u64;
+                j += 1;
+            }
+            let buf = self.inner.log.read(start, (end - start) as usize).await?;
+            let b = bufs.len() as u32;
+            for &(qo, e) in &picked[i..j] {
+                let s = (e.physical_offset - start) as usize;
+                let bytes = &buf[s..s + e.size as usize];
+                // The other end of the boundary: what comes off the disk is checked.
+                let view = RecordView::parse(bytes).map_err(LogError::from)?;
+                if view.physical_offset() != e.physical_offset || view.queue_offset() != qo {
+                    return Err(StoreError::Log(LogError::Corrupt {
+                        path: self.inner.log.dir().to_owned(),
+                        file_offset: e.physical_offset,
+                        log_offset: e.physical_offset,
+                        reason: format!(
+                            "consume queue entry {topic}:{queue_id}:{qo} points at another record"
+                        ),
+                    }));
+                }
+                slices.push((b, s as u32, e.size));
+                offsets.push(qo);
+            }
+            bufs.push(buf);
+            i = j;
+        }
+        Ok(QueueRead {
+            bufs,
+            slices,
+            offsets,
+            next_offset: next,
+            min_offset: min,
+            max_offset: max,
+        })
+    }
+
+    /// The first queue offset whose message was stored at or after `timestamp_ms` (the
+    /// queue's max offset if none was).
+    pub async fn offset_by_timestamp(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let (min, max) = self.queue_range(topic, queue_id);
+        let (mut lo, mut hi) = (min, max);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let e = self.entry(topic, queue_id, mid)?;
+            let head = self.inner.log.read(e.physical_offset, HEADER_BYTES).await?;
+            let ts = store_timestamp_of_header(&head);
+            if ts < timestamp_ms {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Messages of `topic` whose KEYS contain `key`, stored in [begin_ms, end_ms], newest
+    /// first, at most `max`.
+    pub async fn messages_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max: usize,
+    ) -> Result<Vec<ReadBuf>, StoreError> {
+        // Ask for more candidates than needed: hash collisions are filtered out below.
+        let candidates = self.inner.keys.borrow().query(
+            &index_key(topic, key),
+            begin_ms,
+            end_ms,
+            max.saturating_mul(4).max(64),
+        );
+        let readable = self.inner.log.readable_end();
+        let min = self.inner.log.min_offset();
+        let mut out = Vec::new();
+        for phys in candidates {
+            if out.len() >= max {
+                break;
+            }
+            if phys < min || phys >= readable {
+                continue;
+            }
+            let buf = match self.inner.log.read_record_at(phys).await {
+                Ok(b) => b,
+                Err(LogError::OffsetTooSmall { .. }) | Err(LogError::OffsetTooBig { .. }) => {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let view = RecordView::parse(&buf).map_err(LogError::from)?;
+            let ts = view.store_timestamp_ms();
+            let matches = view.topic() == topic
+                && (view.keys().any(|k| k == key)
+                    || view.properties().get(prop::UNIQ_KEY) == Some(key))
+                && ts >= begin_ms
+                && ts <= end_ms;
+            if matches {
+                out.push(buf);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Flushes the indexes and advances the checkpoint to the log's durable end.
+    pub async fn checkpoint(&self) -> Result<u64, StoreError> {
+        let durable = self.inner.log.durable_end();
+        for q in self.inner.queues.borrow_mut().values_mut() {
+            q.cq.flush()?;
+        }
+        self.inner.keys.borrow_mut().flush()?;
+        let cp = Checkpoint {
+            log_offset: durable,
+            timestamp_ms: crate::log::now_ms(),
+        };
+        let dir = self.inner.dir.clone();
+        crate::io::blocking(move || cp.write(&dir)).await?;
+        Ok(durable)
+    }
+
+    /// Runs retention on the log and trims the indexes to match.
+    pub async fn apply_retention(&self, now_ms: i64) -> Result<u64, StoreError> {
+        let min = self.inner.log.apply_retention(now_ms).await;
+        for q in self.inner.queues.borrow_mut().values_mut() {
+            q.cq.delete_before_physical(min)?;
+        }
+        self.inner.keys.borrow_mut().delete_before_physical(min)?;
+        Ok(min)
+    }
+
+    /// Clean shutdown: write and sync everything, flush the indexes, write the checkpoint
+    /// at the end of the log and remove the abort marker.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.inner.stopped.set(true);
+        self.inner.log.close().await?;
+        let end = self.checkpoint().await?;
+        debug_assert_eq!(end, self.inner.log.write_offset());
+        let abort = self.inner.dir.join("abort");
+        std::fs::remove_file(&abort).map_err(|e| io_err("remove", &abort, e))?;
+        Ok(())
+    }
+
+    fn spawn_housekeeping(&self) {
+        let weak = Rc::downgrade(&self.inner);
+        let every = Duration::from_millis(self.inner.cfg.checkpoint_interval_ms.max(10));
+        crate::io::spawn(async move {
+            loop {
+                crate::io::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.stopped.get() {
+                    return;
+                }
+                let store = MessageStore { inner };
+                if let Err(e) = store.checkpoint().await {
+                    eprintln!("ringmq: checkpoint failed: {e}");
+                }
+            }
+        });
+        let weak = Rc::downgrade(&self.inner);
+        let every = Duration::from_millis(self.inner.cfg.retention_check_interval_ms.max(10));
+        crate::io::spawn(async move {
+            loop {
+                crate::io::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.stopped.get() {
+                    return;
+                }
+                let store = MessageStore { inner };
+                if let Err(e) = store.apply_retention(crate::log::now_ms()).await {
+                    eprintln!("ringmq: retention failed: {e}");
+                }
+            }
+        });
+    }
+}
+
+fn store_timestamp_of_header(head: &[u8]) -> i64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&head[48..56]);
+    i64::from_le_bytes(b)
+}
+
+fn queue_dir(root: &Path, topic: &str, queue_id: u32) -> PathBuf {
+    root.join(topic).join(queue_id.to_string())
+}
+
+fn open_queues(
+    root: &Path,
+    cfg: &ConsumeQueueConfig,
+) -> Result<HashMap<(String, u32), QueueState>, StoreError> {
+    let mut out = HashMap::new();
+    if !root.exists() {
+        return Ok(out);
+    }
+    for topic in std::fs::read_dir(root).map_err(|e| io_err("read_dir", root, e))? {
+        let topic = topic.map_err(|e| io_err("read_dir", root, e))?;
+        let Some(name) = topic.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if validate_topic(&name).is_err() {
+            continue;
+        }
+        for q in
+            std::fs::read_dir(topic.path()).map_err(|e| io_err("read_dir", &topic.path(), e))?
+        {
+            let q = q.map_err(|e| io_err("read_dir", &topic.path(), e))?;
+            let Some(qid) = q.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let cq = ConsumeQueue::open(&q.path(), cfg.clone())?;
+            out.insert((name.clone(), qid), QueueState { cq });
+        }
+    }
+    Ok(out)
+}
+
+fn index_keys(
+    keys: &mut KeyIndex,
+    topic: &str,
+    props: crate::log::record::Properties<'_>,
+    physical_offset: u64,
+    store_timestamp_ms: i64,
+) -> Result<(), StoreError> {
+    if let Some(k) = props.get(prop::KEYS) {
+        for key in k.split(' ').filter(|k| !k.is_empty()) {
+            keys.put(&index_key(topic, key), physical_offset, store_timestamp_ms)?;
+        }
+    }
+    if let Some(u) = props.get(prop::UNIQ_KEY) {
+        keys.put(&index_key(topic, u), physical_offset, store_timestamp_ms)?;
+    }
+    Ok(())
+}
+
+/// Re-indexes one record found by recovery. Consume queue puts are positional (idempotent);
+/// key index puts are skipped below what the key index already holds.
+fn dispatch_record(
+    queues: &mut HashMap<(String, u32), QueueState>,
+    keys: &mut KeyIndex,
+    keys_last: Option<u64>,
+    cq_root: &Path,
+    cq_cfg: &ConsumeQueueConfig,
+    view: RecordView<'_>,
+) -> Result<(), StoreError> {
+    let key = (view.topic().to_owned(), view.queue_id());
+    if !queues.contains_key(&key) {
+        let cq = ConsumeQueue::open(&queue_dir(cq_root, &key.0, key.1), cq_cfg.clone())?;
+        queues.insert(key.clone(), QueueState { cq });
+    }
+    let q = queues
+        .get_mut(&key)
+        .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?;
+    let entry = CqEntry {
+        physical_offset: view.physical_offset(),
+        size: view.total_len(),
+        tag_hash: view.tags().map(tag_hash).unwrap_or(TAG_HASH_NONE),
+    };
+    let qo = view.queue_offset();
+    if qo > q.cq.max_offset() && q.cq.max_offset() > q.cq.min_offset() {
+        return Err(StoreError::Recovery(format!(
+            "record at log offset {} has queue offset {qo} of {}:{}, but the consume queue ends at {}",
+            view.physical_offset(),
+            key.0,
+            key.1,
+            q.cq.max_offset()
+        )));
+    }
+    q.cq.put(qo, entry)?;
+    if keys_last.is_none_or(|last| view.physical_offset() > last) {
+        index_keys(
+            keys,
+            view.topic(),
+            view.properties(),
+            view.physical_offset(),
+            view.store_timestamp_ms(),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! The commit log on its own: round trips of random records, rolling over tiny segments,
+//! reopen, poisoning rules and retention.
+
+mod common;
+
+use common::message;
+use ringmq::io::run_local;
+use ringmq::log::record::{Placement, RecordView};
+use ringmq::log::{CommitLog, FlushMode, LogConfig, LogError};
+
+fn config(segment_bytes: u64, flush: FlushMode) -> LogConfig {
+    LogConfig {
+        segment_bytes,
+        flush,
+        flush_interval_ms: 20,
+        ..LogConfig::default()
+    }
+}
+
+/// Appends messages `0..count` of `seed` and returns (physical offset, expected bytes).
+async fn append_all(
+    log: &CommitLog,
+    seed: u64,
+    count: u64,
+    max_body: usize,
+) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut last_end = 0;
+    for n in 0..count {
+        let m = message(seed, n, 4, max_body);
+        let a = log.append(&m.draft(), n).unwrap();
+        let expected = m.draft().encode(Placement {
+            queue_offset: n,
+            physical_offset: a.physical_offset,
+            store_timestamp_ms: a.store_timestamp_ms,
+        });
+        assert_eq!(expected.len(), a.size as usize);
+        last_end = a.end();
+        out.push((a.physical_offset, expected));
+        if n % 16 == 0 {
+            log.wait_acked(last_end).await.unwrap();
+        }
+    }
+    log.wait_acked(last_end).await.unwrap();
+    out
+}
+
+async fn check_all(log: &CommitLog, expected: &[(u64, Vec<u8>)]) {
+    for (phys, bytes) in expected {
+        let got = log.read_record(*phys, bytes.len() as u32).await.unwrap();
+        assert_eq!(&got[..], &bytes[..], "record at {phys}");
+        let got = log.read_record_at(*phys).await.unwrap();
+        assert_eq!(&got[..], &bytes[..], "record at {phys} (size unknown)");
+        let view = RecordView::parse(&got).unwrap();
+        assert_eq!(view.physical_offset(), *phys);
+    }
+}
+
+#[test]
+fn round_trip_random_sizes_up_to_4_mib() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(16 << 20, FlushMode::Async);
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let expected = append_all(&log, 1, 300, 4 << 20).await;
+        assert!(
+            expected.iter().any(|(_, b)| b.len() > 1 << 20),
+            "some big records"
+        );
+        assert!(
+            expected.iter().any(|(_, b)| b.len() < 200),
+            "some small records"
+        );
+        check_all(&log, &expected).await;
+        log.close().await.unwrap();
+        // Reopen: the same bytes, and appends go on after them.
+        let mut seen = Vec::new();
+        let (log, report) = CommitLog::open(dir.path(), cfg, 0, |v| seen.push(v.physical_offset()))
+            .await
+            .unwrap();
+        assert_eq!(report.truncated_bytes, 0);
+        assert_eq!(seen, expected.iter().map(|e| e.0).collect::<Vec<_>>());
+        check_all(&log, &expected).await;
+        let m = message(1, 9999, 4, 10);
+        let a = log.append(&m.draft(), 0).unwrap();
+        assert_eq!(a.physical_offset, log.readable_end());
+        log.wait_acked(a.end()).await.unwrap();
+    });
+}
+
+#[test]
+fn tiny_segments_roll_and_reads_cross_them() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(16 * 1024, FlushMode::Sync);
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let expected = append_all(&log, 2, 2000, 3000).await;
+        let segments = std::fs::read_dir(dir.path()).unwrap().count();
+        assert!(segments > 50, "only {segments} segments");
+        check_all(&log, &expected).await;
+        // A record beyond the readable end is refused with a typed error.
+        let end = log.readable_end();
+        assert!(matches!(
+            log.read(end, 10).await,
+            Err(LogError::OffsetTooBig { .. })
+        ));
+        log.close().await.unwrap();
+        let (log, report) =
+            CommitLog::open(dir.path(), config(16 * 1024, FlushMode::Sync), 0, |_| {})
+                .await
+                .unwrap();
+        assert_eq!(report.end_offset, end);
+        check_all(&log, &expected).await;
+        // Too large for a segment: a typed error, nothing written.
+        let big = message(2, 1, 4, 0);
+        let body = vec![1u8; 20 * 1024];
+        let mut d = big.draft();
+        d.body = &body;
+        assert!(matches!(
+            log.append(&d, 0),
+            Err(LogError::RecordTooLarge { .. })
+        ));
+        assert_eq!(log.write_offset(), end);
+    });
+}
+
+#[test]
+fn sync_mode_acks_only_durable_records_and_group_commits() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = CommitLog::open(dir.path(), config(1 << 20, FlushMode::Sync), 0, |_| {})
+            .await
+            .unwrap();
+        // Many concurrent appenders: each waits for its own record to be durable.
+        let mut tasks = Vec::new();
+        for t in 0..64u64 {
+            let log = log.clone();
+            tasks.push(ringmq::io::spawn_joinable(async move {
+                for i in 0..20u64 {
+                    let m = message(3, t * 100 + i, 4, 200);
+                    let a = log.append(&m.draft(), i).unwrap();
+                    log.wait_acked(a.end()).await.unwrap();
+                    assert!(log.durable_end() >= a.end());
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(log.durable_end(), log.write_offset());
+    });
+}
+
+#[test]
+fn retention_deletes_old_segments_and_reads_get_offset_too_small() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(16 * 1024, FlushMode::Async);
+        cfg.retention_bytes_max = 64 * 1024;
+        let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+        let expected = append_all(&log, 4, 1000, 1000).await;
+        let min = log.apply_retention(ringmq::log::now_ms()).await;
+        assert!(min > 0);
+        assert!(log.write_offset() - min <= 64 * 1024 + 16 * 1024);
+        for (phys, bytes) in &expected {
+            match log.read_record(*phys, bytes.len() as u32).await {
+                Ok(got) => {
+                    assert!(*phys >= min);
+                    assert_eq!(&got[..], &bytes[..]);
+                }
+                Err(LogError::OffsetTooSmall { min: m, .. }) => {
+                    assert!(*phys < min);
+                    assert_eq!(m, min);
+                }
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        // Appends go on while and after segments are deleted.
+        let m = message(4, 5000, 4, 100);
+        let a = log.append(&m.draft(), 0).unwrap();
+        log.wait_acked(a.end()).await.unwrap();
+    });
+}
+
+#[test]
+fn corrupt_config_is_refused() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let r = CommitLog::open(dir.path(), config(1000, FlushMode::Async), 0, |_| {}).await;
+        assert!(matches!(r, Err(LogError::Config(_))));
+    });
+}

@@ -1,0 +1,65 @@
+//! Shared helpers of the integration tests.
+#![allow(dead_code)]
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use ringmq::log::record::{PropertiesBuilder, RecordDraft};
+
+/// A message the tests can rebuild from its number alone, so that recovered data can be
+/// checked against what was appended.
+pub struct TestMessage {
+    pub topic: String,
+    pub queue_id: u32,
+    pub properties: Vec<u8>,
+    pub body: Vec<u8>,
+    pub born_timestamp_ms: i64,
+}
+
+impl TestMessage {
+    pub fn draft(&self) -> RecordDraft<'_> {
+        RecordDraft {
+            topic: &self.topic,
+            queue_id: self.queue_id,
+            flag: (self.body.len() as i32) ^ 0x55,
+            sys_flag: 0,
+            born_timestamp_ms: self.born_timestamp_ms,
+            born_host: "127.0.0.1:9".parse().unwrap(),
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: &self.properties,
+            body: &self.body,
+        }
+    }
+}
+
+/// Message number `n` of a run with `seed`: body size drawn from `max_body`, random
+/// properties, a tag and keys.
+pub fn message(seed: u64, n: u64, queues: u32, max_body: usize) -> TestMessage {
+    let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(n));
+    let len = if max_body > 0 && rng.gen_ratio(1, 20) {
+        rng.gen_range(0..=max_body)
+    } else {
+        rng.gen_range(0..=max_body.min(2048))
+    };
+    let mut body = vec![0u8; len];
+    rng.fill(&mut body[..]);
+    if body.len() >= 8 {
+        body[..8].copy_from_slice(&n.to_le_bytes());
+    }
+    let mut p = PropertiesBuilder::new();
+    p.put("TAGS", ["TagA", "TagB", "TagC"][(n % 3) as usize])
+        .unwrap();
+    p.put("KEYS", &format!("key-{} order-{}", n, n % 10))
+        .unwrap();
+    for i in 0..rng.gen_range(0..4) {
+        p.put(&format!("user{i}"), &format!("v{}", rng.gen::<u32>()))
+            .unwrap();
+    }
+    TestMessage {
+        topic: format!("topic{}", n % 2),
+        queue_id: (n % queues as u64) as u32,
+        properties: p.into_bytes(),
+        body,
+        born_timestamp_ms: 1_700_000_000_000 + n as i64,
+    }
+}

@@ -1,0 +1,311 @@
+//! The message store: queue offsets, pulls with tag filters, lookup by time and by key,
+//! reopen, retention of indexes.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+
+use ringmq::index::tag_hash;
+use ringmq::io::run_local;
+use ringmq::log::record::{Placement, RecordView};
+use ringmq::store::{MessageStore, StoreConfig, StoreError};
+
+fn small_config() -> StoreConfig {
+    let mut cfg = StoreConfig::default();
+    cfg.log.segment_bytes = 256 * 1024;
+    cfg.consume_queue.entries_per_file = 100;
+    cfg.key_index.slots_per_file = 16;
+    cfg.key_index.entries_per_file = 200;
+    cfg
+}
+
+struct Stored {
+    topic: String,
+    queue_id: u32,
+    queue_offset: u64,
+    store_ts: i64,
+    bytes: Vec<u8>,
+    n: u64,
+}
+
+async fn fill(store: &MessageStore, seed: u64, count: u64) -> Vec<Stored> {
+    let mut out = Vec::new();
+    for n in 0..count {
+        let m = common::message(seed, n, 4, 3000);
+        let r = store.put(&m.draft()).await.unwrap();
+        let bytes = m.draft().encode(Placement {
+            queue_offset: r.queue_offset,
+            physical_offset: r.physical_offset,
+            store_timestamp_ms: r.store_timestamp_ms,
+        });
+        out.push(Stored {
+            topic: m.topic.clone(),
+            queue_id: m.queue_id,
+            queue_offset: r.queue_offset,
+            store_ts: r.store_timestamp_ms,
+            bytes,
+            n,
+        });
+        if n % 200 == 0 {
+            // Spread store timestamps so time search has distinct values.
+            ringmq::io::sleep(std::time::Duration::from_millis(3)).await;
+        }
+    }
+    out
+}
+
+async fn check_contents(store: &MessageStore, stored: &[Stored]) {
+    for s in stored {
+        let got = store
+            .read_at(&s.topic, s.queue_id, s.queue_offset)
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &s.bytes[..]);
+    }
+}
+
+#[test]
+fn queue_offsets_are_dense_per_queue_and_reads_are_byte_identical() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let stored = fill(&store, 11, 2000).await;
+        let mut next: HashMap<(String, u32), u64> = HashMap::new();
+        for s in &stored {
+            let e = next.entry((s.topic.clone(), s.queue_id)).or_default();
+            assert_eq!(s.queue_offset, *e, "dense and increasing");
+            *e += 1;
+        }
+        for ((t, q), max) in &next {
+            assert_eq!(store.queue_range(t, *q), (0, *max));
+        }
+        check_contents(&store, &stored).await;
+        store.close().await.unwrap();
+        let (store, rec) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        assert!(rec.clean_shutdown);
+        assert_eq!(
+            rec.records_dispatched, 0,
+            "a clean checkpoint needs no re-indexing"
+        );
+        check_contents(&store, &stored).await;
+        for ((t, q), max) in &next {
+            assert_eq!(store.queue_range(t, *q), (0, *max));
+        }
+    });
+}
+
+#[test]
+fn pulls_return_stored_bytes_in_order_and_filter_tags() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let stored = fill(&store, 12, 1200).await;
+        let want: Vec<&Stored> = stored
+            .iter()
+            .filter(|s| s.topic == "topic0" && s.queue_id == 2)
+            .collect();
+        // All of the queue, 32 at a time.
+        let mut off = 0;
+        let mut got = Vec::new();
+        loop {
+            let r = store
+                .read_queue("topic0", 2, off, 32, 1 << 20, &[])
+                .await
+                .unwrap();
+            assert!(r.len() <= 32);
+            if r.is_empty() {
+                assert_eq!(r.next_offset, r.max_offset);
+                break;
+            }
+            for (rec, qo) in r.records().zip(r.queue_offsets()) {
+                assert_eq!(RecordView::parse(rec).unwrap().queue_offset(), *qo);
+                got.push(rec.to_vec());
+            }
+            off = r.next_offset;
+        }
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g, &w.bytes);
+        }
+        // Tag filter: only TagA and TagB, and all of them.
+        let hashes = [tag_hash("TagA"), tag_hash("TagB")];
+        let mut off = 0;
+        let mut tagged = Vec::new();
+        loop {
+            let r = store
+                .read_queue("topic0", 2, off, 32, 1 << 20, &hashes)
+                .await
+                .unwrap();
+            if r.next_offset == off {
+                break;
+            }
+            for rec in r.records() {
+                tagged.push(RecordView::parse(rec).unwrap().tags().unwrap().to_owned());
+            }
+            off = r.next_offset;
+        }
+        let expected: Vec<String> = want
+            .iter()
+            .map(|w| {
+                RecordView::parse(&w.bytes)
+                    .unwrap()
+                    .tags()
+                    .unwrap()
+                    .to_owned()
+            })
+            .filter(|t| t == "TagA" || t == "TagB")
+            .collect();
+        assert_eq!(tagged, expected);
+        // Offsets out of range get typed errors.
+        let (_, max) = store.queue_range("topic0", 2);
+        assert!(matches!(
+            store
+                .read_queue("topic0", 2, max + 1, 32, 1 << 20, &[])
+                .await,
+            Err(StoreError::OffsetTooBig { .. })
+        ));
+        assert!(store
+            .read_queue("topic0", 2, max, 32, 1 << 20, &[])
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(matches!(
+            store.read_at("topic0", 2, max).await,
+            Err(StoreError::OffsetTooBig { .. })
+        ));
+        assert!(matches!(
+            store.read_at("nosuchtopic", 0, 0).await,
+            Err(StoreError::OffsetTooBig { .. })
+        ));
+    });
+}
+
+#[test]
+fn timestamp_search_returns_first_offset_at_or_after_the_time() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let stored = fill(&store, 13, 1500).await;
+        let queue: Vec<&Stored> = stored
+            .iter()
+            .filter(|s| s.topic == "topic1" && s.queue_id == 1)
+            .collect();
+        let mut probes: Vec<i64> = queue.iter().map(|s| s.store_ts).collect();
+        probes.push(queue[0].store_ts - 1000);
+        probes.push(queue.last().unwrap().store_ts + 1000);
+        for ts in probes {
+            let expected = queue
+                .iter()
+                .position(|s| s.store_ts >= ts)
+                .map(|i| queue[i].queue_offset)
+                .unwrap_or(queue.len() as u64);
+            let got = store.offset_by_timestamp("topic1", 1, ts).await.unwrap();
+            assert_eq!(got, expected, "timestamp {ts}");
+        }
+    });
+}
+
+#[test]
+fn key_queries_return_exactly_the_matching_messages() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let stored = fill(&store, 14, 600).await;
+        let check = |stored: &[Stored], topic: &str, key: &str| -> HashSet<u64> {
+            stored
+                .iter()
+                .filter(|s| s.topic == topic)
+                .filter(|s| {
+                    RecordView::parse(&s.bytes)
+                        .unwrap()
+                        .keys()
+                        .any(|k| k == key)
+                })
+                .map(|s| s.n)
+                .collect()
+        };
+        for (topic, key) in [
+            ("topic0", "order-4"),
+            ("topic1", "order-3"),
+            ("topic0", "key-10"),
+            ("topic1", "key-10"),
+            ("topic0", "absent"),
+        ] {
+            let found = store
+                .messages_by_key(topic, key, 0, i64::MAX, 1000)
+                .await
+                .unwrap();
+            let got: HashSet<u64> = found
+                .iter()
+                .map(|b| {
+                    let v = RecordView::parse(b).unwrap();
+                    stored
+                        .iter()
+                        .find(|s| s.bytes == b[..])
+                        .map(|s| s.n)
+                        .unwrap_or_else(|| panic!("unknown record {v:?}"))
+                })
+                .collect();
+            assert_eq!(got, check(&stored, topic, key), "{topic} {key}");
+            assert_eq!(got.len(), found.len(), "no duplicates");
+        }
+        // Time range and max.
+        let all = store
+            .messages_by_key("topic0", "order-4", 0, i64::MAX, 1000)
+            .await
+            .unwrap();
+        assert!(all.len() > 5);
+        let two = store
+            .messages_by_key("topic0", "order-4", 0, i64::MAX, 2)
+            .await
+            .unwrap();
+        assert_eq!(two.len(), 2);
+        let none = store
+            .messages_by_key("topic0", "order-4", 0, 1, 100)
+            .await
+            .unwrap();
+        assert!(none.is_empty());
+        // After an unclean stop (no close) the index is rebuilt from the log.
+        drop(store);
+        let (store, rec) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        assert!(!rec.clean_shutdown);
+        let again = store
+            .messages_by_key("topic0", "order-4", 0, i64::MAX, 1000)
+            .await
+            .unwrap();
+        assert_eq!(again.len(), all.len());
+    });
+}
+
+#[test]
+fn invalid_topics_are_refused() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let mut m = common::message(1, 1, 1, 10);
+        for bad in ["", "../etc", "a/b", "with space"] {
+            m.topic = bad.to_owned();
+            assert!(
+                matches!(
+                    store.append(&m.draft()),
+                    Err(StoreError::InvalidTopic(_)) | Err(StoreError::Log(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    });
+}
