@@ -1,1 +1,192 @@
-//! Indexes.
+//! Indexes over the commit log: the per-(topic, queue) consume queues, the key index and the
+//! tag hash stored in consume-queue entries.
+//!
+//! Owns: the on-disk formats and files under `<data>/consumequeue/<topic>/<queue_id>/`
+//! ([`ConsumeQueue`]) and `<data>/index/` ([`KeyIndex`]), their recovery on open, their
+//! truncation after the log's recovery and their retention.
+//!
+//! Architecture invariant: indexes are derived data. Everything here can be rebuilt from the
+//! commit log, so this module never decides what is durable: after a crash the store
+//! truncates an index to the recovered log and replays the log into it, and both operations
+//! are idempotent. The module does no network I/O, knows nothing of consumers, groups or
+//! offsets committed by them, and is synchronous and runtime-free (memory-mapped files,
+//! called from one single-threaded shard).
+
+mod consume_queue;
+mod key_index;
+mod tag;
+
+use std::path::{Path, PathBuf};
+
+pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, CQ_ENTRY_BYTES};
+pub use key_index::{KeyIndex, KeyIndexConfig};
+pub use tag::{tag_hash, TAG_HASH_NONE};
+
+/// The one error type of the index layer.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("index I/O: {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("corrupt index file {path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("consume queue hole: put at {offset}, max is {max}")]
+    Hole { offset: u64, max: u64 },
+}
+
+/// Builds the `map_err` closure of an I/O operation on `path`.
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IndexError {
+    let path = path.to_path_buf();
+    move |source| IndexError::Io { op, path, source }
+}
+
+/// The file name of a file numbered `number`: 20 zero-padded digits, so names sort like
+/// numbers.
+fn numbered_file_name(number: u64) -> String {
+    format!("{number:020}")
+}
+
+/// The number of a file named by [`numbered_file_name`]; `None` for any other name.
+fn parse_numbered_file_name(name: &std::ffi::OsStr) -> Option<u64> {
+    let name = name.to_str()?;
+    if name.len() != 20 || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok()
+}
+
+/// The numbered files in `dir`, sorted by number. Other names are ignored, so a stray file
+/// (an editor backup, a `lost+found`) does not stop the broker.
+fn list_numbered_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, IndexError> {
+    let mut files = Vec::new();
+    for dir_entry in std::fs::read_dir(dir).map_err(io_err("read_dir", dir))? {
+        let dir_entry = dir_entry.map_err(io_err("read_dir", dir))?;
+        if let Some(number) = parse_numbered_file_name(&dir_entry.file_name()) {
+            files.push((number, dir_entry.path()));
+        }
+    }
+    files.sort_unstable_by_key(|&(number, _)| number);
+    Ok(files)
+}
+
+/// Little-endian field access on mapped bytes. The callers compute `at` from validated
+/// sizes, so an out-of-range `at` is a programmer error and panics.
+fn read_u32(bytes: &[u8], at: usize) -> u32 {
+    let mut field = [0u8; 4];
+    field.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(field)
+}
+
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut field = [0u8; 8];
+    field.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(field)
+}
+
+fn read_i64(bytes: &[u8], at: usize) -> i64 {
+    let mut field = [0u8; 8];
+    field.copy_from_slice(&bytes[at..at + 8]);
+    i64::from_le_bytes(field)
+}
+
+fn write_u32(bytes: &mut [u8], at: usize, value: u32) {
+    bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+fn write_u64(bytes: &mut [u8], at: usize, value: u64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+fn write_i64(bytes: &mut [u8], at: usize, value: i64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Creates `path` all zeros (sparse), `len_bytes` long, and maps it read-write. A leftover
+/// file of that name is emptied first: callers create a file only for a position that holds
+/// nothing they keep.
+fn create_mapped(path: &Path, len_bytes: u64) -> Result<memmap2::MmapMut, IndexError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    file.set_len(len_bytes).map_err(io_err("set_len", path))?;
+    map_file(&file, path)
+}
+
+/// Opens an existing `path` read-write; returns it with its length.
+fn open_existing(path: &Path) -> Result<(std::fs::File, u64), IndexError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    let len_bytes = file.metadata().map_err(io_err("stat", path))?.len();
+    Ok((file, len_bytes))
+}
+
+fn map_file(file: &std::fs::File, path: &Path) -> Result<memmap2::MmapMut, IndexError> {
+    // SAFETY: index files are private to this broker process, which opens each one through
+    // exactly one index object, and they are never truncated while mapped (retention unmaps a
+    // file before removing it). So no other party changes the bytes or the length under the
+    // mapping, which is what makes handing out `&[u8]` over it sound.
+    unsafe { memmap2::MmapMut::map_mut(file) }.map_err(io_err("mmap", path))
+}
+
+fn remove_file(path: &Path) -> Result<(), IndexError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        // Already gone (a crash between unmapping and removing on a previous run): the goal
+        // of the removal is reached.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("remove", path)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_names_round_trip_and_sort() {
+        assert_eq!(numbered_file_name(0), "00000000000000000000");
+        assert_eq!(numbered_file_name(u64::MAX), "18446744073709551615");
+        for number in [0, 1, 300_000, u64::MAX] {
+            let name = numbered_file_name(number);
+            assert_eq!(
+                parse_numbered_file_name(std::ffi::OsStr::new(&name)),
+                Some(number)
+            );
+        }
+        for bad in [
+            "",
+            "0",
+            "0000000000000000000a",
+            "000000000000000000000",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                parse_numbered_file_name(std::ffi::OsStr::new(bad)),
+                None,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_messages_name_the_file() {
+        let e = IndexError::Corrupt {
+            path: PathBuf::from("/d/f"),
+            reason: "bad magic".into(),
+        };
+        assert_eq!(e.to_string(), "corrupt index file /d/f: bad magic");
+        let e = io_err("open", Path::new("/d/g"))(std::io::Error::other("boom"));
+        assert_eq!(e.to_string(), "index I/O: open /d/g: boom");
+    }
+}

@@ -300,17 +300,12 @@ impl CommitLog {
         let min_offset = segments.keys().next().copied().unwrap_or(active_base);
         report.min_offset = min_offset;
         report.end_offset = end;
-        if !segments.contains_key(&active_base) {
-            let path = dir.join(segment_name(active_base));
-            segments.insert(
-                active_base,
-                Segment {
-                    base: active_base,
-                    path,
-                    file: None,
-                },
-            );
-        }
+        let path = dir.join(segment_name(active_base));
+        segments.entry(active_base).or_insert(Segment {
+            base: active_base,
+            path,
+            file: None,
+        });
         let start = align_down(end);
         let st = State {
             segments,

@@ -571,7 +571,10 @@ mod tests {
         assert_eq!(v.physical_offset(), 4096);
         assert_eq!(v.store_timestamp_ms(), 42);
         assert_eq!(v.born_timestamp_ms(), 1_700_000_000_000);
-        assert_eq!(v.born_host(), "10.1.2.3:4567".parse().unwrap());
+        assert_eq!(
+            v.born_host(),
+            "10.1.2.3:4567".parse::<std::net::SocketAddr>().unwrap()
+        );
         assert_eq!(v.reconsume_times(), 2);
         assert_eq!(v.transaction_offset(), 99);
         assert_eq!(v.tags(), Some("TagA"));

@@ -198,19 +198,15 @@ impl MessageStore {
         let abort_path = dir.join("abort");
         let clean_shutdown = !abort_path.exists();
         let checkpoint = Checkpoint::read(dir)?;
-        let checkpoint_offset = if clean_shutdown {
-            checkpoint.log_offset
-        } else {
-            checkpoint.log_offset
-        };
+        let checkpoint_offset = checkpoint.log_offset;
         // Consume queues and key index as they were flushed.
         let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue)?;
-        let mut keys = KeyIndex::open(&dir.join("index"), cfg.key_index.clone())?;
+        let mut keys = KeyIndex::open(&dir.join("index"), cfg.key_index)?;
         let keys_last = keys.last_physical_offset();
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
         let (log, log_report) = {
-            let cq_cfg = cfg.consume_queue.clone();
+            let cq_cfg = cfg.consume_queue;
             let cq_root = dir.join("consumequeue");
             let dispatch = |view: RecordView<'_>| {
                 if failure.is_some() {
@@ -283,7 +279,7 @@ impl MessageStore {
                 draft.topic,
                 draft.queue_id,
             );
-            let cq = ConsumeQueue::open(&qdir, self.inner.cfg.consume_queue.clone())?;
+            let cq = ConsumeQueue::open(&qdir, self.inner.cfg.consume_queue)?;
             queues.insert(key.clone(), QueueState { cq });
         }
         let q = queues
@@ -706,7 +702,7 @@ fn open_queues(
             let Some(qid) = q.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let cq = ConsumeQueue::open(&q.path(), cfg.clone())?;
+            let cq = ConsumeQueue::open(&q.path(), *cfg)?;
             out.insert((name.clone(), qid), QueueState { cq });
         }
     }
@@ -743,7 +739,7 @@ fn dispatch_record(
 ) -> Result<(), StoreError> {
     let key = (view.topic().to_owned(), view.queue_id());
     if !queues.contains_key(&key) {
-        let cq = ConsumeQueue::open(&queue_dir(cq_root, &key.0, key.1), cq_cfg.clone())?;
+        let cq = ConsumeQueue::open(&queue_dir(cq_root, &key.0, key.1), *cq_cfg)?;
         queues.insert(key.clone(), QueueState { cq });
     }
     let q = queues

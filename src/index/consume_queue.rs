@@ -1,0 +1,943 @@
+//! The consume queue of one (topic, queue): entry `n` locates the message at queue offset `n`
+//! in the commit log.
+//!
+//! Layout: segment files of `entries_per_file` fixed 20-byte entries, each file named by the
+//! queue offset of its first entry (20 zero-padded digits). An entry is, little-endian:
+//! physical offset `u64`, size `u32`, tag hash `u64`. An all-zero entry is empty: a real
+//! entry never has size 0, because every record has a header.
+//!
+//! Invariants held between calls (checked in [`ConsumeQueue::check_invariants`] by tests):
+//! - segment bases are contiguous: `segments[i + 1].base == segments[i].base + entries_per_file`;
+//! - with no segment, the queue is empty (`min == max`);
+//! - otherwise `segments[0].base <= min <= max <= last.base + entries_per_file` and
+//!   `last.base <= max`: no file lies wholly beyond the end;
+//! - entries in `[segments[0].base, max)` are non-zero, entries from `max` to the end of the
+//!   last file are zero, so a reopen finds `max` again by scanning for the last non-zero
+//!   entry. Entries below `min` (retention moved `min` inside a file) stay on disk until
+//!   their whole file goes.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+
+use super::{
+    create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
+    read_u32, read_u64, remove_file, write_u32, write_u64, IndexError,
+};
+
+/// Bytes of one consume-queue entry on disk.
+pub const CQ_ENTRY_BYTES: u64 = 20;
+const _: () = assert!(CQ_ENTRY_BYTES == 8 + 4 + 8);
+const _: () = assert!(CQ_ENTRY_BYTES == 20);
+
+const PHYSICAL_OFFSET_AT: usize = 0;
+const SIZE_AT: usize = 8;
+const TAG_HASH_AT: usize = 12;
+const _: () = assert!(TAG_HASH_AT + 8 == CQ_ENTRY_BYTES as usize);
+
+/// One consume-queue entry: where the message is in the commit log, and its tag hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqEntry {
+    pub physical_offset: u64,
+    /// Bytes of the record in the commit log; never 0.
+    pub size: u32,
+    /// [`super::tag_hash`] of the message's tag, or [`super::TAG_HASH_NONE`].
+    pub tag_hash: u64,
+}
+
+impl CqEntry {
+    fn encode(&self, out: &mut [u8]) {
+        write_u64(out, PHYSICAL_OFFSET_AT, self.physical_offset);
+        write_u32(out, SIZE_AT, self.size);
+        write_u64(out, TAG_HASH_AT, self.tag_hash);
+    }
+
+    /// `None` for an empty (all-zero) slot.
+    fn decode(bytes: &[u8]) -> Option<CqEntry> {
+        let entry = CqEntry {
+            physical_offset: read_u64(bytes, PHYSICAL_OFFSET_AT),
+            size: read_u32(bytes, SIZE_AT),
+            tag_hash: read_u64(bytes, TAG_HASH_AT),
+        };
+        // Size 0 is the empty marker. A torn page could leave a non-zero offset with size 0;
+        // that is no entry either.
+        (entry.size != 0).then_some(entry)
+    }
+
+    /// The first byte after the record.
+    fn end(&self) -> u64 {
+        self.physical_offset.saturating_add(u64::from(self.size))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumeQueueConfig {
+    /// Entries per segment file. Changing it for an existing queue makes open fail (the file
+    /// sizes no longer match): rebuild the queue from the log instead.
+    pub entries_per_file: u64,
+}
+
+impl Default for ConsumeQueueConfig {
+    fn default() -> Self {
+        // 300_000 * 20 bytes = 5.72 MiB per file, as upstream.
+        ConsumeQueueConfig {
+            entries_per_file: 300_000,
+        }
+    }
+}
+
+/// One mapped segment file.
+struct Segment {
+    /// Queue offset of the file's first entry.
+    base: u64,
+    path: PathBuf,
+    mmap: MmapMut,
+    /// Written since the last msync.
+    dirty: bool,
+}
+
+/// The consume queue of one (topic, queue). See the module doc for the format.
+pub struct ConsumeQueue {
+    dir: PathBuf,
+    entries_per_file: u64,
+    /// Mapped files, oldest first. Memory is bounded by the files on disk: entries are read
+    /// from the mappings, never cached.
+    segments: VecDeque<Segment>,
+    min_offset: u64,
+    max_offset: u64,
+}
+
+impl ConsumeQueue {
+    /// Opens the queue stored in `dir`, creating `dir` if needed, and recovers `min_offset`
+    /// and `max_offset` from the files.
+    ///
+    /// `min_offset` becomes the first file's base: the retention position inside a file is
+    /// not persisted, so a reopen may report an older min until the store re-applies
+    /// retention. `max_offset` is one past the last non-zero entry.
+    ///
+    /// # Panics
+    /// If `cfg.entries_per_file` is 0 or too large for a file to be mapped.
+    pub fn open(dir: &Path, cfg: ConsumeQueueConfig) -> Result<Self, IndexError> {
+        assert!(
+            cfg.entries_per_file > 0,
+            "entries_per_file must be positive"
+        );
+        let file_bytes = cfg
+            .entries_per_file
+            .checked_mul(CQ_ENTRY_BYTES)
+            .filter(|&bytes| usize::try_from(bytes).is_ok())
+            .expect("entries_per_file * 20 must fit in memory");
+        std::fs::create_dir_all(dir).map_err(io_err("create_dir", dir))?;
+
+        let mut files = list_numbered_files(dir)?;
+        // A file base that is not exactly one file after its predecessor means either a
+        // crash in the middle of retention (which removes files oldest first, but the
+        // directory updates may reach the disk in any order) or a different entries_per_file.
+        // The former leaves a gap: the files before the last gap are what retention was
+        // removing, so finish its job. An overlap cannot come from a crash.
+        let mut first_kept = 0;
+        for i in 1..files.len() {
+            let (prev_base, ref prev_path) = files[i - 1];
+            let (base, ref path) = files[i];
+            let expected = prev_base.checked_add(cfg.entries_per_file);
+            if expected.is_some_and(|expected| base < expected) {
+                return Err(IndexError::Corrupt {
+                    path: path.clone(),
+                    reason: format!(
+                        "base {base} overlaps {} (entries_per_file {} changed?)",
+                        prev_path.display(),
+                        cfg.entries_per_file
+                    ),
+                });
+            }
+            if expected != Some(base) {
+                first_kept = i;
+            }
+        }
+        for (_, path) in files.drain(..first_kept) {
+            remove_file(&path)?;
+        }
+
+        let mut segments = VecDeque::with_capacity(files.len());
+        for (base, path) in files {
+            let (file, len_bytes) = open_existing(&path)?;
+            if len_bytes == 0 {
+                // A crash between creating the file and sizing it: it holds no entry.
+                file.set_len(file_bytes).map_err(io_err("set_len", &path))?;
+            } else if len_bytes != file_bytes {
+                return Err(IndexError::Corrupt {
+                    path,
+                    reason: format!(
+                        "{len_bytes} bytes, expected {file_bytes} ({} entries of {CQ_ENTRY_BYTES} \
+                         bytes; entries_per_file changed?)",
+                        cfg.entries_per_file
+                    ),
+                });
+            }
+            let mmap = map_file(&file, &path)?;
+            segments.push_back(Segment {
+                base,
+                path,
+                mmap,
+                dirty: false,
+            });
+        }
+
+        let mut queue = ConsumeQueue {
+            dir: dir.to_path_buf(),
+            entries_per_file: cfg.entries_per_file,
+            min_offset: segments.front().map_or(0, |s| s.base),
+            max_offset: 0,
+            segments,
+        };
+        queue.max_offset = queue.scan_max_offset();
+        // Files wholly beyond the end hold nothing (a crash right after rolling to a new
+        // file); dropping them restores the invariant `last.base <= max`.
+        while queue
+            .segments
+            .back()
+            .is_some_and(|s| s.base > queue.max_offset)
+        {
+            queue.pop_back_segment()?;
+        }
+        Ok(queue)
+    }
+
+    /// One past the last non-zero entry, scanning backward from the end of the last file;
+    /// the first file's base if every entry is zero.
+    fn scan_max_offset(&self) -> u64 {
+        for segment in self.segments.iter().rev() {
+            for i in (0..self.entries_per_file).rev() {
+                if CqEntry::decode(self.entry_bytes(segment, i)).is_some() {
+                    return segment.base + i + 1;
+                }
+            }
+        }
+        self.segments.front().map_or(0, |s| s.base)
+    }
+
+    /// The queue offset of the oldest entry still served.
+    pub fn min_offset(&self) -> u64 {
+        self.min_offset
+    }
+
+    /// The next queue offset to write.
+    pub fn max_offset(&self) -> u64 {
+        self.max_offset
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`.
+    pub fn get(&self, queue_offset: u64) -> Option<CqEntry> {
+        if queue_offset < self.min_offset || queue_offset >= self.max_offset {
+            return None;
+        }
+        let (segment, i) = self.locate(queue_offset)?;
+        // `None` only for a zero entry inside the range, which a torn write in a power loss
+        // could leave; the store's replay overwrites it.
+        CqEntry::decode(self.entry_bytes(segment, i))
+    }
+
+    /// The newest entry and its queue offset.
+    pub fn last_entry(&self) -> Option<(u64, CqEntry)> {
+        let last = self.max_offset.checked_sub(1)?;
+        self.get(last).map(|entry| (last, entry))
+    }
+
+    /// Writes `entry` at `queue_offset`.
+    ///
+    /// Positional and idempotent, so the store's replay after a crash can re-put what may or
+    /// may not be there:
+    /// - `queue_offset == max_offset` appends;
+    /// - `min_offset <= queue_offset < max_offset` overwrites in place;
+    /// - `queue_offset < min_offset` is a no-op: retention already dropped that position;
+    /// - `queue_offset > max_offset` is a [`IndexError::Hole`], except on an empty queue
+    ///   (`min == max`), which restarts at `queue_offset` (its files are removed). That is
+    ///   how a queue whose files were all deleted resumes at the log's next queue offset.
+    ///
+    /// # Panics
+    /// If `entry.size` is 0 (that would read back as an empty slot), or if an append does
+    /// not point past the previous entry's record: entries increase in physical offset, which
+    /// truncation and retention rely on.
+    pub fn put(&mut self, queue_offset: u64, entry: CqEntry) -> Result<(), IndexError> {
+        assert!(entry.size > 0, "consume-queue entry of size 0: {entry:?}");
+        if queue_offset < self.min_offset {
+            return Ok(());
+        }
+        if queue_offset > self.max_offset {
+            if self.min_offset != self.max_offset {
+                return Err(IndexError::Hole {
+                    offset: queue_offset,
+                    max: self.max_offset,
+                });
+            }
+            while !self.segments.is_empty() {
+                self.pop_back_segment()?;
+            }
+            self.min_offset = queue_offset;
+            self.max_offset = queue_offset;
+        }
+        if queue_offset == self.max_offset {
+            if let Some((_, previous)) = self.last_entry() {
+                assert!(
+                    entry.physical_offset >= previous.end(),
+                    "consume-queue append at {queue_offset} goes backward: {entry:?} after \
+                     {previous:?}"
+                );
+            }
+            self.ensure_segment_for_append()?;
+            self.max_offset += 1;
+        }
+        let entries_per_file = self.entries_per_file;
+        let segment = self.segment_mut(queue_offset);
+        let at = entry_at(queue_offset - segment.base);
+        entry.encode(&mut segment.mmap[at..at + CQ_ENTRY_BYTES as usize]);
+        segment.dirty = true;
+        debug_assert!(queue_offset - segment.base < entries_per_file);
+        debug_assert_eq!(self.get(queue_offset), Some(entry));
+        Ok(())
+    }
+
+    /// Drops every entry whose record does not end within `log_end`, the recovered end of the
+    /// commit log. Entries increase in physical offset, so they form a suffix.
+    pub fn truncate_after_log_end(&mut self, log_end: u64) -> Result<(), IndexError> {
+        let first_beyond =
+            self.partition_point(self.min_offset, self.max_offset, |e| e.end() <= log_end);
+        self.truncate_to(first_beyond)
+    }
+
+    /// Sets `max_offset` to `queue_offset`, dropping the entries from there on and zeroing
+    /// their bytes so a reopen agrees. A no-op if `queue_offset >= max_offset`. Below
+    /// `min_offset` the queue becomes empty at `queue_offset`.
+    ///
+    /// The zeroed bytes reach the disk on the next [`ConsumeQueue::flush`]. Until then a power
+    /// loss may resurrect them, which the store's recovery truncates again.
+    pub fn truncate_to(&mut self, queue_offset: u64) -> Result<(), IndexError> {
+        if queue_offset >= self.max_offset {
+            return Ok(());
+        }
+        let first_base = self.segments.front().map_or(queue_offset, |s| s.base);
+        if queue_offset < first_base {
+            while !self.segments.is_empty() {
+                self.pop_back_segment()?;
+            }
+        } else {
+            while self.segments.back().is_some_and(|s| s.base > queue_offset) {
+                self.pop_back_segment()?;
+            }
+            let old_max = self.max_offset;
+            if let Some(segment) = self.segments.back_mut() {
+                let from = entry_at(queue_offset - segment.base);
+                let to = entry_at((old_max - segment.base).min(self.entries_per_file));
+                segment.mmap[from..to].fill(0);
+                segment.dirty = true;
+            }
+        }
+        self.max_offset = queue_offset;
+        self.min_offset = self.min_offset.min(queue_offset);
+        Ok(())
+    }
+
+    /// Retention: advances `min_offset` to the first entry whose record starts at or after
+    /// `log_min` (the commit log's first byte) and removes the files wholly before it.
+    /// Never removes the last file, so a reopen still finds `max_offset`. Returns the new
+    /// `min_offset`.
+    pub fn delete_before_physical(&mut self, log_min: u64) -> Result<u64, IndexError> {
+        let new_min = self.partition_point(self.min_offset, self.max_offset, |e| {
+            e.physical_offset < log_min
+        });
+        self.min_offset = new_min;
+        while self.segments.len() > 1
+            && self
+                .segments
+                .front()
+                .is_some_and(|s| s.base + self.entries_per_file <= new_min)
+        {
+            if let Some(segment) = self.segments.pop_front() {
+                let Segment { path, mmap, .. } = segment;
+                drop(mmap);
+                remove_file(&path)?;
+            }
+        }
+        Ok(new_min)
+    }
+
+    /// msyncs every file written since the last flush.
+    pub fn flush(&mut self) -> Result<(), IndexError> {
+        for segment in self.segments.iter_mut().filter(|s| s.dirty) {
+            segment
+                .mmap
+                .flush()
+                .map_err(io_err("msync", &segment.path))?;
+            segment.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// The first queue offset in `[from, to)` whose entry fails `below`, assuming `below`
+    /// holds for a prefix of the range (entries increase in physical offset). A zero entry
+    /// (torn write) counts as `below`: its physical offset reads as 0.
+    fn partition_point(&self, from: u64, to: u64, below: impl Fn(&CqEntry) -> bool) -> u64 {
+        let (mut lo, mut hi) = (from, to);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let is_below = match self.locate(mid) {
+                Some((segment, i)) => match CqEntry::decode(self.entry_bytes(segment, i)) {
+                    Some(entry) => below(&entry),
+                    None => true,
+                },
+                None => false,
+            };
+            if is_below {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The segment holding `queue_offset` and the entry's index in it.
+    fn locate(&self, queue_offset: u64) -> Option<(&Segment, u64)> {
+        let first = self.segments.front()?;
+        let distance = queue_offset.checked_sub(first.base)?;
+        let segment = self
+            .segments
+            .get(usize::try_from(distance / self.entries_per_file).ok()?)?;
+        Some((segment, distance % self.entries_per_file))
+    }
+
+    /// The segment holding `queue_offset`, which must be mapped.
+    fn segment_mut(&mut self, queue_offset: u64) -> &mut Segment {
+        let first_base = self.segments.front().map_or(0, |s| s.base);
+        let i = (queue_offset - first_base) / self.entries_per_file;
+        &mut self.segments[i as usize]
+    }
+
+    fn entry_bytes<'a>(&self, segment: &'a Segment, i: u64) -> &'a [u8] {
+        let at = entry_at(i);
+        &segment.mmap[at..at + CQ_ENTRY_BYTES as usize]
+    }
+
+    /// Makes sure a file holds `max_offset`, rolling to a new one at a file boundary.
+    fn ensure_segment_for_append(&mut self) -> Result<(), IndexError> {
+        let base = match self.segments.back() {
+            None => self.max_offset,
+            Some(last) if last.base + self.entries_per_file == self.max_offset => self.max_offset,
+            Some(_) => return Ok(()),
+        };
+        let path = self.dir.join(numbered_file_name(base));
+        let mmap = create_mapped(&path, self.entries_per_file * CQ_ENTRY_BYTES)?;
+        self.segments.push_back(Segment {
+            base,
+            path,
+            mmap,
+            dirty: true,
+        });
+        Ok(())
+    }
+
+    fn pop_back_segment(&mut self) -> Result<(), IndexError> {
+        if let Some(Segment { path, mmap, .. }) = self.segments.pop_back() {
+            drop(mmap);
+            remove_file(&path)?;
+        }
+        Ok(())
+    }
+
+    /// Asserts the invariants listed in the module doc.
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        for pair in self.segments.iter().collect::<Vec<_>>().windows(2) {
+            assert_eq!(pair[0].base + self.entries_per_file, pair[1].base);
+        }
+        assert!(self.min_offset <= self.max_offset);
+        match (self.segments.front(), self.segments.back()) {
+            (Some(first), Some(last)) => {
+                assert!(first.base <= self.min_offset);
+                assert!(last.base <= self.max_offset);
+                assert!(self.max_offset <= last.base + self.entries_per_file);
+            }
+            _ => assert_eq!(self.min_offset, self.max_offset),
+        }
+        for segment in &self.segments {
+            for i in 0..self.entries_per_file {
+                let queue_offset = segment.base + i;
+                let present = CqEntry::decode(self.entry_bytes(segment, i)).is_some();
+                assert_eq!(present, queue_offset < self.max_offset, "at {queue_offset}");
+            }
+        }
+    }
+}
+
+/// Byte position of entry `i` in its file.
+fn entry_at(i: u64) -> usize {
+    // Fits: open checked that a whole file's bytes fit in usize.
+    (i * CQ_ENTRY_BYTES) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn cfg(entries_per_file: u64) -> ConsumeQueueConfig {
+        ConsumeQueueConfig { entries_per_file }
+    }
+
+    fn open(dir: &Path, entries_per_file: u64) -> ConsumeQueue {
+        let queue = ConsumeQueue::open(dir, cfg(entries_per_file)).unwrap();
+        queue.check_invariants();
+        queue
+    }
+
+    /// The entry the tests put at `queue_offset`: records of 100 bytes, back to back, with
+    /// a gap of `queue_offset % 3` bytes (other queues' records) and a tag on even offsets.
+    fn entry(queue_offset: u64) -> CqEntry {
+        CqEntry {
+            physical_offset: queue_offset * 103,
+            size: 100,
+            tag_hash: if queue_offset % 2 == 0 {
+                crate::index::tag_hash(&format!("tag{}", queue_offset % 5))
+            } else {
+                crate::index::TAG_HASH_NONE
+            },
+        }
+    }
+
+    fn append(queue: &mut ConsumeQueue, offsets: std::ops::Range<u64>) {
+        for queue_offset in offsets {
+            queue.put(queue_offset, entry(queue_offset)).unwrap();
+        }
+        queue.check_invariants();
+    }
+
+    /// The queue serves exactly `entry(q)` for q in `[min, max)` and nothing else.
+    fn check(queue: &ConsumeQueue, min: u64, max: u64) {
+        queue.check_invariants();
+        assert_eq!(queue.min_offset(), min, "min");
+        assert_eq!(queue.max_offset(), max, "max");
+        for queue_offset in min.saturating_sub(5)..max + 5 {
+            let expected = (min..max)
+                .contains(&queue_offset)
+                .then(|| entry(queue_offset));
+            assert_eq!(queue.get(queue_offset), expected, "get({queue_offset})");
+        }
+        let last = (max > min).then(|| (max - 1, entry(max - 1)));
+        assert_eq!(queue.last_entry(), last);
+    }
+
+    fn file_bases(dir: &Path) -> Vec<u64> {
+        list_numbered_files(dir)
+            .unwrap()
+            .into_iter()
+            .map(|(base, _)| base)
+            .collect()
+    }
+
+    #[test]
+    fn empty_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open(dir.path(), 4);
+        check(&queue, 0, 0);
+        assert_eq!(queue.get(0), None);
+        drop(queue);
+        check(&open(dir.path(), 4), 0, 0);
+    }
+
+    #[test]
+    fn dense_appends_across_files_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..37);
+        check(&queue, 0, 37);
+        assert_eq!(
+            file_bases(dir.path()),
+            (0..10).map(|i| i * 4).collect::<Vec<_>>()
+        );
+        queue.flush().unwrap();
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 0, 37);
+        // Appending after a reopen continues in the same file, then rolls.
+        append(&mut queue, 37..45);
+        check(&queue, 0, 45);
+        drop(queue);
+        check(&open(dir.path(), 4), 0, 45);
+    }
+
+    #[test]
+    fn reopen_at_exact_file_boundary() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..8);
+        assert_eq!(file_bases(dir.path()), vec![0, 4]);
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 0, 8);
+        append(&mut queue, 8..9);
+        assert_eq!(file_bases(dir.path()), vec![0, 4, 8]);
+        check(&queue, 0, 9);
+    }
+
+    #[test]
+    fn entry_layout_is_little_endian_20_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        let e = CqEntry {
+            physical_offset: 0x0102_0304_0506_0708,
+            size: 0x1112_1314,
+            tag_hash: 0x2122_2324_2526_2728,
+        };
+        queue.put(0, e).unwrap();
+        queue.flush().unwrap();
+        let bytes = std::fs::read(dir.path().join("00000000000000000000")).unwrap();
+        assert_eq!(bytes.len(), 4 * 20);
+        assert_eq!(
+            &bytes[..20],
+            &[
+                8, 7, 6, 5, 4, 3, 2, 1, 0x14, 0x13, 0x12, 0x11, 0x28, 0x27, 0x26, 0x25, 0x24, 0x23,
+                0x22, 0x21
+            ]
+        );
+        assert!(bytes[20..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn hole_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..5);
+        let err = queue.put(7, entry(7)).unwrap_err();
+        assert!(
+            matches!(err, IndexError::Hole { offset: 7, max: 5 }),
+            "{err}"
+        );
+        assert_eq!(err.to_string(), "consume queue hole: put at 7, max is 5");
+        check(&queue, 0, 5);
+    }
+
+    #[test]
+    fn empty_queue_starts_anywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 1000..1006);
+        check(&queue, 1000, 1006);
+        assert_eq!(file_bases(dir.path()), vec![1000, 1004]);
+        drop(queue);
+        check(&open(dir.path(), 4), 1000, 1006);
+    }
+
+    #[test]
+    fn overwrite_in_place_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..10);
+        // Replay re-puts everything from an older checkpoint, then continues.
+        append(&mut queue, 3..10);
+        append(&mut queue, 0..14);
+        check(&queue, 0, 14);
+        drop(queue);
+        check(&open(dir.path(), 4), 0, 14);
+    }
+
+    #[test]
+    #[should_panic(expected = "goes backward")]
+    fn append_going_backward_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..3);
+        queue.put(3, entry(1)).unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "size 0")]
+    fn size_zero_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        let e = CqEntry {
+            size: 0,
+            ..entry(0)
+        };
+        queue.put(0, e).unwrap();
+    }
+
+    #[test]
+    fn truncate_after_log_end_drops_exact_suffix() {
+        let check_truncate = |log_end: u64, expected_max: u64| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut queue = open(dir.path(), 4);
+            append(&mut queue, 0..23);
+            queue.truncate_after_log_end(log_end).unwrap();
+            check(&queue, 0, expected_max);
+            drop(queue);
+            let mut queue = open(dir.path(), 4);
+            check(&queue, 0, expected_max);
+            // The queue continues from the truncation point.
+            append(&mut queue, expected_max..expected_max + 6);
+            check(&queue, 0, expected_max + 6);
+            drop(queue);
+            check(&open(dir.path(), 4), 0, expected_max + 6);
+        };
+        // Entry q spans [103q, 103q + 100).
+        check_truncate(u64::MAX, 23);
+        check_truncate(22 * 103 + 100, 23);
+        check_truncate(22 * 103 + 99, 22);
+        check_truncate(10 * 103 + 100, 11);
+        check_truncate(10 * 103 + 102, 11);
+        check_truncate(8 * 103 + 99, 8); // at a file boundary
+        check_truncate(100, 1);
+        check_truncate(99, 0);
+        check_truncate(0, 0);
+    }
+
+    #[test]
+    fn truncate_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..20);
+        queue.truncate_to(25).unwrap(); // beyond max: nothing to drop
+        check(&queue, 0, 20);
+        queue.truncate_to(13).unwrap();
+        check(&queue, 0, 13);
+        queue.truncate_to(12).unwrap();
+        check(&queue, 0, 12);
+        assert_eq!(file_bases(dir.path()), vec![0, 4, 8, 12]);
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 0, 12);
+        queue.truncate_to(0).unwrap();
+        check(&queue, 0, 0);
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 0, 0);
+        append(&mut queue, 0..3);
+        check(&queue, 0, 3);
+    }
+
+    #[test]
+    fn delete_before_physical_removes_files_and_advances_min() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..22);
+        // Nothing below the log's start.
+        assert_eq!(queue.delete_before_physical(0).unwrap(), 0);
+        check(&queue, 0, 22);
+        // Entry 9 starts at 927: entries 0..=9 go; file 0..4 and 4..8 go, 8..12 stays.
+        assert_eq!(queue.delete_before_physical(9 * 103 + 1).unwrap(), 10);
+        check(&queue, 10, 22);
+        assert_eq!(file_bases(dir.path()), vec![8, 12, 16, 20]);
+        // A smaller log_min never moves min back.
+        assert_eq!(queue.delete_before_physical(5).unwrap(), 10);
+        check(&queue, 10, 22);
+        // A reopen reports the first file's base; the store re-applies retention.
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 8, 22);
+        assert_eq!(queue.delete_before_physical(9 * 103 + 1).unwrap(), 10);
+        check(&queue, 10, 22);
+        // Exactly at a file boundary.
+        assert_eq!(queue.delete_before_physical(16 * 103).unwrap(), 16);
+        check(&queue, 16, 22);
+        assert_eq!(file_bases(dir.path()), vec![16, 20]);
+        // Everything: the last file stays so a reopen still knows max.
+        assert_eq!(queue.delete_before_physical(u64::MAX).unwrap(), 22);
+        check(&queue, 22, 22);
+        assert_eq!(file_bases(dir.path()), vec![20]);
+        append(&mut queue, 22..27);
+        check(&queue, 22, 27);
+        drop(queue);
+        check(&open(dir.path(), 4), 20, 27);
+    }
+
+    #[test]
+    fn delete_everything_at_full_last_file_then_restart_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..8);
+        assert_eq!(queue.delete_before_physical(u64::MAX).unwrap(), 8);
+        check(&queue, 8, 8);
+        assert_eq!(file_bases(dir.path()), vec![4]);
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 4, 8);
+        queue.delete_before_physical(u64::MAX).unwrap();
+        check(&queue, 8, 8);
+        // The empty queue may restart at any offset; its old files go.
+        append(&mut queue, 50..53);
+        check(&queue, 50, 53);
+        assert_eq!(file_bases(dir.path()), vec![50]);
+        // Below min is a no-op.
+        queue.put(8, entry(8)).unwrap();
+        check(&queue, 50, 53);
+    }
+
+    #[test]
+    fn recovery_removes_files_before_a_gap_and_after_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..18);
+        queue.flush().unwrap();
+        drop(queue);
+        // A crash mid-retention lost file 4 but not file 0; a crash after rolling left an
+        // empty file 20, and a crash before sizing left an empty file 24.
+        std::fs::remove_file(dir.path().join(numbered_file_name(4))).unwrap();
+        std::fs::write(dir.path().join(numbered_file_name(20)), vec![0; 80]).unwrap();
+        std::fs::write(dir.path().join(numbered_file_name(24)), b"").unwrap();
+        std::fs::write(dir.path().join("not-a-queue-file"), b"x").unwrap();
+        let queue = open(dir.path(), 4);
+        check(&queue, 8, 18);
+        assert_eq!(file_bases(dir.path()), vec![8, 12, 16]);
+    }
+
+    #[test]
+    fn recovery_after_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..10);
+        queue.flush().unwrap();
+        drop(queue);
+        // The last entries never reached the disk.
+        let path = dir.path().join(numbered_file_name(8));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[20..40].fill(0);
+        std::fs::write(&path, bytes).unwrap();
+        check(&open(dir.path(), 4), 0, 9);
+    }
+
+    #[test]
+    fn wrong_file_size_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..5);
+        drop(queue);
+        let err = ConsumeQueue::open(dir.path(), cfg(8)).err().unwrap();
+        let message = err.to_string();
+        assert!(matches!(err, IndexError::Corrupt { .. }), "{message}");
+        assert!(message.contains("00000000000000000000"), "{message}");
+        assert!(message.contains("entries_per_file"), "{message}");
+    }
+
+    #[test]
+    fn default_config() {
+        assert_eq!(ConsumeQueueConfig::default().entries_per_file, 300_000);
+    }
+
+    /// Operations for the model test; offsets are reduced modulo the current range.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append(u8),
+        Replay(u16, u8),
+        TruncateAfterLogEnd(u16),
+        TruncateTo(u16),
+        DeleteBefore(u16),
+        Flush,
+        Reopen,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1u8..12).prop_map(Op::Append),
+            1 => (any::<u16>(), 1u8..8).prop_map(|(at, n)| Op::Replay(at, n)),
+            1 => any::<u16>().prop_map(Op::TruncateAfterLogEnd),
+            1 => any::<u16>().prop_map(Op::TruncateTo),
+            1 => any::<u16>().prop_map(Op::DeleteBefore),
+            1 => Just(Op::Flush),
+            1 => Just(Op::Reopen),
+        ]
+    }
+
+    /// What the queue must serve: entries of `[min, max)`, plus entries below `min` that a
+    /// reopen may serve again (retention inside a file is not persisted).
+    struct Model {
+        min: u64,
+        max: u64,
+        entries: BTreeMap<u64, CqEntry>,
+    }
+
+    impl Model {
+        fn check(&self, queue: &ConsumeQueue) {
+            queue.check_invariants();
+            assert_eq!(queue.min_offset(), self.min);
+            assert_eq!(queue.max_offset(), self.max);
+            for queue_offset in self.min.saturating_sub(2)..self.max + 2 {
+                let expected = (self.min..self.max)
+                    .contains(&queue_offset)
+                    .then(|| self.entries[&queue_offset]);
+                assert_eq!(queue.get(queue_offset), expected, "get({queue_offset})");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn matches_model(entries_per_file in 1u64..6, ops in proptest::collection::vec(op(), 1..40)) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut queue = open(dir.path(), entries_per_file);
+            let mut model = Model { min: 0, max: 0, entries: BTreeMap::new() };
+            for op in ops {
+                match op {
+                    Op::Append(n) => {
+                        for _ in 0..n {
+                            let q = model.max;
+                            queue.put(q, entry(q)).unwrap();
+                            model.entries.insert(q, entry(q));
+                            model.max += 1;
+                        }
+                    }
+                    Op::Replay(at, n) => {
+                        let span = model.max - model.min + 1;
+                        let from = model.min + u64::from(at) % span;
+                        for q in from..(from + u64::from(n)).min(model.max + 1) {
+                            queue.put(q, entry(q)).unwrap();
+                            model.entries.insert(q, entry(q));
+                            model.max = model.max.max(q + 1);
+                        }
+                    }
+                    Op::TruncateAfterLogEnd(at) => {
+                        let log_end = u64::from(at) % ((model.max + 1) * 103);
+                        queue.truncate_after_log_end(log_end).unwrap();
+                        let first_beyond = (model.min..model.max)
+                            .find(|q| entry(*q).end() > log_end)
+                            .unwrap_or(model.max);
+                        model.max = first_beyond;
+                        model.entries.retain(|&q, _| q < first_beyond);
+                    }
+                    Op::TruncateTo(at) => {
+                        // Within [min, max]: below the first file the queue forgets its
+                        // offsets on disk, which the store does not rely on.
+                        let q = model.min + u64::from(at) % (model.max - model.min + 1);
+                        queue.truncate_to(q).unwrap();
+                        model.max = q;
+                        model.entries.retain(|&k, _| k < q);
+                    }
+                    Op::DeleteBefore(at) => {
+                        let log_min = u64::from(at) % ((model.max + 2) * 103);
+                        let new_min = (model.min..model.max)
+                            .find(|q| entry(*q).physical_offset >= log_min)
+                            .unwrap_or(model.max);
+                        prop_assert_eq!(queue.delete_before_physical(log_min).unwrap(), new_min);
+                        model.min = new_min;
+                    }
+                    Op::Flush => queue.flush().unwrap(),
+                    Op::Reopen => {
+                        drop(queue);
+                        queue = open(dir.path(), entries_per_file);
+                        // Reopen reports the first file's base: an older min, whose entries
+                        // the model still knows.
+                        prop_assert!(queue.min_offset() <= model.min);
+                        model.min = queue.min_offset();
+                    }
+                }
+                model.check(&queue);
+            }
+        }
+    }
+}

@@ -1,0 +1,914 @@
+//! The key index: message key -> physical offsets, queried by key within a store-time range
+//! (RocketMQ's IndexFile).
+//!
+//! Layout of one file (all little-endian, fixed size, memory-mapped), named by a sequence
+//! number of 20 zero-padded digits; the newest file is the one written to:
+//!
+//! ```text
+//! header   64 bytes   magic "RMKI", version, begin_timestamp_ms i64, end_timestamp_ms i64,
+//!                     begin_phys u64, end_phys u64, slot_count u32, entries_max u32,
+//!                     entry_count u32, reserved
+//! slots    slot_count * u32          1-based index of the newest entry of the slot's chain;
+//!                                    0 = empty
+//! entries  entries_max * 24 bytes    key_hash u32, physical_offset u64,
+//!                                    store_timestamp_ms i64, prev u32 (older entry of the
+//!                                    same slot, 0 = none)
+//! ```
+//!
+//! Entries store the whole store timestamp rather than a 32-bit difference from the file's
+//! begin: the entry is 24 bytes either way with a 32-bit key hash, and a full timestamp
+//! cannot overflow on a long-lived file or go negative when the clock steps back. A file
+//! carries its own `slot_count` and `entries_max`, so a changed configuration applies to new
+//! files only.
+//!
+//! The header's begin/end fields cover the file's entries: `[begin_timestamp_ms,
+//! end_timestamp_ms]` lets a query skip files, and `end_phys` (the highest physical offset
+//! indexed) drives replay after a crash and retention.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+
+use super::tag::fnv1a64;
+use super::{
+    create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
+    read_i64, read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, IndexError,
+};
+
+const KI_MAGIC: u32 = u32::from_le_bytes(*b"RMKI");
+const KI_VERSION: u32 = 1;
+
+const KI_HEADER_BYTES: usize = 64;
+const MAGIC_AT: usize = 0;
+const VERSION_AT: usize = 4;
+const BEGIN_TIMESTAMP_MS_AT: usize = 8;
+const END_TIMESTAMP_MS_AT: usize = 16;
+const BEGIN_PHYS_AT: usize = 24;
+const END_PHYS_AT: usize = 32;
+const SLOT_COUNT_AT: usize = 40;
+const ENTRIES_MAX_AT: usize = 44;
+const ENTRY_COUNT_AT: usize = 48;
+const _: () = assert!(ENTRY_COUNT_AT + 4 <= KI_HEADER_BYTES);
+
+const KI_SLOT_BYTES: usize = 4;
+
+const KI_ENTRY_BYTES: usize = 24;
+const ENTRY_KEY_HASH_AT: usize = 0;
+const ENTRY_PHYS_AT: usize = 4;
+const ENTRY_TIMESTAMP_MS_AT: usize = 12;
+const ENTRY_PREV_AT: usize = 20;
+const _: () = assert!(ENTRY_PREV_AT + 4 == KI_ENTRY_BYTES);
+const _: () = assert!(KI_ENTRY_BYTES == 4 + 8 + 8 + 4);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyIndexConfig {
+    /// Hash slots per file.
+    pub slots_per_file: u32,
+    /// Entries per file; a full file rolls to a new one. At most `u32::MAX - 1`, since entry
+    /// indexes are 1-based `u32`.
+    pub entries_per_file: u32,
+}
+
+impl Default for KeyIndexConfig {
+    fn default() -> Self {
+        // Upstream's numbers: 5M slots, 20M entries, about 500 MB per (sparse) file.
+        KeyIndexConfig {
+            slots_per_file: 5_000_000,
+            entries_per_file: 20_000_000,
+        }
+    }
+}
+
+/// Bytes of a file with these dimensions; `None` if it cannot be mapped.
+fn file_bytes(slot_count: u32, entries_max: u32) -> Option<usize> {
+    let bytes = (KI_HEADER_BYTES as u64)
+        .checked_add(u64::from(slot_count).checked_mul(KI_SLOT_BYTES as u64)?)?
+        .checked_add(u64::from(entries_max).checked_mul(KI_ENTRY_BYTES as u64)?)?;
+    usize::try_from(bytes).ok()
+}
+
+/// The key's hash: the slot comes from the whole 64 bits, the stored 32-bit hash from both
+/// halves folded, so keys sharing a slot still differ in their stored hash.
+struct KeyHash {
+    full: u64,
+    stored: u32,
+}
+
+impl KeyHash {
+    fn of(key: &str) -> KeyHash {
+        let full = fnv1a64(key.as_bytes());
+        KeyHash {
+            full,
+            stored: (full ^ (full >> 32)) as u32,
+        }
+    }
+}
+
+/// One decoded entry.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key_hash: u32,
+    physical_offset: u64,
+    store_timestamp_ms: i64,
+    prev: u32,
+}
+
+/// One mapped index file.
+struct IndexFile {
+    seq: u64,
+    path: PathBuf,
+    mmap: MmapMut,
+    /// Copied from the header, which open validated against the file size.
+    slot_count: u32,
+    entries_max: u32,
+    /// Written since the last msync.
+    dirty: bool,
+}
+
+impl IndexFile {
+    fn create(dir: &Path, seq: u64, cfg: KeyIndexConfig) -> Result<IndexFile, IndexError> {
+        let path = dir.join(numbered_file_name(seq));
+        let len_bytes = file_bytes(cfg.slots_per_file, cfg.entries_per_file)
+            .expect("open checked that a file of this configuration fits in memory");
+        let mmap = create_mapped(&path, len_bytes as u64)?;
+        let mut file = IndexFile {
+            seq,
+            path,
+            mmap,
+            slot_count: cfg.slots_per_file,
+            entries_max: cfg.entries_per_file,
+            dirty: true,
+        };
+        file.init_header();
+        Ok(file)
+    }
+
+    fn init_header(&mut self) {
+        let header = &mut self.mmap[..KI_HEADER_BYTES];
+        header.fill(0);
+        write_u32(header, MAGIC_AT, KI_MAGIC);
+        write_u32(header, VERSION_AT, KI_VERSION);
+        write_u32(header, SLOT_COUNT_AT, self.slot_count);
+        write_u32(header, ENTRIES_MAX_AT, self.entries_max);
+        self.dirty = true;
+    }
+
+    /// Maps an existing file and validates its header. The last file may be a torn creation
+    /// (zero length or an all-zero header: the crash came before the header was written);
+    /// it holds no entry and is initialised afresh with `cfg`.
+    fn open(
+        dir: &Path,
+        path: PathBuf,
+        seq: u64,
+        is_last: bool,
+        cfg: KeyIndexConfig,
+    ) -> Result<IndexFile, IndexError> {
+        let corrupt = |path: &Path, reason: String| IndexError::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let (file, len_bytes) = open_existing(&path)?;
+        if len_bytes == 0 && is_last {
+            drop(file);
+            return Self::create(dir, seq, cfg);
+        }
+        if len_bytes < KI_HEADER_BYTES as u64 {
+            return Err(corrupt(
+                &path,
+                format!("{len_bytes} bytes, shorter than the header"),
+            ));
+        }
+        let mmap = map_file(&file, &path)?;
+        let header = &mmap[..KI_HEADER_BYTES];
+        if is_last && header.iter().all(|&b| b == 0) {
+            drop(mmap);
+            return Self::create(dir, seq, cfg);
+        }
+        let magic = read_u32(header, MAGIC_AT);
+        if magic != KI_MAGIC {
+            return Err(corrupt(&path, format!("bad magic {magic:#010x}")));
+        }
+        let version = read_u32(header, VERSION_AT);
+        if version != KI_VERSION {
+            return Err(corrupt(&path, format!("unsupported version {version}")));
+        }
+        let slot_count = read_u32(header, SLOT_COUNT_AT);
+        let entries_max = read_u32(header, ENTRIES_MAX_AT);
+        let entry_count = read_u32(header, ENTRY_COUNT_AT);
+        if slot_count == 0 || entries_max == 0 || entries_max == u32::MAX {
+            return Err(corrupt(
+                &path,
+                format!("bad dimensions: slot_count {slot_count}, entries_max {entries_max}"),
+            ));
+        }
+        if entry_count > entries_max {
+            return Err(corrupt(
+                &path,
+                format!("entry_count {entry_count} > entries_max {entries_max}"),
+            ));
+        }
+        let expected_bytes = file_bytes(slot_count, entries_max);
+        if expected_bytes.map(|b| b as u64) != Some(len_bytes) {
+            return Err(corrupt(
+                &path,
+                format!(
+                    "{len_bytes} bytes, expected {expected_bytes:?} for slot_count {slot_count}, \
+                     entries_max {entries_max}"
+                ),
+            ));
+        }
+        let file = IndexFile {
+            seq,
+            path,
+            mmap,
+            slot_count,
+            entries_max,
+            dirty: false,
+        };
+        if entry_count > 0
+            && (file.begin_timestamp_ms() > file.end_timestamp_ms()
+                || file.begin_phys() > file.end_phys())
+        {
+            return Err(corrupt(
+                &file.path,
+                format!(
+                    "inverted ranges: timestamps [{}, {}], physical offsets [{}, {}]",
+                    file.begin_timestamp_ms(),
+                    file.end_timestamp_ms(),
+                    file.begin_phys(),
+                    file.end_phys()
+                ),
+            ));
+        }
+        Ok(file)
+    }
+
+    fn header(&self) -> &[u8] {
+        &self.mmap[..KI_HEADER_BYTES]
+    }
+
+    fn entry_count(&self) -> u32 {
+        read_u32(self.header(), ENTRY_COUNT_AT)
+    }
+
+    fn begin_timestamp_ms(&self) -> i64 {
+        read_i64(self.header(), BEGIN_TIMESTAMP_MS_AT)
+    }
+
+    fn end_timestamp_ms(&self) -> i64 {
+        read_i64(self.header(), END_TIMESTAMP_MS_AT)
+    }
+
+    fn begin_phys(&self) -> u64 {
+        read_u64(self.header(), BEGIN_PHYS_AT)
+    }
+
+    fn end_phys(&self) -> u64 {
+        read_u64(self.header(), END_PHYS_AT)
+    }
+
+    fn is_full(&self) -> bool {
+        self.entry_count() >= self.entries_max
+    }
+
+    fn slot_at(&self, hash: &KeyHash) -> usize {
+        let slot = hash.full % u64::from(self.slot_count);
+        KI_HEADER_BYTES + slot as usize * KI_SLOT_BYTES
+    }
+
+    /// Byte position of the 1-based entry `index`.
+    fn entry_at(&self, index: u32) -> usize {
+        KI_HEADER_BYTES
+            + self.slot_count as usize * KI_SLOT_BYTES
+            + (index as usize - 1) * KI_ENTRY_BYTES
+    }
+
+    fn entry(&self, index: u32) -> Entry {
+        let bytes = &self.mmap[self.entry_at(index)..][..KI_ENTRY_BYTES];
+        Entry {
+            key_hash: read_u32(bytes, ENTRY_KEY_HASH_AT),
+            physical_offset: read_u64(bytes, ENTRY_PHYS_AT),
+            store_timestamp_ms: read_i64(bytes, ENTRY_TIMESTAMP_MS_AT),
+            prev: read_u32(bytes, ENTRY_PREV_AT),
+        }
+    }
+
+    /// The newest counted entry of the slot at `slot_at`; 0 if none.
+    ///
+    /// A slot can point past `entry_count` after a power loss wrote the slot's page but not
+    /// the header's. Those entries no longer count (replay puts them again), so follow their
+    /// links back to the counted part of the chain. Links strictly decrease, so this ends.
+    fn live_head(&self, slot_at: usize) -> u32 {
+        let entry_count = self.entry_count();
+        let mut index = read_u32(&self.mmap, slot_at);
+        while index > entry_count {
+            if index > self.entries_max {
+                return 0;
+            }
+            let prev = self.entry(index).prev;
+            if prev >= index {
+                return 0;
+            }
+            index = prev;
+        }
+        index
+    }
+
+    /// Appends an entry; the file must not be full.
+    fn put(&mut self, hash: &KeyHash, physical_offset: u64, store_timestamp_ms: i64) {
+        let entry_count = self.entry_count();
+        assert!(
+            entry_count < self.entries_max,
+            "put into a full key index file"
+        );
+        let index = entry_count + 1;
+        let slot_at = self.slot_at(hash);
+        let prev = self.live_head(slot_at);
+        let entry_at = self.entry_at(index);
+        // Entry, then slot, then count: within the process every step leaves a consistent
+        // file. After a power loss the pages may land in any order; queries tolerate slots
+        // and links beyond entry_count (they are ignored), and replay re-puts what is lost.
+        let entry = &mut self.mmap[entry_at..][..KI_ENTRY_BYTES];
+        write_u32(entry, ENTRY_KEY_HASH_AT, hash.stored);
+        write_u64(entry, ENTRY_PHYS_AT, physical_offset);
+        write_i64(entry, ENTRY_TIMESTAMP_MS_AT, store_timestamp_ms);
+        write_u32(entry, ENTRY_PREV_AT, prev);
+        write_u32(&mut self.mmap, slot_at, index);
+
+        let (begin_timestamp_ms, end_timestamp_ms, begin_phys, end_phys) = if entry_count == 0 {
+            (
+                store_timestamp_ms,
+                store_timestamp_ms,
+                physical_offset,
+                physical_offset,
+            )
+        } else {
+            (
+                self.begin_timestamp_ms().min(store_timestamp_ms),
+                self.end_timestamp_ms().max(store_timestamp_ms),
+                self.begin_phys().min(physical_offset),
+                self.end_phys().max(physical_offset),
+            )
+        };
+        let header = &mut self.mmap[..KI_HEADER_BYTES];
+        write_i64(header, BEGIN_TIMESTAMP_MS_AT, begin_timestamp_ms);
+        write_i64(header, END_TIMESTAMP_MS_AT, end_timestamp_ms);
+        write_u64(header, BEGIN_PHYS_AT, begin_phys);
+        write_u64(header, END_PHYS_AT, end_phys);
+        write_u32(header, ENTRY_COUNT_AT, index);
+        self.dirty = true;
+    }
+
+    /// Pushes onto `out` the physical offsets of `hash`'s entries stored in
+    /// `[begin_ms, end_ms]`, newest first, skipping those in `seen`, until `out` holds `max`.
+    ///
+    /// The walk stops at the first entry older than `begin_ms`: store timestamps are
+    /// assigned at append by one shard's clock, so a chain's timestamps do not increase going
+    /// back. (After a clock step backward, older entries beyond such a point are missed,
+    /// as upstream.)
+    fn collect(
+        &self,
+        hash: &KeyHash,
+        begin_ms: i64,
+        end_ms: i64,
+        max: usize,
+        seen: &mut HashSet<u64>,
+        out: &mut Vec<u64>,
+    ) {
+        let entry_count = self.entry_count();
+        let mut index = self.live_head(self.slot_at(hash));
+        // Each step goes to a strictly smaller index, so the walk is bounded by entry_count
+        // even on a corrupt chain.
+        while index != 0 && index <= entry_count && out.len() < max {
+            let entry = self.entry(index);
+            if entry.store_timestamp_ms < begin_ms {
+                break;
+            }
+            if entry.key_hash == hash.stored
+                && entry.store_timestamp_ms <= end_ms
+                && seen.insert(entry.physical_offset)
+            {
+                out.push(entry.physical_offset);
+            }
+            if entry.prev >= index {
+                break;
+            }
+            index = entry.prev;
+        }
+    }
+}
+
+/// The key index over all files of one directory.
+pub struct KeyIndex {
+    dir: PathBuf,
+    cfg: KeyIndexConfig,
+    /// Oldest first; the last one is written to. Memory is bounded by the files on disk.
+    files: VecDeque<IndexFile>,
+}
+
+impl KeyIndex {
+    /// Opens the index in `dir`, creating `dir` if needed. A file with an inconsistent
+    /// header is an error naming the file.
+    ///
+    /// # Panics
+    /// If `cfg` has a zero dimension, `entries_per_file == u32::MAX`, or a file of that size
+    /// cannot be mapped.
+    pub fn open(dir: &Path, cfg: KeyIndexConfig) -> Result<Self, IndexError> {
+        assert!(cfg.slots_per_file > 0, "slots_per_file must be positive");
+        assert!(
+            cfg.entries_per_file > 0,
+            "entries_per_file must be positive"
+        );
+        assert!(
+            cfg.entries_per_file < u32::MAX,
+            "entries_per_file must be < u32::MAX"
+        );
+        assert!(
+            file_bytes(cfg.slots_per_file, cfg.entries_per_file).is_some(),
+            "a key index file of {cfg:?} does not fit in memory"
+        );
+        std::fs::create_dir_all(dir).map_err(io_err("create_dir", dir))?;
+        let names = list_numbered_files(dir)?;
+        let last_seq = names.last().map(|&(seq, _)| seq);
+        let mut files = VecDeque::with_capacity(names.len());
+        for (seq, path) in names {
+            files.push_back(IndexFile::open(dir, path, seq, Some(seq) == last_seq, cfg)?);
+        }
+        Ok(KeyIndex {
+            dir: dir.to_path_buf(),
+            cfg,
+            files,
+        })
+    }
+
+    /// Indexes `key` -> `physical_offset`, rolling to a new file when the last one is full.
+    pub fn put(
+        &mut self,
+        key: &str,
+        physical_offset: u64,
+        store_timestamp_ms: i64,
+    ) -> Result<(), IndexError> {
+        let hash = KeyHash::of(key);
+        let next_seq = self.files.back().map_or(0, |last| last.seq + 1);
+        match self.files.back_mut() {
+            Some(last) if !last.is_full() => last.put(&hash, physical_offset, store_timestamp_ms),
+            _ => {
+                let mut file = IndexFile::create(&self.dir, next_seq, self.cfg)?;
+                file.put(&hash, physical_offset, store_timestamp_ms);
+                self.files.push_back(file);
+            }
+        }
+        Ok(())
+    }
+
+    /// Candidate physical offsets of messages with `key` stored in `[begin_ms, end_ms]`,
+    /// newest first, deduplicated, at most `max`. Candidates match the key's hash: the
+    /// caller verifies the real key by reading the message.
+    pub fn query(&self, key: &str, begin_ms: i64, end_ms: i64, max: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        if max == 0 || begin_ms > end_ms {
+            return out;
+        }
+        let hash = KeyHash::of(key);
+        let mut seen = HashSet::new();
+        for file in self.files.iter().rev() {
+            if out.len() >= max {
+                break;
+            }
+            if file.entry_count() == 0
+                || file.end_timestamp_ms() < begin_ms
+                || file.begin_timestamp_ms() > end_ms
+            {
+                continue;
+            }
+            file.collect(&hash, begin_ms, end_ms, max, &mut seen, &mut out);
+        }
+        out
+    }
+
+    /// The highest physical offset indexed; `None` if nothing is. Replay after a crash
+    /// re-puts only records above it, which makes replay idempotent.
+    pub fn last_physical_offset(&self) -> Option<u64> {
+        self.files
+            .iter()
+            .filter(|f| f.entry_count() > 0)
+            .map(IndexFile::end_phys)
+            .max()
+    }
+
+    /// Retention: removes every file, except the last one (being written), whose entries all
+    /// point below `log_min`, the commit log's first byte.
+    pub fn delete_before_physical(&mut self, log_min: u64) -> Result<(), IndexError> {
+        let Some(last_seq) = self.files.back().map(|f| f.seq) else {
+            return Ok(());
+        };
+        let mut kept = VecDeque::with_capacity(self.files.len());
+        // Remove in order, oldest first, so a crash midway leaves a dense suffix.
+        for file in self.files.drain(..) {
+            let is_obsolete =
+                file.seq != last_seq && (file.entry_count() == 0 || file.end_phys() < log_min);
+            if is_obsolete {
+                let IndexFile { path, mmap, .. } = file;
+                drop(mmap);
+                remove_file(&path)?;
+            } else {
+                kept.push_back(file);
+            }
+        }
+        self.files = kept;
+        Ok(())
+    }
+
+    /// msyncs every file written since the last flush.
+    pub fn flush(&mut self) -> Result<(), IndexError> {
+        for file in self.files.iter_mut().filter(|f| f.dirty) {
+            file.mmap.flush().map_err(io_err("msync", &file.path))?;
+            file.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    #[cfg(test)]
+    fn file_count(&self) -> usize {
+        self.files.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+
+    fn cfg(slots_per_file: u32, entries_per_file: u32) -> KeyIndexConfig {
+        KeyIndexConfig {
+            slots_per_file,
+            entries_per_file,
+        }
+    }
+
+    const TINY: KeyIndexConfig = KeyIndexConfig {
+        slots_per_file: 8,
+        entries_per_file: 16,
+    };
+
+    /// What was put, in put order.
+    #[derive(Default)]
+    struct Model {
+        puts: Vec<(String, u64, i64)>,
+    }
+
+    impl Model {
+        /// Offsets of `key` in `[begin_ms, end_ms]` among puts that `keep` accepts, newest
+        /// first, deduplicated, at most `max`.
+        fn query(
+            &self,
+            key: &str,
+            begin_ms: i64,
+            end_ms: i64,
+            max: usize,
+            keep: impl Fn(usize) -> bool,
+        ) -> Vec<u64> {
+            let mut seen = HashSet::new();
+            self.puts
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(|&(n, (k, _, ts))| keep(n) && k == key && (begin_ms..=end_ms).contains(ts))
+                .map(|(_, &(_, phys, _))| phys)
+                .filter(|phys| seen.insert(*phys))
+                .take(max)
+                .collect()
+        }
+    }
+
+    fn check(
+        index: &KeyIndex,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max: usize,
+        expected: &[u64],
+    ) {
+        assert_eq!(
+            index.query(key, begin_ms, end_ms, max),
+            expected,
+            "query({key:?}, {begin_ms}, {end_ms}, {max})"
+        );
+    }
+
+    /// Fills `index` and `model` with random puts: messages of 1..=3 keys from `key_count`
+    /// keys (sometimes the same key twice), increasing physical offsets, non-decreasing
+    /// store timestamps.
+    fn fill(
+        index: &mut KeyIndex,
+        model: &mut Model,
+        rng: &mut StdRng,
+        messages: usize,
+        key_count: usize,
+    ) {
+        let (mut phys, mut ts) = model
+            .puts
+            .last()
+            .map_or((0, 1_700_000_000_000), |&(_, p, t)| (p + 1, t));
+        for _ in 0..messages {
+            phys += rng.gen_range(1..500);
+            ts += rng.gen_range(0..4);
+            for _ in 0..rng.gen_range(1..=3) {
+                let key = format!("key-{}", rng.gen_range(0..key_count));
+                index.put(&key, phys, ts).unwrap();
+                model.puts.push((key, phys, ts));
+            }
+        }
+    }
+
+    /// Compares random queries (and every key over the whole range) with the model.
+    fn check_against_model(
+        index: &KeyIndex,
+        model: &Model,
+        rng: &mut StdRng,
+        key_count: usize,
+        keep: impl Fn(usize) -> bool,
+    ) {
+        let first_ts = model.puts.first().map_or(0, |p| p.2);
+        let last_ts = model.puts.last().map_or(0, |p| p.2);
+        for k in 0..key_count {
+            let key = format!("key-{k}");
+            let expected = model.query(&key, i64::MIN, i64::MAX, usize::MAX, &keep);
+            check(index, &key, i64::MIN, i64::MAX, usize::MAX, &expected);
+        }
+        for _ in 0..300 {
+            let key = format!("key-{}", rng.gen_range(0..key_count + 2));
+            let a = rng.gen_range(first_ts - 5..=last_ts + 5);
+            let b = rng.gen_range(first_ts - 5..=last_ts + 5);
+            let (begin_ms, end_ms) = (a.min(b), a.max(b));
+            let max = rng.gen_range(0..20);
+            let expected = model.query(&key, begin_ms, end_ms, max, &keep);
+            check(index, &key, begin_ms, end_ms, max, &expected);
+        }
+    }
+
+    /// The test keys are told apart by their stored hash, so the model's exact answers are
+    /// the index's candidates (slots still collide constantly with 8 slots).
+    fn assert_no_stored_hash_collision(key_count: usize) {
+        let mut seen = HashMap::new();
+        for k in 0..key_count + 2 {
+            let key = format!("key-{k}");
+            if let Some(other) = seen.insert(KeyHash::of(&key).stored, key.clone()) {
+                panic!("{key} and {other} share a stored hash; pick other test keys");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_model_across_files_and_reopen() {
+        let key_count = 40;
+        assert_no_stored_hash_collision(key_count);
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        assert_eq!(index.last_physical_offset(), None);
+        let mut model = Model::default();
+        fill(&mut index, &mut model, &mut rng, 300, key_count);
+        let file_count = model.puts.len().div_ceil(16);
+        assert!(file_count > 30, "{file_count}");
+        assert_eq!(index.file_count(), file_count);
+        check_against_model(&index, &model, &mut rng, key_count, |_| true);
+        let last_phys = model.puts.last().map(|p| p.1);
+        assert_eq!(index.last_physical_offset(), last_phys);
+
+        index.flush().unwrap();
+        drop(index);
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        assert_eq!(index.file_count(), file_count);
+        assert_eq!(index.last_physical_offset(), last_phys);
+        check_against_model(&index, &model, &mut rng, key_count, |_| true);
+
+        // Writing goes on in the last file after a reopen.
+        fill(&mut index, &mut model, &mut rng, 100, key_count);
+        assert_eq!(index.file_count(), model.puts.len().div_ceil(16));
+        check_against_model(&index, &model, &mut rng, key_count, |_| true);
+        drop(index);
+        let index = KeyIndex::open(dir.path(), TINY).unwrap();
+        check_against_model(&index, &model, &mut rng, key_count, |_| true);
+    }
+
+    #[test]
+    fn reopen_with_other_config_keeps_old_files_dimensions() {
+        let key_count = 10;
+        assert_no_stored_hash_collision(key_count);
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        let mut model = Model::default();
+        fill(&mut index, &mut model, &mut rng, 30, key_count);
+        drop(index);
+        let mut index = KeyIndex::open(dir.path(), cfg(3, 5)).unwrap();
+        fill(&mut index, &mut model, &mut rng, 30, key_count);
+        check_against_model(&index, &model, &mut rng, key_count, |_| true);
+        drop(index);
+        let index = KeyIndex::open(dir.path(), cfg(1, 1)).unwrap();
+        check_against_model(&index, &model, &mut rng, key_count, |_| true);
+    }
+
+    #[test]
+    fn newest_first_dedup_and_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = KeyIndex::open(dir.path(), cfg(2, 3)).unwrap();
+        // One message with the key twice, then re-put by a replay: one candidate.
+        index.put("order-1", 100, 10).unwrap();
+        index.put("order-1", 100, 10).unwrap();
+        index.put("order-2", 150, 11).unwrap();
+        index.put("order-1", 100, 10).unwrap();
+        index.put("order-1", 200, 12).unwrap();
+        index.put("order-1", 300, 13).unwrap();
+        index.put("order-1", 400, 14).unwrap();
+        check(&index, "order-1", 0, 100, 10, &[400, 300, 200, 100]);
+        check(&index, "order-1", 0, 100, 2, &[400, 300]);
+        check(&index, "order-1", 0, 100, 0, &[]);
+        check(&index, "order-1", 12, 13, 10, &[300, 200]);
+        check(&index, "order-1", 13, 12, 10, &[]);
+        check(&index, "order-1", 15, 100, 10, &[]);
+        check(&index, "order-1", 0, 9, 10, &[]);
+        check(&index, "order-2", 11, 11, 10, &[150]);
+        check(&index, "order-3", 0, 100, 10, &[]);
+    }
+
+    #[test]
+    fn hash_collisions_are_candidates() {
+        // Two keys with the same slot (in 8) and stored hash: a query for one returns the
+        // other's offsets too, for the caller to filter.
+        let mut seen = HashMap::new();
+        let (a, b) = (0u32..)
+            .map(|i| format!("k{i}"))
+            .find_map(|key| {
+                let hash = KeyHash::of(&key);
+                seen.insert((hash.stored, hash.full % 8), key.clone())
+                    .map(|other| (other, key))
+            })
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        index.put(&a, 10, 1).unwrap();
+        index.put("other", 15, 1).unwrap();
+        index.put(&b, 20, 2).unwrap();
+        check(&index, &a, 0, 10, 10, &[20, 10]);
+        check(&index, &b, 0, 10, 10, &[20, 10]);
+    }
+
+    #[test]
+    fn delete_before_physical_removes_old_files() {
+        let key_count = 12;
+        assert_no_stored_hash_collision(key_count);
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        let mut model = Model::default();
+        index.delete_before_physical(u64::MAX).unwrap(); // no file yet
+        fill(&mut index, &mut model, &mut rng, 100, key_count);
+        let file_count = model.puts.len().div_ceil(16);
+        // File f holds puts [16f, 16f + 16); its end_phys is its last put's offset.
+        let end_phys = |f: usize| model.puts[(16 * f + 15).min(model.puts.len() - 1)].1;
+
+        index.delete_before_physical(0).unwrap();
+        assert_eq!(index.file_count(), file_count);
+        // Exactly a file's end_phys keeps that file.
+        index.delete_before_physical(end_phys(4)).unwrap();
+        assert_eq!(index.file_count(), file_count - 4);
+        check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= 4);
+        index.delete_before_physical(end_phys(6) + 1).unwrap();
+        assert_eq!(index.file_count(), file_count - 7);
+        check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= 7);
+        drop(index);
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= 7);
+        // Everything: the last file stays.
+        index.delete_before_physical(u64::MAX).unwrap();
+        assert_eq!(index.file_count(), 1);
+        let last_file = file_count - 1;
+        check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= last_file);
+        assert_eq!(index.last_physical_offset(), model.puts.last().map(|p| p.1));
+    }
+
+    fn corrupt_header(at: usize, bytes: &[u8]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        for i in 0..20 {
+            index.put("k", i, 0).unwrap();
+        }
+        drop(index);
+        let path = dir.path().join(numbered_file_name(0));
+        let mut file = std::fs::read(&path).unwrap();
+        file[at..at + bytes.len()].copy_from_slice(bytes);
+        std::fs::write(&path, file).unwrap();
+        let err = KeyIndex::open(dir.path(), TINY).err().unwrap();
+        assert!(matches!(err, IndexError::Corrupt { .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("00000000000000000000"), "{message}");
+        message
+    }
+
+    #[test]
+    fn inconsistent_header_is_an_error_naming_the_file() {
+        assert!(corrupt_header(MAGIC_AT, b"XXXX").contains("bad magic"));
+        assert!(corrupt_header(VERSION_AT, &9u32.to_le_bytes()).contains("version 9"));
+        assert!(corrupt_header(ENTRY_COUNT_AT, &17u32.to_le_bytes()).contains("entry_count 17"));
+        assert!(corrupt_header(SLOT_COUNT_AT, &9u32.to_le_bytes()).contains("expected"));
+        assert!(corrupt_header(SLOT_COUNT_AT, &0u32.to_le_bytes()).contains("dimensions"));
+        assert!(corrupt_header(BEGIN_PHYS_AT, &u64::MAX.to_le_bytes()).contains("inverted"));
+        // An all-zero header is a torn creation only in the last file.
+        assert!(corrupt_header(0, &[0; KI_HEADER_BYTES]).contains("bad magic"));
+    }
+
+    #[test]
+    fn torn_creation_of_last_file_is_reinitialised() {
+        for torn in [&b""[..], &[0u8; 200][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+            for i in 0..16 {
+                index.put("k", i, 0).unwrap();
+            }
+            drop(index);
+            std::fs::write(dir.path().join(numbered_file_name(1)), torn).unwrap();
+            let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+            assert_eq!(index.file_count(), 2);
+            assert_eq!(index.last_physical_offset(), Some(15));
+            index.put("k", 16, 1).unwrap();
+            assert_eq!(index.file_count(), 2);
+            assert_eq!(index.query("k", 0, 10, 3), vec![16, 15, 14]);
+        }
+    }
+
+    #[test]
+    fn links_beyond_entry_count_are_ignored() {
+        // After a power loss the slot page may be newer than the header page.
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        for i in 0..5 {
+            index.put("k", i * 10, 0).unwrap();
+        }
+        drop(index);
+        let path = dir.path().join(numbered_file_name(0));
+        let mut file = std::fs::read(&path).unwrap();
+        file[ENTRY_COUNT_AT..ENTRY_COUNT_AT + 4].copy_from_slice(&3u32.to_le_bytes());
+        std::fs::write(&path, file).unwrap();
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        check(&index, "k", 0, 0, 10, &[20, 10, 0]);
+        assert_eq!(
+            index.last_physical_offset(),
+            Some(40),
+            "the header page was not torn"
+        );
+        // The next put overwrites entry 4 and links it to the counted chain.
+        index.put("k", 30, 0).unwrap();
+        check(&index, "k", 0, 0, 10, &[30, 20, 10, 0]);
+    }
+
+    #[test]
+    fn layout_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = KeyIndex::open(dir.path(), cfg(4, 2)).unwrap();
+        index.put("a", 0x0102, -5).unwrap();
+        index.flush().unwrap();
+        let file = std::fs::read(dir.path().join(numbered_file_name(0))).unwrap();
+        assert_eq!(file.len(), 64 + 4 * 4 + 2 * 24);
+        assert_eq!(&file[..4], b"RMKI");
+        assert_eq!(read_u32(&file, VERSION_AT), 1);
+        assert_eq!(read_i64(&file, BEGIN_TIMESTAMP_MS_AT), -5);
+        assert_eq!(read_i64(&file, END_TIMESTAMP_MS_AT), -5);
+        assert_eq!(read_u64(&file, BEGIN_PHYS_AT), 0x0102);
+        assert_eq!(read_u64(&file, END_PHYS_AT), 0x0102);
+        assert_eq!(read_u32(&file, SLOT_COUNT_AT), 4);
+        assert_eq!(read_u32(&file, ENTRIES_MAX_AT), 2);
+        assert_eq!(read_u32(&file, ENTRY_COUNT_AT), 1);
+        let hash = KeyHash::of("a");
+        let slot = (hash.full % 4) as usize;
+        for s in 0..4 {
+            let expected = u32::from(s == slot);
+            assert_eq!(read_u32(&file, 64 + 4 * s), expected, "slot {s}");
+        }
+        let entry = &file[80..104];
+        assert_eq!(read_u32(entry, 0), hash.stored);
+        assert_eq!(read_u64(entry, 4), 0x0102);
+        assert_eq!(read_i64(entry, 12), -5);
+        assert_eq!(read_u32(entry, 20), 0);
+        assert!(file[104..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn default_config() {
+        let cfg = KeyIndexConfig::default();
+        assert_eq!(
+            (cfg.slots_per_file, cfg.entries_per_file),
+            (5_000_000, 20_000_000)
+        );
+        assert!(file_bytes(cfg.slots_per_file, cfg.entries_per_file).is_some());
+    }
+}
