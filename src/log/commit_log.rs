@@ -164,6 +164,8 @@ struct Segment {
     path: PathBuf,
     /// None until the writer creates the file.
     file: Option<Rc<LogFile>>,
+    /// File bytes known to be initialized (written), for sync mode's pre-zeroing.
+    zeroed_to: u64,
 }
 
 /// Bytes of one segment waiting to be written: they start at an aligned position, so the
@@ -282,6 +284,7 @@ impl CommitLog {
                     base,
                     path,
                     file: Some(Rc::new(file)),
+                    zeroed_to: 0,
                 },
             );
         }
@@ -305,6 +308,7 @@ impl CommitLog {
             base: active_base,
             path,
             file: None,
+            zeroed_to: 0,
         });
         let start = align_down(end);
         let st = State {
@@ -461,6 +465,7 @@ impl CommitLog {
                 base: next,
                 path,
                 file: None,
+                zeroed_to: 0,
             },
         );
     }
@@ -702,13 +707,66 @@ async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFile>, LogErr
     Ok(file)
 }
 
+/// How many extra times the writer yields while appends keep joining a batch.
+const BATCH_SETTLE_YIELDS_MAX: usize = 4;
+
+/// In sync mode, bytes of a segment written with zeros ahead of the data. Overwriting
+/// initialized blocks lets fdatasync skip the metadata journal commit that extending a file
+/// (or converting unwritten extents) needs: on ext4 that is the difference between a ~50 µs
+/// and a ~800 µs fdatasync.
+const PREZERO_BYTES: u64 = 8 << 20;
+
+/// Writes zeros ahead of `need` (a file position) if the initialized region ends before it.
+async fn prezero(inner: &Inner, seg_base: u64, file: &LogFile, need: u64) -> Result<(), LogError> {
+    let zeroed_to = inner
+        .st
+        .borrow()
+        .segments
+        .get(&seg_base)
+        .map(|s| s.zeroed_to)
+        .unwrap_or(0);
+    if need <= zeroed_to {
+        return Ok(());
+    }
+    let seg_bytes = inner.cfg.segment_bytes;
+    let target = (need + PREZERO_BYTES).min(seg_bytes);
+    let mut pos = align_down(zeroed_to.max(need.saturating_sub(1)));
+    // Never overwrite data: start at the block after the chunk being written.
+    pos = pos.max(align_up(need as usize) as u64);
+    const ZERO_WRITE_BYTES: u64 = 1 << 20;
+    while pos < target {
+        let len = (target - pos).min(ZERO_WRITE_BYTES);
+        let buf = file.alloc(align_up(len as usize));
+        file.write_at(buf, pos).await?;
+        pos += len;
+    }
+    file.fdatasync().await?;
+    if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
+        s.zeroed_to = target;
+    }
+    Ok(())
+}
+
 /// The single writer task of a log: takes everything appended so far, writes it with one
 /// aligned write per segment, syncs in sync mode, and wakes the waiters. Runs while there is
 /// work; an append restarts it.
 async fn writer(weak: std::rc::Weak<Inner>) {
     loop {
-        // Let every append of this tick join the batch.
+        // Let every append of this tick join the batch. Appenders woken by the previous
+        // acknowledgement may still be queued behind this task: yield again while the batch
+        // keeps growing, a bounded number of times.
         crate::io::yield_now().await;
+        for _ in 0..BATCH_SETTLE_YIELDS_MAX {
+            let before = match weak.upgrade() {
+                Some(inner) => inner.st.borrow().write_pos,
+                None => return,
+            };
+            crate::io::yield_now().await;
+            match weak.upgrade() {
+                Some(inner) if inner.st.borrow().write_pos != before => continue,
+                _ => break,
+            }
+        }
         let Some(inner) = weak.upgrade() else { return };
         let (chunks, end) = {
             let mut st = inner.st.borrow_mut();
@@ -747,6 +805,12 @@ async fn writer(weak: std::rc::Weak<Inner>) {
                 Ok(f) => f,
                 Err(e) => return poison(&inner, e.to_string()),
             };
+            if inner.cfg.flush == FlushMode::Sync && inner.cfg.preallocate {
+                let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
+                if let Err(e) = prezero(&inner, chunk.seg_base, &file, chunk_end).await {
+                    return poison(&inner, e.to_string());
+                }
+            }
             let mut buf = file.alloc(align_up(chunk.bytes.len()));
             buf.as_bytes_mut()[..chunk.bytes.len()].copy_from_slice(&chunk.bytes);
             if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
