@@ -8,8 +8,12 @@ pub mod log;
 pub mod protocol;
 
 #[cfg(feature = "broker")]
+pub mod broker;
+#[cfg(feature = "broker")]
 pub mod index;
 #[cfg(feature = "broker")]
 pub mod io;
+#[cfg(feature = "broker")]
+pub mod shard;
 #[cfg(feature = "broker")]
 pub mod store;

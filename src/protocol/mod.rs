@@ -24,6 +24,7 @@ pub mod frame;
 pub mod kind;
 pub mod messages;
 pub mod msg_id;
+pub mod route;
 
 pub use error::{ErrorCode, ProtocolError};
 pub use frame::{

@@ -597,6 +597,23 @@ impl MessageStore {
         Ok(out)
     }
 
+    /// Forgets every queue of a topic: their consume queues are removed (the records stay
+    /// in the commit log until retention deletes them). A topic created again starts at
+    /// queue offset 0.
+    pub fn delete_topic(&self, topic: &str) -> Result<(), StoreError> {
+        validate_topic(topic)?;
+        self.inner
+            .queues
+            .borrow_mut()
+            .retain(|(t, _), _| t != topic);
+        let dir = self.inner.dir.join("consumequeue").join(topic);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("remove", &dir, e)),
+        }
+    }
+
     /// Flushes the indexes and advances the checkpoint to the log's durable end.
     pub async fn checkpoint(&self) -> Result<u64, StoreError> {
         let durable = self.inner.log.durable_end();

@@ -1,0 +1,155 @@
+//! `ringmq-broker`: runs a broker. Zero configuration by default (data in ./data, native
+//! port 127.0.0.1:7800, one shard per core); flags or a TOML file (`--config`) for the rest.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use clap::Parser;
+use ringmq::log::FlushMode;
+use ringmq::shard::{Broker, BrokerConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "ringmq-broker", version, about = "The ringmq message broker")]
+struct Cli {
+    /// TOML file with the same keys as the long flags (listen, data-dir, shards, flush,
+    /// flush-interval-ms, auto-create-topics, default-queues, segment-bytes, retention-hours,
+    /// retention-bytes-max, frame-bytes-max, broker-id). Flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Shared native port; shard i also listens on port+1+i (ephemeral ports when 0).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Data directory [default: ./data]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Number of shards, any N >= 1 [default: one per core]. Fixed for a data directory.
+    #[arg(long)]
+    shards: Option<usize>,
+    /// async: acknowledge once written, fdatasync in the background; sync: acknowledge
+    /// after fdatasync (group commit) [default: async]
+    #[arg(long)]
+    flush: Option<FlushMode>,
+    /// Background fdatasync period in async mode [default: 500]
+    #[arg(long)]
+    flush_interval_ms: Option<u64>,
+    /// Create unknown topics on first send, with --default-queues queues [default: true]
+    #[arg(long)]
+    auto_create_topics: Option<bool>,
+    /// Queues of an auto-created topic [default: 8]
+    #[arg(long)]
+    default_queues: Option<u32>,
+    /// Commit log segment size in bytes [default: 1073741824]
+    #[arg(long)]
+    segment_bytes: Option<u64>,
+    /// Delete log segments older than this [default: 72]
+    #[arg(long)]
+    retention_hours: Option<u64>,
+    /// Delete the oldest segments of a shard's log beyond this size (0: no limit) [default: 0]
+    #[arg(long)]
+    retention_bytes_max: Option<u64>,
+}
+
+fn load(cli: &Cli) -> Result<BrokerConfig, String> {
+    let mut cfg = match &cli.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => BrokerConfig::default(),
+    };
+    if let Some(v) = cli.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = &cli.data_dir {
+        cfg.data_dir = v.clone();
+    }
+    if let Some(v) = cli.shards {
+        if v == 0 {
+            return Err("--shards must be at least 1".into());
+        }
+        cfg.shards = v;
+    }
+    if let Some(v) = cli.flush {
+        cfg.flush = v;
+    }
+    if let Some(v) = cli.flush_interval_ms {
+        cfg.flush_interval_ms = v;
+    }
+    if let Some(v) = cli.auto_create_topics {
+        cfg.auto_create_topics = v;
+    }
+    if let Some(v) = cli.default_queues {
+        cfg.default_queues = v;
+    }
+    if let Some(v) = cli.segment_bytes {
+        cfg.segment_bytes = v;
+    }
+    if let Some(v) = cli.retention_hours {
+        cfg.retention_hours = v;
+    }
+    if let Some(v) = cli.retention_bytes_max {
+        cfg.retention_bytes_max = v;
+    }
+    Ok(cfg)
+}
+
+fn block_stop_signals() -> libc::sigset_t {
+    // Blocked before any shard thread starts, so that every thread inherits the mask and
+    // the signals are taken by sigwait below.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let cfg = match load(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ringmq-broker: {e}");
+            std::process::exit(2);
+        }
+    };
+    let signals = block_stop_signals();
+    let data_dir = cfg.data_dir.clone();
+    let flush = cfg.flush;
+    let broker = match Broker::start(cfg) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("ringmq-broker: {e}");
+            std::process::exit(1);
+        }
+    };
+    let direct: Vec<String> = broker.shard_addrs().iter().map(|a| a.to_string()).collect();
+    println!(
+        "ringmq-broker ready: listening on {} ({} shards, direct {}), data {}, flush {:?}",
+        broker.addr(),
+        direct.len(),
+        direct.join(","),
+        data_dir.display(),
+        flush
+    );
+    let stop = broker.stop_flag();
+    std::thread::spawn(move || {
+        let mut sig: libc::c_int = 0;
+        unsafe {
+            libc::sigwait(&signals, &mut sig);
+        }
+        eprintln!("ringmq-broker: signal {sig}: stopping");
+        stop.store(true, Ordering::SeqCst);
+    });
+    match broker.wait() {
+        Ok(()) => eprintln!("ringmq-broker: stopped cleanly"),
+        Err(e) => {
+            eprintln!("ringmq-broker: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,614 @@
+//! The shard runtime: one glommio executor per shard, the channel mesh between them, the
+//! listeners (a shared SO_REUSEPORT port and one direct port per shard), connections, and
+//! clean start and stop. Everything glommio-specific about serving lives here; the services
+//! it runs are in `crate::broker`.
+//!
+//! Architecture invariant: a shard's state is touched only by its own executor thread.
+//! Shards exchange messages over bounded channels; the only things shared across threads
+//! are start-up coordination and the stop flag.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
+use glommio::net::{TcpListener, TcpStream};
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::broker::offsets::OffsetStore;
+use crate::broker::topics::TopicTable;
+use crate::broker::{Handled, LocalBoxFuture, MeshMsg, Peers, ServiceConfig, ShardCtx};
+use crate::log::FlushMode;
+use crate::protocol::{encode_error, ErrorBody, FrameDecoder, FrameLimits};
+use crate::store::{MessageStore, StoreConfig};
+
+/// Capacity of each channel of the shard mesh.
+const MESH_CHANNEL_CAPACITY: usize = 1024;
+/// Responses queued for one connection's writer.
+const CONN_RESPONSES_MAX: usize = 1024;
+/// Requests of one connection being handled at once.
+const CONN_IN_FLIGHT_MAX: usize = 1024;
+/// Bytes gathered into one socket write.
+const CONN_WRITE_BATCH_BYTES: usize = 1 << 20;
+/// Initial receive buffer of a connection.
+const CONN_READ_BUFFER_BYTES: usize = 64 * 1024;
+/// How long a clean stop waits for requests in flight.
+const STOP_DRAIN_MS: u64 = 10_000;
+
+/// Options of a broker; the same keys work in the TOML file (`--config`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Address of the shared native port.
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Number of shards (0: one per core).
+    pub shards: usize,
+    pub flush: FlushMode,
+    pub flush_interval_ms: u64,
+    pub auto_create_topics: bool,
+    /// Queues of an auto-created topic.
+    pub default_queues: u32,
+    pub segment_bytes: u64,
+    pub retention_hours: u64,
+    /// 0: no size limit.
+    pub retention_bytes_max: u64,
+    pub frame_bytes_max: u32,
+    pub broker_id: u32,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7800)),
+            data_dir: PathBuf::from("./data"),
+            shards: 0,
+            flush: FlushMode::Async,
+            flush_interval_ms: 500,
+            auto_create_topics: true,
+            default_queues: 8,
+            segment_bytes: 1 << 30,
+            retention_hours: 72,
+            retention_bytes_max: 0,
+            frame_bytes_max: crate::protocol::FRAME_BYTES_MAX_DEFAULT,
+            broker_id: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("data directory {path}: {reason}")]
+    DataDir { path: PathBuf, reason: String },
+    #[error("shard {shard} failed to start: {reason}")]
+    ShardStart { shard: usize, reason: String },
+    #[error("shard {shard} stopped with an error: {reason}")]
+    ShardStop { shard: usize, reason: String },
+}
+
+/// A running broker. Dropping it without [`shutdown`](Broker::shutdown) leaves the shards
+/// running until the process exits.
+pub struct Broker {
+    addr: SocketAddr,
+    shard_addrs: Vec<SocketAddr>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
+}
+
+enum BootMsg {
+    Bound {
+        shard: usize,
+        direct: SocketAddr,
+        peer_id: usize,
+    },
+    Ready,
+    Failed {
+        shard: usize,
+        reason: String,
+    },
+}
+
+struct Boot {
+    main_addr: OnceLock<SocketAddr>,
+    /// Direct address of each shard, and the mesh peer index of each shard.
+    table: OnceLock<(Vec<String>, Vec<usize>)>,
+}
+
+fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {
+    let dd = |reason: String| BrokerError::DataDir {
+        path: data_dir.to_owned(),
+        reason,
+    };
+    std::fs::create_dir_all(data_dir).map_err(|e| dd(format!("create: {e}")))?;
+    let path = data_dir.join("shards");
+    match std::fs::read_to_string(&path) {
+        Ok(s) => {
+            let recorded: usize = s
+                .trim()
+                .parse()
+                .map_err(|_| dd(format!("{} is damaged: {s:?}", path.display())))?;
+            if recorded != shards {
+                return Err(dd(format!(
+                    "it was created with {recorded} shards and this broker was started with {shards}; \
+                     start with --shards {recorded} (queue ownership depends on the shard count), or use a new data directory"
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, format!("{shards}\n"))
+                .map_err(|e| dd(format!("write {}: {e}", path.display())))
+        }
+        Err(e) => Err(dd(format!("read {}: {e}", path.display()))),
+    }
+}
+
+impl Broker {
+    /// Starts the shards and returns once every shard serves.
+    pub fn start(cfg: BrokerConfig) -> Result<Broker, BrokerError> {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let shards = if cfg.shards == 0 { cores } else { cfg.shards };
+        if shards > 256 {
+            return Err(BrokerError::Config(format!(
+                "{shards} shards is more than the 256 supported"
+            )));
+        }
+        if cfg.default_queues == 0
+            || cfg.default_queues > crate::broker::topics::QUEUES_PER_TOPIC_MAX
+        {
+            return Err(BrokerError::Config(
+                "default-queues must be 1..=1024".into(),
+            ));
+        }
+        let limits = FrameLimits::new(cfg.frame_bytes_max)
+            .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
+        check_shard_count(&cfg.data_dir, shards)?;
+        TopicTable::load(&cfg.data_dir).map_err(|e| BrokerError::DataDir {
+            path: cfg.data_dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let cfg = Arc::new(cfg);
+        let boot = Arc::new(Boot {
+            main_addr: OnceLock::new(),
+            table: OnceLock::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mesh: MeshBuilder<MeshMsg, Full> = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::with_capacity(shards);
+        for i in 0..shards {
+            // Pin a shard to a core when there are enough cores; share them otherwise.
+            let placement = if shards <= cores {
+                Placement::Fixed(i)
+            } else {
+                Placement::Unbound
+            };
+            let (cfg, boot, stop, mesh, tx) = (
+                cfg.clone(),
+                boot.clone(),
+                stop.clone(),
+                mesh.clone(),
+                tx.clone(),
+            );
+            let handle = LocalExecutorBuilder::new(placement)
+                .name(&format!("ringmq-shard-{i}"))
+                .spawn(move || async move {
+                    let tx2 = tx.clone();
+                    let r = shard_main(i, shards, cfg, limits, mesh, boot, tx, stop).await;
+                    if let Err(reason) = &r {
+                        let _ = tx2.send(BootMsg::Failed {
+                            shard: i,
+                            reason: reason.clone(),
+                        });
+                    }
+                    r
+                })
+                .map_err(|e| BrokerError::ShardStart {
+                    shard: i,
+                    reason: e.to_string(),
+                })?;
+            threads.push(handle);
+        }
+        drop(tx);
+        let fail = |threads: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
+                    stop: &AtomicBool,
+                    shard,
+                    reason| {
+            stop.store(true, Ordering::SeqCst);
+            for t in threads {
+                let _ = t.join();
+            }
+            BrokerError::ShardStart { shard, reason }
+        };
+        let mut direct = vec![None; shards];
+        let mut peer_ids = vec![0usize; shards];
+        let mut ready = 0;
+        while ready < shards {
+            match rx.recv() {
+                Ok(BootMsg::Bound {
+                    shard,
+                    direct: addr,
+                    peer_id,
+                }) => {
+                    direct[shard] = Some(addr);
+                    peer_ids[shard] = peer_id;
+                    if direct.iter().all(Option::is_some) {
+                        let addrs = direct.iter().flatten().map(|a| a.to_string()).collect();
+                        let _ = boot.table.set((addrs, peer_ids.clone()));
+                    }
+                }
+                Ok(BootMsg::Ready) => ready += 1,
+                Ok(BootMsg::Failed { shard, reason }) => {
+                    return Err(fail(threads, &stop, shard, reason))
+                }
+                Err(_) => {
+                    return Err(fail(
+                        threads,
+                        &stop,
+                        0,
+                        "a shard exited during start-up".into(),
+                    ))
+                }
+            }
+        }
+        let addr = *boot
+            .main_addr
+            .get()
+            .ok_or_else(|| BrokerError::ShardStart {
+                shard: 0,
+                reason: "no listener".into(),
+            })?;
+        Ok(Broker {
+            addr,
+            shard_addrs: direct.into_iter().flatten().collect(),
+            stop,
+            threads,
+        })
+    }
+
+    /// The shared native address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The direct address of each shard.
+    pub fn shard_addrs(&self) -> &[SocketAddr] {
+        &self.shard_addrs
+    }
+
+    /// A flag that stops the broker when set (for signal handlers).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Waits until the broker stops (after the stop flag is set).
+    pub fn wait(self) -> Result<(), BrokerError> {
+        let mut first_err = None;
+        for (shard, t) in self.threads.into_iter().enumerate() {
+            let r = match t.join() {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(reason)) => Err(BrokerError::ShardStop { shard, reason }),
+                Err(e) => Err(BrokerError::ShardStop {
+                    shard,
+                    reason: format!("panicked: {e}"),
+                }),
+            };
+            if let (Err(e), None) = (r, &first_err) {
+                first_err = Some(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Clean stop: stop accepting, finish requests in flight, flush, write checkpoints.
+    pub fn shutdown(self) -> Result<(), BrokerError> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wait()
+    }
+}
+
+struct MeshPeers {
+    senders: Senders<MeshMsg>,
+    peer_of_shard: Vec<usize>,
+}
+
+impl Peers for MeshPeers {
+    fn send(&self, to: u32, msg: MeshMsg) -> LocalBoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            match self.peer_of_shard.get(to as usize) {
+                Some(&peer) => self
+                    .senders
+                    .send_to(peer, msg)
+                    .await
+                    .map_err(|e| format!("shard {to}: {e}")),
+                None => Err(format!("no shard {to}")),
+            }
+        })
+    }
+}
+
+async fn wait_for<T: Clone>(cell: &OnceLock<T>, stop: &AtomicBool) -> Result<T, String> {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = cell.get() {
+            return Ok(v.clone());
+        }
+        if stop.load(Ordering::SeqCst) || started.elapsed() > Duration::from_secs(60) {
+            return Err("start-up was abandoned".into());
+        }
+        crate::io::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn shard_main(
+    i: usize,
+    shards: usize,
+    cfg: Arc<BrokerConfig>,
+    limits: FrameLimits,
+    mesh: MeshBuilder<MeshMsg, Full>,
+    boot: Arc<Boot>,
+    tx: mpsc::Sender<BootMsg>,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
+    // Join the mesh first: a shard that fails later must not leave the others waiting here.
+    let (senders, receivers) = mesh
+        .join()
+        .await
+        .map_err(|_| "joining the shard mesh failed".to_string())?;
+    let peer_id = senders.peer_id();
+    let shard_dir = cfg.data_dir.join(format!("shard-{i}"));
+    let mut store_cfg = StoreConfig::default();
+    store_cfg.log.flush = cfg.flush;
+    store_cfg.log.flush_interval_ms = cfg.flush_interval_ms;
+    store_cfg.log.segment_bytes = cfg.segment_bytes;
+    store_cfg.log.retention_ms = cfg.retention_hours.saturating_mul(3_600_000);
+    store_cfg.log.retention_bytes_max = cfg.retention_bytes_max;
+    let (store, _recovery) = MessageStore::open(&shard_dir, store_cfg)
+        .await
+        .map_err(|e| format!("opening {}: {e}", shard_dir.display()))?;
+    let offsets = OffsetStore::open(&shard_dir)
+        .map_err(|e| format!("opening offsets in {}: {e}", shard_dir.display()))?;
+    let topics = TopicTable::load(&cfg.data_dir).map_err(|e| e.to_string())?;
+    let main_listener = if i == 0 {
+        let l = bind(cfg.listen)?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        let _ = boot.main_addr.set(addr);
+        l
+    } else {
+        let addr = wait_for(&boot.main_addr, &stop).await?;
+        bind(addr)?
+    };
+    let direct_port = if cfg.listen.port() == 0 {
+        0
+    } else {
+        cfg.listen.port() as usize + 1 + i
+    };
+    let direct_port = u16::try_from(direct_port)
+        .map_err(|_| format!("direct port {direct_port} is out of range"))?;
+    let direct_addr = (cfg.listen.ip(), direct_port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or("bad listen address")?;
+    let direct = bind(direct_addr)?;
+    let direct_addr = direct.local_addr().map_err(|e| e.to_string())?;
+    let _ = tx.send(BootMsg::Bound {
+        shard: i,
+        direct: direct_addr,
+        peer_id,
+    });
+    let (addrs, peer_of_shard) = wait_for(&boot.table, &stop).await?;
+    let svc = ServiceConfig {
+        broker_id: cfg.broker_id,
+        data_dir: cfg.data_dir.clone(),
+        flush: cfg.flush,
+        flush_interval_ms: cfg.flush_interval_ms,
+        auto_create_topics: cfg.auto_create_topics,
+        default_queues: cfg.default_queues,
+        frame_limits: limits,
+    };
+    let peers = Box::new(MeshPeers {
+        senders,
+        peer_of_shard: peer_of_shard.clone(),
+    });
+    let ctx = ShardCtx::new(
+        i as u32,
+        shards as u32,
+        svc,
+        store.clone(),
+        topics,
+        offsets,
+        peers,
+    );
+    ctx.set_shard_addrs(addrs);
+    let receivers = Rc::new(receivers);
+    for (shard, &peer) in peer_of_shard.iter().enumerate() {
+        if shard != i {
+            spawn_mesh_receiver(ctx.clone(), receivers.clone(), peer);
+        }
+    }
+    for listener in [main_listener, direct] {
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move { accept_loop(ctx, listener, limits).await }).detach();
+    }
+    if cfg.flush == FlushMode::Async {
+        let ctx = ctx.clone();
+        let every = Duration::from_millis(cfg.flush_interval_ms.max(1));
+        glommio::spawn_local(async move {
+            while !ctx.is_stopping() {
+                crate::io::sleep(every).await;
+                if let Err(e) = ctx.sync_offsets().await {
+                    eprintln!("ringmq: shard {}: syncing offsets: {e}", ctx.id);
+                }
+            }
+        })
+        .detach();
+    }
+    let _ = tx.send(BootMsg::Ready);
+    while !stop.load(Ordering::SeqCst) {
+        crate::io::sleep(Duration::from_millis(20)).await;
+    }
+    // Clean stop: refuse new work, let requests in flight finish, then flush everything.
+    ctx.begin_stop();
+    let started = Instant::now();
+    while ctx.in_flight() > 0 && started.elapsed() < Duration::from_millis(STOP_DRAIN_MS) {
+        crate::io::sleep(Duration::from_millis(5)).await;
+    }
+    store
+        .close()
+        .await
+        .map_err(|e| format!("closing the store: {e}"))?;
+    ctx.sync_offsets()
+        .await
+        .map_err(|e| format!("syncing offsets: {e}"))?;
+    Ok(())
+}
+
+fn spawn_mesh_receiver(ctx: Rc<ShardCtx>, receivers: Rc<Receivers<MeshMsg>>, peer: usize) {
+    glommio::spawn_local(async move {
+        while let Ok(Some(msg)) = receivers.recv_from(peer).await {
+            ctx.on_mesh(msg);
+        }
+    })
+    .detach();
+}
+
+async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, limits: FrameLimits) {
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                if ctx.is_stopping() {
+                    return;
+                }
+                let ctx = ctx.clone();
+                glommio::spawn_local(async move { serve_connection(ctx, stream, limits).await })
+                    .detach();
+            }
+            Err(e) => {
+                eprintln!("ringmq: shard {}: accept: {e}", ctx.id);
+                crate::io::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Serves one connection: reads frames, hands each to the shard's services in arrival
+/// order, and writes answers (in completion order; request ids pair them) through one
+/// writer task. A malformed frame gets an error frame and the connection is closed.
+async fn serve_connection(ctx: Rc<ShardCtx>, stream: TcpStream, limits: FrameLimits) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let (mut reader, mut writer) = futures_lite::io::split(stream);
+    let (tx, rx) = glommio::channels::local_channel::new_bounded::<Vec<u8>>(CONN_RESPONSES_MAX);
+    let writer_task = glommio::spawn_local(async move {
+        let mut out: Vec<u8> = Vec::with_capacity(CONN_READ_BUFFER_BYTES);
+        while let Some(frame) = rx.recv().await {
+            out.extend_from_slice(&frame);
+            // Gather whatever else is ready into the same write.
+            while out.len() < CONN_WRITE_BATCH_BYTES {
+                match futures_lite::future::poll_once(rx.recv()).await {
+                    Some(Some(f)) => out.extend_from_slice(&f),
+                    _ => break,
+                }
+            }
+            if writer.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        let _ = writer.flush().await;
+        let _ = writer.close().await;
+    })
+    .detach();
+    let tx = Rc::new(tx);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(CONN_IN_FLIGHT_MAX));
+    let decoder = FrameDecoder::new(limits);
+    let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
+    let (mut start, mut end) = (0usize, 0usize);
+    'conn: loop {
+        // Hand every whole frame in the buffer to the services.
+        loop {
+            match decoder.decode(&buf[start..end]) {
+                Ok(Some(frame)) => {
+                    let len = frame.frame_len();
+                    let bytes = &buf[start..start + len];
+                    start += len;
+                    match ctx.handle_frame(bytes, peer) {
+                        Handled::Now(Some(f)) => {
+                            if tx.send(f).await.is_err() {
+                                break 'conn;
+                            }
+                        }
+                        Handled::Now(None) => {}
+                        Handled::Later(fut) => {
+                            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                                break 'conn;
+                            };
+                            let tx = tx.clone();
+                            glommio::spawn_local(async move {
+                                if let Some(f) = fut.await {
+                                    let _ = tx.send(f).await;
+                                }
+                                drop(permit);
+                            })
+                            .detach();
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let body = ErrorBody::from(&e);
+                    let mut out = Vec::new();
+                    let code = body
+                        .error_code()
+                        .unwrap_or(crate::protocol::ErrorCode::MalformedFrame);
+                    if encode_error(
+                        0,
+                        code,
+                        format!("{}; closing the connection", body.message),
+                        &mut out,
+                    )
+                    .is_ok()
+                    {
+                        let _ = tx.send(out).await;
+                    }
+                    break 'conn;
+                }
+            }
+        }
+        // Make room: move the partial frame to the front, grow for a large frame.
+        if start > 0 {
+            buf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+        }
+        let needed = decoder.bytes_needed(&buf[..end]).unwrap_or(0);
+        if needed > buf.len() {
+            buf.resize(needed, 0);
+        } else if end == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match reader.read(&mut buf[end..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => end += n,
+        }
+    }
+    // Let answers in flight go out, then close.
+    drop(tx);
+    let _ = writer_task.await;
+}
