@@ -64,6 +64,9 @@ pub struct LogConfig {
     pub preallocate: bool,
     /// Largest single read (a pull's range read, a recovery chunk).
     pub read_chunk_bytes: usize,
+    /// The newest bytes of the log kept in memory, so that consumers that keep up are
+    /// served without a disk read (0: off).
+    pub tail_cache_bytes: usize,
 }
 
 impl Default for LogConfig {
@@ -77,6 +80,7 @@ impl Default for LogConfig {
             verify_segments_on_start: 3,
             preallocate: true,
             read_chunk_bytes: 8 << 20,
+            tail_cache_bytes: 64 << 20,
         }
     }
 }
@@ -225,7 +229,48 @@ impl Watermark {
     }
 }
 
+/// The newest written bytes of the log, contiguous from `base`.
+#[derive(Default)]
+struct TailCache {
+    base: u64,
+    bytes: Vec<u8>,
+}
+
+impl TailCache {
+    fn extend(&mut self, start: u64, bytes: &[u8], cap: usize) {
+        if cap == 0 {
+            return;
+        }
+        let have_end = self.base + self.bytes.len() as u64;
+        if self.bytes.is_empty() || start > have_end || start < self.base {
+            self.base = start;
+            self.bytes.clear();
+            self.bytes.extend_from_slice(bytes);
+        } else {
+            let end = start + bytes.len() as u64;
+            if end > have_end {
+                self.bytes.extend_from_slice(&bytes[(have_end - start) as usize..]);
+            }
+        }
+        if self.bytes.len() > cap {
+            // Keep the newest half: amortized, one move per cap/2 bytes written.
+            let drop = self.bytes.len() - cap / 2;
+            self.bytes.drain(..drop);
+            self.base += drop as u64;
+        }
+    }
+
+    fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        if offset < self.base {
+            return None;
+        }
+        let from = (offset - self.base) as usize;
+        self.bytes.get(from..from.checked_add(len)?)
+    }
+}
+
 struct Inner {
+    tail: RefCell<TailCache>,
     dir: PathBuf,
     cfg: LogConfig,
     st: RefCell<State>,
@@ -329,6 +374,7 @@ impl CommitLog {
         };
         debug_assert_eq!(st.active.bytes.len() as u64, end - start);
         let inner = Rc::new(Inner {
+            tail: RefCell::new(TailCache::default()),
             dir: dir.to_owned(),
             cfg,
             st: RefCell::new(st),
@@ -532,6 +578,9 @@ impl CommitLog {
     /// Reads `len` bytes at `offset` (within one segment, below the readable end).
     pub async fn read(&self, offset: u64, len: usize) -> Result<ReadBuf, LogError> {
         let (file, pos) = self.file_for(offset, len as u64)?;
+        if let Some(bytes) = self.inner.tail.borrow().get(offset, len) {
+            return Ok(ReadBuf::Plain(bytes.to_vec()));
+        }
         let buf = file.read_at(pos, len).await?;
         if buf.len() != len {
             return Err(LogError::Corrupt {
@@ -816,6 +865,7 @@ async fn writer(weak: std::rc::Weak<Inner>) {
             if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
                 return poison(&inner, e.to_string());
             }
+            inner.tail.borrow_mut().extend(chunk.start, &chunk.bytes, inner.cfg.tail_cache_bytes);
             if !touched.iter().any(|f| Rc::ptr_eq(f, &file)) {
                 touched.push(file);
             }
