@@ -7,6 +7,7 @@
 //! (file syncs go through `crate::io::blocking`); nothing is shared with other shards except
 //! by messages.
 
+pub mod groups;
 pub mod offsets;
 pub mod topics;
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# End-to-end figures with ringmq-bench against a real broker process on this host, in one
+# run, printed as one table (and JSON files under perf/out/):
+#   (a) produce throughput with a consumer draining concurrently (1 KiB and 4 KiB; batches
+#       of 1, 32 and 1000), (b) end-to-end latency at 1,000 and 20,000 msg/s open loop,
+#   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles.
+# Broker: 2 shards, 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-10}
+command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
+cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
+OUT=perf/out; mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/ringmq-e2e.XXXX)
+BROKER_PID=
+cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+start_broker() { # flush
+  rm -rf "$WORK/data"
+  target/release/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards 2 --flush "$1" \
+    >"$WORK/broker.out" 2>"$WORK/broker.err" &
+  BROKER_PID=$!
+  for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && return; sleep 0.1; done
+  echo "broker did not start"; cat "$WORK/broker.err"; exit 1
+}
+stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
+
+bench() { # name args...
+  local name=$1; shift
+  target/release/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
+    { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; }
+  python3 - "$OUT/$name.json" "$name" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+p, c, s, e = j["produce"], j["consume"], j["send_latency_us"], j["e2e_latency_us"]
+print(f'{sys.argv[2]:<28} {p["msgs_per_sec"]:>10.0f} {p["mb_per_sec"]:>8.1f} {c["msgs_per_sec"]:>10.0f} '
+      f'{s["p50"]:>7.0f} {s["p99"]:>7.0f} {s["p999"]:>7.0f} {e["p50"]:>7.0f} {e["p99"]:>7.0f} {e["p999"]:>7.0f} {e["max"]:>8.0f}')
+PY
+}
+
+echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; 2 shards, 8 queues"
+printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max
+start_broker async
+bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"
+bench t-1k-b32       --size 1024 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
+bench t-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 1 --duration "$SECS" --pull-batch 1000
+bench t-4k-b32       --size 4096 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
+bench lat-1k-1000ps  --size 1024 --rate 1000  --producers 2 --consumers 1 --duration "$SECS"
+bench lat-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
+bench lat-4k-20000ps --size 4096 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
+stop_broker
+start_broker sync
+bench sync-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
+stop_broker
+fio --name=s --filename="$WORK/fio" --rw=write --bs=1k --size=16m --direct=1 --ioengine=sync --fdatasync=1 \
+    --output-format=json 2>/dev/null |
+  python3 -c "import json,sys; p=json.load(sys.stdin)['jobs'][0]['sync']['lat_ns']['percentile']; print('fio fdatasync after 1 KiB O_DIRECT writes (us): p50', round(p['50.000000']/1000), 'p99', round(p['99.000000']/1000), 'p99.9', round(p['99.900000']/1000))"
+echo "latencies in microseconds; s = send-ack, e = end-to-end; JSON in $OUT/"

@@ -1,0 +1,671 @@
+//! The membership of one consumer group, kept by the group's coordinator shard
+//! ([`coordinator_shard`]): who is in the group, what each member subscribes to, and the
+//! queue assignment that follows from it.
+//!
+//! Group-wide settings (allocation strategy, message model) are those of the member that
+//! declared them most recently: the one that joined, or changed its strategy or model,
+//! last. A plain refresh heartbeat declares nothing, so members that disagree do not make
+//! the assignment flip back and forth on every heartbeat; when the declaring member leaves,
+//! the settings of the next most recent declarer apply.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::allocate::{allocate, Strategy, VIRTUAL_NODES_MAX};
+use super::filter::TagFilter;
+use crate::broker::topics::QUEUES_PER_TOPIC_MAX;
+use crate::protocol::route::fnv1a_64;
+
+/// A member that has not sent a heartbeat for this long leaves the group. Upstream waits
+/// 120 s (30 s heartbeats), which stalls ordered queues for minutes after a crash; clients
+/// of ringmq are expected to heartbeat at least three times per timeout.
+pub const SESSION_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Most members of one group.
+pub const MEMBERS_PER_GROUP_MAX: usize = 1024;
+/// Most subscriptions of one member.
+pub const SUBSCRIPTIONS_PER_MEMBER_MAX: usize = 256;
+/// Longest client id, in bytes.
+pub const CLIENT_ID_BYTES_MAX: usize = 255;
+/// Most queue names in a by-config strategy, over all its clients.
+pub const CONFIG_QUEUES_MAX: usize = 65_536;
+
+/// One topic a member consumes, with its tag expression (`*` or `A || B`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Subscription {
+    pub topic: String,
+    pub expression: String,
+}
+
+impl Subscription {
+    pub fn filter(&self) -> Result<TagFilter, String> {
+        TagFilter::parse(&self.expression)
+    }
+}
+
+/// How a member consumes a queue it is given. Does not change the assignment: it tells the
+/// broker whether the member takes queue locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConsumeMode {
+    #[default]
+    Concurrent,
+    /// One thread per queue, in offset order, under the queue's lock.
+    Orderly,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MessageModel {
+    /// Each message goes to one member: the queues are divided among the members.
+    #[default]
+    Clustering,
+    /// Each message goes to every member: every member gets every queue it subscribes to.
+    Broadcasting,
+}
+
+/// What a member says in each heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub client_id: String,
+    pub subscriptions: Vec<Subscription>,
+    pub mode: ConsumeMode,
+    pub model: MessageModel,
+    pub strategy: Strategy,
+    /// Opaque id of the connection the member is on: when it closes, the member leaves.
+    pub connection: u64,
+}
+
+/// Why a heartbeat is refused ([`GroupState::check_heartbeat`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    #[error("invalid client id {client_id:?}: {reason}")]
+    InvalidClientId { client_id: String, reason: String },
+    #[error("group {group} is full: at most {max} members")]
+    GroupFull { group: String, max: usize },
+    #[error("{count} subscriptions; at most {max} are allowed")]
+    TooManySubscriptions { count: usize, max: usize },
+    #[error("subscription to {topic:?}: {reason}")]
+    InvalidSubscription { topic: String, reason: String },
+    #[error("allocation strategy {strategy}: {reason}")]
+    InvalidStrategy { strategy: String, reason: String },
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    /// Subscriptions sorted by topic, one per topic.
+    info: MemberInfo,
+    last_heartbeat_ms: u64,
+    /// When this member last declared its strategy and model (joined or changed them);
+    /// the largest one sets the group's.
+    declared: u64,
+}
+
+/// The state of one consumer group on its coordinator shard.
+#[derive(Debug, Clone)]
+pub struct GroupState {
+    group: String,
+    session_timeout_ms: u64,
+    members: BTreeMap<String, Member>,
+    generation: u64,
+    declarations: u64,
+}
+
+static STRATEGY_WITHOUT_MEMBERS: Strategy = Strategy::Averagely;
+
+impl GroupState {
+    pub fn new(group: String, session_timeout_ms: u64) -> Self {
+        GroupState {
+            group,
+            session_timeout_ms,
+            members: BTreeMap::new(),
+            generation: 0,
+            declarations: 0,
+        }
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    pub fn session_timeout_ms(&self) -> u64 {
+        self.session_timeout_ms
+    }
+
+    /// Checks a heartbeat before [`Self::heartbeat`] applies it: client id, subscriptions
+    /// (non-empty topics, valid tag expressions, bounded count), strategy bounds, and room
+    /// in the group for a new member. Topic names are the caller's to validate.
+    /// `heartbeat` itself checks nothing, so the bounds hold only if callers check first.
+    pub fn check_heartbeat(&self, m: &MemberInfo) -> Result<(), GroupError> {
+        let bad_id = |reason: &str| {
+            Err(GroupError::InvalidClientId {
+                client_id: m.client_id.chars().take(CLIENT_ID_BYTES_MAX).collect(),
+                reason: reason.to_owned(),
+            })
+        };
+        if m.client_id.is_empty() {
+            return bad_id("empty");
+        }
+        if m.client_id.len() > CLIENT_ID_BYTES_MAX {
+            return bad_id(&format!("longer than {CLIENT_ID_BYTES_MAX} bytes"));
+        }
+        if m.subscriptions.len() > SUBSCRIPTIONS_PER_MEMBER_MAX {
+            return Err(GroupError::TooManySubscriptions {
+                count: m.subscriptions.len(),
+                max: SUBSCRIPTIONS_PER_MEMBER_MAX,
+            });
+        }
+        for s in &m.subscriptions {
+            if s.topic.is_empty() {
+                return Err(GroupError::InvalidSubscription {
+                    topic: String::new(),
+                    reason: "empty topic".to_owned(),
+                });
+            }
+            if let Err(reason) = s.filter() {
+                return Err(GroupError::InvalidSubscription {
+                    topic: s.topic.clone(),
+                    reason,
+                });
+            }
+        }
+        let bad_strategy = |reason: String| {
+            Err(GroupError::InvalidStrategy {
+                strategy: m.strategy.name().to_owned(),
+                reason,
+            })
+        };
+        match &m.strategy {
+            Strategy::ConsistentHash { virtual_nodes }
+                if !(1..=VIRTUAL_NODES_MAX).contains(virtual_nodes) =>
+            {
+                return bad_strategy(format!(
+                    "{virtual_nodes} virtual nodes; 1..={VIRTUAL_NODES_MAX} are allowed"
+                ));
+            }
+            Strategy::ByConfig(config) => {
+                let named: usize = config.values().map(Vec::len).sum();
+                if config.len() > MEMBERS_PER_GROUP_MAX || named > CONFIG_QUEUES_MAX {
+                    return bad_strategy(format!(
+                        "{} clients and {named} queues named; at most {MEMBERS_PER_GROUP_MAX} \
+                         and {CONFIG_QUEUES_MAX} are allowed",
+                        config.len()
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if !self.members.contains_key(&m.client_id) && self.members.len() >= MEMBERS_PER_GROUP_MAX {
+            return Err(GroupError::GroupFull {
+                group: self.group.clone(),
+                max: MEMBERS_PER_GROUP_MAX,
+            });
+        }
+        Ok(())
+    }
+
+    /// A heartbeat: joins or refreshes a member (check it with [`Self::check_heartbeat`]
+    /// first). Returns true, and bumps the generation, if the assignment may change: the
+    /// member joined, its subscriptions changed, or the group's strategy or message model
+    /// changed (see the module doc). A new connection id or consume mode is recorded
+    /// without a bump. Subscriptions are kept sorted by topic, one per topic (the last
+    /// one given wins), so their order in the heartbeat does not matter.
+    pub fn heartbeat(&mut self, mut m: MemberInfo, now_ms: u64) -> bool {
+        m.subscriptions = normalize(std::mem::take(&mut m.subscriptions));
+        // Compared by reference before anything moves: a by-config strategy can be large.
+        let declares = match self.members.get(&m.client_id) {
+            Some(old) => old.info.strategy != m.strategy || old.info.model != m.model,
+            None => true,
+        };
+        let settings_changed =
+            declares && (self.strategy() != &m.strategy || self.model() != m.model);
+        if declares {
+            self.declarations += 1;
+        }
+        let changed = match self.members.get_mut(&m.client_id) {
+            Some(member) => {
+                let subscriptions_changed = member.info.subscriptions != m.subscriptions;
+                if declares {
+                    member.declared = self.declarations;
+                }
+                member.last_heartbeat_ms = member.last_heartbeat_ms.max(now_ms);
+                member.info = m;
+                subscriptions_changed
+            }
+            None => {
+                let member = Member {
+                    info: m,
+                    last_heartbeat_ms: now_ms,
+                    declared: self.declarations,
+                };
+                self.members.insert(member.info.client_id.clone(), member);
+                true
+            }
+        };
+        let changed = changed || settings_changed;
+        if changed {
+            self.bump();
+        }
+        changed
+    }
+
+    /// The member leaves (it said goodbye). Returns whether it was a member.
+    pub fn unregister(&mut self, client_id: &str) -> bool {
+        let left = self.members.remove(client_id).is_some();
+        if left {
+            self.bump();
+        }
+        left
+    }
+
+    /// A connection closed: the members on it leave. Returns them, sorted.
+    pub fn connection_closed(&mut self, connection: u64) -> Vec<String> {
+        self.remove_where(|m| m.info.connection == connection)
+    }
+
+    /// Members whose last heartbeat is more than the session timeout before `now_ms`
+    /// leave. Returns them, sorted.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
+        let timeout_ms = self.session_timeout_ms;
+        self.remove_where(|m| now_ms.saturating_sub(m.last_heartbeat_ms) > timeout_ms)
+    }
+
+    /// The first time at which [`Self::expire`] would remove someone, if nobody heartbeats.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.members
+            .values()
+            .map(|m| {
+                m.last_heartbeat_ms
+                    .saturating_add(self.session_timeout_ms)
+                    .saturating_add(1)
+            })
+            .min()
+    }
+
+    /// Client ids, sorted.
+    pub fn members(&self) -> Vec<String> {
+        self.members.keys().cloned().collect()
+    }
+
+    /// A member's last heartbeat, with subscriptions sorted by topic and one per topic.
+    pub fn member(&self, client_id: &str) -> Option<&MemberInfo> {
+        self.members.get(client_id).map(|m| &m.info)
+    }
+
+    pub fn last_heartbeat_ms(&self, client_id: &str) -> Option<u64> {
+        self.members.get(client_id).map(|m| m.last_heartbeat_ms)
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The topics subscribed by any member.
+    pub fn topics(&self) -> BTreeSet<String> {
+        self.members
+            .values()
+            .flat_map(|m| m.info.subscriptions.iter().map(|s| s.topic.clone()))
+            .collect()
+    }
+
+    /// The members subscribed to `topic`, sorted.
+    pub fn subscribers(&self, topic: &str) -> Vec<String> {
+        self.members
+            .values()
+            .filter(|m| subscribes(&m.info, topic))
+            .map(|m| m.info.client_id.clone())
+            .collect()
+    }
+
+    /// The group's allocation strategy: that of the most recent declarer (module doc);
+    /// averagely while the group is empty.
+    pub fn strategy(&self) -> &Strategy {
+        self.declarer()
+            .map_or(&STRATEGY_WITHOUT_MEMBERS, |m| &m.info.strategy)
+    }
+
+    /// The group's message model, chosen like [`Self::strategy`].
+    pub fn model(&self) -> MessageModel {
+        self.declarer()
+            .map_or(MessageModel::default(), |m| m.info.model)
+    }
+
+    /// The assignment: topic -> member -> queues (ascending), for every subscribed topic and
+    /// every member subscribed to it. Only subscribers of a topic get its queues; in
+    /// clustering each queue goes to exactly one of them, in broadcasting every subscriber
+    /// gets every queue. A topic missing from `queue_counts` has no queues (its
+    /// subscribers get empty lists); counts are capped at `QUEUES_PER_TOPIC_MAX`.
+    pub fn assign(
+        &self,
+        queue_counts: &BTreeMap<String, u32>,
+    ) -> BTreeMap<String, BTreeMap<String, Vec<u32>>> {
+        let strategy = self.strategy();
+        let model = self.model();
+        self.topics()
+            .into_iter()
+            .map(|topic| {
+                let count = queue_counts.get(&topic).copied().unwrap_or(0);
+                debug_assert!(count <= QUEUES_PER_TOPIC_MAX, "{topic}: {count} queues");
+                let queues: Vec<u32> = (0..count.min(QUEUES_PER_TOPIC_MAX)).collect();
+                let subscribers = self.subscribers(&topic);
+                let assignment = match model {
+                    MessageModel::Clustering => allocate(strategy, &queues, &subscribers),
+                    MessageModel::Broadcasting => subscribers
+                        .into_iter()
+                        .map(|m| (m, queues.clone()))
+                        .collect(),
+                };
+                (topic, assignment)
+            })
+            .collect()
+    }
+
+    /// Changes whenever the assignment may change, never goes back, so a member can tell a
+    /// stale assignment from the current one.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bumps the generation: for changes the group cannot see itself, such as a topic's
+    /// queue count.
+    pub fn bump(&mut self) {
+        self.generation = self.generation.saturating_add(1);
+    }
+
+    fn declarer(&self) -> Option<&Member> {
+        self.members.values().max_by_key(|m| m.declared)
+    }
+
+    fn remove_where(&mut self, leaves: impl Fn(&Member) -> bool) -> Vec<String> {
+        let gone: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| leaves(m))
+            .map(|m| m.info.client_id.clone())
+            .collect();
+        for id in &gone {
+            self.members.remove(id);
+        }
+        if !gone.is_empty() {
+            self.bump();
+        }
+        gone
+    }
+}
+
+fn subscribes(m: &MemberInfo, topic: &str) -> bool {
+    m.subscriptions
+        .binary_search_by(|s| s.topic.as_str().cmp(topic))
+        .is_ok()
+}
+
+/// Sorted by topic, one per topic: the last one given for a topic wins.
+fn normalize(subscriptions: Vec<Subscription>) -> Vec<Subscription> {
+    let by_topic: BTreeMap<String, String> = subscriptions
+        .into_iter()
+        .map(|s| (s.topic, s.expression))
+        .collect();
+    by_topic
+        .into_iter()
+        .map(|(topic, expression)| Subscription { topic, expression })
+        .collect()
+}
+
+/// The shard that coordinates `group`: FNV-1a 64 of the name modulo the shard count.
+pub fn coordinator_shard(group: &str, shard_count: u32) -> u32 {
+    assert!(
+        shard_count > 0,
+        "coordinator_shard: shard_count must be at least 1"
+    );
+    (fnv1a_64(group.as_bytes()) % u64::from(shard_count)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: u64 = 1_000;
+
+    fn member(id: &str, topics: &[&str]) -> MemberInfo {
+        MemberInfo {
+            client_id: id.to_owned(),
+            subscriptions: topics
+                .iter()
+                .map(|t| Subscription {
+                    topic: t.to_string(),
+                    expression: "*".to_owned(),
+                })
+                .collect(),
+            mode: ConsumeMode::Concurrent,
+            model: MessageModel::Clustering,
+            strategy: Strategy::Averagely,
+            connection: 1,
+        }
+    }
+
+    fn on(mut m: MemberInfo, connection: u64) -> MemberInfo {
+        m.connection = connection;
+        m
+    }
+
+    fn join(g: &mut GroupState, m: MemberInfo, now_ms: u64) -> bool {
+        assert_eq!(g.check_heartbeat(&m), Ok(()));
+        g.heartbeat(m, now_ms)
+    }
+
+    fn counts(c: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        c.iter().map(|(t, n)| (t.to_string(), *n)).collect()
+    }
+
+    /// Asserts each topic's queues are assigned exactly once (clustering) across its
+    /// subscribers, and that non-subscribers get nothing.
+    fn check_assignment(g: &GroupState, queue_counts: &BTreeMap<String, u32>) {
+        let a = g.assign(queue_counts);
+        assert_eq!(a.keys().cloned().collect::<BTreeSet<_>>(), g.topics());
+        for (topic, by_member) in &a {
+            let subscribers: Vec<String> = by_member.keys().cloned().collect();
+            assert_eq!(subscribers, g.subscribers(topic));
+            let mut all: Vec<u32> = by_member.values().flatten().copied().collect();
+            all.sort_unstable();
+            let expected: Vec<u32> = (0..queue_counts.get(topic).copied().unwrap_or(0)).collect();
+            assert_eq!(all, expected, "{topic}: {by_member:?}");
+        }
+    }
+
+    #[test]
+    fn join_refresh_and_leave() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        assert_eq!(g.generation(), 0);
+        assert!(join(&mut g, member("b", &["t"]), 0));
+        assert!(join(&mut g, member("a", &["t"]), 0));
+        let gen = g.generation();
+        assert_eq!(g.members(), vec!["a", "b"]);
+        // A plain refresh changes nothing.
+        assert!(!join(&mut g, member("a", &["t"]), 10));
+        assert_eq!(g.generation(), gen);
+        assert_eq!(g.last_heartbeat_ms("a"), Some(10));
+        // Subscription order and duplicates do not count as a change.
+        assert!(!join(&mut g, member("a", &["t", "t"]), 10));
+        // A new connection or mode is recorded without a change.
+        let mut orderly = on(member("a", &["t"]), 9);
+        orderly.mode = ConsumeMode::Orderly;
+        assert!(!join(&mut g, orderly, 10));
+        assert_eq!(
+            g.member("a").map(|m| (m.connection, m.mode)),
+            Some((9, ConsumeMode::Orderly))
+        );
+        assert_eq!(g.generation(), gen);
+        // New subscriptions are a change.
+        assert!(join(&mut g, member("a", &["u", "t"]), 20));
+        assert!(g.generation() > gen);
+        assert_eq!(
+            g.topics(),
+            ["t", "u"].iter().map(|s| s.to_string()).collect()
+        );
+        let gen = g.generation();
+        assert!(g.unregister("a"));
+        assert!(!g.unregister("a"));
+        assert!(g.generation() > gen);
+        assert_eq!(g.members(), vec!["b"]);
+        assert!(g.member("a").is_none());
+    }
+
+    #[test]
+    fn expiry_after_session_timeout() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        join(&mut g, member("a", &["t"]), 0);
+        join(&mut g, member("b", &["t"]), 500);
+        assert_eq!(g.next_expiry_ms(), Some(TIMEOUT + 1));
+        assert!(g.expire(TIMEOUT).is_empty());
+        let gen = g.generation();
+        assert_eq!(g.expire(TIMEOUT + 1), vec!["a"]);
+        assert!(g.generation() > gen);
+        // A heartbeat keeps b alive; a clock going back never shortens its session.
+        join(&mut g, member("b", &["t"]), 1_400);
+        join(&mut g, member("b", &["t"]), 100);
+        assert!(g.expire(2_400).is_empty());
+        assert_eq!(g.expire(2_401), vec!["b"]);
+        assert!(g.is_empty() && g.next_expiry_ms().is_none());
+    }
+
+    #[test]
+    fn connection_close_removes_its_members() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        join(&mut g, on(member("a", &["t"]), 1), 0);
+        join(&mut g, on(member("b", &["t"]), 2), 0);
+        join(&mut g, on(member("c", &["t"]), 1), 0);
+        let gen = g.generation();
+        assert!(g.connection_closed(3).is_empty());
+        assert_eq!(g.generation(), gen);
+        assert_eq!(g.connection_closed(1), vec!["a", "c"]);
+        assert_eq!(g.members(), vec!["b"]);
+        assert!(g.generation() > gen);
+    }
+
+    #[test]
+    fn assignment_covers_each_topic_among_its_subscribers() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        join(&mut g, member("a", &["t", "u"]), 0);
+        join(&mut g, member("b", &["t"]), 0);
+        join(&mut g, member("c", &["u", "v"]), 0);
+        let qc = counts(&[("t", 8), ("u", 3), ("v", 1)]);
+        check_assignment(&g, &qc);
+        let a = g.assign(&qc);
+        assert_eq!(a["t"]["a"], vec![0, 1, 2, 3]);
+        assert_eq!(a["t"]["b"], vec![4, 5, 6, 7]);
+        assert_eq!(a["v"].keys().collect::<Vec<_>>(), vec!["c"]);
+        // A topic with no known queue count gives its subscribers nothing.
+        let a = g.assign(&counts(&[("t", 8)]));
+        assert_eq!(a["u"]["c"], Vec::<u32>::new());
+        check_assignment(&g, &counts(&[("t", 8)]));
+    }
+
+    #[test]
+    fn broadcasting_gives_everyone_every_queue() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        let mut a = member("a", &["t"]);
+        a.model = MessageModel::Broadcasting;
+        join(&mut g, a.clone(), 0);
+        a.client_id = "b".into();
+        join(&mut g, a, 0);
+        join(&mut g, member("c", &["u"]), 0);
+        // c declared last, with clustering.
+        assert_eq!(g.model(), MessageModel::Clustering);
+        let mut c = member("c", &["u"]);
+        c.model = MessageModel::Broadcasting;
+        assert!(join(&mut g, c, 1));
+        assert_eq!(g.model(), MessageModel::Broadcasting);
+        let assignment = g.assign(&counts(&[("t", 3), ("u", 2)]));
+        assert_eq!(assignment["t"]["a"], vec![0, 1, 2]);
+        assert_eq!(assignment["t"]["b"], vec![0, 1, 2]);
+        assert_eq!(assignment["u"]["c"], vec![0, 1]);
+        assert!(!assignment["u"].contains_key("a"));
+    }
+
+    #[test]
+    fn strategy_is_the_latest_declared_and_does_not_flap() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        assert_eq!(g.strategy(), &Strategy::Averagely);
+        let mut a = member("a", &["t"]);
+        a.strategy = Strategy::AveragelyByCircle;
+        join(&mut g, a.clone(), 0);
+        join(&mut g, member("b", &["t"]), 0);
+        assert_eq!(g.strategy(), &Strategy::Averagely);
+        let gen = g.generation();
+        // Refreshes of members that disagree change nothing.
+        assert!(!join(&mut g, a.clone(), 1));
+        assert!(!join(&mut g, member("b", &["t"]), 1));
+        assert_eq!((g.strategy(), g.generation()), (&Strategy::Averagely, gen));
+        // b leaves: a's declaration applies again.
+        g.unregister("b");
+        assert_eq!(g.strategy(), &Strategy::AveragelyByCircle);
+        // a changes its strategy: a change.
+        a.strategy = Strategy::ConsistentHash { virtual_nodes: 8 };
+        let gen = g.generation();
+        assert!(join(&mut g, a, 2));
+        assert!(g.generation() > gen);
+        assert_eq!(g.strategy(), &Strategy::ConsistentHash { virtual_nodes: 8 });
+        check_assignment(&g, &counts(&[("t", 16)]));
+    }
+
+    #[test]
+    fn bump_and_checks() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        g.bump();
+        assert_eq!(g.generation(), 1);
+        let ok = member("a", &["t"]);
+        assert_eq!(g.check_heartbeat(&ok), Ok(()));
+        let mut bad = ok.clone();
+        bad.client_id.clear();
+        assert!(matches!(
+            g.check_heartbeat(&bad),
+            Err(GroupError::InvalidClientId { .. })
+        ));
+        let mut bad = ok.clone();
+        bad.subscriptions[0].expression = "A ||".into();
+        let e = g.check_heartbeat(&bad).unwrap_err();
+        assert!(e.to_string().contains("\"t\""), "{e}");
+        let mut bad = ok.clone();
+        bad.strategy = Strategy::ConsistentHash { virtual_nodes: 0 };
+        assert!(matches!(
+            g.check_heartbeat(&bad),
+            Err(GroupError::InvalidStrategy { .. })
+        ));
+        let mut bad = ok.clone();
+        bad.subscriptions = (0..=SUBSCRIPTIONS_PER_MEMBER_MAX)
+            .map(|i| Subscription {
+                topic: format!("t{i}"),
+                expression: "*".into(),
+            })
+            .collect();
+        assert!(matches!(
+            g.check_heartbeat(&bad),
+            Err(GroupError::TooManySubscriptions { .. })
+        ));
+        for i in 0..MEMBERS_PER_GROUP_MAX {
+            g.heartbeat(member(&format!("m{i}"), &["t"]), 0);
+        }
+        assert!(matches!(
+            g.check_heartbeat(&ok),
+            Err(GroupError::GroupFull { .. })
+        ));
+        assert_eq!(g.check_heartbeat(&member("m0", &["t"])), Ok(()));
+    }
+
+    #[test]
+    fn coordinator_shard_is_stable_and_in_range() {
+        assert_eq!(coordinator_shard("g", 1), 0);
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c.
+        assert_eq!(
+            coordinator_shard("a", 7),
+            (0xaf63_dc4c_8601_ec8c_u64 % 7) as u32
+        );
+        for shards in 1..=8 {
+            for i in 0..100 {
+                let g = format!("group-{i}");
+                assert!(coordinator_shard(&g, shards) < shards);
+                assert_eq!(coordinator_shard(&g, shards), coordinator_shard(&g, shards));
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Starts the real `ringmq-broker` binary on loopback (ephemeral ports, a temp data dir).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct BrokerProcess {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub shards: usize,
+    extra: Vec<String>,
+    stderr_log: PathBuf,
+}
+
+impl BrokerProcess {
+    /// Starts a broker with `shards` shards in `data_dir`, plus extra flags.
+    pub fn start(data_dir: &Path, shards: usize, extra: &[&str]) -> BrokerProcess {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut b = BrokerProcess {
+            child: None,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.to_owned(),
+            shards,
+            extra,
+            stderr_log: data_dir.with_extension("stderr.log"),
+        };
+        b.spawn();
+        b
+    }
+
+    fn spawn(&mut self) {
+        let stderr = std::fs::File::create(&self.stderr_log).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&self.data_dir)
+            .args(["--shards", &self.shards.to_string()])
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn ringmq-broker");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.starts_with("ringmq-broker ready: listening on ") => {
+                    let addr = line["ringmq-broker ready: listening on ".len()..].split(' ').next().unwrap();
+                    self.addr = addr.parse().unwrap();
+                    break;
+                }
+                Ok(_) => continue,
+                Err(_) => {
+                    let _ = child.kill();
+                    let log = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
+                    panic!("broker did not become ready; stderr:\n{log}");
+                }
+            }
+        }
+        self.child = Some(child);
+    }
+
+    pub fn addr_string(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// SIGTERM and wait: a clean stop. Returns the exit status success.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return true };
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        child.wait().map(|s| s.success()).unwrap_or(false)
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGKILL);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same data dir (new ports).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill first");
+        self.spawn();
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.stderr_log);
+    }
+}
