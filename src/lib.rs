@@ -4,6 +4,7 @@
 //! that needs glommio and io_uring; without it only the wire protocol, the record codec and
 //! the client compile.
 
+pub mod client;
 pub mod log;
 pub mod protocol;
 

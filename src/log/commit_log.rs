@@ -249,7 +249,8 @@ impl TailCache {
         } else {
             let end = start + bytes.len() as u64;
             if end > have_end {
-                self.bytes.extend_from_slice(&bytes[(have_end - start) as usize..]);
+                self.bytes
+                    .extend_from_slice(&bytes[(have_end - start) as usize..]);
             }
         }
         if self.bytes.len() > cap {
@@ -865,7 +866,10 @@ async fn writer(weak: std::rc::Weak<Inner>) {
             if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
                 return poison(&inner, e.to_string());
             }
-            inner.tail.borrow_mut().extend(chunk.start, &chunk.bytes, inner.cfg.tail_cache_bytes);
+            inner
+                .tail
+                .borrow_mut()
+                .extend(chunk.start, &chunk.bytes, inner.cfg.tail_cache_bytes);
             if !touched.iter().any(|f| Rc::ptr_eq(f, &file)) {
                 touched.push(file);
             }

@@ -1,0 +1,509 @@
+//! One TCP connection to one broker address, with request pipelining.
+//!
+//! Two tasks own the socket halves:
+//! - the **writer** drains a bounded channel of encoded frames and writes everything queued
+//!   with one `write_all` (frames of concurrent requests leave in one segment);
+//! - the **reader** reads large chunks into one growable buffer, cuts whole frames off its
+//!   front with [`FrameDecoder`] (each frame becomes a shared `Bytes` slice of that buffer,
+//!   no copy), and hands each response to the request that waits for its `request_id`.
+//!
+//! Callers wait on a oneshot channel registered under their request id. At most
+//! `in_flight_max` requests wait at once (a semaphore); the frame channel has the same
+//! bound, so memory is bounded however fast callers submit. When either task fails, every
+//! waiting request fails at once with the same retriable [`ClientError::Connection`], both
+//! tasks stop, and the connection is marked broken: its owner opens a new one on the next
+//! request.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{broadcast, mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
+use tokio::time::{timeout_at, Instant};
+
+use crate::protocol::kind::{KIND_PUSH_END, KIND_PUSH_FIRST};
+use crate::protocol::{
+    encode_frame, Flags, Frame, FrameDecoder, FrameLimits, Kind, KindClass, Message, ProtocolError,
+    Response, FRAME_BYTES_CEILING, FRAME_HEADER_BYTES,
+};
+
+use super::error::{ClientError, Result};
+
+/// Each read asks the kernel for at least this much room: large reads keep syscalls per
+/// frame low when answers are small and many.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// The writer stops gathering queued frames into one write past this size.
+const WRITE_BATCH_BYTES_MAX: usize = 256 * 1024;
+
+/// A frame the broker pushed unasked (`Flags::PUSH`): group rebalances, lock losses.
+#[derive(Debug, Clone)]
+pub struct PushFrame {
+    kind: Kind,
+    frame: Bytes,
+}
+
+impl PushFrame {
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+    /// The whole frame, header included.
+    pub fn bytes(&self) -> &Bytes {
+        &self.frame
+    }
+    /// The frame, decoded again (its header was checked on receipt).
+    pub fn frame(&self) -> std::result::Result<Frame<'_>, ProtocolError> {
+        decode_checked(&self.frame)
+    }
+}
+
+/// One whole, checked response frame, owned.
+#[derive(Debug, Clone)]
+pub(crate) struct Reply {
+    frame: Bytes,
+}
+
+impl Reply {
+    pub(crate) fn bytes(&self) -> &Bytes {
+        &self.frame
+    }
+
+    /// The frame's header and payload, decoded again from the owned bytes.
+    pub(crate) fn frame(&self) -> Result<Frame<'_>> {
+        Ok(decode_checked(&self.frame)?)
+    }
+
+    /// The response, with an error frame turned into [`ClientError::Broker`].
+    pub(crate) fn response(&self) -> Result<Response<'_>> {
+        match self.frame()?.decode_response()? {
+            Response::Error(e) => Err(e.into()),
+            other => Ok(other),
+        }
+    }
+
+    /// Where the raw record tail starts in [`bytes`](Self::bytes).
+    pub(crate) fn tail_start(&self) -> Result<usize> {
+        let frame = self.frame()?;
+        Ok(FRAME_HEADER_BYTES + frame.header().meta_len() as usize)
+    }
+}
+
+/// Decodes a frame whose header was already checked against the connection's limit.
+fn decode_checked(bytes: &[u8]) -> std::result::Result<Frame<'_>, ProtocolError> {
+    // The receive limit was enforced when the frame was cut from the stream; the ceiling
+    // here only has to admit it again.
+    let limits = FrameLimits::new(FRAME_BYTES_CEILING)?;
+    match FrameDecoder::new(limits).decode(bytes)? {
+        Some(frame) if frame.frame_len() == bytes.len() => Ok(frame),
+        Some(frame) => Err(ProtocolError::PayloadLength {
+            expected: frame.frame_len() - FRAME_HEADER_BYTES,
+            found: bytes.len().saturating_sub(FRAME_HEADER_BYTES),
+        }),
+        None => Err(ProtocolError::Truncated {
+            needed: FRAME_HEADER_BYTES,
+            available: bytes.len(),
+        }),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; a poisoned one still holds valid data.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+type Waiter = oneshot::Sender<Result<Reply>>;
+
+/// State shared by the connection handle and its two tasks.
+struct Shared {
+    peer: String,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    waiters: HashMap<u64, Waiter>,
+    /// Why the connection is down; once set, no request is accepted.
+    broken: Option<ClientError>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl Shared {
+    /// Marks the connection broken (first reason wins), fails every waiter, stops both tasks.
+    fn fail(&self, error: ClientError) {
+        let (waiters, tasks) = {
+            let mut state = lock(&self.state);
+            if state.broken.is_some() {
+                return;
+            }
+            state.broken = Some(error.clone());
+            (
+                std::mem::take(&mut state.waiters),
+                std::mem::take(&mut state.tasks),
+            )
+        };
+        for waiter in waiters.into_values() {
+            // The caller may have given up already; nothing to tell it then.
+            let _ = waiter.send(Err(error.clone()));
+        }
+        for task in tasks {
+            task.abort();
+        }
+    }
+
+    fn broken(&self) -> Option<ClientError> {
+        lock(&self.state).broken.clone()
+    }
+
+    fn broken_error(&self) -> ClientError {
+        self.broken().unwrap_or_else(|| {
+            ClientError::Connection(format!("connection to {} closed", self.peer))
+        })
+    }
+
+    /// Hands a response to its waiter. Answers nobody waits for (the request timed out or
+    /// was abandoned) are dropped.
+    fn complete(&self, request_id: u64, reply: Reply) {
+        let waiter = lock(&self.state).waiters.remove(&request_id);
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(Ok(reply));
+        }
+    }
+}
+
+/// Removes a request's waiter when the request ends in any way (answer, timeout, or the
+/// caller dropping the future), so the map never keeps abandoned entries.
+struct WaiterGuard<'a> {
+    shared: &'a Shared,
+    request_id: u64,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.state).waiters.remove(&self.request_id);
+    }
+}
+
+/// Settings a connection needs from the client configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionLimits {
+    pub frames: FrameLimits,
+    pub in_flight_max: usize,
+}
+
+/// A pipelined connection to one broker address. Dropping the last handle closes it.
+pub(crate) struct Connection {
+    shared: Arc<Shared>,
+    frames: mpsc::Sender<Vec<u8>>,
+    permits: Arc<Semaphore>,
+    next_request_id: AtomicU64,
+    frame_bytes_max: u32,
+    peer_addr: SocketAddr,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.shared.fail(ClientError::Connection(format!(
+            "connection to {} closed by the client",
+            self.shared.peer
+        )));
+    }
+}
+
+impl Connection {
+    /// Opens a TCP connection to `addr` (no handshake: the caller sends it) and starts the
+    /// reader and writer tasks. Pushed frames go to `pushes`.
+    pub(crate) async fn open(
+        addr: &str,
+        deadline: Instant,
+        limits: ConnectionLimits,
+        pushes: broadcast::Sender<PushFrame>,
+    ) -> Result<Connection> {
+        let stream = match timeout_at(deadline, TcpStream::connect(addr)).await {
+            Err(_) => {
+                return Err(ClientError::Connection(format!(
+                    "connect to {addr}: timed out"
+                )))
+            }
+            Ok(Err(e)) => return Err(ClientError::Connection(format!("connect to {addr}: {e}"))),
+            Ok(Ok(stream)) => stream,
+        };
+        // Requests are small and latency-bound; the writer batches on its own.
+        stream
+            .set_nodelay(true)
+            .map_err(|e| ClientError::Connection(format!("set TCP_NODELAY on {addr}: {e}")))?;
+        let peer_addr = stream
+            .peer_addr()
+            .map_err(|e| ClientError::Connection(format!("peer address of {addr}: {e}")))?;
+        let (read_half, write_half) = stream.into_split();
+        let shared = Arc::new(Shared {
+            peer: addr.to_owned(),
+            state: Mutex::new(State::default()),
+        });
+        let (frames_tx, frames_rx) = mpsc::channel(limits.in_flight_max);
+        let writer = tokio::spawn(write_loop(frames_rx, write_half, shared.clone()));
+        let reader = tokio::spawn(read_loop(
+            read_half,
+            shared.clone(),
+            FrameDecoder::new(limits.frames),
+            pushes,
+        ));
+        {
+            let mut state = lock(&shared.state);
+            if state.broken.is_some() {
+                // A task failed before we could record it: stop the other one too.
+                writer.abort();
+                reader.abort();
+            } else {
+                state.tasks = vec![writer.abort_handle(), reader.abort_handle()];
+            }
+        }
+        Ok(Connection {
+            shared,
+            frames: frames_tx,
+            permits: Arc::new(Semaphore::new(limits.in_flight_max)),
+            next_request_id: AtomicU64::new(1),
+            frame_bytes_max: limits.frames.frame_bytes_max(),
+            peer_addr,
+        })
+    }
+
+    /// The address this connection reached.
+    pub(crate) fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// Whether the connection broke (or was closed) and must be replaced.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.shared.broken().is_some()
+    }
+
+    /// Sends `meta` as a request and waits for its answer until `deadline`.
+    /// `timeout_ms` is only for the error message.
+    pub(crate) async fn request<M: Message>(
+        &self,
+        meta: &M,
+        deadline: Instant,
+        timeout_ms: u64,
+    ) -> Result<Reply> {
+        let timed_out = ClientError::Timeout { timeout_ms };
+        let _permit: OwnedSemaphorePermit =
+            match timeout_at(deadline, self.permits.clone().acquire_owned()).await {
+                Err(_) => return Err(timed_out),
+                Ok(Err(_)) => return Err(self.shared.broken_error()),
+                Ok(Ok(permit)) => permit,
+            };
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let frame = self.encode(request_id, Flags::NONE, meta)?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = lock(&self.shared.state);
+            if let Some(e) = &state.broken {
+                return Err(e.clone());
+            }
+            state.waiters.insert(request_id, tx);
+        }
+        let _guard = WaiterGuard {
+            shared: &self.shared,
+            request_id,
+        };
+        match timeout_at(deadline, self.frames.send(frame)).await {
+            Err(_) => return Err(timed_out),
+            Ok(Err(_)) => return Err(self.shared.broken_error()),
+            Ok(Ok(())) => {}
+        }
+        match timeout_at(deadline, rx).await {
+            Err(_) => Err(timed_out),
+            // The waiter was dropped without an answer: the connection failed.
+            Ok(Err(_)) => Err(self.shared.broken_error()),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Sends `meta` as a oneway request: no answer comes, not even an error. Returns once
+    /// the frame is queued for the writer.
+    pub(crate) async fn send_oneway<M: Message>(
+        &self,
+        meta: &M,
+        deadline: Instant,
+        timeout_ms: u64,
+    ) -> Result<()> {
+        if let Some(e) = self.shared.broken() {
+            return Err(e);
+        }
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let frame = self.encode(request_id, Flags::ONEWAY, meta)?;
+        match timeout_at(deadline, self.frames.send(frame)).await {
+            Err(_) => Err(ClientError::Timeout { timeout_ms }),
+            Ok(Err(_)) => Err(self.shared.broken_error()),
+            Ok(Ok(())) => Ok(()),
+        }
+    }
+
+    fn encode<M: Message>(&self, request_id: u64, flags: Flags, meta: &M) -> Result<Vec<u8>> {
+        let mut frame = Vec::new();
+        let len = encode_frame(request_id, flags, meta, &[], &mut frame)?;
+        if len > self.frame_bytes_max as usize {
+            return Err(ClientError::InvalidArgument(format!(
+                "a {} request of {len} bytes is larger than the frame limit of {} bytes",
+                M::KIND,
+                self.frame_bytes_max
+            )));
+        }
+        Ok(frame)
+    }
+}
+
+async fn write_loop(
+    mut frames: mpsc::Receiver<Vec<u8>>,
+    mut out: OwnedWriteHalf,
+    shared: Arc<Shared>,
+) {
+    let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH_BYTES_MAX);
+    while let Some(first) = frames.recv().await {
+        let written = if frames.is_empty() || first.len() >= WRITE_BATCH_BYTES_MAX {
+            // Nothing to gather: write the frame where it is.
+            out.write_all(&first).await
+        } else {
+            batch.clear();
+            batch.extend_from_slice(&first);
+            drop(first);
+            while batch.len() < WRITE_BATCH_BYTES_MAX {
+                match frames.try_recv() {
+                    Ok(frame) => batch.extend_from_slice(&frame),
+                    Err(_) => break,
+                }
+            }
+            let written = out.write_all(&batch).await;
+            // One very large gathered batch should not pin its memory for good.
+            if batch.capacity() > 4 * WRITE_BATCH_BYTES_MAX {
+                batch = Vec::with_capacity(WRITE_BATCH_BYTES_MAX);
+            }
+            written
+        };
+        if let Err(e) = written {
+            shared.fail(ClientError::Connection(format!(
+                "write to {}: {e}",
+                shared.peer
+            )));
+            return;
+        }
+    }
+    // Every sender is gone: the connection handle was dropped.
+    let _ = out.shutdown().await;
+}
+
+/// What the front of the receive buffer holds.
+enum Step {
+    /// A whole frame of this many bytes.
+    Frame {
+        len: usize,
+        kind: Kind,
+        request_id: u64,
+        flags: Flags,
+    },
+    /// A pushed frame of a kind this client does not know yet (a newer broker): skipped,
+    /// so a newer broker's notifications never break an older client's connection.
+    SkipUnknownPush { len: usize },
+    /// Not a whole frame yet: read until the buffer holds this many bytes.
+    NeedMore { total: usize },
+}
+
+fn next_step(decoder: &FrameDecoder, buf: &[u8]) -> std::result::Result<Step, ProtocolError> {
+    match decoder.decode(buf) {
+        Ok(Some(frame)) => Ok(Step::Frame {
+            len: frame.frame_len(),
+            kind: frame.kind(),
+            request_id: frame.request_id(),
+            flags: frame.header().flags(),
+        }),
+        Ok(None) => Ok(Step::NeedMore {
+            total: decoder.bytes_needed(buf)?,
+        }),
+        // The decoder checks magic, version and the length bounds before the kind, so
+        // the length field of a frame refused for its kind is trustworthy.
+        Err(ProtocolError::UnknownKind(kind))
+            if (KIND_PUSH_FIRST..KIND_PUSH_END).contains(&kind) =>
+        {
+            let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if buf.len() >= len {
+                Ok(Step::SkipUnknownPush { len })
+            } else {
+                Ok(Step::NeedMore { total: len })
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn read_loop(
+    mut input: OwnedReadHalf,
+    shared: Arc<Shared>,
+    decoder: FrameDecoder,
+    pushes: broadcast::Sender<PushFrame>,
+) {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        let total = loop {
+            match next_step(&decoder, &buf) {
+                Ok(Step::Frame {
+                    len,
+                    kind,
+                    request_id,
+                    flags,
+                }) => {
+                    // The frame leaves the buffer as a shared slice: records of a pull
+                    // answer are read where they landed.
+                    let frame = buf.split_to(len).freeze();
+                    if flags.is_push() {
+                        // No subscriber is fine: nobody asked for notifications.
+                        let _ = pushes.send(PushFrame { kind, frame });
+                    } else if kind.class() == KindClass::Response {
+                        shared.complete(request_id, Reply { frame });
+                    } else {
+                        shared.fail(ClientError::Protocol(ProtocolError::UnexpectedKind {
+                            expected: KindClass::Response,
+                            found: kind,
+                        }));
+                        return;
+                    }
+                }
+                Ok(Step::SkipUnknownPush { len }) => buf.advance(len),
+                Ok(Step::NeedMore { total }) => break total,
+                Err(e) => {
+                    shared.fail(ClientError::Protocol(e));
+                    return;
+                }
+            }
+        };
+        // Room for the rest of the frame, and at least a big chunk. When every earlier
+        // frame has been dropped, `reserve` reuses the same allocation (moving only the
+        // partial frame to its front); only a frame still held elsewhere (a pull answer
+        // the application keeps) makes it allocate.
+        let want = total.saturating_sub(buf.len()).max(READ_CHUNK_BYTES);
+        if buf.capacity() - buf.len() < want {
+            buf.reserve(want);
+        }
+        match input.read_buf(&mut buf).await {
+            Ok(0) => {
+                shared.fail(ClientError::Connection(format!(
+                    "connection to {} closed by the broker",
+                    shared.peer
+                )));
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                shared.fail(ClientError::Connection(format!(
+                    "read from {}: {e}",
+                    shared.peer
+                )));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! [`Producer`]: sends messages (sync, async, oneway, batch) with queue selection and
+//! retries, on top of a [`Client`].
+//!
+//! Queue choice, per send: a custom [`QueueSelector`] if one is set; else the message's
+//! sharding key, hashed (same key, same queue: per-key order); else round-robin. The
+//! producer learns a topic's queue count from `DescribeTopic` and caches it, refreshing it
+//! in the background every `route_refresh_ms` and at once after a queue or topic error.
+//! For a topic the broker does not know yet, it sends with `QUEUE_ID_ANY` so a broker that
+//! auto-creates topics picks the queue, and describes the topic again on the next send.
+//!
+//! Retries: up to `retries` more attempts on retriable errors (timeouts, broken
+//! connections, retriable broker codes); round-robin moves to the next queue on each
+//! attempt, keyed and selected sends stay on their queue so order holds. A retried send
+//! whose first attempt timed out may be stored twice: delivery is at least once.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use crate::protocol::{
+    BatchItem, ErrorCode, Kind, ProtocolError, Response, SendBatch, SendMessage, QUEUE_ID_ANY,
+};
+
+pub use crate::protocol::{SendBatchResult, SendResult};
+
+use super::config::ClientConfig;
+use super::error::{ClientError, Result};
+use super::message::{check_topic, OutgoingMessage};
+use super::route::queue_for_key;
+use super::session::{Client, Route};
+
+pub const SEND_RETRIES_DEFAULT: u32 = 2;
+pub const ROUTE_REFRESH_MS_DEFAULT: u64 = 30_000;
+/// Most messages in one batch (the broker's limit too).
+pub const BATCH_MESSAGES_MAX: usize = 4096;
+
+/// Picks the queue of a message. Return a value below `queue_count` (larger values are
+/// taken modulo `queue_count`). Called again on every retry, with `attempt` counting from 0.
+pub trait QueueSelector: Send + Sync + 'static {
+    fn select(&self, topic: &str, message: &OutgoingMessage, queue_count: u32, attempt: u32)
+        -> u32;
+}
+
+/// How a producer sends.
+#[derive(Clone)]
+pub struct ProducerOptions {
+    /// Extra attempts after a retriable failure.
+    pub retries: u32,
+    /// Ask the broker to answer only once the message is durable (sync flush for these
+    /// messages, whatever the broker's flush mode).
+    pub wait_durable: bool,
+    /// Age after which a topic's cached queue count is refreshed in the background.
+    pub route_refresh_ms: u64,
+    /// Overrides the built-in choice (sharding key, then round-robin).
+    pub selector: Option<Arc<dyn QueueSelector>>,
+}
+
+impl Default for ProducerOptions {
+    fn default() -> Self {
+        ProducerOptions {
+            retries: SEND_RETRIES_DEFAULT,
+            wait_durable: false,
+            route_refresh_ms: ROUTE_REFRESH_MS_DEFAULT,
+            selector: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ProducerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProducerOptions")
+            .field("retries", &self.retries)
+            .field("wait_durable", &self.wait_durable)
+            .field("route_refresh_ms", &self.route_refresh_ms)
+            .field("selector", &self.selector.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// Sends messages. Cheap to clone; clones share connections, caches and the round-robin
+/// position, and every method takes `&self`, so one producer serves many tasks.
+#[derive(Clone)]
+pub struct Producer {
+    inner: Arc<ProducerInner>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("client", &self.inner.client)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+struct ProducerInner {
+    client: Client,
+    options: ProducerOptions,
+    routes: Mutex<HashMap<String, TopicRoute>>,
+    next_queue: AtomicU32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TopicRoute {
+    queue_count: u32,
+    fetched_at: Instant,
+    refreshing: bool,
+}
+
+/// The queue of one attempt: a queue id, or [`QUEUE_ID_ANY`] for the broker to choose.
+type QueueChoice = i32;
+
+impl Producer {
+    /// Connects with default [`ProducerOptions`].
+    pub async fn connect(config: ClientConfig) -> Result<Producer> {
+        Producer::connect_with(config, ProducerOptions::default()).await
+    }
+
+    pub async fn connect_with(config: ClientConfig, options: ProducerOptions) -> Result<Producer> {
+        Ok(Producer::from_client(
+            Client::connect(config).await?,
+            options,
+        ))
+    }
+
+    /// A producer sharing `client`'s connections.
+    pub fn from_client(client: Client, options: ProducerOptions) -> Producer {
+        Producer {
+            inner: Arc::new(ProducerInner {
+                client,
+                options,
+                routes: Mutex::new(HashMap::new()),
+                // Producers started together should not all hit queue 0 first.
+                next_queue: AtomicU32::new(rand::random::<u32>()),
+            }),
+        }
+    }
+
+    /// The client underneath, for pulls, offsets and admin calls.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub fn options(&self) -> &ProducerOptions {
+        &self.inner.options
+    }
+
+    /// Sends one message and waits for the broker's answer: where it was stored.
+    pub async fn send(&self, topic: &str, message: OutgoingMessage) -> Result<SendResult> {
+        self.inner.send(topic, message).await
+    }
+
+    /// Like [`send`](Self::send), as a future that borrows nothing: spawn it, or keep many
+    /// in flight.
+    pub fn send_async(
+        &self,
+        topic: impl Into<String>,
+        message: OutgoingMessage,
+    ) -> impl Future<Output = Result<SendResult>> + Send + 'static {
+        let inner = self.inner.clone();
+        let topic = topic.into();
+        async move { inner.send(&topic, message).await }
+    }
+
+    /// Sends one message flagged oneway: no answer is awaited (none comes, not even an
+    /// error), no retry. Returns once the frame is queued on the connection.
+    pub async fn send_oneway(&self, topic: &str, mut message: OutgoingMessage) -> Result<()> {
+        let mut request = self.inner.prepare(topic, &mut message)?;
+        let queue_count = self.inner.queue_count(topic).await?;
+        request.queue_id =
+            self.inner
+                .choose(topic, &mut message, &mut request.body, queue_count, 0);
+        self.inner
+            .client
+            .call_oneway(route(topic, request.queue_id), &request)
+            .await
+    }
+
+    /// Sends `messages` to one queue of `topic` in one request; they get consecutive queue
+    /// offsets in order. The queue is chosen as for the first message.
+    pub async fn send_batch(
+        &self,
+        topic: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<SendBatchResult> {
+        self.inner.send_batch(topic, messages).await
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn unexpected(expected: Kind, found: &Response<'_>) -> ClientError {
+    ClientError::Protocol(ProtocolError::KindMismatch {
+        expected,
+        found: found.kind(),
+    })
+}
+
+fn route(topic: &str, queue_id: QueueChoice) -> Route<'_> {
+    match u32::try_from(queue_id) {
+        Ok(queue_id) => Route::Queue { topic, queue_id },
+        // The broker chooses the queue: any connection will do, it forwards.
+        Err(_) => Route::Bootstrap,
+    }
+}
+
+/// Runs `f` on `message` with `body` put back into it: the body travels in the request
+/// (moved, not copied), and a selector may want to look at it.
+fn with_body<R>(
+    message: &mut OutgoingMessage,
+    body: &mut Vec<u8>,
+    f: impl FnOnce(&OutgoingMessage) -> R,
+) -> R {
+    std::mem::swap(&mut message.body, body);
+    let r = f(message);
+    std::mem::swap(&mut message.body, body);
+    r
+}
+
+/// Errors after which the cached queue count may be wrong (queues removed, topic deleted
+/// and recreated): refresh it and try again.
+fn route_is_stale(e: &ClientError) -> bool {
+    matches!(
+        e.code(),
+        Some(ErrorCode::QueueNotFound | ErrorCode::TopicNotFound)
+    )
+}
+
+impl ProducerInner {
+    /// Checks everything checkable before any I/O and builds the request, with the body
+    /// moved out of `message`.
+    fn prepare(&self, topic: &str, message: &mut OutgoingMessage) -> Result<SendMessage> {
+        check_topic(topic)?;
+        message.validate()?;
+        let properties = message.encode_properties()?;
+        Ok(SendMessage {
+            topic: topic.to_owned(),
+            queue_id: QUEUE_ID_ANY,
+            flag: message.flag,
+            properties,
+            body: std::mem::take(&mut message.body),
+            born_timestamp_ms: now_ms(),
+            wait_durable: self.options.wait_durable,
+        })
+    }
+
+    async fn send(
+        self: &Arc<Self>,
+        topic: &str,
+        mut message: OutgoingMessage,
+    ) -> Result<SendResult> {
+        let mut request = self.prepare(topic, &mut message)?;
+        self.with_retries(
+            topic,
+            &mut request,
+            |request, queue_count, attempt| {
+                request.queue_id =
+                    self.choose(topic, &mut message, &mut request.body, queue_count, attempt);
+                request.queue_id
+            },
+            |response| match response {
+                Response::SendResult(result) => Ok(result),
+                other => Err(unexpected(Kind::SendResult, &other)),
+            },
+        )
+        .await
+    }
+
+    async fn send_batch(
+        self: &Arc<Self>,
+        topic: &str,
+        mut messages: Vec<OutgoingMessage>,
+    ) -> Result<SendBatchResult> {
+        check_topic(topic)?;
+        if messages.is_empty() || messages.len() > BATCH_MESSAGES_MAX {
+            return Err(ClientError::InvalidArgument(format!(
+                "a batch holds 1 to {BATCH_MESSAGES_MAX} messages, not {}",
+                messages.len()
+            )));
+        }
+        let born_timestamp_ms = now_ms();
+        let mut items = Vec::with_capacity(messages.len());
+        for message in &mut messages {
+            message.validate()?;
+            items.push(BatchItem {
+                flag: message.flag,
+                properties: message.encode_properties()?,
+                body: std::mem::take(&mut message.body),
+                born_timestamp_ms,
+            });
+        }
+        let mut request = SendBatch {
+            topic: topic.to_owned(),
+            queue_id: QUEUE_ID_ANY,
+            messages: items,
+            wait_durable: self.options.wait_durable,
+        };
+        self.with_retries(
+            topic,
+            &mut request,
+            |request, queue_count, attempt| {
+                // Checked non-empty above: the first message decides the queue.
+                if let (Some(first), Some(item)) =
+                    (messages.first_mut(), request.messages.first_mut())
+                {
+                    request.queue_id =
+                        self.choose(topic, first, &mut item.body, queue_count, attempt);
+                }
+                request.queue_id
+            },
+            |response| match response {
+                Response::SendBatchResult(result) => Ok(result),
+                other => Err(unexpected(Kind::SendBatchResult, &other)),
+            },
+        )
+        .await
+    }
+
+    /// Sends `request` up to `1 + retries` times. `choose` sets the request's queue for an
+    /// attempt (given the topic's queue count, if known, and the attempt number) and
+    /// returns it; `answer` takes the result out of a successful response.
+    async fn with_retries<M, T>(
+        self: &Arc<Self>,
+        topic: &str,
+        request: &mut M,
+        mut choose: impl FnMut(&mut M, Option<u32>, u32) -> QueueChoice,
+        answer: impl Fn(Response<'_>) -> Result<T>,
+    ) -> Result<T>
+    where
+        M: crate::protocol::Message,
+    {
+        let mut last_error = None;
+        for attempt in 0..=self.options.retries {
+            let queue_count = match self.queue_count(topic).await {
+                Ok(count) => count,
+                Err(e) if e.is_retriable() => {
+                    last_error = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let queue_id = choose(request, queue_count, attempt);
+            let outcome = match self.client.call(route(topic, queue_id), &*request).await {
+                Ok(reply) => reply.response().and_then(&answer),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(result) => {
+                    if queue_count.is_none() {
+                        // The broker chose (and perhaps created the topic): learn its
+                        // queues on the next send.
+                        self.forget(topic);
+                    }
+                    return Ok(result);
+                }
+                Err(e) if route_is_stale(&e) && queue_id != QUEUE_ID_ANY => {
+                    self.forget(topic);
+                    last_error = Some(e);
+                }
+                Err(e) if e.is_retriable() => last_error = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            ClientError::Connection(format!("send to {topic} failed without an error"))
+        }))
+    }
+
+    /// The queue of attempt number `attempt`.
+    fn choose(
+        &self,
+        topic: &str,
+        message: &mut OutgoingMessage,
+        body: &mut Vec<u8>,
+        queue_count: Option<u32>,
+        attempt: u32,
+    ) -> QueueChoice {
+        let Some(count) = queue_count.filter(|c| *c > 0) else {
+            return QUEUE_ID_ANY;
+        };
+        let queue = if let Some(selector) = &self.options.selector {
+            with_body(message, body, |m| selector.select(topic, m, count, attempt)) % count
+        } else if let Some(key) = &message.sharding_key {
+            queue_for_key(key, count)
+        } else {
+            self.next_queue.fetch_add(1, Ordering::Relaxed) % count
+        };
+        // Queue counts are bounded far below i32::MAX by the broker; stay total anyway.
+        i32::try_from(queue).unwrap_or(QUEUE_ID_ANY)
+    }
+
+    /// The topic's queue count: cached, or described now. `None`: the broker does not
+    /// know the topic (a send then lets the broker choose, which auto-creates it if the
+    /// broker is set to).
+    async fn queue_count(self: &Arc<Self>, topic: &str) -> Result<Option<u32>> {
+        let refresh_after = Duration::from_millis(self.options.route_refresh_ms);
+        {
+            let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(route) = routes.get_mut(topic) {
+                if route.fetched_at.elapsed() >= refresh_after && !route.refreshing {
+                    // Stale: keep sending with what we have while one task refreshes it.
+                    route.refreshing = true;
+                    let inner = self.clone();
+                    let topic = topic.to_owned();
+                    tokio::spawn(async move {
+                        let _ = inner.describe(&topic).await;
+                    });
+                }
+                return Ok(Some(route.queue_count));
+            }
+        }
+        self.describe(topic).await
+    }
+
+    async fn describe(&self, topic: &str) -> Result<Option<u32>> {
+        match self.client.describe_topic(topic).await {
+            Ok(info) => {
+                let queue_count = u32::try_from(info.queues.len()).unwrap_or(u32::MAX);
+                let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                if queue_count == 0 {
+                    routes.remove(topic);
+                    return Ok(None);
+                }
+                routes.insert(
+                    topic.to_owned(),
+                    TopicRoute {
+                        queue_count,
+                        fetched_at: Instant::now(),
+                        refreshing: false,
+                    },
+                );
+                Ok(Some(queue_count))
+            }
+            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => {
+                self.forget(topic);
+                Ok(None)
+            }
+            Err(e) => {
+                // A failed background refresh must not block the next one.
+                let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(route) = routes.get_mut(topic) {
+                    route.refreshing = false;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn forget(&self, topic: &str) {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(topic);
+    }
+}

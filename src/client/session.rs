@@ -1,0 +1,711 @@
+//! [`Client`]: a session with one broker. It owns the bootstrap connection and, when shard
+//! aware, one lazily opened connection per shard; it routes every request and offers the
+//! consumer, offset, query and admin calls. [`Producer`](super::Producer) is built on it.
+//!
+//! Routing: the bootstrap handshake tells the shard count, the broker id and each shard's
+//! address. A queue-bound request (send, pull, offsets) goes to
+//! [`owner`](super::route::owner)`(topic, queue, shard_count)`; a message id names its
+//! shard (`store_id`); everything else (topic admin, lists, lookups by key) goes to the
+//! bootstrap connection, and so does everything when `shard_aware` is off (the broker then
+//! forwards).
+//!
+//! Reconnects: a broken connection is replaced on the next request that needs it. Failed
+//! attempts on one address back off exponentially (`reconnect_backoff_min_ms` doubling up
+//! to `reconnect_backoff_max_ms`); a request whose deadline falls before the next allowed
+//! attempt fails at once with a retriable [`ClientError::Connection`].
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::{sleep_until, timeout_at, Instant};
+
+use crate::log::record::RecordIter;
+use crate::protocol::ErrorCode;
+use crate::protocol::{
+    CommitOffset, CreateTopic, DeleteTopic, DescribeTopic, GetMaxOffset, GetMinOffset, Handshake,
+    HandshakeOk, Heartbeat, Kind, ListTopics, Message as WireMessage, MessageById, MessageId,
+    MessagesByKey, ProtocolError, Pull, PullStatus, QueryOffset, RecordCount, Response,
+    SearchOffsetByTimestamp, TopicInfo, UpdateTopic, WithRecords, PROTOCOL_VERSION,
+};
+
+use super::config::ClientConfig;
+use super::connection::{Connection, ConnectionLimits, PushFrame, Reply};
+use super::error::{ClientError, Result};
+use super::message::{check_topic, Message};
+use super::route::{owner, tag_hash};
+
+/// Most shards a handshake may announce; a larger number is a broken or hostile peer.
+const SHARD_COUNT_MAX: u32 = 4096;
+/// Largest long-polling wait a pull may ask for (the wire field is in ms, u32).
+const PULL_WAIT_MS_MAX: u64 = u32::MAX as u64;
+
+/// Where a request must go.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Route<'a> {
+    /// The bootstrap connection (requests without a queue).
+    Bootstrap,
+    /// The shard that owns this queue.
+    Queue { topic: &'a str, queue_id: u32 },
+    /// This shard (a message id's store).
+    Shard(u32),
+}
+
+/// The answer to a pull.
+#[derive(Debug, Clone)]
+pub struct PullResult {
+    pub status: PullStatus,
+    /// The messages, in queue order; all share the answer's one buffer. With a tag filter,
+    /// only messages whose tag string matches (the broker filters by hash, the client
+    /// re-checks the strings).
+    pub messages: Vec<Message>,
+    /// Where the next pull of this queue starts.
+    pub next_offset: u64,
+    pub min_offset: u64,
+    /// One past the last message of the queue.
+    pub max_offset: u64,
+}
+
+/// What the bootstrap handshake said about the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerInfo {
+    pub broker_id: u32,
+    pub shard_count: u32,
+    /// `host:port` of each shard as the client will dial it (an unspecified host such as
+    /// `0.0.0.0` is replaced by the bootstrap address's host).
+    pub shard_addrs: Vec<String>,
+}
+
+/// A client session with one broker. Cheap to clone; clones share the connections.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("broker", &self.inner.config.broker)
+            .field("client_id", &self.inner.config.client_id)
+            .finish()
+    }
+}
+
+struct Inner {
+    config: ClientConfig,
+    limits: ConnectionLimits,
+    bootstrap: Arc<Slot>,
+    /// Set by every bootstrap handshake; `None` only before the first one.
+    topology: RwLock<Option<Arc<Topology>>>,
+    pushes: broadcast::Sender<PushFrame>,
+}
+
+struct Topology {
+    info: BrokerInfo,
+    /// One slot per shard when shard aware; empty otherwise.
+    shards: Vec<Arc<Slot>>,
+}
+
+/// One address and the connection to it, if any.
+struct Slot {
+    addr: String,
+    live: Mutex<Option<Arc<Connection>>>,
+    /// Held while connecting, so concurrent requests open one connection, not many.
+    connecting: tokio::sync::Mutex<Backoff>,
+}
+
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    next_attempt: Option<Instant>,
+    last_error: Option<ClientError>,
+}
+
+impl Slot {
+    fn new(addr: String) -> Slot {
+        Slot {
+            addr,
+            live: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(Backoff::default()),
+        }
+    }
+
+    fn live(&self) -> Option<Arc<Connection>> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.as_ref().filter(|c| !c.is_broken()).cloned()
+    }
+}
+
+impl Client {
+    /// Connects to the broker and performs the handshake; fails if the broker cannot be
+    /// reached within `connect_timeout_ms`.
+    pub async fn connect(config: ClientConfig) -> Result<Client> {
+        let frames = config.validate()?;
+        let (pushes, _) = broadcast::channel(config.push_buffer_max);
+        let inner = Arc::new(Inner {
+            limits: ConnectionLimits {
+                frames,
+                in_flight_max: config.in_flight_max,
+            },
+            bootstrap: Arc::new(Slot::new(config.broker.clone())),
+            topology: RwLock::new(None),
+            pushes,
+            config,
+        });
+        let deadline = Instant::now() + inner.config.connect_timeout();
+        inner.connection(&inner.bootstrap, true, deadline).await?;
+        Ok(Client { inner })
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// What the latest bootstrap handshake said.
+    pub fn broker_info(&self) -> BrokerInfo {
+        match self.inner.topology() {
+            Some(t) => t.info.clone(),
+            // `connect` returns only after a handshake; kept total for safety.
+            None => BrokerInfo {
+                broker_id: 0,
+                shard_count: 1,
+                shard_addrs: Vec::new(),
+            },
+        }
+    }
+
+    /// Frames the broker pushes (group rebalances, lock losses), from every connection of
+    /// this client. A subscriber that falls more than `push_buffer_max` frames behind
+    /// gets `RecvError::Lagged` with the number it missed: nothing is dropped silently, and
+    /// a slow subscriber never stalls the connections.
+    pub fn pushes(&self) -> broadcast::Receiver<PushFrame> {
+        self.inner.pushes.subscribe()
+    }
+
+    /// Keeps this client's session alive on the broker.
+    pub async fn heartbeat(&self) -> Result<()> {
+        let request = Heartbeat {
+            client_id: self.inner.config.client_id.clone(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        expect_empty(&reply)
+    }
+
+    /// Reads up to `max_messages` of queue `queue_id` from `offset`. When there are none
+    /// yet, the broker holds the request up to `max_wait` (long polling). `tags` keeps only
+    /// messages with one of these tags (empty or `"*"`: all). The request's timeout is
+    /// `max_wait` plus `request_timeout_ms`.
+    pub async fn pull(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_wait: Duration,
+        tags: &[&str],
+    ) -> Result<PullResult> {
+        check_topic(topic)?;
+        let wait_ms = u64::try_from(max_wait.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(PULL_WAIT_MS_MAX);
+        let filter: Vec<&str> = if tags.contains(&"*") {
+            Vec::new()
+        } else {
+            tags.to_vec()
+        };
+        let mut tag_hashes: Vec<u64> = filter.iter().map(|t| tag_hash(t)).collect();
+        tag_hashes.sort_unstable();
+        tag_hashes.dedup();
+        let request = Pull {
+            topic: topic.to_owned(),
+            queue_id,
+            offset,
+            max_messages,
+            max_wait_ms: wait_ms as u32,
+            tag_hashes,
+        };
+        let timeout = Duration::from_millis(wait_ms) + self.inner.config.request_timeout();
+        let reply = self
+            .call_with_timeout(Route::Queue { topic, queue_id }, &request, timeout)
+            .await?;
+        let (meta, mut messages) = match reply.response()? {
+            Response::Pull(pull) => {
+                let messages = self.messages(&reply, &pull, None)?;
+                (pull.meta().clone(), messages)
+            }
+            other => return Err(unexpected(Kind::PullResult, &other)),
+        };
+        if !filter.is_empty() {
+            messages.retain(|m| m.tags().is_some_and(|tag| filter.contains(&tag)));
+        }
+        Ok(PullResult {
+            status: meta.status,
+            messages,
+            next_offset: meta.next_offset,
+            min_offset: meta.min_offset,
+            max_offset: meta.max_offset,
+        })
+    }
+
+    /// Stores a consumer group's progress in a queue.
+    pub async fn commit_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+    ) -> Result<()> {
+        check_topic(topic)?;
+        let request = CommitOffset {
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+            queue_id,
+            offset,
+        };
+        let reply = self
+            .call(Route::Queue { topic, queue_id }, &request)
+            .await?;
+        expect_empty(&reply)
+    }
+
+    /// A consumer group's committed offset; `None` when it never committed one.
+    pub async fn query_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+    ) -> Result<Option<u64>> {
+        check_topic(topic)?;
+        let request = QueryOffset {
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+            queue_id,
+        };
+        let answer = self.call(Route::Queue { topic, queue_id }, &request).await;
+        match answer.and_then(|reply| expect_offset(&reply)) {
+            Ok(offset) => Ok(Some(offset)),
+            Err(e) if e.code() == Some(ErrorCode::OffsetNotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The first queue offset still kept.
+    pub async fn min_offset(&self, topic: &str, queue_id: u32) -> Result<u64> {
+        check_topic(topic)?;
+        let request = GetMinOffset {
+            topic: topic.to_owned(),
+            queue_id,
+        };
+        expect_offset(
+            &self
+                .call(Route::Queue { topic, queue_id }, &request)
+                .await?,
+        )
+    }
+
+    /// One past the last queue offset.
+    pub async fn max_offset(&self, topic: &str, queue_id: u32) -> Result<u64> {
+        check_topic(topic)?;
+        let request = GetMaxOffset {
+            topic: topic.to_owned(),
+            queue_id,
+        };
+        expect_offset(
+            &self
+                .call(Route::Queue { topic, queue_id }, &request)
+                .await?,
+        )
+    }
+
+    /// The first queue offset stored at or after `timestamp_ms`.
+    pub async fn offset_by_timestamp(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64> {
+        check_topic(topic)?;
+        let request = SearchOffsetByTimestamp {
+            topic: topic.to_owned(),
+            queue_id,
+            timestamp_ms,
+        };
+        expect_offset(
+            &self
+                .call(Route::Queue { topic, queue_id }, &request)
+                .await?,
+        )
+    }
+
+    /// The message with this id (32 hex characters); `None` when the broker has none there.
+    pub async fn message_by_id(&self, msg_id: &str) -> Result<Option<Message>> {
+        let id = MessageId::parse(msg_id)
+            .map_err(|e| ClientError::InvalidArgument(format!("message id {msg_id:?}: {e}")))?;
+        let request = MessageById {
+            msg_id: msg_id.to_owned(),
+        };
+        let reply = self.call(Route::Shard(id.store_id), &request).await?;
+        let response = match reply.response() {
+            Ok(response) => response,
+            // The broker's answer for "no message at that id".
+            Err(e) if e.code() == Some(ErrorCode::OffsetNotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut messages = match response {
+            Response::Records(records) => self.messages(&reply, &records, Some(id.store_id))?,
+            other => return Err(unexpected(Kind::Records, &other)),
+        };
+        Ok(if messages.is_empty() {
+            None
+        } else {
+            Some(messages.swap_remove(0))
+        })
+    }
+
+    /// Messages of `topic` whose keys include `key`, stored within `[begin_ms, end_ms]`, at
+    /// most `max_messages`.
+    pub async fn messages_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max_messages: u32,
+    ) -> Result<Vec<Message>> {
+        check_topic(topic)?;
+        let request = MessagesByKey {
+            topic: topic.to_owned(),
+            key: key.to_owned(),
+            begin_ms,
+            end_ms,
+            max_messages,
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        match reply.response()? {
+            Response::Records(records) => self.messages(&reply, &records, None),
+            other => Err(unexpected(Kind::Records, &other)),
+        }
+    }
+
+    pub async fn create_topic(&self, topic: &str, queue_count: u32) -> Result<()> {
+        check_topic(topic)?;
+        let request = CreateTopic {
+            topic: topic.to_owned(),
+            queue_count,
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    /// Changes a topic's queue count.
+    pub async fn update_topic(&self, topic: &str, queue_count: u32) -> Result<()> {
+        check_topic(topic)?;
+        let request = UpdateTopic {
+            topic: topic.to_owned(),
+            queue_count,
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    pub async fn delete_topic(&self, topic: &str) -> Result<()> {
+        check_topic(topic)?;
+        let request = DeleteTopic {
+            topic: topic.to_owned(),
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    pub async fn list_topics(&self) -> Result<Vec<String>> {
+        let reply = self.call(Route::Bootstrap, &ListTopics {}).await?;
+        match reply.response()? {
+            Response::TopicList(list) => Ok(list.topics),
+            other => Err(unexpected(Kind::TopicList, &other)),
+        }
+    }
+
+    /// The topic's queues with their offset ranges.
+    pub async fn describe_topic(&self, topic: &str) -> Result<TopicInfo> {
+        check_topic(topic)?;
+        let request = DescribeTopic {
+            topic: topic.to_owned(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        match reply.response()? {
+            Response::TopicInfo(info) => Ok(info),
+            other => Err(unexpected(Kind::TopicInfo, &other)),
+        }
+    }
+
+    /// Sends `request` where `route` says, with the configured request timeout.
+    pub(crate) async fn call<M: WireMessage>(
+        &self,
+        route: Route<'_>,
+        request: &M,
+    ) -> Result<Reply> {
+        self.call_with_timeout(route, request, self.inner.config.request_timeout())
+            .await
+    }
+
+    pub(crate) async fn call_with_timeout<M: WireMessage>(
+        &self,
+        route: Route<'_>,
+        request: &M,
+        timeout: Duration,
+    ) -> Result<Reply> {
+        let deadline = Instant::now() + timeout;
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let connection = self.inner.route(route, deadline).await?;
+        connection.request(request, deadline, timeout_ms).await
+    }
+
+    /// Sends `request` flagged oneway where `route` says; returns once it is queued.
+    pub(crate) async fn call_oneway<M: WireMessage>(
+        &self,
+        route: Route<'_>,
+        request: &M,
+    ) -> Result<()> {
+        let timeout = self.inner.config.request_timeout();
+        let deadline = Instant::now() + timeout;
+        let connection = self.inner.route(route, deadline).await?;
+        connection
+            .send_oneway(request, deadline, self.inner.config.request_timeout_ms)
+            .await
+    }
+
+    /// The records of a pull or query answer as messages sharing the reply's buffer.
+    /// `store_id`: the shard that holds them when known (a message id names it); otherwise
+    /// each record's owner shard, which is the shard whose log stores that queue.
+    fn messages<M: RecordCount>(
+        &self,
+        reply: &Reply,
+        answer: &WithRecords<'_, M>,
+        store_id: Option<u32>,
+    ) -> Result<Vec<Message>> {
+        let info = self.broker_info();
+        let expected = answer.meta().record_count();
+        // Bounded by the frame: a count larger than the records present fails below.
+        let mut messages = Vec::with_capacity((expected as usize).min(1024));
+        let frame = reply.bytes();
+        let mut at = reply.tail_start()?;
+        for record in RecordIter::new(answer.raw_records()) {
+            let record = record.map_err(ProtocolError::BadRecord)?;
+            let len = record.as_bytes().len();
+            let store = store_id
+                .unwrap_or_else(|| owner(record.topic(), record.queue_id(), info.shard_count));
+            messages.push(Message::new(
+                frame.slice(at..at + len),
+                info.broker_id,
+                store,
+            ));
+            at += len;
+        }
+        if messages.len() as u64 != u64::from(expected) {
+            return Err(ProtocolError::RecordCount {
+                expected,
+                found: messages.len() as u32,
+            }
+            .into());
+        }
+        Ok(messages)
+    }
+}
+
+impl Inner {
+    fn topology(&self) -> Option<Arc<Topology>> {
+        self.topology
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The connection `route` leads to, opened (or reopened) as needed.
+    async fn route(&self, route: Route<'_>, deadline: Instant) -> Result<Arc<Connection>> {
+        let topology = match self.topology() {
+            Some(t) => t,
+            None => {
+                self.connection(&self.bootstrap, true, deadline).await?;
+                self.topology().ok_or_else(|| {
+                    ClientError::Connection(format!("no handshake with {}", self.config.broker))
+                })?
+            }
+        };
+        let shard = match route {
+            Route::Bootstrap => None,
+            Route::Queue { topic, queue_id } => {
+                Some(owner(topic, queue_id, topology.info.shard_count))
+            }
+            Route::Shard(shard) => Some(shard),
+        };
+        match shard.and_then(|s| topology.shards.get(s as usize)) {
+            Some(slot) => self.connection(slot, false, deadline).await,
+            None => self.connection(&self.bootstrap, true, deadline).await,
+        }
+    }
+
+    /// The live connection of `slot`, or a new one (connect and handshake).
+    async fn connection(
+        &self,
+        slot: &Slot,
+        bootstrap: bool,
+        deadline: Instant,
+    ) -> Result<Arc<Connection>> {
+        if let Some(c) = slot.live() {
+            return Ok(c);
+        }
+        let mut backoff = match timeout_at(deadline, slot.connecting.lock()).await {
+            Ok(guard) => guard,
+            Err(_) => {
+                return Err(ClientError::Connection(format!(
+                    "connecting to {} takes longer than the request may wait",
+                    slot.addr
+                )))
+            }
+        };
+        // Another request may have connected while this one waited for the lock.
+        if let Some(c) = slot.live() {
+            return Ok(c);
+        }
+        if let Some(at) = backoff.next_attempt {
+            if at > deadline {
+                let last = backoff
+                    .last_error
+                    .as_ref()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                return Err(ClientError::Connection(format!(
+                    "{} is unreachable ({last}); next attempt in {} ms",
+                    slot.addr,
+                    at.saturating_duration_since(Instant::now()).as_millis()
+                )));
+            }
+            sleep_until(at).await;
+        }
+        let attempt_deadline = deadline.min(Instant::now() + self.config.connect_timeout());
+        match self.open(&slot.addr, attempt_deadline).await {
+            Ok((connection, ok)) => {
+                *backoff = Backoff::default();
+                if bootstrap {
+                    self.set_topology(&ok, connection.peer_addr());
+                }
+                let connection = Arc::new(connection);
+                *slot.live.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(connection.clone());
+                Ok(connection)
+            }
+            Err(e) => {
+                backoff.failures = backoff.failures.saturating_add(1);
+                backoff.next_attempt =
+                    Some(Instant::now() + self.config.reconnect_backoff(backoff.failures));
+                backoff.last_error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a connection to `addr` and performs the handshake on it.
+    async fn open(&self, addr: &str, deadline: Instant) -> Result<(Connection, HandshakeOk)> {
+        let connection = Connection::open(addr, deadline, self.limits, self.pushes.clone()).await?;
+        let request = Handshake::new(self.config.client_id.clone());
+        let timeout_ms = self.config.connect_timeout_ms;
+        let reply = connection.request(&request, deadline, timeout_ms).await?;
+        let ok = match reply.response()? {
+            Response::HandshakeOk(ok) => ok,
+            other => return Err(unexpected(Kind::HandshakeOk, &other)),
+        };
+        check_handshake(&ok)?;
+        Ok((connection, ok))
+    }
+
+    /// Records what a bootstrap handshake said. The shard slots (and their connections)
+    /// are kept when the shard addresses did not change.
+    fn set_topology(&self, ok: &HandshakeOk, bootstrap_peer: SocketAddr) {
+        let info = BrokerInfo {
+            broker_id: ok.broker_id,
+            shard_count: ok.shard_count,
+            shard_addrs: ok
+                .shard_addrs
+                .iter()
+                .map(|a| dialable(a, bootstrap_peer))
+                .collect(),
+        };
+        let mut topology = self
+            .topology
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if topology.as_ref().is_some_and(|t| t.info == info) {
+            return;
+        }
+        let shards = if self.config.shard_aware {
+            info.shard_addrs
+                .iter()
+                .map(|a| Arc::new(Slot::new(a.clone())))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        *topology = Some(Arc::new(Topology { info, shards }));
+    }
+}
+
+/// Checks a handshake answer before anything is routed with it.
+fn check_handshake(ok: &HandshakeOk) -> Result<()> {
+    let bad = |why: String| Err(ClientError::BadHandshake(why));
+    if ok.protocol_version != u32::from(PROTOCOL_VERSION) {
+        return bad(format!(
+            "broker speaks protocol version {}, this client {PROTOCOL_VERSION}",
+            ok.protocol_version
+        ));
+    }
+    if ok.shard_count == 0 || ok.shard_count > SHARD_COUNT_MAX {
+        return bad(format!(
+            "shard count {} is outside 1..={SHARD_COUNT_MAX}",
+            ok.shard_count
+        ));
+    }
+    if ok.shard_addrs.len() != ok.shard_count as usize {
+        return bad(format!(
+            "{} shard addresses for {} shards",
+            ok.shard_addrs.len(),
+            ok.shard_count
+        ));
+    }
+    if ok.shard_id >= ok.shard_count {
+        return bad(format!(
+            "answering shard {} of {}",
+            ok.shard_id, ok.shard_count
+        ));
+    }
+    Ok(())
+}
+
+/// A shard address the client can dial: a broker listening on all interfaces announces
+/// `0.0.0.0` or `[::]`, which means "the host you reached me on".
+fn dialable(addr: &str, bootstrap_peer: SocketAddr) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => {
+            SocketAddr::new(bootstrap_peer.ip(), a.port()).to_string()
+        }
+        _ => addr.to_owned(),
+    }
+}
+
+fn unexpected(expected: Kind, found: &Response<'_>) -> ClientError {
+    ClientError::Protocol(ProtocolError::KindMismatch {
+        expected,
+        found: found.kind(),
+    })
+}
+
+fn expect_empty(reply: &Reply) -> Result<()> {
+    match reply.response()? {
+        Response::Empty(_) => Ok(()),
+        other => Err(unexpected(Kind::Empty, &other)),
+    }
+}
+
+fn expect_offset(reply: &Reply) -> Result<u64> {
+    match reply.response()? {
+        Response::Offset(o) => Ok(o.offset),
+        other => Err(unexpected(Kind::Offset, &other)),
+    }
+}

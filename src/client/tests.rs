@@ -1,0 +1,734 @@
+//! Client tests against a fake broker: tokio listeners that speak the frame protocol, answer
+//! the handshake themselves and hand every other request to the test's handler. They cover
+//! what needs no real broker: pipelining, timeouts, reconnects, routing, decoding of pull
+//! answers, and refusals before any I/O.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpListener;
+
+use crate::log::record::{prop, Placement, PropertiesBuilder, RecordDraft, BODY_BYTES_MAX};
+use crate::protocol::{
+    encode_error, encode_response, ErrorCode, FrameDecoder, HandshakeOk, Offset, PullResponse,
+    PullStatus, QueueInfo, Request, Response, SendResult, TopicInfo, FRAME_MAGIC, PROTOCOL_VERSION,
+};
+
+use super::route::{owner, tag_hash};
+use super::*;
+
+/// What the fake broker does after a request.
+enum Out {
+    /// Write this frame now.
+    Frame(Vec<u8>),
+    /// Write this frame after a pause (a slow broker).
+    Later(Duration, Vec<u8>),
+    /// Close the connection.
+    Close,
+}
+
+struct Ctx {
+    shard: u32,
+    /// Connections this shard accepted before this one.
+    conn_no: usize,
+}
+
+type Handler = Arc<dyn Fn(&Ctx, u64, Request) -> Vec<Out> + Send + Sync>;
+
+/// A fake broker of `shards` shards; shard 0's address is the bootstrap address.
+struct Fake {
+    addrs: Vec<SocketAddr>,
+    /// Every request but handshakes, with the shard that received it.
+    log: Arc<Mutex<Vec<(u32, Request)>>>,
+    handshakes: Arc<AtomicUsize>,
+}
+
+impl Fake {
+    async fn start(shards: u32, handler: Handler) -> Fake {
+        let mut listeners = Vec::new();
+        for _ in 0..shards {
+            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let shard_addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        for (shard, listener) in listeners.into_iter().enumerate() {
+            let (handler, log, handshakes, shard_addrs) = (
+                handler.clone(),
+                log.clone(),
+                handshakes.clone(),
+                shard_addrs.clone(),
+            );
+            tokio::spawn(async move {
+                let mut conn_no = 0;
+                while let Ok((stream, _)) = listener.accept().await {
+                    let ctx = Ctx {
+                        shard: shard as u32,
+                        conn_no,
+                    };
+                    conn_no += 1;
+                    let (handler, log, handshakes, shard_addrs) = (
+                        handler.clone(),
+                        log.clone(),
+                        handshakes.clone(),
+                        shard_addrs.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let (mut input, output) = stream.into_split();
+                        let output = Arc::new(tokio::sync::Mutex::new(output));
+                        let mut buf = Vec::new();
+                        let mut chunk = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match input.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            buf.extend_from_slice(&chunk[..n]);
+                            while let Some(frame) = FrameDecoder::default().decode(&buf).unwrap() {
+                                let (id, len) = (frame.request_id(), frame.frame_len());
+                                let request = frame.decode_request().unwrap();
+                                buf.drain(..len);
+                                let outs = match request {
+                                    Request::Handshake(_) => {
+                                        handshakes.fetch_add(1, Ordering::SeqCst);
+                                        let ok = HandshakeOk {
+                                            protocol_version: PROTOCOL_VERSION as u32,
+                                            shard_count: shard_addrs.len() as u32,
+                                            shard_id: ctx.shard,
+                                            shard_addrs: shard_addrs.clone(),
+                                            broker_id: 7,
+                                        };
+                                        vec![Out::Frame(answer(id, &Response::HandshakeOk(ok)))]
+                                    }
+                                    request => {
+                                        log.lock().unwrap().push((ctx.shard, request.clone()));
+                                        handler(&ctx, id, request)
+                                    }
+                                };
+                                for out in outs {
+                                    if !write(&output, out).await {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+        }
+        Fake {
+            addrs,
+            log,
+            handshakes,
+        }
+    }
+
+    fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new(self.addrs[0].to_string());
+        config.request_timeout_ms = 2_000;
+        config.reconnect_backoff_min_ms = 10;
+        config
+    }
+
+    fn requests(&self) -> Vec<(u32, Request)> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn sends(&self) -> Vec<(u32, i32)> {
+        self.requests()
+            .into_iter()
+            .filter_map(|(shard, r)| match r {
+                Request::SendMessage(m) => Some((shard, m.queue_id)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Returns false when the connection is to be closed.
+async fn write(output: &Arc<tokio::sync::Mutex<OwnedWriteHalf>>, out: Out) -> bool {
+    match out {
+        Out::Frame(bytes) => {
+            let _ = output.lock().await.write_all(&bytes).await;
+            true
+        }
+        Out::Later(pause, bytes) => {
+            let output = output.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(pause).await;
+                let _ = output.lock().await.write_all(&bytes).await;
+            });
+            true
+        }
+        Out::Close => {
+            let _ = output.lock().await.shutdown().await;
+            false
+        }
+    }
+}
+
+fn answer(id: u64, response: &Response<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_response(response, id, &mut out).unwrap();
+    out
+}
+
+fn error(id: u64, code: ErrorCode, message: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_error(id, code, message, &mut out).unwrap();
+    out
+}
+
+fn topic_info(topic: &str, queues: u32) -> TopicInfo {
+    TopicInfo {
+        topic: topic.to_owned(),
+        queues: (0..queues)
+            .map(|queue_id| QueueInfo {
+                queue_id,
+                min_offset: 0,
+                max_offset: 0,
+            })
+            .collect(),
+    }
+}
+
+fn send_result(queue_id: u32, queue_offset: u64) -> Response<'static> {
+    Response::SendResult(SendResult {
+        msg_id: "00000007000000000000000000000000".into(),
+        queue_id,
+        queue_offset,
+        physical_offset: 0,
+    })
+}
+
+/// Answers DescribeTopic with `queues` queues and every send with its queue and offset 0.
+fn simple_handler(queues: u32) -> Handler {
+    Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, queues)),
+        ))],
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    })
+}
+
+fn no_retries() -> ProducerOptions {
+    ProducerOptions {
+        retries: 0,
+        ..ProducerOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_matched_by_request_id() {
+    const N: usize = 64;
+    // Holds every send until all N are in flight, then answers them in reverse order: only
+    // pipelining can finish this, and only matching by request id gets the answers right.
+    let held: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 4)),
+        ))],
+        Request::SendMessage(m) => {
+            let n: u64 = std::str::from_utf8(&m.body).unwrap().parse().unwrap();
+            let mut held = held.lock().unwrap();
+            held.push((id, n));
+            if held.len() < N {
+                return Vec::new();
+            }
+            held.drain(..)
+                .rev()
+                .map(|(id, n)| Out::Frame(answer(id, &send_result(0, n))))
+                .collect()
+        }
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    let sends: Vec<_> = (0..N)
+        .map(|n| tokio::spawn(producer.send_async("t", OutgoingMessage::new(n.to_string()))))
+        .collect();
+    for (n, send) in sends.into_iter().enumerate() {
+        let result = send.await.unwrap().unwrap();
+        assert_eq!(result.queue_offset, n as u64);
+    }
+}
+
+#[tokio::test]
+async fn a_timeout_is_typed_and_the_late_answer_is_ignored() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 2)),
+        ))],
+        Request::SendMessage(_) => vec![Out::Later(
+            Duration::from_millis(400),
+            answer(id, &send_result(0, 0)),
+        )],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 100;
+    let producer = Producer::connect_with(config, no_retries()).await.unwrap();
+    let err = producer
+        .send("t", OutgoingMessage::new("slow"))
+        .await
+        .unwrap_err();
+    assert_eq!(err, ClientError::Timeout { timeout_ms: 100 });
+    assert!(err.is_retriable());
+    // The late answer arrives on a connection nobody waits on: it is dropped, and the
+    // connection keeps working.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let info = producer.client().describe_topic("t").await.unwrap();
+    assert_eq!(info.queues.len(), 2);
+    assert_eq!(fake.handshakes.load(Ordering::SeqCst), 2, "no reconnect");
+}
+
+#[tokio::test]
+async fn a_broken_connection_fails_its_requests_and_the_next_request_reconnects() {
+    // The first connection to the shard closes on its first send; later ones answer.
+    let handler: Handler = Arc::new(|ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 2)),
+        ))],
+        Request::SendMessage(m) if ctx.conn_no == 1 => {
+            let _ = m;
+            vec![Out::Close]
+        }
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 5)))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    // Connection 0 is the bootstrap, connection 1 the shard's: the one that breaks.
+    let producer = Producer::connect_with(fake.config(), no_retries())
+        .await
+        .unwrap();
+    let err = producer
+        .send("t", OutgoingMessage::new("a"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
+    assert!(err.is_retriable());
+    let result = producer.send("t", OutgoingMessage::new("b")).await.unwrap();
+    assert_eq!(result.queue_offset, 5);
+    assert_eq!(fake.handshakes.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn retries_carry_a_send_over_a_broken_connection() {
+    let handler: Handler = Arc::new(|ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 2)),
+        ))],
+        Request::SendMessage(_) if ctx.conn_no == 1 => vec![Out::Close],
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 9)))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    let result = producer.send("t", OutgoingMessage::new("a")).await.unwrap();
+    assert_eq!(result.queue_offset, 9);
+    // Round-robin moved to the other queue for the retry.
+    let sends = fake.sends();
+    assert_eq!(sends.len(), 2);
+    assert_ne!(sends[0].1, sends[1].1);
+}
+
+#[tokio::test]
+async fn a_refused_connect_is_a_retriable_connection_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let err = Client::connect(ClientConfig::new(addr.to_string()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
+    assert!(err.is_retriable());
+}
+
+#[tokio::test]
+async fn an_oversize_body_is_refused_before_any_io() {
+    let fake = Fake::start(1, simple_handler(4)).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    let body = vec![0u8; BODY_BYTES_MAX + 1];
+    let err = producer
+        .send("fresh-topic", OutgoingMessage::new(body.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ClientError::BodyTooLarge {
+            len: BODY_BYTES_MAX + 1,
+            max: BODY_BYTES_MAX
+        }
+    );
+    let batch = vec![OutgoingMessage::new("ok"), OutgoingMessage::new(body)];
+    let err = producer.send_batch("fresh-topic", batch).await.unwrap_err();
+    assert!(matches!(err, ClientError::BodyTooLarge { .. }), "{err:?}");
+    let err = producer
+        .send_oneway(
+            "fresh-topic",
+            OutgoingMessage::new(vec![1u8; BODY_BYTES_MAX + 1]),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::BodyTooLarge { .. }), "{err:?}");
+    // Not even the topic was described.
+    assert!(fake.requests().is_empty(), "{:?}", fake.requests());
+}
+
+#[tokio::test]
+async fn shard_aware_requests_go_to_the_queue_owner() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 16)),
+        ))],
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
+        Request::GetMaxOffset(_) => vec![Out::Frame(answer(
+            id,
+            &Response::Offset(Offset { offset: 3 }),
+        ))],
+        Request::ListTopics(_) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicList(crate::protocol::TopicList {
+                topics: vec!["t".into()],
+            }),
+        ))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(3, handler).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    for _ in 0..32 {
+        producer
+            .send("orders", OutgoingMessage::new("x"))
+            .await
+            .unwrap();
+    }
+    for queue in 0..16 {
+        assert_eq!(
+            producer.client().max_offset("orders", queue).await.unwrap(),
+            3
+        );
+    }
+    assert_eq!(producer.client().list_topics().await.unwrap(), vec!["t"]);
+    let mut shards_used = [false; 3];
+    for (shard, request) in fake.requests() {
+        let expected = match &request {
+            Request::SendMessage(m) => owner("orders", m.queue_id as u32, 3),
+            Request::GetMaxOffset(g) => owner("orders", g.queue_id, 3),
+            // Requests without a queue use the bootstrap connection (shard 0 here).
+            _ => 0,
+        };
+        assert_eq!(shard, expected, "{request:?}");
+        shards_used[shard as usize] = true;
+    }
+    assert_eq!(shards_used, [true; 3]);
+
+    // Not shard aware: everything goes through the bootstrap connection.
+    let mut config = fake.config();
+    config.shard_aware = false;
+    let before = fake.requests().len();
+    let producer = Producer::connect(config).await.unwrap();
+    for _ in 0..8 {
+        producer
+            .send("orders", OutgoingMessage::new("x"))
+            .await
+            .unwrap();
+    }
+    assert!(fake.requests()[before..]
+        .iter()
+        .all(|(shard, _)| *shard == 0));
+}
+
+#[tokio::test]
+async fn sharding_keys_pin_a_queue_and_round_robin_visits_all() {
+    let fake = Fake::start(2, simple_handler(8)).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    for _ in 0..10 {
+        let m = OutgoingMessage::new("x").with_sharding_key("order-42");
+        producer.send("t", m).await.unwrap();
+    }
+    let keyed: Vec<i32> = fake.sends().into_iter().map(|(_, q)| q).collect();
+    assert!(keyed.iter().all(|q| *q == keyed[0]), "{keyed:?}");
+    assert_eq!(keyed[0] as u32, route::queue_for_key("order-42", 8));
+    for _ in 0..8 {
+        producer.send("t", OutgoingMessage::new("x")).await.unwrap();
+    }
+    let mut round_robin: Vec<i32> = fake.sends()[10..].iter().map(|(_, q)| *q).collect();
+    round_robin.sort_unstable();
+    assert_eq!(round_robin, (0..8).collect::<Vec<_>>());
+}
+
+struct FixedQueue(u32);
+
+impl QueueSelector for FixedQueue {
+    fn select(&self, _: &str, message: &OutgoingMessage, _: u32, _: u32) -> u32 {
+        // The selector sees the whole message, body included.
+        assert_eq!(message.body, b"seen");
+        self.0
+    }
+}
+
+#[tokio::test]
+async fn a_custom_selector_decides_and_oneway_needs_no_answer() {
+    let fake = Fake::start(1, simple_handler(8)).await;
+    let options = ProducerOptions {
+        selector: Some(Arc::new(FixedQueue(13))),
+        ..ProducerOptions::default()
+    };
+    let producer = Producer::connect_with(fake.config(), options)
+        .await
+        .unwrap();
+    let result = producer
+        .send("t", OutgoingMessage::new("seen"))
+        .await
+        .unwrap();
+    assert_eq!(result.queue_id, 13 % 8);
+    producer
+        .send_oneway("t", OutgoingMessage::new("seen"))
+        .await
+        .unwrap();
+    // Wait for the oneway frame to arrive: an answered request behind it on the same
+    // connection proves it was written.
+    producer
+        .send("t", OutgoingMessage::new("seen"))
+        .await
+        .unwrap();
+    assert_eq!(fake.sends().len(), 3);
+}
+
+#[tokio::test]
+async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
+    let described = Arc::new(AtomicUsize::new(0));
+    let seen = described.clone();
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            vec![Out::Frame(error(id, ErrorCode::TopicNotFound, &d.topic))]
+        }
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 4)),
+        ))],
+        Request::SendMessage(m) => vec![Out::Frame(answer(
+            id,
+            &send_result(m.queue_id.max(0) as u32, 0),
+        ))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    producer
+        .send("new", OutgoingMessage::new("1"))
+        .await
+        .unwrap();
+    producer
+        .send("new", OutgoingMessage::new("2"))
+        .await
+        .unwrap();
+    let queues: Vec<i32> = fake.sends().into_iter().map(|(_, q)| q).collect();
+    assert_eq!(queues[0], crate::protocol::QUEUE_ID_ANY);
+    assert!((0..4).contains(&queues[1]), "{queues:?}");
+    assert_eq!(described.load(Ordering::SeqCst), 2);
+}
+
+fn record(topic: &str, queue_id: u32, queue_offset: u64, tag: &str, body: &[u8]) -> Vec<u8> {
+    let mut props = PropertiesBuilder::new();
+    props
+        .put(prop::TAGS, tag)
+        .unwrap()
+        .put(prop::KEYS, "k1 k2")
+        .unwrap();
+    RecordDraft {
+        topic,
+        queue_id,
+        flag: 3,
+        sys_flag: 0,
+        born_timestamp_ms: 1_000,
+        born_host: "127.0.0.1:9".parse().unwrap(),
+        reconsume_times: 1,
+        transaction_offset: 0,
+        properties: props.as_bytes(),
+        body,
+    }
+    .encode(Placement {
+        queue_offset,
+        physical_offset: 4096 * (queue_offset + 1),
+        store_timestamp_ms: 2_000,
+    })
+}
+
+#[tokio::test]
+async fn pull_answers_are_read_in_place_and_tags_rechecked() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::Pull(p) => {
+            let mut raw = Vec::new();
+            for (i, tag) in ["A", "B", "A"].iter().enumerate() {
+                let offset = p.offset + i as u64;
+                raw.extend(record(
+                    &p.topic,
+                    p.queue_id,
+                    offset,
+                    tag,
+                    format!("m{offset}").as_bytes(),
+                ));
+            }
+            let meta = crate::protocol::PullResult {
+                status: PullStatus::Found,
+                next_offset: p.offset + 3,
+                min_offset: 0,
+                max_offset: 100,
+                count: 3,
+            };
+            vec![Out::Frame(answer(
+                id,
+                &Response::Pull(PullResponse::new(meta, &raw)),
+            ))]
+        }
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(2, handler).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    let wait = Duration::from_millis(10);
+    let all = client.pull("t", 5, 10, 32, wait, &[]).await.unwrap();
+    assert_eq!(all.status, PullStatus::Found);
+    assert_eq!(
+        (all.next_offset, all.min_offset, all.max_offset),
+        (13, 0, 100)
+    );
+    assert_eq!(all.messages.len(), 3);
+    // One buffer: each record starts where the previous one ends.
+    for pair in all.messages.windows(2) {
+        let end = pair[0].as_bytes().as_ptr() as usize + pair[0].as_bytes().len();
+        assert_eq!(end, pair[1].as_bytes().as_ptr() as usize);
+    }
+    let m = &all.messages[0];
+    assert_eq!((m.topic(), m.queue_id(), m.queue_offset()), ("t", 5, 10));
+    assert_eq!(m.body(), b"m10");
+    assert_eq!(m.tags(), Some("A"));
+    assert_eq!(m.keys().collect::<Vec<_>>(), vec!["k1", "k2"]);
+    assert_eq!(m.property(prop::TAGS), Some("A"));
+    assert_eq!((m.flag(), m.reconsume_times()), (3, 1));
+    assert_eq!(
+        (m.born_timestamp_ms(), m.store_timestamp_ms()),
+        (1_000, 2_000)
+    );
+    let id = m.msg_id();
+    assert_eq!(
+        (id.broker_id, id.store_id, id.physical_offset),
+        (7, owner("t", 5, 2), 4096 * 11)
+    );
+
+    let filtered = client.pull("t", 5, 10, 32, wait, &["A"]).await.unwrap();
+    let offsets: Vec<u64> = filtered.messages.iter().map(|m| m.queue_offset()).collect();
+    assert_eq!(offsets, vec![10, 12]);
+    assert_eq!(filtered.next_offset, 13);
+    let pulls: Vec<Vec<u64>> = fake
+        .requests()
+        .into_iter()
+        .filter_map(|(_, r)| match r {
+            Request::Pull(p) => Some(p.tag_hashes),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pulls, vec![vec![], vec![tag_hash("A")]]);
+    // "*" means every tag.
+    assert_eq!(
+        client
+            .pull("t", 5, 10, 32, wait, &["*"])
+            .await
+            .unwrap()
+            .messages
+            .len(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn error_frames_become_typed_errors() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::OffsetNotFound, "none"))],
+        Request::GetMinOffset(_) => vec![Out::Frame(error(id, ErrorCode::TopicNotFound, "no t"))],
+        Request::CommitOffset(_) => vec![Out::Frame(answer(
+            id,
+            &Response::Empty(crate::protocol::Empty {}),
+        ))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    assert_eq!(client.query_offset("g", "t", 0).await.unwrap(), None);
+    client.commit_offset("g", "t", 0, 5).await.unwrap();
+    let err = client.min_offset("t", 0).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::TopicNotFound));
+    assert!(!err.is_retriable());
+    assert_eq!(err.to_string(), "broker error TopicNotFound(10): no t");
+    let err = client.message_by_id("not an id").await.unwrap_err();
+    assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
+}
+
+/// A pushed frame of a kind from a newer protocol: kind 2999, flagged push, empty meta.
+fn unknown_push_frame() -> Vec<u8> {
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&32u32.to_le_bytes());
+    frame.extend_from_slice(&[FRAME_MAGIC, PROTOCOL_VERSION]);
+    frame.extend_from_slice(&2999u16.to_le_bytes());
+    frame.extend_from_slice(&0u64.to_le_bytes());
+    frame.extend_from_slice(&8u32.to_le_bytes());
+    frame.extend_from_slice(&8u32.to_le_bytes());
+    frame.extend_from_slice(&[0u8; 8]);
+    frame
+}
+
+#[tokio::test]
+async fn pushed_frames_of_unknown_kinds_are_skipped() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::Heartbeat(_) => vec![
+            Out::Frame(unknown_push_frame()),
+            Out::Frame(answer(id, &Response::Empty(crate::protocol::Empty {}))),
+        ],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    client.heartbeat().await.unwrap();
+    client.heartbeat().await.unwrap();
+    assert_eq!(fake.handshakes.load(Ordering::SeqCst), 1, "no reconnect");
+}
+
+#[tokio::test]
+async fn a_bad_handshake_is_refused() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = stream.read(&mut buf).await.unwrap();
+        let frame = FrameDecoder::default().decode(&buf[..n]).unwrap().unwrap();
+        let ok = HandshakeOk {
+            protocol_version: PROTOCOL_VERSION as u32,
+            shard_count: 2,
+            shard_id: 0,
+            shard_addrs: vec![addr.to_string()],
+            broker_id: 1,
+        };
+        let reply = answer(frame.request_id(), &Response::HandshakeOk(ok));
+        stream.write_all(&reply).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    let err = Client::connect(ClientConfig::new(addr.to_string()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::BadHandshake(_)), "{err:?}");
+    assert!(!err.is_retriable());
+}

@@ -1,0 +1,237 @@
+//! The native client against a real broker started in this process (two shards, loopback,
+//! a temporary data directory): sends, batches, pulls with tag filters, offsets, lookups by
+//! id and key, and topic admin, both shard aware and through the bootstrap connection.
+#![cfg(feature = "broker")]
+
+use std::time::Duration;
+
+use ringmq::client::{
+    ClientConfig, ClientError, OutgoingMessage, Producer, ProducerOptions, PullStatus,
+};
+use ringmq::log::FlushMode;
+use ringmq::protocol::ErrorCode;
+use ringmq::shard::{Broker, BrokerConfig};
+
+const WAIT: Duration = Duration::from_millis(200);
+
+fn start_broker(dir: &std::path::Path) -> Broker {
+    Broker::start(BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_owned(),
+        shards: 2,
+        flush: FlushMode::Async,
+        auto_create_topics: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Everything a client does, over one broker; `shard_aware` picks the routing.
+async fn check_client(addr: String, shard_aware: bool) {
+    let topic = format!("orders-{shard_aware}");
+    let mut config = ClientConfig::new(addr);
+    config.shard_aware = shard_aware;
+    let producer = Producer::connect_with(config, ProducerOptions::default())
+        .await
+        .unwrap();
+    let client = producer.client().clone();
+    assert_eq!(client.broker_info().shard_count, 2);
+
+    client.create_topic(&topic, 4).await.unwrap();
+    let err = client.create_topic(&topic, 4).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::TopicExists), "{err}");
+    assert!(client.list_topics().await.unwrap().contains(&topic));
+    assert_eq!(client.describe_topic(&topic).await.unwrap().queues.len(), 4);
+
+    // Keyed sends land in one queue, in order; their ids are the broker's.
+    let mut sent = Vec::new();
+    for i in 0..10 {
+        let message = OutgoingMessage::new(format!("body-{i}"))
+            .with_tags(if i % 2 == 0 { "even" } else { "odd" })
+            .with_key(format!("key-{i}"))
+            .with_property("n", i.to_string())
+            .with_sharding_key("order-1");
+        sent.push(producer.send(&topic, message).await.unwrap());
+    }
+    let queue = sent[0].queue_id;
+    assert!(sent.iter().all(|r| r.queue_id == queue));
+    let first = sent[0].queue_offset;
+    for (i, r) in sent.iter().enumerate() {
+        assert_eq!(r.queue_offset, first + i as u64);
+    }
+
+    let pulled = client
+        .pull(&topic, queue, first, 32, WAIT, &[])
+        .await
+        .unwrap();
+    assert_eq!(pulled.status, PullStatus::Found);
+    assert_eq!(pulled.messages.len(), 10);
+    for (i, (m, r)) in pulled.messages.iter().zip(&sent).enumerate() {
+        assert_eq!(m.body(), format!("body-{i}").as_bytes());
+        assert_eq!(
+            m.msg_id().encode(),
+            r.msg_id,
+            "the client computes the broker's id"
+        );
+        assert_eq!(m.queue_offset(), r.queue_offset);
+        assert_eq!(m.property("n"), Some(i.to_string().as_str()));
+        assert_eq!(m.keys().collect::<Vec<_>>(), vec![format!("key-{i}")]);
+    }
+    let odd = client
+        .pull(&topic, queue, first, 32, WAIT, &["odd"])
+        .await
+        .unwrap();
+    assert!(odd.messages.iter().all(|m| m.tags() == Some("odd")));
+    assert_eq!(odd.messages.len(), 5);
+
+    // Long polling: nothing new past the end.
+    let end = client.max_offset(&topic, queue).await.unwrap();
+    assert_eq!(end, first + 10);
+    let empty = client
+        .pull(&topic, queue, end, 32, WAIT, &[])
+        .await
+        .unwrap();
+    assert_eq!(empty.status, PullStatus::NoNewMessage);
+    assert!(empty.messages.is_empty());
+    assert_eq!(client.min_offset(&topic, queue).await.unwrap(), 0);
+    assert_eq!(
+        client.offset_by_timestamp(&topic, queue, 0).await.unwrap(),
+        0
+    );
+
+    // Lookups.
+    let by_id = client
+        .message_by_id(&sent[3].msg_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(by_id.body(), b"body-3");
+    let by_key = client
+        .messages_by_key(&topic, "key-4", 0, i64::MAX, 10)
+        .await
+        .unwrap();
+    assert_eq!(by_key.len(), 1);
+    assert_eq!(by_key[0].body(), b"body-4");
+
+    // Committed offsets.
+    assert_eq!(client.query_offset("g", &topic, queue).await.unwrap(), None);
+    client
+        .commit_offset("g", &topic, queue, first + 5)
+        .await
+        .unwrap();
+    assert_eq!(
+        client.query_offset("g", &topic, queue).await.unwrap(),
+        Some(first + 5)
+    );
+
+    // A batch: one queue, consecutive offsets.
+    let batch: Vec<_> = (0..5)
+        .map(|i| OutgoingMessage::new(format!("batch-{i}")))
+        .collect();
+    let result = producer.send_batch(&topic, batch).await.unwrap();
+    assert_eq!(result.count, 5);
+    assert_eq!(result.msg_ids.len(), 5);
+    let pulled = client
+        .pull(
+            &topic,
+            result.queue_id,
+            result.first_queue_offset,
+            5,
+            WAIT,
+            &[],
+        )
+        .await
+        .unwrap();
+    let bodies: Vec<&[u8]> = pulled.messages.iter().map(|m| m.body()).collect();
+    assert_eq!(
+        bodies,
+        vec![
+            &b"batch-0"[..],
+            b"batch-1",
+            b"batch-2",
+            b"batch-3",
+            b"batch-4"
+        ]
+    );
+
+    // Round-robin sends, then every queue drained.
+    for i in 0..40 {
+        producer
+            .send(&topic, OutgoingMessage::new(format!("rr-{i}")))
+            .await
+            .unwrap();
+    }
+    let mut total = 0;
+    for q in 0..4 {
+        let mut offset = 0;
+        loop {
+            let r = client.pull(&topic, q, offset, 16, WAIT, &[]).await.unwrap();
+            total += r.messages.len();
+            if r.status == PullStatus::NoNewMessage {
+                break;
+            }
+            offset = r.next_offset;
+        }
+    }
+    assert_eq!(total, 10 + 5 + 40);
+
+    // An auto-created topic: the first send lets the broker pick the queue.
+    let fresh = format!("fresh-{shard_aware}");
+    producer
+        .send(&fresh, OutgoingMessage::new("x"))
+        .await
+        .unwrap();
+    producer
+        .send(&fresh, OutgoingMessage::new("y"))
+        .await
+        .unwrap();
+
+    // Oneway: stored without an answer.
+    producer
+        .send_oneway(
+            &topic,
+            OutgoingMessage::new("oneway").with_sharding_key("order-1"),
+        )
+        .await
+        .unwrap();
+    let mut seen = false;
+    for _ in 0..50 {
+        let r = client
+            .pull(&topic, queue, first + 10, 32, WAIT, &[])
+            .await
+            .unwrap();
+        if r.messages.iter().any(|m| m.body() == b"oneway") {
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "the oneway message was stored");
+
+    client.delete_topic(&topic).await.unwrap();
+    let err = client.describe_topic(&topic).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::TopicNotFound), "{err}");
+    assert!(matches!(
+        producer
+            .send(&topic, OutgoingMessage::new(vec![0u8; 5 << 20]))
+            .await,
+        Err(ClientError::BodyTooLarge { .. })
+    ));
+}
+
+#[test]
+fn client_against_a_real_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start_broker(dir.path());
+    let addr = broker.addr().to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        check_client(addr.clone(), true).await;
+        check_client(addr.clone(), false).await;
+    });
+    drop(runtime);
+    broker.shutdown().unwrap();
+}
