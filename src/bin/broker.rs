@@ -14,7 +14,7 @@ use ringmq::shard::{Broker, BrokerConfig};
 struct Cli {
     /// TOML file with the same keys as the long flags (listen, data-dir, shards, flush,
     /// flush-interval-ms, auto-create-topics, default-queues, segment-bytes, retention-hours,
-    /// retention-bytes-max, frame-bytes-max, broker-id). Flags override it.
+    /// retention-bytes-max, frame-bytes-max, broker-id, session-timeout-ms, lock-expiry-ms). Flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Shared native port; shard i also listens on port+1+i (ephemeral ports when 0).
@@ -48,6 +48,12 @@ struct Cli {
     /// Delete the oldest segments of a shard's log beyond this size (0: no limit) [default: 0]
     #[arg(long)]
     retention_bytes_max: Option<u64>,
+    /// A consumer-group member that sends no heartbeat for this long leaves [default: 10000]
+    #[arg(long)]
+    session_timeout_ms: Option<u64>,
+    /// A queue lock of ordered consumption not renewed for this long is free [default: 60000]
+    #[arg(long)]
+    lock_expiry_ms: Option<u64>,
 }
 
 fn load(cli: &Cli) -> Result<BrokerConfig, String> {
@@ -91,6 +97,12 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.retention_bytes_max {
         cfg.retention_bytes_max = v;
+    }
+    if let Some(v) = cli.session_timeout_ms {
+        cfg.session_timeout_ms = v;
+    }
+    if let Some(v) = cli.lock_expiry_ms {
+        cfg.lock_expiry_ms = v;
     }
     Ok(cfg)
 }

@@ -7,12 +7,13 @@
 //! (file syncs go through `crate::io::blocking`); nothing is shared with other shards except
 //! by messages.
 
+mod group_service;
 pub mod groups;
 pub mod offsets;
 pub mod topics;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,10 +33,15 @@ use crate::protocol::{
     PROTOCOL_VERSION,
 };
 use crate::store::{validate_topic, MessageStore, PutResult, StoreError};
+use group_service::{answer, GroupExtra, LockOp, CONN_SHARD_SHIFT};
+use groups::{GroupState, LockTable};
 use offsets::OffsetStore;
 use topics::{TopicTable, QUEUES_PER_TOPIC_MAX};
 
 pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Writes a pushed frame to one client connection without waiting.
+pub type PushFn = Rc<dyn Fn(Vec<u8>)>;
 
 /// Longest a pull may be held.
 pub const PULL_WAIT_MS_MAX: u32 = 60_000;
@@ -50,7 +56,11 @@ const MESH_CALL_TIMEOUT_MS: u64 = 30_000;
 #[derive(Debug)]
 pub enum MeshRequest {
     /// A client's request frame, to handle as if it had arrived on this shard.
-    Frame { bytes: Vec<u8>, peer: SocketAddr },
+    Frame {
+        bytes: Vec<u8>,
+        peer: SocketAddr,
+        conn: u64,
+    },
     /// Shard 0 tells the others of a topic change (None: deleted).
     TopicChanged { topic: String, queues: Option<u32> },
     /// Ask shard 0 to create a topic if it does not exist (auto-create).
@@ -65,6 +75,30 @@ pub enum MeshRequest {
         end_ms: i64,
         max: u32,
     },
+    /// Write a pushed frame to a client connection of this shard.
+    Push { conn: u64, frame: Vec<u8> },
+    /// A member left: drop its locks here.
+    ReleaseClient { group: String, client_id: String },
+    /// (to a coordinator) a connection carrying members of the group closed.
+    ConnectionClosed { group: String, conn: u64 },
+    /// Lock or unlock queues this shard owns.
+    Locks {
+        op: LockOp,
+        group: String,
+        client_id: String,
+        topic: String,
+        queues: Vec<u32>,
+    },
+    /// Reset the group's offsets of this shard's queues of the topic.
+    ResetOffsets {
+        group: String,
+        topic: String,
+        timestamp_ms: i64,
+    },
+    /// (to a coordinator) the group's offsets were reset: members must re-read them.
+    OffsetsReset { group: String },
+    /// The group's progress on this shard's queues of the topic.
+    Progress { group: String, topic: String },
 }
 
 #[derive(Debug)]
@@ -73,6 +107,8 @@ pub enum MeshReply {
     Ack,
     Ranges(Vec<(u32, u64, u64)>),
     Records(Vec<Vec<u8>>),
+    Queues(Vec<u32>),
+    Progress(Vec<crate::protocol::QueueProgress>),
     Failed(ErrorCode, String),
 }
 
@@ -106,6 +142,10 @@ pub struct ServiceConfig {
     pub auto_create_topics: bool,
     pub default_queues: u32,
     pub frame_limits: FrameLimits,
+    /// A group member that sends no heartbeat for this long leaves.
+    pub session_timeout_ms: u64,
+    /// A queue lock not renewed for this long is free.
+    pub lock_expiry_ms: u64,
 }
 
 /// Everything one shard owns.
@@ -125,6 +165,15 @@ pub struct ShardCtx {
     stopping: Cell<bool>,
     stop_notify: Rc<Notify>,
     in_flight: Cell<u64>,
+    /// Groups this shard coordinates.
+    groups: RefCell<HashMap<String, (GroupState, GroupExtra)>>,
+    /// Locks of the queues this shard owns.
+    locks: RefCell<LockTable>,
+    /// Client connections of this shard, to push frames to.
+    conns: RefCell<HashMap<u64, PushFn>>,
+    /// Groups whose members heartbeat through each connection.
+    conn_groups: RefCell<HashMap<u64, HashSet<String>>>,
+    next_conn: Cell<u64>,
 }
 
 fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
@@ -192,6 +241,7 @@ impl ShardCtx {
         offsets: OffsetStore,
         peers: Box<dyn Peers>,
     ) -> Rc<ShardCtx> {
+        let cfg_lock_expiry_ms = cfg.lock_expiry_ms;
         Rc::new(ShardCtx {
             id,
             shard_count,
@@ -208,7 +258,22 @@ impl ShardCtx {
             stopping: Cell::new(false),
             stop_notify: Rc::new(Notify::new()),
             in_flight: Cell::new(0),
+            groups: RefCell::new(HashMap::new()),
+            locks: RefCell::new(LockTable::new(cfg_lock_expiry_ms)),
+            conns: RefCell::new(HashMap::new()),
+            conn_groups: RefCell::new(HashMap::new()),
+            next_conn: Cell::new(1),
         })
+    }
+
+    /// Registers a client connection; `push` writes a frame to it without waiting (a full
+    /// connection drops the frame: pushed notifications are hints members re-check).
+    pub fn register_connection(&self, push: PushFn) -> u64 {
+        let n = self.next_conn.get();
+        self.next_conn.set(n + 1);
+        let id = ((self.id as u64) << CONN_SHARD_SHIFT) | n;
+        self.conns.borrow_mut().insert(id, push);
+        id
     }
 
     pub fn set_shard_addrs(&self, addrs: Vec<String>) {
@@ -311,7 +376,9 @@ impl ShardCtx {
                 // Frames are dispatched now, in arrival order, so that forwarded sends keep
                 // the order they were sent in; only their completion is asynchronous.
                 let fut: LocalBoxFuture<'static, MeshReply> = match body {
-                    MeshRequest::Frame { bytes, peer } => match ctx.handle_frame(&bytes, peer) {
+                    MeshRequest::Frame { bytes, peer, conn } => match ctx
+                        .handle_frame(&bytes, peer, conn)
+                    {
                         Handled::Now(f) => {
                             Box::pin(async move { MeshReply::Frame(f.unwrap_or_default()) })
                         }
@@ -348,6 +415,44 @@ impl ShardCtx {
                 }
             }
             MeshRequest::QueueRanges { topic } => MeshReply::Ranges(self.local_ranges(&topic)),
+            MeshRequest::Push { conn, frame } => {
+                if let Some(push) = self.conns.borrow().get(&conn) {
+                    push(frame);
+                }
+                MeshReply::Ack
+            }
+            MeshRequest::ReleaseClient { group, client_id } => {
+                self.locks.borrow_mut().release_client(&group, &client_id);
+                MeshReply::Ack
+            }
+            MeshRequest::ConnectionClosed { group, conn } => {
+                self.on_connection_closed(&group, conn).await;
+                MeshReply::Ack
+            }
+            MeshRequest::Locks {
+                op,
+                group,
+                client_id,
+                topic,
+                queues,
+            } => MeshReply::Queues(self.local_locks(op, &group, &client_id, &topic, &queues)),
+            MeshRequest::ResetOffsets {
+                group,
+                topic,
+                timestamp_ms,
+            } => match self.local_reset(&group, &topic, timestamp_ms).await {
+                Ok(()) => MeshReply::Ack,
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
+            MeshRequest::OffsetsReset { group } => {
+                self.offsets_were_reset(&group).await;
+                MeshReply::Ack
+            }
+            MeshRequest::Progress { group, topic } => {
+                MeshReply::Progress(self.local_progress(&group, &topic))
+            }
             MeshRequest::ByKey {
                 topic,
                 key,
@@ -370,8 +475,9 @@ impl ShardCtx {
         }
     }
 
-    async fn apply_topic_change(&self, topic: &str, queues: Option<u32>) {
+    async fn apply_topic_change(self: &Rc<Self>, topic: &str, queues: Option<u32>) {
         self.topics.borrow_mut().set(topic, queues);
+        self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
             if let Err(e) = self.store.delete_topic(topic) {
                 eprintln!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
@@ -510,7 +616,7 @@ impl ShardCtx {
 
     /// Handles one request frame (already delimited; its header checked by the reader).
     /// The synchronous part (decoding, routing, appending) runs now, in arrival order.
-    pub fn handle_frame(self: &Rc<Self>, bytes: &[u8], peer: SocketAddr) -> Handled {
+    pub fn handle_frame(self: &Rc<Self>, bytes: &[u8], peer: SocketAddr, conn: u64) -> Handled {
         let decoder = FrameDecoder::new(self.cfg.frame_limits);
         let frame = match decoder.decode(bytes) {
             Ok(Some(f)) => f,
@@ -546,8 +652,15 @@ impl ShardCtx {
             Request::QueryOffset(m) => Some((m.topic.as_str(), m.queue_id)),
             _ => None,
         };
+        if let Request::GroupHeartbeat(h) = &req {
+            self.note_group_connection(&h.group, conn);
+        }
         let target = match &req {
             Request::CreateTopic(_) | Request::UpdateTopic(_) | Request::DeleteTopic(_) => Some(0),
+            Request::GroupHeartbeat(m) => Some(self.coordinator_of(&m.group)),
+            Request::Unregister(m) => Some(self.coordinator_of(&m.group)),
+            Request::QueryAssignment(m) => Some(self.coordinator_of(&m.group)),
+            Request::GroupMembers(m) => Some(self.coordinator_of(&m.group)),
             Request::MessageById(m) => match MessageId::parse(&m.msg_id) {
                 Ok(id) if id.store_id < self.shard_count => Some(id.store_id),
                 Ok(_) | Err(_) => None,
@@ -564,6 +677,7 @@ impl ShardCtx {
                         MeshRequest::Frame {
                             bytes: frame_bytes,
                             peer,
+                            conn,
                         },
                     )
                     .await
@@ -580,7 +694,7 @@ impl ShardCtx {
         }
         self.in_flight.set(self.in_flight.get() + 1);
         let guard = InFlight(self.clone());
-        let handled = self.handle_local(req, request_id, peer);
+        let handled = self.handle_local(req, request_id, peer, conn);
         let finish = move |f: Option<Vec<u8>>| {
             drop(guard);
             if oneway {
@@ -595,7 +709,13 @@ impl ShardCtx {
         }
     }
 
-    fn handle_local(self: &Rc<Self>, req: Request, request_id: u64, peer: SocketAddr) -> Handled {
+    fn handle_local(
+        self: &Rc<Self>,
+        req: Request,
+        request_id: u64,
+        peer: SocketAddr,
+        conn: u64,
+    ) -> Handled {
         let ctx = self.clone();
         let later = |f: LocalBoxFuture<'static, Result<Vec<u8>, ErrorBody>>| {
             Handled::Later(Box::pin(async move {
@@ -605,7 +725,21 @@ impl ShardCtx {
                 })
             }))
         };
+        let now = |r: Result<Response<'static>, ErrorBody>| {
+            Handled::Now(Some(match r {
+                Ok(r) => response_frame(request_id, &r),
+                Err(e) => error_frame(request_id, &e),
+            }))
+        };
         match req {
+            Request::GroupHeartbeat(h) => answer(request_id, self.group_heartbeat(h, conn)),
+            Request::Unregister(u) => answer(request_id, self.unregister(u)),
+            Request::QueryAssignment(q) => now(self.query_assignment(&q)),
+            Request::GroupMembers(g) => now(self.group_members(&g)),
+            Request::ResetOffset(r) => answer(request_id, self.reset_offset(r)),
+            Request::ConsumerProgress(p) => answer(request_id, self.consumer_progress(p)),
+            Request::LockBatch(l) => answer(request_id, self.lock_batch(l)),
+            Request::UnlockBatch(u) => answer(request_id, self.unlock_batch(u)),
             Request::Handshake(h) => {
                 let ok = HandshakeOk {
                     protocol_version: PROTOCOL_VERSION as u32,
@@ -975,7 +1109,14 @@ impl ShardCtx {
                         let frame =
                             reencode_send(request_id, &topic, q, &items, wait_durable, batch);
                         return match ctx
-                            .call(to, MeshRequest::Frame { bytes: frame, peer })
+                            .call(
+                                to,
+                                MeshRequest::Frame {
+                                    bytes: frame,
+                                    peer,
+                                    conn: 0,
+                                },
+                            )
                             .await
                         {
                             Ok(MeshReply::Frame(f)) => Some(f),

@@ -132,8 +132,25 @@ impl OffsetStore {
             .copied()
     }
 
-    /// Records a commit (written to the file, not yet synced: see [`sync`](Self::sync)).
+    /// Records a commit (written to the file, not yet synced: see
+    /// [`sync_handle`](Self::sync_handle)). A committed offset never moves backwards: a lower
+    /// commit (a late answer from a member that lost the queue) is ignored. Returns the
+    /// offset now committed.
     pub fn commit(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+    ) -> std::io::Result<u64> {
+        match self.get(group, topic, queue_id) {
+            Some(cur) if cur >= offset => Ok(cur),
+            _ => self.reset(group, topic, queue_id, offset).map(|_| offset),
+        }
+    }
+
+    /// Sets an offset, backwards too (an explicit reset).
+    pub fn reset(
         &mut self,
         group: &str,
         topic: &str,
@@ -192,7 +209,9 @@ mod tests {
         let mut s = OffsetStore::open(dir.path()).unwrap();
         s.commit("g", "t", 1, 10).unwrap();
         s.commit("g", "t", 1, 12).unwrap();
+        assert_eq!(s.commit("g", "t", 1, 11).unwrap(), 12, "never backwards");
         s.commit("g2", "t", 0, 5).unwrap();
+        s.reset("g2", "t", 0, 3).unwrap();
         drop(s);
         // A torn last record is ignored; the earlier ones stay.
         let path = dir.path().join("offsets.log");
@@ -201,7 +220,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let s = OffsetStore::open(dir.path()).unwrap();
         assert_eq!(s.get("g", "t", 1), Some(12));
-        assert_eq!(s.get("g2", "t", 0), Some(5));
+        assert_eq!(s.get("g2", "t", 0), Some(3), "a reset may go backwards");
         assert_eq!(s.get("g", "t", 0), None);
     }
 }

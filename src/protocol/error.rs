@@ -42,13 +42,15 @@ pub enum ErrorCode {
     /// The shard that owns the queue does not answer (stopping, overloaded).
     ShardUnavailable = 41,
     BadFilterExpression = 50,
+    /// The consumer group has no such member (it never joined, or its session expired).
+    GroupNotFound = 60,
     /// A bug on the broker side.
     Internal = 99,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -67,6 +69,7 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::ShardUnavailable,
         ErrorCode::BadFilterExpression,
+        ErrorCode::GroupNotFound,
         ErrorCode::Internal,
     ];
 
@@ -92,6 +95,7 @@ impl ErrorCode {
             40 => ErrorCode::Timeout,
             41 => ErrorCode::ShardUnavailable,
             50 => ErrorCode::BadFilterExpression,
+            60 => ErrorCode::GroupNotFound,
             99 => ErrorCode::Internal,
             _ => return None,
         })
@@ -111,7 +115,8 @@ impl ErrorCode {
             | ErrorCode::StoreIo
             | ErrorCode::Timeout
             | ErrorCode::ShardUnavailable => true,
-            ErrorCode::MalformedFrame
+            ErrorCode::GroupNotFound
+            | ErrorCode::MalformedFrame
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownKind
             | ErrorCode::UnsupportedVersion

@@ -53,6 +53,16 @@ pub enum Kind {
     // Message queries.
     MessageById = 50,
     MessagesByKey = 51,
+    // Consumer groups.
+    GroupHeartbeat = 60,
+    Unregister = 61,
+    QueryAssignment = 62,
+    GroupMembers = 63,
+    ResetOffset = 64,
+    ConsumerProgress = 65,
+    // Queue locks.
+    LockBatch = 70,
+    UnlockBatch = 71,
 
     // Responses.
     Error = 1000,
@@ -65,6 +75,13 @@ pub enum Kind {
     TopicList = 1007,
     TopicInfo = 1008,
     Records = 1009,
+    Assignment = 1010,
+    GroupMembersInfo = 1011,
+    Progress = 1012,
+    Locked = 1013,
+
+    // Pushed notifications.
+    RebalanceNotify = 2000,
 }
 
 /// First number of the response range.
@@ -76,7 +93,7 @@ pub const KIND_PUSH_END: u16 = 3000;
 
 impl Kind {
     /// Every kind, in number order.
-    pub const ALL: [Kind; 27] = [
+    pub const ALL: [Kind; 40] = [
         Kind::Handshake,
         Kind::Heartbeat,
         Kind::SendMessage,
@@ -94,6 +111,14 @@ impl Kind {
         Kind::DescribeTopic,
         Kind::MessageById,
         Kind::MessagesByKey,
+        Kind::GroupHeartbeat,
+        Kind::Unregister,
+        Kind::QueryAssignment,
+        Kind::GroupMembers,
+        Kind::ResetOffset,
+        Kind::ConsumerProgress,
+        Kind::LockBatch,
+        Kind::UnlockBatch,
         Kind::Error,
         Kind::Empty,
         Kind::HandshakeOk,
@@ -104,6 +129,11 @@ impl Kind {
         Kind::TopicList,
         Kind::TopicInfo,
         Kind::Records,
+        Kind::Assignment,
+        Kind::GroupMembersInfo,
+        Kind::Progress,
+        Kind::Locked,
+        Kind::RebalanceNotify,
     ];
 
     /// The kind with this wire number, if it is one this side knows.
@@ -126,6 +156,14 @@ impl Kind {
             44 => Kind::DescribeTopic,
             50 => Kind::MessageById,
             51 => Kind::MessagesByKey,
+            60 => Kind::GroupHeartbeat,
+            61 => Kind::Unregister,
+            62 => Kind::QueryAssignment,
+            63 => Kind::GroupMembers,
+            64 => Kind::ResetOffset,
+            65 => Kind::ConsumerProgress,
+            70 => Kind::LockBatch,
+            71 => Kind::UnlockBatch,
             1000 => Kind::Error,
             1001 => Kind::Empty,
             1002 => Kind::HandshakeOk,
@@ -136,6 +174,11 @@ impl Kind {
             1007 => Kind::TopicList,
             1008 => Kind::TopicInfo,
             1009 => Kind::Records,
+            1010 => Kind::Assignment,
+            1011 => Kind::GroupMembersInfo,
+            1012 => Kind::Progress,
+            1013 => Kind::Locked,
+            2000 => Kind::RebalanceNotify,
             _ => return None,
         })
     }
@@ -178,7 +221,17 @@ impl Kind {
             Kind::ListTopics => Kind::TopicList,
             Kind::DescribeTopic => Kind::TopicInfo,
             Kind::MessageById | Kind::MessagesByKey => Kind::Records,
-            Kind::Error
+            Kind::GroupHeartbeat | Kind::QueryAssignment => Kind::Assignment,
+            Kind::Unregister | Kind::ResetOffset | Kind::UnlockBatch => Kind::Empty,
+            Kind::GroupMembers => Kind::GroupMembersInfo,
+            Kind::ConsumerProgress => Kind::Progress,
+            Kind::LockBatch => Kind::Locked,
+            Kind::Assignment
+            | Kind::GroupMembersInfo
+            | Kind::Progress
+            | Kind::Locked
+            | Kind::RebalanceNotify
+            | Kind::Error
             | Kind::Empty
             | Kind::HandshakeOk
             | Kind::SendResult
@@ -199,9 +252,10 @@ impl std::fmt::Display for Kind {
 }
 
 const _: () = assert!(KIND_RESPONSE_FIRST < KIND_PUSH_FIRST && KIND_PUSH_FIRST < KIND_PUSH_END);
-const _: () = assert!((Kind::MessagesByKey as u16) < KIND_RESPONSE_FIRST);
+const _: () = assert!((Kind::UnlockBatch as u16) < KIND_RESPONSE_FIRST);
 const _: () = assert!(Kind::Error as u16 == KIND_RESPONSE_FIRST);
-const _: () = assert!((Kind::Records as u16) < KIND_PUSH_FIRST);
+const _: () = assert!((Kind::Locked as u16) < KIND_PUSH_FIRST);
+const _: () = assert!((Kind::RebalanceNotify as u16) >= KIND_PUSH_FIRST);
 
 #[cfg(test)]
 mod tests {
@@ -257,7 +311,7 @@ mod tests {
     /// existing line here means breaking every deployed client.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(Kind, u16); 27] = [
+        let expected: [(Kind, u16); 40] = [
             (Kind::Handshake, 1),
             (Kind::Heartbeat, 2),
             (Kind::SendMessage, 10),
@@ -285,6 +339,19 @@ mod tests {
             (Kind::TopicList, 1007),
             (Kind::TopicInfo, 1008),
             (Kind::Records, 1009),
+            (Kind::GroupHeartbeat, 60),
+            (Kind::Unregister, 61),
+            (Kind::QueryAssignment, 62),
+            (Kind::GroupMembers, 63),
+            (Kind::ResetOffset, 64),
+            (Kind::ConsumerProgress, 65),
+            (Kind::LockBatch, 70),
+            (Kind::UnlockBatch, 71),
+            (Kind::Assignment, 1010),
+            (Kind::GroupMembersInfo, 1011),
+            (Kind::Progress, 1012),
+            (Kind::Locked, 1013),
+            (Kind::RebalanceNotify, 2000),
         ];
         for (kind, n) in expected {
             assert_eq!(kind.as_u16(), n, "{kind:?}");

@@ -348,6 +348,170 @@ wire_type! {
     }
 }
 
+// ---- Consumer groups ----
+
+wire_type! {
+    /// One subscription of a group member: a topic and a tag expression (`*` or `A || B`).
+    pub struct SubscriptionData {
+        pub topic: String,
+        pub expression: String,
+    }
+}
+
+/// [`GroupHeartbeat::consume_mode`]: one message of a queue at a time, in order, under the
+/// queue's lock.
+pub const CONSUME_MODE_ORDERLY: u8 = 1;
+/// [`GroupHeartbeat::consume_mode`]: many messages of a queue at once.
+pub const CONSUME_MODE_CONCURRENT: u8 = 0;
+/// [`GroupHeartbeat::message_model`]: each message to one member.
+pub const MESSAGE_MODEL_CLUSTERING: u8 = 0;
+/// [`GroupHeartbeat::message_model`]: every message to every member.
+pub const MESSAGE_MODEL_BROADCASTING: u8 = 1;
+
+wire_type! {
+    /// Joins a consumer group or keeps the membership alive. Answered by [`Assignment`].
+    pub struct GroupHeartbeat {
+        pub group: String,
+        pub client_id: String,
+        pub subscriptions: Vec<SubscriptionData>,
+        pub consume_mode: u8,
+        pub message_model: u8,
+        /// Allocation strategy: averagely, circle, consistent-hash, config.
+        pub strategy: String,
+    }
+}
+
+wire_type! {
+    /// Leaves a consumer group at once. Answered by [`Empty`].
+    pub struct Unregister {
+        pub group: String,
+        pub client_id: String,
+    }
+}
+
+wire_type! {
+    /// The member's current queues. Answered by [`Assignment`].
+    pub struct QueryAssignment {
+        pub group: String,
+        pub client_id: String,
+    }
+}
+
+wire_type! {
+    pub struct TopicAssignment {
+        pub topic: String,
+        pub queues: Vec<u32>,
+    }
+}
+
+wire_type! {
+    /// A member's queues. `generation` grows with every change of the group;
+    /// `offsets_epoch` grows when an admin resets the group's offsets (members then re-read
+    /// their committed offsets).
+    pub struct Assignment {
+        pub generation: u64,
+        pub offsets_epoch: u64,
+        pub topics: Vec<TopicAssignment>,
+    }
+}
+
+wire_type! {
+    /// The members of a group and their queues. Answered by [`GroupMembersInfo`].
+    pub struct GroupMembers {
+        pub group: String,
+    }
+}
+
+wire_type! {
+    pub struct MemberAssignment {
+        pub client_id: String,
+        pub topics: Vec<TopicAssignment>,
+    }
+}
+
+wire_type! {
+    pub struct GroupMembersInfo {
+        pub group: String,
+        pub generation: u64,
+        pub members: Vec<MemberAssignment>,
+    }
+}
+
+wire_type! {
+    /// Sets the group's committed offset of every queue of `topic` to the first message
+    /// stored at or after `timestamp_ms` (offsets may go backwards). Answered by [`Empty`].
+    pub struct ResetOffset {
+        pub group: String,
+        pub topic: String,
+        pub timestamp_ms: i64,
+    }
+}
+
+wire_type! {
+    /// Committed offset, max offset and lag per queue. Answered by [`Progress`].
+    pub struct ConsumerProgress {
+        pub group: String,
+        pub topic: String,
+    }
+}
+
+wire_type! {
+    pub struct QueueProgress {
+        pub queue_id: u32,
+        /// -1 when the group has no committed offset for the queue.
+        pub committed_offset: i64,
+        pub max_offset: u64,
+        pub lag: u64,
+    }
+}
+
+wire_type! {
+    pub struct Progress {
+        pub group: String,
+        pub topic: String,
+        pub queues: Vec<QueueProgress>,
+    }
+}
+
+// ---- Queue locks ----
+
+wire_type! {
+    /// Locks (or renews) queues of a topic for an orderly member. Answered by [`Locked`]
+    /// with the queues the member now holds.
+    pub struct LockBatch {
+        pub group: String,
+        pub client_id: String,
+        pub topic: String,
+        pub queues: Vec<u32>,
+    }
+}
+
+wire_type! {
+    pub struct Locked {
+        pub queues: Vec<u32>,
+    }
+}
+
+wire_type! {
+    /// Gives up queue locks. Answered by [`Empty`].
+    pub struct UnlockBatch {
+        pub group: String,
+        pub client_id: String,
+        pub topic: String,
+        pub queues: Vec<u32>,
+    }
+}
+
+// ---- Pushed notifications ----
+
+wire_type! {
+    /// Pushed to every member when the group's assignment changes: ask for it again.
+    pub struct RebalanceNotify {
+        pub group: String,
+        pub generation: u64,
+    }
+}
+
 impl Handshake {
     /// A handshake speaking this side's protocol version.
     pub fn new(client_id: impl Into<String>) -> Handshake {
@@ -431,6 +595,19 @@ impl_message! {
     DescribeTopic => DescribeTopic,
     MessageById => MessageById,
     MessagesByKey => MessagesByKey,
+    GroupHeartbeat => GroupHeartbeat,
+    Unregister => Unregister,
+    QueryAssignment => QueryAssignment,
+    GroupMembers => GroupMembers,
+    ResetOffset => ResetOffset,
+    ConsumerProgress => ConsumerProgress,
+    LockBatch => LockBatch,
+    UnlockBatch => UnlockBatch,
+    Assignment => Assignment,
+    GroupMembersInfo => GroupMembersInfo,
+    Progress => Progress,
+    Locked => Locked,
+    RebalanceNotify => RebalanceNotify,
     ErrorBody => Error,
     Empty => Empty,
     HandshakeOk => HandshakeOk,
@@ -447,6 +624,10 @@ impl_message! {
 const _: () = assert!(std::mem::align_of::<ArchivedBatchItem>() <= META_ALIGN);
 const _: () = assert!(std::mem::align_of::<ArchivedQueueInfo>() <= META_ALIGN);
 const _: () = assert!(std::mem::align_of::<ArchivedPullStatus>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedSubscriptionData>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedTopicAssignment>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedMemberAssignment>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedQueueProgress>() <= META_ALIGN);
 
 /// Defines [`Request`] with one variant per request type, named like the type and its kind.
 macro_rules! requests {
@@ -495,6 +676,14 @@ macro_rules! requests {
 }
 
 requests! {
+    GroupHeartbeat,
+    Unregister,
+    QueryAssignment,
+    GroupMembers,
+    ResetOffset,
+    ConsumerProgress,
+    LockBatch,
+    UnlockBatch,
     Handshake,
     Heartbeat,
     SendMessage,
@@ -587,6 +776,10 @@ pub enum Response<'a> {
     TopicList(TopicList),
     TopicInfo(TopicInfo),
     Records(RecordsResponse<'a>),
+    Assignment(Assignment),
+    GroupMembersInfo(GroupMembersInfo),
+    Progress(Progress),
+    Locked(Locked),
 }
 
 impl Response<'_> {
@@ -602,6 +795,10 @@ impl Response<'_> {
             Response::TopicList(_) => Kind::TopicList,
             Response::TopicInfo(_) => Kind::TopicInfo,
             Response::Records(_) => Kind::Records,
+            Response::Assignment(_) => Kind::Assignment,
+            Response::GroupMembersInfo(_) => Kind::GroupMembersInfo,
+            Response::Progress(_) => Kind::Progress,
+            Response::Locked(_) => Kind::Locked,
         }
     }
 }
@@ -653,6 +850,10 @@ pub fn encode_response(
         Response::TopicList(m) => encode_frame(request_id, f, m, &[], out),
         Response::TopicInfo(m) => encode_frame(request_id, f, m, &[], out),
         Response::Records(m) => encode_frame(request_id, f, m.meta(), m.raw_records(), out),
+        Response::Assignment(m) => encode_frame(request_id, f, m, &[], out),
+        Response::GroupMembersInfo(m) => encode_frame(request_id, f, m, &[], out),
+        Response::Progress(m) => encode_frame(request_id, f, m, &[], out),
+        Response::Locked(m) => encode_frame(request_id, f, m, &[], out),
     }
 }
 
@@ -700,7 +901,20 @@ impl<'a> Frame<'a> {
             Kind::TopicList => Response::TopicList(meta.deserialize()?),
             Kind::TopicInfo => Response::TopicInfo(meta.deserialize()?),
             Kind::Records => Response::Records(WithRecords::new(meta.deserialize()?, self.tail())),
+            Kind::Assignment => Response::Assignment(meta.deserialize()?),
+            Kind::GroupMembersInfo => Response::GroupMembersInfo(meta.deserialize()?),
+            Kind::Progress => Response::Progress(meta.deserialize()?),
+            Kind::Locked => Response::Locked(meta.deserialize()?),
             found @ (Kind::Handshake
+            | Kind::RebalanceNotify
+            | Kind::GroupHeartbeat
+            | Kind::Unregister
+            | Kind::QueryAssignment
+            | Kind::GroupMembers
+            | Kind::ResetOffset
+            | Kind::ConsumerProgress
+            | Kind::LockBatch
+            | Kind::UnlockBatch
             | Kind::Heartbeat
             | Kind::SendMessage
             | Kind::SendBatch

@@ -36,6 +36,8 @@ const CONN_IN_FLIGHT_MAX: usize = 1024;
 const CONN_WRITE_BATCH_BYTES: usize = 1 << 20;
 /// Initial receive buffer of a connection.
 const CONN_READ_BUFFER_BYTES: usize = 64 * 1024;
+/// How often a shard looks for group members that missed their heartbeats.
+const GROUP_EXPIRY_CHECK_MS: u64 = 500;
 /// How long a clean stop waits for requests in flight.
 const STOP_DRAIN_MS: u64 = 10_000;
 
@@ -59,6 +61,10 @@ pub struct BrokerConfig {
     pub retention_bytes_max: u64,
     pub frame_bytes_max: u32,
     pub broker_id: u32,
+    /// A group member that sends no heartbeat for this long leaves its group.
+    pub session_timeout_ms: u64,
+    /// A queue lock of ordered consumption not renewed for this long is free.
+    pub lock_expiry_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -76,6 +82,8 @@ impl Default for BrokerConfig {
             retention_bytes_max: 0,
             frame_bytes_max: crate::protocol::FRAME_BYTES_MAX_DEFAULT,
             broker_id: 0,
+            session_timeout_ms: 10_000,
+            lock_expiry_ms: crate::broker::groups::LOCK_EXPIRY_MS_DEFAULT,
         }
     }
 }
@@ -419,6 +427,8 @@ async fn shard_main(
         auto_create_topics: cfg.auto_create_topics,
         default_queues: cfg.default_queues,
         frame_limits: limits,
+        session_timeout_ms: cfg.session_timeout_ms,
+        lock_expiry_ms: cfg.lock_expiry_ms,
     };
     let peers = Box::new(MeshPeers {
         senders,
@@ -453,6 +463,16 @@ async fn shard_main(
                 if let Err(e) = ctx.sync_offsets().await {
                     eprintln!("ringmq: shard {}: syncing offsets: {e}", ctx.id);
                 }
+            }
+        })
+        .detach();
+    }
+    {
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move {
+            while !ctx.is_stopping() {
+                crate::io::sleep(Duration::from_millis(GROUP_EXPIRY_CHECK_MS)).await;
+                ctx.expire_members().await;
             }
         })
         .detach();
@@ -536,6 +556,12 @@ async fn serve_connection(ctx: Rc<ShardCtx>, stream: TcpStream, limits: FrameLim
     })
     .detach();
     let tx = Rc::new(tx);
+    let push_tx = Rc::downgrade(&tx);
+    let conn = ctx.register_connection(Rc::new(move |frame: Vec<u8>| {
+        if let Some(tx) = push_tx.upgrade() {
+            let _ = tx.try_send(frame);
+        }
+    }));
     let in_flight = Arc::new(tokio::sync::Semaphore::new(CONN_IN_FLIGHT_MAX));
     let decoder = FrameDecoder::new(limits);
     let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
@@ -548,7 +574,7 @@ async fn serve_connection(ctx: Rc<ShardCtx>, stream: TcpStream, limits: FrameLim
                     let len = frame.frame_len();
                     let bytes = &buf[start..start + len];
                     start += len;
-                    match ctx.handle_frame(bytes, peer) {
+                    match ctx.handle_frame(bytes, peer, conn) {
                         Handled::Now(Some(f)) => {
                             if tx.send(f).await.is_err() {
                                 break 'conn;
@@ -608,7 +634,8 @@ async fn serve_connection(ctx: Rc<ShardCtx>, stream: TcpStream, limits: FrameLim
             Ok(n) => end += n,
         }
     }
-    // Let answers in flight go out, then close.
+    // The members on this connection leave their groups; answers in flight go out.
+    ctx.connection_closed(conn);
     drop(tx);
     let _ = writer_task.await;
 }

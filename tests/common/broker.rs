@@ -56,7 +56,10 @@ impl BrokerProcess {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) if line.starts_with("ringmq-broker ready: listening on ") => {
-                    let addr = line["ringmq-broker ready: listening on ".len()..].split(' ').next().unwrap();
+                    let addr = line["ringmq-broker ready: listening on ".len()..]
+                        .split(' ')
+                        .next()
+                        .unwrap();
                     self.addr = addr.parse().unwrap();
                     break;
                 }
@@ -77,7 +80,9 @@ impl BrokerProcess {
 
     /// SIGTERM and wait: a clean stop. Returns the exit status success.
     pub fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else { return true };
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
         unsafe {
             libc::kill(child.id() as i32, libc::SIGTERM);
         }

@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code)]
 
+pub mod broker;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::log::record::{PropertiesBuilder, RecordDraft};

@@ -1,0 +1,567 @@
+//! Consumer groups on the broker: membership on the group's coordinator shard, assignment
+//! pushed to members at once on every change, queue locks kept by the owning shards and
+//! released at once when a member leaves, offset resets and consumer progress.
+
+use std::collections::{BTreeMap, HashSet};
+use std::rc::Rc;
+
+use super::groups::{
+    coordinator_shard, ConsumeMode, GroupState, MemberInfo, MessageModel, Strategy, Subscription,
+};
+use super::{err, store_error, Handled, LocalBoxFuture, MeshReply, MeshRequest, ShardCtx};
+use crate::protocol::{
+    encode_frame, Assignment, ConsumerProgress, ErrorBody, ErrorCode, Flags, GroupHeartbeat,
+    GroupMembers, GroupMembersInfo, LockBatch, Locked, MemberAssignment, Progress, QueryAssignment,
+    QueueProgress, RebalanceNotify, ResetOffset, Response, TopicAssignment, UnlockBatch,
+    Unregister, CONSUME_MODE_ORDERLY, MESSAGE_MODEL_BROADCASTING,
+};
+
+/// Bits of a connection id that hold the shard: `shard << CONN_SHARD_SHIFT | counter`.
+pub const CONN_SHARD_SHIFT: u32 = 48;
+
+pub fn now_ms() -> u64 {
+    crate::log::now_ms().max(0) as u64
+}
+
+/// The coordinator's record of a group beyond membership.
+#[derive(Default)]
+pub struct GroupExtra {
+    pub offsets_epoch: u64,
+}
+
+/// Lock operations fanned out to the owning shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockOp {
+    Lock,
+    Unlock,
+}
+
+impl ShardCtx {
+    pub(super) fn coordinator_of(&self, group: &str) -> u32 {
+        coordinator_shard(group, self.shard_count)
+    }
+
+    fn queue_counts(&self, topics: impl IntoIterator<Item = String>) -> BTreeMap<String, u32> {
+        let table = self.topics.borrow();
+        topics
+            .into_iter()
+            .filter_map(|t| table.get(&t).map(|n| (t, n)))
+            .collect()
+    }
+
+    fn assignment_of(&self, group: &str, client_id: &str) -> Result<Assignment, ErrorBody> {
+        let groups = self.groups.borrow();
+        let Some((state, extra)) = groups.get(group) else {
+            return Err(err(
+                ErrorCode::GroupNotFound,
+                format!("group {group} has no members"),
+            ));
+        };
+        if state.member(client_id).is_none() {
+            return Err(err(
+                ErrorCode::GroupNotFound,
+                format!("{client_id} is not a member of group {group}"),
+            ));
+        }
+        let counts = self.queue_counts(state.topics());
+        let all = state.assign(&counts);
+        let topics = all
+            .into_iter()
+            .filter_map(|(topic, members)| {
+                members.get(client_id).map(|queues| TopicAssignment {
+                    topic,
+                    queues: queues.clone(),
+                })
+            })
+            .collect();
+        Ok(Assignment {
+            generation: state.generation(),
+            offsets_epoch: extra.offsets_epoch,
+            topics,
+        })
+    }
+
+    /// Sends a frame to a client connection, wherever it is (best effort: notifications are
+    /// hints, members also re-check periodically).
+    pub(super) async fn push_to(self: &Rc<Self>, conn: u64, frame: Vec<u8>) {
+        let shard = (conn >> CONN_SHARD_SHIFT) as u32;
+        if shard == self.id {
+            if let Some(push) = self.conns.borrow().get(&conn) {
+                push(frame);
+            }
+        } else {
+            let _ = self.call(shard, MeshRequest::Push { conn, frame }).await;
+        }
+    }
+
+    /// Tells every member of `group` that its assignment changed.
+    async fn notify_members(self: &Rc<Self>, group: &str) {
+        let (generation, conns) = {
+            let groups = self.groups.borrow();
+            let Some((state, _)) = groups.get(group) else {
+                return;
+            };
+            let conns: HashSet<u64> = state
+                .members()
+                .iter()
+                .filter_map(|m| state.member(m).map(|i| i.connection))
+                .collect();
+            (state.generation(), conns)
+        };
+        let mut frame = Vec::new();
+        let note = RebalanceNotify {
+            group: group.to_owned(),
+            generation,
+        };
+        if encode_frame(0, Flags::NONE, &note, &[], &mut frame).is_err() {
+            return;
+        }
+        for conn in conns {
+            self.push_to(conn, frame.clone()).await;
+        }
+    }
+
+    /// Members left: release their locks on every shard at once, then rebalance the rest.
+    async fn members_left(self: &Rc<Self>, group: &str, left: Vec<String>) {
+        if left.is_empty() {
+            return;
+        }
+        for client_id in &left {
+            for to in 0..self.shard_count {
+                let req = MeshRequest::ReleaseClient {
+                    group: group.to_owned(),
+                    client_id: client_id.clone(),
+                };
+                if to == self.id {
+                    self.locks.borrow_mut().release_client(group, client_id);
+                } else {
+                    let _ = self.call(to, req).await;
+                }
+            }
+        }
+        let empty = self
+            .groups
+            .borrow()
+            .get(group)
+            .is_some_and(|(s, _)| s.is_empty());
+        if empty {
+            // Keep the offsets epoch across an empty spell: forget only the members.
+        }
+        self.notify_members(group).await;
+    }
+
+    /// Every second: members that missed their heartbeats leave.
+    pub async fn expire_members(self: &Rc<Self>) {
+        let now = now_ms();
+        let expired: Vec<(String, Vec<String>)> = self
+            .groups
+            .borrow_mut()
+            .iter_mut()
+            .map(|(g, (s, _))| (g.clone(), s.expire(now)))
+            .filter(|(_, left)| !left.is_empty())
+            .collect();
+        for (group, left) in expired {
+            self.members_left(&group, left).await;
+        }
+        self.locks.borrow_mut().purge_expired(now);
+    }
+
+    /// A client connection closed on this shard: its members leave their groups.
+    pub fn connection_closed(self: &Rc<Self>, conn: u64) {
+        self.conns.borrow_mut().remove(&conn);
+        let Some(groups) = self.conn_groups.borrow_mut().remove(&conn) else {
+            return;
+        };
+        for group in groups {
+            let ctx = self.clone();
+            crate::io::spawn(async move {
+                let coordinator = ctx.coordinator_of(&group);
+                if coordinator == ctx.id {
+                    ctx.on_connection_closed(&group, conn).await;
+                } else {
+                    let _ = ctx
+                        .call(coordinator, MeshRequest::ConnectionClosed { group, conn })
+                        .await;
+                }
+            });
+        }
+    }
+
+    pub(super) async fn on_connection_closed(self: &Rc<Self>, group: &str, conn: u64) {
+        let left = match self.groups.borrow_mut().get_mut(group) {
+            Some((s, _)) => s.connection_closed(conn),
+            None => Vec::new(),
+        };
+        self.members_left(group, left).await;
+    }
+
+    /// A topic's queue count changed: groups subscribed to it rebalance.
+    pub(super) async fn topic_changed_for_groups(self: &Rc<Self>, topic: &str) {
+        let affected: Vec<String> = self
+            .groups
+            .borrow_mut()
+            .iter_mut()
+            .filter(|(_, (s, _))| s.topics().contains(topic))
+            .map(|(g, (s, _))| {
+                s.bump();
+                g.clone()
+            })
+            .collect();
+        for g in affected {
+            self.notify_members(&g).await;
+        }
+    }
+
+    /// Records that `conn` carries members of `group` (to tell the coordinator when it closes).
+    pub(super) fn note_group_connection(&self, group: &str, conn: u64) {
+        self.conn_groups
+            .borrow_mut()
+            .entry(conn)
+            .or_default()
+            .insert(group.to_owned());
+    }
+
+    pub(super) fn group_heartbeat(
+        self: &Rc<Self>,
+        h: GroupHeartbeat,
+        conn: u64,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        let ctx = self.clone();
+        Box::pin(async move {
+            let strategy: Strategy = h
+                .strategy
+                .parse()
+                .map_err(|e: String| err(ErrorCode::InvalidMessage, e))?;
+            let member = MemberInfo {
+                client_id: h.client_id.clone(),
+                subscriptions: h
+                    .subscriptions
+                    .iter()
+                    .map(|s| Subscription {
+                        topic: s.topic.clone(),
+                        expression: s.expression.clone(),
+                    })
+                    .collect(),
+                mode: if h.consume_mode == CONSUME_MODE_ORDERLY {
+                    ConsumeMode::Orderly
+                } else {
+                    ConsumeMode::Concurrent
+                },
+                model: if h.message_model == MESSAGE_MODEL_BROADCASTING {
+                    MessageModel::Broadcasting
+                } else {
+                    MessageModel::Clustering
+                },
+                strategy,
+                connection: conn,
+            };
+            for s in &member.subscriptions {
+                crate::store::validate_topic(&s.topic).map_err(store_error)?;
+                s.filter()
+                    .map_err(|e| err(ErrorCode::BadFilterExpression, e))?;
+            }
+            let changed = {
+                let mut groups = ctx.groups.borrow_mut();
+                let timeout = ctx.cfg.session_timeout_ms;
+                let (state, _) = groups.entry(h.group.clone()).or_insert_with(|| {
+                    (
+                        GroupState::new(h.group.clone(), timeout),
+                        GroupExtra::default(),
+                    )
+                });
+                state
+                    .check_heartbeat(&member)
+                    .map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
+                state.heartbeat(member, now_ms())
+            };
+            if changed {
+                ctx.notify_members(&h.group).await;
+            }
+            Ok(Response::Assignment(
+                ctx.assignment_of(&h.group, &h.client_id)?,
+            ))
+        })
+    }
+
+    pub(super) fn unregister(
+        self: &Rc<Self>,
+        u: Unregister,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        let ctx = self.clone();
+        Box::pin(async move {
+            let removed = match ctx.groups.borrow_mut().get_mut(&u.group) {
+                Some((s, _)) => s.unregister(&u.client_id),
+                None => false,
+            };
+            let left = if removed {
+                vec![u.client_id.clone()]
+            } else {
+                Vec::new()
+            };
+            ctx.members_left(&u.group, left).await;
+            Ok(Response::Empty(crate::protocol::Empty {}))
+        })
+    }
+
+    pub(super) fn query_assignment(
+        &self,
+        q: &QueryAssignment,
+    ) -> Result<Response<'static>, ErrorBody> {
+        Ok(Response::Assignment(
+            self.assignment_of(&q.group, &q.client_id)?,
+        ))
+    }
+
+    pub(super) fn group_members(&self, g: &GroupMembers) -> Result<Response<'static>, ErrorBody> {
+        let groups = self.groups.borrow();
+        let Some((state, _)) = groups.get(&g.group) else {
+            return Ok(Response::GroupMembersInfo(GroupMembersInfo {
+                group: g.group.clone(),
+                generation: 0,
+                members: Vec::new(),
+            }));
+        };
+        let all = state.assign(&self.queue_counts(state.topics()));
+        let members = state
+            .members()
+            .into_iter()
+            .map(|m| MemberAssignment {
+                topics: all
+                    .iter()
+                    .filter_map(|(t, ms)| {
+                        ms.get(&m).map(|q| TopicAssignment {
+                            topic: t.clone(),
+                            queues: q.clone(),
+                        })
+                    })
+                    .collect(),
+                client_id: m,
+            })
+            .collect();
+        Ok(Response::GroupMembersInfo(GroupMembersInfo {
+            group: g.group.clone(),
+            generation: state.generation(),
+            members,
+        }))
+    }
+
+    /// Lock or unlock queues on this shard (the queues must be owned here).
+    pub(super) fn local_locks(
+        &self,
+        op: LockOp,
+        group: &str,
+        client_id: &str,
+        topic: &str,
+        queues: &[u32],
+    ) -> Vec<u32> {
+        let mut locks = self.locks.borrow_mut();
+        match op {
+            LockOp::Lock => locks.lock_batch(group, topic, queues, client_id, now_ms()),
+            LockOp::Unlock => {
+                locks.unlock_batch(group, topic, queues, client_id);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Splits a lock request by owning shard and gathers the answers.
+    pub(super) fn locks(
+        self: &Rc<Self>,
+        op: LockOp,
+        group: String,
+        client_id: String,
+        topic: String,
+        queues: Vec<u32>,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        let ctx = self.clone();
+        Box::pin(async move {
+            let count = ctx.topics.borrow().get(&topic).ok_or_else(|| {
+                err(
+                    ErrorCode::TopicNotFound,
+                    format!("topic {topic} does not exist"),
+                )
+            })?;
+            let mut by_shard: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+            for q in queues {
+                if q < count {
+                    by_shard.entry(ctx.owner_of(&topic, q)).or_default().push(q);
+                }
+            }
+            let mut held = Vec::new();
+            for (shard, qs) in by_shard {
+                if shard == ctx.id {
+                    held.extend(ctx.local_locks(op, &group, &client_id, &topic, &qs));
+                } else {
+                    let req = MeshRequest::Locks {
+                        op,
+                        group: group.clone(),
+                        client_id: client_id.clone(),
+                        topic: topic.clone(),
+                        queues: qs,
+                    };
+                    if let MeshReply::Queues(q) = ctx.call(shard, req).await? {
+                        held.extend(q);
+                    }
+                }
+            }
+            held.sort_unstable();
+            Ok(match op {
+                LockOp::Lock => Response::Locked(Locked { queues: held }),
+                LockOp::Unlock => Response::Empty(crate::protocol::Empty {}),
+            })
+        })
+    }
+
+    pub(super) fn lock_batch(
+        self: &Rc<Self>,
+        l: LockBatch,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        self.locks(LockOp::Lock, l.group, l.client_id, l.topic, l.queues)
+    }
+
+    pub(super) fn unlock_batch(
+        self: &Rc<Self>,
+        u: UnlockBatch,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        self.locks(LockOp::Unlock, u.group, u.client_id, u.topic, u.queues)
+    }
+
+    /// This shard's part of a reset: every owned queue of the topic to the offset of the
+    /// first message stored at or after the time.
+    pub(super) async fn local_reset(
+        &self,
+        group: &str,
+        topic: &str,
+        timestamp_ms: i64,
+    ) -> Result<(), ErrorBody> {
+        for (q, _, _) in self.local_ranges(topic) {
+            let offset = self
+                .store
+                .offset_by_timestamp(topic, q, timestamp_ms)
+                .await
+                .map_err(store_error)?;
+            self.offsets
+                .borrow_mut()
+                .reset(group, topic, q, offset)
+                .map_err(|e| err(ErrorCode::StoreIo, format!("resetting offset: {e}")))?;
+        }
+        self.sync_offsets()
+            .await
+            .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+        Ok(())
+    }
+
+    pub(super) fn local_progress(&self, group: &str, topic: &str) -> Vec<QueueProgress> {
+        let offsets = self.offsets.borrow();
+        self.local_ranges(topic)
+            .into_iter()
+            .map(|(queue_id, _, max)| {
+                let committed = offsets.get(group, topic, queue_id);
+                QueueProgress {
+                    queue_id,
+                    committed_offset: committed.map(|c| c as i64).unwrap_or(-1),
+                    max_offset: max,
+                    lag: max.saturating_sub(committed.unwrap_or(0)),
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn reset_offset(
+        self: &Rc<Self>,
+        r: ResetOffset,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        let ctx = self.clone();
+        Box::pin(async move {
+            if ctx.topics.borrow().get(&r.topic).is_none() {
+                return Err(err(
+                    ErrorCode::TopicNotFound,
+                    format!("topic {} does not exist", r.topic),
+                ));
+            }
+            for to in 0..ctx.shard_count {
+                if to == ctx.id {
+                    ctx.local_reset(&r.group, &r.topic, r.timestamp_ms).await?;
+                } else {
+                    let req = MeshRequest::ResetOffsets {
+                        group: r.group.clone(),
+                        topic: r.topic.clone(),
+                        timestamp_ms: r.timestamp_ms,
+                    };
+                    ctx.call(to, req).await?;
+                }
+            }
+            // Members re-read their offsets: bump the epoch and tell them.
+            let coordinator = ctx.coordinator_of(&r.group);
+            if coordinator == ctx.id {
+                ctx.offsets_were_reset(&r.group).await;
+            } else {
+                ctx.call(
+                    coordinator,
+                    MeshRequest::OffsetsReset {
+                        group: r.group.clone(),
+                    },
+                )
+                .await?;
+            }
+            Ok(Response::Empty(crate::protocol::Empty {}))
+        })
+    }
+
+    pub(super) async fn offsets_were_reset(self: &Rc<Self>, group: &str) {
+        if let Some((state, extra)) = self.groups.borrow_mut().get_mut(group) {
+            extra.offsets_epoch += 1;
+            state.bump();
+        }
+        self.notify_members(group).await;
+    }
+
+    pub(super) fn consumer_progress(
+        self: &Rc<Self>,
+        p: ConsumerProgress,
+    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
+        let ctx = self.clone();
+        Box::pin(async move {
+            if ctx.topics.borrow().get(&p.topic).is_none() {
+                return Err(err(
+                    ErrorCode::TopicNotFound,
+                    format!("topic {} does not exist", p.topic),
+                ));
+            }
+            let mut queues = ctx.local_progress(&p.group, &p.topic);
+            for to in (0..ctx.shard_count).filter(|&s| s != ctx.id) {
+                if let MeshReply::Progress(q) = ctx
+                    .call(
+                        to,
+                        MeshRequest::Progress {
+                            group: p.group.clone(),
+                            topic: p.topic.clone(),
+                        },
+                    )
+                    .await?
+                {
+                    queues.extend(q);
+                }
+            }
+            queues.sort_by_key(|q| q.queue_id);
+            Ok(Response::Progress(Progress {
+                group: p.group,
+                topic: p.topic,
+                queues,
+            }))
+        })
+    }
+}
+
+/// Wraps a response future into [`Handled`].
+pub(super) fn answer(
+    request_id: u64,
+    f: LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>>,
+) -> Handled {
+    Handled::Later(Box::pin(async move {
+        Some(match f.await {
+            Ok(r) => super::response_frame(request_id, &r),
+            Err(e) => super::error_frame(request_id, &e),
+        })
+    }))
+}

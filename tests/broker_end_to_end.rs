@@ -1,0 +1,432 @@
+//! The broker binary end to end, on loopback with ephemeral ports and temp data dirs:
+//! many producers and shards, long polling, restarts (clean and SIGKILL), a client that is
+//! not shard aware, and bad input.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::broker::BrokerProcess;
+use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer, PullStatus};
+use ringmq::protocol::{
+    encode_request, ErrorCode, FrameDecoder, FrameLimits, Handshake, Heartbeat, Request, Response,
+};
+
+fn config(addr: &str, shard_aware: bool) -> ClientConfig {
+    let mut c = ClientConfig::new(addr.to_owned());
+    c.shard_aware = shard_aware;
+    c.request_timeout_ms = 10_000;
+    c
+}
+
+/// Pulls every message of every queue from offset 0 to the end.
+async fn drain(
+    client: &Client,
+    topic: &str,
+    queues: u32,
+) -> HashMap<u32, Vec<ringmq::client::Message>> {
+    let mut out = HashMap::new();
+    for q in 0..queues {
+        let mut offset = 0;
+        let mut got = Vec::new();
+        loop {
+            let r = client
+                .pull(topic, q, offset, 32, Duration::ZERO, &[])
+                .await
+                .unwrap();
+            if r.messages.is_empty() {
+                assert_eq!(r.next_offset, r.max_offset, "queue {q} drained");
+                break;
+            }
+            offset = r.next_offset;
+            got.extend(r.messages);
+        }
+        out.insert(q, got);
+    }
+    out
+}
+
+/// 4 producers, 8 queues, `shards` shards, 100,000 messages with 400 sharding keys: every
+/// message is pulled exactly once, per queue in offset order, per key in send order.
+async fn many_producers(shards: usize, shard_aware: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), shards, &[]);
+    let addr = broker.addr_string();
+    let topic = "load";
+    let admin = Client::connect(config(&addr, true)).await.unwrap();
+    admin.create_topic(topic, 8).await.unwrap();
+    const PRODUCERS: u64 = 4;
+    const TASKS: u64 = 25;
+    const PER_TASK: u64 = 1000;
+    let mut handles = Vec::new();
+    for p in 0..PRODUCERS {
+        let producer = Producer::connect(config(&addr, shard_aware)).await.unwrap();
+        for t in 0..TASKS {
+            let producer = producer.clone();
+            handles.push(tokio::spawn(async move {
+                // Each task owns 4 keys and sends each key's sequence in order.
+                for i in 0..PER_TASK {
+                    let key = format!("key-{p}-{t}-{}", i % 4);
+                    let seq = i / 4;
+                    let body = format!("{p}/{t}/{i}/{seq}");
+                    let m = OutgoingMessage::new(body)
+                        .with_sharding_key(key.clone())
+                        .with_property("seq", seq.to_string());
+                    producer.send(topic, m).await.unwrap();
+                }
+            }));
+        }
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let total = (PRODUCERS * TASKS * PER_TASK) as usize;
+    let reader = Client::connect(config(&addr, shard_aware)).await.unwrap();
+    let all = drain(&reader, topic, 8).await;
+    let mut seen = std::collections::HashSet::new();
+    let mut last_seq: HashMap<String, u64> = HashMap::new();
+    let mut key_queue: HashMap<String, u32> = HashMap::new();
+    let mut count = 0;
+    for (q, msgs) in &all {
+        for (i, m) in msgs.iter().enumerate() {
+            assert_eq!(m.queue_offset(), i as u64, "queue {q} dense and in order");
+            assert_eq!(m.queue_id(), *q);
+            let body = String::from_utf8(m.body().to_vec()).unwrap();
+            assert!(seen.insert(body.clone()), "duplicate {body}");
+            let parts: Vec<&str> = body.split('/').collect();
+            let key = format!(
+                "key-{}-{}-{}",
+                parts[0],
+                parts[1],
+                parts[2].parse::<u64>().unwrap() % 4
+            );
+            let seq: u64 = parts[3].parse().unwrap();
+            assert_eq!(
+                *key_queue.entry(key.clone()).or_insert(*q),
+                *q,
+                "a key stays in one queue"
+            );
+            if let Some(prev) = last_seq.insert(key.clone(), seq) {
+                assert_eq!(seq, prev + 1, "key {key} in send order");
+            } else {
+                assert_eq!(seq, 0);
+            }
+            count += 1;
+        }
+    }
+    assert_eq!(count, total, "every message exactly once");
+    assert!(
+        all.values().filter(|v| !v.is_empty()).count() >= 6,
+        "keys spread over the queues"
+    );
+    drop(broker);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_producers_two_shards_every_message_once_in_order() {
+    many_producers(2, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_producers_three_shards_through_forwarding() {
+    // Three shards on two cores, and clients that are not shard aware: every request that
+    // reaches a non-owner is forwarded.
+    many_producers(3, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polling_answers_when_a_message_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let client = Client::connect(config(&addr, true)).await.unwrap();
+    client.create_topic("lp", 2).await.unwrap();
+    // An empty pull with a short wait returns empty.
+    let started = Instant::now();
+    let r = client
+        .pull("lp", 1, 0, 32, Duration::from_millis(200), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, PullStatus::NoNewMessage);
+    assert!(r.messages.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(150), "it waited");
+    // A waiting pull receives a message sent after it started.
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = client
+                .pull("lp", 1, 0, 32, Duration::from_secs(20), &[])
+                .await
+                .unwrap();
+            (r, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let producer = Producer::from_client(client.clone(), Default::default());
+    let sent = loop {
+        // Round-robin sends until one lands on queue 1.
+        let r = producer
+            .send("lp", OutgoingMessage::new("wake up"))
+            .await
+            .unwrap();
+        if r.queue_id == 1 {
+            break r;
+        }
+    };
+    let (r, waited) = waiter.await.unwrap();
+    assert_eq!(r.status, PullStatus::Found);
+    assert_eq!(r.messages[0].body(), b"wake up");
+    assert_eq!(r.messages[0].queue_offset(), sent.queue_offset);
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered when the message landed, not at the deadline"
+    );
+    drop(broker);
+}
+
+/// Sends `n` messages with keys and commits offsets; returns (queue, offset, body) acked.
+async fn produce_and_commit(addr: &str, topic: &str, n: usize) -> Vec<(u32, u64, Vec<u8>)> {
+    let producer = Producer::connect(config(addr, true)).await.unwrap();
+    let mut acked = Vec::new();
+    for i in 0..n {
+        let body = format!("durable-{i}").into_bytes();
+        let r = producer
+            .send(
+                topic,
+                OutgoingMessage::new(body.clone()).with_key(format!("k{i}")),
+            )
+            .await
+            .unwrap();
+        acked.push((r.queue_id, r.queue_offset, body));
+    }
+    for q in 0..4 {
+        producer
+            .client()
+            .commit_offset("g1", topic, q, 3 + q as u64)
+            .await
+            .unwrap();
+    }
+    acked
+}
+
+async fn check_after_restart(addr: &str, topic: &str, acked: &[(u32, u64, Vec<u8>)]) {
+    let client = Client::connect(config(addr, true)).await.unwrap();
+    let all = drain(&client, topic, 4).await;
+    for (q, off, body) in acked {
+        let m = &all[q][*off as usize];
+        assert_eq!(m.body(), &body[..], "acknowledged message {q}:{off}");
+    }
+    let total: usize = all.values().map(Vec::len).sum();
+    assert_eq!(total, acked.len(), "nothing invented");
+    for q in 0..4u32 {
+        assert_eq!(
+            client.query_offset("g1", topic, q).await.unwrap(),
+            Some(3 + q as u64)
+        );
+    }
+    assert_eq!(client.describe_topic(topic).await.unwrap().queues.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_clean_and_after_sigkill_keeps_acknowledged_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--flush", "sync"]);
+    let addr = broker.addr_string();
+    Client::connect(config(&addr, true))
+        .await
+        .unwrap()
+        .create_topic("dur", 4)
+        .await
+        .unwrap();
+    let mut acked = produce_and_commit(&addr, "dur", 300).await;
+    assert!(broker.stop(), "clean stop exits 0");
+    broker.restart();
+    check_after_restart(&broker.addr_string(), "dur", &acked).await;
+    // More, then SIGKILL: in sync mode every acknowledged message and offset survives.
+    let addr = broker.addr_string();
+    let producer = Producer::connect(config(&addr, true)).await.unwrap();
+    for i in 0..300 {
+        let body = format!("after-{i}").into_bytes();
+        let r = producer
+            .send("dur", OutgoingMessage::new(body.clone()))
+            .await
+            .unwrap();
+        acked.push((r.queue_id, r.queue_offset, body));
+    }
+    for q in 0..4 {
+        producer
+            .client()
+            .commit_offset("g1", "dur", q, 3 + q as u64)
+            .await
+            .unwrap();
+    }
+    broker.kill();
+    broker.restart();
+    check_after_restart(&broker.addr_string(), "dur", &acked).await;
+    // Committed offsets never go backwards.
+    let client = Client::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    client.commit_offset("g1", "dur", 0, 1).await.unwrap();
+    assert_eq!(client.query_offset("g1", "dur", 0).await.unwrap(), Some(3));
+}
+
+fn raw_request(req: &Request, id: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(req, id, &mut out).unwrap();
+    out
+}
+
+/// Reads one frame (or None on close/timeout).
+fn read_frame(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let decoder = FrameDecoder::new(FrameLimits::default());
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Ok(Some(f)) = decoder.decode(&buf) {
+            return Some(buf[..f.frame_len()].to_vec());
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn error_code_of(frame: &[u8]) -> Option<u16> {
+    let decoder = FrameDecoder::new(FrameLimits::default());
+    let f = decoder.decode(frame).ok()??;
+    match f.decode_response().ok()? {
+        Response::Error(e) => Some(e.code),
+        _ => None,
+    }
+}
+
+/// A bad connection gets an error frame and/or a close; the broker goes on serving.
+fn check_bad_input(addr: &str, bytes: &[u8], expect_close: bool) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let _ = s.write_all(bytes);
+    if expect_close {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    let mut answered = Vec::new();
+    while let Some(f) = read_frame(&mut s) {
+        answered.push(f);
+    }
+    for f in &answered {
+        assert!(error_code_of(f).is_some(), "only error frames come back");
+    }
+    // Another client is served normally.
+    let mut ok = TcpStream::connect(addr).unwrap();
+    ok.write_all(&raw_request(
+        &Request::Heartbeat(Heartbeat {
+            client_id: "second".into(),
+        }),
+        7,
+    ))
+    .unwrap();
+    let f = read_frame(&mut ok).expect("the broker still answers");
+    assert_eq!(error_code_of(&f), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_errors_and_never_harms_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--auto-create-topics", "false"],
+    );
+    let addr = broker.addr_string();
+    let client = Client::connect(config(&addr, true)).await.unwrap();
+    client.create_topic("ok", 2).await.unwrap();
+    let sent = Producer::from_client(client.clone(), Default::default())
+        .send("ok", OutgoingMessage::new("kept"))
+        .await
+        .unwrap();
+    let a = addr.clone();
+    tokio::task::spawn_blocking(move || {
+        // Random bytes.
+        let mut junk = vec![0u8; 4096];
+        for (i, b) in junk.iter_mut().enumerate() {
+            *b = (i * 7919 % 251) as u8;
+        }
+        check_bad_input(&a, &junk, false);
+        // A huge length.
+        let mut huge = raw_request(&Request::Handshake(Handshake::new("x")), 1);
+        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        check_bad_input(&a, &huge, false);
+        // A truncated frame, then the client closes.
+        let full = raw_request(&Request::Handshake(Handshake::new("x")), 1);
+        check_bad_input(&a, &full[..full.len() - 3], true);
+        // An unknown request kind.
+        let mut unknown = raw_request(
+            &Request::Heartbeat(Heartbeat {
+                client_id: "u".into(),
+            }),
+            2,
+        );
+        unknown[6..8].copy_from_slice(&999u16.to_le_bytes());
+        check_bad_input(&a, &unknown, false);
+    })
+    .await
+    .unwrap();
+    // An unknown topic with auto-create off gets its typed error.
+    let producer = Producer::from_client(client.clone(), Default::default());
+    let err = producer
+        .send("nosuchtopic", OutgoingMessage::new("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::TopicNotFound), "{err}");
+    // A body over 4 MiB is refused (by the client before sending; the broker too).
+    let big = vec![0u8; 4 * 1024 * 1024 + 1];
+    assert!(producer
+        .send("ok", OutgoingMessage::new(big.clone()))
+        .await
+        .is_err());
+    let raw = Request::SendMessage(ringmq::protocol::SendMessage {
+        topic: "ok".into(),
+        queue_id: 0,
+        flag: 0,
+        properties: Vec::new(),
+        body: big,
+        born_timestamp_ms: 0,
+        wait_durable: false,
+    });
+    let a = addr.clone();
+    let code = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&a).unwrap();
+        s.write_all(&raw_request(&raw, 9)).unwrap();
+        read_frame(&mut s).and_then(|f| error_code_of(&f))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(ErrorCode::BodyTooLarge as u16));
+    // Offsets out of range: typed statuses.
+    let r = client
+        .pull("ok", sent.queue_id, 1000, 32, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, PullStatus::OffsetTooBig);
+    // Nothing stored was harmed.
+    let r = client
+        .pull(
+            "ok",
+            sent.queue_id,
+            sent.queue_offset,
+            32,
+            Duration::ZERO,
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.messages[0].body(), b"kept");
+    drop(broker);
+}
