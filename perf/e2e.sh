@@ -44,7 +44,7 @@ printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons
 start_broker async
 bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"
 bench t-1k-b32       --size 1024 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
-bench t-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 1 --duration "$SECS" --pull-batch 1000
+bench t-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 1 --duration "$SECS" --pull-batch 1000 --in-flight 4
 bench t-4k-b32       --size 4096 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
 bench lat-1k-1000ps  --size 1024 --rate 1000  --producers 2 --consumers 1 --duration "$SECS"
 bench lat-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"

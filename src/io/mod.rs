@@ -118,6 +118,24 @@ impl LogFile {
         matches!(self.inner, Inner::Dma(_))
     }
 
+    /// A buffer of `len` bytes (a multiple of [`IO_ALIGN`]) to write with. Only the bytes
+    /// from `zero_from` on are zeroed: the caller fills the rest.
+    pub fn alloc_filled_to(&self, len: usize, zero_from: usize) -> IoBuf {
+        debug_assert_eq!(len % IO_ALIGN, 0);
+        match &self.inner {
+            Inner::Dma(f) => {
+                let mut b = f.alloc_dma_buffer(len);
+                b.as_bytes_mut()[zero_from.min(len)..].fill(0);
+                IoBuf {
+                    inner: IoBufInner::Dma(b),
+                }
+            }
+            Inner::Buffered(_) => IoBuf {
+                inner: IoBufInner::Plain(vec![0u8; len]),
+            },
+        }
+    }
+
     /// A zeroed buffer of `len` bytes (a multiple of [`IO_ALIGN`]) to write with.
     pub fn alloc(&self, len: usize) -> IoBuf {
         debug_assert_eq!(len % IO_ALIGN, 0);

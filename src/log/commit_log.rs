@@ -861,7 +861,7 @@ async fn writer(weak: std::rc::Weak<Inner>) {
                     return poison(&inner, e.to_string());
                 }
             }
-            let mut buf = file.alloc(align_up(chunk.bytes.len()));
+            let mut buf = file.alloc_filled_to(align_up(chunk.bytes.len()), chunk.bytes.len());
             buf.as_bytes_mut()[..chunk.bytes.len()].copy_from_slice(&chunk.bytes);
             if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
                 return poison(&inner, e.to_string());
