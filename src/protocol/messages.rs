@@ -1160,6 +1160,54 @@ mod tests {
                 max_messages: 64,
             }
             .into(),
+            GroupHeartbeat {
+                group: "g".into(),
+                client_id: "c1".into(),
+                subscriptions: vec![SubscriptionData {
+                    topic: "orders".into(),
+                    expression: "A || B".into(),
+                }],
+                consume_mode: CONSUME_MODE_ORDERLY,
+                message_model: MESSAGE_MODEL_CLUSTERING,
+                strategy: "averagely".into(),
+            }
+            .into(),
+            Unregister {
+                group: "g".into(),
+                client_id: "c1".into(),
+            }
+            .into(),
+            QueryAssignment {
+                group: "g".into(),
+                client_id: "c1".into(),
+            }
+            .into(),
+            GroupMembers { group: "g".into() }.into(),
+            ResetOffset {
+                group: "g".into(),
+                topic: "orders".into(),
+                timestamp_ms: 17,
+            }
+            .into(),
+            ConsumerProgress {
+                group: "g".into(),
+                topic: "orders".into(),
+            }
+            .into(),
+            LockBatch {
+                group: "g".into(),
+                client_id: "c1".into(),
+                topic: "orders".into(),
+                queues: vec![0, 3],
+            }
+            .into(),
+            UnlockBatch {
+                group: "g".into(),
+                client_id: "c1".into(),
+                topic: "orders".into(),
+                queues: vec![3],
+            }
+            .into(),
         ]
     }
 
@@ -1226,6 +1274,36 @@ mod tests {
                 ],
             }),
             Response::Records(RecordsResponse::new(Records { count: 3 }, raw)),
+            Response::Assignment(Assignment {
+                generation: 4,
+                offsets_epoch: 1,
+                topics: vec![TopicAssignment {
+                    topic: "orders".into(),
+                    queues: vec![0, 2],
+                }],
+            }),
+            Response::GroupMembersInfo(GroupMembersInfo {
+                group: "g".into(),
+                generation: 4,
+                members: vec![MemberAssignment {
+                    client_id: "c1".into(),
+                    topics: vec![TopicAssignment {
+                        topic: "orders".into(),
+                        queues: vec![1],
+                    }],
+                }],
+            }),
+            Response::Progress(Progress {
+                group: "g".into(),
+                topic: "orders".into(),
+                queues: vec![QueueProgress {
+                    queue_id: 0,
+                    committed_offset: -1,
+                    max_offset: 9,
+                    lag: 9,
+                }],
+            }),
+            Response::Locked(Locked { queues: vec![0, 3] }),
         ]
     }
 
