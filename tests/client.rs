@@ -204,6 +204,8 @@ async fn check_client(addr: String, shard_aware: bool) {
             seen = true;
             break;
         }
+        // The oneway send is not acknowledged: give its write time to land.
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(seen, "the oneway message was stored");
 
