@@ -34,6 +34,10 @@ pub enum ClientError {
     /// Refused before sending: the caller's input breaks a limit or a rule.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The local offsets file of a broadcasting consumer could not be read or written (it
+    /// names the file and the operation).
+    #[error("local offsets: {0}")]
+    OffsetStore(String),
 }
 
 fn display_code(code: Option<ErrorCode>, raw_code: u16) -> String {
@@ -54,7 +58,8 @@ impl ClientError {
             ClientError::Protocol(_)
             | ClientError::BadHandshake(_)
             | ClientError::BodyTooLarge { .. }
-            | ClientError::InvalidArgument(_) => false,
+            | ClientError::InvalidArgument(_)
+            | ClientError::OffsetStore(_) => false,
         }
     }
 

@@ -5,6 +5,9 @@
 //!   shard aware), routing, pulls, offsets, message queries, topic admin.
 //! - [`Producer`]: sync, async, oneway and batch sends, with queue selection (round-robin,
 //!   sharding key, or a [`QueueSelector`]) and retries.
+//! - [`PushConsumer`]: a consumer-group member that pulls its queues and calls a listener,
+//!   concurrently or in order (queue locks), clustering or broadcasting; the group
+//!   requests it uses are [`Client`] methods too (`group_heartbeat`, `lock_batch`, ...).
 //! - [`Message`]: a received record, read in place from the answer's shared buffer;
 //!   [`OutgoingMessage`]: what a producer sends.
 //! - [`route`]: queue ownership and the tag hash, shared with the broker.
@@ -31,11 +34,14 @@
 
 mod config;
 mod connection;
+mod consumer;
 mod error;
+mod group;
 mod message;
 mod producer;
 pub mod route;
 mod session;
+mod tag_filter;
 
 #[cfg(test)]
 mod tests;
@@ -46,12 +52,31 @@ pub use config::{
     REQUEST_TIMEOUT_MS_DEFAULT,
 };
 pub use connection::PushFrame;
+pub use consumer::{
+    ConcurrentListener, ConsumeFrom, ConsumeStatus, ConsumerStats, MessageQueue, OrderlyListener,
+    OrderlyStatus, PushConsumer, PushConsumerOptions, CACHED_BYTES_MAX_DEFAULT,
+    CACHED_MESSAGES_MAX_DEFAULT, CACHED_SPAN_MAX_DEFAULT, COMMIT_INTERVAL_MS_DEFAULT,
+    CONSUME_BATCH_MAX_DEFAULT, CONSUME_BATCH_MAX_LIMIT, CONSUME_THREADS_DEFAULT,
+    CONSUME_THREADS_MAX, FLOW_RETRY_MS_DEFAULT, HEARTBEAT_INTERVAL_MS_DEFAULT,
+    LOCK_RENEW_MS_DEFAULT, LOCK_RETRY_MS_DEFAULT, LOCK_VALID_MS_DEFAULT,
+    MAX_RECONSUME_TIMES_DEFAULT, PULL_BATCH_MAX_DEFAULT, PULL_BATCH_MAX_LIMIT,
+    PULL_ERROR_BACKOFF_MS_DEFAULT, PULL_WAIT_MS_DEFAULT, REBALANCE_INTERVAL_MS_DEFAULT,
+    RECONSUME_DELAY_MS_DEFAULT, SESSION_TIMEOUT_MS_DEFAULT, SHUTDOWN_TIMEOUT_MS_DEFAULT,
+    SUBSCRIPTIONS_MAX, SUSPEND_MS_DEFAULT,
+};
 pub use error::{ClientError, Result};
+pub use group::{
+    AllocateStrategy, ConsumeMode, MemberAssignment, MemberSpec, MessageModel, QueueLag,
+    TopicAssignment, CLIENT_ID_BYTES_MAX, GROUP_BYTES_MAX, LOCK_BATCH_QUEUES_MAX,
+};
 pub use message::{Message, OutgoingMessage};
 pub use producer::{
     Producer, ProducerOptions, QueueSelector, SendBatchResult, SendResult, BATCH_MESSAGES_MAX,
     ROUTE_REFRESH_MS_DEFAULT, SEND_RETRIES_DEFAULT,
 };
 pub use session::{BrokerInfo, Client, PullResult};
+pub use tag_filter::{TagExpression, TAGS_PER_EXPRESSION_MAX, TAG_EXPRESSION_BYTES_MAX};
 
-pub use crate::protocol::{MessageId, PullStatus, QueueInfo, TopicInfo};
+pub use crate::protocol::{
+    Assignment, GroupMembersInfo, MessageId, PullStatus, QueueInfo, TopicInfo,
+};

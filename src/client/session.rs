@@ -15,6 +15,7 @@
 //! attempt fails at once with a retriable [`ClientError::Connection`].
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -99,6 +100,9 @@ struct Inner {
     /// Set by every bootstrap handshake; `None` only before the first one.
     topology: RwLock<Option<Arc<Topology>>>,
     pushes: broadcast::Sender<PushFrame>,
+    /// Bootstrap connections opened so far; with the connection's liveness it tells a
+    /// group member whether the broker still sees the session its locks were taken on.
+    bootstrap_opens: AtomicU64,
 }
 
 struct Topology {
@@ -151,6 +155,7 @@ impl Client {
             bootstrap: Arc::new(Slot::new(config.broker.clone())),
             topology: RwLock::new(None),
             pushes,
+            bootstrap_opens: AtomicU64::new(0),
             config,
         });
         let deadline = Instant::now() + inner.config.connect_timeout();
@@ -181,6 +186,23 @@ impl Client {
     /// a slow subscriber never stalls the connections.
     pub fn pushes(&self) -> broadcast::Receiver<PushFrame> {
         self.inner.pushes.subscribe()
+    }
+
+    /// Identifies the live bootstrap connection: the same number while that connection
+    /// lasts, a new one after a reconnect, `None` while it is down. The broker drops a
+    /// group member (and releases its queue locks) when the connection its heartbeats came
+    /// on closes, so an ordered consumer stops using locks taken under another number.
+    pub fn bootstrap_session(&self) -> Option<u64> {
+        let live = self
+            .inner
+            .bootstrap
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match live.as_ref() {
+            Some(c) if !c.is_broken() => Some(self.inner.bootstrap_opens.load(Ordering::SeqCst)),
+            _ => None,
+        }
     }
 
     /// Keeps this client's session alive on the broker.
@@ -588,8 +610,13 @@ impl Inner {
                     self.set_topology(&ok, connection.peer_addr());
                 }
                 let connection = Arc::new(connection);
-                *slot.live.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some(connection.clone());
+                let mut live = slot.live.lock().unwrap_or_else(PoisonError::into_inner);
+                if bootstrap {
+                    // Bumped under the slot's lock, so `bootstrap_session` never pairs the
+                    // new connection with the old number.
+                    self.bootstrap_opens.fetch_add(1, Ordering::SeqCst);
+                }
+                *live = Some(connection.clone());
                 Ok(connection)
             }
             Err(e) => {
@@ -689,14 +716,14 @@ fn dialable(addr: &str, bootstrap_peer: SocketAddr) -> String {
     }
 }
 
-fn unexpected(expected: Kind, found: &Response<'_>) -> ClientError {
+pub(crate) fn unexpected(expected: Kind, found: &Response<'_>) -> ClientError {
     ClientError::Protocol(ProtocolError::KindMismatch {
         expected,
         found: found.kind(),
     })
 }
 
-fn expect_empty(reply: &Reply) -> Result<()> {
+pub(crate) fn expect_empty(reply: &Reply) -> Result<()> {
     match reply.response()? {
         Response::Empty(_) => Ok(()),
         other => Err(unexpected(Kind::Empty, &other)),

@@ -3,6 +3,7 @@
 //! what needs no real broker: pipelining, timeouts, reconnects, routing, decoding of pull
 //! answers, and refusals before any I/O.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -731,4 +732,231 @@ async fn a_bad_handshake_is_refused() {
         .unwrap_err();
     assert!(matches!(err, ClientError::BadHandshake(_)), "{err:?}");
     assert!(!err.is_retriable());
+}
+
+fn empty_answer(id: u64) -> Out {
+    Out::Frame(answer(id, &Response::Empty(crate::protocol::Empty {})))
+}
+
+fn assignment(generation: u64, topic: &str, queues: &[u32]) -> Response<'static> {
+    Response::Assignment(crate::protocol::Assignment {
+        generation,
+        offsets_epoch: 0,
+        topics: vec![crate::protocol::TopicAssignment {
+            topic: topic.to_owned(),
+            queues: queues.to_vec(),
+        }],
+    })
+}
+
+#[tokio::test]
+async fn group_requests_carry_this_client_and_answers_are_typed() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            vec![Out::Frame(answer(id, &assignment(3, "t", &[1, 0])))]
+        }
+        Request::LockBatch(_) => vec![Out::Frame(answer(
+            id,
+            &Response::Locked(crate::protocol::Locked {
+                queues: vec![2, 0, 2],
+            }),
+        ))],
+        Request::ConsumerProgress(p) => vec![Out::Frame(answer(
+            id,
+            &Response::Progress(crate::protocol::Progress {
+                group: p.group,
+                topic: p.topic,
+                queues: vec![
+                    crate::protocol::QueueProgress {
+                        queue_id: 0,
+                        committed_offset: -1,
+                        max_offset: 4,
+                        lag: 4,
+                    },
+                    crate::protocol::QueueProgress {
+                        queue_id: 1,
+                        committed_offset: 3,
+                        max_offset: 4,
+                        lag: 1,
+                    },
+                ],
+            }),
+        ))],
+        Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::GroupNotFound, "no"))],
+        _ => vec![empty_answer(id)],
+    });
+    let fake = Fake::start(2, handler).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    let me = client.config().client_id.clone();
+    let spec = MemberSpec {
+        subscriptions: vec![("t".into(), "A || B".into())],
+        consume_mode: ConsumeMode::Orderly,
+        message_model: MessageModel::Broadcasting,
+        strategy: AllocateStrategy::Circle,
+    };
+    let got = client.group_heartbeat("g", &spec).await.unwrap();
+    assert_eq!(
+        (got.generation, got.topics[0].queues.clone()),
+        (3, vec![1, 0])
+    );
+    assert_eq!(client.query_assignment("g").await.unwrap().generation, 3);
+    assert_eq!(client.lock_batch("g", "t", &[0, 2]).await.unwrap(), [0, 2]);
+    client.unlock_batch("g", "t", &[0]).await.unwrap();
+    client.unregister("g").await.unwrap();
+    client.reset_offset_by_time("g", "t", 7).await.unwrap();
+    let lag = client.consumer_progress("g", "t").await.unwrap();
+    assert_eq!(lag[0].committed_offset, None);
+    assert_eq!(lag[1].committed_offset, Some(3));
+    assert!(client.group_heartbeat("", &spec).await.is_err());
+    assert!(client
+        .lock_batch("g", "t", &vec![0; LOCK_BATCH_QUEUES_MAX + 1])
+        .await
+        .is_err());
+
+    let requests = fake.requests();
+    // Membership and locks go to the bootstrap connection (shard 0 here), where the
+    // broker ties the member to its connection.
+    assert!(
+        requests.iter().all(|(shard, _)| *shard == 0),
+        "{requests:?}"
+    );
+    match &requests[0].1 {
+        Request::GroupHeartbeat(h) => {
+            assert_eq!((h.group.as_str(), h.client_id.as_str()), ("g", me.as_str()));
+            assert_eq!(h.subscriptions[0].expression, "A || B");
+            assert_eq!(h.consume_mode, crate::protocol::CONSUME_MODE_ORDERLY);
+            assert_eq!(h.message_model, crate::protocol::MESSAGE_MODEL_BROADCASTING);
+            assert_eq!(h.strategy, "circle");
+        }
+        other => panic!("{other:?}"),
+    }
+    for (_, r) in &requests[1..] {
+        let client_id = match r {
+            Request::QueryAssignment(q) => &q.client_id,
+            Request::LockBatch(l) => &l.client_id,
+            Request::UnlockBatch(u) => &u.client_id,
+            Request::Unregister(u) => &u.client_id,
+            Request::ResetOffset(_) | Request::ConsumerProgress(_) => continue,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(client_id, &me);
+    }
+}
+
+#[tokio::test]
+async fn the_bootstrap_session_changes_with_the_connection() {
+    // The broker closes the first connection at its first request.
+    let handler: Handler = Arc::new(|ctx, id, _request| {
+        if ctx.shard == 0 && ctx.conn_no == 0 {
+            vec![Out::Close]
+        } else {
+            vec![empty_answer(id)]
+        }
+    });
+    let fake = Fake::start(1, handler).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    let first = client.bootstrap_session();
+    assert!(first.is_some());
+    assert!(client.unregister("g").await.is_err());
+    assert_eq!(
+        client.bootstrap_session(),
+        None,
+        "a broken connection has no session"
+    );
+    client.unregister("g").await.unwrap();
+    let second = client.bootstrap_session();
+    assert!(
+        second.is_some() && second != first,
+        "{first:?} then {second:?}"
+    );
+}
+
+/// A push consumer against the fake: the first heartbeat gives it queue 0 and the broker
+/// then pushes a rebalance notification; the consumer asks for its assignment (queues 0
+/// and 1), starts both from the queue's end (no committed offset, `LastOffset`), and on
+/// shutdown commits both and unregisters, last.
+#[tokio::test]
+async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::GroupHeartbeat(h) => {
+            let mut push = Vec::new();
+            crate::protocol::encode_frame(
+                0,
+                crate::protocol::Flags::NONE,
+                &crate::protocol::RebalanceNotify {
+                    group: h.group,
+                    generation: 2,
+                },
+                &[],
+                &mut push,
+            )
+            .unwrap();
+            vec![
+                Out::Frame(answer(id, &assignment(1, "t", &[0]))),
+                Out::Frame(push),
+            ]
+        }
+        Request::QueryAssignment(_) => vec![Out::Frame(answer(id, &assignment(2, "t", &[0, 1])))],
+        Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::OffsetNotFound, "none"))],
+        Request::GetMaxOffset(_) => vec![Out::Frame(answer(
+            id,
+            &Response::Offset(Offset { offset: 5 }),
+        ))],
+        Request::Pull(p) => {
+            let meta = crate::protocol::PullResult {
+                status: PullStatus::NoNewMessage,
+                next_offset: p.offset,
+                min_offset: 0,
+                max_offset: p.offset,
+                count: 0,
+            };
+            vec![Out::Later(
+                Duration::from_millis(20),
+                answer(id, &Response::Pull(PullResponse::new(meta, &[]))),
+            )]
+        }
+        _ => vec![empty_answer(id)],
+    });
+    let fake = Fake::start(2, handler).await;
+    let consumer = PushConsumer::new(fake.config(), "g", PushConsumerOptions::default()).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_concurrent(|_| ConsumeStatus::Success)
+        .unwrap();
+    consumer.start().await.unwrap();
+    let both = vec![MessageQueue::new("t", 0), MessageQueue::new("t", 1)];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while consumer.consuming_queues() != both {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            consumer.consuming_queues()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(consumer.assigned_queues(), both);
+    consumer.shutdown().await.unwrap();
+
+    let requests = fake.requests();
+    let pulls: BTreeSet<(u32, u64)> = requests
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Request::Pull(p) => Some((p.queue_id, p.offset)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pulls, BTreeSet::from([(0, 5), (1, 5)]));
+    let commits: BTreeSet<(u32, u64)> = requests
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Request::CommitOffset(c) => Some((c.queue_id, c.offset)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(commits, BTreeSet::from([(0, 5), (1, 5)]));
+    assert!(
+        matches!(requests.last(), Some((0, Request::Unregister(u))) if u.group == "g"),
+        "{:?}",
+        requests.last()
+    );
 }

@@ -1,0 +1,1021 @@
+//! [`PushConsumer`]: a member of a consumer group that pulls its queues and calls a
+//! listener, RocketMQ's push consumer. "Push" is a pull loop inside the client.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ringmq::client::ClientError> {
+//! use ringmq::client::{ClientConfig, ConsumeStatus, PushConsumer, PushConsumerOptions};
+//! let consumer = PushConsumer::new(
+//!     ClientConfig::new("127.0.0.1:7800"),
+//!     "billing",
+//!     PushConsumerOptions::default(),
+//! )?;
+//! consumer.subscribe("orders", "TagA || TagB")?;
+//! consumer.register_concurrent(|messages| {
+//!     for m in messages {
+//!         println!("{:?}", m.body());
+//!     }
+//!     ConsumeStatus::Success
+//! })?;
+//! consumer.start().await?;
+//! // ...
+//! consumer.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! How it runs (tasks on the caller's tokio runtime):
+//! - **membership**: a `GroupHeartbeat` every `heartbeat_interval_ms` on the bootstrap
+//!   connection (the broker ties the member to it), answered by the member's assignment;
+//!   on a pushed `RebalanceNotify` for the group it asks for the assignment at once
+//!   (`QueryAssignment`), and again every `rebalance_interval_ms` as a safety net.
+//! - **controller**: applies each assignment: starts a pull task for each new queue and
+//!   stops the queues given up (their offsets committed first). In orderly clustering mode
+//!   it locks new queues first (`LockBatch`), starts only the locked ones, retries the
+//!   others every `lock_retry_ms`, renews held locks every `lock_renew_ms`, and unlocks a
+//!   queue only after its task stopped and its offset was committed.
+//! - **one pull task per queue**: finds the start position (committed offset, else
+//!   `consume_from`), then long-polls batches, pausing while the queue's cache is over the
+//!   flow-control limits. Concurrent mode hands each batch to the listener pool at once;
+//!   orderly mode has a second task per queue that feeds the listener one batch at a time,
+//!   in offset order.
+//! - **committer**: commits every queue's commit point each `commit_interval_ms` (to the
+//!   broker, or to the local file in broadcasting mode).
+//!
+//! Listeners are plain closures `Fn(&[Message]) -> status`, run on tokio's blocking pool
+//! (`spawn_blocking`), at most `consume_threads` at once over all queues: a listener may
+//! block (a database call) without stalling the runtime. A listener that panics counts as
+//! a failed attempt (`ReconsumeLater` / `SuspendCurrentQueueAMoment`).
+//!
+//! Delivery is at least once. The commit point of a queue is the smallest offset still in
+//! flight, so a crash or a rebalance re-delivers what was being consumed and never skips.
+//! Until the retry topic and the dead-letter queue exist, a message that keeps failing is
+//! retried locally: concurrent mode re-delivers it after `reconsume_delay_ms`, orderly
+//! mode suspends the queue for `suspend_ms`; after `max_reconsume_times` retries the
+//! message is given up (skipped, logged on stderr, counted in [`ConsumerStats`]).
+//!
+//! Ordered consumption never runs a listener on a queue without a valid lock: the lock was
+//! confirmed within `lock_valid_ms`, on the bootstrap connection that is still open (the
+//! broker releases a member's locks when that connection closes), and the last heartbeat
+//! acknowledged is younger than `session_timeout_ms - heartbeat_interval_ms` (the broker
+//! drops a silent member and its locks after its session timeout).
+
+mod local_offsets;
+mod queue;
+mod rebalance;
+mod tracker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
+
+use super::config::ClientConfig;
+use super::error::{ClientError, Result};
+use super::group::{
+    check_group, AllocateStrategy, ConsumeMode, MemberSpec, MessageModel, CLIENT_ID_BYTES_MAX,
+};
+use super::message::{check_topic, Message};
+use super::session::Client;
+use super::tag_filter::TagExpression;
+
+use local_offsets::LocalOffsets;
+use rebalance::{commit_loop, membership_loop, Controller};
+use tracker::{FlowLimits, OffsetTracker};
+
+pub const PULL_BATCH_MAX_DEFAULT: u32 = 32;
+/// The broker's own cap on one pull.
+pub const PULL_BATCH_MAX_LIMIT: u32 = 1024;
+pub const PULL_WAIT_MS_DEFAULT: u64 = 15_000;
+pub const CONSUME_THREADS_DEFAULT: usize = 20;
+pub const CONSUME_THREADS_MAX: usize = 1024;
+pub const CONSUME_BATCH_MAX_DEFAULT: usize = 1;
+pub const CONSUME_BATCH_MAX_LIMIT: usize = 1024;
+pub const CACHED_MESSAGES_MAX_DEFAULT: usize = 1000;
+pub const CACHED_BYTES_MAX_DEFAULT: u64 = 100 << 20;
+pub const CACHED_SPAN_MAX_DEFAULT: u64 = 2000;
+pub const FLOW_RETRY_MS_DEFAULT: u64 = 50;
+pub const PULL_ERROR_BACKOFF_MS_DEFAULT: u64 = 1000;
+pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 3000;
+/// The broker's default session timeout; set the option to the broker's value if changed.
+pub const SESSION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+pub const REBALANCE_INTERVAL_MS_DEFAULT: u64 = 20_000;
+pub const LOCK_RENEW_MS_DEFAULT: u64 = 20_000;
+pub const LOCK_VALID_MS_DEFAULT: u64 = 30_000;
+pub const LOCK_RETRY_MS_DEFAULT: u64 = 500;
+pub const COMMIT_INTERVAL_MS_DEFAULT: u64 = 1000;
+pub const MAX_RECONSUME_TIMES_DEFAULT: u32 = 16;
+pub const SUSPEND_MS_DEFAULT: u64 = 1000;
+pub const RECONSUME_DELAY_MS_DEFAULT: u64 = 1000;
+pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Most topics one consumer subscribes to (the broker's limit per member).
+pub const SUBSCRIPTIONS_MAX: usize = 256;
+
+/// The broker's lock expiry (`broker::groups::LOCK_EXPIRY_MS_DEFAULT`, broker-only): a
+/// lock this client still trusts must not have expired there.
+const BROKER_LOCK_EXPIRY_MS: u64 = 60_000;
+/// Upper bound of every interval option: a typo must not become a hang.
+const INTERVAL_MS_MAX: u64 = 24 * 3600 * 1000;
+/// How often an orderly queue whose lock is not valid looks again.
+const LOCK_WAIT_MS: u64 = 100;
+
+const _: () = assert!(LOCK_RENEW_MS_DEFAULT < LOCK_VALID_MS_DEFAULT);
+const _: () = assert!(LOCK_VALID_MS_DEFAULT < BROKER_LOCK_EXPIRY_MS);
+const _: () = assert!(3 * HEARTBEAT_INTERVAL_MS_DEFAULT <= SESSION_TIMEOUT_MS_DEFAULT);
+const _: () = assert!(PULL_BATCH_MAX_DEFAULT <= PULL_BATCH_MAX_LIMIT);
+const _: () = assert!(CONSUME_THREADS_DEFAULT <= CONSUME_THREADS_MAX);
+
+/// Where a queue starts when the group has no committed offset for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConsumeFrom {
+    /// The queue's end at that moment: only messages stored from then on.
+    #[default]
+    LastOffset,
+    /// The queue's first message still kept.
+    FirstOffset,
+    /// The first message stored at or after this time (ms since the Unix epoch).
+    Timestamp(i64),
+}
+
+/// A concurrent listener's verdict on a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumeStatus {
+    Success,
+    /// Deliver the batch again after `reconsume_delay_ms`.
+    ReconsumeLater,
+}
+
+/// An orderly listener's verdict on a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderlyStatus {
+    Success,
+    /// Stop the queue for `suspend_ms`, then deliver the same batch again.
+    SuspendCurrentQueueAMoment,
+}
+
+/// A listener of concurrent consumption.
+pub type ConcurrentListener = Arc<dyn Fn(&[Message]) -> ConsumeStatus + Send + Sync>;
+/// A listener of ordered consumption.
+pub type OrderlyListener = Arc<dyn Fn(&[Message]) -> OrderlyStatus + Send + Sync>;
+/// Either listener, by its status type.
+type AnyListener<S> = Arc<dyn Fn(&[Message]) -> S + Send + Sync>;
+
+#[derive(Clone)]
+enum Listener {
+    Concurrent(ConcurrentListener),
+    Orderly(OrderlyListener),
+}
+
+/// One queue of a topic.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MessageQueue {
+    pub topic: String,
+    pub queue_id: u32,
+}
+
+impl MessageQueue {
+    pub fn new(topic: impl Into<String>, queue_id: u32) -> MessageQueue {
+        MessageQueue {
+            topic: topic.into(),
+            queue_id,
+        }
+    }
+}
+
+/// Counters of a running consumer, since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Messages the listener finished with success.
+    pub consumed: u64,
+    /// Failed attempts (a message of a failed batch counts once per attempt).
+    pub retried: u64,
+    /// Messages skipped after `max_reconsume_times` retries.
+    pub given_up: u64,
+    /// Pulls put off by flow control.
+    pub flow_pauses: u64,
+    /// Pulls that failed (timeouts, broken connections, broker errors).
+    pub pull_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    consumed: AtomicU64,
+    retried: AtomicU64,
+    given_up: AtomicU64,
+    flow_pauses: AtomicU64,
+    pull_errors: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// How a push consumer consumes. Defaults follow RocketMQ (see the `*_DEFAULT` constants);
+/// the consume mode is chosen by the listener registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushConsumerOptions {
+    pub message_model: MessageModel,
+    pub strategy: AllocateStrategy,
+    /// Used for a queue the group has no committed offset for.
+    pub consume_from: ConsumeFrom,
+    /// Messages asked for per pull.
+    pub pull_batch_max: u32,
+    /// How long the broker may hold a pull that finds nothing (long polling).
+    pub pull_wait_ms: u64,
+    /// Listener calls running at once, over all queues.
+    pub consume_threads: usize,
+    /// Messages per listener call.
+    pub consume_batch_max: usize,
+    /// A queue is not pulled while it caches more messages than this...
+    pub cached_messages_max: usize,
+    /// ...or more bytes than this...
+    pub cached_bytes_max: u64,
+    /// ...or (concurrent mode) while its smallest and largest cached offsets are further
+    /// apart than this (one slow message must not let the rest run far ahead).
+    pub cached_span_max: u64,
+    /// Pause before looking again at a queue paused by flow control.
+    pub flow_retry_ms: u64,
+    /// Pause after a failed pull or failed start-position lookup.
+    pub pull_error_backoff_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    /// The broker's session timeout (its `session_timeout_ms`). Orderly consumption pauses
+    /// when the last acknowledged heartbeat is older than this minus one heartbeat
+    /// interval, since the broker may have dropped the member and its locks.
+    pub session_timeout_ms: u64,
+    /// Period of the safety-net assignment query (notifications are the fast path).
+    pub rebalance_interval_ms: u64,
+    /// Orderly: period of lock renewals.
+    pub lock_renew_ms: u64,
+    /// Orderly: a lock not confirmed for this long is not used (below the broker's 60 s
+    /// expiry, above `lock_renew_ms`).
+    pub lock_valid_ms: u64,
+    /// Orderly: period of attempts to lock assigned queues held by someone else.
+    pub lock_retry_ms: u64,
+    pub commit_interval_ms: u64,
+    /// Retries of a failing message before it is given up (no DLQ yet: skipped and
+    /// logged).
+    pub max_reconsume_times: u32,
+    /// Orderly: how long a queue waits after `SuspendCurrentQueueAMoment`.
+    pub suspend_ms: u64,
+    /// Concurrent: delay before a `ReconsumeLater` batch is delivered again (locally;
+    /// the retry topic comes later).
+    pub reconsume_delay_ms: u64,
+    /// Shutdown waits this long for running listeners before committing what finished.
+    pub shutdown_timeout_ms: u64,
+    /// Broadcasting: directory of the local offsets files (default `~/.ringmq/offsets`,
+    /// or `<temp dir>/ringmq-offsets` without a home directory). The file is per client
+    /// id and group: give the consumer a stable `client_id` to resume after a restart.
+    pub offsets_dir: Option<PathBuf>,
+}
+
+impl Default for PushConsumerOptions {
+    fn default() -> Self {
+        PushConsumerOptions {
+            message_model: MessageModel::Clustering,
+            strategy: AllocateStrategy::Averagely,
+            consume_from: ConsumeFrom::LastOffset,
+            pull_batch_max: PULL_BATCH_MAX_DEFAULT,
+            pull_wait_ms: PULL_WAIT_MS_DEFAULT,
+            consume_threads: CONSUME_THREADS_DEFAULT,
+            consume_batch_max: CONSUME_BATCH_MAX_DEFAULT,
+            cached_messages_max: CACHED_MESSAGES_MAX_DEFAULT,
+            cached_bytes_max: CACHED_BYTES_MAX_DEFAULT,
+            cached_span_max: CACHED_SPAN_MAX_DEFAULT,
+            flow_retry_ms: FLOW_RETRY_MS_DEFAULT,
+            pull_error_backoff_ms: PULL_ERROR_BACKOFF_MS_DEFAULT,
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS_DEFAULT,
+            session_timeout_ms: SESSION_TIMEOUT_MS_DEFAULT,
+            rebalance_interval_ms: REBALANCE_INTERVAL_MS_DEFAULT,
+            lock_renew_ms: LOCK_RENEW_MS_DEFAULT,
+            lock_valid_ms: LOCK_VALID_MS_DEFAULT,
+            lock_retry_ms: LOCK_RETRY_MS_DEFAULT,
+            commit_interval_ms: COMMIT_INTERVAL_MS_DEFAULT,
+            max_reconsume_times: MAX_RECONSUME_TIMES_DEFAULT,
+            suspend_ms: SUSPEND_MS_DEFAULT,
+            reconsume_delay_ms: RECONSUME_DELAY_MS_DEFAULT,
+            shutdown_timeout_ms: SHUTDOWN_TIMEOUT_MS_DEFAULT,
+            offsets_dir: None,
+        }
+    }
+}
+
+impl PushConsumerOptions {
+    /// Checks every field; [`PushConsumer::new`] calls it.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(ClientError::InvalidArgument(what));
+        for (name, ms) in [
+            ("pull_wait_ms", self.pull_wait_ms),
+            ("flow_retry_ms", self.flow_retry_ms),
+            ("pull_error_backoff_ms", self.pull_error_backoff_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
+            ("session_timeout_ms", self.session_timeout_ms),
+            ("rebalance_interval_ms", self.rebalance_interval_ms),
+            ("lock_renew_ms", self.lock_renew_ms),
+            ("lock_valid_ms", self.lock_valid_ms),
+            ("lock_retry_ms", self.lock_retry_ms),
+            ("commit_interval_ms", self.commit_interval_ms),
+            ("suspend_ms", self.suspend_ms),
+            ("reconsume_delay_ms", self.reconsume_delay_ms),
+            ("shutdown_timeout_ms", self.shutdown_timeout_ms),
+        ] {
+            if ms == 0 || ms > INTERVAL_MS_MAX {
+                return bad(format!("{name} = {ms}: must be in 1..={INTERVAL_MS_MAX}"));
+            }
+        }
+        if self.pull_wait_ms > u64::from(u32::MAX) {
+            return bad(format!(
+                "pull_wait_ms = {}: must fit the wire's u32",
+                self.pull_wait_ms
+            ));
+        }
+        if self.pull_batch_max == 0 || self.pull_batch_max > PULL_BATCH_MAX_LIMIT {
+            return bad(format!(
+                "pull_batch_max = {}: must be in 1..={PULL_BATCH_MAX_LIMIT}",
+                self.pull_batch_max
+            ));
+        }
+        if self.consume_threads == 0 || self.consume_threads > CONSUME_THREADS_MAX {
+            return bad(format!(
+                "consume_threads = {}: must be in 1..={CONSUME_THREADS_MAX}",
+                self.consume_threads
+            ));
+        }
+        if self.consume_batch_max == 0 || self.consume_batch_max > CONSUME_BATCH_MAX_LIMIT {
+            return bad(format!(
+                "consume_batch_max = {}: must be in 1..={CONSUME_BATCH_MAX_LIMIT}",
+                self.consume_batch_max
+            ));
+        }
+        if self.cached_messages_max == 0 || self.cached_bytes_max == 0 || self.cached_span_max == 0
+        {
+            return bad(
+                "cached_messages_max, cached_bytes_max and cached_span_max must be positive".into(),
+            );
+        }
+        if self.lock_renew_ms >= self.lock_valid_ms || self.lock_valid_ms >= BROKER_LOCK_EXPIRY_MS {
+            return bad(format!(
+                "lock_renew_ms ({}) < lock_valid_ms ({}) < the broker's lock expiry \
+                 ({BROKER_LOCK_EXPIRY_MS}) must hold, or a lock could expire while in use",
+                self.lock_renew_ms, self.lock_valid_ms
+            ));
+        }
+        if self.heartbeat_interval_ms >= self.session_timeout_ms {
+            return bad(format!(
+                "heartbeat_interval_ms ({}) must be below session_timeout_ms ({})",
+                self.heartbeat_interval_ms, self.session_timeout_ms
+            ));
+        }
+        Ok(())
+    }
+
+    fn flow_limits(&self, mode: ConsumeMode) -> FlowLimits {
+        FlowLimits {
+            messages_max: self.cached_messages_max,
+            bytes_max: self.cached_bytes_max,
+            span_max: match mode {
+                ConsumeMode::Concurrent => Some(self.cached_span_max),
+                ConsumeMode::Orderly => None,
+            },
+        }
+    }
+}
+
+/// What is set up before `start`.
+#[derive(Default)]
+struct Setup {
+    /// topic → (expression as given, parsed).
+    subscriptions: BTreeMap<String, (String, TagExpression)>,
+    listener: Option<Listener>,
+}
+
+enum Lifecycle {
+    New,
+    Running(Running),
+    Stopped,
+}
+
+/// A push consumer: see the module documentation. Configure it (`subscribe`, one
+/// `register_*`), then `start` it; `shutdown` leaves the group cleanly (dropping it
+/// without `shutdown` stops its tasks but leaves the group only when the broker notices
+/// the closed connection).
+pub struct PushConsumer {
+    config: ClientConfig,
+    group: String,
+    options: PushConsumerOptions,
+    setup: Mutex<Setup>,
+    lifecycle: tokio::sync::Mutex<Lifecycle>,
+    /// Set by `start`, for the observers (`assigned_queues`, `stats`).
+    shared: Mutex<Option<Arc<Shared>>>,
+}
+
+impl std::fmt::Debug for PushConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushConsumer")
+            .field("group", &self.group)
+            .field("client_id", &self.config.client_id)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks (listeners run outside them); a poisoned
+    // one still holds valid data.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl PushConsumer {
+    /// A consumer of `group`; checks the configuration, connects nothing yet.
+    pub fn new(
+        config: ClientConfig,
+        group: impl Into<String>,
+        options: PushConsumerOptions,
+    ) -> Result<PushConsumer> {
+        let group = group.into();
+        config.validate()?;
+        check_group(&group)?;
+        if config.client_id.is_empty() || config.client_id.len() > CLIENT_ID_BYTES_MAX {
+            return Err(ClientError::InvalidArgument(format!(
+                "client id {:?}: a group member's id is 1 to {CLIENT_ID_BYTES_MAX} bytes",
+                config.client_id
+            )));
+        }
+        options.validate()?;
+        Ok(PushConsumer {
+            config,
+            group,
+            options,
+            setup: Mutex::new(Setup::default()),
+            lifecycle: tokio::sync::Mutex::new(Lifecycle::New),
+            shared: Mutex::new(None),
+        })
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    pub fn options(&self) -> &PushConsumerOptions {
+        &self.options
+    }
+
+    /// Subscribes to `topic` with a tag expression: `*` for every message, or tags joined
+    /// by `||` (`TagA || TagB`). A bad expression is refused here with a clear error.
+    /// Subscribing to a topic again replaces its expression. Only before `start`.
+    pub fn subscribe(&self, topic: &str, expression: &str) -> Result<()> {
+        check_topic(topic)?;
+        let parsed = TagExpression::parse(expression)?;
+        self.check_not_started("subscribe")?;
+        let mut setup = lock(&self.setup);
+        if !setup.subscriptions.contains_key(topic)
+            && setup.subscriptions.len() >= SUBSCRIPTIONS_MAX
+        {
+            return Err(ClientError::InvalidArgument(format!(
+                "at most {SUBSCRIPTIONS_MAX} subscriptions per consumer"
+            )));
+        }
+        setup
+            .subscriptions
+            .insert(topic.to_owned(), (expression.to_owned(), parsed));
+        Ok(())
+    }
+
+    /// Consumes concurrently: many batches of a queue at once, through `listener` (called
+    /// on the blocking pool). Replaces any listener registered before. Only before `start`.
+    pub fn register_concurrent<F>(&self, listener: F) -> Result<()>
+    where
+        F: Fn(&[Message]) -> ConsumeStatus + Send + Sync + 'static,
+    {
+        self.register(Listener::Concurrent(Arc::new(listener)))
+    }
+
+    /// Consumes in order: each queue one batch at a time, in offset order, under the
+    /// queue's broker lock (clustering). Replaces any listener registered before. Only
+    /// before `start`.
+    pub fn register_orderly<F>(&self, listener: F) -> Result<()>
+    where
+        F: Fn(&[Message]) -> OrderlyStatus + Send + Sync + 'static,
+    {
+        self.register(Listener::Orderly(Arc::new(listener)))
+    }
+
+    fn register(&self, listener: Listener) -> Result<()> {
+        self.check_not_started("register a listener")?;
+        lock(&self.setup).listener = Some(listener);
+        Ok(())
+    }
+
+    fn check_not_started(&self, what: &str) -> Result<()> {
+        if lock(&self.shared).is_some() {
+            return Err(ClientError::InvalidArgument(format!(
+                "{what} before start: this consumer has started"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Connects, joins the group (the first heartbeat must succeed: a broker that does not
+    /// know consumer groups fails here) and starts consuming. A consumer starts once.
+    pub async fn start(&self) -> Result<()> {
+        let mut lifecycle = self.lifecycle.lock().await;
+        match &*lifecycle {
+            Lifecycle::New => {}
+            Lifecycle::Running(_) => {
+                return Err(ClientError::InvalidArgument(
+                    "this consumer has started already".into(),
+                ))
+            }
+            Lifecycle::Stopped => {
+                return Err(ClientError::InvalidArgument(
+                    "this consumer was shut down; create a new one".into(),
+                ))
+            }
+        }
+        let (subscriptions, listener) = {
+            let setup = lock(&self.setup);
+            (setup.subscriptions.clone(), setup.listener.clone())
+        };
+        if subscriptions.is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "subscribe to at least one topic before start".into(),
+            ));
+        }
+        let Some(listener) = listener else {
+            return Err(ClientError::InvalidArgument(
+                "register a listener (register_concurrent or register_orderly) before start".into(),
+            ));
+        };
+        let mode = match listener {
+            Listener::Concurrent(_) => ConsumeMode::Concurrent,
+            Listener::Orderly(_) => ConsumeMode::Orderly,
+        };
+        let local = match self.options.message_model {
+            MessageModel::Broadcasting => {
+                let dir = self
+                    .options
+                    .offsets_dir
+                    .clone()
+                    .unwrap_or_else(LocalOffsets::default_dir);
+                Some(Arc::new(LocalOffsets::open(
+                    &dir,
+                    &self.config.client_id,
+                    &self.group,
+                )?))
+            }
+            MessageModel::Clustering => None,
+        };
+        let client = Client::connect(self.config.clone()).await?;
+        let spec = MemberSpec {
+            subscriptions: subscriptions
+                .iter()
+                .map(|(topic, (expression, _))| (topic.clone(), expression.clone()))
+                .collect(),
+            consume_mode: mode,
+            message_model: self.options.message_model,
+            strategy: self.options.strategy.clone(),
+        };
+        let shared = Arc::new(Shared {
+            group: self.group.clone(),
+            options: self.options.clone(),
+            mode,
+            filters: subscriptions
+                .into_iter()
+                .map(|(topic, (_, parsed))| (topic, parsed))
+                .collect(),
+            listener,
+            pool: Arc::new(Semaphore::new(self.options.consume_threads)),
+            queues: Mutex::new(BTreeMap::new()),
+            assigned: Mutex::new(Vec::new()),
+            local,
+            stopping: AtomicBool::new(false),
+            rejoin: Notify::new(),
+            started_at: Instant::now(),
+            heartbeat_ok_ms: AtomicU64::new(0),
+            counters: Counters::default(),
+            spec,
+            client,
+        });
+        // Subscribed before the first heartbeat, so no notification is missed.
+        let pushes = shared.client.pushes();
+        let sent_ms = shared.now_ms();
+        let first = shared
+            .client
+            .group_heartbeat(&shared.group, &shared.spec)
+            .await?;
+        shared.heartbeat_ok_ms.store(sent_ms, Ordering::SeqCst);
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (assignment_tx, assignment_rx) = watch::channel(Some(first));
+        let membership = tokio::spawn(membership_loop(
+            shared.clone(),
+            assignment_tx,
+            pushes,
+            stop_rx.clone(),
+        ));
+        let controller = Controller::new(shared.clone());
+        let controller = tokio::spawn(controller.run(assignment_rx, stop_rx.clone()));
+        let committer = tokio::spawn(commit_loop(shared.clone(), stop_rx));
+        *lock(&self.shared) = Some(shared.clone());
+        *lifecycle = Lifecycle::Running(Running {
+            shared,
+            stop: stop_tx,
+            membership,
+            controller,
+            committer,
+        });
+        Ok(())
+    }
+
+    /// Leaves the group cleanly: stops the pull tasks, waits for running listeners (up to
+    /// `shutdown_timeout_ms`), commits offsets, unlocks queues, and unregisters, so the
+    /// group rebalances at once. Every step is attempted; the first error is returned.
+    pub async fn shutdown(&self) -> Result<()> {
+        let mut lifecycle = self.lifecycle.lock().await;
+        match std::mem::replace(&mut *lifecycle, Lifecycle::Stopped) {
+            Lifecycle::Running(running) => running.shutdown().await,
+            Lifecycle::New | Lifecycle::Stopped => Ok(()),
+        }
+    }
+
+    /// The queues the broker assigned to this consumer (in orderly mode, locked or not
+    /// yet), sorted; empty before start.
+    pub fn assigned_queues(&self) -> Vec<MessageQueue> {
+        match &*lock(&self.shared) {
+            Some(shared) => lock(&shared.assigned).clone(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The queues this consumer is consuming: assigned, locked (orderly clustering), and
+    /// with their start position known. Sorted.
+    pub fn consuming_queues(&self) -> Vec<MessageQueue> {
+        match &*lock(&self.shared) {
+            Some(shared) => lock(&shared.queues)
+                .values()
+                .filter(|pq| pq.started.load(Ordering::SeqCst))
+                .map(|pq| pq.mq.clone())
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Counters since start (zero before).
+    pub fn stats(&self) -> ConsumerStats {
+        match &*lock(&self.shared) {
+            Some(shared) => {
+                let c = &shared.counters;
+                let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                ConsumerStats {
+                    consumed: get(&c.consumed),
+                    retried: get(&c.retried),
+                    given_up: get(&c.given_up),
+                    flow_pauses: get(&c.flow_pauses),
+                    pull_errors: get(&c.pull_errors),
+                }
+            }
+            None => ConsumerStats::default(),
+        }
+    }
+
+    /// The client session underneath (after start), for admin calls.
+    pub fn client(&self) -> Option<Client> {
+        lock(&self.shared).as_ref().map(|s| s.client.clone())
+    }
+}
+
+impl Drop for PushConsumer {
+    fn drop(&mut self) {
+        // No async here: tell every task to stop; pulls end within one long-poll wait.
+        if let Some(shared) = lock(&self.shared).as_ref() {
+            shared.stopping.store(true, Ordering::SeqCst);
+            for pq in lock(&shared.queues).values() {
+                pq.drop_queue();
+            }
+        }
+        if let Ok(lifecycle) = self.lifecycle.try_lock() {
+            if let Lifecycle::Running(running) = &*lifecycle {
+                running.stop.send_replace(true);
+            }
+        }
+    }
+}
+
+struct Running {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    membership: JoinHandle<()>,
+    controller: JoinHandle<Controller>,
+    committer: JoinHandle<()>,
+}
+
+impl Running {
+    async fn shutdown(self) -> Result<()> {
+        let shared = self.shared;
+        shared.stopping.store(true, Ordering::SeqCst);
+        self.stop.send_replace(true);
+        let mut first_error: Option<ClientError> = None;
+        // Neither task returns an error; a join error means a panic, only logged.
+        for (name, task) in [
+            ("membership", self.membership),
+            ("committer", self.committer),
+        ] {
+            if let Err(e) = task.await {
+                shared.log(format_args!("{name} task ended abnormally: {e}"));
+            }
+        }
+        match self.controller.await {
+            Ok(mut controller) => {
+                if let Err(e) = controller.shutdown().await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            Err(e) => {
+                // The queue tasks were the controller's: without it, stop what can be
+                // reached and still leave the group.
+                for pq in lock(&shared.queues).values() {
+                    pq.drop_queue();
+                }
+                first_error.get_or_insert(ClientError::Connection(format!(
+                    "consumer controller task ended abnormally: {e}"
+                )));
+            }
+        }
+        if let Err(e) = shared.client.unregister(&shared.group).await {
+            first_error.get_or_insert(e);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// State shared by the tasks of one running consumer.
+struct Shared {
+    client: Client,
+    group: String,
+    options: PushConsumerOptions,
+    mode: ConsumeMode,
+    spec: MemberSpec,
+    /// topic → tag expression.
+    filters: BTreeMap<String, TagExpression>,
+    listener: Listener,
+    /// Listener calls running at once.
+    pool: Arc<Semaphore>,
+    /// The queues with a running pull task.
+    queues: Mutex<BTreeMap<MessageQueue, Arc<ProcessQueue>>>,
+    /// The latest assignment, for observers.
+    assigned: Mutex<Vec<MessageQueue>>,
+    /// Broadcasting: the local offsets.
+    local: Option<Arc<LocalOffsets>>,
+    stopping: AtomicBool,
+    /// Asks the membership task for a heartbeat now (after a reconnect).
+    rejoin: Notify,
+    started_at: Instant,
+    /// When (ms since `started_at`) the last acknowledged heartbeat was sent.
+    heartbeat_ok_ms: AtomicU64,
+    counters: Counters,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started_at.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn needs_locks(&self) -> bool {
+        self.mode == ConsumeMode::Orderly && self.options.message_model == MessageModel::Clustering
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Broadcasting: writes the local offsets file if a position changed. The write and
+    /// its fsync run on the blocking pool, not on a runtime worker.
+    async fn flush_local(&self) -> Result<()> {
+        let Some(local) = self.local.clone() else {
+            return Ok(());
+        };
+        match tokio::task::spawn_blocking(move || local.flush()).await {
+            Ok(flushed) => flushed,
+            Err(e) => Err(ClientError::OffsetStore(format!(
+                "the offsets write did not finish: {e}"
+            ))),
+        }
+    }
+
+    /// Whether the broker surely still counts this client as a member: its last
+    /// acknowledged heartbeat is at least one heartbeat interval within the session.
+    fn membership_fresh(&self) -> bool {
+        let age = self
+            .now_ms()
+            .saturating_sub(self.heartbeat_ok_ms.load(Ordering::SeqCst));
+        age < self.options.session_timeout_ms - self.options.heartbeat_interval_ms
+    }
+
+    /// Consumers are libraries without a logger: what must not go unnoticed (a message
+    /// given up, a failing pull) goes to stderr, once per change of state, not per retry.
+    fn log(&self, what: std::fmt::Arguments<'_>) {
+        eprintln!(
+            "ringmq consumer {} ({}): {what}",
+            self.group,
+            self.client.config().client_id
+        );
+    }
+}
+
+/// A lock a queue was started under.
+struct Lease {
+    /// `Client::bootstrap_session` when the lock was granted.
+    session: u64,
+    /// When (ms since start) the request that last granted or renewed it was sent.
+    confirmed_ms: AtomicU64,
+}
+
+/// One assigned queue being consumed: its cache and the flags its tasks watch.
+struct ProcessQueue {
+    mq: MessageQueue,
+    /// Pull filter (empty: every message).
+    tags: Vec<String>,
+    state: Mutex<QueueState>,
+    /// Set when the queue is given up: its tasks stop and run no listener again.
+    dropped: AtomicBool,
+    /// Set when the group's offsets were reset: the positions held are stale and must
+    /// never be committed over the reset ones.
+    no_commit: AtomicBool,
+    /// The start position is known and pulls run.
+    started: AtomicBool,
+    /// Wakes the orderly task (new messages, or drop). Only that task waits on it, so a
+    /// `notify_one` always reaches it: no other waiter can take the wake-up.
+    wake: Notify,
+    lease: Option<Lease>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    tracker: OffsetTracker<Message>,
+    /// The offset last committed (or read as committed at start).
+    committed: Option<u64>,
+}
+
+impl ProcessQueue {
+    fn state(&self) -> MutexGuard<'_, QueueState> {
+        lock(&self.state)
+    }
+
+    fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::SeqCst)
+    }
+
+    fn drop_queue(&self) {
+        self.dropped.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Orderly task only: waits `ms`, or less when the queue is dropped. New messages do
+    /// not cut it short (a suspended queue must stay suspended under traffic); their
+    /// wake-up is taken here, which is fine: the caller looks at the cache afterwards.
+    async fn pause(&self, ms: u64) {
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        while !self.is_dropped() {
+            tokio::select! {
+                _ = sleep_until(deadline) => return,
+                _ = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// Orderly: whether a listener may run on this queue now.
+    fn may_consume(&self, shared: &Shared) -> bool {
+        match &self.lease {
+            None => true,
+            Some(lease) => {
+                let age = shared
+                    .now_ms()
+                    .saturating_sub(lease.confirmed_ms.load(Ordering::SeqCst));
+                age < shared.options.lock_valid_ms
+                    && shared.client.bootstrap_session() == Some(lease.session)
+                    && shared.membership_fresh()
+            }
+        }
+    }
+
+    /// Marks messages done (consumed or given up): the commit point may move past them.
+    fn finish(&self, offsets: impl IntoIterator<Item = u64>) {
+        let mut state = self.state();
+        for offset in offsets {
+            state.tracker.remove(offset);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_options(f: fn(&mut PushConsumerOptions), ok: bool) {
+        let mut options = PushConsumerOptions::default();
+        f(&mut options);
+        assert_eq!(options.validate().is_ok(), ok, "{options:?}");
+    }
+
+    #[test]
+    fn default_options_are_upstream_numbers_and_valid() {
+        let o = PushConsumerOptions::default();
+        assert!(o.validate().is_ok());
+        assert_eq!(o.message_model, MessageModel::Clustering);
+        assert_eq!(o.strategy.name(), "averagely");
+        assert_eq!(o.consume_from, ConsumeFrom::LastOffset);
+        assert_eq!((o.pull_batch_max, o.pull_wait_ms), (32, 15_000));
+        assert_eq!(o.consume_threads, 20);
+        assert_eq!(
+            (o.cached_messages_max, o.cached_bytes_max, o.cached_span_max),
+            (1000, 100 << 20, 2000)
+        );
+        assert_eq!(
+            (
+                o.heartbeat_interval_ms,
+                o.rebalance_interval_ms,
+                o.lock_renew_ms
+            ),
+            (3000, 20_000, 20_000)
+        );
+        assert_eq!((o.commit_interval_ms, o.max_reconsume_times), (1000, 16));
+        assert_eq!((o.suspend_ms, o.reconsume_delay_ms), (1000, 1000));
+        let concurrent = o.flow_limits(ConsumeMode::Concurrent);
+        assert_eq!(concurrent.span_max, Some(2000));
+        assert_eq!(o.flow_limits(ConsumeMode::Orderly).span_max, None);
+    }
+
+    #[test]
+    fn nonsense_options_are_refused() {
+        check_options(|o| o.pull_batch_max = 0, false);
+        check_options(|o| o.pull_batch_max = PULL_BATCH_MAX_LIMIT + 1, false);
+        check_options(|o| o.consume_threads = 0, false);
+        check_options(|o| o.consume_batch_max = 0, false);
+        check_options(|o| o.pull_wait_ms = 0, false);
+        check_options(|o| o.pull_wait_ms = u64::from(u32::MAX) + 1, false);
+        check_options(|o| o.cached_messages_max = 0, false);
+        check_options(|o| o.lock_renew_ms = o.lock_valid_ms, false);
+        check_options(|o| o.lock_valid_ms = BROKER_LOCK_EXPIRY_MS, false);
+        check_options(|o| o.heartbeat_interval_ms = o.session_timeout_ms, false);
+        check_options(|o| o.commit_interval_ms = 0, false);
+        check_options(|o| o.pull_wait_ms = 200, true);
+    }
+
+    #[test]
+    fn subscriptions_and_listeners_are_checked_before_any_io() {
+        let consumer =
+            PushConsumer::new(ClientConfig::default(), "g", PushConsumerOptions::default())
+                .unwrap();
+        for bad in ["A ||", "A | B", "*|| A"] {
+            match consumer.subscribe("t", bad) {
+                Err(ClientError::InvalidArgument(why)) => assert!(why.contains("tag"), "{why}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert!(consumer.subscribe("", "*").is_err());
+        consumer.subscribe("t", "A || B").unwrap();
+        consumer.subscribe("t", "*").unwrap();
+        assert!(
+            PushConsumer::new(ClientConfig::default(), "", PushConsumerOptions::default()).is_err()
+        );
+        let long_id = ClientConfig {
+            client_id: "x".repeat(CLIENT_ID_BYTES_MAX + 1),
+            ..ClientConfig::default()
+        };
+        assert!(PushConsumer::new(long_id, "g", PushConsumerOptions::default()).is_err());
+        assert!(consumer.assigned_queues().is_empty());
+        assert_eq!(consumer.stats(), ConsumerStats::default());
+    }
+
+    /// Consumers are shared between tasks and their futures are spawned.
+    #[test]
+    fn consumers_and_their_futures_are_send() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<F: Send>(_: F) {}
+        send_sync::<PushConsumer>();
+        send_sync::<Client>();
+        let consumer =
+            PushConsumer::new(ClientConfig::default(), "g", PushConsumerOptions::default())
+                .unwrap();
+        send(consumer.start());
+        send(consumer.shutdown());
+    }
+
+    #[tokio::test]
+    async fn start_needs_a_subscription_and_a_listener() {
+        let consumer =
+            PushConsumer::new(ClientConfig::default(), "g", PushConsumerOptions::default())
+                .unwrap();
+        let why = consumer.start().await.unwrap_err().to_string();
+        assert!(why.contains("subscribe"), "{why}");
+        consumer.subscribe("t", "*").unwrap();
+        let why = consumer.start().await.unwrap_err().to_string();
+        assert!(why.contains("listener"), "{why}");
+        // Shutting down a consumer that never started is a no-op.
+        consumer.shutdown().await.unwrap();
+        let why = consumer.start().await.unwrap_err().to_string();
+        assert!(why.contains("shut down"), "{why}");
+    }
+}

@@ -1,0 +1,241 @@
+//! Offsets of a broadcasting consumer, kept by the consumer itself: every member reads
+//! every queue, so the broker's one offset per (group, queue) cannot hold them. One JSON
+//! file per (client id, group), `<dir>/<client id>/<group>.offsets.json`, rewritten whole
+//! (temporary file, fsync, rename) so a crash leaves either the old or the new file.
+//!
+//! A file that exists but does not parse stops the consumer at start rather than being
+//! ignored: starting over from `consume_from` would silently re-deliver or skip messages.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+use super::super::error::{ClientError, Result};
+use super::MessageQueue;
+
+/// Layout version of the file; a file of another version is refused.
+const FILE_VERSION: u32 = 1;
+/// Largest offsets file read at start: far above any real one (a queue takes ~60 bytes).
+const FILE_BYTES_MAX: u64 = 64 << 20;
+
+#[derive(Serialize, Deserialize)]
+struct FileBody {
+    version: u32,
+    group: String,
+    client_id: String,
+    offsets: Vec<FileEntry>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileEntry {
+    topic: String,
+    queue_id: u32,
+    offset: u64,
+}
+
+/// The local offsets of one (client id, group).
+#[derive(Debug)]
+pub(crate) struct LocalOffsets {
+    path: PathBuf,
+    group: String,
+    client_id: String,
+    offsets: Mutex<BTreeMap<MessageQueue, u64>>,
+    dirty: AtomicBool,
+}
+
+/// A name that is safe as one path component: ASCII letters, digits, `-`, `_` and `.`
+/// kept, anything else (path separators included) replaced by `_`, plus a hash of the
+/// original when anything was replaced so two names never share a file.
+fn file_component(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe == name && name != "." && name != ".." {
+        safe
+    } else {
+        format!(
+            "{safe}-{:016x}",
+            super::super::route::fnv1a_64(name.as_bytes())
+        )
+    }
+}
+
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> ClientError {
+    ClientError::OffsetStore(format!("{what} {}: {e}", path.display()))
+}
+
+impl LocalOffsets {
+    /// The default directory: `~/.ringmq/offsets`, or `<temp dir>/ringmq-offsets` when
+    /// there is no home directory.
+    pub(crate) fn default_dir() -> PathBuf {
+        match std::env::var_os("HOME") {
+            Some(home) if !home.is_empty() => PathBuf::from(home).join(".ringmq").join("offsets"),
+            _ => std::env::temp_dir().join("ringmq-offsets"),
+        }
+    }
+
+    /// Opens (reading it when it exists) the offsets file of `client_id` in `group`.
+    pub(crate) fn open(dir: &Path, client_id: &str, group: &str) -> Result<LocalOffsets> {
+        let path = dir
+            .join(file_component(client_id))
+            .join(format!("{}.offsets.json", file_component(group)));
+        let mut offsets = BTreeMap::new();
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.len() > FILE_BYTES_MAX => {
+                return Err(ClientError::OffsetStore(format!(
+                    "{} is {} bytes, more than the {FILE_BYTES_MAX} an offsets file may have",
+                    path.display(),
+                    meta.len()
+                )))
+            }
+            Ok(_) => {
+                let text = std::fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
+                let body: FileBody = serde_json::from_slice(&text).map_err(|e| {
+                    ClientError::OffsetStore(format!(
+                        "{} does not parse ({e}); move it away to start from consume_from",
+                        path.display()
+                    ))
+                })?;
+                if body.version != FILE_VERSION {
+                    return Err(ClientError::OffsetStore(format!(
+                        "{} has version {}, this client reads version {FILE_VERSION}",
+                        path.display(),
+                        body.version
+                    )));
+                }
+                for e in body.offsets {
+                    offsets.insert(MessageQueue::new(e.topic, e.queue_id), e.offset);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("reading", &path, e)),
+        }
+        Ok(LocalOffsets {
+            path,
+            group: group.to_owned(),
+            client_id: client_id.to_owned(),
+            offsets: Mutex::new(offsets),
+            dirty: AtomicBool::new(false),
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn get(&self, queue: &MessageQueue) -> Option<u64> {
+        self.lock().get(queue).copied()
+    }
+
+    /// Records a queue's position; written to disk by the next [`flush`](Self::flush).
+    pub(crate) fn set(&self, queue: &MessageQueue, offset: u64) {
+        let mut offsets = self.lock();
+        if offsets.get(queue) != Some(&offset) {
+            offsets.insert(queue.clone(), offset);
+            self.dirty.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Writes the file when a position changed since the last write.
+    pub(crate) fn flush(&self) -> Result<()> {
+        if !self.dirty.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let body = FileBody {
+            version: FILE_VERSION,
+            group: self.group.clone(),
+            client_id: self.client_id.clone(),
+            offsets: self
+                .lock()
+                .iter()
+                .map(|(q, offset)| FileEntry {
+                    topic: q.topic.clone(),
+                    queue_id: q.queue_id,
+                    offset: *offset,
+                })
+                .collect(),
+        };
+        let written = self.write(&body);
+        if written.is_err() {
+            // Try again on the next flush.
+            self.dirty.store(true, Ordering::SeqCst);
+        }
+        written
+    }
+
+    fn write(&self, body: &FileBody) -> Result<()> {
+        let text = serde_json::to_vec_pretty(body)
+            .map_err(|e| ClientError::OffsetStore(format!("encoding offsets: {e}")))?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+        }
+        let tmp = self.path.with_extension("json.tmp");
+        let mut file = std::fs::File::create(&tmp).map_err(|e| io_error("creating", &tmp, e))?;
+        file.write_all(&text)
+            .map_err(|e| io_error("writing", &tmp, e))?;
+        file.sync_all().map_err(|e| io_error("syncing", &tmp, e))?;
+        drop(file);
+        std::fs::rename(&tmp, &self.path).map_err(|e| io_error("renaming to", &self.path, e))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<MessageQueue, u64>> {
+        // Nothing panics while holding it; a poisoned map still holds valid offsets.
+        self.offsets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_survive_a_reopen_and_names_stay_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = |t: &str, n| MessageQueue::new(t, n);
+        let store = LocalOffsets::open(dir.path(), "client/1", "group a").unwrap();
+        assert_eq!(store.get(&q("t", 0)), None);
+        store.set(&q("t", 0), 5);
+        store.set(&q("t", 3), 7);
+        store.flush().unwrap();
+        store.set(&q("t", 0), 6);
+        store.flush().unwrap();
+        assert!(store.path().starts_with(dir.path()));
+
+        let again = LocalOffsets::open(dir.path(), "client/1", "group a").unwrap();
+        assert_eq!(again.get(&q("t", 0)), Some(6));
+        assert_eq!(again.get(&q("t", 3)), Some(7));
+        // Another client id or group: another file.
+        let other = LocalOffsets::open(dir.path(), "client_1", "group a").unwrap();
+        assert_eq!(other.get(&q("t", 0)), None);
+        assert_ne!(other.path(), again.path());
+        assert_eq!(
+            file_component(".."),
+            format!("..-{:016x}", super::super::super::route::fnv1a_64(b".."))
+        );
+    }
+
+    #[test]
+    fn a_damaged_file_is_refused_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        store.set(&MessageQueue::new("t", 0), 1);
+        store.flush().unwrap();
+        std::fs::write(store.path(), b"{not json").unwrap();
+        match LocalOffsets::open(dir.path(), "c", "g") {
+            Err(ClientError::OffsetStore(why)) => assert!(why.contains("offsets.json"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! The tasks of one consumed queue: finding its start position, the pull loop (long
+//! polls, flow control, hand-off to the listener), concurrent batches with their local
+//! retries, and the orderly loop (one batch at a time, in offset order, under the lock).
+//! Also the commit of one queue's position, used by all of them.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::sleep;
+
+use crate::protocol::PullStatus;
+
+use super::super::error::Result;
+use super::super::message::Message;
+use super::{
+    add, AnyListener, ConcurrentListener, ConsumeFrom, ConsumeStatus, Listener, MessageQueue,
+    OrderlyListener, OrderlyStatus, ProcessQueue, Shared, LOCK_WAIT_MS,
+};
+
+/// Commits `pq`'s commit point when it moved: to the broker, or to the local offsets in
+/// broadcasting mode (written to disk by the committer).
+pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<()> {
+    if pq.no_commit.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let point = {
+        let state = pq.state();
+        match state.tracker.commit_point() {
+            Some(point) if state.committed != Some(point) => point,
+            _ => return Ok(()),
+        }
+    };
+    match &shared.local {
+        Some(local) => local.set(&pq.mq, point),
+        None => {
+            shared
+                .client
+                .commit_offset(&shared.group, &pq.mq.topic, pq.mq.queue_id, point)
+                .await?
+        }
+    }
+    pq.state().committed = Some(point);
+    Ok(())
+}
+
+/// What became of a listener call.
+enum Outcome<S> {
+    Returned(S),
+    /// It panicked: counted as a failed attempt.
+    Panicked,
+    /// The runtime is shutting down and cancelled the call before it ran: the messages
+    /// stay uncommitted and are delivered again to whoever consumes the queue next.
+    Cancelled,
+}
+
+/// Runs a listener on the blocking pool.
+async fn run_listener<S: Send + 'static>(
+    listener: AnyListener<S>,
+    messages: Vec<Message>,
+) -> Outcome<S> {
+    match tokio::task::spawn_blocking(move || listener(&messages)).await {
+        Ok(status) => Outcome::Returned(status),
+        Err(e) if e.is_panic() => Outcome::Panicked,
+        Err(_) => Outcome::Cancelled,
+    }
+}
+
+fn offsets_of(messages: &[Message]) -> Vec<u64> {
+    messages.iter().map(Message::queue_offset).collect()
+}
+
+/// Describes a range of offsets for a log line.
+fn describe(mq: &MessageQueue, offsets: &[u64]) -> String {
+    match (offsets.first(), offsets.last()) {
+        (Some(first), Some(last)) if first != last => {
+            format!("{}[{}] offsets {first}..={last}", mq.topic, mq.queue_id)
+        }
+        (Some(first), _) => format!("{}[{}] offset {first}", mq.topic, mq.queue_id),
+        _ => format!("{}[{}]", mq.topic, mq.queue_id),
+    }
+}
+
+/// Where a queue starts: the committed offset (the broker's, or the local file's in
+/// broadcasting), else `consume_from`. The second value says it came from a commit.
+async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<(u64, bool)> {
+    let committed = match &shared.local {
+        Some(local) => local.get(mq),
+        None => {
+            shared
+                .client
+                .query_offset(&shared.group, &mq.topic, mq.queue_id)
+                .await?
+        }
+    };
+    if let Some(offset) = committed {
+        return Ok((offset, true));
+    }
+    let client = &shared.client;
+    let offset = match shared.options.consume_from {
+        ConsumeFrom::LastOffset => client.max_offset(&mq.topic, mq.queue_id).await?,
+        ConsumeFrom::FirstOffset => client.min_offset(&mq.topic, mq.queue_id).await?,
+        ConsumeFrom::Timestamp(ms) => {
+            client
+                .offset_by_timestamp(&mq.topic, mq.queue_id, ms)
+                .await?
+        }
+    };
+    Ok((offset, false))
+}
+
+/// The pull loop of one queue: start position, then long-polled batches, cached and
+/// handed to the listener (concurrent) or to the queue's orderly task.
+pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
+    let stopped = |pq: &ProcessQueue| pq.is_dropped() || shared.is_stopping();
+    let mut failing = false;
+    let start = loop {
+        if stopped(&pq) {
+            return;
+        }
+        match start_offset(&shared, &pq.mq).await {
+            Ok(start) => break start,
+            Err(e) => {
+                add(&shared.counters.pull_errors, 1);
+                if !failing {
+                    shared.log(format_args!(
+                        "finding where {}[{}] starts failed: {e}; retrying",
+                        pq.mq.topic, pq.mq.queue_id
+                    ));
+                    failing = true;
+                }
+                sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
+            }
+        }
+    };
+    {
+        let mut state = pq.state();
+        state.tracker.set_next_pull(start.0);
+        if start.1 {
+            state.committed = Some(start.0);
+        }
+    }
+    pq.started.store(true, Ordering::SeqCst);
+    let limits = shared.options.flow_limits(shared.mode);
+    let wait = Duration::from_millis(shared.options.pull_wait_ms);
+    loop {
+        if stopped(&pq) {
+            return;
+        }
+        let (next, blocked) = {
+            let state = pq.state();
+            (state.tracker.next_pull(), limits.check(&state.tracker))
+        };
+        let Some(next) = next else { return };
+        if blocked.is_some() {
+            add(&shared.counters.flow_pauses, 1);
+            sleep(Duration::from_millis(shared.options.flow_retry_ms)).await;
+            continue;
+        }
+        let tags: Vec<&str> = pq.tags.iter().map(String::as_str).collect();
+        let pulled = shared
+            .client
+            .pull(
+                &pq.mq.topic,
+                pq.mq.queue_id,
+                next,
+                shared.options.pull_batch_max,
+                wait,
+                &tags,
+            )
+            .await;
+        if stopped(&pq) {
+            return;
+        }
+        let pulled = match pulled {
+            Ok(pulled) => pulled,
+            Err(e) => {
+                add(&shared.counters.pull_errors, 1);
+                if !failing {
+                    shared.log(format_args!(
+                        "pulling {}[{}] failed: {e}; retrying every {} ms",
+                        pq.mq.topic, pq.mq.queue_id, shared.options.pull_error_backoff_ms
+                    ));
+                    failing = true;
+                }
+                sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
+                continue;
+            }
+        };
+        if failing {
+            shared.log(format_args!(
+                "pulling {}[{}] works again",
+                pq.mq.topic, pq.mq.queue_id
+            ));
+            failing = false;
+        }
+        // `Client::pull` already re-checked the tag strings; offsets below the pull
+        // position would be a broker bug, and are never delivered twice because of it.
+        let messages: Vec<Message> = pulled
+            .messages
+            .into_iter()
+            .filter(|m| m.queue_offset() >= next)
+            .collect();
+        {
+            let mut state = pq.state();
+            for m in &messages {
+                state
+                    .tracker
+                    .insert(m.queue_offset(), m.as_bytes().len() as u64, m.clone());
+            }
+            let after_last = messages.last().map_or(0, |m| m.queue_offset() + 1);
+            let next = match pulled.status {
+                PullStatus::Found | PullStatus::NoMatchedMessage => {
+                    pulled.next_offset.max(after_last).max(next)
+                }
+                // The broker corrects a position outside the queue; follow it.
+                PullStatus::OffsetTooSmall | PullStatus::OffsetTooBig => {
+                    shared.log(format_args!(
+                        "{}[{}]: offset {next} is outside the queue ({:?}); moving to {}",
+                        pq.mq.topic, pq.mq.queue_id, pulled.status, pulled.next_offset
+                    ));
+                    pulled.next_offset
+                }
+                PullStatus::NoNewMessage => pulled.next_offset,
+            };
+            state.tracker.set_next_pull(next);
+        }
+        if messages.is_empty() {
+            continue;
+        }
+        match &shared.listener {
+            Listener::Orderly(_) => pq.wake.notify_one(),
+            Listener::Concurrent(listener) => {
+                for batch in messages.chunks(shared.options.consume_batch_max) {
+                    // Waiting for a listener slot here is the backpressure of a saturated
+                    // pool; the cache limits bound the rest.
+                    let Ok(permit) = shared.pool.clone().acquire_owned().await else {
+                        return;
+                    };
+                    if stopped(&pq) {
+                        return;
+                    }
+                    tokio::spawn(concurrent_batch(
+                        shared.clone(),
+                        pq.clone(),
+                        listener.clone(),
+                        batch.to_vec(),
+                        permit,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Consumes one batch concurrently, with local retries; the messages stay cached (and hold
+/// the commit point back) until they succeed or are given up.
+async fn concurrent_batch(
+    shared: Arc<Shared>,
+    pq: Arc<ProcessQueue>,
+    listener: ConcurrentListener,
+    messages: Vec<Message>,
+    mut permit: OwnedSemaphorePermit,
+) {
+    let mut failures = 0u32;
+    loop {
+        // A queue given up (rebalance, shutdown) runs no listener: its new owner
+        // delivers these messages again from the committed offset.
+        if pq.is_dropped() {
+            return;
+        }
+        let status = run_listener(listener.clone(), messages.clone()).await;
+        drop(permit);
+        match status {
+            Outcome::Cancelled => return,
+            Outcome::Returned(ConsumeStatus::Success) => {
+                add(&shared.counters.consumed, messages.len());
+                pq.finish(offsets_of(&messages));
+                return;
+            }
+            status => {
+                let offsets = offsets_of(&messages);
+                if matches!(status, Outcome::Panicked) {
+                    shared.log(format_args!(
+                        "listener panicked on {}; treated as ReconsumeLater",
+                        describe(&pq.mq, &offsets)
+                    ));
+                }
+                failures += 1;
+                add(&shared.counters.retried, messages.len());
+                if failures > shared.options.max_reconsume_times {
+                    shared.log(format_args!(
+                        "giving up {} after {} retries (no dead-letter queue yet: skipped)",
+                        describe(&pq.mq, &offsets),
+                        shared.options.max_reconsume_times
+                    ));
+                    add(&shared.counters.given_up, messages.len());
+                    pq.finish(offsets);
+                    return;
+                }
+                // The retry waits without holding a listener slot.
+                sleep(Duration::from_millis(shared.options.reconsume_delay_ms)).await;
+                if pq.is_dropped() {
+                    return;
+                }
+                permit = match shared.pool.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                };
+            }
+        }
+    }
+}
+
+/// The orderly task of one queue: the cached messages in offset order, one batch at a
+/// time, only while the lock is valid; commits after each batch.
+pub(super) async fn orderly_loop(
+    shared: Arc<Shared>,
+    pq: Arc<ProcessQueue>,
+    listener: OrderlyListener,
+) {
+    let mut failures = 0u32;
+    loop {
+        if pq.is_dropped() || shared.is_stopping() {
+            return;
+        }
+        if !pq.may_consume(&shared) {
+            pq.pause(LOCK_WAIT_MS).await;
+            continue;
+        }
+        let batch = pq.state().tracker.first(shared.options.consume_batch_max);
+        if batch.is_empty() {
+            // The pull task (new messages) and a drop wake it.
+            pq.wake.notified().await;
+            continue;
+        }
+        let Ok(permit) = shared.pool.clone().acquire_owned().await else {
+            return;
+        };
+        // Checked again right before the call: the wait for a slot may have been long.
+        if pq.is_dropped() || !pq.may_consume(&shared) {
+            continue;
+        }
+        let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
+        let messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
+        let status = run_listener(listener.clone(), messages).await;
+        drop(permit);
+        match status {
+            Outcome::Cancelled => return,
+            Outcome::Returned(OrderlyStatus::Success) => {
+                failures = 0;
+                add(&shared.counters.consumed, offsets.len());
+                pq.finish(offsets);
+            }
+            status => {
+                if matches!(status, Outcome::Panicked) {
+                    shared.log(format_args!(
+                        "listener panicked on {}; treated as SuspendCurrentQueueAMoment",
+                        describe(&pq.mq, &offsets)
+                    ));
+                }
+                failures += 1;
+                add(&shared.counters.retried, offsets.len());
+                if failures <= shared.options.max_reconsume_times {
+                    pq.pause(shared.options.suspend_ms).await;
+                    continue;
+                }
+                shared.log(format_args!(
+                    "giving up {} after {} retries (no dead-letter queue yet: skipped)",
+                    describe(&pq.mq, &offsets),
+                    shared.options.max_reconsume_times
+                ));
+                failures = 0;
+                add(&shared.counters.given_up, offsets.len());
+                pq.finish(offsets);
+            }
+        }
+        if let Err(e) = commit_queue(&shared, &pq).await {
+            // The committer retries every interval; a handover commits again first.
+            shared.log(format_args!(
+                "committing {}[{}] failed: {e}",
+                pq.mq.topic, pq.mq.queue_id
+            ));
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The cache of one queue of a push consumer: messages pulled and not yet done, the next
+//! offset to pull, and the flow-control check over them. Pure bookkeeping (no I/O, no
+//! time), so the rules that decide what is committed are tested on their own.
+//!
+//! The commit rule: the offset a group may commit for a queue is the smallest offset still
+//! cached (pulled but not finished: waiting, being consumed, or waiting for a local retry),
+//! or the next offset to pull when nothing is cached. Everything below it is done, so a
+//! crash after the commit re-delivers what was in flight and never skips a message.
+
+use std::collections::BTreeMap;
+
+/// Pulled messages of one queue, by queue offset, with their total size.
+#[derive(Debug, Clone)]
+pub(crate) struct OffsetTracker<T> {
+    entries: BTreeMap<u64, Entry<T>>,
+    bytes: u64,
+    /// Where the next pull starts; `None` until the start position is known.
+    next_pull: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry<T> {
+    item: T,
+    bytes: u64,
+}
+
+impl<T> Default for OffsetTracker<T> {
+    fn default() -> Self {
+        OffsetTracker {
+            entries: BTreeMap::new(),
+            bytes: 0,
+            next_pull: None,
+        }
+    }
+}
+
+impl<T: Clone> OffsetTracker<T> {
+    pub(crate) fn next_pull(&self) -> Option<u64> {
+        self.next_pull
+    }
+
+    pub(crate) fn set_next_pull(&mut self, offset: u64) {
+        self.next_pull = Some(offset);
+    }
+
+    /// Caches a pulled message. A second insert of a cached offset is ignored (false): a
+    /// message is in flight at most once per consumer.
+    pub(crate) fn insert(&mut self, offset: u64, bytes: u64, item: T) -> bool {
+        if self.entries.contains_key(&offset) {
+            return false;
+        }
+        self.entries.insert(offset, Entry { item, bytes });
+        self.bytes += bytes;
+        true
+    }
+
+    /// Marks a message done (consumed, or given up). False when it was not cached.
+    pub(crate) fn remove(&mut self, offset: u64) -> bool {
+        match self.entries.remove(&offset) {
+            Some(entry) => {
+                self.bytes -= entry.bytes;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The offset the group may commit: the smallest offset still cached, else the next
+    /// offset to pull; `None` before the start position is known.
+    pub(crate) fn commit_point(&self) -> Option<u64> {
+        let smallest = self.entries.keys().next().copied();
+        match (smallest, self.next_pull) {
+            // The next pull is normally past every cached offset; the minimum keeps the
+            // rule safe even after the broker moved the pull position back (a queue whose
+            // messages were deleted and written again).
+            (Some(cached), Some(next)) => Some(cached.min(next)),
+            (Some(cached), None) => Some(cached),
+            (None, next) => next,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Largest cached offset minus the smallest (0 with fewer than two messages).
+    pub(crate) fn span(&self) -> u64 {
+        match (self.entries.keys().next(), self.entries.keys().next_back()) {
+            (Some(first), Some(last)) => last - first,
+            _ => 0,
+        }
+    }
+
+    /// The first `n` cached messages, in offset order (what an orderly queue consumes next).
+    pub(crate) fn first(&self, n: usize) -> Vec<(u64, T)> {
+        self.entries
+            .iter()
+            .take(n)
+            .map(|(offset, e)| (*offset, e.item.clone()))
+            .collect()
+    }
+}
+
+/// Why a queue's pulls pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlowBlock {
+    Messages(usize),
+    Bytes(u64),
+    Span(u64),
+}
+
+/// The per-queue flow-control limits: a queue is not pulled while it caches more than
+/// these (upstream's defaults: 1000 messages, 100 MiB, and a span of 2000 offsets between
+/// the smallest and largest cached message in concurrent mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlowLimits {
+    pub messages_max: usize,
+    pub bytes_max: u64,
+    /// `None` in orderly mode: one message at a time keeps the span small anyway, and a
+    /// queue stuck on a failing message must still fill its cache up to the count limit.
+    pub span_max: Option<u64>,
+}
+
+impl FlowLimits {
+    /// `None` when the queue may be pulled, else the first limit it is over.
+    pub(crate) fn check<T: Clone>(&self, tracker: &OffsetTracker<T>) -> Option<FlowBlock> {
+        if tracker.len() > self.messages_max {
+            return Some(FlowBlock::Messages(tracker.len()));
+        }
+        if tracker.bytes() > self.bytes_max {
+            return Some(FlowBlock::Bytes(tracker.bytes()));
+        }
+        match self.span_max {
+            Some(max) if tracker.span() > max => Some(FlowBlock::Span(tracker.span())),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracker(next: u64, offsets: &[u64]) -> OffsetTracker<u64> {
+        let mut t = OffsetTracker::default();
+        for &o in offsets {
+            assert!(t.insert(o, 10, o));
+        }
+        t.set_next_pull(next);
+        t
+    }
+
+    /// Applies `done` in order and checks the commit point after each step.
+    fn check_commits(next: u64, offsets: &[u64], done: &[u64], expected: &[u64]) {
+        let mut t = tracker(next, offsets);
+        for (o, want) in done.iter().zip(expected) {
+            assert!(t.remove(*o), "{o} was cached");
+            assert_eq!(t.commit_point(), Some(*want), "after finishing {o}");
+        }
+    }
+
+    #[test]
+    fn commit_point_is_the_smallest_offset_in_flight() {
+        // Finished out of order: the commit point waits for the slowest one.
+        check_commits(
+            105,
+            &[100, 101, 102, 103, 104],
+            &[101, 103, 100, 104, 102],
+            &[100, 100, 102, 102, 105],
+        );
+        // Nothing cached: the next offset to pull.
+        assert_eq!(tracker(42, &[]).commit_point(), Some(42));
+        // Unknown start: nothing to commit yet.
+        assert_eq!(OffsetTracker::<u64>::default().commit_point(), None);
+        // A pull position moved back below cached messages never lets the commit pass it.
+        assert_eq!(tracker(7, &[10, 11]).commit_point(), Some(7));
+    }
+
+    #[test]
+    fn a_retried_message_holds_the_commit_point_back() {
+        let mut t = tracker(4, &[0, 1, 2, 3]);
+        for o in [1, 2, 3] {
+            t.remove(o);
+        }
+        // Offset 0 is waiting for a local retry: still cached, so not committed past.
+        assert_eq!(t.commit_point(), Some(0));
+        t.set_next_pull(1000);
+        assert_eq!(t.commit_point(), Some(0));
+        t.remove(0);
+        assert_eq!(t.commit_point(), Some(1000));
+    }
+
+    #[test]
+    fn size_and_span_follow_inserts_and_removals() {
+        let mut t = tracker(0, &[5, 9, 2000]);
+        assert_eq!((t.len(), t.bytes(), t.span()), (3, 30, 1995));
+        assert!(!t.insert(9, 10, 9), "an offset is cached once");
+        assert_eq!(t.bytes(), 30);
+        assert!(!t.remove(6));
+        t.remove(5);
+        assert_eq!((t.len(), t.bytes(), t.span()), (2, 20, 1991));
+        assert_eq!(t.first(1), vec![(9, 9)]);
+        t.remove(2000);
+        assert_eq!(t.span(), 0);
+        assert_eq!(t.first(5), vec![(9, 9)]);
+    }
+
+    fn check_flow(limits: FlowLimits, offsets: &[u64], bytes_each: u64, want: Option<FlowBlock>) {
+        let mut t = OffsetTracker::default();
+        for &o in offsets {
+            t.insert(o, bytes_each, ());
+        }
+        assert_eq!(limits.check(&t), want, "{offsets:?}");
+    }
+
+    #[test]
+    fn flow_control_pauses_past_each_limit() {
+        let concurrent = FlowLimits {
+            messages_max: 1000,
+            bytes_max: 100 << 20,
+            span_max: Some(2000),
+        };
+        let orderly = FlowLimits {
+            span_max: None,
+            ..concurrent
+        };
+        let n = |count: u64| (0..count).collect::<Vec<_>>();
+        check_flow(concurrent, &n(1000), 1, None);
+        check_flow(concurrent, &n(1001), 1, Some(FlowBlock::Messages(1001)));
+        check_flow(concurrent, &n(100), 1 << 20, None);
+        check_flow(
+            concurrent,
+            &n(101),
+            1 << 20,
+            Some(FlowBlock::Bytes(101 << 20)),
+        );
+        check_flow(concurrent, &[0, 2000], 1, None);
+        check_flow(concurrent, &[0, 2001], 1, Some(FlowBlock::Span(2001)));
+        check_flow(orderly, &[0, 2001], 1, None);
+        check_flow(orderly, &n(1001), 1, Some(FlowBlock::Messages(1001)));
+    }
+}

@@ -1,0 +1,301 @@
+//! Consumer-group requests of [`Client`]: membership (heartbeat, unregister, assignment,
+//! members), offsets admin (reset by time, progress) and the queue locks of ordered
+//! consumption. [`PushConsumer`](super::PushConsumer) is built on these; they are public so
+//! tools and tests can drive a group by hand.
+//!
+//! Every group request goes to the bootstrap connection: the broker routes it to the
+//! group's coordinator shard (or, for locks, to the shards that own the queues). The
+//! member is tied to the connection its heartbeats arrive on, and `RebalanceNotify` is
+//! pushed there, so heartbeats must keep using one connection; the bootstrap connection is
+//! the one that stays.
+
+use crate::protocol::{
+    Assignment, ConsumerProgress, GroupHeartbeat, GroupMembers, GroupMembersInfo, Kind, LockBatch,
+    QueryAssignment, ResetOffset, Response, SubscriptionData, UnlockBatch, Unregister,
+    CONSUME_MODE_CONCURRENT, CONSUME_MODE_ORDERLY, MESSAGE_MODEL_BROADCASTING,
+    MESSAGE_MODEL_CLUSTERING,
+};
+
+use super::error::{ClientError, Result};
+use super::message::check_topic;
+use super::session::{expect_empty, unexpected, Client, Route};
+
+/// Longest consumer group name, in bytes (the broker's limit on ids; a group name also
+/// names the broadcasting offsets file).
+pub const GROUP_BYTES_MAX: usize = 255;
+/// Longest client id a group member may have, in bytes (the broker's limit).
+pub const CLIENT_ID_BYTES_MAX: usize = 255;
+/// Most queues in one lock or unlock request.
+pub const LOCK_BATCH_QUEUES_MAX: usize = 65_536;
+
+/// How a member consumes the queues it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ConsumeMode {
+    /// Many messages of a queue at once.
+    #[default]
+    Concurrent,
+    /// One message of a queue at a time, in offset order, under the queue's lock
+    /// (clustering model).
+    Orderly,
+}
+
+impl ConsumeMode {
+    /// The wire value (`CONSUME_MODE_*`).
+    pub fn wire(self) -> u8 {
+        match self {
+            ConsumeMode::Concurrent => CONSUME_MODE_CONCURRENT,
+            ConsumeMode::Orderly => CONSUME_MODE_ORDERLY,
+        }
+    }
+}
+
+/// Who gets each message of a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MessageModel {
+    /// Each message goes to one member of the group; offsets are kept by the broker.
+    #[default]
+    Clustering,
+    /// Each message goes to every member; offsets are kept by each member, in a local file.
+    Broadcasting,
+}
+
+impl MessageModel {
+    /// The wire value (`MESSAGE_MODEL_*`).
+    pub fn wire(self) -> u8 {
+        match self {
+            MessageModel::Clustering => MESSAGE_MODEL_CLUSTERING,
+            MessageModel::Broadcasting => MESSAGE_MODEL_BROADCASTING,
+        }
+    }
+}
+
+/// How the broker divides a topic's queues among the members of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum AllocateStrategy {
+    /// Contiguous blocks (RocketMQ's `AllocateMessageQueueAveragely`).
+    #[default]
+    Averagely,
+    /// Round-robin (`AllocateMessageQueueAveragelyByCircle`).
+    Circle,
+    /// A consistent-hash ring: few queues move when a member joins or leaves.
+    ConsistentHash,
+    /// As configured on the broker.
+    Config,
+    /// Any other name the broker accepts (e.g. `consistent-hash:32`), sent as is.
+    Named(String),
+}
+
+impl AllocateStrategy {
+    /// The name sent to the broker.
+    pub fn name(&self) -> &str {
+        match self {
+            AllocateStrategy::Averagely => "averagely",
+            AllocateStrategy::Circle => "circle",
+            AllocateStrategy::ConsistentHash => "consistent-hash",
+            AllocateStrategy::Config => "config",
+            AllocateStrategy::Named(name) => name,
+        }
+    }
+}
+
+/// What a member declares in each heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MemberSpec {
+    /// `(topic, tag expression)`; the expression is `*` or `A || B`.
+    pub subscriptions: Vec<(String, String)>,
+    pub consume_mode: ConsumeMode,
+    pub message_model: MessageModel,
+    pub strategy: AllocateStrategy,
+}
+
+/// A group's progress in one queue (from [`Client::consumer_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLag {
+    pub queue_id: u32,
+    /// `None` when the group has no committed offset for the queue.
+    pub committed_offset: Option<u64>,
+    /// One past the last message of the queue.
+    pub max_offset: u64,
+    /// Messages stored but not yet committed by the group.
+    pub lag: u64,
+}
+
+pub use crate::protocol::{MemberAssignment, TopicAssignment};
+
+/// Checks a group name before it is sent (and used in a file name).
+pub(crate) fn check_group(group: &str) -> Result<()> {
+    if group.is_empty() || group.len() > GROUP_BYTES_MAX {
+        return Err(ClientError::InvalidArgument(format!(
+            "group {group:?}: a group name is 1 to {GROUP_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn check_queues(what: &str, queues: &[u32]) -> Result<()> {
+    if queues.len() > LOCK_BATCH_QUEUES_MAX {
+        return Err(ClientError::InvalidArgument(format!(
+            "{what} of {} queues: at most {LOCK_BATCH_QUEUES_MAX} per request",
+            queues.len()
+        )));
+    }
+    Ok(())
+}
+
+impl Client {
+    /// Joins `group` or keeps this client's membership alive; answers the member's queues.
+    /// Keep calling it (every few seconds, well within the broker's session timeout): a
+    /// member that stops, or whose bootstrap connection closes, leaves the group.
+    pub async fn group_heartbeat(&self, group: &str, member: &MemberSpec) -> Result<Assignment> {
+        check_group(group)?;
+        for (topic, _) in &member.subscriptions {
+            check_topic(topic)?;
+        }
+        let request = GroupHeartbeat {
+            group: group.to_owned(),
+            client_id: self.config().client_id.clone(),
+            subscriptions: member
+                .subscriptions
+                .iter()
+                .map(|(topic, expression)| SubscriptionData {
+                    topic: topic.clone(),
+                    expression: expression.clone(),
+                })
+                .collect(),
+            consume_mode: member.consume_mode.wire(),
+            message_model: member.message_model.wire(),
+            strategy: member.strategy.name().to_owned(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        expect_assignment(reply.response()?)
+    }
+
+    /// Leaves `group` at once (the group rebalances without waiting for a timeout); the
+    /// broker releases this client's queue locks of the group.
+    pub async fn unregister(&self, group: &str) -> Result<()> {
+        check_group(group)?;
+        let request = Unregister {
+            group: group.to_owned(),
+            client_id: self.config().client_id.clone(),
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    /// This member's current queues. Fails with `ErrorCode::GroupNotFound` when this
+    /// client is not (or no longer) a member: send a heartbeat to join again.
+    pub async fn query_assignment(&self, group: &str) -> Result<Assignment> {
+        check_group(group)?;
+        let request = QueryAssignment {
+            group: group.to_owned(),
+            client_id: self.config().client_id.clone(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        expect_assignment(reply.response()?)
+    }
+
+    /// Every member of `group` with its queues (no members: an empty list).
+    pub async fn group_members(&self, group: &str) -> Result<GroupMembersInfo> {
+        check_group(group)?;
+        let request = GroupMembers {
+            group: group.to_owned(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        match reply.response()? {
+            Response::GroupMembersInfo(info) => Ok(info),
+            other => Err(unexpected(Kind::GroupMembersInfo, &other)),
+        }
+    }
+
+    /// Moves `group`'s committed offset of every queue of `topic` to the first message
+    /// stored at or after `timestamp_ms` (backwards too). Running members are told and
+    /// re-read their offsets.
+    pub async fn reset_offset_by_time(
+        &self,
+        group: &str,
+        topic: &str,
+        timestamp_ms: i64,
+    ) -> Result<()> {
+        check_group(group)?;
+        check_topic(topic)?;
+        let request = ResetOffset {
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+            timestamp_ms,
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    /// `group`'s committed offset, the queue's end and the lag, for each queue of `topic`,
+    /// in queue order.
+    pub async fn consumer_progress(&self, group: &str, topic: &str) -> Result<Vec<QueueLag>> {
+        check_group(group)?;
+        check_topic(topic)?;
+        let request = ConsumerProgress {
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        let progress = match reply.response()? {
+            Response::Progress(progress) => progress,
+            other => return Err(unexpected(Kind::Progress, &other)),
+        };
+        Ok(progress
+            .queues
+            .into_iter()
+            .map(|q| QueueLag {
+                queue_id: q.queue_id,
+                // The wire says -1 for "none"; any negative value means the same.
+                committed_offset: u64::try_from(q.committed_offset).ok(),
+                max_offset: q.max_offset,
+                lag: q.lag,
+            })
+            .collect())
+    }
+
+    /// Locks (or renews the locks of) `queues` of `topic` for this client in `group`;
+    /// answers the queues this client now holds, sorted. A queue held by another live
+    /// client is not in the answer.
+    pub async fn lock_batch(&self, group: &str, topic: &str, queues: &[u32]) -> Result<Vec<u32>> {
+        check_group(group)?;
+        check_topic(topic)?;
+        check_queues("a lock", queues)?;
+        let request = LockBatch {
+            group: group.to_owned(),
+            client_id: self.config().client_id.clone(),
+            topic: topic.to_owned(),
+            queues: queues.to_vec(),
+        };
+        let reply = self.call(Route::Bootstrap, &request).await?;
+        match reply.response()? {
+            Response::Locked(locked) => {
+                let mut held = locked.queues;
+                held.sort_unstable();
+                held.dedup();
+                Ok(held)
+            }
+            other => Err(unexpected(Kind::Locked, &other)),
+        }
+    }
+
+    /// Gives up this client's locks of `queues` of `topic` in `group` (queues it does not
+    /// hold are ignored).
+    pub async fn unlock_batch(&self, group: &str, topic: &str, queues: &[u32]) -> Result<()> {
+        check_group(group)?;
+        check_topic(topic)?;
+        check_queues("an unlock", queues)?;
+        let request = UnlockBatch {
+            group: group.to_owned(),
+            client_id: self.config().client_id.clone(),
+            topic: topic.to_owned(),
+            queues: queues.to_vec(),
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+}
+
+fn expect_assignment(response: Response<'_>) -> Result<Assignment> {
+    match response {
+        Response::Assignment(assignment) => Ok(assignment),
+        other => Err(unexpected(Kind::Assignment, &other)),
+    }
+}

@@ -1,0 +1,196 @@
+//! Subscription tag expressions on the client: `*` (or empty) for every message, or
+//! `A || B || C`.
+//!
+//! The same rules as the broker's `broker::groups::TagFilter` (which is broker-only): the
+//! consumer checks an expression before it is sent, so a typo fails at `subscribe` with a
+//! clear error rather than at the first heartbeat. A test pins both parsers to the same
+//! answers. Pulls carry the tags' hashes ([`tag_hash`](super::route::tag_hash)); the broker
+//! compares hashes, which can collide, so the client re-checks the strings
+//! ([`TagExpression::matches`]).
+
+use std::fmt;
+
+use super::error::{ClientError, Result};
+
+/// Longest tag expression, in bytes (the broker's limit).
+pub const TAG_EXPRESSION_BYTES_MAX: usize = 4096;
+/// Most tags in one expression (the broker's limit).
+pub const TAGS_PER_EXPRESSION_MAX: usize = 64;
+
+/// A parsed tag expression. Tags are kept sorted and distinct.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TagExpression {
+    /// Empty: every message matches (`*`). Otherwise sorted, distinct, non-empty tags.
+    tags: Vec<String>,
+}
+
+impl TagExpression {
+    /// Parses `*`, an empty expression, or tags joined by `||` (spaces around tags are
+    /// trimmed). An empty tag (`A ||`, `|| B`), a single `|`, a `*` among tags, more than
+    /// [`TAGS_PER_EXPRESSION_MAX`] tags or more than [`TAG_EXPRESSION_BYTES_MAX`] bytes are
+    /// refused with [`ClientError::InvalidArgument`] naming the problem.
+    pub fn parse(expression: &str) -> Result<TagExpression> {
+        let bad = |why: String| Err(ClientError::InvalidArgument(why));
+        if expression.len() > TAG_EXPRESSION_BYTES_MAX {
+            return bad(format!(
+                "tag expression is {} bytes; at most {TAG_EXPRESSION_BYTES_MAX} are allowed",
+                expression.len()
+            ));
+        }
+        let trimmed = expression.trim();
+        if trimmed.is_empty() || trimmed == "*" {
+            return Ok(TagExpression { tags: Vec::new() });
+        }
+        let mut tags = Vec::new();
+        for (i, part) in trimmed.split("||").enumerate() {
+            let tag = part.trim();
+            let why = if tag.is_empty() {
+                "empty; write `*` for all tags or `A || B` for some"
+            } else if tag.contains('|') {
+                "contains `|`; tags are joined with `||`"
+            } else if tag == "*" {
+                "`*` must be the whole expression"
+            } else {
+                tags.push(tag.to_owned());
+                continue;
+            };
+            return bad(format!(
+                "tag expression {expression:?}: tag {}: {why}",
+                i + 1
+            ));
+        }
+        tags.sort_unstable();
+        tags.dedup();
+        if tags.len() > TAGS_PER_EXPRESSION_MAX {
+            return bad(format!(
+                "tag expression has {} tags; at most {TAGS_PER_EXPRESSION_MAX} are allowed",
+                tags.len()
+            ));
+        }
+        Ok(TagExpression { tags })
+    }
+
+    /// True for `*`: every message matches, with or without a tag.
+    pub fn matches_all(&self) -> bool {
+        self.tags.is_empty()
+    }
+
+    /// The tags, sorted and distinct; empty for `*`.
+    pub fn tags(&self) -> &[String] {
+        &self.tags
+    }
+
+    /// The exact check of a message's tag. A message without a tag matches only `*`.
+    pub fn matches(&self, tag: Option<&str>) -> bool {
+        if self.matches_all() {
+            return true;
+        }
+        tag.is_some_and(|tag| self.tags.binary_search_by(|t| t.as_str().cmp(tag)).is_ok())
+    }
+}
+
+impl fmt::Display for TagExpression {
+    /// The canonical expression: `*`, or the sorted tags joined by ` || `.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.matches_all() {
+            return f.write_str("*");
+        }
+        f.write_str(&self.tags.join(" || "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(expression: &str, expected_tags: Option<&[&str]>) {
+        let parsed = TagExpression::parse(expression);
+        match expected_tags {
+            None => match parsed {
+                Err(ClientError::InvalidArgument(why)) => {
+                    assert!(why.contains("tag"), "{expression:?}: unclear error {why:?}")
+                }
+                other => panic!("{expression:?}: expected a refusal, got {other:?}"),
+            },
+            Some(tags) => {
+                let parsed = parsed.unwrap_or_else(|e| panic!("{expression:?}: {e}"));
+                assert_eq!(parsed.tags(), tags, "{expression:?}");
+                assert_eq!(parsed.matches_all(), tags.is_empty());
+                assert_eq!(TagExpression::parse(&parsed.to_string()).ok(), Some(parsed));
+            }
+        }
+    }
+
+    const GOOD: &[(&str, &[&str])] = &[
+        ("*", &[]),
+        ("", &[]),
+        ("  * ", &[]),
+        ("TagA", &["TagA"]),
+        (" B ||A||  C ", &["A", "B", "C"]),
+        ("A || A", &["A"]),
+    ];
+    const BAD: &[&str] = &[
+        "A ||", "|| B", "A | B", "A |||| B", "||", "A || * ", "A ||| B", "|",
+    ];
+
+    #[test]
+    fn parses_all_and_tag_lists() {
+        for (expression, tags) in GOOD {
+            check(expression, Some(tags));
+        }
+        for expression in BAD {
+            check(expression, None);
+        }
+        let why = TagExpression::parse("A | B").unwrap_err().to_string();
+        assert!(why.contains("`||`"), "{why}");
+        let why = TagExpression::parse("A ||").unwrap_err().to_string();
+        assert!(why.contains("tag 2") && why.contains("empty"), "{why}");
+    }
+
+    #[test]
+    fn limits() {
+        let many: Vec<String> = (0..=TAGS_PER_EXPRESSION_MAX)
+            .map(|i| format!("t{i}"))
+            .collect();
+        assert!(TagExpression::parse(&many.join("||")).is_err());
+        assert!(TagExpression::parse(&many[1..].join("||")).is_ok());
+        assert!(TagExpression::parse(&"x".repeat(TAG_EXPRESSION_BYTES_MAX + 1)).is_err());
+    }
+
+    #[test]
+    fn matching_by_string() {
+        let all = TagExpression::parse("*").unwrap();
+        assert!(all.matches(None) && all.matches(Some("x")));
+        let some = TagExpression::parse("A || B").unwrap();
+        assert!(some.matches(Some("A")) && some.matches(Some("B")));
+        assert!(!some.matches(Some("C")) && !some.matches(None) && !some.matches(Some("a")));
+    }
+
+    /// Both ends of the boundary agree: what the client accepts, the broker accepts, with
+    /// the same tags and hashes.
+    #[cfg(feature = "broker")]
+    #[test]
+    fn agrees_with_the_broker_parser() {
+        use crate::broker::groups::TagFilter;
+        let long = "x".repeat(TAG_EXPRESSION_BYTES_MAX + 1);
+        let mut expressions: Vec<&str> = GOOD.iter().map(|(e, _)| *e).collect();
+        expressions.extend_from_slice(BAD);
+        expressions.extend(["a||b||c", " x ", "*||*", long.as_str()]);
+        for expression in expressions {
+            let ours = TagExpression::parse(expression);
+            let theirs = TagFilter::parse(expression);
+            assert_eq!(ours.is_ok(), theirs.is_ok(), "{expression:?}");
+            if let (Ok(ours), Ok(theirs)) = (ours, theirs) {
+                assert_eq!(ours.tags(), theirs.tags(), "{expression:?}");
+                let mut hashes: Vec<u64> = ours
+                    .tags()
+                    .iter()
+                    .map(|t| super::super::route::tag_hash(t))
+                    .collect();
+                hashes.sort_unstable();
+                hashes.dedup();
+                assert_eq!(hashes, theirs.hashes(), "{expression:?}");
+            }
+        }
+    }
+}

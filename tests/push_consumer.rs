@@ -1,0 +1,769 @@
+//! Push consumers against a real broker started in this process (two shards, loopback, a
+//! temporary data directory): a clustering group shares the queues and consumes each
+//! message once, including across a member leaving; tag filters; broadcasting (with local
+//! offsets surviving a restart); where a new group starts (first, last, timestamp);
+//! ordered consumption with a hand-over; local retries; and the group admin requests.
+//!
+//! Timeouts in here are upper bounds for a slow machine, never the behaviour under test.
+#![cfg(feature = "broker")]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ringmq::client::{
+    Client, ClientConfig, ConsumeFrom, ConsumeStatus, Message, MessageModel, MessageQueue,
+    OrderlyStatus, OutgoingMessage, Producer, PushConsumer, PushConsumerOptions,
+};
+use ringmq::log::FlushMode;
+use ringmq::shard::{Broker, BrokerConfig};
+
+/// Bound on every wait for something the consumers must do.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// One broker per test, and one test at a time: each test starts a broker with two shards
+/// and several consumers, which is a lot for a small machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn with_broker<F, Fut>(test: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_owned(),
+        shards: 2,
+        flush: FlushMode::Async,
+        auto_create_topics: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let addr = broker.addr().to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(test(addr));
+    drop(runtime);
+    broker.shutdown().unwrap();
+}
+
+/// Options for tests: short long-polls and frequent commits, defaults otherwise.
+fn options() -> PushConsumerOptions {
+    PushConsumerOptions {
+        pull_wait_ms: 1000,
+        commit_interval_ms: 200,
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Delivery {
+    consumer: usize,
+    body: String,
+    tag: Option<String>,
+    queue_id: u32,
+}
+
+type Log = Arc<Mutex<Vec<Delivery>>>;
+
+fn record(log: &Log, consumer: usize, messages: &[Message]) {
+    let mut log = log.lock().unwrap();
+    for m in messages {
+        log.push(Delivery {
+            consumer,
+            body: String::from_utf8_lossy(m.body()).into_owned(),
+            tag: m.tags().map(str::to_owned),
+            queue_id: m.queue_id(),
+        });
+    }
+}
+
+/// A started concurrent consumer that records every delivery in `log`.
+async fn concurrent(
+    addr: &str,
+    group: &str,
+    topic: &str,
+    expression: &str,
+    options: PushConsumerOptions,
+    log: &Log,
+    index: usize,
+) -> PushConsumer {
+    concurrent_with_config(
+        ClientConfig::new(addr),
+        group,
+        topic,
+        expression,
+        options,
+        log,
+        index,
+    )
+    .await
+}
+
+async fn concurrent_with_config(
+    config: ClientConfig,
+    group: &str,
+    topic: &str,
+    expression: &str,
+    options: PushConsumerOptions,
+    log: &Log,
+    index: usize,
+) -> PushConsumer {
+    let consumer = PushConsumer::new(config, group, options).unwrap();
+    consumer.subscribe(topic, expression).unwrap();
+    let log = log.clone();
+    consumer
+        .register_concurrent(move |messages| {
+            record(&log, index, messages);
+            ConsumeStatus::Success
+        })
+        .unwrap();
+    consumer
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("starting a consumer of {group}: {e}"));
+    consumer
+}
+
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `consumers` consume `queue_count` queues between them, each queue by one
+/// consumer, every consumer some, and each consumes exactly what it was assigned.
+async fn settled(consumers: &[&PushConsumer], queue_count: usize) {
+    eventually("the group to settle", || {
+        let mut all = BTreeSet::new();
+        for c in consumers {
+            let consuming = c.consuming_queues();
+            if consuming.is_empty() || consuming != c.assigned_queues() {
+                return false;
+            }
+            for q in consuming {
+                if !all.insert(q) {
+                    return false;
+                }
+            }
+        }
+        all.len() == queue_count
+    })
+    .await;
+}
+
+/// Waits until every consumer consumes all `queue_count` queues (broadcasting).
+async fn all_consuming(consumers: &[&PushConsumer], queue_count: usize) {
+    eventually("every member to consume every queue", || {
+        consumers
+            .iter()
+            .all(|c| c.consuming_queues().len() == queue_count)
+    })
+    .await;
+}
+
+/// Waits until `group` has committed the end of every queue of `topic`.
+async fn caught_up(client: &Client, group: &str, topic: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let progress = client.consumer_progress(group, topic).await.unwrap();
+        if !progress.is_empty()
+            && progress
+                .iter()
+                .all(|q| q.lag == 0 && q.committed_offset == Some(q.max_offset))
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{group} never caught up on {topic}: {progress:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn send_all(producer: &Producer, topic: &str, messages: Vec<OutgoingMessage>) {
+    for m in messages {
+        producer.send(topic, m).await.unwrap();
+    }
+}
+
+fn bodies(prefix: &str, n: usize) -> Vec<OutgoingMessage> {
+    (0..n)
+        .map(|i| OutgoingMessage::new(format!("{prefix}-{i}")))
+        .collect()
+}
+
+/// Body → how many times it was delivered.
+fn counts(log: &Log) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for d in log.lock().unwrap().iter() {
+        *counts.entry(d.body.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn check_exactly_once(log: &Log, expected: &BTreeSet<String>) {
+    let counts = counts(log);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    let got: BTreeSet<String> = counts.into_keys().collect();
+    assert_eq!(&got, expected);
+}
+
+fn names(prefix: &str, n: usize) -> BTreeSet<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A client id stable within one test (for broadcasting's local offsets), unique across
+/// runs.
+fn stable_id(name: &str) -> String {
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[test]
+fn three_concurrent_consumers_share_16_queues_and_consume_each_message_once() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("share", "g-share");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 16).await.unwrap();
+        let log: Log = Arc::default();
+        let mut consumers = Vec::new();
+        for i in 0..3 {
+            consumers.push(concurrent(&addr, group, topic, "*", options(), &log, i).await);
+        }
+        settled(&consumers.iter().collect::<Vec<_>>(), 16).await;
+        let members = client.group_members(group).await.unwrap();
+        assert_eq!(members.members.len(), 3, "{members:?}");
+
+        send_all(&producer, topic, bodies("a", 480)).await;
+        let expected = names("a", 480);
+        eventually("480 messages consumed", || counts(&log).len() == 480).await;
+        caught_up(&client, group, topic).await;
+        check_exactly_once(&log, &expected);
+        let by_consumer: BTreeSet<usize> = log.lock().unwrap().iter().map(|d| d.consumer).collect();
+        assert_eq!(by_consumer.len(), 3, "every member consumed some");
+        // A queue is consumed by one member.
+        let mut owner_of: BTreeMap<u32, BTreeSet<usize>> = BTreeMap::new();
+        for d in log.lock().unwrap().iter() {
+            owner_of.entry(d.queue_id).or_default().insert(d.consumer);
+        }
+        assert!(
+            owner_of.values().all(|owners| owners.len() == 1),
+            "{owner_of:?}"
+        );
+
+        // A member leaves: the others take its queues, from its committed offsets.
+        let leaving = consumers.pop().unwrap();
+        leaving.shutdown().await.unwrap();
+        settled(&consumers.iter().collect::<Vec<_>>(), 16).await;
+        send_all(&producer, topic, bodies("b", 480)).await;
+        let mut expected2 = expected.clone();
+        expected2.extend(names("b", 480));
+        eventually("960 messages consumed", || counts(&log).len() == 960).await;
+        caught_up(&client, group, topic).await;
+        check_exactly_once(&log, &expected2);
+        assert!(log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d.body.starts_with("b-"))
+            .all(|d| d.consumer != 2));
+
+        for c in &consumers {
+            c.shutdown().await.unwrap();
+        }
+        let members = client.group_members(group).await.unwrap();
+        assert!(members.members.is_empty(), "unregistered: {members:?}");
+    });
+}
+
+#[test]
+fn a_tag_filter_delivers_only_and_all_matching_messages() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("tags", "g-tags");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        let log: Log = Arc::default();
+        let consumer = concurrent(&addr, group, topic, "A || B", options(), &log, 0).await;
+        settled(&[&consumer], 4).await;
+
+        let tags = [Some("A"), Some("B"), Some("C"), None, Some("AB")];
+        let mut expected = BTreeSet::new();
+        let mut messages = Vec::new();
+        for i in 0..300 {
+            let tag = tags[i % tags.len()];
+            let mut m = OutgoingMessage::new(format!("m-{i}"));
+            if let Some(tag) = tag {
+                m = m.with_tags(tag);
+            }
+            if matches!(tag, Some("A") | Some("B")) {
+                expected.insert(format!("m-{i}"));
+            }
+            messages.push(m);
+        }
+        send_all(&producer, topic, messages).await;
+        eventually("every A and B message", || {
+            counts(&log).len() >= expected.len()
+        })
+        .await;
+        // Every queue was read to its end, so nothing else is on its way.
+        caught_up(&client, group, topic).await;
+        check_exactly_once(&log, &expected);
+        assert!(log
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|d| matches!(d.tag.as_deref(), Some("A") | Some("B"))));
+        consumer.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn broadcasting_gives_every_member_every_message_and_resumes_from_local_offsets() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("bcast", "g-bcast");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic(topic, 4).await.unwrap();
+        let offsets_dir = tempfile::tempdir().unwrap();
+        let broadcasting = || PushConsumerOptions {
+            message_model: MessageModel::Broadcasting,
+            offsets_dir: Some(offsets_dir.path().to_owned()),
+            ..options()
+        };
+        let mut config = ClientConfig::new(&addr);
+        config.client_id = stable_id("bcast-0");
+        let logs: Vec<Log> = vec![Arc::default(), Arc::default()];
+        let first = concurrent_with_config(
+            config.clone(),
+            group,
+            topic,
+            "*",
+            broadcasting(),
+            &logs[0],
+            0,
+        )
+        .await;
+        let second = concurrent(&addr, group, topic, "*", broadcasting(), &logs[1], 1).await;
+        all_consuming(&[&first, &second], 4).await;
+
+        send_all(&producer, topic, bodies("a", 100)).await;
+        for log in &logs {
+            eventually("every member gets all 100", || counts(log).len() == 100).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for log in &logs {
+            check_exactly_once(log, &names("a", 100));
+        }
+
+        // The first member stops (its offsets go to its file); messages sent meanwhile
+        // reach it when it comes back with the same client id, and nothing else does.
+        first.shutdown().await.unwrap();
+        send_all(&producer, topic, bodies("b", 50)).await;
+        eventually("the running member gets the 50", || {
+            counts(&logs[1]).len() == 150
+        })
+        .await;
+        let back_log: Log = Arc::default();
+        let back =
+            concurrent_with_config(config, group, topic, "*", broadcasting(), &back_log, 0).await;
+        eventually("the member that came back gets what it missed", || {
+            counts(&back_log).len() == 50
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        check_exactly_once(&back_log, &names("b", 50));
+        back.shutdown().await.unwrap();
+        second.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn a_new_group_starts_from_the_first_the_last_or_a_timestamp() {
+    with_broker(|addr| async move {
+        let topic = "from";
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 2).await.unwrap();
+        send_all(&producer, topic, bodies("old", 20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let middle = now_ms();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        send_all(&producer, topic, bodies("new", 20)).await;
+
+        let check = |from: ConsumeFrom, group: &'static str, expected: BTreeSet<String>| {
+            let addr = addr.clone();
+            let client = client.clone();
+            async move {
+                let log: Log = Arc::default();
+                let options = PushConsumerOptions {
+                    consume_from: from,
+                    ..options()
+                };
+                let consumer = concurrent(&addr, group, topic, "*", options, &log, 0).await;
+                eventually(group, || counts(&log).len() >= expected.len()).await;
+                caught_up(&client, group, topic).await;
+                check_exactly_once(&log, &expected);
+                consumer.shutdown().await.unwrap();
+            }
+        };
+        let mut everything = names("old", 20);
+        everything.extend(names("new", 20));
+        check(ConsumeFrom::FirstOffset, "g-first", everything).await;
+        check(ConsumeFrom::Timestamp(middle), "g-time", names("new", 20)).await;
+
+        let log: Log = Arc::default();
+        let options = PushConsumerOptions {
+            consume_from: ConsumeFrom::LastOffset,
+            ..options()
+        };
+        let last = concurrent(&addr, "g-last", topic, "*", options, &log, 0).await;
+        settled(&[&last], 2).await;
+        send_all(&producer, topic, bodies("latest", 10)).await;
+        eventually("the 10 latest", || counts(&log).len() >= 10).await;
+        caught_up(&client, "g-last", topic).await;
+        check_exactly_once(&log, &names("latest", 10));
+        last.shutdown().await.unwrap();
+    });
+}
+
+/// Key → sequence numbers in delivery order.
+type OrderLog = Arc<Mutex<BTreeMap<String, Vec<u32>>>>;
+
+async fn orderly(addr: &str, group: &str, topic: &str, log: &OrderLog) -> PushConsumer {
+    let consumer = PushConsumer::new(ClientConfig::new(addr), group, options()).unwrap();
+    consumer.subscribe(topic, "*").unwrap();
+    let log = log.clone();
+    consumer
+        .register_orderly(move |messages| {
+            let mut log = log.lock().unwrap();
+            for m in messages {
+                let body = String::from_utf8_lossy(m.body()).into_owned();
+                let (key, seq) = body.split_once(':').unwrap();
+                log.entry(key.to_owned())
+                    .or_default()
+                    .push(seq.parse().unwrap());
+            }
+            OrderlyStatus::Success
+        })
+        .unwrap();
+    consumer.start().await.unwrap();
+    consumer
+}
+
+fn keyed(keys: usize, from: u32, to: u32) -> Vec<OutgoingMessage> {
+    let mut messages = Vec::new();
+    for seq in from..to {
+        for k in 0..keys {
+            messages.push(
+                OutgoingMessage::new(format!("k{k}:{seq}")).with_sharding_key(format!("k{k}")),
+            );
+        }
+    }
+    messages
+}
+
+/// Every key's messages arrived once each, in order.
+fn check_in_order(log: &OrderLog, keys: usize, count: u32) {
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), keys);
+    for (key, seqs) in log.iter() {
+        assert_eq!(*seqs, (0..count).collect::<Vec<_>>(), "key {key}");
+    }
+}
+
+/// Like [`check_in_order`] for a member that died: first deliveries are in order, and a
+/// message is delivered again only if the dead member had consumed it without committing
+/// (at most its last batch per queue).
+fn check_in_order_redelivering_at_most(log: &OrderLog, count: u32, again_max: usize) {
+    let log = log.lock().unwrap();
+    let mut again = 0;
+    for (key, seqs) in log.iter() {
+        let mut seen = BTreeSet::new();
+        let firsts: Vec<u32> = seqs.iter().copied().filter(|s| seen.insert(*s)).collect();
+        assert_eq!(firsts, (0..count).collect::<Vec<_>>(), "key {key}");
+        again += seqs.len() - firsts.len();
+    }
+    assert!(again <= again_max, "{again} re-deliveries: {log:?}");
+}
+
+#[test]
+fn orderly_consumers_keep_key_order_across_a_hand_over() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("ordered", "g-ordered");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        let log: OrderLog = Arc::default();
+        let first = orderly(&addr, group, topic, &log).await;
+        let second = orderly(&addr, group, topic, &log).await;
+        settled(&[&first, &second], 4).await;
+
+        send_all(&producer, topic, keyed(8, 0, 25)).await;
+        let consumed = |log: &OrderLog| log.lock().unwrap().values().map(Vec::len).sum::<usize>();
+        eventually("the first 200", || consumed(&log) == 200).await;
+        check_in_order(&log, 8, 25);
+
+        // The first member leaves while messages keep coming: the second locks its
+        // queues and goes on from the committed offsets, in order, without duplicates.
+        let sending = {
+            let producer = producer.clone();
+            tokio::spawn(async move { send_all(&producer, topic, keyed(8, 25, 50)).await })
+        };
+        first.shutdown().await.unwrap();
+        sending.await.unwrap();
+        settled(&[&second], 4).await;
+        eventually("all 400", || consumed(&log) == 400).await;
+        caught_up(&client, group, topic).await;
+        check_in_order(&log, 8, 50);
+        second.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn failing_messages_are_retried_locally_then_given_up() {
+    with_broker(|addr| async move {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        let retrying = PushConsumerOptions {
+            max_reconsume_times: 2,
+            reconsume_delay_ms: 50,
+            suspend_ms: 50,
+            ..options()
+        };
+
+        // Concurrent: "flaky" fails twice (a panic, then ReconsumeLater) then succeeds;
+        // "bad" always fails and is given up after 1 + 2 attempts; the offset is committed
+        // past both only then.
+        client.create_topic("retry-c", 1).await.unwrap();
+        let attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let consumer =
+            PushConsumer::new(ClientConfig::new(&addr), "g-retry-c", retrying.clone()).unwrap();
+        consumer.subscribe("retry-c", "*").unwrap();
+        {
+            let attempts = attempts.clone();
+            consumer
+                .register_concurrent(move |messages| {
+                    let body = String::from_utf8_lossy(messages[0].body()).into_owned();
+                    let n = {
+                        let mut attempts = attempts.lock().unwrap();
+                        let n = attempts.entry(body.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    match body.as_str() {
+                        // A panic counts as a failed attempt.
+                        "flaky" if n == 1 => panic!("a listener panic, on purpose"),
+                        "flaky" if n == 2 => ConsumeStatus::ReconsumeLater,
+                        "bad" => ConsumeStatus::ReconsumeLater,
+                        _ => ConsumeStatus::Success,
+                    }
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        settled(&[&consumer], 1).await;
+        let sends = ["ok-1", "flaky", "bad", "ok-2"]
+            .map(OutgoingMessage::new)
+            .to_vec();
+        send_all(&producer, "retry-c", sends).await;
+        caught_up(&client, "g-retry-c", "retry-c").await;
+        let seen = attempts.lock().unwrap().clone();
+        assert_eq!(seen.get("flaky"), Some(&3), "{seen:?}");
+        assert_eq!(seen.get("bad"), Some(&3), "{seen:?}");
+        assert_eq!((seen.get("ok-1"), seen.get("ok-2")), (Some(&1), Some(&1)));
+        let stats = consumer.stats();
+        assert_eq!((stats.consumed, stats.given_up, stats.retried), (3, 1, 5));
+        consumer.shutdown().await.unwrap();
+
+        // Orderly: the queue waits on a failing message, so what follows comes after it.
+        client.create_topic("retry-o", 1).await.unwrap();
+        let order: Arc<Mutex<Vec<String>>> = Arc::default();
+        let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-retry-o", retrying).unwrap();
+        consumer.subscribe("retry-o", "*").unwrap();
+        {
+            let order = order.clone();
+            consumer
+                .register_orderly(move |messages| {
+                    let body = String::from_utf8_lossy(messages[0].body()).into_owned();
+                    let mut order = order.lock().unwrap();
+                    order.push(body.clone());
+                    let tries = order.iter().filter(|b| **b == body).count();
+                    match body.as_str() {
+                        "flaky" if tries <= 2 => OrderlyStatus::SuspendCurrentQueueAMoment,
+                        "bad" => OrderlyStatus::SuspendCurrentQueueAMoment,
+                        _ => OrderlyStatus::Success,
+                    }
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        settled(&[&consumer], 1).await;
+        let sends = ["ok-1", "flaky", "bad", "ok-2"]
+            .map(OutgoingMessage::new)
+            .to_vec();
+        send_all(&producer, "retry-o", sends).await;
+        caught_up(&client, "g-retry-o", "retry-o").await;
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["ok-1", "flaky", "flaky", "flaky", "bad", "bad", "bad", "ok-2"]
+        );
+        assert_eq!(consumer.stats().given_up, 1);
+        consumer.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn group_admin_requests_list_members_show_progress_and_reset_offsets() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("admin", "g-admin");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 2).await.unwrap();
+        let log: Log = Arc::default();
+        let consumer = concurrent(&addr, group, topic, "*", options(), &log, 0).await;
+        settled(&[&consumer], 2).await;
+
+        let members = client.group_members(group).await.unwrap();
+        assert_eq!(members.members.len(), 1);
+        let member = &members.members[0];
+        assert_eq!(
+            member.client_id,
+            consumer.client().unwrap().config().client_id
+        );
+        let queues: Vec<MessageQueue> = member
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.queues
+                    .iter()
+                    .map(|q| MessageQueue::new(t.topic.clone(), *q))
+            })
+            .collect();
+        assert_eq!(queues, consumer.assigned_queues());
+
+        send_all(&producer, topic, bodies("m", 10)).await;
+        eventually("10 consumed", || counts(&log).len() == 10).await;
+        caught_up(&client, group, topic).await;
+        let progress = client.consumer_progress(group, topic).await.unwrap();
+        assert_eq!(progress.iter().map(|q| q.max_offset).sum::<u64>(), 10);
+
+        // Back to the start: the member drops its positions and consumes everything again.
+        client.reset_offset_by_time(group, topic, 0).await.unwrap();
+        eventually("10 consumed again", || {
+            counts(&log).values().filter(|n| **n == 2).count() == 10
+        })
+        .await;
+        caught_up(&client, group, topic).await;
+        assert!(counts(&log).values().all(|n| *n == 2));
+
+        // Locks by hand: one holder at a time, released by unlock.
+        let other = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        assert_eq!(
+            client.lock_batch("g-locks", topic, &[0, 1]).await.unwrap(),
+            [0, 1]
+        );
+        assert!(other
+            .lock_batch("g-locks", topic, &[0, 1])
+            .await
+            .unwrap()
+            .is_empty());
+        client.unlock_batch("g-locks", topic, &[1]).await.unwrap();
+        assert_eq!(
+            other.lock_batch("g-locks", topic, &[0, 1]).await.unwrap(),
+            [1]
+        );
+        consumer.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn an_orderly_member_that_dies_hands_its_queues_over_in_order() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("ordered-crash", "g-ordered-crash");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        let log: OrderLog = Arc::default();
+
+        // The member that dies runs on its own runtime: shutting that down stops its tasks
+        // where they are and closes its sockets, like a killed process.
+        let doomed_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        {
+            let (addr, log) = (addr.clone(), log.clone());
+            doomed_runtime.spawn(async move {
+                let doomed = orderly(&addr, group, topic, &log).await;
+                let _ = ready_tx.send(doomed.client().unwrap().config().client_id.clone());
+                std::future::pending::<()>().await;
+                drop(doomed);
+            });
+        }
+        let doomed_id = ready_rx.await.unwrap();
+        let survivor = orderly(&addr, group, topic, &log).await;
+        // Both members hold queues.
+        eventually("both members to hold queues", || {
+            survivor.consuming_queues().len() == 2
+        })
+        .await;
+        let members = client.group_members(group).await.unwrap();
+        assert!(members.members.iter().any(|m| m.client_id == doomed_id));
+
+        send_all(&producer, topic, keyed(8, 0, 25)).await;
+        let distinct = |log: &OrderLog| {
+            log.lock()
+                .unwrap()
+                .values()
+                .map(|seqs| seqs.iter().collect::<BTreeSet<_>>().len())
+                .sum::<usize>()
+        };
+        eventually("the first 200", || distinct(&log) == 200).await;
+        // It dies while messages flow.
+        let sending = {
+            let producer = producer.clone();
+            tokio::spawn(async move { send_all(&producer, topic, keyed(8, 25, 50)).await })
+        };
+        eventually("some of the next 200", || distinct(&log) >= 240).await;
+        doomed_runtime.shutdown_background();
+        sending.await.unwrap();
+        eventually("the survivor to hold every queue", || {
+            survivor.consuming_queues().len() == 4
+        })
+        .await;
+        eventually("all 400", || distinct(&log) == 400).await;
+        caught_up(&client, group, topic).await;
+        check_in_order_redelivering_at_most(&log, 50, 4);
+        survivor.shutdown().await.unwrap();
+    });
+}
