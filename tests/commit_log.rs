@@ -194,3 +194,41 @@ fn corrupt_config_is_refused() {
         assert!(matches!(r, Err(LogError::Config(_))));
     });
 }
+
+/// After a failed write or fdatasync the log refuses appends (typed error) until reopened,
+/// and what was acknowledged before is intact after the reopen.
+#[test]
+fn a_failed_write_or_fdatasync_poisons_the_log_until_reopened() {
+    for point in [
+        ringmq::io::FailPoint::Write,
+        ringmq::io::FailPoint::Fdatasync,
+    ] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = config(64 * 1024, FlushMode::Sync);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            let kept = append_all(&log, 5, 20, 100).await;
+            ringmq::io::inject_failure(point);
+            let m = message(5, 100, 4, 100);
+            let a = log.append(&m.draft(), 0).unwrap();
+            let err = log.wait_acked(a.end()).await.unwrap_err();
+            assert!(matches!(err, LogError::Poisoned { .. }), "{point:?}: {err}");
+            assert!(
+                log.poisoned().unwrap().contains("injected"),
+                "the reason is kept"
+            );
+            // No blind retry: later appends are refused at once.
+            assert!(matches!(
+                log.append(&m.draft(), 1),
+                Err(LogError::Poisoned { .. })
+            ));
+            drop(log);
+            let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+            check_all(&log, &kept).await;
+            let a = log.append(&m.draft(), 0).unwrap();
+            log.wait_acked(a.end()).await.unwrap();
+        });
+    }
+}

@@ -7,6 +7,35 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// An I/O operation that fault-injection tests can make fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailPoint {
+    Write,
+    Fdatasync,
+}
+
+thread_local! {
+    static FAIL_NEXT: std::cell::Cell<Option<FailPoint>> = const { std::cell::Cell::new(None) };
+}
+
+/// Fault injection: the next `point` on a [`LogFile`] of this thread fails with EIO. For tests
+/// of the error paths (a failed write or fdatasync poisons the log); costs one thread-local
+/// read per operation otherwise.
+pub fn inject_failure(point: FailPoint) {
+    FAIL_NEXT.with(|f| f.set(Some(point)));
+}
+
+fn injected(point: FailPoint, path: &Path) -> io::Result<()> {
+    if FAIL_NEXT.with(|f| f.get()) == Some(point) {
+        FAIL_NEXT.with(|f| f.set(None));
+        return Err(io::Error::other(format!(
+            "{point:?} {}: injected failure (EIO)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Alignment of every write offset and length on a [`LogFile`].
 pub const IO_ALIGN: usize = 4096;
 
@@ -156,6 +185,7 @@ impl LogFile {
     /// Writes the whole buffer at `pos` (aligned).
     pub async fn write_at(&self, buf: IoBuf, pos: u64) -> io::Result<()> {
         debug_assert_eq!(pos % IO_ALIGN as u64, 0);
+        injected(FailPoint::Write, &self.path)?;
         let want = buf.len();
         let written = match (&self.inner, buf.inner) {
             (Inner::Dma(f), IoBufInner::Dma(b)) => f
@@ -210,6 +240,7 @@ impl LogFile {
     }
 
     pub async fn fdatasync(&self) -> io::Result<()> {
+        injected(FailPoint::Fdatasync, &self.path)?;
         match &self.inner {
             Inner::Dma(f) => f
                 .fdatasync()

@@ -608,3 +608,98 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn props_strategy() -> impl Strategy<Value = Vec<(String, String)>> {
+        proptest::collection::vec(("[A-Za-z_][A-Za-z0-9_]{0,12}", "[ -~]{0,40}"), 0..6)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn encode_decode_identity(
+            topic in "[A-Za-z0-9_%|-]{1,64}",
+            queue_id in any::<u32>(),
+            flag in any::<i32>(),
+            sys_flag in any::<u32>(),
+            born in any::<i64>(),
+            port in any::<u16>(),
+            ip in any::<[u8; 4]>(),
+            reconsume in any::<u32>(),
+            tx in any::<u64>(),
+            props in props_strategy(),
+            body in proptest::collection::vec(any::<u8>(), 0..4096),
+            qo in any::<u64>(),
+            phys in any::<u64>(),
+            store_ts in any::<i64>(),
+        ) {
+            let mut pb = PropertiesBuilder::new();
+            for (k, v) in &props {
+                pb.put(k, v).unwrap();
+            }
+            let born_host = SocketAddr::from((ip, port));
+            let d = RecordDraft {
+                topic: &topic, queue_id, flag, sys_flag, born_timestamp_ms: born, born_host,
+                reconsume_times: reconsume, transaction_offset: tx, properties: pb.as_bytes(), body: &body,
+            };
+            prop_assert!(d.validate().is_ok());
+            let at = Placement { queue_offset: qo, physical_offset: phys, store_timestamp_ms: store_ts };
+            let bytes = d.encode(at);
+            let v = RecordView::parse(&bytes).unwrap();
+            prop_assert_eq!(v.topic(), topic.as_str());
+            prop_assert_eq!(v.queue_id(), queue_id);
+            prop_assert_eq!(v.flag(), flag);
+            prop_assert_eq!(v.sys_flag(), sys_flag);
+            prop_assert_eq!(v.born_timestamp_ms(), born);
+            prop_assert_eq!(v.born_host(), born_host);
+            prop_assert_eq!(v.reconsume_times(), reconsume);
+            prop_assert_eq!(v.transaction_offset(), tx);
+            prop_assert_eq!(v.queue_offset(), qo);
+            prop_assert_eq!(v.physical_offset(), phys);
+            prop_assert_eq!(v.store_timestamp_ms(), store_ts);
+            prop_assert_eq!(v.body(), &body[..]);
+            let got: Vec<(String, String)> =
+                v.properties().iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+            prop_assert_eq!(got, props);
+            prop_assert_eq!(v.total_len() as usize, bytes.len());
+            // Every truncation is an error, never a panic.
+            for cut in 0..bytes.len() {
+                prop_assert!(RecordView::parse(&bytes[..cut]).is_err());
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = RecordView::parse(&bytes);
+            let _ = RecordView::parse_unchecked_crc(&bytes);
+            for r in RecordIter::new(&bytes) {
+                let _ = r;
+            }
+            let _ = Properties::new(&bytes).validate();
+            let _ = Properties::new(&bytes).iter().count();
+        }
+
+        #[test]
+        fn flipped_bytes_are_detected(
+            body in proptest::collection::vec(any::<u8>(), 1..512),
+            at in any::<proptest::sample::Index>(),
+            bit in 0u8..8,
+        ) {
+            let d = RecordDraft {
+                topic: "t", queue_id: 1, flag: 0, sys_flag: 0, born_timestamp_ms: 0,
+                born_host: SocketAddr::from(([127, 0, 0, 1], 1)), reconsume_times: 0,
+                transaction_offset: 0, properties: b"", body: &body,
+            };
+            let mut bytes = d.encode(Placement { queue_offset: 0, physical_offset: 0, store_timestamp_ms: 0 });
+            let i = at.index(bytes.len());
+            bytes[i] ^= 1 << bit;
+            // A single flipped bit anywhere is caught: by the length, magic or CRC checks.
+            prop_assert!(RecordView::parse(&bytes).is_err());
+        }
+    }
+}
