@@ -430,3 +430,53 @@ async fn bad_input_gets_errors_and_never_harms_others() {
     assert_eq!(r.messages[0].body(), b"kept");
     drop(broker);
 }
+
+#[test]
+fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let data = dir.path().join("data");
+    let out = run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "2",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another broker"), "{err}");
+    // Another data dir, the same port: refused (SO_REUSEPORT would otherwise split traffic).
+    let other = dir.path().join("other");
+    let out = run(&[
+        "--listen",
+        &broker.addr_string(),
+        "--shards",
+        "2",
+        "--data-dir",
+        other.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on"), "{err}");
+    // A different shard count on an existing data dir: refused with a clear message.
+    drop(broker);
+    let out = run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "3",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("created with 2 shards"), "{err}");
+}

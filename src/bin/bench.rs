@@ -14,6 +14,15 @@
 //! or not earlier sends were answered, and latency counts from the scheduled time, so a
 //! stalled broker shows up as latency rather than as fewer samples (no coordinated
 //! omission). Without it, each producer keeps `--in-flight` sends outstanding.
+//!
+//! Consumers are pull loops over their share of the queues by default. With `--group`,
+//! they are push consumers (concurrent mode) of that consumer group instead: the broker
+//! divides the queues among them, the listener sees the message (end-to-end latency is
+//! taken there), and offsets are committed to the broker. The group's offsets are first
+//! set to the queues' current ends, so that, like the pull loops, they start there.
+//!
+//! `--keys N` sends with sharding keys (`k0`..`k{N-1}`, in turn), so each key's messages go
+//! to one queue, in order.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +37,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
 use ringmq::client::{
-    Client, ClientConfig, ClientError, OutgoingMessage, Producer, ProducerOptions, PullStatus,
+    Client, ClientConfig, ClientError, ConsumeFrom, ConsumeStatus, OutgoingMessage, Producer,
+    ProducerOptions, PullStatus, PushConsumer, PushConsumerOptions,
 };
 use ringmq::log::FlushMode;
 use ringmq::protocol::ErrorCode;
@@ -39,6 +49,9 @@ const BODY_HEADER_BYTES: usize = 16;
 const DRAIN_TIMEOUT_S: u64 = 30;
 /// Long-polling wait of the bench's pulls: short enough that consumers notice the end.
 const PULL_WAIT_MS: u64 = 500;
+/// Longest the run waits for push consumers (`--group`) to share the queues before it
+/// starts producing anyway.
+const SETTLE_TIMEOUT_S: u64 = 30;
 /// Pause after a failed pull before the next one.
 const PULL_ERROR_PAUSE_MS: u64 = 100;
 /// Histogram range: 1 µs to 1 hour, 3 significant digits.
@@ -77,6 +90,21 @@ struct Cli {
     /// Consumer clients; the topic's queues are divided among them (0: produce only).
     #[arg(long, default_value_t = 1)]
     consumers: usize,
+    /// Make the consumers push consumers (concurrent mode) of this consumer group, which
+    /// the broker divides the queues among, instead of pull loops; their offsets start at
+    /// the queues' current ends and are committed to the broker.
+    #[arg(long, value_name = "NAME")]
+    group: Option<String>,
+    /// With --group: messages per listener call [default: 1, as RocketMQ].
+    #[arg(long, value_name = "N", requires = "group")]
+    consume_batch: Option<usize>,
+    /// With --group: listener calls running at once, per consumer [default: 20].
+    #[arg(long, value_name = "N", requires = "group")]
+    consume_threads: Option<usize>,
+    /// Send with sharding keys `k0`..`k{N-1}` (in turn) instead of round-robin: each key's
+    /// messages go to one queue. Only with --batch 1.
+    #[arg(long, value_name = "N")]
+    keys: Option<u64>,
     /// Message body size in bytes (at least 16: send time and sequence).
     #[arg(long, default_value_t = 1024)]
     size: usize,
@@ -149,6 +177,33 @@ impl Cli {
         }
         if self.pull_batch == 0 {
             return Err("--pull-batch must be at least 1".into());
+        }
+        if self.group.is_some() && self.consumers == 0 {
+            return Err("--group needs --consumers 1 or more".into());
+        }
+        if self.group.is_some() && self.pull_batch > ringmq::client::PULL_BATCH_MAX_LIMIT {
+            return Err(format!(
+                "--pull-batch {}: push consumers pull at most {} messages at once",
+                self.pull_batch,
+                ringmq::client::PULL_BATCH_MAX_LIMIT
+            ));
+        }
+        if let Some(n) = self.consume_batch {
+            range(
+                "consume-batch",
+                n,
+                1,
+                ringmq::client::CONSUME_BATCH_MAX_LIMIT,
+            )?;
+        }
+        if let Some(n) = self.consume_threads {
+            range("consume-threads", n, 1, ringmq::client::CONSUME_THREADS_MAX)?;
+        }
+        if self.keys == Some(0) {
+            return Err("--keys must be at least 1".into());
+        }
+        if self.keys.is_some() && self.batch > 1 {
+            return Err("--keys goes with --batch 1 only".into());
         }
         if self.messages == Some(0) || self.duration == Some(0) {
             return Err("--messages and --duration must be at least 1".into());
@@ -308,8 +363,14 @@ impl Sender {
         let sent_at_ns = epoch_ns(scheduled);
         let mut messages: Vec<OutgoingMessage> = (0..count)
             .map(|i| {
-                let number = (self.scheduled_messages + i as u64) & SEQ_NUMBER_MASK;
-                OutgoingMessage::new(body(cli.size, sent_at_ns, self.first_seq | number))
+                let n = self.scheduled_messages + i as u64;
+                let number = n & SEQ_NUMBER_MASK;
+                let message =
+                    OutgoingMessage::new(body(cli.size, sent_at_ns, self.first_seq | number));
+                match cli.keys {
+                    Some(keys) => message.with_sharding_key(format!("k{}", n % keys)),
+                    None => message,
+                }
             })
             .collect();
         self.scheduled_messages += count as u64;
@@ -484,19 +545,7 @@ async fn consume_queue(
         let now = Instant::now();
         let (counted, duplicates) =
             count_new(&run, &result.messages, epoch_ns(now), &mut latencies);
-        if duplicates > 0 {
-            run.stats
-                .duplicates
-                .fetch_add(duplicates, Ordering::Relaxed);
-        }
-        if counted > 0 {
-            run.stats.received.fetch_add(counted, Ordering::Relaxed);
-            let since_start =
-                u64::try_from(now.duration_since(run.start).as_nanos()).unwrap_or(u64::MAX);
-            run.stats
-                .last_received_ns
-                .fetch_max(since_start, Ordering::Relaxed);
-        }
+        note_received(&run, counted, duplicates, now);
         match result.status {
             PullStatus::Found
             | PullStatus::NoMatchedMessage
@@ -506,6 +555,137 @@ async fn consume_queue(
         }
     }
     latencies
+}
+
+/// Adds what [`count_new`] found, seen at `now`, to the run's counters.
+fn note_received(run: &Run, counted: u64, duplicates: u64, now: Instant) {
+    if duplicates > 0 {
+        run.stats
+            .duplicates
+            .fetch_add(duplicates, Ordering::Relaxed);
+    }
+    if counted > 0 {
+        run.stats.received.fetch_add(counted, Ordering::Relaxed);
+        let since_start =
+            u64::try_from(now.saturating_duration_since(run.start).as_nanos()).unwrap_or(u64::MAX);
+        run.stats
+            .last_received_ns
+            .fetch_max(since_start, Ordering::Relaxed);
+    }
+}
+
+/// The push consumers of `--group`, each with its end-to-end histogram.
+struct PushConsumers {
+    consumers: Vec<PushConsumer>,
+    latencies: Vec<Arc<Mutex<Histogram<u64>>>>,
+}
+
+/// Sets `group`'s offsets to `start_offsets` (the queues' ends: messages of earlier runs
+/// are skipped, as the pull loops do), then starts `--consumers` push consumers of the
+/// group and waits until they share the queues. Their listeners count into the run once
+/// `run` is set (nothing is sent before).
+async fn start_push_consumers(
+    cli: &Cli,
+    config: &ClientConfig,
+    admin: &Client,
+    group: &str,
+    start_offsets: &[u64],
+    run: Arc<OnceLock<Arc<Run>>>,
+) -> Result<PushConsumers, String> {
+    for (queue, offset) in start_offsets.iter().enumerate() {
+        admin
+            .commit_offset(group, &cli.topic, queue as u32, *offset)
+            .await
+            .map_err(|e| format!("setting group {group}'s offset of queue {queue}: {e}"))?;
+    }
+    let defaults = PushConsumerOptions::default();
+    let options = PushConsumerOptions {
+        consume_from: ConsumeFrom::LastOffset,
+        pull_batch_max: cli.pull_batch,
+        consume_batch_max: cli.consume_batch.unwrap_or(defaults.consume_batch_max),
+        consume_threads: cli.consume_threads.unwrap_or(defaults.consume_threads),
+        ..defaults
+    };
+    let mut push = PushConsumers {
+        consumers: Vec::with_capacity(cli.consumers),
+        latencies: Vec::with_capacity(cli.consumers),
+    };
+    for c in 0..cli.consumers {
+        let fail = |e: ClientError| format!("push consumer {c} of group {group}: {e}");
+        // One member each: the broker tells members apart by client id.
+        let config = ClientConfig {
+            client_id: format!("{}-consumer-{c}", config.client_id),
+            ..config.clone()
+        };
+        let consumer = PushConsumer::new(config, group, options.clone()).map_err(fail)?;
+        consumer.subscribe(&cli.topic, "*").map_err(fail)?;
+        let latencies = Arc::new(Mutex::new(histogram()));
+        let (histogram, run) = (latencies.clone(), run.clone());
+        consumer
+            .register_concurrent(move |messages| {
+                // After the drain, what arrives is not measured: it is the re-delivery of
+                // queues handed over while the members leave one by one.
+                if let Some(run) = run
+                    .get()
+                    .filter(|run| !run.stop_consumers.load(Ordering::Relaxed))
+                {
+                    let now = Instant::now();
+                    let (counted, duplicates) = count_new(
+                        run,
+                        messages,
+                        epoch_ns(now),
+                        &mut histogram.lock().unwrap_or_else(PoisonError::into_inner),
+                    );
+                    note_received(run, counted, duplicates, now);
+                }
+                ConsumeStatus::Success
+            })
+            .map_err(fail)?;
+        consumer.start().await.map_err(fail)?;
+        push.consumers.push(consumer);
+        push.latencies.push(latencies);
+    }
+    // Settled: the broker counts every consumer as a member, and each consumes exactly the
+    // queues the broker assigns it (a consumer that has not applied its first assignment
+    // yet consumes nothing, which is not the same as being assigned nothing).
+    let deadline = Instant::now() + Duration::from_secs(SETTLE_TIMEOUT_S);
+    loop {
+        let members = admin
+            .group_members(group)
+            .await
+            .map_err(|e| format!("members of group {group}: {e}"))?;
+        let assigned: std::collections::BTreeMap<&str, Vec<u32>> = members
+            .members
+            .iter()
+            .map(|m| {
+                let queues = m
+                    .topics
+                    .iter()
+                    .filter(|t| t.topic == cli.topic)
+                    .flat_map(|t| t.queues.iter().copied())
+                    .collect();
+                (m.client_id.as_str(), queues)
+            })
+            .collect();
+        let settled = assigned.len() == push.consumers.len()
+            && push.consumers.iter().all(|c| {
+                let id = c.client().map(|c| c.config().client_id.clone());
+                let consuming: Vec<u32> = c.consuming_queues().iter().map(|q| q.queue_id).collect();
+                id.and_then(|id| assigned.get(id.as_str()).cloned()) == Some(consuming)
+            });
+        if settled {
+            break;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "ringmq-bench: the push consumers did not settle within {SETTLE_TIMEOUT_S} s; \
+                 starting anyway"
+            );
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    Ok(push)
 }
 
 /// Counts the messages of this run seen for the first time, recording their end-to-end
@@ -624,12 +804,29 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         producers.push(producer);
     }
     let mut consumers = Vec::with_capacity(cli.consumers);
-    for c in 0..cli.consumers {
-        let client = Client::connect(config.clone())
-            .await
-            .map_err(|e| format!("consumer {c}: {e}"))?;
-        consumers.push(client);
-    }
+    let run_cell: Arc<OnceLock<Arc<Run>>> = Arc::default();
+    let push = match &cli.group {
+        Some(group) => Some(
+            start_push_consumers(
+                &cli,
+                &config,
+                &admin,
+                group,
+                &start_offsets,
+                run_cell.clone(),
+            )
+            .await?,
+        ),
+        None => {
+            for c in 0..cli.consumers {
+                let client = Client::connect(config.clone())
+                    .await
+                    .map_err(|e| format!("consumer {c}: {e}"))?;
+                consumers.push(client);
+            }
+            None
+        }
+    };
 
     let run = Arc::new(Run {
         cli: cli.clone(),
@@ -640,6 +837,9 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         stats: Stats::default(),
         stop_consumers: AtomicBool::new(false),
     });
+    if run_cell.set(run.clone()).is_err() {
+        unreachable!("the run is set once");
+    }
     let done = Arc::new(AtomicBool::new(false));
     let progress = tokio::spawn(progress(run.clone(), done.clone()));
 
@@ -687,6 +887,30 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         e2e_latency
             .add(&h)
             .map_err(|e| format!("merging histograms: {e}"))?;
+    }
+    if let Some(push) = push {
+        // All at once: each leaves the group cleanly (commits, unregisters).
+        let mut leaving = Vec::with_capacity(push.consumers.len());
+        for consumer in push.consumers {
+            run.stats
+                .pull_errors
+                .fetch_add(consumer.stats().pull_errors, Ordering::Relaxed);
+            leaving.push(tokio::spawn(async move { consumer.shutdown().await }));
+        }
+        for (c, left) in leaving.into_iter().enumerate() {
+            match left.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    eprintln!("ringmq-bench: push consumer {c} shut down with an error: {e}")
+                }
+                Err(e) => eprintln!("ringmq-bench: push consumer {c} shutdown task: {e}"),
+            }
+        }
+        for h in &push.latencies {
+            e2e_latency
+                .add(&*h.lock().unwrap_or_else(PoisonError::into_inner))
+                .map_err(|e| format!("merging histograms: {e}"))?;
+        }
     }
     done.store(true, Ordering::Relaxed);
     progress.abort();
@@ -761,6 +985,10 @@ fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> serde_json::V
             "queues": r.queue_count,
             "producers": cli.producers,
             "consumers": cli.consumers,
+            "group": cli.group,
+            "consume_batch": cli.consume_batch,
+            "consume_threads": cli.consume_threads,
+            "keys": cli.keys,
             "size": cli.size,
             "batch": cli.batch,
             "messages": cli.messages,
@@ -883,7 +1111,7 @@ fn main() -> ExitCode {
         },
     };
     eprintln!(
-        "ringmq-bench: {} on {broker}{}: {} producers, {} consumers, {} B messages, batch {}, {}",
+        "ringmq-bench: {} on {broker}{}: {} producers, {} consumers{}, {} B messages, batch {}, {}",
         cli.topic,
         if embedded.is_some() {
             " (embedded)"
@@ -892,6 +1120,10 @@ fn main() -> ExitCode {
         },
         cli.producers,
         cli.consumers,
+        match &cli.group {
+            Some(group) => format!(" (push, group {group})"),
+            None => String::new(),
+        },
         cli.size,
         cli.batch,
         match (cli.messages, cli.duration(), cli.rate) {

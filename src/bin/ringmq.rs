@@ -3,7 +3,9 @@
 //!
 //! Topics (create, update, delete, list, describe), sending one message, looking messages
 //! up by id, key or queue offset, consumer-group offsets, members, progress (lag) and
-//! reset by time, and a simple pull loop (`consume`).
+//! reset by time, and `consume`: a simple pull loop, or with `--group` a member of a
+//! consumer group (a push consumer: concurrent or orderly, clustering or broadcasting)
+//! that prints one line per message it processed, with the processing interval.
 //!
 //! Output is plain text for people; `--json` prints JSON instead (one document per command,
 //! or one object per line for `consume`). Errors go to stderr as `ringmq: <message>`, broker
@@ -14,16 +16,21 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, Notify};
 
 use ringmq::client::{
-    Client, ClientConfig, ClientError, Message, MessageId, OutgoingMessage, Producer, PullStatus,
-    TagExpression,
+    Client, ClientConfig, ClientError, ConsumeFrom, ConsumeStatus, Message, MessageId,
+    MessageModel, OrderlyStatus, OutgoingMessage, Producer, PullStatus, PushConsumer,
+    PushConsumerOptions, TagExpression, CONSUME_THREADS_MAX,
 };
+use ringmq::protocol::ErrorCode;
 
 /// The broker address when neither `--broker` nor `RINGMQ_BROKER` gives one.
 const BROKER_DEFAULT: &str = "127.0.0.1:7800";
@@ -44,6 +51,8 @@ const PROP_TAGS: &str = "TAGS";
 const PROP_KEYS: &str = "KEYS";
 /// Help heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";
+/// Longest `consume --process-ms`.
+const PROCESS_MS_MAX: u64 = 3_600_000;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -87,10 +96,26 @@ enum Command {
     /// Consumer groups: members, progress (lag), offset reset by time
     #[command(subcommand)]
     Group(GroupCommand),
-    /// Pull messages and print one line each (queue, offset, tags, body)
+    /// Pull messages and print one line each (queue, offset, tags, body); with --group,
+    /// consume as a member of a consumer group
     ///
-    /// Without --follow it stops once every queue is drained (or after --max messages);
-    /// with --follow it keeps waiting for new ones.
+    /// Without --group: a plain pull loop over the topic's queues (no group, nothing
+    /// committed). Without --follow it stops once every queue is drained (or after --max
+    /// messages); with --follow it keeps waiting for new ones.
+    ///
+    /// With --group GROUP: a push consumer in that group. The broker divides the topic's
+    /// queues among the group's live members, and offsets are committed to the broker
+    /// (clustering; with --broadcast every member gets every message and keeps its offsets
+    /// in a local file); --orderly consumes each queue one message at a time, in offset
+    /// order, under the queue's broker lock. It prints one line per processed message,
+    /// flushed at once (with --json, one object per line with the same fields):
+    ///
+    ///   MSG client=ID queue=Q offset=O start_ns=T0 end_ns=T1 key=KEY body=BODY
+    ///
+    /// where T0 and T1 are wall-clock times (ns since the UNIX epoch) around the processing
+    /// of the message (--process-ms of sleep), KEY is the message's first key (`-`: none).
+    /// It runs until SIGTERM or SIGINT, or --max messages, then leaves the group cleanly
+    /// (waits for messages in progress, commits, unlocks, unregisters) and exits 0.
     Consume(ConsumeArgs),
 }
 
@@ -262,6 +287,9 @@ enum From {
     Last,
 }
 
+/// The options that only go with `consume --group`.
+const GROUP_ONLY: &str = "Consumer group options (with --group)";
+
 #[derive(Args, Debug)]
 struct ConsumeArgs {
     /// Topic name
@@ -273,10 +301,12 @@ struct ConsumeArgs {
     /// from that message; past its end: from its end)
     #[arg(long, value_name = "N", conflicts_with = "from")]
     from_offset: Option<u64>,
-    /// Where to start when --from-offset is not given
+    /// Where to start when --from-offset is not given; with --group, where a queue the
+    /// group has no committed offset for starts (a committed offset always wins)
     #[arg(long, value_enum, default_value_t = From::First)]
     from: From,
-    /// Stop after this many messages
+    /// Stop after this many messages (with --group: after processing this many; the
+    /// consumer then leaves the group cleanly)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max: Option<u64>,
     /// Only messages with one of these tags: `*` (all) or `A || B`
@@ -293,6 +323,46 @@ struct ConsumeArgs {
     /// Show bodies as hex instead of UTF-8 text
     #[arg(long)]
     hex: bool,
+    /// Consume as a member of this consumer group (a push consumer; see above). Runs until
+    /// SIGTERM/SIGINT or --max
+    #[arg(long, value_name = "GROUP", help_heading = GROUP_ONLY,
+          conflicts_with_all = ["queue", "from_offset", "follow", "wait_ms"])]
+    group: Option<String>,
+    /// Orderly consumption: each queue one message at a time, in offset order, only while
+    /// this member holds the queue's lock on the broker (default: concurrent)
+    #[arg(long, requires = "group", help_heading = GROUP_ONLY)]
+    orderly: bool,
+    /// Broadcasting: every member of the group gets every message; offsets are kept in a
+    /// local file per client id and group, under ~/.ringmq/offsets (default: clustering)
+    #[arg(long, requires = "group", help_heading = GROUP_ONLY)]
+    broadcast: bool,
+    /// This member's client id (default: ringmq-<pid>-0); with --broadcast, a stable id
+    /// resumes from the offsets of an earlier run
+    #[arg(long, value_name = "ID", requires = "group", help_heading = GROUP_ONLY)]
+    client_id: Option<String>,
+    /// Time spent processing each message (a sleep), in ms [default: 0]: makes processing
+    /// intervals visible in the output
+    #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(0..=PROCESS_MS_MAX))]
+    process_ms: Option<u64>,
+    /// Also print `START client=ID queue=Q offset=O start_ns=T0 key=KEY` when the
+    /// processing of a message begins (before its MSG line)
+    #[arg(long, requires = "group", help_heading = GROUP_ONLY)]
+    print_start: bool,
+    /// Heartbeat interval, in ms [default: 3000, or a third of --session-timeout-ms]
+    #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    heartbeat_ms: Option<u64>,
+    /// The broker's session timeout (its --session-timeout-ms), in ms [default: 10000]:
+    /// orderly consumption pauses when no heartbeat was acknowledged for that long minus
+    /// one heartbeat interval. Give the broker's value when it is not the default
+    #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(2..=3_600_000))]
+    session_timeout_ms: Option<u64>,
+    /// Listener threads: messages processed at once over all queues [default: 20]
+    #[arg(long, value_name = "N", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(1..=CONSUME_THREADS_MAX as u64))]
+    threads: Option<u64>,
 }
 
 /// Why a command failed; it sets the exit code.
@@ -1010,6 +1080,9 @@ async fn print_progress(
 // ---- consume ----
 
 async fn consume(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
+    if args.group.is_some() {
+        return consume_group(ctx, args).await;
+    }
     let filter = match &args.tags {
         Some(expr) => TagExpression::parse(expr).map_err(|e| ctx.fail(e))?,
         None => TagExpression::parse("*").map_err(|e| ctx.fail(e))?,
@@ -1218,6 +1291,198 @@ async fn follow(
         }
     }
     Ok(())
+}
+
+// ---- consume --group ----
+
+/// Wall-clock nanoseconds since the UNIX epoch (comparable between processes of a host).
+fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The listener of `consume --group`: processes (sleeps) and prints each message, within
+/// the --max budget.
+struct GroupListener {
+    client_id: String,
+    json: bool,
+    hex: bool,
+    print_start: bool,
+    process: Duration,
+    /// Messages --max still allows (`u64::MAX`: no limit).
+    budget: AtomicU64,
+    /// Told when the budget is spent: the command then shuts the consumer down.
+    spent: Notify,
+}
+
+impl GroupListener {
+    /// Processes a batch and answers true, or answers false without touching it when
+    /// --max leaves no room for it (the batch then stays uncommitted, for the next
+    /// owner of its queue).
+    fn process(&self, messages: &[Message]) -> bool {
+        let n = messages.len() as u64;
+        let taken = self
+            .budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(n)
+            })
+            .is_ok();
+        if !taken {
+            self.spent.notify_one();
+            return false;
+        }
+        for m in messages {
+            let start_ns = wall_ns();
+            if self.print_start {
+                emit(&self.line(m, start_ns, None));
+            }
+            if !self.process.is_zero() {
+                std::thread::sleep(self.process);
+            }
+            let end_ns = wall_ns();
+            emit(&self.line(m, start_ns, Some(end_ns)));
+        }
+        if self.budget.load(Ordering::SeqCst) == 0 {
+            self.spent.notify_one();
+        }
+        true
+    }
+
+    /// A `MSG` line (processed), or a `START` line (`end_ns` None: processing begins).
+    fn line(&self, m: &Message, start_ns: u64, end_ns: Option<u64>) -> String {
+        let key = m.keys().next().unwrap_or("-");
+        if self.json {
+            let mut v = json!({
+                "event": if end_ns.is_some() { "msg" } else { "start" },
+                "client": self.client_id,
+                "topic": m.topic(),
+                "queue": m.queue_id(),
+                "offset": m.queue_offset(),
+                "start_ns": start_ns,
+                "key": key,
+            });
+            if let Some(end_ns) = end_ns {
+                v["end_ns"] = json!(end_ns);
+                if self.hex {
+                    v["body_hex"] = Value::String(to_hex(m.body()));
+                } else {
+                    v["body"] = Value::String(String::from_utf8_lossy(m.body()).into_owned());
+                }
+            }
+            return v.to_string();
+        }
+        match end_ns {
+            Some(end_ns) => format!(
+                "MSG client={} queue={} offset={} start_ns={start_ns} end_ns={end_ns} key={key} \
+                 body={}",
+                self.client_id,
+                m.queue_id(),
+                m.queue_offset(),
+                body_text(m.body(), self.hex, true)
+            ),
+            None => format!(
+                "START client={} queue={} offset={} start_ns={start_ns} key={key}",
+                self.client_id,
+                m.queue_id(),
+                m.queue_offset()
+            ),
+        }
+    }
+}
+
+/// `consume --group`: a push consumer that prints what it processes, until a signal or
+/// --max, then leaves the group cleanly.
+async fn consume_group(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
+    let Some(group) = args.group.clone() else {
+        return Err(Failure::Usage("consume_group needs --group".into()));
+    };
+    let mut config = ctx.config();
+    if let Some(id) = &args.client_id {
+        config.client_id = id.clone();
+    }
+    let mut options = PushConsumerOptions {
+        message_model: if args.broadcast {
+            MessageModel::Broadcasting
+        } else {
+            MessageModel::Clustering
+        },
+        consume_from: match args.from {
+            From::First => ConsumeFrom::FirstOffset,
+            From::Last => ConsumeFrom::LastOffset,
+        },
+        // One message per listener call: one interval per message.
+        consume_batch_max: 1,
+        ..PushConsumerOptions::default()
+    };
+    if let Some(ms) = args.session_timeout_ms {
+        options.session_timeout_ms = ms;
+        options.heartbeat_interval_ms = (ms / 3).max(1);
+    }
+    if let Some(ms) = args.heartbeat_ms {
+        options.heartbeat_interval_ms = ms;
+    }
+    if let Some(n) = args.threads {
+        options.consume_threads = usize::try_from(n).unwrap_or(CONSUME_THREADS_MAX);
+    }
+    let consumer =
+        PushConsumer::new(config.clone(), group.as_str(), options).map_err(|e| ctx.fail(e))?;
+    consumer
+        .subscribe(&args.topic, args.tags.as_deref().unwrap_or("*"))
+        .map_err(|e| ctx.fail(e))?;
+    let listener = Arc::new(GroupListener {
+        client_id: config.client_id.clone(),
+        json: ctx.json,
+        hex: args.hex,
+        print_start: args.print_start,
+        process: Duration::from_millis(args.process_ms.unwrap_or(0)),
+        budget: AtomicU64::new(args.max.unwrap_or(u64::MAX)),
+        spent: Notify::new(),
+    });
+    let registered = if args.orderly {
+        let listener = listener.clone();
+        consumer.register_orderly(move |messages| {
+            if listener.process(messages) {
+                OrderlyStatus::Success
+            } else {
+                OrderlyStatus::SuspendCurrentQueueAMoment
+            }
+        })
+    } else {
+        let listener = listener.clone();
+        consumer.register_concurrent(move |messages| {
+            if listener.process(messages) {
+                ConsumeStatus::Success
+            } else {
+                ConsumeStatus::ReconsumeLater
+            }
+        })
+    };
+    registered.map_err(|e| ctx.fail(e))?;
+    // Installed before joining: a signal that arrives meanwhile still stops it cleanly.
+    let handler = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| Failure::Failed(format!("installing the {name} handler: {e}")))
+    };
+    let mut term = handler(SignalKind::terminate(), "SIGTERM")?;
+    let mut interrupt = handler(SignalKind::interrupt(), "SIGINT")?;
+    consumer.start().await.map_err(|e| ctx.fail(e))?;
+    // Subscribing to a topic that does not exist (yet) is allowed, but likely a typo.
+    if let Some(client) = consumer.client() {
+        if let Err(e) = client.describe_topic(&args.topic).await {
+            if e.code() == Some(ErrorCode::TopicNotFound) {
+                eprintln!(
+                    "ringmq: topic {} does not exist (yet); waiting for it",
+                    args.topic
+                );
+            }
+        }
+    }
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = interrupt.recv() => {}
+        _ = listener.spent.notified() => {}
+    }
+    consumer.shutdown().await.map_err(|e| ctx.fail(e))
 }
 
 // ---- output helpers ----

@@ -107,6 +107,8 @@ pub struct Broker {
     shard_addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
     threads: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
+    /// Held while the broker runs.
+    _dir_lock: std::fs::File,
 }
 
 enum BootMsg {
@@ -157,6 +159,53 @@ fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> 
     }
 }
 
+/// The shards bind with SO_REUSEPORT, which would let a second broker on the same ports
+/// share (and split) their traffic. A plain bind first fails if anything holds the ports.
+/// Takes an exclusive lock on the data directory for the life of the broker: two brokers on
+/// one directory would corrupt each other's logs.
+fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerError> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join("lock");
+    let dd = |reason: String| BrokerError::DataDir {
+        path: data_dir.to_owned(),
+        reason,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| dd(format!("open {}: {e}", path.display())))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(dd(
+            "it is in use by another broker (its lock file is held)".into()
+        ));
+    }
+    Ok(file)
+}
+
+fn check_ports_free(listen: &SocketAddr, shards: usize) -> Result<(), BrokerError> {
+    if listen.port() == 0 {
+        return Ok(());
+    }
+    let ports = std::iter::once(listen.port() as usize)
+        .chain((0..shards).map(|i| listen.port() as usize + 1 + i));
+    for port in ports {
+        let port = u16::try_from(port)
+            .map_err(|_| BrokerError::Config(format!("port {port} is out of range")))?;
+        let addr = SocketAddr::new(listen.ip(), port);
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(BrokerError::Config(format!(
+                "cannot listen on {addr}: {e} (is another broker running? shard i also uses port {}+1+i)",
+                listen.port()
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Broker {
     /// Starts the shards and returns once every shard serves.
     pub fn start(cfg: BrokerConfig) -> Result<Broker, BrokerError> {
@@ -179,6 +228,8 @@ impl Broker {
         let limits = FrameLimits::new(cfg.frame_bytes_max)
             .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
         check_shard_count(&cfg.data_dir, shards)?;
+        let dir_lock = lock_data_dir(&cfg.data_dir)?;
+        check_ports_free(&cfg.listen, shards)?;
         TopicTable::load(&cfg.data_dir).map_err(|e| BrokerError::DataDir {
             path: cfg.data_dir.clone(),
             reason: e.to_string(),
@@ -279,6 +330,7 @@ impl Broker {
             shard_addrs: direct.into_iter().flatten().collect(),
             stop,
             threads,
+            _dir_lock: dir_lock,
         })
     }
 
