@@ -1326,7 +1326,13 @@ impl Drop for InFlight {
     }
 }
 
-fn pull_frame(request_id: u64, meta: &PullResult, parts: &[&[u8]]) -> Vec<u8> {
+/// An answer whose meta part is followed by stored records, copied straight from where
+/// the store read them.
+fn with_records_frame<M: crate::protocol::Message>(
+    request_id: u64,
+    meta: &M,
+    parts: &[&[u8]],
+) -> Vec<u8> {
     let tail: usize = parts.iter().map(|p| p.len()).sum();
     let mut out = Vec::with_capacity(128 + tail);
     if let Err(e) = encode_frame_head(request_id, Flags::NONE, meta, tail, &mut out) {
@@ -1341,22 +1347,18 @@ fn pull_frame(request_id: u64, meta: &PullResult, parts: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+fn pull_frame(request_id: u64, meta: &PullResult, parts: &[&[u8]]) -> Vec<u8> {
+    with_records_frame(request_id, meta, parts)
+}
+
 fn records_frame(request_id: u64, parts: &[&[u8]]) -> Vec<u8> {
-    let tail: usize = parts.iter().map(|p| p.len()).sum();
-    let mut out = Vec::with_capacity(64 + tail);
-    let meta = Records {
-        count: parts.len() as u32,
-    };
-    if let Err(e) = encode_frame_head(request_id, Flags::NONE, &meta, tail, &mut out) {
-        return error_frame(
-            request_id,
-            &err(ErrorCode::Internal, format!("encode: {e}")),
-        );
-    }
-    for p in parts {
-        out.extend_from_slice(p);
-    }
-    out
+    with_records_frame(
+        request_id,
+        &Records {
+            count: parts.len() as u32,
+        },
+        parts,
+    )
 }
 
 fn reencode_send(

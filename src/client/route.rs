@@ -3,11 +3,7 @@
 //!
 //! Both are part of the wire contract. [`owner`] is the broker's own function (from
 //! `protocol::route`), so a shard-aware client and the broker never disagree on where a
-//! queue lives; the tag hash is a copy of the broker's `index::tag::tag_hash` (the index
-//! module is broker-only), pinned to the same published test vectors.
-
-/// The tag hash of a message without a tag; [`tag_hash`] never returns it.
-pub const TAG_HASH_NONE: u64 = 0;
+//! queue lives; the tag hash is likewise `protocol::route::tag_hash`, pinned to published test vectors.
 
 /// Standard FNV-1a 64 (offset basis 0xcbf29ce484222325, prime 0x100000001b3), and the
 /// queue ownership function `(fnv1a_64(topic) as u32).wrapping_add(queue_id) % shard_count`.
@@ -16,16 +12,7 @@ pub const TAG_HASH_NONE: u64 = 0;
 /// so a shard-aware client and the broker cannot drift apart. Consecutive queues of a topic
 /// land on consecutive shards (an even spread); the topic hash staggers where each topic
 /// starts. `owner` panics on a shard count of 0; the client checks the handshake first.
-pub use crate::protocol::route::{fnv1a_64, owner};
-
-/// The hash of a tag as the broker stores it in consume-queue entries (FNV-1a 64; a tag
-/// hashing to [`TAG_HASH_NONE`] is mapped to 1 so "no tag" stays distinct).
-pub fn tag_hash(tag: &str) -> u64 {
-    match fnv1a_64(tag.as_bytes()) {
-        TAG_HASH_NONE => 1,
-        hash => hash,
-    }
-}
+pub use crate::protocol::route::{fnv1a_64, owner, tag_hash, TAG_HASH_NONE};
 
 /// The queue a sharding key pins its messages to: same key and queue count, same queue.
 pub fn queue_for_key(key: &str, queue_count: u32) -> u32 {

@@ -4,33 +4,13 @@
 //! the client re-checks the tag string. The hash is stored on disk, so the function below is
 //! a format: it must never change across versions.
 
-/// The tag hash of a message without a tag. [`tag_hash`] never returns it.
-pub const TAG_HASH_NONE: u64 = 0;
+/// The tag hash and its "no tag" value are part of the wire contract (pull filters carry
+/// them), so they live in `protocol::route`; the index stores them.
+pub use crate::protocol::route::{tag_hash, TAG_HASH_NONE};
 
-const FNV1A64_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV1A64_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// FNV-1a, 64 bits. Also used for key-index hashing: cheap, stable and good enough for
+/// FNV-1a, 64 bits, also used for key-index hashing: cheap, stable and good enough for
 /// short strings; collisions are resolved by the caller reading the message.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash = FNV1A64_OFFSET_BASIS;
-    for &byte in bytes {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(FNV1A64_PRIME);
-    }
-    hash
-}
-
-/// The stable 64-bit hash of a tag, stored in consume-queue entries.
-///
-/// Never [`TAG_HASH_NONE`]: a real tag hashing to 0 is mapped to 1, so "no tag" stays
-/// distinguishable (at the cost of one extra collision the client re-check resolves).
-pub fn tag_hash(tag: &str) -> u64 {
-    match fnv1a64(tag.as_bytes()) {
-        TAG_HASH_NONE => 1,
-        hash => hash,
-    }
-}
+pub(crate) use crate::protocol::route::fnv1a_64 as fnv1a64;
 
 #[cfg(test)]
 mod tests {

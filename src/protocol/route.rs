@@ -11,6 +11,19 @@ pub fn fnv1a_64(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The tag hash of a message without a tag; [`tag_hash`] never returns it.
+pub const TAG_HASH_NONE: u64 = 0;
+
+/// The hash of a tag as stored in consume-queue entries and sent in pull filters: FNV-1a 64;
+/// a tag hashing to [`TAG_HASH_NONE`] is mapped to 1 so "no tag" stays distinct. Stored on
+/// disk, so it must never change.
+pub fn tag_hash(tag: &str) -> u64 {
+    match fnv1a_64(tag.as_bytes()) {
+        TAG_HASH_NONE => 1,
+        hash => hash,
+    }
+}
+
 /// The shard that owns queue `queue_id` of `topic`. Consecutive queues of one topic go to
 /// consecutive shards, so a topic's queues spread evenly over all shards; the topic hash
 /// staggers where each topic starts.
