@@ -480,3 +480,71 @@ fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("created with 2 shards"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_topic_stays_deleted_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let client = Client::connect(config(&addr, true)).await.unwrap();
+    client.create_topic("gone", 2).await.unwrap();
+    let producer = Producer::from_client(client.clone(), Default::default());
+    for i in 0..50 {
+        producer
+            .send("gone", OutgoingMessage::new(format!("old-{i}")))
+            .await
+            .unwrap();
+    }
+    client.delete_topic("gone").await.unwrap();
+    client.create_topic("gone", 2).await.unwrap();
+    for i in 0..3 {
+        producer
+            .send("gone", OutgoingMessage::new(format!("new-{i}")))
+            .await
+            .unwrap();
+    }
+    // Let async flush cover the new messages, then crash.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    broker.kill();
+    broker.restart();
+    let client = Client::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    let all = drain(&client, "gone", 2).await;
+    let bodies: Vec<String> = all
+        .values()
+        .flatten()
+        .map(|m| String::from_utf8_lossy(m.body()).into_owned())
+        .collect();
+    assert!(
+        bodies.iter().all(|b| b.starts_with("new-")),
+        "deleted messages came back: {bodies:?}"
+    );
+    assert_eq!(bodies.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_ids_and_names_get_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let client = Client::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    client.create_topic("t", 2).await.unwrap();
+    // A message id whose physical offset would overflow.
+    let id = ringmq::protocol::MessageId {
+        broker_id: 0,
+        store_id: 1,
+        physical_offset: u64::MAX - 10,
+    };
+    let r = client.message_by_id(&id.to_string()).await;
+    assert!(r.is_err() || r.as_ref().unwrap().is_none(), "{r:?}");
+    // A group name over 255 bytes.
+    let long = "g".repeat(70_000);
+    let err = client.commit_offset(&long, "t", 0, 1).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidMessage), "{err}");
+    // The broker still serves.
+    client.commit_offset("g", "t", 0, 5).await.unwrap();
+    assert_eq!(client.query_offset("g", "t", 0).await.unwrap(), Some(5));
+    assert!(!broker.stderr().contains("panicked"), "{}", broker.stderr());
+}

@@ -139,13 +139,18 @@ impl ShardCtx {
                 }
             }
         }
+        // A group whose offsets were reset keeps its epoch (members compare it), so only a
+        // group that never had a reset is forgotten.
         let empty = self
             .groups
             .borrow()
             .get(group)
-            .is_some_and(|(s, _)| s.is_empty());
+            .is_some_and(|(s, extra)| s.is_empty() && extra.offsets_epoch == 0);
         if empty {
-            // Keep the offsets epoch across an empty spell: forget only the members.
+            // Bounded memory: a group without members is forgotten (a new member starts a
+            // new generation; offsets live with the queues, not here).
+            self.groups.borrow_mut().remove(group);
+            return;
         }
         self.notify_members(group).await;
     }
@@ -269,9 +274,13 @@ impl ShardCtx {
                         GroupExtra::default(),
                     )
                 });
-                state
-                    .check_heartbeat(&member)
-                    .map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
+                if let Err(e) = state.check_heartbeat(&member) {
+                    // A refused first heartbeat must not leave an empty group behind.
+                    if state.is_empty() {
+                        groups.remove(&h.group);
+                    }
+                    return Err(err(ErrorCode::InvalidMessage, e.to_string()));
+                }
                 state.heartbeat(member, now_ms())
             };
             if changed {

@@ -174,6 +174,8 @@ pub struct ShardCtx {
     /// Groups whose members heartbeat through each connection.
     conn_groups: RefCell<HashMap<u64, HashSet<String>>>,
     next_conn: Cell<u64>,
+    /// Serializes topic table changes on shard 0.
+    topic_changes: tokio::sync::Mutex<()>,
 }
 
 fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
@@ -222,6 +224,20 @@ fn response_frame(request_id: u64, r: &Response<'_>) -> Vec<u8> {
     }
 }
 
+/// Longest consumer group name.
+pub const GROUP_BYTES_MAX: usize = 255;
+
+/// Group names are stored (offsets file) and hashed to a coordinator: keep them bounded.
+fn validate_group(group: &str) -> Result<(), ErrorBody> {
+    if group.is_empty() || group.len() > GROUP_BYTES_MAX || group.chars().any(char::is_control) {
+        return Err(err(
+            ErrorCode::InvalidMessage,
+            format!("invalid group name {group:?}: use 1 to {GROUP_BYTES_MAX} bytes without control characters"),
+        ));
+    }
+    Ok(())
+}
+
 /// What handling a frame gives.
 pub enum Handled {
     /// The response frame, ready now.
@@ -263,6 +279,7 @@ impl ShardCtx {
             conns: RefCell::new(HashMap::new()),
             conn_groups: RefCell::new(HashMap::new()),
             next_conn: Cell::new(1),
+            topic_changes: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -300,14 +317,16 @@ impl ShardCtx {
 
     /// Flushes committed offsets (async flush mode's background sync, and shutdown).
     pub async fn sync_offsets(&self) -> std::io::Result<()> {
-        let file = {
+        let (file, generation) = {
             let mut o = self.offsets.borrow_mut();
             if !o.is_dirty() {
                 return Ok(());
             }
             o.sync_handle()?
         };
-        crate::io::blocking(move || file.sync_data()).await
+        crate::io::blocking(move || file.sync_data()).await?;
+        self.offsets.borrow_mut().synced(generation);
+        Ok(())
     }
 
     fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
@@ -330,6 +349,16 @@ impl ShardCtx {
 
     /// Sends a request to another shard and waits for its answer.
     pub async fn call(self: &Rc<Self>, to: u32, body: MeshRequest) -> Result<MeshReply, ErrorBody> {
+        self.call_with_timeout(to, body, MESH_CALL_TIMEOUT_MS).await
+    }
+
+    /// [`call`](Self::call) with its own timeout (a forwarded long poll waits longer).
+    pub async fn call_with_timeout(
+        self: &Rc<Self>,
+        to: u32,
+        body: MeshRequest,
+        timeout_ms: u64,
+    ) -> Result<MeshReply, ErrorBody> {
         let corr = self.next_corr.get();
         self.next_corr.set(corr + 1);
         let (tx, rx) = oneshot::channel();
@@ -346,7 +375,7 @@ impl ShardCtx {
                 format!("shard {to} is not reachable"),
             ));
         }
-        let timeout = crate::io::sleep(Duration::from_millis(MESH_CALL_TIMEOUT_MS));
+        let timeout = crate::io::sleep(Duration::from_millis(timeout_ms));
         let answer = futures_lite::future::or(async { rx.await.ok() }, async {
             timeout.await;
             None
@@ -488,7 +517,20 @@ impl ShardCtx {
                     self.id
                 );
             }
-            // Replay after a crash must not bring the deleted queues back.
+            // Replay after a crash must not bring the deleted queues back: the checkpoint
+            // must cover every record of the topic, so make the log durable to its end
+            // first (in async mode the durable end trails the written end).
+            let end = self.store.log().write_offset();
+            let synced = match self.store.log().wait_readable(end).await {
+                Ok(()) => self.store.log().sync_all().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = synced {
+                eprintln!(
+                    "ringmq: shard {}: syncing the log after deleting {topic}: {e}",
+                    self.id
+                );
+            }
             if let Err(e) = self.store.checkpoint().await {
                 eprintln!(
                     "ringmq: shard {}: checkpoint after deleting {topic}: {e}",
@@ -520,6 +562,9 @@ impl ShardCtx {
         if_absent: bool,
     ) -> Result<bool, ErrorBody> {
         debug_assert_eq!(self.id, 0);
+        // One change at a time: each copies the table, saves it and tells every shard, and
+        // an "exists" answer must mean the creation has reached every shard.
+        let _one_at_a_time = self.topic_changes.lock().await;
         validate_topic(topic).map_err(store_error)?;
         let current = self.topics.borrow().get(topic);
         if let Some(q) = queues {
@@ -652,8 +697,27 @@ impl ShardCtx {
             Request::QueryOffset(m) => Some((m.topic.as_str(), m.queue_id)),
             _ => None,
         };
+        let group = match &req {
+            Request::CommitOffset(m) => Some(m.group.as_str()),
+            Request::QueryOffset(m) => Some(m.group.as_str()),
+            Request::GroupHeartbeat(m) => Some(m.group.as_str()),
+            Request::Unregister(m) => Some(m.group.as_str()),
+            Request::QueryAssignment(m) => Some(m.group.as_str()),
+            Request::GroupMembers(m) => Some(m.group.as_str()),
+            Request::ResetOffset(m) => Some(m.group.as_str()),
+            Request::ConsumerProgress(m) => Some(m.group.as_str()),
+            Request::LockBatch(m) => Some(m.group.as_str()),
+            Request::UnlockBatch(m) => Some(m.group.as_str()),
+            _ => None,
+        };
+        if let Some(Err(e)) = group.map(validate_group) {
+            return Handled::Now((!oneway).then(|| error_frame(request_id, &e)));
+        }
         if let Request::GroupHeartbeat(h) = &req {
-            self.note_group_connection(&h.group, conn);
+            // Only the shard that carries the connection hears of its close.
+            if conn >> CONN_SHARD_SHIFT == self.id as u64 {
+                self.note_group_connection(&h.group, conn);
+            }
         }
         let target = match &req {
             Request::CreateTopic(_) | Request::UpdateTopic(_) | Request::DeleteTopic(_) => Some(0),
@@ -670,15 +734,23 @@ impl ShardCtx {
         if let Some(to) = target.filter(|&to| to != self.id) {
             let ctx = self.clone();
             let frame_bytes = bytes.to_vec();
+            // A forwarded long poll may be held for its whole wait.
+            let timeout_ms = match &req {
+                Request::Pull(p) => {
+                    MESH_CALL_TIMEOUT_MS.max(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64 + 5_000)
+                }
+                _ => MESH_CALL_TIMEOUT_MS,
+            };
             return Handled::Later(Box::pin(async move {
                 match ctx
-                    .call(
+                    .call_with_timeout(
                         to,
                         MeshRequest::Frame {
                             bytes: frame_bytes,
                             peer,
                             conn,
                         },
+                        timeout_ms,
                     )
                     .await
                 {

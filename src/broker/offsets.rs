@@ -18,10 +18,15 @@ pub struct OffsetStore {
     file: std::fs::File,
     offsets: HashMap<Key, u64>,
     file_bytes: u64,
-    dirty: bool,
+    /// Commits written / commits covered by a finished fdatasync.
+    written_gen: u64,
+    synced_gen: u64,
 }
 
 fn encode(group: &str, topic: &str, queue_id: u32, offset: u64, out: &mut Vec<u8>) {
+    // Callers validate names (groups up to 255 bytes, topics up to 127): the u16 lengths
+    // below cannot wrap.
+    assert!(group.len() <= u16::MAX as usize && topic.len() <= u16::MAX as usize);
     let start = out.len();
     out.extend_from_slice(&[0u8; 12]);
     out.extend_from_slice(&(group.len() as u16).to_le_bytes());
@@ -67,11 +72,10 @@ fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>) -> usize {
             let o = u64::from_le_bytes(body.get(p + 4..p + 12)?.try_into().ok()?);
             Some(((group.to_owned(), topic.to_owned(), q), o))
         };
-        match parse() {
-            Some((k, o)) => {
-                offsets.insert(k, o);
-            }
-            None => return at,
+        // A record whose length and CRC check out but whose body does not parse was
+        // written by a buggy version: skip it rather than drop everything after it.
+        if let Some((k, o)) = parse() {
+            offsets.insert(k, o);
         }
         at += len;
     }
@@ -100,7 +104,8 @@ impl OffsetStore {
             path,
             offsets,
             file_bytes: 0,
-            dirty: false,
+            written_gen: 0,
+            synced_gen: 0,
         };
         store.compact()?;
         Ok(store)
@@ -122,7 +127,7 @@ impl OffsetStore {
         }
         self.file = std::fs::OpenOptions::new().append(true).open(&self.path)?;
         self.file_bytes = out.len() as u64;
-        self.dirty = false;
+        self.synced_gen = self.written_gen;
         Ok(())
     }
 
@@ -163,7 +168,7 @@ impl OffsetStore {
         self.file_bytes += rec.len() as u64;
         self.offsets
             .insert((group.to_owned(), topic.to_owned(), queue_id), offset);
-        self.dirty = true;
+        self.written_gen += 1;
         if self.file_bytes > OFFSETS_FILE_BYTES_MAX {
             self.compact()?;
         }
@@ -177,13 +182,18 @@ impl OffsetStore {
     }
 
     pub fn is_dirty(&self) -> bool {
-        self.dirty
+        self.written_gen > self.synced_gen
     }
 
-    /// A handle to fdatasync the file off the shard's thread.
-    pub fn sync_handle(&mut self) -> std::io::Result<std::fs::File> {
-        self.dirty = false;
-        self.file.try_clone()
+    /// A handle to fdatasync the file off the shard's thread, and the generation it will
+    /// cover: pass it to [`synced`](Self::synced) once the fdatasync succeeded.
+    pub fn sync_handle(&mut self) -> std::io::Result<(std::fs::File, u64)> {
+        Ok((self.file.try_clone()?, self.written_gen))
+    }
+
+    /// Records a successful fdatasync that covered commits up to `generation`.
+    pub fn synced(&mut self, generation: u64) {
+        self.synced_gen = self.synced_gen.max(generation);
     }
 
     /// All offsets of a group (consumer progress).

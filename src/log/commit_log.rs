@@ -552,7 +552,11 @@ impl CommitLog {
             });
         }
         let end = self.readable_end();
-        if offset + len > end {
+        // Offsets come from clients (message ids): never let them overflow.
+        let Some(last) = offset.checked_add(len) else {
+            return Err(LogError::OffsetTooBig { offset, end });
+        };
+        if last > end {
             return Err(LogError::OffsetTooBig { offset, end });
         }
         let (base, seg) =
@@ -563,7 +567,7 @@ impl CommitLog {
                     offset,
                     min: st.min_offset,
                 })?;
-        if offset + len > base + self.inner.cfg.segment_bytes {
+        if last > base + self.inner.cfg.segment_bytes {
             return Err(LogError::OffsetTooBig {
                 offset,
                 end: base + self.inner.cfg.segment_bytes,
