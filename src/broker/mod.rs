@@ -51,6 +51,8 @@ pub const PULL_MESSAGES_MAX: u32 = 1024;
 pub const BATCH_MESSAGES_MAX: usize = 4096;
 /// How long a shard waits for another shard's answer.
 const MESH_CALL_TIMEOUT_MS: u64 = 30_000;
+/// Requests queued for one peer shard before `call` waits.
+const OUTBOX_CAPACITY: usize = 1024;
 
 /// What one shard asks another.
 #[derive(Debug)]
@@ -176,6 +178,8 @@ pub struct ShardCtx {
     next_conn: Cell<u64>,
     /// Serializes topic table changes on shard 0.
     topic_changes: tokio::sync::Mutex<()>,
+    /// Per-peer FIFO of outgoing requests.
+    outboxes: RefCell<HashMap<u32, tokio::sync::mpsc::Sender<MeshMsg>>>,
 }
 
 fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
@@ -280,6 +284,7 @@ impl ShardCtx {
             conn_groups: RefCell::new(HashMap::new()),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
+            outboxes: RefCell::new(HashMap::new()),
         })
     }
 
@@ -352,6 +357,26 @@ impl ShardCtx {
         self.call_with_timeout(to, body, MESH_CALL_TIMEOUT_MS).await
     }
 
+    /// The FIFO of requests to shard `to`. Requests leave in the order they were handed to
+    /// `call` (one drain task per peer), so forwarded sends to one queue keep their order
+    /// even when the mesh channel is full and its waiting senders would be woken in any order.
+    fn outbox(self: &Rc<Self>, to: u32) -> tokio::sync::mpsc::Sender<MeshMsg> {
+        if let Some(tx) = self.outboxes.borrow().get(&to) {
+            return tx.clone();
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<MeshMsg>(OUTBOX_CAPACITY);
+        self.outboxes.borrow_mut().insert(to, tx.clone());
+        let ctx = self.clone();
+        crate::io::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                if let Err(e) = ctx.peers.send(to, msg).await {
+                    eprintln!("ringmq: shard {}: to shard {to}: {e}", ctx.id);
+                }
+            }
+        });
+        tx
+    }
+
     /// [`call`](Self::call) with its own timeout (a forwarded long poll waits longer).
     pub async fn call_with_timeout(
         self: &Rc<Self>,
@@ -368,7 +393,7 @@ impl ShardCtx {
             corr,
             body,
         };
-        if self.peers.send(to, msg).await.is_err() {
+        if self.outbox(to).send(msg).await.is_err() {
             self.pending.borrow_mut().remove(&corr);
             return Err(err(
                 ErrorCode::ShardUnavailable,
