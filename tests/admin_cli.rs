@@ -330,27 +330,34 @@ fn consume_prints_the_sent_messages() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    for body in ["late 1", "late 2"] {
-        ringmq(&addr, &["send", "feed", body, "--sharding-key", body]).ok();
-    }
+    // Whenever it starts following, it must pick up messages sent after that: keep
+    // sending (numbered) until it has taken two and stopped, with a deadline.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut sent = 0;
     while follow.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
             let _ = follow.kill();
             panic!("consume --follow --max 2 did not stop");
         }
-        std::thread::sleep(Duration::from_millis(50));
+        sent += 1;
+        let body = format!("late {sent}");
+        ringmq(&addr, &["send", "feed", &body, "--sharding-key", "late"]).ok();
+        std::thread::sleep(Duration::from_millis(100));
     }
     let out = follow.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    let mut bodies: Vec<&str> = text
+    let bodies: Vec<&str> = text
         .lines()
         .map(|l| l.split_once(" body=").unwrap().1)
         .collect();
-    bodies.sort();
-    assert_eq!(bodies, ["late 1", "late 2"], "{text}");
+    // Two consecutive late messages of one queue (one sharding key), in order.
+    assert_eq!(bodies.len(), 2, "{text}");
+    let n: Vec<u32> = bodies
+        .iter()
+        .map(|b| b.strip_prefix("late ").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(n[1], n[0] + 1, "{text}");
 }
 
 #[test]

@@ -165,6 +165,9 @@ async fn long_polling_answers_when_a_message_lands() {
             (r, started.elapsed())
         })
     };
+    // Give the pull time to reach the broker and wait there. If it came later it would
+    // find the message at once and the assertions below would still hold; the pause only
+    // makes the long-polling path the one that is exercised.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let producer = Producer::from_client(client.clone(), Default::default());
     let sent = loop {

@@ -1,28 +1,23 @@
 //! Subscription tag expressions on the client: `*` (or empty) for every message, or
 //! `A || B || C`.
 //!
-//! The same rules as the broker's `broker::groups::TagFilter` (which is broker-only): the
+//! The broker's parser (`protocol::tag_filter`), so both ends agree by construction: the
 //! consumer checks an expression before it is sent, so a typo fails at `subscribe` with a
-//! clear error rather than at the first heartbeat. A test pins both parsers to the same
-//! answers. Pulls carry the tags' hashes ([`tag_hash`](super::route::tag_hash)); the broker
+//! clear error rather than at the first heartbeat. Pulls carry the tags' hashes ([`tag_hash`](super::route::tag_hash)); the broker
 //! compares hashes, which can collide, so the client re-checks the strings
 //! ([`TagExpression::matches`]).
 
 use std::fmt;
 
 use super::error::{ClientError, Result};
+use crate::protocol::tag_filter::TagFilter;
 
-/// Longest tag expression, in bytes (the broker's limit).
-pub const TAG_EXPRESSION_BYTES_MAX: usize = 4096;
-/// Most tags in one expression (the broker's limit).
-pub const TAGS_PER_EXPRESSION_MAX: usize = 64;
+pub use crate::protocol::tag_filter::{TAGS_PER_EXPRESSION_MAX, TAG_EXPRESSION_BYTES_MAX};
 
-/// A parsed tag expression. Tags are kept sorted and distinct.
+/// A parsed tag expression: the broker's own parser (`protocol::tag_filter::TagFilter`),
+/// with the client's error type. Tags are kept sorted and distinct.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TagExpression {
-    /// Empty: every message matches (`*`). Otherwise sorted, distinct, non-empty tags.
-    tags: Vec<String>,
-}
+pub struct TagExpression(TagFilter);
 
 impl TagExpression {
     /// Parses `*`, an empty expression, or tags joined by `||` (spaces around tags are
@@ -30,72 +25,31 @@ impl TagExpression {
     /// [`TAGS_PER_EXPRESSION_MAX`] tags or more than [`TAG_EXPRESSION_BYTES_MAX`] bytes are
     /// refused with [`ClientError::InvalidArgument`] naming the problem.
     pub fn parse(expression: &str) -> Result<TagExpression> {
-        let bad = |why: String| Err(ClientError::InvalidArgument(why));
-        if expression.len() > TAG_EXPRESSION_BYTES_MAX {
-            return bad(format!(
-                "tag expression is {} bytes; at most {TAG_EXPRESSION_BYTES_MAX} are allowed",
-                expression.len()
-            ));
-        }
-        let trimmed = expression.trim();
-        if trimmed.is_empty() || trimmed == "*" {
-            return Ok(TagExpression { tags: Vec::new() });
-        }
-        let mut tags = Vec::new();
-        for (i, part) in trimmed.split("||").enumerate() {
-            let tag = part.trim();
-            let why = if tag.is_empty() {
-                "empty; write `*` for all tags or `A || B` for some"
-            } else if tag.contains('|') {
-                "contains `|`; tags are joined with `||`"
-            } else if tag == "*" {
-                "`*` must be the whole expression"
-            } else {
-                tags.push(tag.to_owned());
-                continue;
-            };
-            return bad(format!(
-                "tag expression {expression:?}: tag {}: {why}",
-                i + 1
-            ));
-        }
-        tags.sort_unstable();
-        tags.dedup();
-        if tags.len() > TAGS_PER_EXPRESSION_MAX {
-            return bad(format!(
-                "tag expression has {} tags; at most {TAGS_PER_EXPRESSION_MAX} are allowed",
-                tags.len()
-            ));
-        }
-        Ok(TagExpression { tags })
+        TagFilter::parse(expression)
+            .map(TagExpression)
+            .map_err(ClientError::InvalidArgument)
     }
 
     /// True for `*`: every message matches, with or without a tag.
     pub fn matches_all(&self) -> bool {
-        self.tags.is_empty()
+        self.0.matches_all()
     }
 
     /// The tags, sorted and distinct; empty for `*`.
     pub fn tags(&self) -> &[String] {
-        &self.tags
+        self.0.tags()
     }
 
     /// The exact check of a message's tag. A message without a tag matches only `*`.
     pub fn matches(&self, tag: Option<&str>) -> bool {
-        if self.matches_all() {
-            return true;
-        }
-        tag.is_some_and(|tag| self.tags.binary_search_by(|t| t.as_str().cmp(tag)).is_ok())
+        self.0.matches(tag)
     }
 }
 
 impl fmt::Display for TagExpression {
     /// The canonical expression: `*`, or the sorted tags joined by ` || `.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.matches_all() {
-            return f.write_str("*");
-        }
-        f.write_str(&self.tags.join(" || "))
+        self.0.fmt(f)
     }
 }
 

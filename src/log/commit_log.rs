@@ -963,6 +963,17 @@ enum SegmentEnd {
     Open(u64),
 }
 
+/// The open file of a segment found on disk at start-up.
+fn opened(segments: &BTreeMap<u64, Segment>, base: u64) -> Result<Rc<LogFile>, LogError> {
+    segments
+        .get(&base)
+        .and_then(|s| s.file.clone())
+        .ok_or_else(|| LogError::Layout {
+            path: PathBuf::from(segment_name(base)),
+            reason: "segment was not opened".into(),
+        })
+}
+
 /// Verifies the tail of the log, dispatches records from `dispatch_from`, truncates a torn
 /// tail and refuses rot. Returns (end offset, bytes of the partial last block, active base).
 async fn recover(
@@ -999,7 +1010,7 @@ async fn recover(
     for idx in first..n {
         let base = bases[idx];
         last_idx = idx;
-        let file = segments[&base].file.clone().expect("opened above");
+        let file = opened(segments, base)?;
         let path = segments[&base].path.clone();
         match scan_segment(cfg, &file, &path, base, dispatch_from, dispatch, report).await? {
             SegmentEnd::Sealed => {
@@ -1009,7 +1020,7 @@ async fn recover(
                 end = base + pos;
                 // Anything in later segments means this was not the tail: rot.
                 for &later in &bases[idx + 1..] {
-                    let lf = segments[&later].file.clone().expect("opened above");
+                    let lf = opened(segments, later)?;
                     let head = lf.read_at(0, IO_ALIGN).await?;
                     if head.iter().any(|&b| b != 0) {
                         return Err(LogError::Corrupt {
@@ -1042,7 +1053,7 @@ async fn recover(
         // The last segment is full: the next append starts a new one.
         return Ok((end, Vec::new(), end));
     }
-    let file = segments[&last_base].file.clone().expect("opened above");
+    let file = opened(segments, last_base)?;
     let pos = end - last_base;
     let size = file.size().await?;
     if size > pos {

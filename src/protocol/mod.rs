@@ -25,6 +25,7 @@ pub mod kind;
 pub mod messages;
 pub mod msg_id;
 pub mod route;
+pub mod tag_filter;
 
 pub use error::{ErrorCode, ProtocolError};
 pub use frame::{

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::allocate::{allocate, Strategy, VIRTUAL_NODES_MAX};
-use super::filter::TagFilter;
+use super::TagFilter;
 use crate::broker::topics::QUEUES_PER_TOPIC_MAX;
 use crate::protocol::route::fnv1a_64;
 

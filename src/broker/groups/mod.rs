@@ -13,14 +13,16 @@
 
 pub mod allocate;
 pub mod coordinator;
-pub mod filter;
 pub mod locks;
 
+/// Tag expressions are shared with the client, so they live in `protocol::tag_filter`.
+pub use crate::protocol::tag_filter::{
+    TagFilter, TAGS_PER_EXPRESSION_MAX, TAG_EXPRESSION_BYTES_MAX,
+};
 pub use allocate::{allocate, Strategy, VIRTUAL_NODES_DEFAULT, VIRTUAL_NODES_MAX};
 pub use coordinator::{
     coordinator_shard, ConsumeMode, GroupError, GroupState, MemberInfo, MessageModel, Subscription,
     CLIENT_ID_BYTES_MAX, CONFIG_QUEUES_MAX, MEMBERS_PER_GROUP_MAX, SESSION_TIMEOUT_MS_DEFAULT,
     SUBSCRIPTIONS_PER_MEMBER_MAX,
 };
-pub use filter::{TagFilter, TAGS_PER_EXPRESSION_MAX, TAG_EXPRESSION_BYTES_MAX};
 pub use locks::{LockTable, LOCK_EXPIRY_MS_DEFAULT};

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::index::tag_hash;
+use crate::protocol::route::tag_hash;
 
 /// Longest tag expression, in bytes.
 pub const TAG_EXPRESSION_BYTES_MAX: usize = 4096;
