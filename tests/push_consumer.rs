@@ -767,3 +767,156 @@ fn an_orderly_member_that_dies_hands_its_queues_over_in_order() {
         survivor.shutdown().await.unwrap();
     });
 }
+
+/// A batch of `n` messages of one key, `key:seq` for `seq` in `from..from + n`.
+fn keyed_batch(key: &str, from: u32, n: u32) -> Vec<OutgoingMessage> {
+    (from..from + n)
+        .map(|seq| OutgoingMessage::new(format!("{key}:{seq}")).with_sharding_key(key))
+        .collect()
+}
+
+#[test]
+fn consumers_catching_up_a_backlog_pipeline_pulls_and_get_each_message_once_in_order() {
+    with_broker(|addr| async move {
+        let (topic, keyed_topic, big_topic) = ("backlog", "backlog-keyed", "backlog-big");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        client.create_topic(keyed_topic, 4).await.unwrap();
+        client.create_topic(big_topic, 1).await.unwrap();
+        // The backlog is there before any consumer: 6,000 messages in batches of 50, in
+        // runs of 7 messages per tag (A, B, C), so a filter's answers vary in length.
+        let tags = ["A", "B", "C"];
+        let (mut all, mut matching) = (BTreeSet::new(), BTreeSet::new());
+        for b in 0..120 {
+            let batch: Vec<OutgoingMessage> = (0..50)
+                .map(|i| {
+                    let n = b * 50 + i;
+                    let tag = tags[(n / 7) % 3];
+                    let body = format!("m-{n}");
+                    all.insert(body.clone());
+                    if tag != "C" {
+                        matching.insert(body.clone());
+                    }
+                    OutgoingMessage::new(body).with_tags(tag)
+                })
+                .collect();
+            producer.send_batch(topic, batch).await.unwrap();
+        }
+        // 8 keys x 400 messages, in batches of 40 per key (one key's batch goes to the
+        // key's queue).
+        let (keys, per_key) = (8u32, 400u32);
+        for round in 0..per_key / 40 {
+            for k in 0..keys {
+                let batch = keyed_batch(&format!("k{k}"), round * 40, 40);
+                producer.send_batch(keyed_topic, batch).await.unwrap();
+            }
+        }
+
+        // 60 messages of 600 KiB: an answer holds what fits in one frame (6 of them, not
+        // the 16 asked for), so the pulls sent ahead start past its end and are redone.
+        let big: Vec<OutgoingMessage> = (0..60)
+            .map(|i| {
+                let mut body = format!("big-{i}:").into_bytes();
+                body.resize(600 << 10, b'.');
+                OutgoingMessage::new(body)
+            })
+            .collect();
+        send_all(&producer, big_topic, big).await;
+
+        // Small pulls, a small cache and deep pipelines: many pulls ahead, cut short by
+        // the cache, by the filter, by the frame size and by the queues' ends.
+        let options = PushConsumerOptions {
+            consume_from: ConsumeFrom::FirstOffset,
+            pull_batch_max: 16,
+            pulls_in_flight_max: 8,
+            cached_messages_max: 200,
+            consume_batch_max: 8,
+            listener_non_blocking: true,
+            ..options()
+        };
+        let (all_log, matching_log): (Log, Log) = (Arc::default(), Arc::default());
+        let everything = concurrent(
+            &addr,
+            "g-backlog-all",
+            topic,
+            "*",
+            options.clone(),
+            &all_log,
+            0,
+        )
+        .await;
+        let filtered = concurrent(
+            &addr,
+            "g-backlog-ab",
+            topic,
+            "A || B",
+            options.clone(),
+            &matching_log,
+            1,
+        )
+        .await;
+        let big_log: Log = Arc::default();
+        let big = concurrent(
+            &addr,
+            "g-backlog-big",
+            big_topic,
+            "*",
+            options.clone(),
+            &big_log,
+            2,
+        )
+        .await;
+        let order_log: OrderLog = Arc::default();
+        let ordered =
+            PushConsumer::new(ClientConfig::new(&addr), "g-backlog-ordered", options).unwrap();
+        ordered.subscribe(keyed_topic, "*").unwrap();
+        let log = order_log.clone();
+        ordered
+            .register_orderly(move |messages| {
+                let mut log = log.lock().unwrap();
+                for m in messages {
+                    let body = String::from_utf8_lossy(m.body()).into_owned();
+                    let (key, seq) = body.split_once(':').unwrap();
+                    log.entry(key.to_owned())
+                        .or_default()
+                        .push(seq.parse().unwrap());
+                }
+                OrderlyStatus::Success
+            })
+            .unwrap();
+        ordered.start().await.unwrap();
+
+        caught_up(&client, "g-backlog-all", topic).await;
+        caught_up(&client, "g-backlog-ab", topic).await;
+        caught_up(&client, "g-backlog-ordered", keyed_topic).await;
+        caught_up(&client, "g-backlog-big", big_topic).await;
+        check_exactly_once(&all_log, &all);
+        let big_names: BTreeSet<String> = big_log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.body.split_once(':').unwrap().0.to_owned())
+            .collect();
+        assert_eq!(big_names, names("big", 60));
+        assert_eq!(big_log.lock().unwrap().len(), 60, "each big message once");
+        let discarded = big.stats().pulls_discarded;
+        assert!(
+            discarded > 0,
+            "answers cut by the frame size: {:?}",
+            big.stats()
+        );
+        check_exactly_once(&matching_log, &matching);
+        check_in_order(&order_log, keys as usize, per_key);
+        for (name, consumer) in [
+            ("everything", &everything),
+            ("filtered", &filtered),
+            ("ordered", &ordered),
+            ("big", &big),
+        ] {
+            let stats = consumer.stats();
+            assert!(stats.pulls_ahead > 0, "{name} pulled ahead: {stats:?}");
+            consumer.shutdown().await.unwrap();
+        }
+    });
+}

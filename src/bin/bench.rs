@@ -101,6 +101,15 @@ struct Cli {
     /// With --group: listener calls running at once, per consumer [default: 20].
     #[arg(long, value_name = "N", requires = "group")]
     consume_threads: Option<usize>,
+    /// With --group: pulls of one queue in flight at once while a consumer is behind
+    /// [default: 8; 1 pulls one batch at a time, as RocketMQ].
+    #[arg(long, value_name = "N", requires = "group")]
+    pulls_in_flight: Option<usize>,
+    /// With --group: run the listener on the consumer's own tokio tasks instead of the
+    /// blocking pool (the bench's listener never blocks; this is the setting for cheap,
+    /// non-blocking listeners).
+    #[arg(long, requires = "group")]
+    non_blocking_listener: bool,
     /// Send with sharding keys `k0`..`k{N-1}` (in turn) instead of round-robin: each key's
     /// messages go to one queue. Only with --batch 1.
     #[arg(long, value_name = "N")]
@@ -198,6 +207,14 @@ impl Cli {
         }
         if let Some(n) = self.consume_threads {
             range("consume-threads", n, 1, ringmq::client::CONSUME_THREADS_MAX)?;
+        }
+        if let Some(n) = self.pulls_in_flight {
+            range(
+                "pulls-in-flight",
+                n,
+                1,
+                ringmq::client::PULLS_IN_FLIGHT_MAX_LIMIT,
+            )?;
         }
         if self.keys == Some(0) {
             return Err("--keys must be at least 1".into());
@@ -604,6 +621,8 @@ async fn start_push_consumers(
         pull_batch_max: cli.pull_batch,
         consume_batch_max: cli.consume_batch.unwrap_or(defaults.consume_batch_max),
         consume_threads: cli.consume_threads.unwrap_or(defaults.consume_threads),
+        listener_non_blocking: cli.non_blocking_listener,
+        pulls_in_flight_max: cli.pulls_in_flight.unwrap_or(defaults.pulls_in_flight_max),
         ..defaults
     };
     let mut push = PushConsumers {
@@ -988,6 +1007,8 @@ fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> serde_json::V
             "group": cli.group,
             "consume_batch": cli.consume_batch,
             "consume_threads": cli.consume_threads,
+            "pulls_in_flight": cli.pulls_in_flight,
+            "non_blocking_listener": cli.non_blocking_listener,
             "keys": cli.keys,
             "size": cli.size,
             "batch": cli.batch,

@@ -3,17 +3,21 @@
 //! retries, and the orderly loop (one batch at a time, in offset order, under the lock).
 //! Also the commit of one queue's position, used by all of them.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
 use crate::protocol::PullStatus;
 
 use super::super::error::Result;
 use super::super::message::Message;
+use super::super::session::PullResult;
+use super::pipeline::{PullPipeline, Verdict};
 use super::{
     add, AnyListener, ConcurrentListener, ConsumeFrom, ConsumeStatus, Listener, MessageQueue,
     OrderlyListener, OrderlyStatus, ProcessQueue, Shared, LOCK_WAIT_MS,
@@ -55,11 +59,19 @@ enum Outcome<S> {
     Cancelled,
 }
 
-/// Runs a listener on the blocking pool.
+/// Runs a listener on the blocking pool, or right here when it is declared non-blocking.
 async fn run_listener<S: Send + 'static>(
+    shared: &Shared,
     listener: AnyListener<S>,
     messages: Vec<Message>,
 ) -> Outcome<S> {
+    if shared.options.listener_non_blocking {
+        let call = std::panic::AssertUnwindSafe(|| listener(&messages));
+        return match std::panic::catch_unwind(call) {
+            Ok(status) => Outcome::Returned(status),
+            Err(_) => Outcome::Panicked,
+        };
+    }
     match tokio::task::spawn_blocking(move || listener(&messages)).await {
         Ok(status) => Outcome::Returned(status),
         Err(e) if e.is_panic() => Outcome::Panicked,
@@ -110,8 +122,51 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<(u64, bool)>
     Ok((offset, false))
 }
 
-/// The pull loop of one queue: start position, then long-polled batches, cached and
-/// handed to the listener (concurrent) or to the queue's orderly task.
+/// One pull of `pq` at `offset`, running on its own task so that several can be in
+/// flight; answers with its start offset.
+fn spawn_pull(
+    shared: &Arc<Shared>,
+    pq: &Arc<ProcessQueue>,
+    offset: u64,
+    wait: Duration,
+) -> JoinHandle<Result<PullResult>> {
+    let (shared, pq) = (shared.clone(), pq.clone());
+    tokio::spawn(async move {
+        let tags: Vec<&str> = pq.tags.iter().map(String::as_str).collect();
+        shared
+            .client
+            .pull(
+                &pq.mq.topic,
+                pq.mq.queue_id,
+                offset,
+                shared.options.pull_batch_max,
+                wait,
+                &tags,
+            )
+            .await
+    })
+}
+
+/// Pulls in flight, oldest first; dropping it cancels them.
+struct InFlight(VecDeque<JoinHandle<Result<PullResult>>>);
+
+impl InFlight {
+    fn cancel_all(&mut self) {
+        for pull in self.0.drain(..) {
+            pull.abort();
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.cancel_all();
+    }
+}
+
+/// The pull loop of one queue: start position, then long-polled batches (pipelined while
+/// the queue is known to hold more, see [`PullPipeline`]), cached and handed to the
+/// listener (concurrent) or to the queue's orderly task.
 pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     let stopped = |pq: &ProcessQueue| pq.is_dropped() || shared.is_stopping();
     let mut failing = false;
@@ -144,34 +199,56 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     pq.started.store(true, Ordering::SeqCst);
     let limits = shared.options.flow_limits(shared.mode);
     let wait = Duration::from_millis(shared.options.pull_wait_ms);
+    let mut pipeline = PullPipeline::new(
+        shared.options.pulls_in_flight_max,
+        shared.options.pull_batch_max,
+        start.0,
+    );
+    let mut in_flight = InFlight(VecDeque::new());
     loop {
         if stopped(&pq) {
             return;
         }
-        let (next, blocked) = {
-            let state = pq.state();
-            (state.tracker.next_pull(), limits.check(&state.tracker))
-        };
-        let Some(next) = next else { return };
-        if blocked.is_some() {
+        // Send what the pipeline and flow control allow.
+        loop {
+            let next = {
+                let state = pq.state();
+                if limits.check(&state.tracker).is_some() {
+                    None
+                } else {
+                    pipeline.next_pull(state.tracker.len(), limits.messages_max)
+                }
+            };
+            let Some(offset) = next else { break };
+            if !in_flight.0.is_empty() {
+                add(&shared.counters.pulls_ahead, 1);
+            }
+            in_flight
+                .0
+                .push_back(spawn_pull(&shared, &pq, offset, wait));
+            pipeline.sent(offset);
+        }
+        let Some(pull) = in_flight.0.pop_front() else {
+            // Nothing in flight: the cache is over a limit.
             add(&shared.counters.flow_pauses, 1);
             sleep(Duration::from_millis(shared.options.flow_retry_ms)).await;
             continue;
-        }
-        let tags: Vec<&str> = pq.tags.iter().map(String::as_str).collect();
-        let pulled = shared
-            .client
-            .pull(
-                &pq.mq.topic,
-                pq.mq.queue_id,
-                next,
-                shared.options.pull_batch_max,
-                wait,
-                &tags,
-            )
-            .await;
+        };
+        let pulled = match pull.await {
+            Ok(pulled) => pulled,
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
+        };
         if stopped(&pq) {
             return;
+        }
+        let Some(next) = pq.state().tracker.next_pull() else {
+            return;
+        };
+        if pipeline.answered(next) == Verdict::Restart {
+            add(&shared.counters.pulls_discarded, 1 + in_flight.0.len());
+            in_flight.cancel_all();
+            continue;
         }
         let pulled = match pulled {
             Ok(pulled) => pulled,
@@ -184,6 +261,8 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                     ));
                     failing = true;
                 }
+                in_flight.cancel_all();
+                pipeline.restart(next);
                 sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
                 continue;
             }
@@ -195,8 +274,9 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             ));
             failing = false;
         }
-        // `Client::pull` already re-checked the tag strings; offsets below the pull
-        // position would be a broker bug, and are never delivered twice because of it.
+        // `Client::pull` already re-checked the tag strings. Offsets below the position
+        // were delivered by an earlier answer (a tag filter's answer can reach past where
+        // the next pull started).
         let messages: Vec<Message> = pulled
             .messages
             .into_iter()
@@ -210,7 +290,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                     .insert(m.queue_offset(), m.as_bytes().len() as u64, m.clone());
             }
             let after_last = messages.last().map_or(0, |m| m.queue_offset() + 1);
-            let next = match pulled.status {
+            let position = match pulled.status {
                 PullStatus::Found | PullStatus::NoMatchedMessage => {
                     pulled.next_offset.max(after_last).max(next)
                 }
@@ -224,7 +304,18 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                 }
                 PullStatus::NoNewMessage => pulled.next_offset,
             };
-            state.tracker.set_next_pull(next);
+            state.tracker.set_next_pull(position);
+            match pulled.status {
+                PullStatus::Found | PullStatus::NoMatchedMessage => {
+                    pipeline.used(position, pulled.max_offset)
+                }
+                // Anything else (the queue's end, a corrected position) ends the run of
+                // pulls ahead.
+                _ => {
+                    in_flight.cancel_all();
+                    pipeline.restart(position);
+                }
+            }
         }
         if messages.is_empty() {
             continue;
@@ -270,7 +361,7 @@ async fn concurrent_batch(
         if pq.is_dropped() {
             return;
         }
-        let status = run_listener(listener.clone(), messages.clone()).await;
+        let status = run_listener(&shared, listener.clone(), messages.clone()).await;
         drop(permit);
         match status {
             Outcome::Cancelled => return,
@@ -344,7 +435,7 @@ pub(super) async fn orderly_loop(
         }
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
         let messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
-        let status = run_listener(listener.clone(), messages).await;
+        let status = run_listener(&shared, listener.clone(), messages).await;
         drop(permit);
         match status {
             Outcome::Cancelled => return,

@@ -1,0 +1,212 @@
+//! Pipelined pulls of one queue: while the broker has said that a queue holds more than
+//! one pull's worth past the consumer's position, the next pulls are sent before the
+//! earlier answers arrive, each starting where the one before it would end
+//! (`offset + pull_batch_max`). Pure bookkeeping, tested on its own; the pull loop does
+//! the I/O.
+//!
+//! The rule that keeps delivery gap-free: answers are taken in the order the pulls were
+//! sent, and an answer is used only if its pull started at or below the queue's position
+//! at that moment (an answer covers every matching message from where its pull started up
+//! to its `next_offset`, so the union stays contiguous). When an earlier answer ended
+//! short of where the next pull started (fewer messages than asked: the queue's end, a
+//! size limit, a tag filter), that next answer is thrown away with every pull still in
+//! flight, and pulling starts again from the position. Messages below the position (a tag
+//! filter's answer can reach past where the next pull started) are dropped by the loop.
+
+use std::collections::VecDeque;
+
+/// What to do with an answer, decided by [`PullPipeline::answered`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Use it: its pull started at or below the position.
+    Use,
+    /// Its pull started past the position (an earlier answer ended short): drop it and
+    /// everything still in flight; pulling starts again from the position.
+    Restart,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PullPipeline {
+    /// Most pulls in flight at once (1: one pull at a time, as upstream).
+    depth_max: usize,
+    /// Messages asked for per pull.
+    batch: u64,
+    /// Start offsets of the pulls in flight, oldest first.
+    in_flight: VecDeque<u64>,
+    /// Where the next pull would start.
+    ahead: u64,
+    /// One past the queue's last message, as the latest answer said.
+    known_end: u64,
+}
+
+impl PullPipeline {
+    pub(crate) fn new(depth_max: usize, batch: u32, position: u64) -> PullPipeline {
+        PullPipeline {
+            depth_max: depth_max.max(1),
+            batch: u64::from(batch.max(1)),
+            in_flight: VecDeque::new(),
+            ahead: position,
+            known_end: 0,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The start of the next pull to send now, if one should be: always when none is in
+    /// flight; otherwise only while the pipeline has room, the queue is known to hold
+    /// messages where it would start, and the cache (`cached` messages, plus a full batch
+    /// for each pull in flight and this one) stays within `cached_max`.
+    pub(crate) fn next_pull(&self, cached: usize, cached_max: usize) -> Option<u64> {
+        let n = self.in_flight.len() as u64;
+        if n == 0 {
+            return Some(self.ahead);
+        }
+        let room = (cached_max as u64).saturating_sub(cached as u64);
+        let fits = (n + 1).saturating_mul(self.batch) <= room;
+        (self.in_flight.len() < self.depth_max && self.ahead < self.known_end && fits)
+            .then_some(self.ahead)
+    }
+
+    /// Records a pull sent at `offset` (the value `next_pull` gave).
+    pub(crate) fn sent(&mut self, offset: u64) {
+        self.in_flight.push_back(offset);
+        self.ahead = offset.saturating_add(self.batch);
+    }
+
+    /// The oldest pull in flight was answered (or failed); `position` is the queue's
+    /// position before that answer is used.
+    pub(crate) fn answered(&mut self, position: u64) -> Verdict {
+        match self.in_flight.pop_front() {
+            Some(start) if start > position => {
+                self.restart(position);
+                Verdict::Restart
+            }
+            _ => Verdict::Use,
+        }
+    }
+
+    /// An answer was used: the queue's new `position`, and its end as the answer said.
+    pub(crate) fn used(&mut self, position: u64, max_offset: u64) {
+        self.known_end = max_offset;
+        if self.in_flight.is_empty() || position > self.ahead {
+            self.ahead = position;
+        }
+    }
+
+    /// Forgets every pull in flight (the loop drops them); the next starts at `position`.
+    pub(crate) fn restart(&mut self, position: u64) {
+        self.in_flight.clear();
+        self.ahead = position;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn pulls_ahead_only_into_known_messages_and_within_the_cache() {
+        let mut p = PullPipeline::new(4, 32, 100);
+        // Nothing known yet: one pull.
+        assert_eq!(p.next_pull(0, 1000), Some(100));
+        p.sent(100);
+        assert_eq!(p.next_pull(0, 1000), None, "the queue's end is not known");
+        assert_eq!(p.answered(100), Verdict::Use);
+        p.used(132, 1000);
+        // 868 messages known past 132: up to 4 pulls.
+        for start in [132, 164, 196, 228] {
+            assert_eq!(p.next_pull(0, 1000), Some(start));
+            p.sent(start);
+        }
+        assert_eq!(p.next_pull(0, 1000), None, "depth 4 reached");
+        assert_eq!(p.in_flight(), 4);
+        // Answers in order move the position; the next pulls follow.
+        assert_eq!(p.answered(132), Verdict::Use);
+        p.used(164, 1000);
+        assert_eq!(p.next_pull(0, 1000), Some(260));
+        // A full cache allows only the pull that must exist.
+        let mut q = PullPipeline::new(4, 32, 0);
+        q.sent(0);
+        q.answered(0);
+        q.used(32, 10_000);
+        q.sent(32);
+        assert_eq!(q.next_pull(940, 1000), None, "940 + 2 x 32 > 1000");
+        assert_eq!(q.next_pull(936, 1000), Some(64));
+        // Past the known end: no pull ahead.
+        let mut r = PullPipeline::new(4, 32, 0);
+        r.sent(0);
+        r.answered(0);
+        r.used(32, 40);
+        r.sent(32);
+        assert_eq!(r.next_pull(0, 1000), None, "64 is past the end (40)");
+    }
+
+    #[test]
+    fn a_short_answer_restarts_from_the_position() {
+        let mut p = PullPipeline::new(3, 32, 0);
+        p.sent(0);
+        p.answered(0);
+        p.used(32, 1000);
+        p.sent(32);
+        p.sent(64);
+        p.sent(96);
+        // The answer of the pull at 32 held 10 messages (a size limit): position 42.
+        assert_eq!(p.answered(32), Verdict::Use);
+        p.used(42, 1000);
+        // The pull at 64 would leave 42..64 out: thrown away with the pull at 96.
+        assert_eq!(p.answered(42), Verdict::Restart);
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.next_pull(0, 1000), Some(42));
+    }
+
+    /// A model queue of `len` messages, all matching, answered with at most `batch`
+    /// messages and at most `limit` at a time (a size limit the client does not know).
+    fn answer(start: u64, batch: u64, limit: u64, len: u64) -> (Vec<u64>, u64) {
+        let end = (start + batch.min(limit)).min(len.max(start));
+        ((start..end).collect(), end)
+    }
+
+    proptest! {
+        /// Whatever the answers' lengths, the messages used are every offset once, in
+        /// order: no gap, no duplicate.
+        #[test]
+        fn delivery_is_contiguous_whatever_the_answer_sizes(
+            depth in 1usize..6,
+            batch in 1u32..40,
+            limits in proptest::collection::vec(1u64..50, 1..200),
+            len in 0u64..600,
+        ) {
+            let mut p = PullPipeline::new(depth, batch, 0);
+            let mut position = 0u64;
+            let mut delivered = Vec::new();
+            let mut limits = limits.into_iter().cycle();
+            let mut in_flight: VecDeque<u64> = VecDeque::new();
+            let mut steps = 0;
+            while position < len {
+                steps += 1;
+                prop_assert!(steps < 10_000, "no progress");
+                while let Some(start) = p.next_pull(0, 1000) {
+                    p.sent(start);
+                    in_flight.push_back(start);
+                }
+                let start = in_flight.pop_front().expect("a pull is in flight");
+                match p.answered(position) {
+                    Verdict::Restart => {
+                        in_flight.clear();
+                        continue;
+                    }
+                    Verdict::Use => {}
+                }
+                let (offsets, next) = answer(start, u64::from(batch), limits.next().unwrap(), len);
+                delivered.extend(offsets.into_iter().filter(|o| *o >= position));
+                position = position.max(next);
+                p.used(position, len);
+            }
+            prop_assert_eq!(delivered, (0..len).collect::<Vec<_>>());
+        }
+    }
+}
