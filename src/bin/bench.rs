@@ -110,6 +110,11 @@ struct Cli {
     /// non-blocking listeners).
     #[arg(long, requires = "group")]
     non_blocking_listener: bool,
+    /// With --group: start the push consumers only once producing is over, and report how
+    /// fast they drain the backlog (consume msg/s counts from their start; end-to-end
+    /// latency then includes the wait in the backlog).
+    #[arg(long, requires = "group")]
+    consume_after_produce: bool,
     /// Send with sharding keys `k0`..`k{N-1}` (in turn) instead of round-robin: each key's
     /// messages go to one queue. Only with --batch 1.
     #[arg(long, value_name = "N")]
@@ -824,18 +829,16 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     }
     let mut consumers = Vec::with_capacity(cli.consumers);
     let run_cell: Arc<OnceLock<Arc<Run>>> = Arc::default();
-    let push = match &cli.group {
-        Some(group) => Some(
-            start_push_consumers(
-                &cli,
-                &config,
-                &admin,
-                group,
-                &start_offsets,
-                run_cell.clone(),
-            )
-            .await?,
-        ),
+    let start_push = |group: &str| {
+        let group = group.to_owned();
+        let (cli, config, admin) = (&cli, &config, &admin);
+        let (start_offsets, run_cell) = (&start_offsets, run_cell.clone());
+        async move { start_push_consumers(cli, config, admin, &group, start_offsets, run_cell).await }
+    };
+    let mut push = None;
+    match &cli.group {
+        Some(group) if !cli.consume_after_produce => push = Some(start_push(group).await?),
+        Some(_) => {}
         None => {
             for c in 0..cli.consumers {
                 let client = Client::connect(config.clone())
@@ -843,9 +846,8 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
                     .map_err(|e| format!("consumer {c}: {e}"))?;
                 consumers.push(client);
             }
-            None
         }
-    };
+    }
 
     let run = Arc::new(Run {
         cli: cli.clone(),
@@ -892,6 +894,12 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     }
     let produce_s = run.start.elapsed().as_secs_f64();
     let sent = run.stats.sent.load(Ordering::Relaxed);
+    // Consumers that start now drain what was produced; their rate counts from here.
+    let mut consume_from_s = 0.0;
+    if let (Some(group), true) = (&cli.group, cli.consume_after_produce) {
+        consume_from_s = run.start.elapsed().as_secs_f64();
+        push = Some(start_push(group).await?);
+    }
 
     if cli.consumers > 0 {
         let drain_deadline = Instant::now() + Duration::from_secs(DRAIN_TIMEOUT_S);
@@ -947,7 +955,8 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         send_errors: stats.send_errors.load(Ordering::Relaxed),
         pull_errors: stats.pull_errors.load(Ordering::Relaxed),
         produce_s,
-        consume_s: stats.last_received_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        consume_s: (stats.last_received_ns.load(Ordering::Relaxed) as f64 / 1e9 - consume_from_s)
+            .max(0.0),
         send_latency,
         e2e_latency,
         queue_count: run.queue_count,
@@ -1009,6 +1018,7 @@ fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> serde_json::V
             "consume_threads": cli.consume_threads,
             "pulls_in_flight": cli.pulls_in_flight,
             "non_blocking_listener": cli.non_blocking_listener,
+            "consume_after_produce": cli.consume_after_produce,
             "keys": cli.keys,
             "size": cli.size,
             "batch": cli.batch,

@@ -345,7 +345,7 @@ impl Connection {
     }
 
     fn encode<M: Message>(&self, request_id: u64, flags: Flags, meta: &M) -> Result<Vec<u8>> {
-        let mut frame = Vec::new();
+        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + meta.meta_len_hint());
         let len = encode_frame(request_id, flags, meta, &[], &mut frame)?;
         if len > self.frame_bytes_max as usize {
             return Err(ClientError::InvalidArgument(format!(

@@ -40,10 +40,13 @@
 //! - **committer**: commits every queue's commit point each `commit_interval_ms` (to the
 //!   broker, or to the local file in broadcasting mode).
 //!
-//! Listeners are plain closures `Fn(&[Message]) -> status`, run on tokio's blocking pool
-//! (`spawn_blocking`), at most `consume_threads` at once over all queues: a listener may
-//! block (a database call) without stalling the runtime. A listener that panics counts as
-//! a failed attempt (`ReconsumeLater` / `SuspendCurrentQueueAMoment`).
+//! Listeners are plain closures `Fn(&[Message]) -> status`, run on the consumer's own
+//! threads (up to `consume_threads`, started as needed; see `workers.rs` for why not
+//! tokio's blocking pool), at most `consume_threads` calls at once over all queues: a
+//! listener may block (a database call) without stalling the runtime. With
+//! `listener_non_blocking` a listener that never blocks runs on the runtime's tasks
+//! instead, saving the thread hand-offs. A listener that panics counts as a failed
+//! attempt (`ReconsumeLater` / `SuspendCurrentQueueAMoment`).
 //!
 //! Delivery is at least once. The commit point of a queue is the smallest offset still in
 //! flight, so a crash or a rebalance re-delivers what was being consumed and never skips.
@@ -63,6 +66,7 @@ mod pipeline;
 mod queue;
 mod rebalance;
 mod tracker;
+mod workers;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -86,6 +90,7 @@ use super::tag_filter::TagExpression;
 use local_offsets::LocalOffsets;
 use rebalance::{commit_loop, membership_loop, Controller};
 use tracker::{FlowLimits, OffsetTracker};
+use workers::Workers;
 
 pub const PULL_BATCH_MAX_DEFAULT: u32 = 32;
 /// The broker's own cap on one pull.
@@ -245,10 +250,10 @@ pub struct PushConsumerOptions {
     pub consume_threads: usize,
     /// Messages per listener call.
     pub consume_batch_max: usize,
-    /// Run the listener on the runtime's own task instead of tokio's blocking pool. For
+    /// Run the listener on the runtime's own task instead of the consume threads. For
     /// listeners that never block (no waiting on I/O or long-held locks): it saves the two
-    /// thread hand-offs of every call, which dominate the cost of a cheap listener. A
-    /// listener that blocks with this set stalls a runtime worker thread.
+    /// thread hand-offs of every call. A listener that blocks with this set stalls a
+    /// runtime worker thread.
     pub listener_non_blocking: bool,
     /// A queue is not pulled while it caches more messages than this...
     pub cached_messages_max: usize,
@@ -513,7 +518,7 @@ impl PushConsumer {
     }
 
     /// Consumes concurrently: many batches of a queue at once, through `listener` (called
-    /// on the blocking pool). Replaces any listener registered before. Only before `start`.
+    /// on the consume threads). Replaces any listener registered before. Only before `start`.
     pub fn register_concurrent<F>(&self, listener: F) -> Result<()>
     where
         F: Fn(&[Message]) -> ConsumeStatus + Send + Sync + 'static,
@@ -616,6 +621,7 @@ impl PushConsumer {
                 .collect(),
             listener,
             pool: Arc::new(Semaphore::new(self.options.consume_threads)),
+            workers: Workers::new(self.options.consume_threads, "ringmq-consume"),
             queues: Mutex::new(BTreeMap::new()),
             assigned: Mutex::new(Vec::new()),
             local,
@@ -793,6 +799,8 @@ struct Shared {
     listener: Listener,
     /// Listener calls running at once.
     pool: Arc<Semaphore>,
+    /// The threads listeners run on (unless they are declared non-blocking).
+    workers: Workers,
     /// The queues with a running pull task.
     queues: Mutex<BTreeMap<MessageQueue, Arc<ProcessQueue>>>,
     /// The latest assignment, for observers.

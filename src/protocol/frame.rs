@@ -522,6 +522,11 @@ pub trait Message: rkyv::Archive + Sized {
     fn access_meta(bytes: &[u8]) -> Result<&Self::Archived, rancor::Error>;
     /// Validates and deserializes `bytes` (aligned to [`META_ALIGN`]).
     fn read_meta(bytes: &[u8]) -> Result<Self, rancor::Error>;
+    /// About how many bytes the meta part takes (0: small), so that an encoder can size
+    /// its buffer once instead of growing it while copying message bodies in.
+    fn meta_len_hint(&self) -> usize {
+        0
+    }
 }
 
 /// An rkyv writer appending to a vector that may already hold other bytes (the frame header,

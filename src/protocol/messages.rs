@@ -557,7 +557,7 @@ impl std::fmt::Display for ErrorBody {
 /// Implements [`Message`] with rkyv's checked API, and checks at compile time that the
 /// archived form can be read in place at [`META_ALIGN`].
 macro_rules! impl_message {
-    ($($ty:ident => $kind:ident),* $(,)?) => {$(
+    ($($ty:ident => $kind:ident $(| $hint:path)?),* $(,)?) => {$(
         impl Message for $ty {
             const KIND: Kind = Kind::$kind;
             fn write_meta(&self, out: &mut Vec<u8>) -> Result<(), rancor::Error> {
@@ -571,6 +571,9 @@ macro_rules! impl_message {
                 let archived = Self::access_meta(bytes)?;
                 rkyv::deserialize::<Self, rancor::Error>(archived)
             }
+            $(fn meta_len_hint(&self) -> usize {
+                $hint(self)
+            })?
         }
         const _: () =
             assert!(std::mem::align_of::<<$ty as rkyv::Archive>::Archived>() <= META_ALIGN);
@@ -580,8 +583,8 @@ macro_rules! impl_message {
 impl_message! {
     Handshake => Handshake,
     Heartbeat => Heartbeat,
-    SendMessage => SendMessage,
-    SendBatch => SendBatch,
+    SendMessage => SendMessage | send_message_len_hint,
+    SendBatch => SendBatch | send_batch_len_hint,
     Pull => Pull,
     GetMinOffset => GetMinOffset,
     GetMaxOffset => GetMaxOffset,
@@ -618,6 +621,22 @@ impl_message! {
     TopicList => TopicList,
     TopicInfo => TopicInfo,
     Records => Records,
+}
+
+/// Room for a message's fixed fields and rkyv's relative pointers and padding.
+const ITEM_OVERHEAD_HINT: usize = 64;
+
+fn send_message_len_hint(m: &SendMessage) -> usize {
+    m.topic.len() + m.properties.len() + m.body.len() + 2 * ITEM_OVERHEAD_HINT
+}
+
+fn send_batch_len_hint(m: &SendBatch) -> usize {
+    let items: usize = m
+        .messages
+        .iter()
+        .map(|i| i.properties.len() + i.body.len() + ITEM_OVERHEAD_HINT)
+        .sum();
+    m.topic.len() + items + ITEM_OVERHEAD_HINT
 }
 
 // Types that are only ever nested inside a meta part.

@@ -54,12 +54,12 @@ enum Outcome<S> {
     Returned(S),
     /// It panicked: counted as a failed attempt.
     Panicked,
-    /// The runtime is shutting down and cancelled the call before it ran: the messages
+    /// The consumer is shutting down and dropped the call before it ran: the messages
     /// stay uncommitted and are delivered again to whoever consumes the queue next.
     Cancelled,
 }
 
-/// Runs a listener on the blocking pool, or right here when it is declared non-blocking.
+/// Runs a listener on the consume threads, or right here when it is declared non-blocking.
 async fn run_listener<S: Send + 'static>(
     shared: &Shared,
     listener: AnyListener<S>,
@@ -72,10 +72,10 @@ async fn run_listener<S: Send + 'static>(
             Err(_) => Outcome::Panicked,
         };
     }
-    match tokio::task::spawn_blocking(move || listener(&messages)).await {
-        Ok(status) => Outcome::Returned(status),
-        Err(e) if e.is_panic() => Outcome::Panicked,
-        Err(_) => Outcome::Cancelled,
+    match shared.workers.run(move || listener(&messages)).await {
+        Some(Ok(status)) => Outcome::Returned(status),
+        Some(Err(_)) => Outcome::Panicked,
+        None => Outcome::Cancelled,
     }
 }
 

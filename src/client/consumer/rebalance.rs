@@ -558,8 +558,9 @@ impl Controller {
                 self.shared.options.shutdown_timeout_ms
             )),
         }
-        // Late retries find no slot and end.
+        // Late retries find no slot and end; calls still queued are dropped.
         self.shared.pool.close();
+        self.shared.workers.close();
         let committed = self.commit(&stopped).await;
         let unlocked = self.unlock(&stopped).await;
         self.pending.clear();

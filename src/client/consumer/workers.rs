@@ -1,0 +1,254 @@
+//! The threads that run a push consumer's (blocking) listeners: up to `consume_threads`
+//! OS threads over one queue of calls, RocketMQ's consume thread pool.
+//!
+//! Why not tokio's `spawn_blocking`: with a cheap listener most calls find the blocking
+//! pool's threads asleep, so every call costs a thread wake-up and a context switch, which
+//! dominated a consumer's CPU time. Here the first thread that runs out of calls keeps
+//! looking for a short while (`SPIN`) before it sleeps (one at a time, so idle threads do
+//! not burn the cores), and a new call wakes a sleeping thread only when no thread is
+//! looking: under a steady stream of calls no thread sleeps, while a
+//! call arriving when every thread is busy with a slow listener still wakes (or starts)
+//! another thread, so slow listeners run in parallel as before.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long a thread without work keeps looking before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub(super) struct Workers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    work: Condvar,
+    /// Calls queued (mirrors `state.jobs.len()`), read by looking threads without the lock.
+    queued: AtomicUsize,
+    threads_max: usize,
+    name: String,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: VecDeque<Job>,
+    threads: usize,
+    /// Threads asleep on `work`.
+    sleeping: usize,
+    /// Threads looking for work without the lock.
+    looking: usize,
+    closed: bool,
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Jobs run outside the lock and catch their panics: a poisoned lock still holds
+        // a valid queue.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Workers {
+    /// A pool of at most `threads_max` threads, started as calls need them.
+    pub(super) fn new(threads_max: usize, name: &str) -> Workers {
+        Workers {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                work: Condvar::new(),
+                queued: AtomicUsize::new(0),
+                threads_max: threads_max.max(1),
+                name: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Runs `f` on a pool thread. `None` when the pool was closed before `f` ran (it does
+    /// not run then); `Some(Err)` when it panicked.
+    pub(super) async fn run<R, F>(&self, f: F) -> Option<std::thread::Result<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce() -> R + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = Box::new(move || {
+            let _ = tx.send(std::panic::catch_unwind(AssertUnwindSafe(f)));
+        });
+        if !self.submit(job) {
+            return None;
+        }
+        rx.await.ok()
+    }
+
+    fn submit(&self, job: Job) -> bool {
+        let inner = &self.inner;
+        let mut state = inner.state();
+        if state.closed {
+            return false;
+        }
+        state.jobs.push_back(job);
+        inner.queued.store(state.jobs.len(), Ordering::Release);
+        if state.looking > 0 {
+            // A thread is looking for work and takes it.
+        } else if state.sleeping > 0 {
+            drop(state);
+            inner.work.notify_one();
+        } else if state.threads < inner.threads_max {
+            state.threads += 1;
+            let name = format!("{}-{}", inner.name, state.threads);
+            drop(state);
+            let worker = inner.clone();
+            if std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker_loop(&worker))
+                .is_err()
+            {
+                // No thread: the call waits for a running one (there is one unless this
+                // was the first, which is then retried by the next call).
+                inner.state().threads -= 1;
+            }
+        }
+        // Otherwise every thread is busy: the first one free takes it.
+        true
+    }
+
+    /// Stops taking calls; queued calls are dropped (their callers see `None`), running
+    /// ones finish, and the threads end.
+    pub(super) fn close(&self) {
+        let dropped: Vec<Job> = {
+            let mut state = self.inner.state();
+            state.closed = true;
+            self.inner.queued.store(0, Ordering::Release);
+            state.jobs.drain(..).collect()
+        };
+        drop(dropped);
+        self.inner.work.notify_all();
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn worker_loop(inner: &Inner) {
+    let mut state = inner.state();
+    loop {
+        if let Some(job) = state.jobs.pop_front() {
+            inner.queued.store(state.jobs.len(), Ordering::Release);
+            drop(state);
+            job();
+            state = inner.state();
+            continue;
+        }
+        if state.closed {
+            break;
+        }
+        // One thread at a time looks without the lock for a while; the others sleep.
+        if state.looking == 0 {
+            state.looking += 1;
+            drop(state);
+            let until = Instant::now() + SPIN;
+            while inner.queued.load(Ordering::Acquire) == 0 && Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            state = inner.state();
+            state.looking -= 1;
+        }
+        if state.jobs.is_empty() && !state.closed {
+            state.sleeping += 1;
+            state = inner
+                .work
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.sleeping -= 1;
+        }
+    }
+    state.threads -= 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn runs_every_call_and_reports_panics() {
+        runtime().block_on(async {
+            let workers = Arc::new(Workers::new(4, "test-worker"));
+            let sum = Arc::new(AtomicU64::new(0));
+            let mut calls = Vec::new();
+            for i in 0..1000u64 {
+                let (workers, sum) = (workers.clone(), sum.clone());
+                calls.push(tokio::spawn(async move {
+                    workers
+                        .run(move || sum.fetch_add(i, Ordering::Relaxed))
+                        .await
+                }));
+            }
+            for call in calls {
+                assert!(matches!(call.await.unwrap(), Some(Ok(_))));
+            }
+            assert_eq!(sum.load(Ordering::Relaxed), 999 * 1000 / 2);
+            let panicked = workers.run(|| -> u32 { panic!("listener bug") }).await;
+            assert!(matches!(panicked, Some(Err(_))));
+            // The pool still works after a panic.
+            assert_eq!(workers.run(|| 7).await.map(Result::unwrap), Some(7));
+            let threads = workers.inner.state().threads;
+            assert!((1..=4).contains(&threads), "{threads} threads");
+        });
+    }
+
+    #[test]
+    fn slow_calls_run_in_parallel_up_to_the_limit() {
+        runtime().block_on(async {
+            let workers = Arc::new(Workers::new(4, "test-worker"));
+            let started = Instant::now();
+            let mut calls = Vec::new();
+            for _ in 0..4 {
+                let workers = workers.clone();
+                calls.push(tokio::spawn(async move {
+                    workers
+                        .run(|| std::thread::sleep(Duration::from_millis(300)))
+                        .await
+                }));
+            }
+            for call in calls {
+                assert!(matches!(call.await.unwrap(), Some(Ok(()))));
+            }
+            // One after another would take 1.2 s.
+            let took = started.elapsed();
+            assert!(took < Duration::from_millis(900), "took {took:?}");
+            assert_eq!(workers.inner.state().threads, 4);
+        });
+    }
+
+    #[test]
+    fn a_closed_pool_runs_nothing_more() {
+        runtime().block_on(async {
+            let workers = Workers::new(1, "test-worker");
+            assert!(workers.run(|| ()).await.is_some());
+            workers.close();
+            let ran = Arc::new(AtomicU64::new(0));
+            let r = ran.clone();
+            assert!(workers
+                .run(move || r.fetch_add(1, Ordering::Relaxed))
+                .await
+                .is_none());
+            assert_eq!(ran.load(Ordering::Relaxed), 0);
+        });
+    }
+}
