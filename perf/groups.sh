@@ -54,9 +54,12 @@ GROUP=(--group g --consumers 2 --consume-batch 32)
 echo "machine: $(nproc) cores, $(uname -r); broker (2 shards, async flush), producers and consumers on one host"
 echo "1 KiB messages, 8 queues, 2 producers (128 sends in flight each), batches of 32 unless noted, ${SECS} s per case"
 printf '%-22s %10s %6s %10s %6s %9s %9s %7s %5s\n' case prod/s prod.s cons/s cons.s e.p50us e.p99us missing dup
-bench a-produce-only        --batch 32 --consumers 0
-bench b-drain-pool          --batch 32 "${GROUP[@]}" --consume-after-produce
-bench b-drain-rt            --batch 32 "${GROUP[@]}" --consume-after-produce --non-blocking-listener
+# (a) and (b) three times, interleaved: this VM's figures drift by 10-20% between minutes.
+for round in 1 2 3; do
+  bench "a-produce-only-$round" --batch 32 --consumers 0
+  bench "b-drain-pool-$round"   --batch 32 "${GROUP[@]}" --consume-after-produce
+  bench "b-drain-rt-$round"     --batch 32 "${GROUP[@]}" --consume-after-produce --non-blocking-listener
+done
 bench c-both-pool           --batch 32 "${GROUP[@]}"
 bench c-both-rt             --batch 32 "${GROUP[@]}" --non-blocking-listener
 bench c-both-rt-depth1      --batch 32 "${GROUP[@]}" --non-blocking-listener --pulls-in-flight 1
