@@ -590,8 +590,19 @@ async fn serve_connection(ctx: Rc<ShardCtx>, stream: TcpStream, limits: FrameLim
     let writer_task = glommio::spawn_local(async move {
         let mut out: Vec<u8> = Vec::with_capacity(CONN_READ_BUFFER_BYTES);
         while let Some(frame) = rx.recv().await {
+            // A frame alone goes out as it is (a pull answer is not copied again);
+            // frames that are ready together are gathered into one write.
+            let second = match futures_lite::future::poll_once(rx.recv()).await {
+                Some(Some(second)) => second,
+                Some(None) | None => {
+                    if writer.write_all(&frame).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
             out.extend_from_slice(&frame);
-            // Gather whatever else is ready into the same write.
+            out.extend_from_slice(&second);
             while out.len() < CONN_WRITE_BATCH_BYTES {
                 match futures_lite::future::poll_once(rx.recv()).await {
                     Some(Some(f)) => out.extend_from_slice(&f),
