@@ -15,6 +15,7 @@
 //! request.
 
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -40,6 +41,8 @@ use super::error::{ClientError, Result};
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// The writer stops gathering queued frames into one write past this size.
 const WRITE_BATCH_BYTES_MAX: usize = 256 * 1024;
+/// Most frames in one vectored write (well below the system's `IOV_MAX` of 1024).
+const WRITE_BATCH_FRAMES_MAX: usize = 64;
 
 /// A frame the broker pushed unasked (`Flags::PUSH`): group rebalances, lock losses.
 #[derive(Debug, Clone)]
@@ -363,28 +366,22 @@ async fn write_loop(
     mut out: OwnedWriteHalf,
     shared: Arc<Shared>,
 ) {
-    let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH_BYTES_MAX);
+    // Frames ready together go out in one vectored write, without copying them together.
+    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH_FRAMES_MAX);
     while let Some(first) = frames.recv().await {
-        let written = if frames.is_empty() || first.len() >= WRITE_BATCH_BYTES_MAX {
-            // Nothing to gather: write the frame where it is.
-            out.write_all(&first).await
-        } else {
-            batch.clear();
-            batch.extend_from_slice(&first);
-            drop(first);
-            while batch.len() < WRITE_BATCH_BYTES_MAX {
-                match frames.try_recv() {
-                    Ok(frame) => batch.extend_from_slice(&frame),
-                    Err(_) => break,
+        let mut bytes = first.len();
+        batch.push(first);
+        while bytes < WRITE_BATCH_BYTES_MAX && batch.len() < WRITE_BATCH_FRAMES_MAX {
+            match frames.try_recv() {
+                Ok(frame) => {
+                    bytes += frame.len();
+                    batch.push(frame);
                 }
+                Err(_) => break,
             }
-            let written = out.write_all(&batch).await;
-            // One very large gathered batch should not pin its memory for good.
-            if batch.capacity() > 4 * WRITE_BATCH_BYTES_MAX {
-                batch = Vec::with_capacity(WRITE_BATCH_BYTES_MAX);
-            }
-            written
-        };
+        }
+        let written = write_frames(&mut out, &batch).await;
+        batch.clear();
         if let Err(e) = written {
             shared.fail(ClientError::Connection(format!(
                 "write to {}: {e}",
@@ -395,6 +392,20 @@ async fn write_loop(
     }
     // Every sender is gone: the connection handle was dropped.
     let _ = out.shutdown().await;
+}
+
+/// Writes every frame, in order, with as few (vectored) writes as the socket allows.
+async fn write_frames(out: &mut OwnedWriteHalf, frames: &[Vec<u8>]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = frames.iter().map(|f| IoSlice::new(f)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = out.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
 }
 
 /// What the front of the receive buffer holds.
