@@ -332,29 +332,65 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                     if stopped(&pq) {
                         return;
                     }
-                    tokio::spawn(concurrent_batch(
-                        shared.clone(),
-                        pq.clone(),
-                        listener.clone(),
-                        batch.to_vec(),
-                        permit,
-                    ));
+                    start_concurrent(&shared, &pq, listener, batch.to_vec(), permit);
                 }
             }
         }
     }
 }
 
+/// Starts consuming one batch concurrently. On the consume threads the first attempt runs
+/// as a job of its own, finishing the batch on that thread (no task, no hand-back); a
+/// listener declared non-blocking runs on a runtime task. Retries go through
+/// [`concurrent_batch`] either way.
+fn start_concurrent(
+    shared: &Arc<Shared>,
+    pq: &Arc<ProcessQueue>,
+    listener: &ConcurrentListener,
+    messages: Vec<Message>,
+    permit: OwnedSemaphorePermit,
+) {
+    let (shared, pq, listener) = (shared.clone(), pq.clone(), listener.clone());
+    if shared.options.listener_non_blocking {
+        tokio::spawn(concurrent_batch(shared, pq, listener, messages, permit, 0));
+        return;
+    }
+    let runtime = tokio::runtime::Handle::current();
+    let workers = shared.clone();
+    // Not taken (the consumer is closing): the batch stays uncommitted and is delivered
+    // again to whoever consumes the queue next.
+    workers.workers.submit(Box::new(move || {
+        if pq.is_dropped() {
+            return;
+        }
+        let call = std::panic::AssertUnwindSafe(|| listener(&messages));
+        let status = match std::panic::catch_unwind(call) {
+            Ok(status) => Outcome::Returned(status),
+            Err(_) => Outcome::Panicked,
+        };
+        drop(permit);
+        let mut failures = 0;
+        if settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
+            runtime.spawn(async move {
+                if let Some(permit) = wait_to_retry(&shared, &pq).await {
+                    concurrent_batch(shared, pq, listener, messages, permit, failures).await
+                }
+            });
+        }
+    }));
+}
+
 /// Consumes one batch concurrently, with local retries; the messages stay cached (and hold
-/// the commit point back) until they succeed or are given up.
+/// the commit point back) until they succeed or are given up. `failures`: attempts that
+/// failed before.
 async fn concurrent_batch(
     shared: Arc<Shared>,
     pq: Arc<ProcessQueue>,
     listener: ConcurrentListener,
     messages: Vec<Message>,
     mut permit: OwnedSemaphorePermit,
+    mut failures: u32,
 ) {
-    let mut failures = 0u32;
     loop {
         // A queue given up (rebalance, shutdown) runs no listener: its new owner
         // delivers these messages again from the committed offset.
@@ -363,45 +399,64 @@ async fn concurrent_batch(
         }
         let status = run_listener(&shared, listener.clone(), messages.clone()).await;
         drop(permit);
-        match status {
-            Outcome::Cancelled => return,
-            Outcome::Returned(ConsumeStatus::Success) => {
-                add(&shared.counters.consumed, messages.len());
-                pq.finish(offsets_of(&messages));
-                return;
+        if !settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
+            return;
+        }
+        permit = match wait_to_retry(&shared, &pq).await {
+            Some(permit) => permit,
+            None => return,
+        };
+    }
+}
+
+/// Books one attempt of a concurrent batch; true when it is to be tried again.
+fn settle_concurrent(
+    shared: &Shared,
+    pq: &ProcessQueue,
+    messages: &[Message],
+    failures: &mut u32,
+    status: Outcome<ConsumeStatus>,
+) -> bool {
+    match status {
+        Outcome::Cancelled => false,
+        Outcome::Returned(ConsumeStatus::Success) => {
+            add(&shared.counters.consumed, messages.len());
+            pq.finish(offsets_of(messages));
+            false
+        }
+        status => {
+            let offsets = offsets_of(messages);
+            if matches!(status, Outcome::Panicked) {
+                shared.log(format_args!(
+                    "listener panicked on {}; treated as ReconsumeLater",
+                    describe(&pq.mq, &offsets)
+                ));
             }
-            status => {
-                let offsets = offsets_of(&messages);
-                if matches!(status, Outcome::Panicked) {
-                    shared.log(format_args!(
-                        "listener panicked on {}; treated as ReconsumeLater",
-                        describe(&pq.mq, &offsets)
-                    ));
-                }
-                failures += 1;
-                add(&shared.counters.retried, messages.len());
-                if failures > shared.options.max_reconsume_times {
-                    shared.log(format_args!(
-                        "giving up {} after {} retries (no dead-letter queue yet: skipped)",
-                        describe(&pq.mq, &offsets),
-                        shared.options.max_reconsume_times
-                    ));
-                    add(&shared.counters.given_up, messages.len());
-                    pq.finish(offsets);
-                    return;
-                }
-                // The retry waits without holding a listener slot.
-                sleep(Duration::from_millis(shared.options.reconsume_delay_ms)).await;
-                if pq.is_dropped() {
-                    return;
-                }
-                permit = match shared.pool.clone().acquire_owned().await {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                };
+            *failures += 1;
+            add(&shared.counters.retried, messages.len());
+            if *failures > shared.options.max_reconsume_times {
+                shared.log(format_args!(
+                    "giving up {} after {} retries (no dead-letter queue yet: skipped)",
+                    describe(&pq.mq, &offsets),
+                    shared.options.max_reconsume_times
+                ));
+                add(&shared.counters.given_up, messages.len());
+                pq.finish(offsets);
+                return false;
             }
+            true
         }
     }
+}
+
+/// The pause before a retry, taken without holding a listener slot; then a slot. `None`
+/// when the queue was given up or the consumer is closing meanwhile.
+async fn wait_to_retry(shared: &Shared, pq: &ProcessQueue) -> Option<OwnedSemaphorePermit> {
+    sleep(Duration::from_millis(shared.options.reconsume_delay_ms)).await;
+    if pq.is_dropped() {
+        return None;
+    }
+    shared.pool.clone().acquire_owned().await.ok()
 }
 
 /// The orderly task of one queue: the cached messages in offset order, one batch at a

@@ -4,8 +4,8 @@
 //! Why not tokio's `spawn_blocking`: with a cheap listener most calls find the blocking
 //! pool's threads asleep, so every call costs a thread wake-up and a context switch, which
 //! dominated a consumer's CPU time. Here the first thread that runs out of calls keeps
-//! looking for a short while (`SPIN`) before it sleeps (one at a time, so idle threads do
-//! not burn the cores), and a new call wakes a sleeping thread only when no thread is
+//! looking for a short while (`SPIN`, yielding the core meanwhile) before it sleeps (one
+//! at a time, so idle threads do not burn the cores), and a new call wakes a sleeping thread only when no thread is
 //! looking: under a steady stream of calls no thread sleeps, while a
 //! call arriving when every thread is busy with a slow listener still wakes (or starts)
 //! another thread, so slow listeners run in parallel as before.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// How long a thread without work keeps looking before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
 
-type Job = Box<dyn FnOnce() + Send>;
+pub(super) type Job = Box<dyn FnOnce() + Send>;
 
 pub(super) struct Workers {
     inner: Arc<Inner>,
@@ -84,7 +84,9 @@ impl Workers {
         rx.await.ok()
     }
 
-    fn submit(&self, job: Job) -> bool {
+    /// Queues `job` (which must catch its own panics); false, and `job` dropped unrun,
+    /// when the pool is closed.
+    pub(super) fn submit(&self, job: Job) -> bool {
         let inner = &self.inner;
         let mut state = inner.state();
         if state.closed {
@@ -154,8 +156,9 @@ fn worker_loop(inner: &Inner) {
             state.looking += 1;
             drop(state);
             let until = Instant::now() + SPIN;
+            // Yielding, not spinning: on a busy machine the core goes to whoever needs it.
             while inner.queued.load(Ordering::Acquire) == 0 && Instant::now() < until {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             state = inner.state();
             state.looking -= 1;
