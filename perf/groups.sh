@@ -63,7 +63,7 @@ done
 bench c-both-pool           --batch 32 "${GROUP[@]}"
 bench c-both-rt             --batch 32 "${GROUP[@]}" --non-blocking-listener
 bench c-both-rt-depth1      --batch 32 "${GROUP[@]}" --non-blocking-listener --pulls-in-flight 1
-for rate in 300000 500000; do
+for rate in 300000 500000 600000; do
   bench "d-${rate}-pool"    --batch 32 --rate "$rate" "${GROUP[@]}"
   bench "d-${rate}-rt"      --batch 32 --rate "$rate" "${GROUP[@]}" --non-blocking-listener
 done
