@@ -920,3 +920,64 @@ fn consumers_catching_up_a_backlog_pipeline_pulls_and_get_each_message_once_in_o
         }
     });
 }
+
+#[test]
+fn calls_sharing_one_listener_slot_succeed_and_retry_each_on_its_own() {
+    with_broker(|addr| async move {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("slot", 1).await.unwrap();
+        let mut bodies = vec!["flaky".to_owned(), "bad".to_owned()];
+        bodies.extend((0..30).map(|i| format!("ok-{i}")));
+        // One batch before the consumer starts: a pull brings all 32 at once.
+        let batch: Vec<OutgoingMessage> = bodies
+            .iter()
+            .map(|b| OutgoingMessage::new(b.as_str()))
+            .collect();
+        producer.send_batch("slot", batch).await.unwrap();
+        // One listener slot: the 32 calls of that pull run in a row in one job.
+        let options = PushConsumerOptions {
+            consume_from: ConsumeFrom::FirstOffset,
+            consume_threads: 1,
+            max_reconsume_times: 2,
+            reconsume_delay_ms: 50,
+            ..options()
+        };
+        let attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-slot", options).unwrap();
+        consumer.subscribe("slot", "*").unwrap();
+        {
+            let attempts = attempts.clone();
+            consumer
+                .register_concurrent(move |messages| {
+                    assert_eq!(messages.len(), 1, "one message per call by default");
+                    let body = String::from_utf8_lossy(messages[0].body()).into_owned();
+                    let n = {
+                        let mut attempts = attempts.lock().unwrap();
+                        let n = attempts.entry(body.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    match body.as_str() {
+                        "flaky" if n == 1 => panic!("a listener panic, on purpose"),
+                        "bad" => ConsumeStatus::ReconsumeLater,
+                        _ => ConsumeStatus::Success,
+                    }
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        caught_up(&client, "g-slot", "slot").await;
+        let seen = attempts.lock().unwrap().clone();
+        assert_eq!(seen.get("flaky"), Some(&2), "{seen:?}");
+        assert_eq!(seen.get("bad"), Some(&3), "{seen:?}");
+        assert!(
+            (0..30).all(|i| seen.get(&format!("ok-{i}")) == Some(&1)),
+            "{seen:?}"
+        );
+        let stats = consumer.stats();
+        // Failed attempts: flaky once, bad three times (the last one gives it up).
+        assert_eq!((stats.consumed, stats.given_up, stats.retried), (31, 1, 4));
+        consumer.shutdown().await.unwrap();
+    });
+}

@@ -323,7 +323,10 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         match &shared.listener {
             Listener::Orderly(_) => pq.wake.notify_one(),
             Listener::Concurrent(listener) => {
-                for batch in messages.chunks(shared.options.consume_batch_max) {
+                let calls: Vec<&[Message]> =
+                    messages.chunks(shared.options.consume_batch_max).collect();
+                let mut rest = &calls[..];
+                while !rest.is_empty() {
                     // Waiting for a listener slot here is the backpressure of a saturated
                     // pool; the cache limits bound the rest.
                     let Ok(permit) = shared.pool.clone().acquire_owned().await else {
@@ -332,51 +335,79 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                     if stopped(&pq) {
                         return;
                     }
-                    start_concurrent(&shared, &pq, listener, batch.to_vec(), permit);
+                    // One call per slot while slots are free; when few are, a slot takes
+                    // several calls in a row (fewer hand-offs when the threads are busy).
+                    let take = if shared.options.listener_non_blocking {
+                        1
+                    } else {
+                        rest.len().div_ceil(shared.pool.available_permits() + 1)
+                    };
+                    let (now, later) = rest.split_at(take);
+                    let now = now.iter().map(|call| call.to_vec()).collect();
+                    start_concurrent(&shared, &pq, listener, now, permit);
+                    rest = later;
                 }
             }
         }
     }
 }
 
-/// Starts consuming one batch concurrently. On the consume threads the first attempt runs
-/// as a job of its own, finishing the batch on that thread (no task, no hand-back); a
-/// listener declared non-blocking runs on a runtime task. Retries go through
-/// [`concurrent_batch`] either way.
+/// Starts consuming `calls` (one listener call each) concurrently, in one listener slot.
+/// On the consume threads they run in a row as one job that also books each result on
+/// that thread (no task, no hand-back); a listener declared non-blocking runs on runtime
+/// tasks, one per call. Retries go through [`concurrent_batch`] either way.
 fn start_concurrent(
     shared: &Arc<Shared>,
     pq: &Arc<ProcessQueue>,
     listener: &ConcurrentListener,
-    messages: Vec<Message>,
+    calls: Vec<Vec<Message>>,
     permit: OwnedSemaphorePermit,
 ) {
     let (shared, pq, listener) = (shared.clone(), pq.clone(), listener.clone());
     if shared.options.listener_non_blocking {
-        tokio::spawn(concurrent_batch(shared, pq, listener, messages, permit, 0));
+        // A task per call (the pull loop gives one call per slot here).
+        let mut permit = Some(permit);
+        for messages in calls {
+            let (shared, pq, listener) = (shared.clone(), pq.clone(), listener.clone());
+            let permit = permit.take();
+            tokio::spawn(async move {
+                let permit = match permit {
+                    Some(permit) => permit,
+                    None => match shared.pool.clone().acquire_owned().await {
+                        Ok(permit) => permit,
+                        Err(_) => return,
+                    },
+                };
+                concurrent_batch(shared, pq, listener, messages, permit, 0).await
+            });
+        }
         return;
     }
     let runtime = tokio::runtime::Handle::current();
     let workers = shared.clone();
-    // Not taken (the consumer is closing): the batch stays uncommitted and is delivered
-    // again to whoever consumes the queue next.
+    // Not taken (the consumer is closing): the messages stay uncommitted and are
+    // delivered again to whoever consumes the queue next.
     workers.workers.submit(Box::new(move || {
-        if pq.is_dropped() {
-            return;
+        for messages in calls {
+            if pq.is_dropped() {
+                return;
+            }
+            let call = std::panic::AssertUnwindSafe(|| listener(&messages));
+            let status = match std::panic::catch_unwind(call) {
+                Ok(status) => Outcome::Returned(status),
+                Err(_) => Outcome::Panicked,
+            };
+            let mut failures = 0;
+            if settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
+                let (shared, pq, listener) = (shared.clone(), pq.clone(), listener.clone());
+                runtime.spawn(async move {
+                    if let Some(permit) = wait_to_retry(&shared, &pq).await {
+                        concurrent_batch(shared, pq, listener, messages, permit, failures).await
+                    }
+                });
+            }
         }
-        let call = std::panic::AssertUnwindSafe(|| listener(&messages));
-        let status = match std::panic::catch_unwind(call) {
-            Ok(status) => Outcome::Returned(status),
-            Err(_) => Outcome::Panicked,
-        };
         drop(permit);
-        let mut failures = 0;
-        if settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
-            runtime.spawn(async move {
-                if let Some(permit) = wait_to_retry(&shared, &pq).await {
-                    concurrent_batch(shared, pq, listener, messages, permit, failures).await
-                }
-            });
-        }
     }));
 }
 
