@@ -6,7 +6,8 @@
 #   (c) producers and push consumers at once, closed loop (they share the 2 cores);
 #   (d) open loop at fixed offered rates, push consumers at once: do they keep up, and
 #       the end-to-end latency;
-#   (e) single sends, one message per listener call (RocketMQ's defaults).
+#   (e) one message per listener call (RocketMQ's default): single sends; draining;
+#       300,000 msg/s offered.
 # Each case gets a fresh broker process (2 shards, async flush, new data dir). Push
 # consumers: 2 members of a group, concurrent mode, 32 messages per listener call; "pool"
 # = listener on tokio's blocking pool (the default), "rt" = --non-blocking-listener.
@@ -68,6 +69,8 @@ for rate in 300000 500000 600000; do
   bench "d-${rate}-rt"      --batch 32 --rate "$rate" "${GROUP[@]}" --non-blocking-listener
 done
 bench e-single-cb1          --batch 1 --group g --consumers 2 --consume-batch 1
+bench e-drain-cb1           --batch 32 --group g --consumers 2 --consume-batch 1 --consume-after-produce
+bench e-300000-cb1          --batch 32 --rate 300000 --group g --consumers 2 --consume-batch 1
 echo "prod.s: producing time; cons.s: from the start to the last message consumed (consumers that keep up end with the producers);"
 echo "b rows: consumers start after producing, cons/s and cons.s count from their start; e2e latency there includes the backlog wait"
 echo "JSON in $OUT/groups-*.json"
