@@ -18,8 +18,13 @@ use std::collections::VecDeque;
 /// What to do with an answer, decided by [`PullPipeline::answered`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Use it: its pull started at or below the position.
+    /// Use it: its pull started at the position.
     Use,
+    /// Its pull started below the position (an earlier answer reached past where it
+    /// started): its messages below the position were delivered already, and a status
+    /// other than found (queue end, offset out of range) describes an older position, so
+    /// only its messages may be used.
+    Behind,
     /// Its pull started past the position (an earlier answer ended short): drop it and
     /// everything still in flight; pulling starts again from the position.
     Restart,
@@ -84,6 +89,7 @@ impl PullPipeline {
                 self.restart(position);
                 Verdict::Restart
             }
+            Some(start) if start < position => Verdict::Behind,
             _ => Verdict::Use,
         }
     }
@@ -116,6 +122,10 @@ mod tests {
         p.sent(100);
         assert_eq!(p.next_pull(0, 1000), None, "the queue's end is not known");
         assert_eq!(p.answered(100), Verdict::Use);
+        // (An answer whose pull started below the position is "behind".)
+        let mut b = PullPipeline::new(2, 32, 0);
+        b.sent(0);
+        assert_eq!(b.answered(5), Verdict::Behind);
         p.used(132, 1000);
         // 868 messages known past 132: up to 4 pulls.
         for start in [132, 164, 196, 228] {
@@ -199,7 +209,7 @@ mod tests {
                         in_flight.clear();
                         continue;
                     }
-                    Verdict::Use => {}
+                    Verdict::Use | Verdict::Behind => {}
                 }
                 let (offsets, next) = answer(start, u64::from(batch), limits.next().unwrap(), len);
                 delivered.extend(offsets.into_iter().filter(|o| *o >= position));

@@ -245,7 +245,8 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         let Some(next) = pq.state().tracker.next_pull() else {
             return;
         };
-        if pipeline.answered(next) == Verdict::Restart {
+        let verdict = pipeline.answered(next);
+        if verdict == Verdict::Restart {
             add(&shared.counters.pulls_discarded, 1 + in_flight.0.len());
             in_flight.cancel_all();
             continue;
@@ -273,6 +274,18 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                 pq.mq.topic, pq.mq.queue_id
             ));
             failing = false;
+        }
+        let found = matches!(
+            pulled.status,
+            PullStatus::Found | PullStatus::NoMatchedMessage
+        );
+        if !found && verdict == Verdict::Behind {
+            // A status about a position already passed (say, offset too small after a
+            // retention run): not ours to follow. Pull again from the position.
+            add(&shared.counters.pulls_discarded, 1 + in_flight.0.len());
+            in_flight.cancel_all();
+            pipeline.restart(next);
+            continue;
         }
         // `Client::pull` already re-checked the tag strings. Offsets below the position
         // were delivered by an earlier answer (a tag filter's answer can reach past where
@@ -335,12 +348,15 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                     if stopped(&pq) {
                         return;
                     }
-                    // One call per slot while slots are free; when few are, a slot takes
-                    // several calls in a row (fewer hand-offs when the threads are busy).
-                    let take = if shared.options.listener_non_blocking {
-                        1
+                    // One call per slot (each on its own thread), unless calls are known
+                    // to be cheap: then one slot runs several in a row, since a hand-off
+                    // would cost more than the call.
+                    let take = if !shared.options.listener_non_blocking
+                        && shared.workers.calls_are_cheap()
+                    {
+                        rest.len().min(CALLS_PER_JOB_MAX)
                     } else {
-                        rest.len().div_ceil(shared.pool.available_permits() + 1)
+                        1
                     };
                     let (now, later) = rest.split_at(take);
                     let now = now.iter().map(|call| call.to_vec()).collect();
@@ -351,6 +367,9 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         }
     }
 }
+
+/// Most listener calls one job runs in a row (when calls are cheap).
+const CALLS_PER_JOB_MAX: usize = 32;
 
 /// Starts consuming `calls` (one listener call each) concurrently, in one listener slot.
 /// On the consume threads they run in a row as one job that also books each result on
@@ -392,11 +411,13 @@ fn start_concurrent(
             if pq.is_dropped() {
                 return;
             }
+            let started = std::time::Instant::now();
             let call = std::panic::AssertUnwindSafe(|| listener(&messages));
             let status = match std::panic::catch_unwind(call) {
                 Ok(status) => Outcome::Returned(status),
                 Err(_) => Outcome::Panicked,
             };
+            shared.workers.record_call(started.elapsed());
             let mut failures = 0;
             if settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
                 let (shared, pq, listener) = (shared.clone(), pq.clone(), listener.clone());

@@ -5,19 +5,23 @@
 //! pool's threads asleep, so every call costs a thread wake-up and a context switch, which
 //! dominated a consumer's CPU time. Here the first thread that runs out of calls keeps
 //! looking for a short while (`SPIN`, yielding the core meanwhile) before it sleeps (one
-//! at a time, so idle threads do not burn the cores), and a new call wakes a sleeping thread only when no thread is
-//! looking: under a steady stream of calls no thread sleeps, while a
-//! call arriving when every thread is busy with a slow listener still wakes (or starts)
-//! another thread, so slow listeners run in parallel as before.
+//! at a time, so idle threads do not burn the cores). A queued call wakes (or starts) a
+//! thread only when it has no taker yet: more calls queued than threads looking or
+//! already woken. A thread that takes a call checks the same before running it, so a
+//! burst of calls fans out over the threads, and a call never waits behind a slow one
+//! while a thread sleeps. Callers also learn the average call time
+//! ([`Workers::calls_are_cheap`]) to put several cheap calls into one job.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a thread without work keeps looking before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
+/// Listener calls shorter than this on average are run several to a job.
+pub(super) const CHEAP_CALL: Duration = Duration::from_micros(50);
 
 pub(super) type Job = Box<dyn FnOnce() + Send>;
 
@@ -26,6 +30,9 @@ pub(super) struct Workers {
 }
 
 struct Inner {
+    /// Average time of a listener call, ns (0: none measured yet); a moving average over
+    /// about the last 8 calls, updated without a lock (a lost update is harmless).
+    call_ns: AtomicU64,
     state: Mutex<State>,
     work: Condvar,
     /// Calls queued (mirrors `state.jobs.len()`), read by looking threads without the lock.
@@ -42,6 +49,8 @@ struct State {
     sleeping: usize,
     /// Threads looking for work without the lock.
     looking: usize,
+    /// Wake-ups sent to sleeping threads and not yet taken up.
+    waking: usize,
     closed: bool,
 }
 
@@ -51,6 +60,43 @@ impl Inner {
         // a valid queue.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Makes sure the queued calls have takers: when there are more calls than threads
+    /// looking or already woken, wakes a sleeping thread, or starts one. Called after a
+    /// call is queued and after one is taken, so that a burst of calls fans out over the
+    /// threads one wake-up at a time, and a call never waits behind a slow one while a
+    /// thread sleeps.
+    fn find_taker(inner: &Arc<Inner>, mut state: MutexGuard<'_, State>) {
+        if state.jobs.len() <= state.looking + state.waking {
+            return;
+        }
+        if state.sleeping > state.waking {
+            state.waking += 1;
+            drop(state);
+            inner.work.notify_one();
+        } else if state.threads < inner.threads_max {
+            state.threads += 1;
+            let name = format!("{}-{}", inner.name, state.threads);
+            drop(state);
+            let worker = inner.clone();
+            let started = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker_loop(&worker));
+            if started.is_err() {
+                let mut state = inner.state();
+                state.threads -= 1;
+                if state.threads == 0 {
+                    // No thread at all: run what is queued right here rather than
+                    // leave it (and the messages it holds) waiting for good.
+                    let jobs: Vec<Job> = state.jobs.drain(..).collect();
+                    inner.queued.store(0, Ordering::Release);
+                    drop(state);
+                    jobs.into_iter().for_each(|job| job());
+                }
+            }
+        }
+        // Otherwise every thread is busy: the first one free takes it.
+    }
 }
 
 impl Workers {
@@ -58,6 +104,7 @@ impl Workers {
     pub(super) fn new(threads_max: usize, name: &str) -> Workers {
         Workers {
             inner: Arc::new(Inner {
+                call_ns: AtomicU64::new(0),
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
                 queued: AtomicUsize::new(0),
@@ -94,28 +141,27 @@ impl Workers {
         }
         state.jobs.push_back(job);
         inner.queued.store(state.jobs.len(), Ordering::Release);
-        if state.looking > 0 {
-            // A thread is looking for work and takes it.
-        } else if state.sleeping > 0 {
-            drop(state);
-            inner.work.notify_one();
-        } else if state.threads < inner.threads_max {
-            state.threads += 1;
-            let name = format!("{}-{}", inner.name, state.threads);
-            drop(state);
-            let worker = inner.clone();
-            if std::thread::Builder::new()
-                .name(name)
-                .spawn(move || worker_loop(&worker))
-                .is_err()
-            {
-                // No thread: the call waits for a running one (there is one unless this
-                // was the first, which is then retried by the next call).
-                inner.state().threads -= 1;
-            }
-        }
-        // Otherwise every thread is busy: the first one free takes it.
+        Inner::find_taker(inner, state);
         true
+    }
+
+    /// Records how long a listener call took.
+    pub(super) fn record_call(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let avg = self.inner.call_ns.load(Ordering::Relaxed);
+        let next = if avg == 0 {
+            took.max(1)
+        } else {
+            (avg - avg / 8).saturating_add(took / 8).max(1)
+        };
+        self.inner.call_ns.store(next, Ordering::Relaxed);
+    }
+
+    /// True once calls are known to take less than [`CHEAP_CALL`] on average: then
+    /// several may share one job (a hand-off costs more than running them in a row).
+    pub(super) fn calls_are_cheap(&self) -> bool {
+        let avg = self.inner.call_ns.load(Ordering::Relaxed);
+        avg != 0 && avg < CHEAP_CALL.as_nanos() as u64
     }
 
     /// Stops taking calls; queued calls are dropped (their callers see `None`), running
@@ -138,12 +184,13 @@ impl Drop for Workers {
     }
 }
 
-fn worker_loop(inner: &Inner) {
+fn worker_loop(inner: &Arc<Inner>) {
     let mut state = inner.state();
     loop {
         if let Some(job) = state.jobs.pop_front() {
             inner.queued.store(state.jobs.len(), Ordering::Release);
-            drop(state);
+            // Calls left behind get a taker before this one runs (it may be slow).
+            Inner::find_taker(inner, state);
             job();
             state = inner.state();
             continue;
@@ -170,6 +217,9 @@ fn worker_loop(inner: &Inner) {
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
             state.sleeping -= 1;
+            // Taken up (a spurious wake-up may take another's: that one then finds the
+            // queue as it is and acts on it, so no call is left without a taker).
+            state.waking = state.waking.saturating_sub(1);
         }
     }
     state.threads -= 1;
@@ -237,6 +287,41 @@ mod tests {
             assert!(took < Duration::from_millis(900), "took {took:?}");
             assert_eq!(workers.inner.state().threads, 4);
         });
+    }
+
+    #[test]
+    fn calls_queued_together_get_threads_of_their_own() {
+        runtime().block_on(async {
+            let workers = Arc::new(Workers::new(4, "test-worker"));
+            for _ in 0..50 {
+                // A thread is around (looking for work) when both calls arrive; the
+                // first waits for the second, so they must run on two threads.
+                assert!(workers.run(|| ()).await.is_some());
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let waiter = workers.run(move || rx.recv_timeout(Duration::from_secs(10)));
+                let sender = workers.run(move || tx.send(()));
+                let (waited, sent) = tokio::join!(waiter, sender);
+                assert!(
+                    matches!(waited, Some(Ok(Ok(())))),
+                    "the first call was released"
+                );
+                assert!(matches!(sent, Some(Ok(Ok(())))));
+            }
+        });
+    }
+
+    #[test]
+    fn average_call_time_decides_whether_calls_are_cheap() {
+        let workers = Workers::new(1, "test-worker");
+        assert!(!workers.calls_are_cheap(), "unknown until measured");
+        for _ in 0..20 {
+            workers.record_call(Duration::from_micros(2));
+        }
+        assert!(workers.calls_are_cheap());
+        for _ in 0..40 {
+            workers.record_call(Duration::from_millis(5));
+        }
+        assert!(!workers.calls_are_cheap());
     }
 
     #[test]
