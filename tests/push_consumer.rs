@@ -458,7 +458,18 @@ fn a_new_group_starts_from_the_first_the_last_or_a_timestamp() {
 type OrderLog = Arc<Mutex<BTreeMap<String, Vec<u32>>>>;
 
 async fn orderly(addr: &str, group: &str, topic: &str, log: &OrderLog) -> PushConsumer {
-    let consumer = PushConsumer::new(ClientConfig::new(addr), group, options()).unwrap();
+    orderly_with(addr, group, topic, log, options()).await
+}
+
+/// A started orderly consumer of `topic` with `options` that logs `key:seq` bodies.
+async fn orderly_with(
+    addr: &str,
+    group: &str,
+    topic: &str,
+    log: &OrderLog,
+    options: PushConsumerOptions,
+) -> PushConsumer {
+    let consumer = PushConsumer::new(ClientConfig::new(addr), group, options).unwrap();
     consumer.subscribe(topic, "*").unwrap();
     let log = log.clone();
     consumer
@@ -869,23 +880,7 @@ fn consumers_catching_up_a_backlog_pipeline_pulls_and_get_each_message_once_in_o
         .await;
         let order_log: OrderLog = Arc::default();
         let ordered =
-            PushConsumer::new(ClientConfig::new(&addr), "g-backlog-ordered", options).unwrap();
-        ordered.subscribe(keyed_topic, "*").unwrap();
-        let log = order_log.clone();
-        ordered
-            .register_orderly(move |messages| {
-                let mut log = log.lock().unwrap();
-                for m in messages {
-                    let body = String::from_utf8_lossy(m.body()).into_owned();
-                    let (key, seq) = body.split_once(':').unwrap();
-                    log.entry(key.to_owned())
-                        .or_default()
-                        .push(seq.parse().unwrap());
-                }
-                OrderlyStatus::Success
-            })
-            .unwrap();
-        ordered.start().await.unwrap();
+            orderly_with(&addr, "g-backlog-ordered", keyed_topic, &order_log, options).await;
 
         caught_up(&client, "g-backlog-all", topic).await;
         caught_up(&client, "g-backlog-ab", topic).await;
