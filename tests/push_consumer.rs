@@ -558,6 +558,18 @@ fn orderly_consumers_keep_key_order_across_a_hand_over() {
     });
 }
 
+/// Body → listener calls that saw it.
+type Attempts = Arc<Mutex<HashMap<String, u32>>>;
+
+/// Counts one more call with `message`; returns its body and the calls so far.
+fn count_attempt(attempts: &Attempts, message: &Message) -> (String, u32) {
+    let body = String::from_utf8_lossy(message.body()).into_owned();
+    let mut attempts = attempts.lock().unwrap();
+    let n = attempts.entry(body.clone()).or_insert(0);
+    *n += 1;
+    (body, *n)
+}
+
 #[test]
 fn failing_messages_are_retried_locally_then_given_up() {
     with_broker(|addr| async move {
@@ -574,7 +586,7 @@ fn failing_messages_are_retried_locally_then_given_up() {
         // "bad" always fails and is given up after 1 + 2 attempts; the offset is committed
         // past both only then.
         client.create_topic("retry-c", 1).await.unwrap();
-        let attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let attempts: Attempts = Arc::default();
         let consumer =
             PushConsumer::new(ClientConfig::new(&addr), "g-retry-c", retrying.clone()).unwrap();
         consumer.subscribe("retry-c", "*").unwrap();
@@ -582,13 +594,7 @@ fn failing_messages_are_retried_locally_then_given_up() {
             let attempts = attempts.clone();
             consumer
                 .register_concurrent(move |messages| {
-                    let body = String::from_utf8_lossy(messages[0].body()).into_owned();
-                    let n = {
-                        let mut attempts = attempts.lock().unwrap();
-                        let n = attempts.entry(body.clone()).or_insert(0);
-                        *n += 1;
-                        *n
-                    };
+                    let (body, n) = count_attempt(&attempts, &messages[0]);
                     match body.as_str() {
                         // A panic counts as a failed attempt.
                         "flaky" if n == 1 => panic!("a listener panic, on purpose"),
@@ -933,7 +939,7 @@ fn calls_sharing_one_listener_slot_succeed_and_retry_each_on_its_own() {
             reconsume_delay_ms: 50,
             ..options()
         };
-        let attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let attempts: Attempts = Arc::default();
         let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-slot", options).unwrap();
         consumer.subscribe("slot", "*").unwrap();
         {
@@ -941,13 +947,7 @@ fn calls_sharing_one_listener_slot_succeed_and_retry_each_on_its_own() {
             consumer
                 .register_concurrent(move |messages| {
                     assert_eq!(messages.len(), 1, "one message per call by default");
-                    let body = String::from_utf8_lossy(messages[0].body()).into_owned();
-                    let n = {
-                        let mut attempts = attempts.lock().unwrap();
-                        let n = attempts.entry(body.clone()).or_insert(0);
-                        *n += 1;
-                        *n
-                    };
+                    let (body, n) = count_attempt(&attempts, &messages[0]);
                     match body.as_str() {
                         "flaky" if n == 1 => panic!("a listener panic, on purpose"),
                         "bad" => ConsumeStatus::ReconsumeLater,

@@ -151,6 +151,12 @@ fn spawn_pull(
 struct InFlight(VecDeque<JoinHandle<Result<PullResult>>>);
 
 impl InFlight {
+    /// An answer just taken is thrown away, and with it every pull still in flight.
+    fn discard(&mut self, shared: &Shared) {
+        add(&shared.counters.pulls_discarded, 1 + self.0.len());
+        self.cancel_all();
+    }
+
     fn cancel_all(&mut self) {
         for pull in self.0.drain(..) {
             pull.abort();
@@ -247,8 +253,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         };
         let verdict = pipeline.answered(next);
         if verdict == Verdict::Restart {
-            add(&shared.counters.pulls_discarded, 1 + in_flight.0.len());
-            in_flight.cancel_all();
+            in_flight.discard(&shared);
             continue;
         }
         let pulled = match pulled {
@@ -282,8 +287,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         if !found && verdict == Verdict::Behind {
             // A status about a position already passed (say, offset too small after a
             // retention run): not ours to follow. Pull again from the position.
-            add(&shared.counters.pulls_discarded, 1 + in_flight.0.len());
-            in_flight.cancel_all();
+            in_flight.discard(&shared);
             pipeline.restart(next);
             continue;
         }
