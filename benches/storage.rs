@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ringmq::io::run_local;
-use ringmq::log::record::RecordDraft;
 use ringmq::log::{CommitLog, FlushMode, LogConfig};
+use ringmq::protocol::record::RecordDraft;
 
 fn draft(body: &[u8]) -> RecordDraft<'_> {
     RecordDraft {
@@ -40,7 +40,7 @@ pub fn append_run(flush: FlushMode, record_bytes: usize, appenders: u64, count: 
         let (log, _) = CommitLog::open(dir.path(), cfg(flush), 0, |_| {})
             .await
             .unwrap();
-        let body = vec![7u8; record_bytes - ringmq::log::record::HEADER_BYTES - 5];
+        let body = vec![7u8; record_bytes - ringmq::protocol::record::HEADER_BYTES - 5];
         let body = std::rc::Rc::new(body);
         let start = Instant::now();
         let mut tasks = Vec::new();
@@ -116,7 +116,7 @@ fn reads_and_recovery(c: &mut Criterion) {
         let (log, _) = CommitLog::open(&p, cfg(FlushMode::Async), 0, |_| {})
             .await
             .unwrap();
-        let body = vec![1u8; record_bytes - ringmq::log::record::HEADER_BYTES - 5];
+        let body = vec![1u8; record_bytes - ringmq::protocol::record::HEADER_BYTES - 5];
         let mut end = 0;
         for i in 0..count as u64 {
             end = log.append(&draft(&body), i).unwrap().end();

@@ -5,7 +5,6 @@
 //! the client compile.
 
 pub mod client;
-pub mod log;
 pub mod protocol;
 
 #[cfg(feature = "broker")]
@@ -14,6 +13,8 @@ pub mod broker;
 pub mod index;
 #[cfg(feature = "broker")]
 pub mod io;
+#[cfg(feature = "broker")]
+pub mod log;
 #[cfg(feature = "broker")]
 pub mod shard;
 #[cfg(feature = "broker")]

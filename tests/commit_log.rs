@@ -5,8 +5,8 @@ mod common;
 
 use common::message;
 use ringmq::io::run_local;
-use ringmq::log::record::{Placement, RecordView};
 use ringmq::log::{CommitLog, FlushMode, LogConfig, LogError};
+use ringmq::protocol::record::{Placement, RecordView};
 
 fn config(segment_bytes: u64, flush: FlushMode) -> LogConfig {
     LogConfig {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::io::run_local;
-use ringmq::log::record::{Placement, RecordView};
 use ringmq::log::LogError;
+use ringmq::protocol::record::{Placement, RecordView};
 use ringmq::store::{MessageStore, StoreConfig, StoreError};
 
 fn body_of(n: u64) -> Vec<u8> {

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use ringmq::index::tag_hash;
 use ringmq::io::run_local;
-use ringmq::log::record::{Placement, RecordView};
+use ringmq::protocol::record::{Placement, RecordView};
 use ringmq::store::{MessageStore, StoreConfig, StoreError};
 
 fn small_config() -> StoreConfig {

@@ -184,7 +184,7 @@ impl Cli {
             "size",
             self.size,
             BODY_HEADER_BYTES,
-            ringmq::log::record::BODY_BYTES_MAX,
+            ringmq::protocol::record::BODY_BYTES_MAX,
         )?;
         if self.queues == 0 {
             return Err("--queues must be at least 1".into());

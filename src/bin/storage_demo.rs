@@ -6,8 +6,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use ringmq::log::record::{PropertiesBuilder, RecordDraft, RecordView};
 use ringmq::log::FlushMode;
+use ringmq::protocol::record::{PropertiesBuilder, RecordDraft, RecordView};
 use ringmq::store::{MessageStore, StoreConfig};
 
 #[derive(Parser)]
@@ -242,7 +242,7 @@ async fn bench_append(
     records: u64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use ringmq::log::CommitLog;
-    let header = ringmq::log::record::HEADER_BYTES + 5;
+    let header = ringmq::protocol::record::HEADER_BYTES + 5;
     if size < header {
         return Err(format!("--size must be at least {header}").into());
     }

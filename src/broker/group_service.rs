@@ -8,7 +8,7 @@ use std::rc::Rc;
 use super::groups::{
     coordinator_shard, ConsumeMode, GroupState, MemberInfo, MessageModel, Strategy, Subscription,
 };
-use super::{err, store_error, Handled, LocalBoxFuture, MeshReply, MeshRequest, ShardCtx};
+use super::{err, store_error, LocalBoxFuture, MeshReply, MeshRequest, ShardCtx};
 use crate::protocol::{
     encode_frame, Assignment, ConsumerProgress, ErrorBody, ErrorCode, Flags, GroupHeartbeat,
     GroupMembers, GroupMembersInfo, LockBatch, Locked, MemberAssignment, Progress, QueryAssignment,
@@ -560,17 +560,4 @@ impl ShardCtx {
             }))
         })
     }
-}
-
-/// Wraps a response future into [`Handled`].
-pub(super) fn answer(
-    request_id: u64,
-    f: LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>>,
-) -> Handled {
-    Handled::Later(Box::pin(async move {
-        Some(match f.await {
-            Ok(r) => super::response_frame(request_id, &r),
-            Err(e) => super::error_frame(request_id, &e),
-        })
-    }))
 }

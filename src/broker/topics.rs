@@ -1,9 +1,18 @@
-//! The topic table: name -> queue count. Every shard holds a copy; shard 0 is its keeper:
-//! it persists the table (`topics.json`, written atomically) and tells every other shard of
-//! each change before answering.
+//! Topics: the table (name -> queue count) and its administration. Every shard holds a copy
+//! of the table; shard 0 is its keeper: it persists the table (`topics.json`, written
+//! atomically) and tells every other shard of each change before answering. Auto-creation,
+//! queue checks and the admin requests (create, update, delete, list, describe) live here.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use super::mesh::{MeshReply, MeshRequest};
+use super::{err, store_error, ShardCtx};
+use crate::protocol::{
+    CreateTopic, DeleteTopic, Empty, ErrorBody, ErrorCode, QueueInfo, TopicInfo, UpdateTopic,
+};
+use crate::store::validate_topic;
 
 /// Most queues a topic may have.
 pub const QUEUES_PER_TOPIC_MAX: u32 = 1024;
@@ -64,5 +73,222 @@ impl TopicTable {
 
     pub fn names(&self) -> Vec<String> {
         self.topics.keys().cloned().collect()
+    }
+}
+
+impl ShardCtx {
+    pub(super) async fn apply_topic_change(self: &Rc<Self>, topic: &str, queues: Option<u32>) {
+        self.topics.borrow_mut().set(topic, queues);
+        self.topic_changed_for_groups(topic).await;
+        if queues.is_none() {
+            if let Err(e) = self.store.delete_topic(topic) {
+                eprintln!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
+            }
+            if let Err(e) = self.offsets.borrow_mut().forget_topic(topic) {
+                eprintln!(
+                    "ringmq: shard {}: forgetting offsets of {topic}: {e}",
+                    self.id
+                );
+            }
+            // Replay after a crash must not bring the deleted queues back: the checkpoint
+            // must cover every record of the topic, so make the log durable to its end
+            // first (in async mode the durable end trails the written end).
+            let end = self.store.log().write_offset();
+            let synced = match self.store.log().wait_readable(end).await {
+                Ok(()) => self.store.log().sync_all().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = synced {
+                eprintln!(
+                    "ringmq: shard {}: syncing the log after deleting {topic}: {e}",
+                    self.id
+                );
+            }
+            if let Err(e) = self.store.checkpoint().await {
+                eprintln!(
+                    "ringmq: shard {}: checkpoint after deleting {topic}: {e}",
+                    self.id
+                );
+            }
+        }
+    }
+
+    pub(super) fn local_ranges(&self, topic: &str) -> Vec<(u32, u64, u64)> {
+        let Some(count) = self.topics.borrow().get(topic) else {
+            return Vec::new();
+        };
+        (0..count)
+            .filter(|&q| self.owner_of(topic, q) == self.id)
+            .map(|q| {
+                let (min, max) = self.store.queue_range(topic, q);
+                (q, min, max)
+            })
+            .collect()
+    }
+
+    /// Creates, grows or deletes a topic. Runs on shard 0 (the keeper of the table), which
+    /// persists the table and tells every other shard before answering.
+    pub(super) async fn set_topic(
+        self: &Rc<Self>,
+        topic: &str,
+        queues: Option<u32>,
+        if_absent: bool,
+    ) -> Result<bool, ErrorBody> {
+        debug_assert_eq!(self.id, 0);
+        // One change at a time: each copies the table, saves it and tells every shard, and
+        // an "exists" answer must mean the creation has reached every shard.
+        let _one_at_a_time = self.topic_changes.lock().await;
+        validate_topic(topic).map_err(store_error)?;
+        let current = self.topics.borrow().get(topic);
+        if let Some(q) = queues {
+            if q == 0 || q > QUEUES_PER_TOPIC_MAX {
+                return Err(err(
+                    ErrorCode::InvalidMessage,
+                    format!("queue count {q} must be 1..={QUEUES_PER_TOPIC_MAX}"),
+                ));
+            }
+        }
+        match (current, queues) {
+            (Some(_), Some(_)) if if_absent => return Ok(false),
+            (Some(cur), Some(q)) if q < cur => {
+                return Err(err(
+                    ErrorCode::InvalidMessage,
+                    format!("topic {topic} has {cur} queues; queue counts only grow"),
+                ));
+            }
+            (None, None) => {
+                return Err(err(
+                    ErrorCode::TopicNotFound,
+                    format!("topic {topic} does not exist"),
+                ))
+            }
+            _ => {}
+        }
+        let mut table = self.topics.borrow().clone();
+        table.set(topic, queues);
+        let dir = self.cfg.data_dir.clone();
+        let saved = table.clone();
+        crate::io::blocking(move || saved.save(&dir))
+            .await
+            .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")))?;
+        self.apply_topic_change(topic, queues).await;
+        for to in 1..self.shard_count {
+            self.call(
+                to,
+                MeshRequest::TopicChanged {
+                    topic: topic.to_owned(),
+                    queues,
+                },
+            )
+            .await?;
+        }
+        Ok(true)
+    }
+
+    /// The topic's queue count, creating the topic if allowed.
+    pub(super) async fn ensure_topic(self: &Rc<Self>, topic: &str) -> Result<u32, ErrorBody> {
+        if let Some(q) = self.topics.borrow().get(topic) {
+            return Ok(q);
+        }
+        if !self.cfg.auto_create_topics {
+            return Err(err(
+                ErrorCode::TopicNotFound,
+                format!("topic {topic} does not exist (auto-create is off)"),
+            ));
+        }
+        validate_topic(topic).map_err(store_error)?;
+        let queues = self.cfg.default_queues;
+        if self.id == 0 {
+            self.set_topic(topic, Some(queues), true).await?;
+        } else {
+            self.call(
+                0,
+                MeshRequest::EnsureTopic {
+                    topic: topic.to_owned(),
+                    queues,
+                },
+            )
+            .await?;
+        }
+        self.topics.borrow().get(topic).ok_or_else(|| {
+            err(
+                ErrorCode::Internal,
+                format!("topic {topic} was not created"),
+            )
+        })
+    }
+
+    pub(super) fn known_queue(&self, topic: &str, queue_id: u32) -> Result<(), ErrorBody> {
+        match self.topics.borrow().get(topic) {
+            None => Err(err(
+                ErrorCode::TopicNotFound,
+                format!("topic {topic} does not exist"),
+            )),
+            Some(n) if queue_id >= n => Err(err(
+                ErrorCode::QueueNotFound,
+                format!("topic {topic} has {n} queues; no queue {queue_id}"),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `CreateTopic`: an existing topic is an error.
+    pub(super) async fn create_topic(self: Rc<Self>, m: CreateTopic) -> Result<Empty, ErrorBody> {
+        if !self.set_topic(&m.topic, Some(m.queue_count), true).await? {
+            return Err(err(
+                ErrorCode::TopicExists,
+                format!("topic {} exists", m.topic),
+            ));
+        }
+        Ok(Empty {})
+    }
+
+    /// `UpdateTopic`: queue counts only grow.
+    pub(super) async fn update_topic(self: Rc<Self>, m: UpdateTopic) -> Result<Empty, ErrorBody> {
+        if self.topics.borrow().get(&m.topic).is_none() {
+            return Err(err(
+                ErrorCode::TopicNotFound,
+                format!("topic {} does not exist", m.topic),
+            ));
+        }
+        self.set_topic(&m.topic, Some(m.queue_count), false).await?;
+        Ok(Empty {})
+    }
+
+    pub(super) async fn delete_topic(self: Rc<Self>, m: DeleteTopic) -> Result<Empty, ErrorBody> {
+        self.set_topic(&m.topic, None, false).await?;
+        Ok(Empty {})
+    }
+
+    /// `DescribeTopic`: the range of every queue, gathered from the shards that own them.
+    pub(super) async fn describe_topic(
+        self: Rc<Self>,
+        topic: String,
+    ) -> Result<TopicInfo, ErrorBody> {
+        if self.topics.borrow().get(&topic).is_none() {
+            return Err(err(
+                ErrorCode::TopicNotFound,
+                format!("topic {topic} does not exist"),
+            ));
+        }
+        let mut ranges = self.local_ranges(&topic);
+        for to in (0..self.shard_count).filter(|&s| s != self.id) {
+            let req = MeshRequest::QueueRanges {
+                topic: topic.clone(),
+            };
+            if let MeshReply::Ranges(r) = self.call(to, req).await? {
+                ranges.extend(r);
+            }
+        }
+        ranges.sort_unstable();
+        let queues = ranges
+            .into_iter()
+            .map(|(queue_id, min_offset, max_offset)| QueueInfo {
+                queue_id,
+                min_offset,
+                max_offset,
+            })
+            .collect();
+        Ok(TopicInfo { topic, queues })
     }
 }

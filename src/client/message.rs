@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 
-use crate::log::record::{
+use crate::protocol::record::{
     prop, Properties, PropertiesBuilder, RecordView, BODY_BYTES_MAX, PROPERTIES_BYTES_MAX,
     TOPIC_BYTES_MAX,
 };

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::{sleep_until, timeout_at, Instant};
 
-use crate::log::record::RecordIter;
+use crate::protocol::record::RecordIter;
 use crate::protocol::ErrorCode;
 use crate::protocol::{
     CommitOffset, CreateTopic, DeleteTopic, DescribeTopic, GetMaxOffset, GetMinOffset, Handshake,

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpListener;
 
-use crate::log::record::{prop, Placement, PropertiesBuilder, RecordDraft, BODY_BYTES_MAX};
+use crate::protocol::record::{prop, Placement, PropertiesBuilder, RecordDraft, BODY_BYTES_MAX};
 use crate::protocol::{
     encode_error, encode_response, ErrorCode, FrameDecoder, HandshakeOk, Offset, PullResponse,
     PullStatus, QueueInfo, Request, Response, SendResult, TopicInfo, FRAME_MAGIC, PROTOCOL_VERSION,

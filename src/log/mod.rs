@@ -1,12 +1,9 @@
-//! The commit log: append-only segment files of records, the record codec, recovery and
-//! retention.
+//! The commit log: append-only segment files of records, recovery and retention. The record
+//! format itself is the wire's (`crate::protocol::record`): stored bytes are the bytes a
+//! pull answer carries.
 //!
 //! Architecture invariant: the log knows records and byte positions. It knows nothing of
 //! consumers, groups, sockets or queue assignment; the store above it assigns queue offsets.
 
-pub mod record;
-
-#[cfg(feature = "broker")]
 mod commit_log;
-#[cfg(feature = "broker")]
 pub use commit_log::*;

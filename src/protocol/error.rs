@@ -1,7 +1,7 @@
 //! Errors of the wire protocol: [`ErrorCode`], the stable numbers a client sees in an error
 //! response, and [`ProtocolError`], why bytes from the other side do not decode.
 
-use crate::log::record::RecordError;
+use crate::protocol::record::RecordError;
 
 use super::kind::{Kind, KindClass};
 

@@ -20,7 +20,7 @@ use rkyv::rancor;
 use rkyv::ser::{Positional, Writer};
 use rkyv::util::AlignedVec;
 
-use crate::log::record::RECORD_BYTES_MAX;
+use crate::protocol::record::RECORD_BYTES_MAX;
 
 use super::error::ProtocolError;
 use super::kind::{Kind, KindClass};

@@ -26,63 +26,7 @@ pub enum KindClass {
     Push,
 }
 
-/// Every frame kind, with its stable wire number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u16)]
-pub enum Kind {
-    // Session.
-    Handshake = 1,
-    Heartbeat = 2,
-    // Produce.
-    SendMessage = 10,
-    SendBatch = 11,
-    // Consume.
-    Pull = 20,
-    GetMinOffset = 21,
-    GetMaxOffset = 22,
-    SearchOffsetByTimestamp = 23,
-    // Committed offsets of consumer groups.
-    CommitOffset = 30,
-    QueryOffset = 31,
-    // Topic admin.
-    CreateTopic = 40,
-    UpdateTopic = 41,
-    DeleteTopic = 42,
-    ListTopics = 43,
-    DescribeTopic = 44,
-    // Message queries.
-    MessageById = 50,
-    MessagesByKey = 51,
-    // Consumer groups.
-    GroupHeartbeat = 60,
-    Unregister = 61,
-    QueryAssignment = 62,
-    GroupMembers = 63,
-    ResetOffset = 64,
-    ConsumerProgress = 65,
-    // Queue locks.
-    LockBatch = 70,
-    UnlockBatch = 71,
-
-    // Responses.
-    Error = 1000,
-    Empty = 1001,
-    HandshakeOk = 1002,
-    SendResult = 1003,
-    SendBatchResult = 1004,
-    PullResult = 1005,
-    Offset = 1006,
-    TopicList = 1007,
-    TopicInfo = 1008,
-    Records = 1009,
-    Assignment = 1010,
-    GroupMembersInfo = 1011,
-    Progress = 1012,
-    Locked = 1013,
-
-    // Pushed notifications.
-    RebalanceNotify = 2000,
-}
+pub use super::registry::{Kind, KIND_NUMBERS};
 
 /// First number of the response range.
 pub const KIND_RESPONSE_FIRST: u16 = 1000;
@@ -92,97 +36,6 @@ pub const KIND_PUSH_FIRST: u16 = 2000;
 pub const KIND_PUSH_END: u16 = 3000;
 
 impl Kind {
-    /// Every kind, in number order.
-    pub const ALL: [Kind; 40] = [
-        Kind::Handshake,
-        Kind::Heartbeat,
-        Kind::SendMessage,
-        Kind::SendBatch,
-        Kind::Pull,
-        Kind::GetMinOffset,
-        Kind::GetMaxOffset,
-        Kind::SearchOffsetByTimestamp,
-        Kind::CommitOffset,
-        Kind::QueryOffset,
-        Kind::CreateTopic,
-        Kind::UpdateTopic,
-        Kind::DeleteTopic,
-        Kind::ListTopics,
-        Kind::DescribeTopic,
-        Kind::MessageById,
-        Kind::MessagesByKey,
-        Kind::GroupHeartbeat,
-        Kind::Unregister,
-        Kind::QueryAssignment,
-        Kind::GroupMembers,
-        Kind::ResetOffset,
-        Kind::ConsumerProgress,
-        Kind::LockBatch,
-        Kind::UnlockBatch,
-        Kind::Error,
-        Kind::Empty,
-        Kind::HandshakeOk,
-        Kind::SendResult,
-        Kind::SendBatchResult,
-        Kind::PullResult,
-        Kind::Offset,
-        Kind::TopicList,
-        Kind::TopicInfo,
-        Kind::Records,
-        Kind::Assignment,
-        Kind::GroupMembersInfo,
-        Kind::Progress,
-        Kind::Locked,
-        Kind::RebalanceNotify,
-    ];
-
-    /// The kind with this wire number, if it is one this side knows.
-    pub fn from_u16(n: u16) -> Option<Kind> {
-        Some(match n {
-            1 => Kind::Handshake,
-            2 => Kind::Heartbeat,
-            10 => Kind::SendMessage,
-            11 => Kind::SendBatch,
-            20 => Kind::Pull,
-            21 => Kind::GetMinOffset,
-            22 => Kind::GetMaxOffset,
-            23 => Kind::SearchOffsetByTimestamp,
-            30 => Kind::CommitOffset,
-            31 => Kind::QueryOffset,
-            40 => Kind::CreateTopic,
-            41 => Kind::UpdateTopic,
-            42 => Kind::DeleteTopic,
-            43 => Kind::ListTopics,
-            44 => Kind::DescribeTopic,
-            50 => Kind::MessageById,
-            51 => Kind::MessagesByKey,
-            60 => Kind::GroupHeartbeat,
-            61 => Kind::Unregister,
-            62 => Kind::QueryAssignment,
-            63 => Kind::GroupMembers,
-            64 => Kind::ResetOffset,
-            65 => Kind::ConsumerProgress,
-            70 => Kind::LockBatch,
-            71 => Kind::UnlockBatch,
-            1000 => Kind::Error,
-            1001 => Kind::Empty,
-            1002 => Kind::HandshakeOk,
-            1003 => Kind::SendResult,
-            1004 => Kind::SendBatchResult,
-            1005 => Kind::PullResult,
-            1006 => Kind::Offset,
-            1007 => Kind::TopicList,
-            1008 => Kind::TopicInfo,
-            1009 => Kind::Records,
-            1010 => Kind::Assignment,
-            1011 => Kind::GroupMembersInfo,
-            1012 => Kind::Progress,
-            1013 => Kind::Locked,
-            2000 => Kind::RebalanceNotify,
-            _ => return None,
-        })
-    }
-
     /// The wire number.
     pub fn as_u16(self) -> u16 {
         self as u16
@@ -199,50 +52,6 @@ impl Kind {
             KindClass::Push
         }
     }
-
-    /// Whether the payload may carry raw stored records after its meta part.
-    pub fn carries_records(self) -> bool {
-        matches!(self, Kind::PullResult | Kind::Records)
-    }
-
-    /// The response kind a successful answer to this request has (an error answer is always
-    /// [`Kind::Error`]). `None` for kinds that are not requests.
-    pub fn success_reply(self) -> Option<Kind> {
-        Some(match self {
-            Kind::Handshake => Kind::HandshakeOk,
-            Kind::Heartbeat => Kind::Empty,
-            Kind::SendMessage => Kind::SendResult,
-            Kind::SendBatch => Kind::SendBatchResult,
-            Kind::Pull => Kind::PullResult,
-            Kind::GetMinOffset | Kind::GetMaxOffset | Kind::SearchOffsetByTimestamp => Kind::Offset,
-            Kind::CommitOffset => Kind::Empty,
-            Kind::QueryOffset => Kind::Offset,
-            Kind::CreateTopic | Kind::UpdateTopic | Kind::DeleteTopic => Kind::Empty,
-            Kind::ListTopics => Kind::TopicList,
-            Kind::DescribeTopic => Kind::TopicInfo,
-            Kind::MessageById | Kind::MessagesByKey => Kind::Records,
-            Kind::GroupHeartbeat | Kind::QueryAssignment => Kind::Assignment,
-            Kind::Unregister | Kind::ResetOffset | Kind::UnlockBatch => Kind::Empty,
-            Kind::GroupMembers => Kind::GroupMembersInfo,
-            Kind::ConsumerProgress => Kind::Progress,
-            Kind::LockBatch => Kind::Locked,
-            Kind::Assignment
-            | Kind::GroupMembersInfo
-            | Kind::Progress
-            | Kind::Locked
-            | Kind::RebalanceNotify
-            | Kind::Error
-            | Kind::Empty
-            | Kind::HandshakeOk
-            | Kind::SendResult
-            | Kind::SendBatchResult
-            | Kind::PullResult
-            | Kind::Offset
-            | Kind::TopicList
-            | Kind::TopicInfo
-            | Kind::Records => return None,
-        })
-    }
 }
 
 impl std::fmt::Display for Kind {
@@ -252,10 +61,8 @@ impl std::fmt::Display for Kind {
 }
 
 const _: () = assert!(KIND_RESPONSE_FIRST < KIND_PUSH_FIRST && KIND_PUSH_FIRST < KIND_PUSH_END);
-const _: () = assert!((Kind::UnlockBatch as u16) < KIND_RESPONSE_FIRST);
 const _: () = assert!(Kind::Error as u16 == KIND_RESPONSE_FIRST);
-const _: () = assert!((Kind::Locked as u16) < KIND_PUSH_FIRST);
-const _: () = assert!((Kind::RebalanceNotify as u16) >= KIND_PUSH_FIRST);
+// Each registry section's numbers are checked against its range where they are declared.
 
 #[cfg(test)]
 mod tests {
@@ -307,54 +114,42 @@ mod tests {
         }
     }
 
-    /// The numbers are the wire format: this test is the registry's tripwire. Changing an
-    /// existing line here means breaking every deployed client.
+    /// Numbers of released kinds, frozen: the registry must keep every one of them. Changing
+    /// or removing a line here means breaking every deployed client. New kinds are added
+    /// here when they are released (until then the registry alone holds them).
+    const RELEASED: &str = "
+        Handshake 1, Heartbeat 2, SendMessage 10, SendBatch 11, Pull 20, GetMinOffset 21,
+        GetMaxOffset 22, SearchOffsetByTimestamp 23, CommitOffset 30, QueryOffset 31,
+        CreateTopic 40, UpdateTopic 41, DeleteTopic 42, ListTopics 43, DescribeTopic 44,
+        MessageById 50, MessagesByKey 51, GroupHeartbeat 60, Unregister 61,
+        QueryAssignment 62, GroupMembers 63, ResetOffset 64, ConsumerProgress 65,
+        LockBatch 70, UnlockBatch 71, Error 1000, Empty 1001, HandshakeOk 1002,
+        SendResult 1003, SendBatchResult 1004, PullResult 1005, Offset 1006, TopicList 1007,
+        TopicInfo 1008, Records 1009, Assignment 1010, GroupMembersInfo 1011, Progress 1012,
+        Locked 1013, RebalanceNotify 2000";
+
     #[test]
-    fn numbers_are_stable() {
-        let expected: [(Kind, u16); 40] = [
-            (Kind::Handshake, 1),
-            (Kind::Heartbeat, 2),
-            (Kind::SendMessage, 10),
-            (Kind::SendBatch, 11),
-            (Kind::Pull, 20),
-            (Kind::GetMinOffset, 21),
-            (Kind::GetMaxOffset, 22),
-            (Kind::SearchOffsetByTimestamp, 23),
-            (Kind::CommitOffset, 30),
-            (Kind::QueryOffset, 31),
-            (Kind::CreateTopic, 40),
-            (Kind::UpdateTopic, 41),
-            (Kind::DeleteTopic, 42),
-            (Kind::ListTopics, 43),
-            (Kind::DescribeTopic, 44),
-            (Kind::MessageById, 50),
-            (Kind::MessagesByKey, 51),
-            (Kind::Error, 1000),
-            (Kind::Empty, 1001),
-            (Kind::HandshakeOk, 1002),
-            (Kind::SendResult, 1003),
-            (Kind::SendBatchResult, 1004),
-            (Kind::PullResult, 1005),
-            (Kind::Offset, 1006),
-            (Kind::TopicList, 1007),
-            (Kind::TopicInfo, 1008),
-            (Kind::Records, 1009),
-            (Kind::GroupHeartbeat, 60),
-            (Kind::Unregister, 61),
-            (Kind::QueryAssignment, 62),
-            (Kind::GroupMembers, 63),
-            (Kind::ResetOffset, 64),
-            (Kind::ConsumerProgress, 65),
-            (Kind::LockBatch, 70),
-            (Kind::UnlockBatch, 71),
-            (Kind::Assignment, 1010),
-            (Kind::GroupMembersInfo, 1011),
-            (Kind::Progress, 1012),
-            (Kind::Locked, 1013),
-            (Kind::RebalanceNotify, 2000),
-        ];
-        for (kind, n) in expected {
-            assert_eq!(kind.as_u16(), n, "{kind:?}");
+    fn released_numbers_are_stable() {
+        let registry: std::collections::HashMap<&str, u16> = KIND_NUMBERS.into_iter().collect();
+        assert_eq!(
+            registry.len(),
+            KIND_NUMBERS.len(),
+            "a name is declared twice"
+        );
+        for entry in RELEASED.split(',') {
+            let (name, number) = entry.trim().split_once(' ').expect("name number");
+            let number: u16 = number.parse().expect("a number");
+            assert_eq!(
+                registry.get(name),
+                Some(&number),
+                "released kind {name} = {number} was changed or removed"
+            );
+        }
+        for (name, number) in KIND_NUMBERS {
+            assert_eq!(
+                Kind::from_u16(number).map(|k| format!("{k:?}")),
+                Some(name.into())
+            );
         }
     }
 }

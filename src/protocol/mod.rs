@@ -3,10 +3,12 @@
 //! It owns the byte layout of everything a client and a broker say to each other:
 //! - [`frame`]: the 24-byte frame header, size limits, finding whole frames in a receive
 //!   buffer ([`FrameDecoder`]) and encoding them ([`encode_frame`]);
-//! - [`kind`]: the registry of frame kinds and their numbers;
+//! - `registry`: every kind declared once (number, types, reply, handler, route); it
+//!   generates [`Kind`], [`Request`], [`Response`] and the [`Handlers`] trait;
+//! - [`kind`]: kind classes and number ranges, and the frozen numbers of released kinds;
 //! - [`messages`]: the request and response types (rkyv meta parts), the [`Request`] and
 //!   [`Response`] enums and their encode/decode entry points; pull and query answers carry
-//!   stored records as a raw tail, read in place with `crate::log::record::RecordIter`;
+//!   stored records as a raw tail, read in place with `crate::protocol::record::RecordIter`;
 //! - [`error`]: [`ErrorCode`], the stable codes of error responses, and [`ProtocolError`];
 //! - [`msg_id`]: the 32-hex-character message id.
 //!
@@ -24,6 +26,8 @@ pub mod frame;
 pub mod kind;
 pub mod messages;
 pub mod msg_id;
+pub mod record;
+mod registry;
 pub mod route;
 pub mod tag_filter;
 
@@ -37,3 +41,4 @@ pub use frame::{
 pub use kind::{Kind, KindClass};
 pub use messages::*;
 pub use msg_id::{MessageId, MsgIdError, MSG_ID_CHARS};
+pub use route::Route;

@@ -1,5 +1,56 @@
-//! Queue ownership: which shard of a broker owns a (topic, queue). Part of the wire contract:
-//! a shard-aware client computes it to send each request straight to the owner.
+//! Queue ownership: which shard of a broker owns a (topic, queue), which coordinates a
+//! group, and where each request goes ([`Route`]). Part of the wire contract: a shard-aware
+//! client computes it to send each request straight to the owner.
+
+use super::msg_id::MessageId;
+
+/// Where a request is handled, as the registry declares it for each kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// By the shard that read it (it may fan out to the others itself).
+    Local,
+    /// By the keeper of the topic table (shard 0).
+    TopicKeeper,
+    /// By the owner of the queue.
+    Queue { topic: &'a str, queue_id: u32 },
+    /// By the group's coordinator shard.
+    Coordinator(&'a str),
+    /// By the shard named in the message id (locally when the id names no shard here: the
+    /// handler answers with the error the id deserves).
+    MessageId(&'a str),
+}
+
+/// The shard that keeps the topic table.
+pub const TOPIC_KEEPER_SHARD: u32 = 0;
+
+impl<'a> Route<'a> {
+    pub fn queue(topic: &'a str, queue_id: u32) -> Route<'a> {
+        Route::Queue { topic, queue_id }
+    }
+
+    /// A queue when one is named; `QUEUE_ID_ANY` (negative) leaves it to the shard that
+    /// reads the request.
+    pub fn queue_or_local(topic: &'a str, queue_id: i32) -> Route<'a> {
+        match u32::try_from(queue_id) {
+            Ok(q) => Route::queue(topic, q),
+            Err(_) => Route::Local,
+        }
+    }
+
+    /// The shard that handles the request, or `None` for the one that read it.
+    pub fn shard(&self, shard_count: u32) -> Option<u32> {
+        match *self {
+            Route::Local => None,
+            Route::TopicKeeper => Some(TOPIC_KEEPER_SHARD),
+            Route::Queue { topic, queue_id } => Some(owner(topic, queue_id, shard_count)),
+            Route::Coordinator(group) => Some(coordinator_shard(group, shard_count)),
+            Route::MessageId(id) => MessageId::parse(id)
+                .ok()
+                .map(|id| id.store_id)
+                .filter(|&s| s < shard_count),
+        }
+    }
+}
 
 /// FNV-1a 64 of `bytes`.
 pub fn fnv1a_64(bytes: &[u8]) -> u64 {
@@ -32,9 +83,44 @@ pub fn owner(topic: &str, queue_id: u32, shard_count: u32) -> u32 {
     (fnv1a_64(topic.as_bytes()) as u32).wrapping_add(queue_id) % shard_count
 }
 
+/// The shard that coordinates `group`: FNV-1a 64 of the name modulo the shard count.
+pub fn coordinator_shard(group: &str, shard_count: u32) -> u32 {
+    assert!(
+        shard_count > 0,
+        "coordinator_shard: shard_count must be at least 1"
+    );
+    (fnv1a_64(group.as_bytes()) % u64::from(shard_count)) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn routes_name_the_right_shard() {
+        let shards = 3;
+        assert_eq!(Route::Local.shard(shards), None);
+        assert_eq!(Route::TopicKeeper.shard(shards), Some(0));
+        assert_eq!(
+            Route::queue("t", 5).shard(shards),
+            Some(owner("t", 5, shards))
+        );
+        assert_eq!(Route::queue_or_local("t", -1), Route::Local);
+        assert_eq!(Route::queue_or_local("t", 2), Route::queue("t", 2));
+        assert_eq!(
+            Route::Coordinator("g").shard(shards),
+            Some(coordinator_shard("g", shards))
+        );
+        let id = MessageId {
+            broker_id: 0,
+            store_id: 2,
+            physical_offset: 77,
+        }
+        .to_string();
+        assert_eq!(Route::MessageId(&id).shard(shards), Some(2));
+        assert_eq!(Route::MessageId(&id).shard(2), None, "no shard 2 of 2");
+        assert_eq!(Route::MessageId("not an id").shard(shards), None);
+    }
 
     #[test]
     fn queues_spread_evenly() {

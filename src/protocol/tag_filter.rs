@@ -129,7 +129,7 @@ impl fmt::Display for TagFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::TAG_HASH_NONE;
+    use crate::protocol::route::TAG_HASH_NONE;
 
     fn check(expression: &str, expected_tags: Option<&[&str]>) {
         let f = TagFilter::parse(expression);

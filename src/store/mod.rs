@@ -25,8 +25,8 @@ use crate::index::{
     TAG_HASH_NONE,
 };
 use crate::io::ReadBuf;
-use crate::log::record::{prop, RecordDraft, RecordView, HEADER_BYTES};
 use crate::log::{CommitLog, LogConfig, LogError, RecoveryReport};
+use crate::protocol::record::{prop, RecordDraft, RecordView, HEADER_BYTES};
 
 pub use checkpoint::Checkpoint;
 
@@ -287,7 +287,7 @@ impl MessageStore {
             .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?;
         let queue_offset = q.cq.max_offset();
         let appended = self.inner.log.append(draft, queue_offset)?;
-        let tags = crate::log::record::Properties::new(draft.properties).get(prop::TAGS);
+        let tags = crate::protocol::record::Properties::new(draft.properties).get(prop::TAGS);
         let entry = CqEntry {
             physical_offset: appended.physical_offset,
             size: appended.size,
@@ -295,7 +295,7 @@ impl MessageStore {
         };
         q.cq.put(queue_offset, entry)?;
         drop(queues);
-        let props = crate::log::record::Properties::new(draft.properties);
+        let props = crate::protocol::record::Properties::new(draft.properties);
         index_keys(
             &mut self.inner.keys.borrow_mut(),
             draft.topic,
@@ -732,7 +732,7 @@ fn open_queues(
 fn index_keys(
     keys: &mut KeyIndex,
     topic: &str,
-    props: crate::log::record::Properties<'_>,
+    props: crate::protocol::record::Properties<'_>,
     physical_offset: u64,
     store_timestamp_ms: i64,
 ) -> Result<(), StoreError> {

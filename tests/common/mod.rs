@@ -5,7 +5,7 @@ pub mod broker;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use ringmq::log::record::{PropertiesBuilder, RecordDraft};
+use ringmq::protocol::record::{PropertiesBuilder, RecordDraft};
 
 /// A message the tests can rebuild from its number alone, so that recovered data can be
 /// checked against what was appended.

@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::allocate::{allocate, Strategy, VIRTUAL_NODES_MAX};
 use super::TagFilter;
 use crate::broker::topics::QUEUES_PER_TOPIC_MAX;
-use crate::protocol::route::fnv1a_64;
 
 /// A member that has not sent a heartbeat for this long leaves the group. Upstream waits
 /// 120 s (30 s heartbeats), which stalls ordered queues for minutes after a crash; clients
@@ -411,14 +410,8 @@ fn normalize(subscriptions: Vec<Subscription>) -> Vec<Subscription> {
         .collect()
 }
 
-/// The shard that coordinates `group`: FNV-1a 64 of the name modulo the shard count.
-pub fn coordinator_shard(group: &str, shard_count: u32) -> u32 {
-    assert!(
-        shard_count > 0,
-        "coordinator_shard: shard_count must be at least 1"
-    );
-    (fnv1a_64(group.as_bytes()) % u64::from(shard_count)) as u32
-}
+/// The shard that coordinates a group: part of routing, so it lives with `owner`.
+pub use crate::protocol::route::coordinator_shard;
 
 #[cfg(test)]
 mod tests {

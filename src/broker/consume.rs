@@ -1,0 +1,179 @@
+//! The consume path: pulls with long polling (answered at once when records or a definite
+//! status are there, else held until a send to the queue is acknowledged or the wait runs
+//! out), queue bounds and the offset of a time. Pull answers are the frame head followed by
+//! the stored record bytes as the store read them.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::{err, error_frame};
+use super::{store_error, ShardCtx};
+use crate::protocol::{
+    encode_frame_head, ErrorBody, ErrorCode, Flags, Offset, Pull, PullResult, PullStatus,
+    SearchOffsetByTimestamp,
+};
+use crate::store::StoreError;
+
+/// Longest a pull may be held.
+pub const PULL_WAIT_MS_MAX: u32 = 60_000;
+/// Most messages one pull may ask for.
+pub const PULL_MESSAGES_MAX: u32 = 1024;
+
+impl ShardCtx {
+    fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
+        self.polls
+            .borrow_mut()
+            .entry((topic.to_owned(), queue_id))
+            .or_insert_with(|| Rc::new(Notify::new()))
+            .clone()
+    }
+
+    pub(super) fn wake_pollers(&self, topic: &str, queue_id: u32) {
+        if let Some(n) = self.polls.borrow().get(&(topic.to_owned(), queue_id)) {
+            n.notify_waiters();
+        }
+    }
+
+    /// The first kept (`pick` = min) or one past the last (max) offset of a queue.
+    pub(super) fn queue_bound(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        pick: impl Fn(u64, u64) -> u64,
+    ) -> Result<Offset, ErrorBody> {
+        self.known_queue(topic, queue_id)?;
+        let (min, max) = self.store.queue_range(topic, queue_id);
+        Ok(Offset {
+            offset: pick(min, max),
+        })
+    }
+
+    /// `SearchOffsetByTimestamp`.
+    pub(super) async fn offset_by_time(
+        self: Rc<Self>,
+        m: SearchOffsetByTimestamp,
+    ) -> Result<Offset, ErrorBody> {
+        self.known_queue(&m.topic, m.queue_id)?;
+        let offset = self
+            .store
+            .offset_by_timestamp(&m.topic, m.queue_id, m.timestamp_ms)
+            .await
+            .map_err(store_error)?;
+        Ok(Offset { offset })
+    }
+
+    /// A pull with long polling: answered at once when records (or a definite status) are
+    /// there, else held until a message lands in the queue or the wait runs out.
+    pub(super) async fn pull(
+        self: Rc<Self>,
+        request_id: u64,
+        p: Pull,
+    ) -> Result<Vec<u8>, ErrorBody> {
+        self.known_queue(&p.topic, p.queue_id)?;
+        let max_messages = if p.max_messages == 0 {
+            crate::protocol::PULL_BATCH_DEFAULT
+        } else {
+            p.max_messages.min(PULL_MESSAGES_MAX)
+        };
+        let deadline =
+            Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
+        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
+        let notify = self.poll_notify(&p.topic, p.queue_id);
+        loop {
+            let notified = notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let status = |status, next_offset, min_offset, max_offset| {
+                let r = PullResult {
+                    status,
+                    next_offset,
+                    min_offset,
+                    max_offset,
+                    count: 0,
+                };
+                Ok(pull_frame(request_id, &r, &[]))
+            };
+            match self
+                .store
+                .read_queue(
+                    &p.topic,
+                    p.queue_id,
+                    p.offset,
+                    max_messages,
+                    max_bytes,
+                    &p.tag_hashes,
+                )
+                .await
+            {
+                Ok(r) if !r.is_empty() => {
+                    let meta = PullResult {
+                        status: PullStatus::Found,
+                        next_offset: r.next_offset,
+                        min_offset: r.min_offset,
+                        max_offset: r.max_offset,
+                        count: r.len() as u32,
+                    };
+                    let parts: Vec<&[u8]> = r.records().collect();
+                    return Ok(pull_frame(request_id, &meta, &parts));
+                }
+                Ok(r) if r.next_offset > p.offset => {
+                    return status(
+                        PullStatus::NoMatchedMessage,
+                        r.next_offset,
+                        r.min_offset,
+                        r.max_offset,
+                    );
+                }
+                Ok(r) => {
+                    let now = Instant::now();
+                    if now >= deadline || self.stopping.get() {
+                        return status(
+                            PullStatus::NoNewMessage,
+                            r.next_offset,
+                            r.min_offset,
+                            r.max_offset,
+                        );
+                    }
+                    let wait = crate::io::sleep(deadline - now);
+                    futures_lite::future::or(notified, wait).await;
+                }
+                Err(StoreError::OffsetTooSmall { min, .. }) => {
+                    let (_, max) = self.store.queue_range(&p.topic, p.queue_id);
+                    return status(PullStatus::OffsetTooSmall, min, min, max);
+                }
+                Err(StoreError::OffsetTooBig { max, .. }) => {
+                    let (min, _) = self.store.queue_range(&p.topic, p.queue_id);
+                    return status(PullStatus::OffsetTooBig, max, min, max);
+                }
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+    }
+}
+
+/// An answer whose meta part is followed by stored records, copied straight from where
+/// the store read them.
+pub(super) fn with_records_frame<M: crate::protocol::Message>(
+    request_id: u64,
+    meta: &M,
+    parts: &[&[u8]],
+) -> Vec<u8> {
+    let tail: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = Vec::with_capacity(128 + tail);
+    if let Err(e) = encode_frame_head(request_id, Flags::NONE, meta, tail, &mut out) {
+        return error_frame(
+            request_id,
+            &err(ErrorCode::Internal, format!("encode: {e}")),
+        );
+    }
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+fn pull_frame(request_id: u64, meta: &PullResult, parts: &[&[u8]]) -> Vec<u8> {
+    with_records_frame(request_id, meta, parts)
+}

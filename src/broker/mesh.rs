@@ -1,0 +1,277 @@
+//! The channel mesh between shards: what one shard asks another ([`MeshRequest`]), the
+//! answers, request/answer pairing by correlation id with a timeout, and one FIFO per peer
+//! shard so forwarded requests keep their order.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::group_service::LockOp;
+use super::{err, store_error, Handled, LocalBoxFuture, ShardCtx};
+use crate::protocol::{ErrorBody, ErrorCode};
+
+/// How long a shard waits for another shard's answer.
+pub(super) const MESH_CALL_TIMEOUT_MS: u64 = 30_000;
+/// Requests queued for one peer shard before `call` waits.
+const OUTBOX_CAPACITY: usize = 1024;
+
+/// What one shard asks another.
+#[derive(Debug)]
+pub enum MeshRequest {
+    /// A client's request frame, to handle as if it had arrived on this shard.
+    Frame {
+        bytes: Vec<u8>,
+        peer: SocketAddr,
+        conn: u64,
+    },
+    /// Shard 0 tells the others of a topic change (None: deleted).
+    TopicChanged { topic: String, queues: Option<u32> },
+    /// Ask shard 0 to create a topic if it does not exist (auto-create).
+    EnsureTopic { topic: String, queues: u32 },
+    /// (queue, min, max) of the topic's queues this shard owns.
+    QueueRanges { topic: String },
+    /// Records with this key on this shard.
+    ByKey {
+        topic: String,
+        key: String,
+        begin_ms: i64,
+        end_ms: i64,
+        max: u32,
+    },
+    /// Write a pushed frame to a client connection of this shard.
+    Push { conn: u64, frame: Vec<u8> },
+    /// A member left: drop its locks here.
+    ReleaseClient { group: String, client_id: String },
+    /// (to a coordinator) a connection carrying members of the group closed.
+    ConnectionClosed { group: String, conn: u64 },
+    /// Lock or unlock queues this shard owns.
+    Locks {
+        op: LockOp,
+        group: String,
+        client_id: String,
+        topic: String,
+        queues: Vec<u32>,
+    },
+    /// Reset the group's offsets of this shard's queues of the topic.
+    ResetOffsets {
+        group: String,
+        topic: String,
+        timestamp_ms: i64,
+    },
+    /// (to a coordinator) the group's offsets were reset: members must re-read them.
+    OffsetsReset { group: String },
+    /// The group's progress on this shard's queues of the topic.
+    Progress { group: String, topic: String },
+}
+
+#[derive(Debug)]
+pub enum MeshReply {
+    Frame(Vec<u8>),
+    Ack,
+    Ranges(Vec<(u32, u64, u64)>),
+    Records(Vec<Vec<u8>>),
+    Queues(Vec<u32>),
+    Progress(Vec<crate::protocol::QueueProgress>),
+    Failed(ErrorCode, String),
+}
+
+#[derive(Debug)]
+pub enum MeshMsg {
+    Request {
+        from: u32,
+        corr: u64,
+        body: MeshRequest,
+    },
+    Reply {
+        corr: u64,
+        body: MeshReply,
+    },
+}
+
+/// How a shard reaches the others (implemented by the shard runtime over bounded channels).
+pub trait Peers {
+    /// Sends a message to shard `to`; waits while its channel is full; fails if the
+    /// channel is closed (that shard stopped).
+    fn send(&self, to: u32, msg: MeshMsg) -> LocalBoxFuture<'_, Result<(), String>>;
+}
+
+impl ShardCtx {
+    /// Sends a request to another shard and waits for its answer.
+    pub async fn call(self: &Rc<Self>, to: u32, body: MeshRequest) -> Result<MeshReply, ErrorBody> {
+        self.call_with_timeout(to, body, MESH_CALL_TIMEOUT_MS).await
+    }
+
+    /// The FIFO of requests to shard `to`. Requests leave in the order they were handed to
+    /// `call` (one drain task per peer), so forwarded sends to one queue keep their order
+    /// even when the mesh channel is full and its waiting senders would be woken in any order.
+    fn outbox(self: &Rc<Self>, to: u32) -> tokio::sync::mpsc::Sender<MeshMsg> {
+        if let Some(tx) = self.outboxes.borrow().get(&to) {
+            return tx.clone();
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<MeshMsg>(OUTBOX_CAPACITY);
+        self.outboxes.borrow_mut().insert(to, tx.clone());
+        let ctx = self.clone();
+        crate::io::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                if let Err(e) = ctx.peers.send(to, msg).await {
+                    eprintln!("ringmq: shard {}: to shard {to}: {e}", ctx.id);
+                }
+            }
+        });
+        tx
+    }
+
+    /// [`call`](Self::call) with its own timeout (a forwarded long poll waits longer).
+    pub async fn call_with_timeout(
+        self: &Rc<Self>,
+        to: u32,
+        body: MeshRequest,
+        timeout_ms: u64,
+    ) -> Result<MeshReply, ErrorBody> {
+        let corr = self.next_corr.get();
+        self.next_corr.set(corr + 1);
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(corr, tx);
+        let msg = MeshMsg::Request {
+            from: self.id,
+            corr,
+            body,
+        };
+        if self.outbox(to).send(msg).await.is_err() {
+            self.pending.borrow_mut().remove(&corr);
+            return Err(err(
+                ErrorCode::ShardUnavailable,
+                format!("shard {to} is not reachable"),
+            ));
+        }
+        let timeout = crate::io::sleep(Duration::from_millis(timeout_ms));
+        let answer = futures_lite::future::or(async { rx.await.ok() }, async {
+            timeout.await;
+            None
+        })
+        .await;
+        self.pending.borrow_mut().remove(&corr);
+        match answer {
+            Some(MeshReply::Failed(code, message)) => Err(err(code, message)),
+            Some(reply) => Ok(reply),
+            None => Err(err(
+                ErrorCode::ShardUnavailable,
+                format!("shard {to} did not answer"),
+            )),
+        }
+    }
+
+    /// Handles a message from another shard.
+    pub fn on_mesh(self: &Rc<Self>, msg: MeshMsg) {
+        match msg {
+            MeshMsg::Reply { corr, body } => {
+                if let Some(tx) = self.pending.borrow_mut().remove(&corr) {
+                    let _ = tx.send(body);
+                }
+            }
+            MeshMsg::Request { from, corr, body } => {
+                let ctx = self.clone();
+                // Frames are dispatched now, in arrival order, so that forwarded sends keep
+                // the order they were sent in; only their completion is asynchronous.
+                let fut: LocalBoxFuture<'static, MeshReply> = match body {
+                    MeshRequest::Frame { bytes, peer, conn } => match ctx
+                        .handle_frame(&bytes, peer, conn)
+                    {
+                        Handled::Now(f) => {
+                            Box::pin(async move { MeshReply::Frame(f.unwrap_or_default()) })
+                        }
+                        Handled::Later(f) => {
+                            Box::pin(async move { MeshReply::Frame(f.await.unwrap_or_default()) })
+                        }
+                    },
+                    other => Box::pin(async move { ctx.mesh_request(other).await }),
+                };
+                let ctx = self.clone();
+                crate::io::spawn(async move {
+                    let body = fut.await;
+                    let _ = ctx.peers.send(from, MeshMsg::Reply { corr, body }).await;
+                });
+            }
+        }
+    }
+
+    async fn mesh_request(self: Rc<Self>, req: MeshRequest) -> MeshReply {
+        match req {
+            MeshRequest::Frame { .. } => {
+                MeshReply::Failed(ErrorCode::Internal, "frame routed wrongly".into())
+            }
+            MeshRequest::TopicChanged { topic, queues } => {
+                self.apply_topic_change(&topic, queues).await;
+                MeshReply::Ack
+            }
+            MeshRequest::EnsureTopic { topic, queues } => {
+                match self.set_topic(&topic, Some(queues), true).await {
+                    Ok(_) => MeshReply::Ack,
+                    Err(e) => {
+                        MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                    }
+                }
+            }
+            MeshRequest::QueueRanges { topic } => MeshReply::Ranges(self.local_ranges(&topic)),
+            MeshRequest::Push { conn, frame } => {
+                if let Some(push) = self.conns.borrow().get(&conn) {
+                    push(frame);
+                }
+                MeshReply::Ack
+            }
+            MeshRequest::ReleaseClient { group, client_id } => {
+                self.locks.borrow_mut().release_client(&group, &client_id);
+                MeshReply::Ack
+            }
+            MeshRequest::ConnectionClosed { group, conn } => {
+                self.on_connection_closed(&group, conn).await;
+                MeshReply::Ack
+            }
+            MeshRequest::Locks {
+                op,
+                group,
+                client_id,
+                topic,
+                queues,
+            } => MeshReply::Queues(self.local_locks(op, &group, &client_id, &topic, &queues)),
+            MeshRequest::ResetOffsets {
+                group,
+                topic,
+                timestamp_ms,
+            } => match self.local_reset(&group, &topic, timestamp_ms).await {
+                Ok(()) => MeshReply::Ack,
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
+            MeshRequest::OffsetsReset { group } => {
+                self.offsets_were_reset(&group).await;
+                MeshReply::Ack
+            }
+            MeshRequest::Progress { group, topic } => {
+                MeshReply::Progress(self.local_progress(&group, &topic))
+            }
+            MeshRequest::ByKey {
+                topic,
+                key,
+                begin_ms,
+                end_ms,
+                max,
+            } => {
+                match self
+                    .store
+                    .messages_by_key(&topic, &key, begin_ms, end_ms, max as usize)
+                    .await
+                {
+                    Ok(bufs) => MeshReply::Records(bufs.iter().map(|b| b.to_vec()).collect()),
+                    Err(e) => {
+                        let e = store_error(e);
+                        MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                    }
+                }
+            }
+        }
+    }
+}

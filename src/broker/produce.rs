@@ -1,0 +1,325 @@
+//! The produce path: validate a send or a batch, append it now (so pipelined sends keep their
+//! order), wait for the acknowledgement the flush mode asks for, wake the queue's long polls,
+//! and answer with where the messages were stored. A send that leaves the queue to the broker
+//! (or names a topic to auto-create) picks a queue and, when another shard owns it, forwards
+//! the re-encoded request there.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use super::mesh::{MeshReply, MeshRequest};
+use super::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
+use crate::protocol::record::{Properties, RecordDraft, BODY_BYTES_MAX};
+use crate::protocol::{
+    encode_frame, ErrorBody, ErrorCode, Flags, MessageId, Response, SendBatch, SendBatchResult,
+    SendMessage, SendResult,
+};
+use crate::store::PutResult;
+
+/// Most messages in one batch send.
+pub const BATCH_MESSAGES_MAX: usize = 4096;
+
+impl ShardCtx {
+    /// `SendMessage`.
+    pub(super) fn send_message(
+        self: &Rc<Self>,
+        request_id: u64,
+        m: SendMessage,
+        peer: SocketAddr,
+    ) -> Handled {
+        let item = [(m.flag, m.properties, m.body, m.born_timestamp_ms)];
+        self.send(
+            request_id,
+            m.topic,
+            m.queue_id,
+            &item,
+            m.wait_durable,
+            peer,
+            false,
+        )
+    }
+
+    /// `SendBatch`: 1 to [`BATCH_MESSAGES_MAX`] messages into one queue, in order.
+    pub(super) fn send_batch(
+        self: &Rc<Self>,
+        request_id: u64,
+        b: SendBatch,
+        peer: SocketAddr,
+    ) -> Handled {
+        if b.messages.is_empty() || b.messages.len() > BATCH_MESSAGES_MAX {
+            let e = err(
+                ErrorCode::InvalidMessage,
+                format!("a batch holds 1..={BATCH_MESSAGES_MAX} messages"),
+            );
+            return Handled::Now(Some(error_frame(request_id, &e)));
+        }
+        let items: Vec<_> = b
+            .messages
+            .into_iter()
+            .map(|i| (i.flag, i.properties, i.body, i.born_timestamp_ms))
+            .collect();
+        self.send(
+            request_id,
+            b.topic,
+            b.queue_id,
+            &items,
+            b.wait_durable,
+            peer,
+            true,
+        )
+    }
+
+    pub(super) fn msg_id(&self, physical_offset: u64) -> String {
+        MessageId {
+            broker_id: self.cfg.broker_id,
+            store_id: self.id,
+            physical_offset,
+        }
+        .to_string()
+    }
+
+    /// Validates and appends `items` now (so pipelined sends keep their order), then waits
+    /// for the acknowledgement the flush mode (or `wait_durable`) asks for.
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        self: &Rc<Self>,
+        request_id: u64,
+        topic: String,
+        queue_id: i32,
+        items: &[(i32, Vec<u8>, Vec<u8>, i64)],
+        wait_durable: bool,
+        peer: SocketAddr,
+        batch: bool,
+    ) -> Handled {
+        for (_, props, body, _) in items {
+            if body.len() > BODY_BYTES_MAX {
+                let e = err(
+                    ErrorCode::BodyTooLarge,
+                    format!(
+                        "message body of {} bytes exceeds the {} byte limit",
+                        body.len(),
+                        BODY_BYTES_MAX
+                    ),
+                );
+                return Handled::Now(Some(error_frame(request_id, &e)));
+            }
+            if let Err(e) = Properties::new(props).validate() {
+                return Handled::Now(Some(error_frame(
+                    request_id,
+                    &err(ErrorCode::InvalidMessage, e.to_string()),
+                )));
+            }
+        }
+        let known = self.topics.borrow().get(&topic);
+        match known {
+            Some(count) if queue_id >= 0 => {
+                let q = queue_id as u32;
+                if q >= count {
+                    let e = err(
+                        ErrorCode::QueueNotFound,
+                        format!("topic {topic} has {count} queues; no queue {q}"),
+                    );
+                    return Handled::Now(Some(error_frame(request_id, &e)));
+                }
+                let appended = self.append_all(&topic, q, items, peer);
+                let ctx = self.clone();
+                Handled::Later(Box::pin(async move {
+                    Some(match appended {
+                        Ok(puts) => {
+                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch)
+                                .await
+                        }
+                        Err(e) => error_frame(request_id, &e),
+                    })
+                }))
+            }
+            _ => {
+                // Unknown topic (maybe auto-created) or a queue left to the broker.
+                let ctx = self.clone();
+                let items = items.to_vec();
+                Handled::Later(Box::pin(async move {
+                    let count = match ctx.ensure_topic(&topic).await {
+                        Ok(c) => c,
+                        Err(e) => return Some(error_frame(request_id, &e)),
+                    };
+                    let q = if queue_id >= 0 {
+                        queue_id as u32
+                    } else {
+                        ctx.choose_queue(&topic, count)
+                    };
+                    if q >= count {
+                        let e = err(
+                            ErrorCode::QueueNotFound,
+                            format!("topic {topic} has {count} queues; no queue {q}"),
+                        );
+                        return Some(error_frame(request_id, &e));
+                    }
+                    let to = ctx.owner_of(&topic, q);
+                    if to != ctx.id {
+                        // Re-encode with the chosen queue and let its owner handle it.
+                        let frame =
+                            reencode_send(request_id, &topic, q, &items, wait_durable, batch);
+                        return match ctx
+                            .call(
+                                to,
+                                MeshRequest::Frame {
+                                    bytes: frame,
+                                    peer,
+                                    conn: 0,
+                                },
+                            )
+                            .await
+                        {
+                            Ok(MeshReply::Frame(f)) => Some(f),
+                            Ok(_) => Some(error_frame(
+                                request_id,
+                                &err(ErrorCode::Internal, "unexpected reply"),
+                            )),
+                            Err(e) => Some(error_frame(request_id, &e)),
+                        };
+                    }
+                    match ctx.append_all(&topic, q, &items, peer) {
+                        Ok(puts) => Some(
+                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch)
+                                .await,
+                        ),
+                        Err(e) => Some(error_frame(request_id, &e)),
+                    }
+                }))
+            }
+        }
+    }
+
+    /// Picks a queue for a send that left the choice to the broker: round-robin over the
+    /// queues this shard owns (no hop), or over all queues when it owns none.
+    fn choose_queue(&self, topic: &str, count: u32) -> u32 {
+        let n = self.round_robin.get();
+        self.round_robin.set(n.wrapping_add(1));
+        let local: Vec<u32> = (0..count)
+            .filter(|&q| self.owner_of(topic, q) == self.id)
+            .collect();
+        if local.is_empty() {
+            n % count
+        } else {
+            local[n as usize % local.len()]
+        }
+    }
+
+    fn append_all(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        items: &[(i32, Vec<u8>, Vec<u8>, i64)],
+        peer: SocketAddr,
+    ) -> Result<Vec<PutResult>, ErrorBody> {
+        let mut puts = Vec::with_capacity(items.len());
+        for (flag, props, body, born) in items {
+            let draft = RecordDraft {
+                topic,
+                queue_id,
+                flag: *flag,
+                sys_flag: 0,
+                born_timestamp_ms: *born,
+                born_host: peer,
+                reconsume_times: 0,
+                transaction_offset: 0,
+                properties: props,
+                body,
+            };
+            puts.push(self.store.append(&draft).map_err(store_error)?);
+        }
+        Ok(puts)
+    }
+
+    async fn finish_send(
+        &self,
+        request_id: u64,
+        topic: &str,
+        queue_id: u32,
+        puts: Vec<PutResult>,
+        wait_durable: bool,
+        batch: bool,
+    ) -> Vec<u8> {
+        let Some(last) = puts.last() else {
+            return error_frame(
+                request_id,
+                &err(ErrorCode::InvalidMessage, "nothing to send"),
+            );
+        };
+        let acked = if wait_durable {
+            self.store.durable(last.end()).await
+        } else {
+            self.store.acked(last.end()).await
+        };
+        if let Err(e) = acked {
+            return error_frame(request_id, &store_error(e));
+        }
+        self.wake_pollers(topic, queue_id);
+        if batch {
+            let r = SendBatchResult {
+                queue_id,
+                first_queue_offset: puts[0].queue_offset,
+                count: puts.len() as u32,
+                msg_ids: puts
+                    .iter()
+                    .map(|p| self.msg_id(p.physical_offset))
+                    .collect(),
+            };
+            response_frame(request_id, &Response::SendBatchResult(r))
+        } else {
+            let r = SendResult {
+                msg_id: self.msg_id(last.physical_offset),
+                queue_id,
+                queue_offset: last.queue_offset,
+                physical_offset: last.physical_offset,
+            };
+            response_frame(request_id, &Response::SendResult(r))
+        }
+    }
+}
+
+fn reencode_send(
+    request_id: u64,
+    topic: &str,
+    queue_id: u32,
+    items: &[(i32, Vec<u8>, Vec<u8>, i64)],
+    wait_durable: bool,
+    batch: bool,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let r = if batch {
+        let m = SendBatch {
+            topic: topic.to_owned(),
+            queue_id: queue_id as i32,
+            messages: items
+                .iter()
+                .map(
+                    |(flag, properties, body, born)| crate::protocol::BatchItem {
+                        flag: *flag,
+                        properties: properties.clone(),
+                        body: body.clone(),
+                        born_timestamp_ms: *born,
+                    },
+                )
+                .collect(),
+            wait_durable,
+        };
+        encode_frame(request_id, Flags::NONE, &m, &[], &mut out)
+    } else {
+        let (flag, properties, body, born) = &items[0];
+        let m = SendMessage {
+            topic: topic.to_owned(),
+            queue_id: queue_id as i32,
+            flag: *flag,
+            properties: properties.clone(),
+            body: body.clone(),
+            born_timestamp_ms: *born,
+            wait_durable,
+        };
+        encode_frame(request_id, Flags::NONE, &m, &[], &mut out)
+    };
+    if r.is_err() {
+        out.clear();
+    }
+    out
+}

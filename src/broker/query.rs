@@ -1,0 +1,137 @@
+//! Queries: committed offsets of consumer groups (commit, query) and message lookups by id
+//! and by key (the key lookup asks every shard and merges, newest first).
+
+use std::rc::Rc;
+
+use super::consume::with_records_frame;
+use super::mesh::{MeshReply, MeshRequest};
+use super::{err, store_error, ShardCtx};
+use crate::log::{FlushMode, LogError};
+use crate::protocol::record::RecordView;
+use crate::protocol::{
+    CommitOffset, Empty, ErrorBody, ErrorCode, MessageById, MessageId, MessagesByKey, Offset,
+    QueryOffset, Records,
+};
+use crate::store::StoreError;
+
+/// Most records one key lookup answers with.
+pub const KEY_LOOKUP_MESSAGES_MAX: u32 = 1024;
+
+impl ShardCtx {
+    /// `CommitOffset`: kept in memory and appended to the offsets file; fdatasynced before
+    /// the answer in sync flush mode.
+    pub(super) async fn commit_offset(self: Rc<Self>, m: CommitOffset) -> Result<Empty, ErrorBody> {
+        self.known_queue(&m.topic, m.queue_id)?;
+        self.offsets
+            .borrow_mut()
+            .commit(&m.group, &m.topic, m.queue_id, m.offset)
+            .map_err(|e| err(ErrorCode::StoreIo, format!("committing offset: {e}")))?;
+        if self.cfg.flush == FlushMode::Sync {
+            self.sync_offsets()
+                .await
+                .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+        }
+        Ok(Empty {})
+    }
+
+    /// `QueryOffset`: [`ErrorCode::OffsetNotFound`] when the group never committed one.
+    pub(super) fn query_offset(&self, m: &QueryOffset) -> Result<Offset, ErrorBody> {
+        self.known_queue(&m.topic, m.queue_id)?;
+        let offset = self
+            .offsets
+            .borrow()
+            .get(&m.group, &m.topic, m.queue_id)
+            .ok_or_else(|| {
+                err(
+                    ErrorCode::OffsetNotFound,
+                    format!(
+                        "group {} has no offset for {}:{}",
+                        m.group, m.topic, m.queue_id
+                    ),
+                )
+            })?;
+        Ok(Offset { offset })
+    }
+
+    /// `MessageById`: the record at the id's physical offset on this shard.
+    pub(super) async fn message_by_id(
+        self: Rc<Self>,
+        request_id: u64,
+        m: MessageById,
+    ) -> Result<Vec<u8>, ErrorBody> {
+        let id = MessageId::parse(&m.msg_id).map_err(|e| {
+            err(
+                ErrorCode::InvalidMessage,
+                format!("bad message id {:?}: {e}", m.msg_id),
+            )
+        })?;
+        if id.store_id != self.id || id.broker_id != self.cfg.broker_id {
+            return Err(err(
+                ErrorCode::OffsetNotFound,
+                format!("message id {} names another broker or shard", m.msg_id),
+            ));
+        }
+        let buf = self
+            .store
+            .read_physical(id.physical_offset)
+            .await
+            .map_err(|e| match e {
+                StoreError::Log(LogError::InvalidRecord(_)) => err(
+                    ErrorCode::OffsetNotFound,
+                    format!("no message with id {}", m.msg_id),
+                ),
+                other => store_error(other),
+            })?;
+        Ok(records_frame(request_id, &[&buf[..]]))
+    }
+
+    /// `MessagesByKey`: this shard's matches and every other shard's, newest first.
+    pub(super) async fn messages_by_key(
+        self: Rc<Self>,
+        request_id: u64,
+        m: MessagesByKey,
+    ) -> Result<Vec<u8>, ErrorBody> {
+        let max = m.max_messages.clamp(1, KEY_LOOKUP_MESSAGES_MAX);
+        let mut found: Vec<Vec<u8>> = self
+            .store
+            .messages_by_key(&m.topic, &m.key, m.begin_ms, m.end_ms, max as usize)
+            .await
+            .map_err(store_error)?
+            .iter()
+            .map(|b| b.to_vec())
+            .collect();
+        for to in (0..self.shard_count).filter(|&s| s != self.id) {
+            let req = MeshRequest::ByKey {
+                topic: m.topic.clone(),
+                key: m.key.clone(),
+                begin_ms: m.begin_ms,
+                end_ms: m.end_ms,
+                max,
+            };
+            if let MeshReply::Records(r) = self.call(to, req).await? {
+                found.extend(r);
+            }
+        }
+        // Newest first, as one list.
+        found.sort_by_key(|b| {
+            std::cmp::Reverse(
+                RecordView::parse_unchecked_crc(b)
+                    .map(|v| v.store_timestamp_ms())
+                    .unwrap_or(0),
+            )
+        });
+        found.truncate(max as usize);
+        let parts: Vec<&[u8]> = found.iter().map(|b| &b[..]).collect();
+        Ok(records_frame(request_id, &parts))
+    }
+}
+
+fn records_frame(request_id: u64, parts: &[&[u8]]) -> Vec<u8> {
+    with_records_frame(
+        request_id,
+        &Records {
+            count: parts.len() as u32,
+        },
+        parts,
+    )
+}

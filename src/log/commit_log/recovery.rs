@@ -1,0 +1,310 @@
+//! Start-up: finding the segments on disk, verifying the tail of the log, dispatching
+//! records to the indexes, cutting a torn tail and refusing rot.
+
+use super::*;
+
+pub(super) fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
+    let layout = |reason: String| LogError::Layout {
+        path: dir.to_owned(),
+        reason,
+    };
+    let mut bases = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| layout(format!("read_dir: {e}")))? {
+        let entry = entry.map_err(|e| layout(format!("read_dir: {e}")))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()) {
+            let base: u64 = name
+                .parse()
+                .map_err(|_| layout(format!("bad segment name {name}")))?;
+            bases.push(base);
+        }
+    }
+    bases.sort_unstable();
+    Ok(bases)
+}
+
+/// How a scan of one segment ended.
+pub(super) enum SegmentEnd {
+    /// A blank filler or zeros: the segment is complete.
+    Sealed,
+    /// Data ended before the segment's end (the last segment's tail), at this position.
+    Open(u64),
+}
+
+/// The open file of a segment found on disk at start-up.
+pub(super) fn opened(
+    segments: &BTreeMap<u64, Segment>,
+    base: u64,
+) -> Result<Rc<LogFile>, LogError> {
+    segments
+        .get(&base)
+        .and_then(|s| s.file.clone())
+        .ok_or_else(|| LogError::Layout {
+            path: PathBuf::from(segment_name(base)),
+            reason: "segment was not opened".into(),
+        })
+}
+
+/// Verifies the tail of the log, dispatches records from `dispatch_from`, truncates a torn
+/// tail and refuses rot. Returns (end offset, bytes of the partial last block, active base).
+pub(super) async fn recover(
+    cfg: &LogConfig,
+    segments: &mut BTreeMap<u64, Segment>,
+    dispatch_from: u64,
+    dispatch: &mut impl FnMut(RecordView<'_>),
+    report: &mut RecoveryReport,
+) -> Result<(u64, Vec<u8>, u64), LogError> {
+    let bases: Vec<u64> = segments.keys().copied().collect();
+    for pair in bases.windows(2) {
+        if pair[1] != pair[0] + cfg.segment_bytes {
+            return Err(LogError::Layout {
+                path: segments[&pair[0]].path.clone(),
+                reason: format!(
+                    "segment {} is not followed by {} (segment_bytes {}); was segment_bytes changed?",
+                    segment_name(pair[0]),
+                    segment_name(pair[0] + cfg.segment_bytes),
+                    cfg.segment_bytes
+                ),
+            });
+        }
+    }
+    let n = bases.len();
+    let verify_from_idx = if cfg.verify_segments_on_start == 0 {
+        0
+    } else {
+        n.saturating_sub(cfg.verify_segments_on_start as usize)
+    };
+    let dispatch_idx = bases.iter().rposition(|&b| b <= dispatch_from).unwrap_or(0);
+    let first = verify_from_idx.min(dispatch_idx);
+    let mut end = bases[first];
+    let mut last_idx = first;
+    for idx in first..n {
+        let base = bases[idx];
+        last_idx = idx;
+        let file = opened(segments, base)?;
+        let path = segments[&base].path.clone();
+        match scan_segment(cfg, &file, &path, base, dispatch_from, dispatch, report).await? {
+            SegmentEnd::Sealed => {
+                end = base + cfg.segment_bytes;
+            }
+            SegmentEnd::Open(pos) => {
+                end = base + pos;
+                // Anything in later segments means this was not the tail: rot.
+                for &later in &bases[idx + 1..] {
+                    let lf = opened(segments, later)?;
+                    let head = lf.read_at(0, IO_ALIGN).await?;
+                    if head.iter().any(|&b| b != 0) {
+                        return Err(LogError::Corrupt {
+                            path,
+                            file_offset: pos,
+                            log_offset: base + pos,
+                            reason: format!(
+                                "the segment ends early but a later segment {} holds data",
+                                segment_name(later)
+                            ),
+                        });
+                    }
+                }
+                break;
+            }
+        }
+    }
+    // Drop empty segments after the end (created but never written).
+    let later: Vec<u64> = bases[last_idx + 1..].to_vec();
+    for b in later {
+        if let Some(seg) = segments.remove(&b) {
+            std::fs::remove_file(&seg.path).map_err(|e| LogError::Layout {
+                path: seg.path.clone(),
+                reason: format!("remove empty segment: {e}"),
+            })?;
+        }
+    }
+    let last_base = bases[last_idx];
+    if end == last_base + cfg.segment_bytes {
+        // The last segment is full: the next append starts a new one.
+        return Ok((end, Vec::new(), end));
+    }
+    let file = opened(segments, last_base)?;
+    let pos = end - last_base;
+    let size = file.size().await?;
+    if size > pos {
+        // Cut the torn tail so that stale bytes can never be mistaken for records later.
+        report.truncated_bytes += tail_nonzero_bytes(&file, pos, size).await?;
+        file.truncate(pos).await?;
+        if cfg.preallocate {
+            file.preallocate(cfg.segment_bytes).await?;
+        }
+        file.fdatasync().await?;
+    }
+    let block = align_down(pos);
+    let tail = file.read_at(block, (pos - block) as usize).await?;
+    if tail.len() as u64 != pos - block {
+        return Err(LogError::Corrupt {
+            path: file.path().to_owned(),
+            file_offset: block,
+            log_offset: last_base + block,
+            reason: "short read of the last block".into(),
+        });
+    }
+    Ok((end, tail.to_vec(), last_base))
+}
+
+pub(super) async fn tail_nonzero_bytes(
+    file: &LogFile,
+    from: u64,
+    size: u64,
+) -> Result<u64, LogError> {
+    // Counts bytes up to the last non-zero byte (what was really cut), reading in chunks.
+    let mut last_nonzero = from;
+    let mut pos = from;
+    while pos < size {
+        let len = ((size - pos) as usize).min(1 << 20);
+        let buf = file.read_at(pos, len).await?;
+        if buf.is_empty() {
+            break;
+        }
+        if let Some(i) = buf.iter().rposition(|&b| b != 0) {
+            last_nonzero = pos + i as u64 + 1;
+        }
+        pos += buf.len() as u64;
+    }
+    Ok(last_nonzero - from)
+}
+
+/// Scans one segment from its start: verifies each record, dispatches, and tells a torn
+/// tail from rot.
+pub(super) async fn scan_segment(
+    cfg: &LogConfig,
+    file: &LogFile,
+    path: &Path,
+    base: u64,
+    dispatch_from: u64,
+    dispatch: &mut impl FnMut(RecordView<'_>),
+    report: &mut RecoveryReport,
+) -> Result<SegmentEnd, LogError> {
+    let seg_bytes = cfg.segment_bytes;
+    let file_size = file.size().await?.min(seg_bytes);
+    let mut pos: u64 = 0;
+    while pos < file_size {
+        let chunk_len = ((file_size - pos) as usize).min(cfg.read_chunk_bytes);
+        let chunk = file.read_at(pos, chunk_len).await?;
+        let chunk_full = chunk.len() == chunk_len;
+        let mut at = 0usize;
+        loop {
+            let rest = &chunk[at..];
+            let abs = base + pos + at as u64;
+            let in_seg = pos + at as u64;
+            if seg_bytes - in_seg < 8 {
+                // Too small for anything: the end of a sealed segment.
+                return Ok(SegmentEnd::Sealed);
+            }
+            let Some((len, magic)) = peek_frame(rest) else {
+                break;
+            };
+            if magic == BLANK_MAGIC {
+                if in_seg + len as u64 == seg_bytes {
+                    return Ok(SegmentEnd::Sealed);
+                }
+                return torn_or_rot(
+                    file,
+                    path,
+                    base,
+                    in_seg,
+                    file_size,
+                    "bad blank filler length",
+                )
+                .await;
+            }
+            if len == 0 && magic == 0 {
+                return torn_or_rot(file, path, base, in_seg, file_size, "zeros").await;
+            }
+            match RecordView::parse(rest) {
+                Ok(view) => {
+                    if view.physical_offset() != abs {
+                        return torn_or_rot(
+                            file,
+                            path,
+                            base,
+                            in_seg,
+                            file_size,
+                            "record names another physical offset",
+                        )
+                        .await;
+                    }
+                    report.records_verified += 1;
+                    report.bytes_verified += view.total_len() as u64;
+                    if abs >= dispatch_from {
+                        dispatch(view);
+                    }
+                    at += view.total_len() as usize;
+                }
+                Err(RecordError::Truncated { .. })
+                    if chunk_full && pos + (chunk.len() as u64) < file_size =>
+                {
+                    // The record continues in the next chunk.
+                    break;
+                }
+                Err(e) => {
+                    return torn_or_rot(file, path, base, in_seg, file_size, &e.to_string()).await;
+                }
+            }
+        }
+        if at == 0 {
+            // Nothing parsed in a whole chunk that is not the end: impossible with
+            // read_chunk_bytes > RECORD_BYTES_MAX, so this is a short read.
+            return torn_or_rot(file, path, base, pos, file_size, "short read").await;
+        }
+        pos += at as u64;
+    }
+    if pos >= seg_bytes {
+        Ok(SegmentEnd::Sealed)
+    } else {
+        Ok(SegmentEnd::Open(pos))
+    }
+}
+
+/// A record failed at `pos`. If a valid record can be found anywhere after it in this
+/// segment, the log is corrupt in the middle: refuse. Otherwise it is a torn tail.
+pub(super) async fn torn_or_rot(
+    file: &LogFile,
+    path: &Path,
+    base: u64,
+    pos: u64,
+    file_size: u64,
+    reason: &str,
+) -> Result<SegmentEnd, LogError> {
+    let magic = RECORD_MAGIC_V1.to_le_bytes();
+    let mut scan = pos + 1;
+    let window = 8usize << 20;
+    while scan + (HEADER_BYTES as u64) <= file_size {
+        let len = ((file_size - scan) as usize).min(window + RECORD_BYTES_MAX);
+        let buf = file.read_at(scan, len).await?;
+        let limit = buf.len().min(window);
+        let mut i = 0usize;
+        while i + 8 <= limit {
+            // A record's magic sits 4 bytes into it.
+            if buf[i + 4..i + 8] == magic {
+                if let Ok(view) = RecordView::parse(&buf[i..]) {
+                    let at = scan + i as u64;
+                    if view.physical_offset() == base + at {
+                        return Err(LogError::Corrupt {
+                            path: path.to_owned(),
+                            file_offset: pos,
+                            log_offset: base + pos,
+                            reason: format!(
+                                "{reason}; a valid record follows at file offset {at}, so this is not a torn tail"
+                            ),
+                        });
+                    }
+                }
+            }
+            i += 1;
+        }
+        if limit == 0 {
+            break;
+        }
+        scan += limit as u64;
+    }
+    Ok(SegmentEnd::Open(pos))
+}
