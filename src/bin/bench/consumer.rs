@@ -1,0 +1,252 @@
+//! The consumers of `ringmq-bench`: pull loops over their share of the queues (the
+//! default), or push consumers of one group (`--group`); both count this run's messages
+//! once each, recording end-to-end latency, and count duplicates apart.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::time::{sleep, Instant};
+
+use ringmq::client::{
+    Client, ClientConfig, ClientError, ConsumeFrom, ConsumeStatus, PullStatus, PushConsumer,
+    PushConsumerOptions,
+};
+
+use crate::report::{histogram, record_us};
+use crate::{
+    epoch_ns, Cli, Run, BODY_HEADER_BYTES, SEQ_NUMBER_MASK, SEQ_PRODUCER_SHIFT, SEQ_TAG_SHIFT,
+};
+
+/// Long-polling wait of the bench's pulls: short enough that consumers notice the end.
+const PULL_WAIT_MS: u64 = 500;
+/// Longest the run waits for push consumers (`--group`) to share the queues before it
+/// starts producing anyway.
+const SETTLE_TIMEOUT_S: u64 = 30;
+/// Pause after a failed pull before the next one.
+const PULL_ERROR_PAUSE_MS: u64 = 100;
+
+/// Pulls one queue from `offset` until told to stop; returns its end-to-end histogram.
+pub(crate) async fn consume_queue(
+    run: Arc<Run>,
+    client: Client,
+    queue_id: u32,
+    mut offset: u64,
+) -> Histogram<u64> {
+    let mut latencies = histogram();
+    let wait = Duration::from_millis(PULL_WAIT_MS);
+    while !run.stop_consumers.load(Ordering::Relaxed) {
+        let pulled = client
+            .pull(
+                &run.cli.topic,
+                queue_id,
+                offset,
+                run.cli.pull_batch,
+                wait,
+                &[],
+            )
+            .await;
+        let result = match pulled {
+            Ok(result) => result,
+            Err(e) => {
+                run.stats.pull_errors.fetch_add(1, Ordering::Relaxed);
+                run.stats.error("pull", &e);
+                sleep(Duration::from_millis(PULL_ERROR_PAUSE_MS)).await;
+                continue;
+            }
+        };
+        let now = Instant::now();
+        let (counted, duplicates) =
+            count_new(&run, &result.messages, epoch_ns(now), &mut latencies);
+        note_received(&run, counted, duplicates, now);
+        match result.status {
+            PullStatus::Found
+            | PullStatus::NoMatchedMessage
+            | PullStatus::OffsetTooSmall
+            | PullStatus::OffsetTooBig => offset = result.next_offset,
+            PullStatus::NoNewMessage => {}
+        }
+    }
+    latencies
+}
+
+/// Adds what [`count_new`] found, seen at `now`, to the run's counters.
+fn note_received(run: &Run, counted: u64, duplicates: u64, now: Instant) {
+    if duplicates > 0 {
+        run.stats
+            .duplicates
+            .fetch_add(duplicates, Ordering::Relaxed);
+    }
+    if counted > 0 {
+        run.stats.received.fetch_add(counted, Ordering::Relaxed);
+        let since_start =
+            u64::try_from(now.saturating_duration_since(run.start).as_nanos()).unwrap_or(u64::MAX);
+        run.stats
+            .last_received_ns
+            .fetch_max(since_start, Ordering::Relaxed);
+    }
+}
+
+/// The push consumers of `--group`, each with its end-to-end histogram.
+pub(crate) struct PushConsumers {
+    pub(crate) consumers: Vec<PushConsumer>,
+    pub(crate) latencies: Vec<Arc<Mutex<Histogram<u64>>>>,
+}
+
+/// Sets `group`'s offsets to `start_offsets` (the queues' ends: messages of earlier runs
+/// are skipped, as the pull loops do), then starts `--consumers` push consumers of the
+/// group and waits until they share the queues. Their listeners count into the run once
+/// `run` is set (nothing is sent before).
+pub(crate) async fn start_push_consumers(
+    cli: &Cli,
+    config: &ClientConfig,
+    admin: &Client,
+    group: &str,
+    start_offsets: &[u64],
+    run: Arc<OnceLock<Arc<Run>>>,
+) -> Result<PushConsumers, String> {
+    for (queue, offset) in start_offsets.iter().enumerate() {
+        admin
+            .commit_offset(group, &cli.topic, queue as u32, *offset)
+            .await
+            .map_err(|e| format!("setting group {group}'s offset of queue {queue}: {e}"))?;
+    }
+    let defaults = PushConsumerOptions::default();
+    let options = PushConsumerOptions {
+        consume_from: ConsumeFrom::LastOffset,
+        pull_batch_max: cli.pull_batch,
+        consume_batch_max: cli.consume_batch.unwrap_or(defaults.consume_batch_max),
+        consume_threads: cli.consume_threads.unwrap_or(defaults.consume_threads),
+        listener_non_blocking: cli.non_blocking_listener,
+        pulls_in_flight_max: cli.pulls_in_flight.unwrap_or(defaults.pulls_in_flight_max),
+        ..defaults
+    };
+    let mut push = PushConsumers {
+        consumers: Vec::with_capacity(cli.consumers),
+        latencies: Vec::with_capacity(cli.consumers),
+    };
+    for c in 0..cli.consumers {
+        let fail = |e: ClientError| format!("push consumer {c} of group {group}: {e}");
+        // One member each: the broker tells members apart by client id.
+        let config = ClientConfig {
+            client_id: format!("{}-consumer-{c}", config.client_id),
+            ..config.clone()
+        };
+        let consumer = PushConsumer::new(config, group, options.clone()).map_err(fail)?;
+        consumer.subscribe(&cli.topic, "*").map_err(fail)?;
+        let latencies = Arc::new(Mutex::new(histogram()));
+        let (histogram, run) = (latencies.clone(), run.clone());
+        consumer
+            .register_concurrent(move |messages| {
+                // After the drain, what arrives is not measured: it is the re-delivery of
+                // queues handed over while the members leave one by one.
+                if let Some(run) = run
+                    .get()
+                    .filter(|run| !run.stop_consumers.load(Ordering::Relaxed))
+                {
+                    let now = Instant::now();
+                    let (counted, duplicates) = count_new(
+                        run,
+                        messages,
+                        epoch_ns(now),
+                        &mut histogram.lock().unwrap_or_else(PoisonError::into_inner),
+                    );
+                    note_received(run, counted, duplicates, now);
+                }
+                ConsumeStatus::Success
+            })
+            .map_err(fail)?;
+        consumer.start().await.map_err(fail)?;
+        push.consumers.push(consumer);
+        push.latencies.push(latencies);
+    }
+    // Settled: the broker counts every consumer as a member, and each consumes exactly the
+    // queues the broker assigns it (a consumer that has not applied its first assignment
+    // yet consumes nothing, which is not the same as being assigned nothing).
+    let deadline = Instant::now() + Duration::from_secs(SETTLE_TIMEOUT_S);
+    loop {
+        let members = admin
+            .group_members(group)
+            .await
+            .map_err(|e| format!("members of group {group}: {e}"))?;
+        let assigned: std::collections::BTreeMap<&str, Vec<u32>> = members
+            .members
+            .iter()
+            .map(|m| {
+                let queues = m
+                    .topics
+                    .iter()
+                    .filter(|t| t.topic == cli.topic)
+                    .flat_map(|t| t.queues.iter().copied())
+                    .collect();
+                (m.client_id.as_str(), queues)
+            })
+            .collect();
+        let settled = assigned.len() == push.consumers.len()
+            && push.consumers.iter().all(|c| {
+                let id = c.client().map(|c| c.config().client_id.clone());
+                let consuming: Vec<u32> = c.consuming_queues().iter().map(|q| q.queue_id).collect();
+                id.and_then(|id| assigned.get(id.as_str()).cloned()) == Some(consuming)
+            });
+        if settled {
+            break;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "ringmq-bench: the push consumers did not settle within {SETTLE_TIMEOUT_S} s; \
+                 starting anyway"
+            );
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    Ok(push)
+}
+
+/// Counts the messages of this run seen for the first time, recording their end-to-end
+/// latency; returns (new, duplicates). Messages of other runs are ignored.
+fn count_new(
+    run: &Run,
+    messages: &[ringmq::client::Message],
+    now_ns: u64,
+    latencies: &mut Histogram<u64>,
+) -> (u64, u64) {
+    let (mut counted, mut duplicates) = (0, 0);
+    for message in messages {
+        let body = message.body();
+        if body.len() < BODY_HEADER_BYTES {
+            continue;
+        }
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&body[..8]);
+        let sent_at_ns = u64::from_le_bytes(word);
+        word.copy_from_slice(&body[8..16]);
+        let seq = u64::from_le_bytes(word);
+        let producer = ((seq >> SEQ_PRODUCER_SHIFT) & 0xFF) as usize;
+        if (seq >> SEQ_TAG_SHIFT) as u16 != run.tag || producer >= run.seen.len() {
+            continue;
+        }
+        let number = seq & SEQ_NUMBER_MASK;
+        // Our own producers wrote the number, so the bitmap grows only as far as they sent.
+        let (word_at, bit) = ((number / 64) as usize, 1u64 << (number % 64));
+        let mut seen = run.seen[producer]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if seen.len() <= word_at {
+            seen.resize(word_at + 1, 0);
+        }
+        if seen[word_at] & bit != 0 {
+            duplicates += 1;
+            continue;
+        }
+        seen[word_at] |= bit;
+        drop(seen);
+        record_us(
+            latencies,
+            Duration::from_nanos(now_ns.saturating_sub(sent_at_ns)),
+        );
+        counted += 1;
+    }
+    (counted, duplicates)
+}

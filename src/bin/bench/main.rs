@@ -1,0 +1,573 @@
+//! `ringmq-bench`: the bundled load generator. It drives a broker through the native client
+//! (or starts one in this process, in a temporary directory, for a one-command demo),
+//! produces and consumes a topic, and reports throughput and latency percentiles from HDR
+//! histograms, on stdout and optionally as JSON.
+//!
+//! Every message body starts with its send time (ns since the UNIX epoch, u64 LE) and a
+//! sequence number (u64 LE); consumers subtract the send time from the time they see the
+//! message: the end-to-end latency. The sequence is `run tag (16 bits) | producer (8) |
+//! message number (40)`: consumers ignore messages of other runs, and count a message
+//! delivered twice (a send retried after a timeout may be stored twice) once, reporting
+//! the duplicates apart.
+//!
+//! With `--rate`, producers run open loop: each send is scheduled at a fixed time whether
+//! or not earlier sends were answered, and latency counts from the scheduled time, so a
+//! stalled broker shows up as latency rather than as fewer samples (no coordinated
+//! omission). Without it, each producer keeps `--in-flight` sends outstanding.
+//!
+//! Consumers are pull loops over their share of the queues by default. With `--group`,
+//! they are push consumers (concurrent mode) of that consumer group instead: the broker
+//! divides the queues among them, the listener sees the message (end-to-end latency is
+//! taken there), and offsets are committed to the broker. The group's offsets are first
+//! set to the queues' current ends, so that, like the pull loops, they start there.
+//!
+//! `--keys N` sends with sharding keys (`k0`..`k{N-1}`, in turn), so each key's messages go
+//! to one queue, in order.
+//!
+//! Files: `main.rs` (this one: the command line and its checks, the run's shared state, the
+//! orchestration of a run, `main`), `producer.rs` (closed and open loop), `consumer.rs`
+//! (pull loops, push consumers of `--group`, counting what arrives), `report.rs`
+//! (histograms, the progress line, the text and JSON report), `embedded.rs` (the broker
+//! started in this process when `--broker` is not given).
+
+mod consumer;
+mod embedded;
+mod producer;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, Instant};
+
+use ringmq::client::{Client, ClientConfig, ClientError, Producer, ProducerOptions};
+use ringmq::log::FlushMode;
+use ringmq::protocol::ErrorCode;
+
+use crate::consumer::{consume_queue, start_push_consumers};
+use crate::embedded::{start_embedded, stop_embedded};
+use crate::producer::produce;
+use crate::report::{banner, histogram, print_report, progress, to_json, Report};
+
+/// Bytes at the start of every body: send time (u64 LE) and sequence (u64 LE).
+const BODY_HEADER_BYTES: usize = 16;
+/// Longest the run waits, after the producers are done, for consumers to catch up.
+const DRAIN_TIMEOUT_S: u64 = 30;
+/// Bounds of the numeric flags.
+/// The producer index has 8 bits of the sequence.
+const PRODUCERS_MAX: usize = 256;
+const CONSUMERS_MAX: usize = 1024;
+const IN_FLIGHT_MAX: usize = 65_536;
+const BATCH_MAX: usize = ringmq::client::BATCH_MESSAGES_MAX;
+const SEQ_PRODUCER_SHIFT: u32 = 40;
+const SEQ_TAG_SHIFT: u32 = 48;
+const SEQ_NUMBER_MASK: u64 = (1 << SEQ_PRODUCER_SHIFT) - 1;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "ringmq-bench",
+    version,
+    about = "Load generator for ringmq: produces and consumes a topic and reports throughput \
+             and latency percentiles (HDR histograms)"
+)]
+struct Cli {
+    /// Broker address (host:port). Without it, a broker is started in this process, in a
+    /// temporary directory that is removed afterwards.
+    #[arg(long)]
+    broker: Option<String>,
+    /// Topic to use; created with --queues queues if it does not exist.
+    #[arg(long, default_value = "bench")]
+    topic: String,
+    /// Queues of the topic when the bench creates it.
+    #[arg(long, default_value_t = 8)]
+    queues: u32,
+    /// Producer clients (each with its own connections).
+    #[arg(long, default_value_t = 2)]
+    producers: usize,
+    /// Consumer clients; the topic's queues are divided among them (0: produce only).
+    #[arg(long, default_value_t = 1)]
+    consumers: usize,
+    /// Make the consumers push consumers (concurrent mode) of this consumer group, which
+    /// the broker divides the queues among, instead of pull loops; their offsets start at
+    /// the queues' current ends and are committed to the broker.
+    #[arg(long, value_name = "NAME")]
+    group: Option<String>,
+    /// With --group: messages per listener call [default: 1, as RocketMQ].
+    #[arg(long, value_name = "N", requires = "group")]
+    consume_batch: Option<usize>,
+    /// With --group: listener calls running at once, per consumer [default: 20].
+    #[arg(long, value_name = "N", requires = "group")]
+    consume_threads: Option<usize>,
+    /// With --group: pulls of one queue in flight at once while a consumer is behind
+    /// [default: 8; 1 pulls one batch at a time, as RocketMQ].
+    #[arg(long, value_name = "N", requires = "group")]
+    pulls_in_flight: Option<usize>,
+    /// With --group: run the listener on the consumer's own tokio tasks instead of the
+    /// blocking pool (the bench's listener never blocks; this is the setting for cheap,
+    /// non-blocking listeners).
+    #[arg(long, requires = "group")]
+    non_blocking_listener: bool,
+    /// With --group: start the push consumers only once producing is over, and report how
+    /// fast they drain the backlog (consume msg/s counts from their start; end-to-end
+    /// latency then includes the wait in the backlog).
+    #[arg(long, requires = "group")]
+    consume_after_produce: bool,
+    /// Send with sharding keys `k0`..`k{N-1}` (in turn) instead of round-robin: each key's
+    /// messages go to one queue. Only with --batch 1.
+    #[arg(long, value_name = "N")]
+    keys: Option<u64>,
+    /// Message body size in bytes (at least 16: send time and sequence).
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Messages per send: 1 sends one by one, N > 1 sends batches of N to one queue.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Messages to send in total (instead of --duration).
+    #[arg(long, conflicts_with = "duration")]
+    messages: Option<u64>,
+    /// Seconds to produce for [default: 10, unless --messages is given].
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Target rate in messages per second over all producers, open loop (latency counts
+    /// from each send's scheduled time); 0: as fast as --in-flight allows.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Sends (or batches) outstanding per producer; in --rate mode a full window delays
+    /// sends, and the delay counts as latency.
+    #[arg(long, default_value_t = 128)]
+    in_flight: usize,
+    /// Flush mode of the embedded broker: async (ack after the write) or sync (ack after
+    /// fdatasync, group commit).
+    #[arg(long, default_value = "async")]
+    flush: FlushMode,
+    /// Shards of the embedded broker [default: one per core].
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Data directory of the embedded broker [default: a new temporary directory]. It must
+    /// be new or made by an earlier run with the same --shards.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Messages per pull.
+    #[arg(long, default_value_t = 32)]
+    pull_batch: u32,
+    /// Route requests straight to the shard that owns each queue (false: everything goes
+    /// through one connection and the broker forwards).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    shard_aware: bool,
+    /// Timeout of each request of the clients, in milliseconds (queueing in the client
+    /// counts: with large batches and a deep --in-flight window, raise it or lower the
+    /// window).
+    #[arg(long, default_value_t = ringmq::client::REQUEST_TIMEOUT_MS_DEFAULT)]
+    request_timeout_ms: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+impl Cli {
+    fn check(&self) -> Result<(), String> {
+        let range = |name: &str, value: usize, min: usize, max: usize| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("--{name} {value}: must be in {min}..={max}"))
+            }
+        };
+        range("producers", self.producers, 1, PRODUCERS_MAX)?;
+        range("consumers", self.consumers, 0, CONSUMERS_MAX)?;
+        range("batch", self.batch, 1, BATCH_MAX)?;
+        range("in-flight", self.in_flight, 1, IN_FLIGHT_MAX)?;
+        range(
+            "size",
+            self.size,
+            BODY_HEADER_BYTES,
+            ringmq::protocol::record::BODY_BYTES_MAX,
+        )?;
+        if self.queues == 0 {
+            return Err("--queues must be at least 1".into());
+        }
+        if self.pull_batch == 0 {
+            return Err("--pull-batch must be at least 1".into());
+        }
+        if self.group.is_some() && self.consumers == 0 {
+            return Err("--group needs --consumers 1 or more".into());
+        }
+        if self.group.is_some() && self.pull_batch > ringmq::client::PULL_BATCH_MAX_LIMIT {
+            return Err(format!(
+                "--pull-batch {}: push consumers pull at most {} messages at once",
+                self.pull_batch,
+                ringmq::client::PULL_BATCH_MAX_LIMIT
+            ));
+        }
+        if let Some(n) = self.consume_batch {
+            range(
+                "consume-batch",
+                n,
+                1,
+                ringmq::client::CONSUME_BATCH_MAX_LIMIT,
+            )?;
+        }
+        if let Some(n) = self.consume_threads {
+            range("consume-threads", n, 1, ringmq::client::CONSUME_THREADS_MAX)?;
+        }
+        if let Some(n) = self.pulls_in_flight {
+            range(
+                "pulls-in-flight",
+                n,
+                1,
+                ringmq::client::PULLS_IN_FLIGHT_MAX_LIMIT,
+            )?;
+        }
+        if self.keys == Some(0) {
+            return Err("--keys must be at least 1".into());
+        }
+        if self.keys.is_some() && self.batch > 1 {
+            return Err("--keys goes with --batch 1 only".into());
+        }
+        if self.messages == Some(0) || self.duration == Some(0) {
+            return Err("--messages and --duration must be at least 1".into());
+        }
+        if self.broker.is_some() && (self.shards.is_some() || self.data_dir.is_some()) {
+            return Err(
+                "--shards and --data-dir configure the embedded broker; they do not \
+                        go with --broker"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn duration(&self) -> Option<Duration> {
+        match (self.messages, self.duration) {
+            (Some(_), _) => None,
+            (None, Some(s)) => Some(Duration::from_secs(s)),
+            (None, None) => Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// Nanoseconds since the UNIX epoch, from a monotonic clock: the wall clock is read once,
+/// so a clock step during the run cannot produce negative or huge latencies.
+fn epoch_ns(at: Instant) -> u64 {
+    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (base_instant, base_ns) = *BASE.get_or_init(|| {
+        let now_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        (Instant::now(), now_ns)
+    });
+    let since = at.saturating_duration_since(base_instant).as_nanos();
+    base_ns.saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
+}
+
+/// Counters shared by producers, consumers and the progress line.
+#[derive(Default)]
+struct Stats {
+    /// Messages the broker acknowledged.
+    sent: AtomicU64,
+    /// Messages whose send failed (after the producer's retries).
+    send_errors: AtomicU64,
+    /// Distinct messages of this run received.
+    received: AtomicU64,
+    /// Deliveries of a message already received.
+    duplicates: AtomicU64,
+    pull_errors: AtomicU64,
+    /// When the last message was received, in ns after the start.
+    last_received_ns: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Stats {
+    fn error(&self, what: &str, e: &ClientError) {
+        let mut first = self
+            .first_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if first.is_none() {
+            *first = Some(format!("{what}: {e}"));
+            eprintln!("ringmq-bench: first error: {what}: {e}");
+        }
+    }
+}
+
+struct Run {
+    cli: Cli,
+    /// Marks this run's messages (top 16 bits of the sequence).
+    tag: u16,
+    /// Per producer, a bit per message number received.
+    seen: Vec<Mutex<Vec<u64>>>,
+    queue_count: u32,
+    start: Instant,
+    stats: Stats,
+    stop_consumers: AtomicBool,
+}
+
+fn client_config(cli: &Cli, broker: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(broker);
+    config.shard_aware = cli.shard_aware;
+    config.in_flight_max = config.in_flight_max.max(cli.in_flight);
+    config.request_timeout_ms = cli.request_timeout_ms;
+    config
+}
+
+async fn run(cli: Cli, broker: String) -> Result<Report, String> {
+    let admin = Client::connect(client_config(&cli, &broker))
+        .await
+        .map_err(|e| format!("connect to {broker}: {e}"))?;
+    match admin.create_topic(&cli.topic, cli.queues).await {
+        Ok(()) => {}
+        Err(e) if e.code() == Some(ErrorCode::TopicExists) => {}
+        Err(e) => return Err(format!("create topic {}: {e}", cli.topic)),
+    }
+    let info = admin
+        .describe_topic(&cli.topic)
+        .await
+        .map_err(|e| format!("describe topic {}: {e}", cli.topic))?;
+    let queue_count = info.queues.len() as u32;
+    if queue_count != cli.queues {
+        eprintln!(
+            "ringmq-bench: topic {} already exists with {queue_count} queues; using them",
+            cli.topic
+        );
+    }
+    // Consumers start at the current end, so messages of earlier runs are not counted.
+    let start_offsets: Vec<u64> = info.queues.iter().map(|q| q.max_offset).collect();
+
+    // Connect everything before the clock starts: connection set-up is not throughput.
+    let config = client_config(&cli, &broker);
+    let mut producers = Vec::with_capacity(cli.producers);
+    for p in 0..cli.producers {
+        let producer = Producer::connect_with(config.clone(), ProducerOptions::default())
+            .await
+            .map_err(|e| format!("producer {p}: {e}"))?;
+        producers.push(producer);
+    }
+    let mut consumers = Vec::with_capacity(cli.consumers);
+    let run_cell: Arc<OnceLock<Arc<Run>>> = Arc::default();
+    let start_push = |group: &str| {
+        let group = group.to_owned();
+        let (cli, config, admin) = (&cli, &config, &admin);
+        let (start_offsets, run_cell) = (&start_offsets, run_cell.clone());
+        async move { start_push_consumers(cli, config, admin, &group, start_offsets, run_cell).await }
+    };
+    let mut push = None;
+    match &cli.group {
+        Some(group) if !cli.consume_after_produce => push = Some(start_push(group).await?),
+        Some(_) => {}
+        None => {
+            for c in 0..cli.consumers {
+                let client = Client::connect(config.clone())
+                    .await
+                    .map_err(|e| format!("consumer {c}: {e}"))?;
+                consumers.push(client);
+            }
+        }
+    }
+
+    let run = Arc::new(Run {
+        cli: cli.clone(),
+        tag: rand::random::<u16>(),
+        seen: (0..cli.producers).map(|_| Mutex::new(Vec::new())).collect(),
+        queue_count,
+        start: Instant::now(),
+        stats: Stats::default(),
+        stop_consumers: AtomicBool::new(false),
+    });
+    if run_cell.set(run.clone()).is_err() {
+        unreachable!("the run is set once");
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let progress = tokio::spawn(progress(run.clone(), done.clone()));
+
+    let mut pullers: Vec<JoinHandle<Histogram<u64>>> = Vec::new();
+    for (c, client) in consumers.into_iter().enumerate() {
+        for (queue, offset) in start_offsets.iter().enumerate() {
+            if queue % cli.consumers == c {
+                let queue_id = queue as u32;
+                let puller = consume_queue(run.clone(), client.clone(), queue_id, *offset);
+                pullers.push(tokio::spawn(puller));
+            }
+        }
+    }
+
+    let mut producing = Vec::with_capacity(cli.producers);
+    for (p, producer) in producers.into_iter().enumerate() {
+        let quota = cli.messages.map(|n| {
+            let per = n / cli.producers as u64;
+            per + u64::from((p as u64) < n % cli.producers as u64)
+        });
+        producing.push(tokio::spawn(produce(run.clone(), producer, p, quota)));
+    }
+    let mut send_latency = histogram();
+    for (p, producer) in producing.into_iter().enumerate() {
+        let h = producer
+            .await
+            .map_err(|e| format!("producer {p} task: {e}"))?;
+        send_latency
+            .add(&h)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+    }
+    let produce_s = run.start.elapsed().as_secs_f64();
+    let sent = run.stats.sent.load(Ordering::Relaxed);
+    // Consumers that start now drain what was produced; their rate counts from here.
+    let mut consume_from_s = 0.0;
+    if let (Some(group), true) = (&cli.group, cli.consume_after_produce) {
+        consume_from_s = run.start.elapsed().as_secs_f64();
+        push = Some(start_push(group).await?);
+    }
+
+    if cli.consumers > 0 {
+        let drain_deadline = Instant::now() + Duration::from_secs(DRAIN_TIMEOUT_S);
+        while run.stats.received.load(Ordering::Relaxed) < sent && Instant::now() < drain_deadline {
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+    run.stop_consumers.store(true, Ordering::Relaxed);
+    let mut e2e_latency = histogram();
+    for puller in pullers {
+        let h = puller.await.map_err(|e| format!("consumer task: {e}"))?;
+        e2e_latency
+            .add(&h)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+    }
+    if let Some(push) = push {
+        // All at once: each leaves the group cleanly (commits, unregisters).
+        let mut leaving = Vec::with_capacity(push.consumers.len());
+        for consumer in push.consumers {
+            run.stats
+                .pull_errors
+                .fetch_add(consumer.stats().pull_errors, Ordering::Relaxed);
+            leaving.push(tokio::spawn(async move { consumer.shutdown().await }));
+        }
+        for (c, left) in leaving.into_iter().enumerate() {
+            match left.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    eprintln!("ringmq-bench: push consumer {c} shut down with an error: {e}")
+                }
+                Err(e) => eprintln!("ringmq-bench: push consumer {c} shutdown task: {e}"),
+            }
+        }
+        for h in &push.latencies {
+            e2e_latency
+                .add(&*h.lock().unwrap_or_else(PoisonError::into_inner))
+                .map_err(|e| format!("merging histograms: {e}"))?;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    progress.abort();
+
+    let stats = &run.stats;
+    let first_error = stats
+        .first_error
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Ok(Report {
+        sent,
+        received: stats.received.load(Ordering::Relaxed),
+        duplicates: stats.duplicates.load(Ordering::Relaxed),
+        send_errors: stats.send_errors.load(Ordering::Relaxed),
+        pull_errors: stats.pull_errors.load(Ordering::Relaxed),
+        produce_s,
+        consume_s: (stats.last_received_ns.load(Ordering::Relaxed) as f64 / 1e9 - consume_from_s)
+            .max(0.0),
+        send_latency,
+        e2e_latency,
+        queue_count: run.queue_count,
+        first_error,
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = cli.check() {
+        eprintln!("ringmq-bench: {e}");
+        return ExitCode::from(2);
+    }
+    let (embedded, broker) = match &cli.broker {
+        Some(addr) => (None, addr.clone()),
+        None => match start_embedded(&cli) {
+            Ok(embedded) => {
+                let addr = embedded.broker.addr().to_string();
+                (Some(embedded), addr)
+            }
+            Err(e) => {
+                eprintln!("ringmq-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    eprintln!("{}", banner(&cli, &broker, embedded.is_some()));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ringmq-bench: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(run(cli.clone(), broker.clone()));
+    // Close the client connections before the broker stops.
+    drop(runtime);
+    let code = match outcome {
+        Ok(report) => {
+            print_report(&cli, &report);
+            let mut code = ExitCode::SUCCESS;
+            if let Some(path) = &cli.json {
+                let json = to_json(&cli, &broker, embedded.is_some(), &report);
+                let text = serde_json::to_string_pretty(&json).unwrap_or_default();
+                if let Err(e) = std::fs::write(path, text + "\n") {
+                    eprintln!("ringmq-bench: writing {}: {e}", path.display());
+                    code = ExitCode::FAILURE;
+                }
+            }
+            if report.sent == 0 || (cli.consumers > 0 && report.received < report.sent) {
+                code = ExitCode::FAILURE;
+            }
+            code
+        }
+        Err(e) => {
+            eprintln!("ringmq-bench: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    if let Some(embedded) = embedded {
+        stop_embedded(embedded);
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn checks_refuse_what_cannot_run() {
+        let check = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from(std::iter::once("ringmq-bench").chain(args.iter().copied()))
+                    .expect("parses");
+            cli.check()
+        };
+        assert_eq!(check(&[]), Ok(()));
+        assert!(check(&["--keys", "4", "--batch", "2"]).is_err());
+        assert!(check(&["--size", "15"]).is_err());
+        assert!(check(&["--group", "g", "--consumers", "0"]).is_err());
+        assert!(check(&["--broker", "127.0.0.1:1", "--shards", "2"]).is_err());
+    }
+}

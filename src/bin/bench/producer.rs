@@ -1,0 +1,226 @@
+//! The producers of `ringmq-bench`: each sends numbered, time-stamped messages (one by one
+//! or in batches, round-robin or by sharding key) with at most `--in-flight` sends
+//! outstanding, closed loop (as fast as the window allows) or open loop (`--rate`: on a
+//! fixed schedule, latency counted from the scheduled time).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use ringmq::client::{OutgoingMessage, Producer};
+
+use crate::report::{histogram, record_us};
+use crate::{epoch_ns, Run, SEQ_NUMBER_MASK, SEQ_PRODUCER_SHIFT, SEQ_TAG_SHIFT};
+
+/// A message body: send time, sequence, then zeros up to `size`.
+fn body(size: usize, sent_at_ns: u64, seq: u64) -> Vec<u8> {
+    let mut body = vec![0u8; size];
+    body[..8].copy_from_slice(&sent_at_ns.to_le_bytes());
+    body[8..16].copy_from_slice(&seq.to_le_bytes());
+    body
+}
+
+/// One producer's sending state: its sends in flight (bounded by the window), its
+/// send-latency histogram, and the numbering of its messages.
+struct Sender {
+    run: Arc<Run>,
+    producer: Producer,
+    window: Arc<Semaphore>,
+    latencies: Arc<Mutex<Histogram<u64>>>,
+    first_seq: u64,
+    quota: Option<u64>,
+    /// Messages handed to sends so far.
+    scheduled_messages: u64,
+}
+
+impl Sender {
+    fn new(run: Arc<Run>, producer: Producer, index: usize, quota: Option<u64>) -> Sender {
+        let first_seq =
+            (u64::from(run.tag) << SEQ_TAG_SHIFT) | ((index as u64) << SEQ_PRODUCER_SHIFT);
+        Sender {
+            window: Arc::new(Semaphore::new(run.cli.in_flight)),
+            latencies: Arc::new(Mutex::new(histogram())),
+            run,
+            producer,
+            first_seq,
+            quota,
+            scheduled_messages: 0,
+        }
+    }
+
+    /// Messages the next send carries; 0 when the quota is spent.
+    fn next_count(&self) -> usize {
+        let batch = self.run.cli.batch;
+        match self.quota {
+            Some(q) => batch
+                .min(usize::try_from(q.saturating_sub(self.scheduled_messages)).unwrap_or(batch)),
+            None => batch,
+        }
+    }
+
+    /// Starts one send of `count` messages stamped with `scheduled`, holding `permit`
+    /// until it is answered; its latency counts from `scheduled`.
+    fn launch(
+        &mut self,
+        handle: &tokio::runtime::Handle,
+        scheduled: Instant,
+        count: usize,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let cli = &self.run.cli;
+        let sent_at_ns = epoch_ns(scheduled);
+        let mut messages: Vec<OutgoingMessage> = (0..count)
+            .map(|i| {
+                let n = self.scheduled_messages + i as u64;
+                let number = n & SEQ_NUMBER_MASK;
+                let message =
+                    OutgoingMessage::new(body(cli.size, sent_at_ns, self.first_seq | number));
+                match cli.keys {
+                    Some(keys) => message.with_sharding_key(format!("k{}", n % keys)),
+                    None => message,
+                }
+            })
+            .collect();
+        self.scheduled_messages += count as u64;
+        let (producer, run, latencies) = (
+            self.producer.clone(),
+            self.run.clone(),
+            self.latencies.clone(),
+        );
+        handle.spawn(async move {
+            let topic = run.cli.topic.as_str();
+            let outcome = if run.cli.batch == 1 {
+                match messages.pop() {
+                    Some(message) => producer.send(topic, message).await.map(|_| ()),
+                    None => Ok(()),
+                }
+            } else {
+                producer.send_batch(topic, messages).await.map(|_| ())
+            };
+            match outcome {
+                Ok(()) => {
+                    record_us(
+                        &mut latencies.lock().unwrap_or_else(PoisonError::into_inner),
+                        scheduled.elapsed(),
+                    );
+                    run.stats.sent.fetch_add(count as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    run.stats
+                        .send_errors
+                        .fetch_add(count as u64, Ordering::Relaxed);
+                    run.stats.error("send", &e);
+                }
+            }
+            drop(permit);
+        });
+    }
+
+    /// Waits for every send in flight (each holds a permit) and returns the histogram.
+    async fn finish(self) -> Histogram<u64> {
+        let permits = u32::try_from(self.run.cli.in_flight).unwrap_or(u32::MAX);
+        let _all = self.window.acquire_many(permits).await;
+        let h = self
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        h
+    }
+}
+
+/// Closed loop: a send starts as soon as the window has room; its latency counts from
+/// then (waiting for room is the loop's own pacing, not the broker's delay).
+async fn produce_closed(mut sender: Sender) -> Histogram<u64> {
+    let handle = tokio::runtime::Handle::current();
+    let deadline = sender.run.cli.duration().map(|d| sender.run.start + d);
+    loop {
+        let count = sender.next_count();
+        if count == 0 {
+            break;
+        }
+        let Ok(permit) = sender.window.clone().acquire_owned().await else {
+            break;
+        };
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        sender.launch(&handle, now, count, permit);
+    }
+    sender.finish().await
+}
+
+/// Open loop, on its own thread: send `n` is due at `start + n * interval`, whatever
+/// happened to earlier sends, and its latency counts from that time (waiting for window
+/// room included). The thread sleeps with the OS timer (tens of microseconds of slack)
+/// rather than tokio's 1 ms timer wheel, whose rounding would otherwise show up as latency.
+fn produce_open(mut sender: Sender, handle: tokio::runtime::Handle, interval: Duration) -> Sender {
+    let deadline = sender.run.cli.duration().map(|d| sender.run.start + d);
+    let mut sends: u32 = 0;
+    loop {
+        let count = sender.next_count();
+        if count == 0 {
+            break;
+        }
+        let due = sender.run.start + interval.saturating_mul(sends);
+        if let Some(deadline) = deadline {
+            if due >= deadline {
+                break;
+            }
+            // Behind schedule at the end: stop on time rather than issue the backlog.
+            if Instant::now() >= deadline {
+                let due_total = deadline.duration_since(sender.run.start).as_secs_f64()
+                    / interval.as_secs_f64();
+                eprintln!(
+                    "ringmq-bench: a producer started {sends} of the {due_total:.0} sends due: \
+                     the target rate is above what was sustained"
+                );
+                break;
+            }
+        }
+        let wait = due.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        let permit = match sender.window.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => match handle.block_on(sender.window.clone().acquire_owned()) {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        sender.launch(&handle, due, count, permit);
+        sends = sends.saturating_add(1);
+    }
+    sender
+}
+
+/// One producer, closed or open loop; returns its send-latency histogram.
+pub(crate) async fn produce(
+    run: Arc<Run>,
+    producer: Producer,
+    index: usize,
+    quota: Option<u64>,
+) -> Histogram<u64> {
+    let cli = &run.cli;
+    let sender = Sender::new(run.clone(), producer, index, quota);
+    if cli.rate == 0 {
+        return produce_closed(sender).await;
+    }
+    // One send (of `batch` messages) per interval, per producer.
+    let interval =
+        Duration::from_secs_f64(cli.batch as f64 * cli.producers as f64 / cli.rate as f64);
+    let handle = tokio::runtime::Handle::current();
+    match tokio::task::spawn_blocking(move || produce_open(sender, handle, interval)).await {
+        Ok(sender) => sender.finish().await,
+        Err(e) => {
+            eprintln!("ringmq-bench: producer {index} scheduler: {e}");
+            histogram()
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! `ringmq consume`: without `--group`, a plain pull loop over a topic's queues (no group,
+//! nothing committed) that prints one line per message, stopping once the queues are
+//! drained or, with `--follow`, long-polling every queue concurrently; with `--group`, a
+//! member of a consumer group (`consume/member.rs`).
+//!
+//! `TestingArgs` holds the options that exist for tests only (`--process-ms`,
+//! `--print-start`): they make a member's processing take time and show when it starts, so
+//! tests and `perf/failover.sh` can check when each message was processed. `--help` lists
+//! them under their own heading.
+
+mod member;
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use tokio::sync::mpsc;
+
+use ringmq::client::{
+    Client, ClientError, Message, PullStatus, TagExpression, CONSUME_THREADS_MAX,
+};
+
+use crate::output::{emit, pulled_line};
+use crate::{CmdResult, Ctx, Failure};
+
+/// Messages asked for in one pull by `consume` (the broker's default batch).
+const CONSUME_BATCH: u32 = 32;
+/// The broker's longest long-polling wait.
+const WAIT_MS_MAX: u64 = 60_000;
+/// Long-polling wait of `consume --follow` when `--wait-ms` is not given.
+const FOLLOW_WAIT_MS_DEFAULT: u64 = 5_000;
+/// Pause after a retriable pull failure in `consume --follow`.
+const FOLLOW_RETRY_MS: u64 = 1_000;
+/// Longest `consume --process-ms`.
+const PROCESS_MS_MAX: u64 = 3_600_000;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum From {
+    /// The first message each queue still keeps
+    First,
+    /// The end of each queue (only messages that arrive later; useful with --follow)
+    Last,
+}
+
+/// The options that only go with `consume --group`.
+const GROUP_ONLY: &str = "Consumer group options (with --group)";
+
+#[derive(Args, Debug)]
+pub(crate) struct ConsumeArgs {
+    /// Topic name
+    topic: String,
+    /// Only this queue (default: every queue of the topic)
+    #[arg(long, value_name = "Q")]
+    queue: Option<u32>,
+    /// Start every consumed queue at this queue offset (below a queue's first kept message:
+    /// from that message; past its end: from its end)
+    #[arg(long, value_name = "N", conflicts_with = "from")]
+    from_offset: Option<u64>,
+    /// Where to start when --from-offset is not given; with --group, where a queue the
+    /// group has no committed offset for starts (a committed offset always wins)
+    #[arg(long, value_enum, default_value_t = From::First)]
+    from: From,
+    /// Stop after this many messages (with --group: after processing this many; the
+    /// consumer then leaves the group cleanly)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max: Option<u64>,
+    /// Only messages with one of these tags: `*` (all) or `A || B`
+    #[arg(long, value_name = "EXPR")]
+    tags: Option<String>,
+    /// Long-polling wait of each pull, in ms: how long a pull at a queue's end waits for new
+    /// messages before that queue counts as drained (default 0; with --follow 5000)
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=WAIT_MS_MAX))]
+    wait_ms: Option<u64>,
+    /// Keep waiting for new messages instead of stopping once the queues are drained
+    /// (stop with Ctrl-C or --max); queues are pulled concurrently
+    #[arg(long)]
+    follow: bool,
+    /// Show bodies as hex instead of UTF-8 text
+    #[arg(long)]
+    hex: bool,
+    /// Consume as a member of this consumer group (a push consumer; see above). Runs until
+    /// SIGTERM/SIGINT or --max
+    #[arg(long, value_name = "GROUP", help_heading = GROUP_ONLY,
+          conflicts_with_all = ["queue", "from_offset", "follow", "wait_ms"])]
+    group: Option<String>,
+    /// Orderly consumption: each queue one message at a time, in offset order, only while
+    /// this member holds the queue's lock on the broker (default: concurrent)
+    #[arg(long, requires = "group", help_heading = GROUP_ONLY)]
+    orderly: bool,
+    /// Broadcasting: every member of the group gets every message; offsets are kept in a
+    /// local file per client id and group, under ~/.ringmq/offsets (default: clustering)
+    #[arg(long, requires = "group", help_heading = GROUP_ONLY)]
+    broadcast: bool,
+    /// This member's client id (default: ringmq-<pid>-0); with --broadcast, a stable id
+    /// resumes from the offsets of an earlier run
+    #[arg(long, value_name = "ID", requires = "group", help_heading = GROUP_ONLY)]
+    client_id: Option<String>,
+    /// Heartbeat interval, in ms [default: 3000, or a third of --session-timeout-ms]
+    #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    heartbeat_ms: Option<u64>,
+    /// The broker's session timeout (its --session-timeout-ms), in ms [default: 10000]:
+    /// orderly consumption pauses when no heartbeat was acknowledged for that long minus
+    /// one heartbeat interval. Give the broker's value when it is not the default
+    #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(2..=3_600_000))]
+    session_timeout_ms: Option<u64>,
+    /// Listener threads: messages processed at once over all queues [default: 20]
+    #[arg(long, value_name = "N", requires = "group", help_heading = GROUP_ONLY,
+          value_parser = clap::value_parser!(u64).range(1..=CONSUME_THREADS_MAX as u64))]
+    threads: Option<u64>,
+    #[command(flatten)]
+    testing: TestingArgs,
+}
+
+/// The help heading of the test-only options.
+const TESTING: &str = "Testing (test-only options, with --group)";
+
+/// Options of `consume --group` that exist for tests only: they make processing take time
+/// and show when it starts, so a test can check when each message was processed.
+#[derive(Args, Debug)]
+struct TestingArgs {
+    /// Test-only. Time spent processing each message (a sleep), in ms [default: 0]: makes
+    /// processing intervals visible in the output
+    #[arg(long, value_name = "MS", requires = "group", help_heading = TESTING,
+          value_parser = clap::value_parser!(u64).range(0..=PROCESS_MS_MAX))]
+    process_ms: Option<u64>,
+    /// Test-only. Also print `START client=ID queue=Q offset=O start_ns=T0 key=KEY` when
+    /// the processing of a message begins (before its MSG line)
+    #[arg(long, requires = "group", help_heading = TESTING)]
+    print_start: bool,
+}
+
+pub(crate) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
+    if args.group.is_some() {
+        return member::run(ctx, args).await;
+    }
+    let filter = match &args.tags {
+        Some(expr) => TagExpression::parse(expr).map_err(|e| ctx.fail(e))?,
+        None => TagExpression::parse("*").map_err(|e| ctx.fail(e))?,
+    };
+    let tags: Vec<String> = filter.tags().to_vec();
+    let client = ctx.client().await?;
+    let info = client
+        .describe_topic(&args.topic)
+        .await
+        .map_err(|e| ctx.fail(e))?;
+    let queues: Vec<(u32, u64, u64)> = match args.queue {
+        Some(q) => match info.queues.iter().find(|i| i.queue_id == q) {
+            Some(i) => vec![(q, i.min_offset, i.max_offset)],
+            None => {
+                return Err(Failure::Failed(format!(
+                    "topic {} has {} queues; no queue {q}",
+                    args.topic,
+                    info.queues.len()
+                )))
+            }
+        },
+        None => info
+            .queues
+            .iter()
+            .map(|i| (i.queue_id, i.min_offset, i.max_offset))
+            .collect(),
+    };
+    let starts: Vec<(u32, u64)> = queues
+        .iter()
+        .map(|&(q, min, max)| {
+            let start = match (args.from_offset, args.from) {
+                (Some(n), _) => n,
+                (None, From::First) => min,
+                (None, From::Last) => max,
+            };
+            (q, start)
+        })
+        .collect();
+    let wait_ms_default = if args.follow {
+        FOLLOW_WAIT_MS_DEFAULT
+    } else {
+        0
+    };
+    let pulls = Pulls {
+        topic: args.topic,
+        starts,
+        tags,
+        wait: Duration::from_millis(args.wait_ms.unwrap_or(wait_ms_default)),
+        max: args.max.unwrap_or(u64::MAX),
+        json: ctx.json,
+        hex: args.hex,
+    };
+    if args.follow {
+        follow(ctx, &client, pulls).await
+    } else {
+        drain(ctx, &client, pulls).await
+    }
+}
+
+/// What the pull loop (`consume` without `--group`) pulls and how it prints it.
+struct Pulls {
+    topic: String,
+    /// Each consumed queue and the offset it starts at.
+    starts: Vec<(u32, u64)>,
+    /// Only messages with one of these tags (none: all).
+    tags: Vec<String>,
+    /// Long-polling wait of each pull.
+    wait: Duration,
+    /// Messages to print at most.
+    max: u64,
+    json: bool,
+    hex: bool,
+}
+
+impl Pulls {
+    fn print(&self, m: &Message) {
+        emit(&pulled_line(m, self.json, self.hex));
+    }
+}
+
+/// What one pull means for the loop: keep going from `next`, or this queue is drained.
+enum Step {
+    Continue(u64),
+    Drained,
+}
+
+fn step(status: PullStatus, from: u64, next: u64) -> Step {
+    match status {
+        PullStatus::Found | PullStatus::NoMatchedMessage | PullStatus::OffsetTooSmall
+            if next > from =>
+        {
+            Step::Continue(next)
+        }
+        // OffsetTooSmall with next <= from cannot happen; treat any non-advance as the end.
+        _ => Step::Drained,
+    }
+}
+
+/// Pulls queue after queue, in queue order, until each is drained or `max` are printed.
+async fn drain(ctx: &Ctx, client: &Client, pulls: Pulls) -> CmdResult {
+    let max = pulls.max;
+    let tag_refs: Vec<&str> = pulls.tags.iter().map(String::as_str).collect();
+    let mut printed = 0u64;
+    for &(queue, mut offset) in &pulls.starts {
+        loop {
+            if printed >= max {
+                return Ok(());
+            }
+            let batch = CONSUME_BATCH.min(u32::try_from(max - printed).unwrap_or(u32::MAX));
+            let pulled = client
+                .pull(&pulls.topic, queue, offset, batch, pulls.wait, &tag_refs)
+                .await
+                .map_err(|e| ctx.fail(e))?;
+            for m in &pulled.messages {
+                if printed >= max {
+                    return Ok(());
+                }
+                pulls.print(m);
+                printed += 1;
+            }
+            match step(pulled.status, offset, pulled.next_offset) {
+                Step::Continue(next) => offset = next,
+                Step::Drained => break,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pulls every queue concurrently (long polling) and prints what arrives, until `max`.
+async fn follow(ctx: &Ctx, client: &Client, pulls: Pulls) -> CmdResult {
+    let (max, wait) = (pulls.max, pulls.wait);
+    let (tx, mut rx) = mpsc::channel::<Result<Vec<Message>, ClientError>>(64);
+    for &(queue, start) in &pulls.starts {
+        let client = client.clone();
+        let topic = pulls.topic.clone();
+        let tags = pulls.tags.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+            let mut offset = start;
+            let mut warned = false;
+            loop {
+                match client
+                    .pull(&topic, queue, offset, CONSUME_BATCH, wait, &tag_refs)
+                    .await
+                {
+                    Ok(pulled) => {
+                        warned = false;
+                        if !pulled.messages.is_empty()
+                            && tx.send(Ok(pulled.messages)).await.is_err()
+                        {
+                            return;
+                        }
+                        // At the end (or past it), keep the offset and poll again.
+                        if let Step::Continue(next) =
+                            step(pulled.status, offset, pulled.next_offset)
+                        {
+                            offset = next;
+                        } else if pulled.status == PullStatus::OffsetTooBig {
+                            offset = pulled.next_offset;
+                        }
+                    }
+                    Err(e) if e.is_retriable() => {
+                        if !warned {
+                            eprintln!("ringmq: queue {queue}: {e}; retrying");
+                            warned = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(FOLLOW_RETRY_MS)).await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+    }
+    drop(tx);
+    let mut printed = 0u64;
+    while printed < max {
+        match rx.recv().await {
+            Some(Ok(messages)) => {
+                for m in &messages {
+                    if printed >= max {
+                        break;
+                    }
+                    pulls.print(m);
+                    printed += 1;
+                }
+            }
+            Some(Err(e)) => return Err(ctx.fail(e)),
+            None => break,
+        }
+    }
+    Ok(())
+}
