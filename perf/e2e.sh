@@ -5,12 +5,14 @@
 #       of 1, 32 and 1000), (b) end-to-end latency at 1,000 and 20,000 msg/s open loop,
 #   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles.
 # Broker: 2 shards, 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
+# RINGMQ_BIN=DIR runs the binaries in DIR instead of building this checkout (perf/compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
-cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
-OUT=perf/out; mkdir -p "$OUT"
+BIN=${RINGMQ_BIN:-target/release}
+[ -n "${RINGMQ_BIN:-}" ] || cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
+OUT=${RINGMQ_OUT:-perf/out}; mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/ringmq-e2e.XXXX)
 BROKER_PID=
 cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
@@ -18,7 +20,7 @@ trap cleanup EXIT
 
 start_broker() { # flush
   rm -rf "$WORK/data"
-  target/release/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards 2 --flush "$1" \
+  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards 2 --flush "$1" \
     >"$WORK/broker.out" 2>"$WORK/broker.err" &
   BROKER_PID=$!
   for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && return; sleep 0.1; done
@@ -28,7 +30,7 @@ stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
 
 bench() { # name args...
   local name=$1; shift
-  target/release/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
+  "$BIN"/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
     { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; }
   python3 - "$OUT/$name.json" "$name" <<'PY'
 import json, sys

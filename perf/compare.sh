@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Before/after in one run: builds revision REV (default: main's previous commit) in a
+# temporary worktree and this checkout, then runs perf/e2e.sh for each, alternating
+# (before, after, before, after), so both see the same machine on the same day.
+# Usage: perf/compare.sh REV [SECONDS_PER_CASE] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REV=${1:?usage: perf/compare.sh REV [SECONDS_PER_CASE] [ROUNDS]}
+SECS=${2:-5}
+ROUNDS=${3:-2}
+WT=$(mktemp -d /tmp/ringmq-before.XXXX)
+trap 'git worktree remove --force "$WT" >/dev/null 2>&1 || true' EXIT
+git worktree add --detach "$WT" "$REV" >/dev/null 2>&1
+echo "building $REV (before) and the working tree (after)..."
+(cd "$WT" && CARGO_TARGET_DIR=/tmp/ringmq-before-target cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1)
+cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
+for round in $(seq "$ROUNDS"); do
+  echo "=== round $round: before ($(git rev-parse --short "$REV"))"
+  RINGMQ_BIN=/tmp/ringmq-before-target/release RINGMQ_OUT=perf/out/before perf/e2e.sh "$SECS"
+  echo "=== round $round: after (working tree of $(git rev-parse --short HEAD))"
+  RINGMQ_BIN=target/release RINGMQ_OUT=perf/out/after perf/e2e.sh "$SECS"
+done
