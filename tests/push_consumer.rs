@@ -40,6 +40,8 @@ where
         shards: 2,
         flush: FlushMode::Async,
         auto_create_topics: true,
+        // Short delay levels: a retry (level 3 and up) comes back after 100 ms.
+        delay_levels: RETRY_LEVELS.into(),
         ..Default::default()
     })
     .unwrap();
@@ -53,6 +55,9 @@ where
     drop(runtime);
     broker.shutdown().unwrap();
 }
+
+/// The brokers' delay levels in these tests.
+const RETRY_LEVELS: &str = "50ms 50ms 100ms 100ms 100ms 100ms 100ms 100ms 100ms 100ms";
 
 /// Options for tests: short long-polls and frequent commits, defaults otherwise.
 fn options() -> PushConsumerOptions {
@@ -143,17 +148,26 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// Waits until `consumers` consume `queue_count` queues between them, each queue by one
-/// consumer, every consumer some, and each consumes exactly what it was assigned.
+/// Waits until `consumers` consume `queue_count` queues of the subscribed topics between
+/// them, each queue by one consumer, every consumer some, and each consumes exactly what it
+/// was assigned. The group's retry topic (one queue, subscribed by every concurrent member)
+/// is held by one of them besides.
 async fn settled(consumers: &[&PushConsumer], queue_count: usize) {
     eventually("the group to settle", || {
         let mut all = BTreeSet::new();
         for c in consumers {
             let consuming = c.consuming_queues();
-            if consuming.is_empty() || consuming != c.assigned_queues() {
+            if consuming != c.assigned_queues() {
                 return false;
             }
-            for q in consuming {
+            let own: Vec<MessageQueue> = consuming
+                .into_iter()
+                .filter(|q| !q.topic.starts_with("%RETRY%"))
+                .collect();
+            if own.is_empty() {
+                return false;
+            }
+            for q in own {
                 if !all.insert(q) {
                     return false;
                 }
@@ -570,8 +584,18 @@ fn count_attempt(attempts: &Attempts, message: &Message) -> (String, u32) {
     (body, *n)
 }
 
+/// The messages on a group's dead-letter topic.
+async fn dead_letters(client: &Client, group: &str) -> Vec<Message> {
+    let topic = format!("%DLQ%{group}");
+    let pulled = client
+        .pull(&topic, 0, 0, 32, Duration::from_millis(0), &[])
+        .await
+        .unwrap();
+    pulled.messages
+}
+
 #[test]
-fn failing_messages_are_retried_locally_then_given_up() {
+fn failing_messages_come_back_through_the_retry_topic_then_go_to_the_dead_letter_topic() {
     with_broker(|addr| async move {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
         let client = producer.client().clone();
@@ -583,18 +607,24 @@ fn failing_messages_are_retried_locally_then_given_up() {
         };
 
         // Concurrent: "flaky" fails twice (a panic, then ReconsumeLater) then succeeds;
-        // "bad" always fails and is given up after 1 + 2 attempts; the offset is committed
-        // past both only then.
+        // "bad" always fails: 1 + 2 deliveries, then the dead-letter topic. Both come back
+        // through the broker (the group's retry topic) with their reconsume count.
         client.create_topic("retry-c", 1).await.unwrap();
         let attempts: Attempts = Arc::default();
+        let times: Arc<Mutex<Vec<(String, u32, String)>>> = Arc::default();
         let consumer =
             PushConsumer::new(ClientConfig::new(&addr), "g-retry-c", retrying.clone()).unwrap();
         consumer.subscribe("retry-c", "*").unwrap();
         {
-            let attempts = attempts.clone();
+            let (attempts, times) = (attempts.clone(), times.clone());
             consumer
                 .register_concurrent(move |messages| {
                     let (body, n) = count_attempt(&attempts, &messages[0]);
+                    times.lock().unwrap().push((
+                        body.clone(),
+                        messages[0].reconsume_times(),
+                        messages[0].origin_topic().to_owned(),
+                    ));
                     match body.as_str() {
                         // A panic counts as a failed attempt.
                         "flaky" if n == 1 => panic!("a listener panic, on purpose"),
@@ -611,16 +641,49 @@ fn failing_messages_are_retried_locally_then_given_up() {
             .map(OutgoingMessage::new)
             .to_vec();
         send_all(&producer, "retry-c", sends).await;
+        eventually("bad in the dead-letter topic", || {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
         caught_up(&client, "g-retry-c", "retry-c").await;
+        caught_up(&client, "g-retry-c", "%RETRY%g-retry-c").await;
         let seen = attempts.lock().unwrap().clone();
         assert_eq!(seen.get("flaky"), Some(&3), "{seen:?}");
         assert_eq!(seen.get("bad"), Some(&3), "{seen:?}");
         assert_eq!((seen.get("ok-1"), seen.get("ok-2")), (Some(&1), Some(&1)));
+        let times = times.lock().unwrap().clone();
+        for body in ["flaky", "bad"] {
+            let of: Vec<(u32, &str)> = times
+                .iter()
+                .filter(|(b, _, _)| b == body)
+                .map(|(_, t, topic)| (*t, topic.as_str()))
+                .collect();
+            assert_eq!(
+                of,
+                [(0, "retry-c"), (1, "retry-c"), (2, "retry-c")],
+                "{body}"
+            );
+        }
         let stats = consumer.stats();
-        assert_eq!((stats.consumed, stats.given_up, stats.retried), (3, 1, 5));
+        assert_eq!(
+            (
+                stats.consumed,
+                stats.retried,
+                stats.sent_back,
+                stats.dead_lettered
+            ),
+            (3, 5, 5, 1)
+        );
+        let dead = dead_letters(&client, "g-retry-c").await;
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].body(), b"bad");
+        assert_eq!(dead[0].origin_topic(), "retry-c");
+        assert_eq!(dead[0].reconsume_times(), 3);
+        assert!(dead[0].origin_msg_id().is_some());
         consumer.shutdown().await.unwrap();
 
-        // Orderly: the queue waits on a failing message, so what follows comes after it.
+        // Orderly: the queue waits on a failing message, so what follows comes after it;
+        // after max_reconsume_times suspensions it goes to the dead-letter topic.
         client.create_topic("retry-o", 1).await.unwrap();
         let order: Arc<Mutex<Vec<String>>> = Arc::default();
         let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-retry-o", retrying).unwrap();
@@ -652,7 +715,11 @@ fn failing_messages_are_retried_locally_then_given_up() {
             *order.lock().unwrap(),
             ["ok-1", "flaky", "flaky", "flaky", "bad", "bad", "bad", "ok-2"]
         );
-        assert_eq!(consumer.stats().given_up, 1);
+        assert_eq!(consumer.stats().dead_lettered, 1);
+        let dead = dead_letters(&client, "g-retry-o").await;
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].body(), b"bad");
+        assert_eq!(dead[0].origin_topic(), "retry-o");
         consumer.shutdown().await.unwrap();
     });
 }
@@ -969,6 +1036,9 @@ fn calls_sharing_one_listener_slot_succeed_and_retry_each_on_its_own() {
             .collect();
         producer.send_batch("slot", batch).await.unwrap();
         caught_up(&client, "g-slot", "slot").await;
+        // The failed ones come back through the retry topic.
+        eventually("bad dead-lettered", || consumer.stats().dead_lettered == 1).await;
+        caught_up(&client, "g-slot", "%RETRY%g-slot").await;
         let seen = attempts.lock().unwrap().clone();
         assert_eq!(seen.get("flaky"), Some(&2), "{seen:?}");
         assert_eq!(seen.get("bad"), Some(&3), "{seen:?}");
@@ -977,8 +1047,11 @@ fn calls_sharing_one_listener_slot_succeed_and_retry_each_on_its_own() {
             "{seen:?}"
         );
         let stats = consumer.stats();
-        // Failed attempts: flaky once, bad three times (the last one gives it up).
-        assert_eq!((stats.consumed, stats.given_up, stats.retried), (32, 1, 4));
+        // Failed attempts: flaky once, bad three times (the last one dead-letters it).
+        assert_eq!(
+            (stats.consumed, stats.dead_lettered, stats.retried),
+            (32, 1, 4)
+        );
         consumer.shutdown().await.unwrap();
     });
 }

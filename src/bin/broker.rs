@@ -54,6 +54,16 @@ struct Cli {
     /// A queue lock of ordered consumption not renewed for this long is free [default: 60000]
     #[arg(long)]
     lock_expiry_ms: Option<u64>,
+    /// Delay levels, level 1 first, as RocketMQ's messageDelayLevel (units ms, s, m, h, d)
+    /// [default: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"]
+    #[arg(long)]
+    delay_levels: Option<String>,
+    /// The longest delay a message may ask for, in ms [default: 259200000 (3 days)]
+    #[arg(long)]
+    delay_max_ms: Option<u64>,
+    /// Most delayed messages one shard holds; sends past it get ScheduleFull [default: 2000000]
+    #[arg(long)]
+    schedule_pending_max: Option<usize>,
 }
 
 fn load(cli: &Cli) -> Result<BrokerConfig, String> {
@@ -103,6 +113,15 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.lock_expiry_ms {
         cfg.lock_expiry_ms = v;
+    }
+    if let Some(v) = &cli.delay_levels {
+        cfg.delay_levels = v.clone();
+    }
+    if let Some(v) = cli.delay_max_ms {
+        cfg.delay_max_ms = v;
+    }
+    if let Some(v) = cli.schedule_pending_max {
+        cfg.schedule_pending_max = v;
     }
     Ok(cfg)
 }

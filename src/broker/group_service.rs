@@ -265,6 +265,12 @@ impl ShardCtx {
                 s.filter()
                     .map_err(|e| err(ErrorCode::BadFilterExpression, e))?;
             }
+            // Members subscribe to their group's retry topic; it exists from the first
+            // heartbeat on, so the rebalance gives its queue to a member at once.
+            let retry = crate::protocol::names::retry_topic(&h.group);
+            if member.subscriptions.iter().any(|s| s.topic == retry) {
+                ctx.ensure_system_topic(&retry).await?;
+            }
             let changed = {
                 let mut groups = ctx.groups.borrow_mut();
                 let timeout = ctx.cfg.session_timeout_ms;

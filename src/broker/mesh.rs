@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::group_service::LockOp;
+use super::schedule::OwnedDraft;
 use super::{err, store_error, Handled, LocalBoxFuture, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode};
 
@@ -64,6 +65,11 @@ pub enum MeshRequest {
     OffsetsReset { group: String },
     /// The group's progress on this shard's queues of the topic.
     Progress { group: String, topic: String },
+    /// Store a message in a queue this shard owns (held in its schedule if delayed);
+    /// answer once written (`durable`: once an fdatasync covers it).
+    Put { draft: OwnedDraft, durable: bool },
+    /// This shard's schedule of delayed messages.
+    ScheduleStats,
 }
 
 #[derive(Debug)]
@@ -74,6 +80,8 @@ pub enum MeshReply {
     Records(Vec<Vec<u8>>),
     Queues(Vec<u32>),
     Progress(Vec<crate::protocol::QueueProgress>),
+    Put { msg_id: String, queue_offset: u64 },
+    Schedule(crate::protocol::ShardScheduleInfo),
     Failed(ErrorCode, String),
 }
 
@@ -253,6 +261,16 @@ impl ShardCtx {
             MeshRequest::Progress { group, topic } => {
                 MeshReply::Progress(self.local_progress(&group, &topic))
             }
+            MeshRequest::Put { draft, durable } => match self.put_owned(draft, durable).await {
+                Ok(done) => MeshReply::Put {
+                    msg_id: done.msg_id,
+                    queue_offset: done.queue_offset,
+                },
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
+            MeshRequest::ScheduleStats => MeshReply::Schedule(self.local_schedule_info()),
             MeshRequest::ByKey {
                 topic,
                 key,

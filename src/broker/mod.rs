@@ -21,6 +21,8 @@ mod mesh;
 pub mod offsets;
 mod produce;
 mod query;
+mod retry;
+pub mod schedule;
 pub mod topics;
 
 use std::cell::{Cell, RefCell};
@@ -66,6 +68,10 @@ pub struct ServiceConfig {
     pub session_timeout_ms: u64,
     /// A queue lock not renewed for this long is free.
     pub lock_expiry_ms: u64,
+    /// Delay levels and the longest delay.
+    pub delay: crate::protocol::delay::DelayRule,
+    /// Most messages one shard's schedule holds.
+    pub schedule_pending_max: usize,
 }
 
 /// Everything one shard owns.
@@ -98,6 +104,10 @@ pub struct ShardCtx {
     topic_changes: tokio::sync::Mutex<()>,
     /// Per-peer FIFO of outgoing requests.
     outboxes: RefCell<HashMap<u32, tokio::sync::mpsc::Sender<MeshMsg>>>,
+    /// Delayed messages held for this shard's queues.
+    schedule: RefCell<schedule::Schedule>,
+    /// Wakes the schedule's delivery task (a new message may be due sooner).
+    schedule_wake: Notify,
 }
 
 pub(crate) fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
@@ -146,18 +156,10 @@ pub(crate) fn response_frame(request_id: u64, r: &Response<'_>) -> Vec<u8> {
     }
 }
 
-/// Longest consumer group name.
-pub const GROUP_BYTES_MAX: usize = 255;
-
-/// Group names are stored (offsets file) and hashed to a coordinator: keep them bounded.
+/// Group names are stored (offsets file), hashed to a coordinator and part of the group's
+/// retry and dead-letter topic names: keep them to the topic alphabet.
 fn validate_group(group: &str) -> Result<(), ErrorBody> {
-    if group.is_empty() || group.len() > GROUP_BYTES_MAX || group.chars().any(char::is_control) {
-        return Err(err(
-            ErrorCode::InvalidMessage,
-            format!("invalid group name {group:?}: use 1 to {GROUP_BYTES_MAX} bytes without control characters"),
-        ));
-    }
-    Ok(())
+    crate::protocol::names::check_group_name(group).map_err(|e| err(ErrorCode::InvalidMessage, e))
 }
 
 /// What handling a frame gives.
@@ -177,6 +179,7 @@ impl ShardCtx {
         store: MessageStore,
         topics: TopicTable,
         offsets: OffsetStore,
+        schedule: schedule::Schedule,
         peers: Box<dyn Peers>,
     ) -> Rc<ShardCtx> {
         let cfg_lock_expiry_ms = cfg.lock_expiry_ms;
@@ -203,6 +206,8 @@ impl ShardCtx {
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             outboxes: RefCell::new(HashMap::new()),
+            schedule: RefCell::new(schedule),
+            schedule_wake: Notify::new(),
         })
     }
 
@@ -224,6 +229,7 @@ impl ShardCtx {
     pub fn begin_stop(&self) {
         self.stopping.set(true);
         self.stop_notify.notify_waiters();
+        self.schedule_wake.notify_one();
         for n in self.polls.borrow().values() {
             n.notify_waiters();
         }
@@ -534,5 +540,13 @@ impl Handlers for Req<'_> {
 
     fn unlock_batch(&self, m: UnlockBatch) -> Handled {
         self.later(self.ctx.unlock_batch(m))
+    }
+
+    fn consumer_send_back(&self, m: ConsumerSendBack) -> Handled {
+        self.later(self.ctx.clone().send_back(m))
+    }
+
+    fn schedule_stats(&self, _: ScheduleStats) -> Handled {
+        self.later(self.ctx.clone().schedule_stats())
     }
 }

@@ -9,6 +9,7 @@ use std::rc::Rc;
 
 use super::mesh::{MeshReply, MeshRequest};
 use super::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
+use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{Properties, RecordDraft, BODY_BYTES_MAX};
 use crate::protocol::{
     encode_frame, ErrorBody, ErrorCode, Flags, MessageId, Response, SendBatch, SendBatchResult,
@@ -109,6 +110,24 @@ impl ShardCtx {
                     &err(ErrorCode::InvalidMessage, e.to_string()),
                 )));
             }
+        }
+        if crate::protocol::names::is_system_topic(&topic) {
+            let e = err(
+                ErrorCode::InvalidTopic,
+                format!("topic {topic} is reserved for the broker"),
+            );
+            return Handled::Now(Some(error_frame(request_id, &e)));
+        }
+        if batch
+            && items
+                .iter()
+                .any(|(_, props, _, _)| asks_for_delay(&Properties::new(props)))
+        {
+            let e = err(
+                ErrorCode::InvalidDelay,
+                "delayed messages cannot be sent in a batch; send them one by one",
+            );
+            return Handled::Now(Some(error_frame(request_id, &e)));
         }
         let known = self.topics.borrow().get(&topic);
         match known {
@@ -226,7 +245,7 @@ impl ShardCtx {
                 properties: props,
                 body,
             };
-            puts.push(self.store.append(&draft).map_err(store_error)?);
+            puts.push(self.put_draft(&draft)?);
         }
         Ok(puts)
     }

@@ -139,6 +139,12 @@ impl ShardCtx {
         // an "exists" answer must mean the creation has reached every shard.
         let _one_at_a_time = self.topic_changes.lock().await;
         validate_topic(topic).map_err(store_error)?;
+        if crate::protocol::names::is_system_topic(topic) {
+            return Err(err(
+                ErrorCode::InvalidTopic,
+                format!("topic {topic} is reserved for the broker"),
+            ));
+        }
         let current = self.topics.borrow().get(topic);
         if let Some(q) = queues {
             if q == 0 || q > QUEUES_PER_TOPIC_MAX {

@@ -162,8 +162,10 @@ pub struct ConsumerStats {
     pub consumed: u64,
     /// Failed attempts (a message of a failed batch counts once per attempt).
     pub retried: u64,
-    /// Messages skipped after `max_reconsume_times` retries.
-    pub given_up: u64,
+    /// Failed messages the broker took back (to the retry or the dead-letter topic).
+    pub sent_back: u64,
+    /// Of those, messages that went to the dead-letter topic (`%DLQ%<group>`).
+    pub dead_lettered: u64,
     /// Pulls put off by flow control.
     pub flow_pauses: u64,
     /// Pulls that failed (timeouts, broken connections, broker errors).
@@ -179,7 +181,8 @@ pub struct ConsumerStats {
 struct Counters {
     consumed: AtomicU64,
     retried: AtomicU64,
-    given_up: AtomicU64,
+    sent_back: AtomicU64,
+    dead_lettered: AtomicU64,
     flow_pauses: AtomicU64,
     pull_errors: AtomicU64,
     pulls_ahead: AtomicU64,
@@ -359,6 +362,14 @@ impl PushConsumer {
             Listener::Concurrent(_) => ConsumeMode::Concurrent,
             Listener::Orderly(_) => ConsumeMode::Orderly,
         };
+        let mut subscriptions = subscriptions;
+        if mode == ConsumeMode::Concurrent && self.options.message_model == MessageModel::Clustering
+        {
+            // Failed messages come back on the group's retry topic, to any member.
+            subscriptions
+                .entry(crate::protocol::names::retry_topic(&self.group))
+                .or_insert(("*".to_owned(), TagExpression::parse("*")?));
+        }
         let local = match self.options.message_model {
             MessageModel::Broadcasting => {
                 let dir = self
@@ -479,7 +490,8 @@ impl PushConsumer {
                 ConsumerStats {
                     consumed: get(&c.consumed),
                     retried: get(&c.retried),
-                    given_up: get(&c.given_up),
+                    sent_back: get(&c.sent_back),
+                    dead_lettered: get(&c.dead_lettered),
                     flow_pauses: get(&c.flow_pauses),
                     pull_errors: get(&c.pull_errors),
                     pulls_ahead: get(&c.pulls_ahead),

@@ -1,6 +1,7 @@
 //! Consumer-group requests of [`Client`]: membership (heartbeat, unregister, assignment,
-//! members), offsets admin (reset by time, progress) and the queue locks of ordered
-//! consumption. [`PushConsumer`](super::PushConsumer) is built on these; they are public so
+//! members), offsets admin (reset by time, progress), the queue locks of ordered
+//! consumption, sending failed messages back (retry and dead letters) and the broker's
+//! schedule of delayed messages. [`PushConsumer`](super::PushConsumer) is built on these; they are public so
 //! tools and tests can drive a group by hand.
 //!
 //! Every group request goes to the bootstrap connection: the broker routes it to the
@@ -10,8 +11,9 @@
 //! the one that stays.
 
 use crate::protocol::{
-    Assignment, ConsumerProgress, GroupHeartbeat, GroupMembers, GroupMembersInfo, Kind, LockBatch,
-    QueryAssignment, ResetOffset, Response, SubscriptionData, UnlockBatch, Unregister,
+    Assignment, ConsumerProgress, ConsumerSendBack, GroupHeartbeat, GroupMembers, GroupMembersInfo,
+    Kind, LockBatch, MessageId, QueryAssignment, ResetOffset, Response, ScheduleStats,
+    SendBackResult, ShardScheduleInfo, SubscriptionData, UnlockBatch, Unregister,
     CONSUME_MODE_CONCURRENT, CONSUME_MODE_ORDERLY, MESSAGE_MODEL_BROADCASTING,
     MESSAGE_MODEL_CLUSTERING,
 };
@@ -22,7 +24,7 @@ use super::session::{expect_empty, unexpected, Client, Route};
 
 /// Longest consumer group name, in bytes (the broker's limit on ids; a group name also
 /// names the broadcasting offsets file).
-pub const GROUP_BYTES_MAX: usize = 255;
+pub const GROUP_BYTES_MAX: usize = crate::protocol::names::GROUP_NAME_BYTES_MAX;
 /// Longest client id a group member may have, in bytes (the broker's limit).
 pub const CLIENT_ID_BYTES_MAX: usize = 255;
 /// Most queues in one lock or unlock request.
@@ -124,12 +126,7 @@ pub use crate::protocol::{MemberAssignment, TopicAssignment};
 
 /// Checks a group name before it is sent (and used in a file name).
 pub(crate) fn check_group(group: &str) -> Result<()> {
-    if group.is_empty() || group.len() > GROUP_BYTES_MAX {
-        return Err(ClientError::InvalidArgument(format!(
-            "group {group:?}: a group name is 1 to {GROUP_BYTES_MAX} bytes"
-        )));
-    }
-    Ok(())
+    crate::protocol::names::check_group_name(group).map_err(ClientError::InvalidArgument)
 }
 
 fn check_queues(what: &str, queues: &[u32]) -> Result<()> {
@@ -290,6 +287,44 @@ impl Client {
             queues: queues.to_vec(),
         };
         expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    /// Sends a message this client could not consume back to the broker, which stores it
+    /// on the group's retry topic with the delay of its next attempt (`delay_level` 0: the
+    /// broker's choice, `3 + reconsume times`), or, once it was retried
+    /// `max_reconsume_times` times (or with a negative `delay_level`), on the group's
+    /// dead-letter topic.
+    pub async fn send_back(
+        &self,
+        group: &str,
+        msg_id: &str,
+        delay_level: i32,
+        max_reconsume_times: u32,
+    ) -> Result<SendBackResult> {
+        check_group(group)?;
+        let id = MessageId::parse(msg_id)
+            .map_err(|e| ClientError::InvalidArgument(format!("message id {msg_id:?}: {e}")))?;
+        let request = ConsumerSendBack {
+            group: group.to_owned(),
+            msg_id: msg_id.to_owned(),
+            delay_level,
+            max_reconsume_times,
+        };
+        let reply = self.call(Route::Shard(id.store_id), &request).await?;
+        match reply.response()? {
+            Response::SendBackResult(r) => Ok(r),
+            other => Err(unexpected(Kind::SendBackResult, &other)),
+        }
+    }
+
+    /// Every shard's schedule of delayed messages: how many wait, the next due, how many
+    /// are overdue.
+    pub async fn schedule_stats(&self) -> Result<Vec<ShardScheduleInfo>> {
+        let reply = self.call(Route::Bootstrap, &ScheduleStats {}).await?;
+        match reply.response()? {
+            Response::ScheduleInfo(info) => Ok(info.shards),
+            other => Err(unexpected(Kind::ScheduleInfo, &other)),
+        }
     }
 }
 

@@ -31,6 +31,22 @@ pub struct OutgoingMessage {
     /// Messages with the same sharding key go to the same queue (per-key order), as long as
     /// the topic's queue count does not change.
     pub sharding_key: Option<String>,
+    /// Deliver later: the broker holds the message until then.
+    pub delay: Option<Delay>,
+}
+
+/// When a delayed message is to be delivered (the broker holds it until then; consumers
+/// see it only once it is due).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delay {
+    /// A delay level of the broker, 1-based (`1s 5s 10s 30s 1m ... 2h` by default; the
+    /// broker's `--delay-levels`). Property `DELAY`.
+    Level(u32),
+    /// A delay in ms from when the broker stores it. Property `TIMER_DELAY_MS`.
+    Ms(u64),
+    /// A time in ms since the UNIX epoch (a past time delivers at once). Property
+    /// `TIMER_DELIVER_MS`.
+    AtMs(u64),
 }
 
 impl OutgoingMessage {
@@ -72,6 +88,21 @@ impl OutgoingMessage {
         self.sharding_key = Some(key.into());
         self
     }
+    /// Delivered after the broker's delay level `level` (1-based).
+    pub fn with_delay_level(mut self, level: u32) -> OutgoingMessage {
+        self.delay = Some(Delay::Level(level));
+        self
+    }
+    /// Delivered `delay_ms` after it is stored.
+    pub fn with_delay_ms(mut self, delay_ms: u64) -> OutgoingMessage {
+        self.delay = Some(Delay::Ms(delay_ms));
+        self
+    }
+    /// Delivered at `at_ms` (ms since the UNIX epoch).
+    pub fn with_deliver_at_ms(mut self, at_ms: u64) -> OutgoingMessage {
+        self.delay = Some(Delay::AtMs(at_ms));
+        self
+    }
 
     /// Checks the limits the broker would check, so a bad message fails before any I/O.
     pub fn validate(&self) -> Result<()> {
@@ -104,6 +135,23 @@ impl OutgoingMessage {
             builder
                 .put(prop::KEYS, &keys)
                 .map_err(|e| invalid(format!("keys {keys:?}: {e}")))?;
+        }
+        if let Some(delay) = self.delay {
+            let (name, value) = match delay {
+                Delay::Level(level) => (prop::DELAY, level.to_string()),
+                Delay::Ms(ms) => (prop::TIMER_DELAY_MS, ms.to_string()),
+                Delay::AtMs(at) => (prop::TIMER_DELIVER_MS, at.to_string()),
+            };
+            if self.properties.iter().any(|(n, _)| {
+                [prop::DELAY, prop::TIMER_DELAY_MS, prop::TIMER_DELIVER_MS].contains(&n.as_str())
+            }) {
+                return Err(invalid(format!(
+                    "the message names a delay twice (its delay and property {name})"
+                )));
+            }
+            builder
+                .put(name, &value)
+                .map_err(|e| invalid(format!("delay: {e}")))?;
         }
         for (name, value) in &self.properties {
             builder
@@ -179,8 +227,22 @@ impl Message {
     pub fn as_bytes(&self) -> &[u8] {
         &self.record
     }
+    /// The topic the record is stored in (for a retried message: `%RETRY%<group>`; see
+    /// [`origin_topic`](Self::origin_topic)).
     pub fn topic(&self) -> &str {
         self.view().topic()
+    }
+    /// The topic the message was sent to: for a retried or dead-lettered message the topic
+    /// it was first consumed from (`RETRY_TOPIC`), else [`topic`](Self::topic).
+    pub fn origin_topic(&self) -> &str {
+        let view = self.view();
+        view.properties()
+            .get(prop::RETRY_TOPIC)
+            .unwrap_or(view.topic())
+    }
+    /// For a delayed, retried or dead-lettered message: the id it was first stored with.
+    pub fn origin_msg_id(&self) -> Option<&str> {
+        self.property(prop::ORIGIN_MESSAGE_ID)
     }
     pub fn queue_id(&self) -> u32 {
         self.view().queue_id()

@@ -69,7 +69,7 @@ pub use group::{
     AllocateStrategy, ConsumeMode, MemberAssignment, MemberSpec, MessageModel, QueueLag,
     TopicAssignment, CLIENT_ID_BYTES_MAX, GROUP_BYTES_MAX, LOCK_BATCH_QUEUES_MAX,
 };
-pub use message::{Message, OutgoingMessage};
+pub use message::{Delay, Message, OutgoingMessage};
 pub use producer::{
     Producer, ProducerOptions, QueueSelector, SendBatchResult, SendResult, BATCH_MESSAGES_MAX,
     ROUTE_REFRESH_MS_DEFAULT, SEND_RETRIES_DEFAULT,
@@ -78,5 +78,6 @@ pub use session::{BrokerInfo, Client, PullResult};
 pub use tag_filter::{TagExpression, TAGS_PER_EXPRESSION_MAX, TAG_EXPRESSION_BYTES_MAX};
 
 pub use crate::protocol::{
-    Assignment, GroupMembersInfo, MessageId, PullStatus, QueueInfo, TopicInfo,
+    Assignment, GroupMembersInfo, MessageId, PullStatus, QueueInfo, SendBackResult,
+    ShardScheduleInfo, TopicInfo, QUEUE_OFFSET_SCHEDULED,
 };

@@ -15,12 +15,14 @@
 mod consume_queue;
 mod key_index;
 mod tag;
+pub mod timing_wheel;
 
 use std::path::{Path, PathBuf};
 
 pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, CQ_ENTRY_BYTES};
 pub use key_index::{KeyIndex, KeyIndexConfig};
 pub use tag::{tag_hash, TAG_HASH_NONE};
+pub use timing_wheel::TimingWheel;
 
 /// The one error type of the index layer.
 #[derive(Debug, thiserror::Error)]

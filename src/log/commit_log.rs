@@ -601,7 +601,9 @@ impl CommitLog {
     /// Deletes segments older than the retention age, or beyond the size limit, oldest
     /// first; never the active one. Deletion runs off the shard's thread; readers of a
     /// deleted range get `OffsetTooSmall` at once. Returns the new minimum offset.
-    pub async fn apply_retention(&self, now_ms: i64) -> u64 {
+    /// `keep_from`: a log offset whose segment (and every later one) must stay, whatever
+    /// its age or the size limit (`u64::MAX`: none).
+    pub async fn apply_retention(&self, now_ms: i64, keep_from: u64) -> u64 {
         let cfg = &self.inner.cfg;
         let mut doomed = Vec::new();
         {
@@ -625,7 +627,7 @@ impl CommitLog {
                     .map(|d| now_ms - d.as_millis() as i64)
                     .unwrap_or(0);
                 let too_old = age_ms > cfg.retention_ms as i64;
-                if !(too_big || too_old) {
+                if !(too_big || too_old) || base + cfg.segment_bytes > keep_from {
                     break;
                 }
                 st.segments.remove(&base);

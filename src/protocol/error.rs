@@ -30,6 +30,9 @@ pub enum ErrorCode {
     /// Malformed properties, or a message that breaks another record limit.
     InvalidMessage = 14,
     QueueNotFound = 15,
+    /// A delay level, delay or delivery time the broker does not accept (no such level,
+    /// beyond the longest delay, not a number, in a batch).
+    InvalidDelay = 16,
     /// No committed offset for that (group, topic, queue).
     OffsetNotFound = 20,
     OffsetTooSmall = 21,
@@ -41,6 +44,8 @@ pub enum ErrorCode {
     Timeout = 40,
     /// The shard that owns the queue does not answer (stopping, overloaded).
     ShardUnavailable = 41,
+    /// The shard's schedule of delayed messages is full; try again later.
+    ScheduleFull = 42,
     BadFilterExpression = 50,
     /// The consumer group has no such member (it never joined, or its session expired).
     GroupNotFound = 60,
@@ -50,7 +55,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -61,6 +66,7 @@ impl ErrorCode {
         ErrorCode::BodyTooLarge,
         ErrorCode::InvalidMessage,
         ErrorCode::QueueNotFound,
+        ErrorCode::InvalidDelay,
         ErrorCode::OffsetNotFound,
         ErrorCode::OffsetTooSmall,
         ErrorCode::OffsetTooBig,
@@ -68,6 +74,7 @@ impl ErrorCode {
         ErrorCode::StoreIo,
         ErrorCode::Timeout,
         ErrorCode::ShardUnavailable,
+        ErrorCode::ScheduleFull,
         ErrorCode::BadFilterExpression,
         ErrorCode::GroupNotFound,
         ErrorCode::Internal,
@@ -87,6 +94,7 @@ impl ErrorCode {
             13 => ErrorCode::BodyTooLarge,
             14 => ErrorCode::InvalidMessage,
             15 => ErrorCode::QueueNotFound,
+            16 => ErrorCode::InvalidDelay,
             20 => ErrorCode::OffsetNotFound,
             21 => ErrorCode::OffsetTooSmall,
             22 => ErrorCode::OffsetTooBig,
@@ -94,6 +102,7 @@ impl ErrorCode {
             31 => ErrorCode::StoreIo,
             40 => ErrorCode::Timeout,
             41 => ErrorCode::ShardUnavailable,
+            42 => ErrorCode::ScheduleFull,
             50 => ErrorCode::BadFilterExpression,
             60 => ErrorCode::GroupNotFound,
             99 => ErrorCode::Internal,
@@ -114,7 +123,8 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable
             | ErrorCode::StoreIo
             | ErrorCode::Timeout
-            | ErrorCode::ShardUnavailable => true,
+            | ErrorCode::ShardUnavailable
+            | ErrorCode::ScheduleFull => true,
             ErrorCode::GroupNotFound
             | ErrorCode::MalformedFrame
             | ErrorCode::FrameTooLarge
@@ -126,6 +136,7 @@ impl ErrorCode {
             | ErrorCode::BodyTooLarge
             | ErrorCode::InvalidMessage
             | ErrorCode::QueueNotFound
+            | ErrorCode::InvalidDelay
             | ErrorCode::OffsetNotFound
             | ErrorCode::OffsetTooSmall
             | ErrorCode::OffsetTooBig
@@ -230,7 +241,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 19] = [
+        let expected: [(ErrorCode, u16); 21] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -248,6 +259,8 @@ mod tests {
             (ErrorCode::StoreIo, 31),
             (ErrorCode::Timeout, 40),
             (ErrorCode::ShardUnavailable, 41),
+            (ErrorCode::ScheduleFull, 42),
+            (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::Internal, 99),
         ];
@@ -268,7 +281,8 @@ mod tests {
                 ErrorCode::StoreUnavailable,
                 ErrorCode::StoreIo,
                 ErrorCode::Timeout,
-                ErrorCode::ShardUnavailable
+                ErrorCode::ShardUnavailable,
+                ErrorCode::ScheduleFull
             ]
         );
     }

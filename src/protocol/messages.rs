@@ -21,6 +21,9 @@ pub const PULL_BATCH_DEFAULT: u32 = 32;
 pub const PULL_WAIT_MS_DEFAULT: u32 = 15_000;
 /// `queue_id` of a send that lets the broker choose the queue.
 pub const QUEUE_ID_ANY: i32 = -1;
+/// [`SendResult::queue_offset`] of a message held in the broker's schedule: it gets its
+/// queue offset when it is delivered.
+pub const QUEUE_OFFSET_SCHEDULED: u64 = u64::MAX;
 
 /// Derives shared by every wire type. `PartialEq` is for tests and for clients comparing
 /// answers; nothing on the data path compares messages.
@@ -86,6 +89,7 @@ wire_type! {
     pub struct SendResult {
         pub msg_id: String,
         pub queue_id: u32,
+        /// [`QUEUE_OFFSET_SCHEDULED`] for a delayed message.
         pub queue_offset: u64,
         pub physical_offset: u64,
     }
@@ -496,6 +500,66 @@ wire_type! {
     }
 }
 
+// ---- Retried and delayed messages ----
+
+wire_type! {
+    /// A consumer's failed message goes back to the broker: stored on the group's retry
+    /// topic with a growing delay, or, after `max_reconsume_times` retries (or when
+    /// `delay_level` is negative), on the group's dead-letter topic. Routed to the shard that
+    /// stored the message (named in its id). Answered by [`SendBackResult`].
+    pub struct ConsumerSendBack {
+        pub group: String,
+        /// The id of the message as the consumer received it.
+        pub msg_id: String,
+        /// 0: the broker picks (`3 + reconsume times`, capped at its last level);
+        /// negative: straight to the dead-letter topic.
+        pub delay_level: i32,
+        pub max_reconsume_times: u32,
+    }
+}
+
+wire_type! {
+    /// Where a sent-back message went.
+    pub struct SendBackResult {
+        /// True: on `%DLQ%<group>`; false: on `%RETRY%<group>`, delayed.
+        pub dead_lettered: bool,
+        /// The id of the stored copy (on the retry topic, the id it has while it waits).
+        pub msg_id: String,
+        /// The reconsume count the copy carries.
+        pub reconsume_times: u32,
+    }
+}
+
+wire_type! {
+    /// The state of every shard's schedule of delayed messages. Answered by
+    /// [`ScheduleInfo`].
+    pub struct ScheduleStats {}
+}
+
+wire_type! {
+    pub struct ShardScheduleInfo {
+        pub shard: u32,
+        /// Messages waiting in the schedule (not yet due, or due and not yet delivered).
+        pub pending: u64,
+        /// Of those, being delivered right now.
+        pub in_flight: u64,
+        /// When the next one is due (ms since the epoch); -1: none.
+        pub next_due_ms: i64,
+        /// Of the pending ones, those whose time has come.
+        pub overdue: u64,
+        /// Delivered since the broker started.
+        pub delivered_total: u64,
+        /// Waiting for their target topic to exist again (retried every few seconds).
+        pub parked: u64,
+    }
+}
+
+wire_type! {
+    pub struct ScheduleInfo {
+        pub shards: Vec<ShardScheduleInfo>,
+    }
+}
+
 // ---- Pushed notifications ----
 
 wire_type! {
@@ -572,6 +636,7 @@ const _: () = assert!(std::mem::align_of::<ArchivedSubscriptionData>() <= META_A
 const _: () = assert!(std::mem::align_of::<ArchivedTopicAssignment>() <= META_ALIGN);
 const _: () = assert!(std::mem::align_of::<ArchivedMemberAssignment>() <= META_ALIGN);
 const _: () = assert!(std::mem::align_of::<ArchivedQueueProgress>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedShardScheduleInfo>() <= META_ALIGN);
 
 /// A response meta part with stored records after it, read in place from the frame.
 #[derive(Debug, Clone, PartialEq)]

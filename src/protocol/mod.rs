@@ -21,11 +21,13 @@
 //! Stability invariant: kind numbers, error code numbers and released layouts are never
 //! changed and never reused. New requests get new kind numbers.
 
+pub mod delay;
 pub mod error;
 pub mod frame;
 pub mod kind;
 pub mod messages;
 pub mod msg_id;
+pub mod names;
 pub mod record;
 mod registry;
 pub mod route;

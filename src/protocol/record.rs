@@ -58,8 +58,24 @@ pub mod prop {
     pub const KEYS: &str = "KEYS";
     /// Client-generated unique id.
     pub const UNIQ_KEY: &str = "UNIQ_KEY";
-    /// Delay level.
+    /// Delay level (1-based; 0 or absent: no delay).
     pub const DELAY: &str = "DELAY";
+    /// Delay in ms from the store time (RocketMQ 5 timer messages).
+    pub const TIMER_DELAY_MS: &str = "TIMER_DELAY_MS";
+    /// Delivery time in ms since the epoch (RocketMQ 5 timer messages).
+    pub const TIMER_DELIVER_MS: &str = "TIMER_DELIVER_MS";
+    /// Set by the broker on a message held in its schedule: when it is due (ms since the
+    /// epoch).
+    pub const TIMER_OUT_MS: &str = "TIMER_OUT_MS";
+    /// Set by the broker on a message held in its schedule: the topic it is bound for.
+    pub const REAL_TOPIC: &str = "REAL_TOPIC";
+    /// Set by the broker on a message held in its schedule: the queue it is bound for.
+    pub const REAL_QID: &str = "REAL_QID";
+    /// On a retried or dead-lettered message: the topic it was first consumed from.
+    pub const RETRY_TOPIC: &str = "RETRY_TOPIC";
+    /// On a message that was delayed, retried or dead-lettered: the id it was first stored
+    /// with.
+    pub const ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
     /// Wait for the store to be durable before answering.
     pub const WAIT: &str = "WAIT";
 }

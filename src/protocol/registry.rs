@@ -353,6 +353,10 @@ registry! {
         // Queue locks (split by owning shard by the handler).
         LockBatch = 70 => Locked, lock_batch, route(_m) Route::Local, group(m) &m.group;
         UnlockBatch = 71 => Empty, unlock_batch, route(_m) Route::Local, group(m) &m.group;
+        // Retried and delayed messages.
+        ConsumerSendBack = 90 => SendBackResult, consumer_send_back,
+            route(m) Route::MessageId(&m.msg_id), group(m) &m.group;
+        ScheduleStats = 91 => ScheduleInfo, schedule_stats, route(_m) Route::Local;
     }
     responses {
         Error = 1000 => Error(ErrorBody);
@@ -369,6 +373,8 @@ registry! {
         GroupMembersInfo = 1011 => GroupMembersInfo(GroupMembersInfo);
         Progress = 1012 => Progress(Progress);
         Locked = 1013 => Locked(Locked);
+        SendBackResult = 1014 => SendBackResult(SendBackResult);
+        ScheduleInfo = 1015 => ScheduleInfo(ScheduleInfo);
     }
     pushes {
         RebalanceNotify = 2000;

@@ -20,9 +20,11 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::broker::offsets::OffsetStore;
+use crate::broker::schedule::Schedule;
 use crate::broker::topics::TopicTable;
 use crate::broker::{Handled, LocalBoxFuture, MeshMsg, Peers, ServiceConfig, ShardCtx};
 use crate::log::FlushMode;
+use crate::protocol::delay::DelayRule;
 use crate::protocol::{encode_error, ErrorBody, FrameDecoder, FrameLimits};
 use crate::store::{MessageStore, StoreConfig};
 
@@ -65,6 +67,12 @@ pub struct BrokerConfig {
     pub session_timeout_ms: u64,
     /// A queue lock of ordered consumption not renewed for this long is free.
     pub lock_expiry_ms: u64,
+    /// Delay levels, level 1 first (RocketMQ's `messageDelayLevel`).
+    pub delay_levels: String,
+    /// The longest delay a message may ask for.
+    pub delay_max_ms: u64,
+    /// Most delayed messages one shard holds.
+    pub schedule_pending_max: usize,
 }
 
 impl Default for BrokerConfig {
@@ -84,6 +92,9 @@ impl Default for BrokerConfig {
             broker_id: 0,
             session_timeout_ms: 10_000,
             lock_expiry_ms: crate::broker::groups::LOCK_EXPIRY_MS_DEFAULT,
+            delay_levels: crate::protocol::delay::DELAY_LEVELS_DEFAULT.to_owned(),
+            delay_max_ms: crate::protocol::delay::DELAY_MAX_MS_DEFAULT,
+            schedule_pending_max: crate::broker::schedule::SCHEDULE_PENDING_MAX_DEFAULT,
         }
     }
 }
@@ -227,6 +238,13 @@ impl Broker {
         }
         let limits = FrameLimits::new(cfg.frame_bytes_max)
             .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
+        DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms)
+            .map_err(|e| BrokerError::Config(format!("delay-levels: {e}")))?;
+        if cfg.schedule_pending_max == 0 {
+            return Err(BrokerError::Config(
+                "schedule-pending-max must be at least 1".into(),
+            ));
+        }
         check_shard_count(&cfg.data_dir, shards)?;
         let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_ports_free(&cfg.listen, shards)?;
@@ -439,6 +457,9 @@ async fn shard_main(
     let (store, _recovery) = MessageStore::open(&shard_dir, store_cfg)
         .await
         .map_err(|e| format!("opening {}: {e}", shard_dir.display()))?;
+    let schedule = Schedule::recover(&store)
+        .await
+        .map_err(|e| format!("recovering the schedule in {}: {e}", shard_dir.display()))?;
     let offsets = OffsetStore::open(&shard_dir)
         .map_err(|e| format!("opening offsets in {}: {e}", shard_dir.display()))?;
     let topics = TopicTable::load(&cfg.data_dir).map_err(|e| e.to_string())?;
@@ -481,6 +502,8 @@ async fn shard_main(
         frame_limits: limits,
         session_timeout_ms: cfg.session_timeout_ms,
         lock_expiry_ms: cfg.lock_expiry_ms,
+        delay: DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms).map_err(|e| e.to_string())?,
+        schedule_pending_max: cfg.schedule_pending_max,
     };
     let peers = Box::new(MeshPeers {
         senders,
@@ -493,6 +516,7 @@ async fn shard_main(
         store.clone(),
         topics,
         offsets,
+        schedule,
         peers,
     );
     ctx.set_shard_addrs(addrs);
@@ -519,6 +543,7 @@ async fn shard_main(
         })
         .detach();
     }
+    glommio::spawn_local(ctx.clone().run_schedule()).detach();
     {
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
@@ -539,6 +564,7 @@ async fn shard_main(
     while ctx.in_flight() > 0 && started.elapsed() < Duration::from_millis(STOP_DRAIN_MS) {
         crate::io::sleep(Duration::from_millis(5)).await;
     }
+    ctx.snapshot_schedule().await;
     store
         .close()
         .await

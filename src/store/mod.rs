@@ -153,6 +153,8 @@ struct Inner {
     queues: RefCell<HashMap<(String, u32), QueueState>>,
     keys: RefCell<KeyIndex>,
     stopped: std::cell::Cell<bool>,
+    /// Retention never deletes the segment holding this log offset or later ones.
+    retention_floor: std::cell::Cell<u64>,
 }
 
 /// The store of one shard. Cheap to clone; not `Send`.
@@ -161,20 +163,29 @@ pub struct MessageStore {
     inner: Rc<Inner>,
 }
 
-/// Topic names become directory names: keep them to a safe alphabet.
+/// Topic names become directory names: keep them to a safe alphabet
+/// (`protocol::names::check_topic_name`).
 pub fn validate_topic(topic: &str) -> Result<(), StoreError> {
-    let ok = !topic.is_empty()
-        && topic.len() <= 127
-        && topic != "."
-        && topic != ".."
-        && topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-%|.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::InvalidTopic(topic.to_owned()))
+    crate::protocol::names::check_topic_name(topic)
+        .map_err(|_| StoreError::InvalidTopic(topic.to_owned()))
+}
+
+/// The broker's schedule of delayed messages: one queue per store, whose consume-queue
+/// entries carry the due time (ms since the epoch) where other queues carry a tag hash.
+pub const SCHEDULE_TOPIC: &str = "%SYS_SCHEDULE%";
+/// Records that say which schedule entries were delivered (body: their queue offsets).
+pub const SCHEDULE_DONE_TOPIC: &str = "%SYS_SCHEDULE_DONE%";
+
+/// What a consume-queue entry carries besides the record's place: the tag hash, or, for the
+/// schedule, the due time.
+fn cq_tag_slot(topic: &str, props: crate::protocol::record::Properties<'_>) -> u64 {
+    if topic == SCHEDULE_TOPIC {
+        return props
+            .get(prop::TIMER_OUT_MS)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
     }
+    props.get(prop::TAGS).map(tag_hash).unwrap_or(TAG_HASH_NONE)
 }
 
 fn index_key(topic: &str, key: &str) -> String {
@@ -253,6 +264,7 @@ impl MessageStore {
                 queues: RefCell::new(queues),
                 keys: RefCell::new(keys),
                 stopped: std::cell::Cell::new(false),
+                retention_floor: std::cell::Cell::new(u64::MAX),
             }),
         };
         store.spawn_housekeeping();
@@ -287,11 +299,13 @@ impl MessageStore {
             .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?;
         let queue_offset = q.cq.max_offset();
         let appended = self.inner.log.append(draft, queue_offset)?;
-        let tags = crate::protocol::record::Properties::new(draft.properties).get(prop::TAGS);
         let entry = CqEntry {
             physical_offset: appended.physical_offset,
             size: appended.size,
-            tag_hash: tags.map(tag_hash).unwrap_or(TAG_HASH_NONE),
+            tag_hash: cq_tag_slot(
+                draft.topic,
+                crate::protocol::record::Properties::new(draft.properties),
+            ),
         };
         q.cq.put(queue_offset, entry)?;
         drop(queues);
@@ -392,6 +406,31 @@ impl MessageStore {
                 offset,
                 max,
             })
+    }
+
+    /// Up to `max` consume-queue entries of a queue from `from` (recovery scans of the
+    /// broker's own queues), with their queue offsets.
+    pub fn queue_entries(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        from: u64,
+        max: usize,
+    ) -> Vec<(u64, CqEntry)> {
+        let (min, end) = self.queue_range(topic, queue_id);
+        let queues = self.inner.queues.borrow();
+        let Some(q) = queues.get(&(topic.to_owned(), queue_id)) else {
+            return Vec::new();
+        };
+        (from.max(min)..end)
+            .take(max)
+            .map_while(|o| q.cq.get(o).map(|e| (o, e)))
+            .collect()
+    }
+
+    /// The consume-queue entry at a queue offset, if the queue holds it.
+    pub fn queue_entry(&self, topic: &str, queue_id: u32, offset: u64) -> Option<CqEntry> {
+        self.entry(topic, queue_id, offset).ok()
     }
 
     /// Reads the message at a queue offset.
@@ -633,9 +672,16 @@ impl MessageStore {
         Ok(durable)
     }
 
+    /// Keeps every record at or after this log offset from retention (records the broker
+    /// still needs, such as scheduled messages not yet delivered); `u64::MAX`: no floor.
+    pub fn set_retention_floor(&self, log_offset: u64) {
+        self.inner.retention_floor.set(log_offset);
+    }
+
     /// Runs retention on the log and trims the indexes to match.
     pub async fn apply_retention(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let min = self.inner.log.apply_retention(now_ms).await;
+        let floor = self.inner.retention_floor.get();
+        let min = self.inner.log.apply_retention(now_ms, floor).await;
         for q in self.inner.queues.borrow_mut().values_mut() {
             q.cq.delete_before_physical(min)?;
         }
@@ -768,7 +814,7 @@ fn dispatch_record(
     let entry = CqEntry {
         physical_offset: view.physical_offset(),
         size: view.total_len(),
-        tag_hash: view.tags().map(tag_hash).unwrap_or(TAG_HASH_NONE),
+        tag_hash: cq_tag_slot(view.topic(), view.properties()),
     };
     let qo = view.queue_offset();
     if qo > q.cq.max_offset() && q.cq.max_offset() > q.cq.min_offset() {

@@ -108,6 +108,15 @@ pub(crate) struct ConsumeArgs {
     #[arg(long, value_name = "N", requires = "group", help_heading = GROUP_ONLY,
           value_parser = clap::value_parser!(u64).range(1..=CONSUME_THREADS_MAX as u64))]
     threads: Option<u64>,
+    /// Answer every message with ReconsumeLater (concurrent mode): each goes back to the
+    /// broker, returns on the group's retry topic at growing delays and, after
+    /// --max-reconsume-times retries, lands on the group's dead-letter topic. For trying
+    /// the failure path by hand and in tests; each attempt prints its MSG line
+    #[arg(long, requires = "group", conflicts_with = "orderly", help_heading = GROUP_ONLY)]
+    reconsume_later: bool,
+    /// Retries of a failing message before it goes to the dead-letter topic [default: 16]
+    #[arg(long, value_name = "N", requires = "group", help_heading = GROUP_ONLY)]
+    max_reconsume_times: Option<u32>,
     #[command(flatten)]
     testing: TestingArgs,
 }

@@ -1,9 +1,10 @@
 //! `ringmq`: the admin command line. It talks to a running broker through the native client
 //! (`ringmq::client`) only, so it builds without the `broker` feature.
 //!
-//! Topics (create, update, delete, list, describe), sending one message, looking messages
-//! up by id, key or queue offset, consumer-group offsets, members, progress (lag) and
-//! reset by time, and `consume`: a simple pull loop, or with `--group` a member of a
+//! Topics (create, update, delete, list, describe), sending one message (delayed too),
+//! looking messages up by id, key or queue offset, consumer-group offsets, members,
+//! progress (lag) and reset by time, dead letters (list, resend), the schedules of delayed
+//! messages, and `consume`: a simple pull loop, or with `--group` a member of a
 //! consumer group (a push consumer: concurrent or orderly, clustering or broadcasting)
 //! that prints one line per message it processed, with the processing interval.
 //!
@@ -15,8 +16,8 @@
 //!
 //! Files: `main.rs` (this one: the command tree's root, the context every command gets,
 //! failures and exit codes, dispatch), one file per command family (`topic.rs`, `send.rs`,
-//! `message.rs`, `offset.rs`, `group.rs`, `consume.rs` with `consume/member.rs` for
-//! `consume --group`), `output.rs` (everything that renders text or JSON) and
+//! `message.rs`, `offset.rs`, `group.rs`, `dlq.rs`, `schedule.rs`, `consume.rs` with
+//! `consume/member.rs` for `consume --group`), `output.rs` (everything that renders text or JSON) and
 //! `datetime.rs` (RFC 3339 times, with the `time` crate).
 //!
 //! Test-only options: `consume --process-ms` and `consume --print-start` exist for tests
@@ -26,10 +27,12 @@
 
 mod consume;
 mod datetime;
+mod dlq;
 mod group;
 mod message;
 mod offset;
 mod output;
+mod schedule;
 mod send;
 mod topic;
 
@@ -40,9 +43,11 @@ use clap::{Parser, Subcommand};
 use ringmq::client::{Client, ClientConfig, ClientError};
 
 use crate::consume::ConsumeArgs;
+use crate::dlq::DlqCommand;
 use crate::group::GroupCommand;
 use crate::message::MessageCommand;
 use crate::offset::OffsetCommand;
+use crate::schedule::ScheduleCommand;
 use crate::send::SendArgs;
 use crate::topic::TopicCommand;
 /// The broker address when neither `--broker` nor `RINGMQ_BROKER` gives one.
@@ -94,6 +99,12 @@ enum Command {
     /// Consumer groups: members, progress (lag), offset reset by time
     #[command(subcommand)]
     Group(GroupCommand),
+    /// A consumer group's dead-letter topic: list its messages, resend them
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// The broker's schedules of delayed messages (per shard)
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Pull messages and print one line each (queue, offset, tags, body); with --group,
     /// consume as a member of a consumer group
     ///
@@ -246,6 +257,8 @@ async fn dispatch(ctx: &Ctx, command: Command) -> CmdResult {
         Command::Message(c) => message::run(ctx, c).await,
         Command::Offset(c) => offset::run(ctx, c).await,
         Command::Group(c) => group::run(ctx, c).await,
+        Command::Dlq(c) => dlq::run(ctx, c).await,
+        Command::Schedule(c) => schedule::run(ctx, c).await,
         Command::Consume(a) => consume::run(ctx, a).await,
     }
 }

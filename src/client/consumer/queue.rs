@@ -22,6 +22,7 @@ use super::{
     add, AnyListener, ConcurrentListener, ConsumeFrom, ConsumeStatus, Listener, MessageQueue,
     OrderlyListener, OrderlyStatus, ProcessQueue, Shared, LOCK_WAIT_MS,
 };
+use crate::client::group::MessageModel;
 
 /// Commits `pq`'s commit point when it moved: to the broker, or to the local offsets in
 /// broadcasting mode (written to disk by the committer).
@@ -110,7 +111,17 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<(u64, bool)>
         return Ok((offset, true));
     }
     let client = &shared.client;
-    let offset = match shared.options.consume_from {
+    // A retry topic always starts at its first message: what waits there was sent back
+    // by this group and must not be skipped (RocketMQ does the same).
+    let from = if mq
+        .topic
+        .starts_with(crate::protocol::names::RETRY_TOPIC_PREFIX)
+    {
+        ConsumeFrom::FirstOffset
+    } else {
+        shared.options.consume_from
+    };
+    let offset = match from {
         ConsumeFrom::LastOffset => client.max_offset(&mq.topic, mq.queue_id).await?,
         ConsumeFrom::FirstOffset => client.min_offset(&mq.topic, mq.queue_id).await?,
         ConsumeFrom::Timestamp(ms) => {
@@ -401,7 +412,7 @@ fn start_concurrent(
                         Err(_) => return,
                     },
                 };
-                concurrent_batch(shared, pq, listener, messages, permit, 0).await
+                concurrent_batch(shared, pq, listener, messages, permit).await
             });
         }
         return;
@@ -422,55 +433,41 @@ fn start_concurrent(
                 Err(_) => Outcome::Panicked,
             };
             shared.workers.record_call(started.elapsed());
-            let mut failures = 0;
-            if settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
+            if settle_concurrent(&shared, &pq, &messages, status) {
                 let (shared, pq, listener) = (shared.clone(), pq.clone(), listener.clone());
-                runtime.spawn(async move {
-                    if let Some(permit) = wait_to_retry(&shared, &pq).await {
-                        concurrent_batch(shared, pq, listener, messages, permit, failures).await
-                    }
-                });
+                runtime.spawn(async move { failed_batch(shared, pq, listener, messages).await });
             }
         }
         drop(permit);
     }));
 }
 
-/// Consumes one batch concurrently, with local retries; the messages stay cached (and hold
-/// the commit point back) until they succeed or are given up. `failures`: attempts that
-/// failed before.
+/// Consumes one batch concurrently (a listener that never blocks, on a runtime task);
+/// a failure goes to [`failed_batch`].
 async fn concurrent_batch(
     shared: Arc<Shared>,
     pq: Arc<ProcessQueue>,
     listener: ConcurrentListener,
     messages: Vec<Message>,
-    mut permit: OwnedSemaphorePermit,
-    mut failures: u32,
+    permit: OwnedSemaphorePermit,
 ) {
-    loop {
-        // A queue given up (rebalance, shutdown) runs no listener: its new owner
-        // delivers these messages again from the committed offset.
-        if pq.is_dropped() {
-            return;
-        }
-        let status = run_listener(&shared, listener.clone(), messages.clone()).await;
-        drop(permit);
-        if !settle_concurrent(&shared, &pq, &messages, &mut failures, status) {
-            return;
-        }
-        permit = match wait_to_retry(&shared, &pq).await {
-            Some(permit) => permit,
-            None => return,
-        };
+    // A queue given up (rebalance, shutdown) runs no listener: its new owner delivers
+    // these messages again from the committed offset.
+    if pq.is_dropped() {
+        return;
+    }
+    let status = run_listener(&shared, listener.clone(), messages.clone()).await;
+    drop(permit);
+    if settle_concurrent(&shared, &pq, &messages, status) {
+        failed_batch(shared, pq, listener, messages).await;
     }
 }
 
-/// Books one attempt of a concurrent batch; true when it is to be tried again.
+/// Books one attempt of a concurrent batch; true when it failed.
 fn settle_concurrent(
     shared: &Shared,
     pq: &ProcessQueue,
     messages: &[Message],
-    failures: &mut u32,
     status: Outcome<ConsumeStatus>,
 ) -> bool {
     match status {
@@ -481,28 +478,98 @@ fn settle_concurrent(
             false
         }
         status => {
-            let offsets = offsets_of(messages);
             if matches!(status, Outcome::Panicked) {
                 shared.log(format_args!(
                     "listener panicked on {}; treated as ReconsumeLater",
-                    describe(&pq.mq, &offsets)
+                    describe(&pq.mq, &offsets_of(messages))
                 ));
             }
-            *failures += 1;
             add(&shared.counters.retried, messages.len());
-            if *failures > shared.options.max_reconsume_times {
-                shared.log(format_args!(
-                    "giving up {} after {} retries (no dead-letter queue yet: skipped)",
-                    describe(&pq.mq, &offsets),
-                    shared.options.max_reconsume_times
-                ));
-                add(&shared.counters.given_up, messages.len());
-                pq.finish(offsets);
-                return false;
-            }
             true
         }
     }
+}
+
+/// A concurrent batch failed. In clustering mode each message goes back to the broker
+/// (its group's retry topic, or the dead-letter topic after `max_reconsume_times`
+/// retries) and counts as finished once the broker has it. What the broker did not take
+/// (and, in broadcasting mode, everything: there is no shared retry topic) is consumed
+/// again here after `reconsume_delay_ms`, for as long as it fails: a message is never
+/// skipped, and the committed offset stays below it meanwhile.
+async fn failed_batch(
+    shared: Arc<Shared>,
+    pq: Arc<ProcessQueue>,
+    listener: ConcurrentListener,
+    mut messages: Vec<Message>,
+) {
+    loop {
+        if pq.is_dropped() {
+            return;
+        }
+        if shared.options.message_model == MessageModel::Clustering {
+            messages = send_back_all(&shared, &pq, messages, 0).await;
+            if messages.is_empty() {
+                return;
+            }
+        }
+        let Some(permit) = wait_to_retry(&shared, &pq).await else {
+            return;
+        };
+        let status = run_listener(&shared, listener.clone(), messages.clone()).await;
+        drop(permit);
+        if !settle_concurrent(&shared, &pq, &messages, status) {
+            return;
+        }
+    }
+}
+
+/// Sends `messages` back to the broker (`delay_level` 0: its schedule of retries; negative:
+/// the dead-letter topic) and finishes those it took; returns the others.
+async fn send_back_all(
+    shared: &Shared,
+    pq: &ProcessQueue,
+    messages: Vec<Message>,
+    delay_level: i32,
+) -> Vec<Message> {
+    let mut kept = Vec::new();
+    let mut taken = Vec::with_capacity(messages.len());
+    for m in messages {
+        let id = m.msg_id().encode();
+        let sent = shared
+            .client
+            .send_back(
+                &shared.group,
+                &id,
+                delay_level,
+                shared.options.max_reconsume_times,
+            )
+            .await;
+        match sent {
+            Ok(r) => {
+                add(&shared.counters.sent_back, 1);
+                if r.dead_lettered {
+                    add(&shared.counters.dead_lettered, 1);
+                    shared.log(format_args!(
+                        "{} went to the dead-letter topic after {} attempts",
+                        describe(&pq.mq, &[m.queue_offset()]),
+                        m.reconsume_times() + 1
+                    ));
+                }
+                taken.push(m.queue_offset());
+            }
+            Err(e) => {
+                shared.log(format_args!(
+                    "sending {} back to the broker failed: {e}; consuming it again here",
+                    describe(&pq.mq, &[m.queue_offset()])
+                ));
+                kept.push(m);
+            }
+        }
+    }
+    if !taken.is_empty() {
+        pq.finish(taken);
+    }
+    kept
 }
 
 /// The pause before a retry, taken without holding a listener slot; then a slot. `None`
@@ -546,6 +613,7 @@ pub(super) async fn orderly_loop(
         }
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
         let messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
+        let messages_again = messages.clone();
         let status = run_listener(&shared, listener.clone(), messages).await;
         drop(permit);
         match status {
@@ -564,18 +632,20 @@ pub(super) async fn orderly_loop(
                 }
                 failures += 1;
                 add(&shared.counters.retried, offsets.len());
-                if failures <= shared.options.max_reconsume_times {
+                if failures <= shared.options.max_reconsume_times
+                    || shared.options.message_model == MessageModel::Broadcasting
+                {
                     pq.pause(shared.options.suspend_ms).await;
                     continue;
                 }
-                shared.log(format_args!(
-                    "giving up {} after {} retries (no dead-letter queue yet: skipped)",
-                    describe(&pq.mq, &offsets),
-                    shared.options.max_reconsume_times
-                ));
+                // Retried enough: to the dead-letter topic, and the queue moves on. If the
+                // broker does not take them, the queue waits and tries again (never skips).
+                let left = send_back_all(&shared, &pq, messages_again, -1).await;
+                if !left.is_empty() {
+                    pq.pause(shared.options.suspend_ms).await;
+                    continue;
+                }
                 failures = 0;
-                add(&shared.counters.given_up, offsets.len());
-                pq.finish(offsets);
             }
         }
         if let Err(e) = commit_queue(&shared, &pq).await {

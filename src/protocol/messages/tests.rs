@@ -267,6 +267,14 @@ fn sample_requests() -> Vec<Request> {
             queues: vec![3],
         }
         .into(),
+        ConsumerSendBack {
+            group: "g".into(),
+            msg_id: "0".repeat(32),
+            delay_level: -1,
+            max_reconsume_times: 16,
+        }
+        .into(),
+        ScheduleStats {}.into(),
     ]
 }
 
@@ -363,6 +371,22 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
             }],
         }),
         Response::Locked(Locked { queues: vec![0, 3] }),
+        Response::SendBackResult(SendBackResult {
+            dead_lettered: true,
+            msg_id: "1".repeat(32),
+            reconsume_times: 17,
+        }),
+        Response::ScheduleInfo(ScheduleInfo {
+            shards: vec![ShardScheduleInfo {
+                shard: 1,
+                pending: 5,
+                in_flight: 1,
+                next_due_ms: 1_700_000_000_000,
+                overdue: 2,
+                delivered_total: 9,
+                parked: 0,
+            }],
+        }),
     ]
 }
 

@@ -114,6 +114,10 @@ pub(super) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
     if let Some(n) = args.threads {
         options.consume_threads = usize::try_from(n).unwrap_or(CONSUME_THREADS_MAX);
     }
+    if let Some(n) = args.max_reconsume_times {
+        options.max_reconsume_times = n;
+    }
+    let fail_all = args.reconsume_later;
     let consumer =
         PushConsumer::new(config.clone(), group.as_str(), options).map_err(|e| ctx.fail(e))?;
     consumer
@@ -140,7 +144,7 @@ pub(super) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
     } else {
         let listener = listener.clone();
         consumer.register_concurrent(move |messages| {
-            if listener.process(messages) {
+            if listener.process(messages) && !fail_all {
                 ConsumeStatus::Success
             } else {
                 ConsumeStatus::ReconsumeLater

@@ -1,0 +1,225 @@
+//! `ringmq dlq`: a consumer group's dead-letter topic (`%DLQ%<group>`): list the messages
+//! there (with the topic they came from, how often they were retried, when they were
+//! stored) and resend them to their original topic.
+
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+use ringmq::client::{Client, Message, OutgoingMessage, Producer, PullStatus};
+use ringmq::protocol::names::dlq_topic;
+use ringmq::protocol::record::prop;
+use ringmq::protocol::ErrorCode;
+
+use crate::datetime::format_ms;
+use crate::output::{body_text, emit, emit_json, table};
+use crate::{CmdResult, Ctx};
+
+/// Messages asked for per pull while reading the dead-letter topic.
+const PULL_BATCH: u32 = 32;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum DlqCommand {
+    /// The group's dead letters: DLQ offset, message id, original topic, reconsume times,
+    /// store time and body
+    List {
+        /// Consumer group
+        group: String,
+        /// Start at this offset of the dead-letter queue
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        from_offset: u64,
+        /// Show bodies as hex instead of UTF-8 text
+        #[arg(long)]
+        hex: bool,
+    },
+    /// Send dead letters back to the topic they came from (body, tags, keys, flag and user
+    /// properties as they were; ORIGIN_MESSAGE_ID kept). Prints one line per message and
+    /// the offset to continue from; the dead letters stay where they are
+    Resend {
+        /// Consumer group
+        group: String,
+        /// Only this message (its id on the dead-letter topic, or its original id)
+        #[arg(long, value_name = "ID")]
+        msg_id: Option<String>,
+        /// Start at this offset of the dead-letter queue (resend from where an earlier
+        /// resend stopped)
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        from_offset: u64,
+    },
+}
+
+pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
+    match command {
+        DlqCommand::List {
+            group,
+            from_offset,
+            hex,
+        } => {
+            let client = ctx.client().await?;
+            let (letters, _) = read_all(ctx, &client, &group, from_offset).await?;
+            if ctx.json {
+                let list: Vec<Value> = letters.iter().map(|m| letter_json(m, hex)).collect();
+                emit_json(&json!({ "group": group, "messages": list }));
+            } else if letters.is_empty() {
+                emit(&format!("group {group} has no dead letters"));
+            } else {
+                let rows: Vec<Vec<String>> = letters
+                    .iter()
+                    .map(|m| {
+                        vec![
+                            m.queue_offset().to_string(),
+                            m.msg_id().encode(),
+                            m.origin_topic().to_owned(),
+                            m.reconsume_times().to_string(),
+                            format_ms(m.store_timestamp_ms()),
+                            body_text(m.body(), hex, true),
+                        ]
+                    })
+                    .collect();
+                let headers = ["offset", "msg_id", "topic", "reconsumed", "stored", "body"];
+                emit(&table(&headers, &rows));
+            }
+            Ok(())
+        }
+        DlqCommand::Resend {
+            group,
+            msg_id,
+            from_offset,
+        } => {
+            let producer = Producer::connect(ctx.config())
+                .await
+                .map_err(|e| ctx.fail(e))?;
+            let (letters, next) = read_all(ctx, producer.client(), &group, from_offset).await?;
+            let chosen: Vec<&Message> = letters
+                .iter()
+                .filter(|m| {
+                    msg_id
+                        .as_deref()
+                        .is_none_or(|id| m.msg_id().encode() == id || m.origin_msg_id() == Some(id))
+                })
+                .collect();
+            if let Some(id) = &msg_id {
+                if chosen.is_empty() {
+                    return Err(crate::Failure::Failed(format!(
+                        "no dead letter of group {group} has id {id}"
+                    )));
+                }
+            }
+            let mut resent = Vec::new();
+            for m in chosen {
+                let topic = m.origin_topic().to_owned();
+                let sent = producer
+                    .send(&topic, original(m))
+                    .await
+                    .map_err(|e| ctx.fail(e))?;
+                resent.push(json!({
+                    "dlq_offset": m.queue_offset(),
+                    "dlq_msg_id": m.msg_id().encode(),
+                    "topic": topic,
+                    "msg_id": sent.msg_id,
+                }));
+                if !ctx.json {
+                    emit(&format!(
+                        "resent {} (dlq offset {}) to {topic} as {}",
+                        m.msg_id().encode(),
+                        m.queue_offset(),
+                        sent.msg_id
+                    ));
+                }
+            }
+            if ctx.json {
+                emit_json(&json!({ "group": group, "resent": resent, "next_offset": next }));
+            } else {
+                emit(&format!(
+                    "{} resent; next: --from-offset {next}",
+                    resent.len()
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Every dead letter of `group` from `from`; and the offset after the last one.
+async fn read_all(
+    ctx: &Ctx,
+    client: &Client,
+    group: &str,
+    from: u64,
+) -> CmdResult<(Vec<Message>, u64)> {
+    let topic = dlq_topic(group);
+    let mut out = Vec::new();
+    let mut offset = from;
+    loop {
+        let pulled = match client
+            .pull(
+                &topic,
+                0,
+                offset,
+                PULL_BATCH,
+                std::time::Duration::ZERO,
+                &[],
+            )
+            .await
+        {
+            Ok(p) => p,
+            // No dead letters yet: the topic is created with the first one.
+            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => return Ok((out, offset)),
+            Err(e) => return Err(ctx.fail(e)),
+        };
+        let done = pulled.messages.is_empty()
+            || matches!(
+                pulled.status,
+                PullStatus::NoNewMessage | PullStatus::OffsetTooBig
+            );
+        out.extend(pulled.messages);
+        if pulled.next_offset <= offset && !done {
+            break;
+        }
+        offset = pulled.next_offset;
+        if done {
+            break;
+        }
+    }
+    Ok((out, offset))
+}
+
+/// The message as it was first sent, from its dead-letter copy.
+fn original(m: &Message) -> OutgoingMessage {
+    let system = [
+        prop::TAGS,
+        prop::KEYS,
+        prop::RETRY_TOPIC,
+        prop::DELAY,
+        prop::TIMER_DELAY_MS,
+        prop::TIMER_DELIVER_MS,
+        prop::TIMER_OUT_MS,
+        prop::REAL_TOPIC,
+        prop::REAL_QID,
+    ];
+    let mut out = OutgoingMessage::new(m.body().to_vec())
+        .with_keys(m.keys().map(str::to_owned))
+        .with_flag(m.flag());
+    if let Some(tags) = m.tags() {
+        out = out.with_tags(tags);
+    }
+    for (name, value) in m.properties().iter() {
+        if !system.contains(&name) {
+            out = out.with_property(name, value);
+        }
+    }
+    out
+}
+
+fn letter_json(m: &Message, hex: bool) -> Value {
+    let mut v = json!({
+        "offset": m.queue_offset(),
+        "msg_id": m.msg_id().encode(),
+        "origin_msg_id": m.origin_msg_id(),
+        "topic": m.origin_topic(),
+        "reconsume_times": m.reconsume_times(),
+        "store_timestamp_ms": m.store_timestamp_ms(),
+        "tags": m.tags(),
+    });
+    v["body"] = Value::String(body_text(m.body(), hex, false));
+    v
+}

@@ -1,0 +1,191 @@
+//! The failure path of consumption: a consumer sends a message it could not consume back
+//! (`ConsumerSendBack`); the shard that stored it builds the retry copy and puts it on the
+//! group's retry topic `%RETRY%<group>` with the delay of its attempt (level
+//! `3 + reconsume times` by default), or, after `max_reconsume_times` retries, on the
+//! group's dead-letter topic `%DLQ%<group>`. Both topics have one queue and are created on
+//! demand whatever `--auto-create-topics` says. The copy keeps the body, flag, keys, tags
+//! and user properties, and records the topic it was first consumed from (`RETRY_TOPIC`)
+//! and its first id (`ORIGIN_MESSAGE_ID`); its header's reconsume count goes up by one.
+//!
+//! Copies travel to the shard that owns their target queue as `MeshRequest::Put`; that
+//! shard holds a delayed one in its own schedule (`schedule.rs`).
+
+use std::rc::Rc;
+
+use super::mesh::{MeshReply, MeshRequest};
+use super::schedule::{rebuild_properties, OwnedDraft};
+use super::{err, store_error, ShardCtx};
+use crate::log::LogError;
+use crate::protocol::names::{dlq_topic, retry_topic};
+use crate::protocol::record::{prop, RecordView};
+use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, MessageId, SendBackResult};
+use crate::store::StoreError;
+
+/// Queues of a retry or dead-letter topic.
+pub const SYSTEM_TOPIC_QUEUES: u32 = 1;
+
+/// What a put on the owning shard gives back.
+#[derive(Debug, Clone)]
+pub struct PutDone {
+    pub msg_id: String,
+    pub queue_offset: u64,
+}
+
+impl ShardCtx {
+    /// Creates a retry or dead-letter topic if it does not exist (one queue; not subject to
+    /// `--auto-create-topics`).
+    pub(super) async fn ensure_system_topic(self: &Rc<Self>, topic: &str) -> Result<(), ErrorBody> {
+        if self.topics.borrow().get(topic).is_some() {
+            return Ok(());
+        }
+        if self.id == 0 {
+            self.set_topic(topic, Some(SYSTEM_TOPIC_QUEUES), true)
+                .await?;
+        } else {
+            self.call(
+                0,
+                MeshRequest::EnsureTopic {
+                    topic: topic.to_owned(),
+                    queues: SYSTEM_TOPIC_QUEUES,
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Stores a message on the shard that owns its queue (this one or another), holding it
+    /// in the schedule if it asks for a delay; waits until it is written (`durable`: until an
+    /// fdatasync covers it).
+    pub(super) async fn put_owned(
+        self: &Rc<Self>,
+        draft: OwnedDraft,
+        durable: bool,
+    ) -> Result<PutDone, ErrorBody> {
+        let owner = self.owner_of(&draft.topic, draft.queue_id);
+        if owner != self.id {
+            return match self
+                .call(owner, MeshRequest::Put { draft, durable })
+                .await?
+            {
+                MeshReply::Put {
+                    msg_id,
+                    queue_offset,
+                } => Ok(PutDone {
+                    msg_id,
+                    queue_offset,
+                }),
+                other => Err(err(
+                    ErrorCode::Internal,
+                    format!("unexpected reply {other:?}"),
+                )),
+            };
+        }
+        self.known_queue(&draft.topic, draft.queue_id)?;
+        let put = self.put_draft(&draft.draft())?;
+        let written = if durable {
+            self.store.durable(put.end()).await
+        } else {
+            self.store.acked(put.end()).await
+        };
+        written.map_err(store_error)?;
+        self.wake_pollers(&draft.topic, draft.queue_id);
+        Ok(PutDone {
+            msg_id: self.msg_id(put.physical_offset),
+            queue_offset: put.queue_offset,
+        })
+    }
+
+    /// `ConsumerSendBack`, on the shard that stored the message.
+    pub(super) async fn send_back(
+        self: Rc<Self>,
+        m: ConsumerSendBack,
+    ) -> Result<SendBackResult, ErrorBody> {
+        let id = MessageId::parse(&m.msg_id).map_err(|e| {
+            err(
+                ErrorCode::InvalidMessage,
+                format!("bad message id {:?}: {e}", m.msg_id),
+            )
+        })?;
+        if id.store_id != self.id || id.broker_id != self.cfg.broker_id {
+            return Err(err(
+                ErrorCode::OffsetNotFound,
+                format!("message id {} names another broker or shard", m.msg_id),
+            ));
+        }
+        let buf = self
+            .store
+            .read_physical(id.physical_offset)
+            .await
+            .map_err(|e| match e {
+                StoreError::Log(LogError::InvalidRecord(_)) => err(
+                    ErrorCode::OffsetNotFound,
+                    format!("no message with id {}", m.msg_id),
+                ),
+                other => store_error(other),
+            })?;
+        let view = RecordView::parse(&buf).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
+        let (dead_lettered, draft) = self.retry_copy(&m, &view)?;
+        self.ensure_system_topic(&draft.topic).await?;
+        let reconsume_times = draft.reconsume_times;
+        let done = self.put_owned(draft, false).await?;
+        Ok(SendBackResult {
+            dead_lettered,
+            msg_id: done.msg_id,
+            reconsume_times,
+        })
+    }
+
+    /// The copy a sent-back message becomes: (dead-lettered?, the copy).
+    fn retry_copy(
+        &self,
+        m: &ConsumerSendBack,
+        view: &RecordView<'_>,
+    ) -> Result<(bool, OwnedDraft), ErrorBody> {
+        let times = view.reconsume_times();
+        let dead = m.delay_level < 0 || times >= m.max_reconsume_times;
+        let props = view.properties();
+        let first_topic = props.get(prop::RETRY_TOPIC).unwrap_or(view.topic());
+        let origin = props.get(prop::ORIGIN_MESSAGE_ID).unwrap_or(&m.msg_id);
+        let level = if m.delay_level > 0 {
+            (m.delay_level as u32).min(self.cfg.delay.levels() as u32)
+        } else {
+            self.cfg.delay.retry_level(times)
+        };
+        let level = level.to_string();
+        let mut add = vec![
+            (prop::RETRY_TOPIC, first_topic),
+            (prop::ORIGIN_MESSAGE_ID, origin),
+        ];
+        if !dead {
+            add.push((prop::DELAY, &level));
+        }
+        let drop = [
+            prop::DELAY,
+            prop::TIMER_DELAY_MS,
+            prop::TIMER_DELIVER_MS,
+            prop::TIMER_OUT_MS,
+            prop::REAL_TOPIC,
+            prop::REAL_QID,
+        ];
+        let properties = rebuild_properties(props, &drop, &add)?;
+        let topic = if dead {
+            dlq_topic(&m.group)
+        } else {
+            retry_topic(&m.group)
+        };
+        Ok((
+            dead,
+            OwnedDraft {
+                topic,
+                queue_id: 0,
+                flag: view.flag(),
+                born_timestamp_ms: view.born_timestamp_ms(),
+                born_host: view.born_host(),
+                reconsume_times: times.saturating_add(1),
+                properties,
+                body: view.body().to_vec(),
+            },
+        ))
+    }
+}

@@ -1,0 +1,316 @@
+//! A hierarchical timing wheel: items due at a millisecond, inserted in O(1), taken out in
+//! due order.
+//!
+//! Six levels of 64 slots; a slot of level `k` spans `64^k` ms, so the wheel covers
+//! `64^6` ms (about 2.2 years) ahead of its current time; anything further waits in an
+//! overflow list that is looked at when the top level wraps. An item goes to the lowest
+//! level whose slot span still separates its due time from the wheel's time (the highest
+//! 6-bit group in which they differ). When the wheel's time reaches a slot of level
+//! `k > 0`, the slot's items move down (cascade); level-0 slots hold items of one exact
+//! millisecond, so items come out in due order. Items already due when inserted (or when
+//! they cascade) wait in a ready list kept in due order.
+//!
+//! Pure and deterministic: time is passed in. The broker's schedule (`broker::schedule`)
+//! keeps one wheel per shard, rebuilt from the schedule's consume queue on start.
+
+use std::collections::VecDeque;
+
+const LEVELS: usize = 6;
+const SLOTS: usize = 64;
+const SLOT_BITS: u32 = 6;
+/// One past the furthest time the levels can hold, relative to the wheel's time.
+const SPAN_MS: u64 = 1 << (SLOT_BITS as u64 * LEVELS as u64);
+
+const _: () = assert!(SLOTS == 1 << SLOT_BITS);
+
+struct Level<T> {
+    /// Bit `i` set: slot `i` holds items.
+    occupied: u64,
+    slots: Vec<Vec<(u64, T)>>,
+}
+
+impl<T> Level<T> {
+    fn new() -> Level<T> {
+        Level {
+            occupied: 0,
+            slots: (0..SLOTS).map(|_| Vec::new()).collect(),
+        }
+    }
+}
+
+/// Items of type `T`, each due at a time in ms.
+pub struct TimingWheel<T> {
+    /// The wheel's time: everything due at or before it is in `ready`.
+    elapsed: u64,
+    levels: Vec<Level<T>>,
+    /// Items due beyond what the levels cover.
+    overflow: Vec<(u64, T)>,
+    /// Items already due, in due order.
+    ready: VecDeque<(u64, T)>,
+    len: usize,
+}
+
+/// The level and slot an item due at `due` goes to, relative to `elapsed` (`due > elapsed`,
+/// `due - elapsed < SPAN_MS`).
+fn level_and_slot(elapsed: u64, due: u64) -> (usize, usize) {
+    let differing = (due ^ elapsed) | (SLOTS as u64 - 1);
+    let top_bit = 63 - differing.leading_zeros();
+    let level = (top_bit / SLOT_BITS) as usize;
+    let slot = ((due >> (SLOT_BITS * level as u32)) as usize) & (SLOTS - 1);
+    (level, slot)
+}
+
+/// The span of one slot of `level`, in ms.
+fn slot_span(level: usize) -> u64 {
+    1 << (SLOT_BITS * level as u32)
+}
+
+impl<T> TimingWheel<T> {
+    /// An empty wheel whose time is `now_ms`.
+    pub fn new(now_ms: u64) -> TimingWheel<T> {
+        TimingWheel {
+            elapsed: now_ms,
+            levels: (0..LEVELS).map(|_| Level::new()).collect(),
+            overflow: Vec::new(),
+            ready: VecDeque::new(),
+            len: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Adds an item due at `due_ms` (at or before the wheel's time: due at once).
+    pub fn insert(&mut self, due_ms: u64, item: T) {
+        self.len += 1;
+        self.place(due_ms, item);
+    }
+
+    fn place(&mut self, due: u64, item: T) {
+        if due <= self.elapsed {
+            // Keep `ready` in due order: late items go before later ones.
+            let at = self.ready.partition_point(|(d, _)| *d <= due);
+            self.ready.insert(at, (due, item));
+        } else if due - self.elapsed >= SPAN_MS {
+            self.overflow.push((due, item));
+        } else {
+            let (level, slot) = level_and_slot(self.elapsed, due);
+            let l = &mut self.levels[level];
+            l.slots[slot].push((due, item));
+            l.occupied |= 1 << slot;
+        }
+    }
+
+    /// The earliest occupied slot: (level, slot, the time it starts).
+    fn next_slot(&self) -> Option<(usize, usize, u64)> {
+        for (level, l) in self.levels.iter().enumerate() {
+            if l.occupied == 0 {
+                continue;
+            }
+            let span = slot_span(level);
+            let level_span = span * SLOTS as u64;
+            let now_slot = ((self.elapsed / span) % SLOTS as u64) as u32;
+            let slot =
+                (l.occupied.rotate_right(now_slot).trailing_zeros() + now_slot) as usize % SLOTS;
+            let level_start = self.elapsed - self.elapsed % level_span;
+            let mut start = level_start + slot as u64 * span;
+            if start + span <= self.elapsed {
+                // The slot lies in the level's next turn.
+                start += level_span;
+            }
+            return Some((level, slot, start.max(self.elapsed)));
+        }
+        None
+    }
+
+    /// When the wheel next has something to do: now if items are ready, else the start of
+    /// the earliest occupied slot (an item is due there, or items must move down a level).
+    pub fn next_wake_ms(&self) -> Option<u64> {
+        if let Some((due, _)) = self.ready.front() {
+            return Some(*due);
+        }
+        match self.next_slot() {
+            Some((_, _, start)) => Some(start),
+            None => self.overflow.iter().map(|(d, _)| *d).min(),
+        }
+    }
+
+    /// Moves the wheel's time forward to `now_ms` and takes up to `max` items due at or
+    /// before it, in due order, into `out`. Items left over stay ready for the next call.
+    pub fn poll(&mut self, now_ms: u64, max: usize, out: &mut Vec<(u64, T)>) {
+        let taken_before = out.len();
+        loop {
+            while out.len() - taken_before < max {
+                match self.ready.pop_front() {
+                    Some(item) => {
+                        self.len -= 1;
+                        out.push(item);
+                    }
+                    None => break,
+                }
+            }
+            if out.len() - taken_before >= max {
+                return;
+            }
+            match self.next_slot() {
+                Some((level, slot, start)) if start <= now_ms => {
+                    self.elapsed = self.elapsed.max(start);
+                    let l = &mut self.levels[level];
+                    l.occupied &= !(1 << slot);
+                    let items = std::mem::take(&mut l.slots[slot]);
+                    for (due, item) in items {
+                        self.place(due, item);
+                    }
+                }
+                _ => {
+                    if self.overflow.is_empty() || now_ms < self.elapsed {
+                        self.elapsed = self.elapsed.max(now_ms);
+                        if self.ready.is_empty() {
+                            return;
+                        }
+                        continue;
+                    }
+                    self.elapsed = self.elapsed.max(now_ms);
+                    // Overflow items that now fit the levels move in.
+                    let overflow = std::mem::take(&mut self.overflow);
+                    for (due, item) in overflow {
+                        self.place(due, item);
+                    }
+                    if self.ready.is_empty() && self.next_slot().is_none_or(|s| s.2 > now_ms) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every item with its due time, in no particular order (snapshots, statistics).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> + '_ {
+        self.ready
+            .iter()
+            .chain(self.levels.iter().flat_map(|l| l.slots.iter().flatten()))
+            .chain(self.overflow.iter())
+            .map(|(d, t)| (*d, t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Inserts `items` (due, id) and polls at `steps`, `max` at a time; checks against a
+    /// sorted reference that nothing is lost, nothing comes out early or twice, and that
+    /// items come out in due order.
+    fn check(start: u64, items: &[(u64, u32)], steps: &[u64], max: usize) {
+        let mut wheel = TimingWheel::new(start);
+        for &(due, id) in items {
+            wheel.insert(due, id);
+        }
+        assert_eq!(wheel.len(), items.len());
+        let mut out = Vec::new();
+        let mut now = start;
+        let mut last_due = 0;
+        for &step in steps {
+            now += step;
+            let before = out.len();
+            wheel.poll(now, max, &mut out);
+            assert!(out.len() - before <= max);
+            for &(due, _) in &out[before..] {
+                assert!(due <= now, "due {due} taken at {now}");
+                assert!(due >= last_due, "out of order: {due} after {last_due}");
+                last_due = due;
+            }
+            // Whatever is due and was not taken must be because of `max`.
+            if out.len() - before < max {
+                assert!(
+                    wheel.iter().all(|(d, _)| d > now),
+                    "left a due item at {now}"
+                );
+            }
+        }
+        // Drain everything.
+        wheel.poll(u64::MAX - 1, usize::MAX, &mut out);
+        let mut got: Vec<u32> = out.iter().map(|(_, id)| *id).collect();
+        got.sort_unstable();
+        let mut want: Vec<u32> = items.iter().map(|(_, id)| *id).collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert!(wheel.is_empty());
+    }
+
+    #[test]
+    fn simple_cases() {
+        check(1000, &[(1005, 1), (1001, 2), (999, 3)], &[1, 1, 10], 10);
+        check(0, &[(5, 1); 0], &[5], 1);
+        // Many at the same millisecond, taken a few at a time.
+        let same: Vec<(u64, u32)> = (0..100).map(|i| (50, i)).collect();
+        check(0, &same, &[50, 0, 0, 0], 7);
+        // Far future (overflow) and across level boundaries.
+        check(
+            7,
+            &[(SPAN_MS * 3, 1), (4096, 2), (4095, 3), (262_144 + 1, 4)],
+            &[4088, 1, 300_000],
+            10,
+        );
+    }
+
+    #[test]
+    fn next_wake_is_never_after_the_earliest_item() {
+        let mut wheel = TimingWheel::new(100);
+        assert_eq!(wheel.next_wake_ms(), None);
+        wheel.insert(100 + 70_000, 1u8);
+        let wake = wheel.next_wake_ms().unwrap();
+        assert!(wake <= 170_000);
+        wheel.insert(90, 2);
+        assert_eq!(wheel.next_wake_ms(), Some(90));
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_sorted_reference(
+            start in 0u64..1_000_000_000,
+            offsets in proptest::collection::vec(0u64..5_000_000, 0..200),
+            steps in proptest::collection::vec(0u64..400_000, 1..40),
+            max in 1usize..50,
+        ) {
+            let items: Vec<(u64, u32)> = offsets
+                .iter()
+                .enumerate()
+                .map(|(i, &o)| ((start + o).saturating_sub(1000), i as u32))
+                .collect();
+            check(start, &items, &steps, max);
+        }
+
+        #[test]
+        fn inserts_between_polls_keep_the_rules(
+            ops in proptest::collection::vec((0u64..100_000, 0u64..3_000), 1..150),
+        ) {
+            let mut wheel = TimingWheel::new(0);
+            let mut now = 0u64;
+            let mut out = Vec::new();
+            let mut inserted = 0u32;
+            let mut last_due = 0;
+            for (delay, step) in ops {
+                wheel.insert(now + delay, inserted);
+                inserted += 1;
+                now += step;
+                let before = out.len();
+                wheel.poll(now, usize::MAX, &mut out);
+                for &(due, _) in &out[before..] {
+                    prop_assert!(due <= now);
+                    prop_assert!(due >= last_due);
+                    last_due = due;
+                }
+                prop_assert!(wheel.iter().all(|(d, _)| d > now));
+            }
+            wheel.poll(u64::MAX - 1, usize::MAX, &mut out);
+            prop_assert_eq!(out.len() as u32, inserted);
+        }
+    }
+}
