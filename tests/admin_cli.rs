@@ -541,3 +541,57 @@ fn group_members_progress_and_reset() {
     drop(member);
     drop(rt);
 }
+
+#[test]
+fn delayed_sends_schedule_stats_and_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start_broker(&dir, &["--delay-levels", "100ms 200ms"]);
+    let addr = broker.addr_string();
+    ringmq(&addr, &["topic", "create", "later", "--queues", "2"]).ok();
+    // A delayed message has no queue offset until it is delivered.
+    let line = ringmq(&addr, &["send", "later", "soon", "--delay-ms", "300"]).ok();
+    assert_eq!(field(&line, "offset"), "scheduled", "{line}");
+    let v = ringmq(
+        &addr,
+        &["--json", "send", "later", "lvl", "--delay-level", "2"],
+    )
+    .json();
+    assert_eq!(v["scheduled"], true);
+    assert!(v["offset"].is_null(), "{v}");
+    let stats = ringmq(&addr, &["--json", "schedule", "stats"]).json();
+    let shards = stats["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 2);
+    let pending: u64 = shards.iter().map(|s| s["pending"].as_u64().unwrap()).sum();
+    assert!(pending <= 2, "{stats}");
+    let text = ringmq(&addr, &["schedule", "stats"]).ok();
+    assert!(text.starts_with("shard  pending"), "{text}");
+    // Both arrive.
+    let out = ringmq(
+        &addr,
+        &["consume", "later", "--wait-ms", "2000", "--max", "2"],
+    )
+    .ok();
+    assert!(out.contains("soon") && out.contains("lvl"), "{out}");
+    // Bad delays are usage errors or typed broker errors.
+    ringmq(&addr, &["send", "later", "x", "--delay-level", "0"]).fails(2);
+    ringmq(
+        &addr,
+        &[
+            "send",
+            "later",
+            "x",
+            "--delay-level",
+            "1",
+            "--delay-ms",
+            "5",
+        ],
+    )
+    .fails(2);
+    let e = ringmq(&addr, &["send", "later", "x", "--delay-level", "3"]).fails(1);
+    assert!(e.contains("InvalidDelay"), "{e}");
+    // A group without dead letters.
+    let out = ringmq(&addr, &["dlq", "list", "nobody"]).ok();
+    assert!(out.contains("no dead letters"), "{out}");
+    let v = ringmq(&addr, &["--json", "dlq", "list", "nobody"]).json();
+    assert_eq!(v["messages"].as_array().unwrap().len(), 0);
+}

@@ -163,7 +163,13 @@ fn retention_deletes_old_segments_and_reads_get_offset_too_small() {
         cfg.retention_bytes_max = 64 * 1024;
         let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
         let expected = append_all(&log, 4, 1000, 1000).await;
+        // A floor keeps the segment holding it and every later one, whatever the limit.
+        let floor = expected[expected.len() / 4].0;
+        let held = log.apply_retention(ringmq::log::now_ms(), floor).await;
+        assert!(held <= floor, "retention deleted past the floor");
+        assert!(log.read_record_at(floor).await.is_ok());
         let min = log.apply_retention(ringmq::log::now_ms(), u64::MAX).await;
+        assert!(min > held, "without the floor, more goes");
         assert!(min > 0);
         assert!(log.write_offset() - min <= 64 * 1024 + 16 * 1024);
         for (phys, bytes) in &expected {

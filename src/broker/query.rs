@@ -6,6 +6,7 @@ use std::rc::Rc;
 use super::consume::with_records_frame;
 use super::mesh::{MeshReply, MeshRequest};
 use super::{err, store_error, ShardCtx};
+use crate::io::ReadBuf;
 use crate::log::{FlushMode, LogError};
 use crate::protocol::record::RecordView;
 use crate::protocol::{
@@ -53,35 +54,39 @@ impl ShardCtx {
         Ok(Offset { offset })
     }
 
+    /// The stored record a message id names, on this shard.
+    pub(super) async fn read_by_msg_id(&self, msg_id: &str) -> Result<ReadBuf, ErrorBody> {
+        let id = MessageId::parse(msg_id).map_err(|e| {
+            err(
+                ErrorCode::InvalidMessage,
+                format!("bad message id {msg_id:?}: {e}"),
+            )
+        })?;
+        if id.store_id != self.id || id.broker_id != self.cfg.broker_id {
+            return Err(err(
+                ErrorCode::OffsetNotFound,
+                format!("message id {msg_id} names another broker or shard"),
+            ));
+        }
+        self.store
+            .read_physical(id.physical_offset)
+            .await
+            .map_err(|e| match e {
+                StoreError::Log(LogError::InvalidRecord(_)) => err(
+                    ErrorCode::OffsetNotFound,
+                    format!("no message with id {msg_id}"),
+                ),
+                other => store_error(other),
+            })
+    }
+
     /// `MessageById`: the record at the id's physical offset on this shard.
     pub(super) async fn message_by_id(
         self: Rc<Self>,
         request_id: u64,
         m: MessageById,
     ) -> Result<Vec<u8>, ErrorBody> {
-        let id = MessageId::parse(&m.msg_id).map_err(|e| {
-            err(
-                ErrorCode::InvalidMessage,
-                format!("bad message id {:?}: {e}", m.msg_id),
-            )
-        })?;
-        if id.store_id != self.id || id.broker_id != self.cfg.broker_id {
-            return Err(err(
-                ErrorCode::OffsetNotFound,
-                format!("message id {} names another broker or shard", m.msg_id),
-            ));
-        }
-        let buf = self
-            .store
-            .read_physical(id.physical_offset)
-            .await
-            .map_err(|e| match e {
-                StoreError::Log(LogError::InvalidRecord(_)) => err(
-                    ErrorCode::OffsetNotFound,
-                    format!("no message with id {}", m.msg_id),
-                ),
-                other => store_error(other),
-            })?;
+        let buf = self.read_by_msg_id(&m.msg_id).await?;
         Ok(records_frame(request_id, &[&buf[..]]))
     }
 

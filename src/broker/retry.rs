@@ -15,11 +15,9 @@ use std::rc::Rc;
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::{rebuild_properties, OwnedDraft};
 use super::{err, store_error, ShardCtx};
-use crate::log::LogError;
 use crate::protocol::names::{dlq_topic, retry_topic};
 use crate::protocol::record::{prop, RecordView};
-use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, MessageId, SendBackResult};
-use crate::store::StoreError;
+use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, SendBackResult};
 
 /// Queues of a retry or dead-letter topic.
 pub const SYSTEM_TOPIC_QUEUES: u32 = 1;
@@ -101,29 +99,7 @@ impl ShardCtx {
         self: Rc<Self>,
         m: ConsumerSendBack,
     ) -> Result<SendBackResult, ErrorBody> {
-        let id = MessageId::parse(&m.msg_id).map_err(|e| {
-            err(
-                ErrorCode::InvalidMessage,
-                format!("bad message id {:?}: {e}", m.msg_id),
-            )
-        })?;
-        if id.store_id != self.id || id.broker_id != self.cfg.broker_id {
-            return Err(err(
-                ErrorCode::OffsetNotFound,
-                format!("message id {} names another broker or shard", m.msg_id),
-            ));
-        }
-        let buf = self
-            .store
-            .read_physical(id.physical_offset)
-            .await
-            .map_err(|e| match e {
-                StoreError::Log(LogError::InvalidRecord(_)) => err(
-                    ErrorCode::OffsetNotFound,
-                    format!("no message with id {}", m.msg_id),
-                ),
-                other => store_error(other),
-            })?;
+        let buf = self.read_by_msg_id(&m.msg_id).await?;
         let view = RecordView::parse(&buf).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
         let (dead_lettered, draft) = self.retry_copy(&m, &view)?;
         self.ensure_system_topic(&draft.topic).await?;
@@ -160,15 +136,7 @@ impl ShardCtx {
         if !dead {
             add.push((prop::DELAY, &level));
         }
-        let drop = [
-            prop::DELAY,
-            prop::TIMER_DELAY_MS,
-            prop::TIMER_DELIVER_MS,
-            prop::TIMER_OUT_MS,
-            prop::REAL_TOPIC,
-            prop::REAL_QID,
-        ];
-        let properties = rebuild_properties(props, &drop, &add)?;
+        let properties = rebuild_properties(props, &prop::DELAY_PROPERTIES, &add)?;
         let topic = if dead {
             dlq_topic(&m.group)
         } else {

@@ -57,14 +57,7 @@ const SNAPSHOT_MAGIC: &[u8; 8] = b"RMQSCHD1";
 const SNAPSHOT_FILE: &str = "schedule.snapshot";
 
 /// Properties of a scheduled copy that the delivered message does not carry.
-const SCHEDULE_PROPS: [&str; 6] = [
-    prop::DELAY,
-    prop::TIMER_DELAY_MS,
-    prop::TIMER_DELIVER_MS,
-    prop::TIMER_OUT_MS,
-    prop::REAL_TOPIC,
-    prop::REAL_QID,
-];
+const SCHEDULE_PROPS: [&str; 6] = prop::DELAY_PROPERTIES;
 
 /// The in-memory side of one shard's schedule.
 pub struct Schedule {

@@ -76,6 +76,16 @@ pub mod prop {
     /// On a message that was delayed, retried or dead-lettered: the id it was first stored
     /// with.
     pub const ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+    /// The properties that ask for or describe a delay: a delivered (or resent) message
+    /// carries none of them.
+    pub const DELAY_PROPERTIES: [&str; 6] = [
+        DELAY,
+        TIMER_DELAY_MS,
+        TIMER_DELIVER_MS,
+        TIMER_OUT_MS,
+        REAL_TOPIC,
+        REAL_QID,
+    ];
     /// Wait for the store to be durable before answering.
     pub const WAIT: &str = "WAIT";
 }

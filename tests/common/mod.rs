@@ -7,6 +7,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::protocol::record::{PropertiesBuilder, RecordDraft};
 
+/// A tokio runtime for a test's client side (two workers, like the test machine's cores).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A message the tests can rebuild from its number alone, so that recovered data can be
 /// checked against what was appended.
 pub struct TestMessage {

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use tokio::time::{sleep, Instant};
 
 use ringmq::client::{
@@ -14,7 +13,7 @@ use ringmq::client::{
     PushConsumerOptions,
 };
 
-use crate::report::{histogram, record_us};
+use crate::report::{record_us, Latencies};
 use crate::{
     epoch_ns, Cli, Run, BODY_HEADER_BYTES, SEQ_NUMBER_MASK, SEQ_PRODUCER_SHIFT, SEQ_TAG_SHIFT,
 };
@@ -27,14 +26,14 @@ const SETTLE_TIMEOUT_S: u64 = 30;
 /// Pause after a failed pull before the next one.
 const PULL_ERROR_PAUSE_MS: u64 = 100;
 
-/// Pulls one queue from `offset` until told to stop; returns its end-to-end histogram.
+/// Pulls one queue from `offset` until told to stop; returns its latency histograms.
 pub(crate) async fn consume_queue(
     run: Arc<Run>,
     client: Client,
     queue_id: u32,
     mut offset: u64,
-) -> Histogram<u64> {
-    let mut latencies = histogram();
+) -> Latencies {
+    let mut latencies = Latencies::new();
     let wait = Duration::from_millis(PULL_WAIT_MS);
     while !run.stop_consumers.load(Ordering::Relaxed) {
         let pulled = client
@@ -91,7 +90,7 @@ fn note_received(run: &Run, counted: u64, duplicates: u64, now: Instant) {
 /// The push consumers of `--group`, each with its end-to-end histogram.
 pub(crate) struct PushConsumers {
     pub(crate) consumers: Vec<PushConsumer>,
-    pub(crate) latencies: Vec<Arc<Mutex<Histogram<u64>>>>,
+    pub(crate) latencies: Vec<Arc<Mutex<Latencies>>>,
 }
 
 /// Sets `group`'s offsets to `start_offsets` (the queues' ends: messages of earlier runs
@@ -135,7 +134,7 @@ pub(crate) async fn start_push_consumers(
         };
         let consumer = PushConsumer::new(config, group, options.clone()).map_err(fail)?;
         consumer.subscribe(&cli.topic, "*").map_err(fail)?;
-        let latencies = Arc::new(Mutex::new(histogram()));
+        let latencies = Arc::new(Mutex::new(Latencies::new()));
         let (histogram, run) = (latencies.clone(), run.clone());
         consumer
             .register_concurrent(move |messages| {
@@ -210,8 +209,9 @@ fn count_new(
     run: &Run,
     messages: &[ringmq::client::Message],
     now_ns: u64,
-    latencies: &mut Histogram<u64>,
+    latencies: &mut Latencies,
 ) -> (u64, u64) {
+    let delay_ns = run.cli.delay_ms.unwrap_or(0).saturating_mul(1_000_000);
     let (mut counted, mut duplicates) = (0, 0);
     for message in messages {
         let body = message.body();
@@ -242,10 +242,14 @@ fn count_new(
         }
         seen[word_at] |= bit;
         drop(seen);
-        record_us(
-            latencies,
-            Duration::from_nanos(now_ns.saturating_sub(sent_at_ns)),
-        );
+        let e2e_ns = now_ns.saturating_sub(sent_at_ns);
+        record_us(&mut latencies.e2e, Duration::from_nanos(e2e_ns));
+        if delay_ns > 0 {
+            record_us(
+                &mut latencies.lateness,
+                Duration::from_nanos(e2e_ns.saturating_sub(delay_ns)),
+            );
+        }
         counted += 1;
     }
     (counted, duplicates)

@@ -42,7 +42,6 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use hdrhistogram::Histogram;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
@@ -53,7 +52,7 @@ use ringmq::protocol::ErrorCode;
 use crate::consumer::{consume_queue, start_push_consumers};
 use crate::embedded::{start_embedded, stop_embedded};
 use crate::producer::produce;
-use crate::report::{banner, histogram, print_report, progress, to_json, Report};
+use crate::report::{banner, histogram, print_report, progress, to_json, Latencies, Report};
 
 /// Bytes at the start of every body: send time (u64 LE) and sequence (u64 LE).
 const BODY_HEADER_BYTES: usize = 16;
@@ -138,6 +137,10 @@ struct Cli {
     /// from each send's scheduled time); 0: as fast as --in-flight allows.
     #[arg(long, default_value_t = 0)]
     rate: u64,
+    /// Send scheduled messages, delivered MS after they are stored (batch 1 only); the
+    /// report adds `delivery_lateness_us`: consumed time minus due time.
+    #[arg(long, value_name = "MS")]
+    delay_ms: Option<u64>,
     /// Sends (or batches) outstanding per producer; in --rate mode a full window delays
     /// sends, and the delay counts as latency.
     #[arg(long, default_value_t = 128)]
@@ -197,6 +200,9 @@ impl Cli {
         }
         if self.group.is_some() && self.consumers == 0 {
             return Err("--group needs --consumers 1 or more".into());
+        }
+        if self.delay_ms.is_some() && self.batch != 1 {
+            return Err("--delay-ms sends one message at a time: use --batch 1".into());
         }
         if self.group.is_some() && self.pull_batch > ringmq::client::PULL_BATCH_MAX_LIMIT {
             return Err(format!(
@@ -385,7 +391,7 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     let done = Arc::new(AtomicBool::new(false));
     let progress = tokio::spawn(progress(run.clone(), done.clone()));
 
-    let mut pullers: Vec<JoinHandle<Histogram<u64>>> = Vec::new();
+    let mut pullers: Vec<JoinHandle<Latencies>> = Vec::new();
     for (c, client) in consumers.into_iter().enumerate() {
         for (queue, offset) in start_offsets.iter().enumerate() {
             if queue % cli.consumers == c {
@@ -423,18 +429,19 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     }
 
     if cli.consumers > 0 {
-        let drain_deadline = Instant::now() + Duration::from_secs(DRAIN_TIMEOUT_S);
+        // Delayed messages arrive up to their delay after the last send.
+        let drain_deadline = Instant::now()
+            + Duration::from_secs(DRAIN_TIMEOUT_S)
+            + Duration::from_millis(cli.delay_ms.unwrap_or(0));
         while run.stats.received.load(Ordering::Relaxed) < sent && Instant::now() < drain_deadline {
             sleep(Duration::from_millis(10)).await;
         }
     }
     run.stop_consumers.store(true, Ordering::Relaxed);
-    let mut e2e_latency = histogram();
+    let mut latencies = Latencies::new();
     for puller in pullers {
         let h = puller.await.map_err(|e| format!("consumer task: {e}"))?;
-        e2e_latency
-            .add(&h)
-            .map_err(|e| format!("merging histograms: {e}"))?;
+        latencies.add(&h)?;
     }
     if let Some(push) = push {
         // All at once: each leaves the group cleanly (commits, unregisters).
@@ -455,9 +462,7 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
             }
         }
         for h in &push.latencies {
-            e2e_latency
-                .add(&*h.lock().unwrap_or_else(PoisonError::into_inner))
-                .map_err(|e| format!("merging histograms: {e}"))?;
+            latencies.add(&h.lock().unwrap_or_else(PoisonError::into_inner))?;
         }
     }
     done.store(true, Ordering::Relaxed);
@@ -479,7 +484,8 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         consume_s: (stats.last_received_ns.load(Ordering::Relaxed) as f64 / 1e9 - consume_from_s)
             .max(0.0),
         send_latency,
-        e2e_latency,
+        e2e_latency: latencies.e2e,
+        lateness: cli.delay_ms.map(|_| latencies.lateness),
         queue_count: run.queue_count,
         first_error,
     })

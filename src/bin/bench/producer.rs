@@ -79,6 +79,10 @@ impl Sender {
                 let number = n & SEQ_NUMBER_MASK;
                 let message =
                     OutgoingMessage::new(body(cli.size, sent_at_ns, self.first_seq | number));
+                let message = match cli.delay_ms {
+                    Some(ms) => message.with_delay_ms(ms),
+                    None => message,
+                };
                 match cli.keys {
                     Some(keys) => message.with_sharding_key(format!("k{}", n % keys)),
                     None => message,

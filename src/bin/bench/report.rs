@@ -20,6 +20,30 @@ pub(crate) fn histogram() -> Histogram<u64> {
     }
 }
 
+/// The latencies a consumer records: end to end (from the send time), and with
+/// `--delay-ms` how late each message came after it was due (consumed time minus send time
+/// minus the delay).
+pub(crate) struct Latencies {
+    pub(crate) e2e: Histogram<u64>,
+    pub(crate) lateness: Histogram<u64>,
+}
+
+impl Latencies {
+    pub(crate) fn new() -> Latencies {
+        Latencies {
+            e2e: histogram(),
+            lateness: histogram(),
+        }
+    }
+
+    pub(crate) fn add(&mut self, other: &Latencies) -> Result<(), String> {
+        self.e2e
+            .add(&other.e2e)
+            .and_then(|_| self.lateness.add(&other.lateness))
+            .map_err(|e| format!("merging histograms: {e}"))
+    }
+}
+
 pub(crate) fn record_us(h: &mut Histogram<u64>, d: Duration) {
     let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     h.saturating_record(us.max(1));
@@ -58,6 +82,8 @@ pub(crate) struct Report {
     pub(crate) consume_s: f64,
     pub(crate) send_latency: Histogram<u64>,
     pub(crate) e2e_latency: Histogram<u64>,
+    /// With `--delay-ms`: consumed time minus due time.
+    pub(crate) lateness: Option<Histogram<u64>>,
     pub(crate) queue_count: u32,
     pub(crate) first_error: Option<String>,
 }
@@ -104,6 +130,7 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
         },
         "send_latency_us": percentiles(&r.send_latency),
         "e2e_latency_us": percentiles(&r.e2e_latency),
+        "delivery_lateness_us": r.lateness.as_ref().map(percentiles),
         "config": {
             "broker": broker,
             "embedded_broker": embedded,
@@ -123,6 +150,7 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
             "messages": cli.messages,
             "duration_s": cli.duration().map(|d| d.as_secs()),
             "rate": cli.rate,
+            "delay_ms": cli.delay_ms,
             "in_flight": cli.in_flight,
             "flush": if embedded { Some(format!("{:?}", cli.flush).to_lowercase()) } else { None },
             "shards": cli.shards,
@@ -170,6 +198,9 @@ pub(crate) fn print_report(cli: &Cli, r: &Report) {
     line(&format!("send latency us{unit}"), &r.send_latency);
     if cli.consumers > 0 {
         line("end-to-end latency us", &r.e2e_latency);
+        if let Some(lateness) = &r.lateness {
+            line("delivery lateness us", lateness);
+        }
     }
 }
 

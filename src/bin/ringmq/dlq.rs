@@ -185,17 +185,7 @@ async fn read_all(
 
 /// The message as it was first sent, from its dead-letter copy.
 fn original(m: &Message) -> OutgoingMessage {
-    let system = [
-        prop::TAGS,
-        prop::KEYS,
-        prop::RETRY_TOPIC,
-        prop::DELAY,
-        prop::TIMER_DELAY_MS,
-        prop::TIMER_DELIVER_MS,
-        prop::TIMER_OUT_MS,
-        prop::REAL_TOPIC,
-        prop::REAL_QID,
-    ];
+    let system = [prop::TAGS, prop::KEYS, prop::RETRY_TOPIC];
     let mut out = OutgoingMessage::new(m.body().to_vec())
         .with_keys(m.keys().map(str::to_owned))
         .with_flag(m.flag());
@@ -203,7 +193,7 @@ fn original(m: &Message) -> OutgoingMessage {
         out = out.with_tags(tags);
     }
     for (name, value) in m.properties().iter() {
-        if !system.contains(&name) {
+        if !system.contains(&name) && !prop::DELAY_PROPERTIES.contains(&name) {
             out = out.with_property(name, value);
         }
     }

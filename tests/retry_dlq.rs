@@ -1,0 +1,358 @@
+//! The failure path of consumption against the real broker binary, the real client and the
+//! `ringmq` command line: a failing message comes back through the group's retry topic at
+//! the configured delays with its reconsume count, then lands on the dead-letter topic,
+//! from where `ringmq dlq resend` puts it back; a member killed while its message waits on
+//! the retry topic does not take the message with it; send-backs cross shards.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::broker::BrokerProcess;
+use ringmq::client::{
+    Client, ClientConfig, ConsumeFrom, ConsumeStatus, Message, OutgoingMessage, Producer,
+    PushConsumer, PushConsumerOptions,
+};
+use ringmq::protocol::route::owner;
+use ringmq::protocol::{ErrorCode, MessageId};
+
+use common::runtime;
+
+fn options() -> PushConsumerOptions {
+    PushConsumerOptions {
+        pull_wait_ms: 500,
+        commit_interval_ms: 100,
+        reconsume_delay_ms: 50,
+        consume_from: ConsumeFrom::FirstOffset,
+        ..Default::default()
+    }
+}
+
+async fn eventually(what: &str, patience: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
+    while !done() {
+        assert!(Instant::now() < deadline, "gave up waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every message of queue 0 of `topic` (retry and dead-letter topics have one queue).
+async fn all_of(client: &Client, topic: &str) -> Vec<Message> {
+    match client
+        .pull(topic, 0, 0, 256, Duration::from_millis(0), &[])
+        .await
+    {
+        Ok(p) => p.messages,
+        Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => Vec::new(),
+        Err(e) => panic!("pulling {topic}: {e}"),
+    }
+}
+
+fn ringmq(addr: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringmq"))
+        .args(["--broker", addr])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ringmq {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// One listener call: (reconsume times, topic it came from, when).
+type Calls = Arc<Mutex<Vec<(u32, String, Instant)>>>;
+
+#[test]
+fn a_failing_message_returns_at_the_level_delays_then_goes_to_the_dead_letter_topic_and_is_resent()
+{
+    // Retries take levels 3, 4, 5...: 300 ms, 400 ms, 500 ms.
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--delay-levels", "100ms 100ms 300ms 400ms 500ms"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("work", 2).await.unwrap();
+        let calls: Calls = Arc::default();
+        // "twice" fails twice then succeeds; "always" always fails (max 2 retries).
+        let consumer = PushConsumer::new(
+            ClientConfig::new(&addr),
+            "g-fail",
+            PushConsumerOptions {
+                max_reconsume_times: 2,
+                ..options()
+            },
+        )
+        .unwrap();
+        consumer.subscribe("work", "*").unwrap();
+        {
+            let calls = calls.clone();
+            consumer
+                .register_concurrent(move |messages| {
+                    let m = &messages[0];
+                    let body = String::from_utf8_lossy(m.body()).into_owned();
+                    calls.lock().unwrap().push((
+                        m.reconsume_times(),
+                        format!("{body}@{}", m.origin_topic()),
+                        Instant::now(),
+                    ));
+                    match (body.as_str(), m.reconsume_times()) {
+                        ("twice", n) if n >= 2 => ConsumeStatus::Success,
+                        _ => ConsumeStatus::ReconsumeLater,
+                    }
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        producer
+            .send("work", OutgoingMessage::new("twice").with_tags("T"))
+            .await
+            .unwrap();
+        producer
+            .send(
+                "work",
+                OutgoingMessage::new("always")
+                    .with_key("k-always")
+                    .with_property("user", "v"),
+            )
+            .await
+            .unwrap();
+        eventually("always dead-lettered", Duration::from_secs(20), || {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+        let calls = calls.lock().unwrap().clone();
+        for (body, expected) in [("twice", 3), ("always", 3)] {
+            let of: Vec<&(u32, String, Instant)> = calls
+                .iter()
+                .filter(|(_, b, _)| b.starts_with(body))
+                .collect();
+            assert_eq!(of.len(), expected, "{body}: {calls:?}");
+            // Reconsume counts 0, 1, 2; every call names the original topic.
+            for (i, (times, b, _)) in of.iter().enumerate() {
+                assert_eq!(*times, i as u32, "{body}");
+                assert_eq!(b, &format!("{body}@work"));
+            }
+            // Each retry comes no earlier than its level's delay (levels 3 and 4), to the
+            // millisecond the broker's clock counts in.
+            let gap = |a: usize| of[a + 1].2.duration_since(of[a].2);
+            assert!(gap(0) >= Duration::from_millis(299), "{body}: {:?}", gap(0));
+            assert!(gap(1) >= Duration::from_millis(399), "{body}: {:?}", gap(1));
+        }
+        consumer.shutdown().await.unwrap();
+
+        // The dead letter keeps what the message carried.
+        let dead = all_of(&client, "%DLQ%g-fail").await;
+        assert_eq!(dead.len(), 1);
+        let d = &dead[0];
+        assert_eq!(
+            (d.body(), d.origin_topic(), d.reconsume_times()),
+            (&b"always"[..], "work", 3)
+        );
+        assert_eq!(d.keys().collect::<Vec<_>>(), ["k-always"]);
+        assert_eq!(d.property("user"), Some("v"));
+        let origin = d.origin_msg_id().unwrap().to_owned();
+
+        // The command line lists it, then resends it to its topic.
+        let listed: serde_json::Value =
+            serde_json::from_str(&ringmq(&addr, &["--json", "dlq", "list", "g-fail"])).unwrap();
+        let listed = listed["messages"].as_array().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0]["topic"], "work");
+        assert_eq!(listed[0]["reconsume_times"], 3);
+        assert_eq!(listed[0]["body"], "always");
+        let text = ringmq(&addr, &["dlq", "list", "g-fail"]);
+        assert!(text.contains("always") && text.contains("work"), "{text}");
+        let resent = ringmq(&addr, &["dlq", "resend", "g-fail", "--msg-id", &origin]);
+        assert!(
+            resent.contains("1 resent; next: --from-offset 1"),
+            "{resent}"
+        );
+        let back: Vec<Message> = {
+            let mut all = Vec::new();
+            for q in 0..2 {
+                let pulled = client
+                    .pull("work", q, 0, 64, Duration::from_millis(0), &[])
+                    .await
+                    .unwrap();
+                all.extend(pulled.messages);
+            }
+            all.into_iter().filter(|m| m.body() == b"always").collect()
+        };
+        assert_eq!(back.len(), 2, "the original and the resent copy");
+        let copy = back.iter().find(|m| m.origin_msg_id().is_some()).unwrap();
+        assert_eq!(copy.origin_msg_id(), Some(origin.as_str()));
+        assert_eq!(copy.keys().collect::<Vec<_>>(), ["k-always"]);
+        assert_eq!(copy.property("user"), Some("v"));
+        // The dead letter stays for inspection.
+        assert_eq!(all_of(&client, "%DLQ%g-fail").await.len(), 1);
+    });
+}
+
+#[test]
+fn a_member_killed_while_its_message_waits_on_the_retry_topic_does_not_take_it_along() {
+    // The first retry waits 2 s: long enough to kill the member meanwhile.
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--delay-levels", "100ms 100ms 2s 2s 2s"],
+    );
+    let addr = broker.addr_string();
+    let rt = runtime();
+    rt.block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("kt", 1).await.unwrap();
+    });
+    let mut member = Command::new(env!("CARGO_BIN_EXE_ringmq"))
+        .args(["--broker", &addr, "consume", "kt", "--group", "g-kill"])
+        .args(["--reconsume-later", "--client-id", "victim"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(member.stdout.take().unwrap()).lines();
+    rt.block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        // The member joins, then the message goes out.
+        let client = producer.client().clone();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while client.group_members("g-kill").await.unwrap().members.len() != 1 {
+            assert!(Instant::now() < deadline, "the member did not join");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        producer
+            .send("kt", OutgoingMessage::new("precious"))
+            .await
+            .unwrap();
+    });
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.contains("body=precious"), "{line}");
+    // It answered ReconsumeLater: once the copy is on the retry topic, kill the member.
+    rt.block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let stats = client.schedule_stats().await.unwrap();
+            if stats.iter().map(|s| s.pending).sum::<u64>() == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the copy was not scheduled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    unsafe {
+        libc::kill(member.id() as i32, libc::SIGKILL);
+    }
+    let _ = member.wait();
+    rt.block_on(async {
+        let got: Arc<Mutex<Vec<(String, u32, String)>>> = Arc::default();
+        let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-kill", options()).unwrap();
+        consumer.subscribe("kt", "*").unwrap();
+        {
+            let got = got.clone();
+            consumer
+                .register_concurrent(move |messages| {
+                    for m in messages {
+                        got.lock().unwrap().push((
+                            String::from_utf8_lossy(m.body()).into_owned(),
+                            m.reconsume_times(),
+                            m.topic().to_owned(),
+                        ));
+                    }
+                    ConsumeStatus::Success
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        eventually("the retried copy", Duration::from_secs(20), || {
+            got.lock()
+                .unwrap()
+                .iter()
+                .any(|(b, n, t)| b == "precious" && *n == 1 && t == "%RETRY%g-kill")
+        })
+        .await;
+        consumer.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn send_backs_travel_to_the_shard_that_owns_the_retry_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--delay-levels", "100ms 100ms 200ms"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("xs", 2).await.unwrap();
+        let group = "g-cross";
+        let retry_shard = owner("%RETRY%g-cross", 0, 2);
+        let dlq_shard = owner("%DLQ%g-cross", 0, 2);
+        // A message stored on the other shard.
+        let mut original = None;
+        for i in 0..8 {
+            let r = producer
+                .send("xs", OutgoingMessage::new(format!("x-{i}")))
+                .await
+                .unwrap();
+            if owner("xs", r.queue_id, 2) != retry_shard {
+                original = Some(r);
+                break;
+            }
+        }
+        let original = original.expect("round-robin reaches both shards");
+        let sent_at = Instant::now();
+        let r = client
+            .send_back(group, &original.msg_id, 0, 16)
+            .await
+            .unwrap();
+        assert!(!r.dead_lettered);
+        assert_eq!(r.reconsume_times, 1);
+        assert_eq!(MessageId::parse(&r.msg_id).unwrap().store_id, retry_shard);
+        // Held in the retry queue owner's schedule, delivered there after level 3 (200 ms).
+        let mut copy = Vec::new();
+        while copy.is_empty() {
+            assert!(sent_at.elapsed() < Duration::from_secs(20));
+            copy = all_of(&client, "%RETRY%g-cross").await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(sent_at.elapsed() >= Duration::from_millis(200));
+        assert_eq!(copy[0].msg_id().store_id, retry_shard);
+        assert_eq!(copy[0].origin_topic(), "xs");
+        assert_eq!(copy[0].origin_msg_id(), Some(original.msg_id.as_str()));
+        // A negative level goes straight to the dead-letter topic.
+        let d = client
+            .send_back(group, &copy[0].msg_id().encode(), -1, 16)
+            .await
+            .unwrap();
+        assert!(d.dead_lettered);
+        assert_eq!(MessageId::parse(&d.msg_id).unwrap().store_id, dlq_shard);
+        let dead = all_of(&client, "%DLQ%g-cross").await;
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reconsume_times(), 2);
+        assert_eq!(dead[0].origin_msg_id(), Some(original.msg_id.as_str()));
+        // An id that names no message is refused.
+        let bogus = MessageId {
+            broker_id: 0,
+            store_id: 0,
+            physical_offset: 1 << 40,
+        }
+        .encode();
+        let e = client.send_back(group, &bogus, 0, 16).await.unwrap_err();
+        assert!(e.code().is_some(), "{e}");
+    });
+}

@@ -1,0 +1,337 @@
+//! Delayed messages against the real broker binary and the real client: delay levels,
+//! delays and delivery times arrive no earlier than due and soon after; bad delays are
+//! refused with typed errors; a broker killed with thousands of scheduled messages pending
+//! (some falling due while it is down) delivers every one after its restart, in due order
+//! per queue.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::broker::BrokerProcess;
+use ringmq::client::{
+    Client, ClientConfig, Message, OutgoingMessage, Producer, ProducerOptions,
+    QUEUE_OFFSET_SCHEDULED,
+};
+use ringmq::protocol::record::prop;
+use ringmq::protocol::ErrorCode;
+
+use common::runtime;
+
+/// A broker with levels 200 ms, 400 ms, 1 s and delays up to 60 s.
+fn short_levels_broker(dir: &tempfile::TempDir) -> BrokerProcess {
+    BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--delay-levels",
+            "200ms 400ms 1s",
+            "--delay-max-ms",
+            "60000",
+        ],
+    )
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Pulls every queue of `topic` from its start, calling `seen` with each message and the
+/// wall time it was pulled, until `seen` says it has enough (or the patience runs out).
+async fn pull_until(
+    client: &Client,
+    topic: &str,
+    queues: u32,
+    patience: Duration,
+    mut seen: impl FnMut(&Message, u64) -> bool,
+) {
+    let mut next = vec![0u64; queues as usize];
+    let deadline = Instant::now() + patience;
+    loop {
+        assert!(Instant::now() < deadline, "gave up waiting for {topic}");
+        for q in 0..queues {
+            let pulled = client
+                .pull(
+                    topic,
+                    q,
+                    next[q as usize],
+                    256,
+                    Duration::from_millis(20),
+                    &[],
+                )
+                .await
+                .unwrap();
+            let at = now_ms();
+            for m in &pulled.messages {
+                if seen(m, at) {
+                    return;
+                }
+            }
+            next[q as usize] = pulled.next_offset;
+        }
+    }
+}
+
+#[test]
+fn levels_delays_and_times_are_delivered_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = short_levels_broker(&dir);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("sched", 4).await.unwrap();
+        let now = now_ms();
+        let cases: Vec<(&str, OutgoingMessage, u64)> = vec![
+            (
+                "level-1",
+                OutgoingMessage::new("level-1").with_delay_level(1),
+                200,
+            ),
+            (
+                "level-2",
+                OutgoingMessage::new("level-2").with_delay_level(2),
+                400,
+            ),
+            (
+                "ms-300",
+                OutgoingMessage::new("ms-300").with_delay_ms(300),
+                300,
+            ),
+            (
+                "at-500",
+                OutgoingMessage::new("at-500").with_deliver_at_ms(now + 500),
+                500,
+            ),
+            (
+                "past",
+                OutgoingMessage::new("past").with_deliver_at_ms(now - 10_000),
+                0,
+            ),
+            ("plain", OutgoingMessage::new("plain"), 0),
+        ];
+        // body → (sent from, sent until, delay, msg id, queue)
+        let mut sent: HashMap<String, (u64, u64, u64, String, u32)> = HashMap::new();
+        for (body, message, delay) in cases {
+            let from = now_ms();
+            let r = producer.send("sched", message).await.unwrap();
+            let until = now_ms();
+            // The broker computes "at-500" from our clock reading before the send.
+            let from = if body == "at-500" { now } else { from };
+            assert_eq!(
+                r.queue_offset == QUEUE_OFFSET_SCHEDULED,
+                delay > 0,
+                "{body}: {r:?}"
+            );
+            sent.insert(body.to_owned(), (from, until, delay, r.msg_id, r.queue_id));
+        }
+        let mut arrived: HashMap<String, (u64, Message)> = HashMap::new();
+        pull_until(&client, "sched", 4, Duration::from_secs(20), |m, at| {
+            let body = String::from_utf8_lossy(m.body()).into_owned();
+            arrived.entry(body).or_insert((at, m.clone()));
+            arrived.len() == sent.len()
+        })
+        .await;
+        for (body, (from, until, delay, msg_id, queue)) in &sent {
+            let (at, m) = &arrived[body];
+            assert!(
+                *at >= from + delay,
+                "{body} arrived {} ms early",
+                from + delay - at
+            );
+            // Soon after: within a second of being due, even on a busy test machine.
+            assert!(
+                *at <= until + delay + 1000,
+                "{body} arrived {} ms late",
+                at - (until + delay)
+            );
+            assert_eq!(m.queue_id(), *queue, "{body}");
+            if *delay > 0 {
+                assert!(m.store_timestamp_ms() as u64 >= from + delay, "{body}");
+                assert_eq!(m.origin_msg_id(), Some(msg_id.as_str()), "{body}");
+            }
+            for name in prop::DELAY_PROPERTIES {
+                assert_eq!(m.property(name), None, "{body} keeps {name}");
+            }
+        }
+        // Nothing waits any more; the four delayed ones were delivered by the schedules.
+        let mut pending = u64::MAX;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pending != 0 {
+            let stats = client.schedule_stats().await.unwrap();
+            assert_eq!(stats.len(), 2, "one schedule per shard");
+            pending = stats.iter().map(|s| s.pending).sum();
+            let delivered: u64 = stats.iter().map(|s| s.delivered_total).sum();
+            if pending == 0 {
+                assert_eq!(delivered, 4);
+            }
+            assert!(Instant::now() < deadline, "schedules still hold {pending}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+#[test]
+fn bad_delays_and_system_topics_are_refused_with_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = short_levels_broker(&dir);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect_with(
+            ClientConfig::new(&addr),
+            ProducerOptions {
+                retries: 0,
+                ..ProducerOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        producer.client().create_topic("bad", 2).await.unwrap();
+        let refused = |m: OutgoingMessage| {
+            let producer = producer.clone();
+            async move { producer.send("bad", m).await.unwrap_err() }
+        };
+        for message in [
+            OutgoingMessage::new("x").with_delay_level(4),
+            OutgoingMessage::new("x").with_delay_ms(60_001),
+            OutgoingMessage::new("x").with_deliver_at_ms(now_ms() + 3_600_000),
+            OutgoingMessage::new("x").with_property(prop::TIMER_DELAY_MS, "soon"),
+            OutgoingMessage::new("x")
+                .with_property(prop::DELAY, "1")
+                .with_property(prop::TIMER_DELAY_MS, "5"),
+        ] {
+            let e = refused(message.clone()).await;
+            assert_eq!(e.code(), Some(ErrorCode::InvalidDelay), "{message:?}: {e}");
+        }
+        // A batch may not hold delayed messages (their queue offsets come later).
+        let e = producer
+            .send_batch(
+                "bad",
+                vec![
+                    OutgoingMessage::new("a"),
+                    OutgoingMessage::new("b").with_delay_ms(100),
+                ],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidDelay), "{e}");
+        // The broker's own topics are not for clients.
+        let e = producer
+            .send("%SYS_SCHEDULE%", OutgoingMessage::new("x"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidTopic), "{e}");
+        let e = producer
+            .client()
+            .create_topic("%SYS_SCHEDULE%", 1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidTopic), "{e}");
+        // Nothing was stored by the refused sends.
+        let info = producer.client().describe_topic("bad").await.unwrap();
+        assert!(info.queues.iter().all(|q| q.max_offset == 0), "{info:?}");
+    });
+    // A broker with bad delay levels does not start.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .args(["--delay-levels", "1s 5x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("delay-levels"), "{stderr}");
+}
+
+#[test]
+fn scheduled_messages_survive_a_kill_and_come_out_in_due_order_per_queue() {
+    const COUNT: u64 = 3000;
+    const STEP_MS: u64 = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let rt = runtime();
+    // Due times are distinct and shuffled over the send order: message i is due at
+    // base + perm(i) * STEP_MS.
+    let perm = |i: u64| (i * 7919) % COUNT;
+    let (base, queues) = rt.block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("crash", 4).await.unwrap();
+        let base = now_ms() + 5_000;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..COUNT {
+            let producer = producer.clone();
+            tasks.spawn(async move {
+                let m = OutgoingMessage::new(format!("m-{i}"))
+                    .with_deliver_at_ms(base + perm(i) * STEP_MS);
+                let r = producer.send("crash", m).await.unwrap();
+                assert_eq!(r.queue_offset, QUEUE_OFFSET_SCHEDULED);
+                (i, r.queue_id)
+            });
+            if tasks.len() >= 64 {
+                tasks.join_next().await.unwrap().unwrap();
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+        assert!(
+            now_ms() < base,
+            "sending took too long for the test's timing"
+        );
+        (base, 4u32)
+    });
+    // Kill it while part of the messages are delivered, keep it down while more fall due.
+    let kill_at = base + COUNT * STEP_MS / 3;
+    std::thread::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms())));
+    broker.kill();
+    std::thread::sleep(Duration::from_millis(1_500));
+    broker.restart();
+    let addr = broker.addr_string();
+    rt.block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let mut first_seen: HashSet<u64> = HashSet::new();
+        let mut order: HashMap<u32, Vec<u64>> = HashMap::new();
+        let mut copies = 0u64;
+        pull_until(&client, "crash", queues, Duration::from_secs(60), |m, _| {
+            let body = std::str::from_utf8(m.body()).unwrap();
+            let i: u64 = body.strip_prefix("m-").unwrap().parse().unwrap();
+            assert!(i < COUNT, "invented message {body}");
+            copies += 1;
+            if first_seen.insert(i) {
+                order.entry(m.queue_id()).or_default().push(perm(i));
+            }
+            first_seen.len() as u64 == COUNT
+        })
+        .await;
+        for (queue, dues) in &order {
+            assert!(
+                dues.windows(2).all(|w| w[0] < w[1]),
+                "queue {queue}: delivered out of due order"
+            );
+        }
+        // Copies delivered twice are those whose delivery was not yet recorded durably when
+        // the broker died (the documented crash window).
+        eprintln!(
+            "{COUNT} scheduled, all delivered; {} delivered twice",
+            copies - COUNT
+        );
+        assert!(
+            copies - COUNT < COUNT / 10,
+            "{} delivered twice",
+            copies - COUNT
+        );
+        // Deliveries leave the schedules once an fdatasync covers them.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = client.schedule_stats().await.unwrap();
+            if stats.iter().map(|s| s.pending).sum::<u64>() == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{stats:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
