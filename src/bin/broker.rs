@@ -64,6 +64,15 @@ struct Cli {
     /// Most delayed messages one shard holds; sends past it get ScheduleFull [default: 2000000]
     #[arg(long)]
     schedule_pending_max: Option<usize>,
+    /// Most client connections (beyond: refused with TooManyConnections); 0: 10000, lowered
+    /// to what the open-file limit leaves after the descriptors kept for the stores
+    /// [default: 0]
+    #[arg(long)]
+    connections_max: Option<usize>,
+    /// Close a connection that sends no request within this many ms, stops in the middle of
+    /// a frame this long, or takes none of the bytes written to it this long [default: 30000]
+    #[arg(long)]
+    conn_timeout_ms: Option<u64>,
 }
 
 fn load(cli: &Cli) -> Result<BrokerConfig, String> {
@@ -122,6 +131,12 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.schedule_pending_max {
         cfg.schedule_pending_max = v;
+    }
+    if let Some(v) = cli.connections_max {
+        cfg.connections_max = v;
+    }
+    if let Some(v) = cli.conn_timeout_ms {
+        cfg.conn_timeout_ms = v;
     }
     Ok(cfg)
 }

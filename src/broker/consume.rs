@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::answer::Answer;
 use super::{err, error_frame};
 use super::{store_error, ShardCtx};
 use crate::protocol::{
@@ -69,8 +70,9 @@ impl ShardCtx {
     pub(super) async fn pull(
         self: Rc<Self>,
         request_id: u64,
+        conn: u64,
         p: Pull,
-    ) -> Result<Vec<u8>, ErrorBody> {
+    ) -> Result<Answer, ErrorBody> {
         self.known_queue(&p.topic, p.queue_id)?;
         let max_messages = if p.max_messages == 0 {
             crate::protocol::PULL_BATCH_DEFAULT
@@ -93,21 +95,22 @@ impl ShardCtx {
                     max_offset,
                     count: 0,
                 };
-                Ok(pull_frame(request_id, &r, &[]))
+                Ok(Answer::from(pull_frame(request_id, &r, &[])))
             };
-            match self
-                .store
-                .read_queue(
-                    &p.topic,
-                    p.queue_id,
-                    p.offset,
-                    max_messages,
-                    max_bytes,
-                    &p.tag_hashes,
-                )
-                .await
-            {
-                Ok(r) if !r.is_empty() => {
+            let plan = self.store.plan_queue_read(
+                &p.topic,
+                p.queue_id,
+                p.offset,
+                max_messages,
+                max_bytes,
+                &p.tag_hashes,
+            );
+            match plan {
+                Ok(plan) if !plan.is_empty() => {
+                    // Room for the answer first: a client that does not read its answers
+                    // holds its pulls here, not their records in memory.
+                    let hold = self.answers.reserve(conn, plan.bytes()).await?;
+                    let r = self.store.fetch(plan).await.map_err(store_error)?;
                     let meta = PullResult {
                         status: PullStatus::Found,
                         next_offset: r.next_offset,
@@ -116,7 +119,7 @@ impl ShardCtx {
                         count: r.len() as u32,
                     };
                     let parts: Vec<&[u8]> = r.records().collect();
-                    return Ok(pull_frame(request_id, &meta, &parts));
+                    return Ok(Answer::held(pull_frame(request_id, &meta, &parts), hold));
                 }
                 Ok(r) if r.next_offset > p.offset => {
                     return status(

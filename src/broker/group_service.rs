@@ -174,6 +174,7 @@ impl ShardCtx {
     /// A client connection closed on this shard: its members leave their groups.
     pub fn connection_closed(self: &Rc<Self>, conn: u64) {
         self.conns.borrow_mut().remove(&conn);
+        self.answers.close(conn);
         let Some(groups) = self.conn_groups.borrow_mut().remove(&conn) else {
             return;
         };

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::answer::Answer;
 use super::group_service::LockOp;
 use super::schedule::OwnedDraft;
-use super::{err, store_error, Handled, LocalBoxFuture, ShardCtx};
+use super::{err, Handled, LocalBoxFuture, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode};
 
 /// How long a shard waits for another shard's answer.
@@ -187,12 +188,14 @@ impl ShardCtx {
                     MeshRequest::Frame { bytes, peer, conn } => match ctx
                         .handle_frame(&bytes, peer, conn)
                     {
-                        Handled::Now(f) => {
-                            Box::pin(async move { MeshReply::Frame(f.unwrap_or_default()) })
-                        }
-                        Handled::Later(f) => {
-                            Box::pin(async move { MeshReply::Frame(f.await.unwrap_or_default()) })
-                        }
+                        // The answer's reservation on this shard ends here: the bytes move
+                        // to the shard of the connection, which accounts for them there.
+                        Handled::Now(f) => Box::pin(async move {
+                            MeshReply::Frame(f.map(Answer::into_bytes).unwrap_or_default())
+                        }),
+                        Handled::Later(f) => Box::pin(async move {
+                            MeshReply::Frame(f.await.map(Answer::into_bytes).unwrap_or_default())
+                        }),
                     },
                     other => Box::pin(async move { ctx.mesh_request(other).await }),
                 };
@@ -277,19 +280,12 @@ impl ShardCtx {
                 begin_ms,
                 end_ms,
                 max,
-            } => {
-                match self
-                    .store
-                    .messages_by_key(&topic, &key, begin_ms, end_ms, max as usize)
-                    .await
-                {
-                    Ok(bufs) => MeshReply::Records(bufs.iter().map(|b| b.to_vec()).collect()),
-                    Err(e) => {
-                        let e = store_error(e);
-                        MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
-                    }
+            } => match self.local_by_key(&topic, &key, begin_ms, end_ms, max).await {
+                Ok(records) => MeshReply::Records(records),
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }
-            }
+            },
         }
     }
 }

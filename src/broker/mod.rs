@@ -14,6 +14,7 @@
 //! (file syncs go through `crate::io::blocking`); nothing is shared with other shards except
 //! by messages.
 
+pub mod answer;
 mod consume;
 mod group_service;
 pub mod groups;
@@ -39,6 +40,7 @@ use crate::log::{FlushMode, LogError};
 use crate::protocol::route::owner;
 use crate::protocol::*;
 use crate::store::{MessageStore, StoreError};
+use answer::{Answer, AnswerBudgets};
 use group_service::{GroupExtra, CONN_SHARD_SHIFT};
 use groups::{GroupState, LockTable};
 use mesh::MESH_CALL_TIMEOUT_MS;
@@ -48,6 +50,9 @@ use topics::TopicTable;
 pub use consume::{PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX};
 pub use mesh::{MeshMsg, MeshReply, MeshRequest, Peers};
 pub use produce::BATCH_MESSAGES_MAX;
+
+/// Key lookups a shard runs at once.
+const KEY_LOOKUPS_AT_ONCE: usize = 4;
 
 pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
@@ -108,6 +113,10 @@ pub struct ShardCtx {
     schedule: RefCell<schedule::Schedule>,
     /// Wakes the schedule's delivery task (a new message may be due sooner).
     schedule_wake: Notify,
+    /// Bytes of record-carrying answers, per connection and for the shard.
+    answers: AnswerBudgets,
+    /// Key lookups running at once (each may gather a frame's worth from every shard).
+    key_lookups: tokio::sync::Semaphore,
 }
 
 pub(crate) fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
@@ -165,9 +174,21 @@ fn validate_group(group: &str) -> Result<(), ErrorBody> {
 /// What handling a frame gives.
 pub enum Handled {
     /// The response frame, ready now.
-    Now(Option<Vec<u8>>),
+    Now(Option<Answer>),
     /// The response frame, later (None: a oneway request).
-    Later(LocalBoxFuture<'static, Option<Vec<u8>>>),
+    Later(LocalBoxFuture<'static, Option<Answer>>),
+}
+
+impl Handled {
+    /// A frame ready now.
+    pub fn now(frame: Vec<u8>) -> Handled {
+        Handled::Now(Some(Answer::from(frame)))
+    }
+
+    /// A frame that comes later (None: nothing to answer).
+    pub fn later(f: impl Future<Output = Option<Vec<u8>>> + 'static) -> Handled {
+        Handled::Later(Box::pin(async move { f.await.map(Answer::from) }))
+    }
 }
 
 impl ShardCtx {
@@ -183,6 +204,7 @@ impl ShardCtx {
         peers: Box<dyn Peers>,
     ) -> Rc<ShardCtx> {
         let cfg_lock_expiry_ms = cfg.lock_expiry_ms;
+        let cfg_frame_bytes_max = cfg.frame_limits.frame_bytes_max() as usize;
         Rc::new(ShardCtx {
             id,
             shard_count,
@@ -208,6 +230,8 @@ impl ShardCtx {
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),
             schedule_wake: Notify::new(),
+            answers: AnswerBudgets::new(cfg_frame_bytes_max),
+            key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
         })
     }
 
@@ -218,6 +242,7 @@ impl ShardCtx {
         self.next_conn.set(n + 1);
         let id = ((self.id as u64) << CONN_SHARD_SHIFT) | n;
         self.conns.borrow_mut().insert(id, push);
+        self.answers.open(id);
         id
     }
 
@@ -271,20 +296,22 @@ impl ShardCtx {
         let frame = match decoder.decode(bytes) {
             Ok(Some(f)) => f,
             Ok(None) => {
-                return Handled::Now(Some(error_frame(
+                return Handled::now(error_frame(
                     0,
                     &err(ErrorCode::MalformedFrame, "truncated frame"),
-                )))
+                ))
             }
-            Err(e) => return Handled::Now(Some(error_frame(0, &ErrorBody::from(&e)))),
+            Err(e) => return Handled::now(error_frame(0, &ErrorBody::from(&e))),
         };
         let request_id = frame.request_id();
         let oneway = frame.header().flags().is_oneway();
         let req = match frame.decode_request() {
             Ok(r) => r,
-            Err(e) => return Handled::Now(Some(error_frame(request_id, &ErrorBody::from(&e)))),
+            Err(e) => return Handled::now(error_frame(request_id, &ErrorBody::from(&e))),
         };
-        let refuse = |e: ErrorBody| Handled::Now((!oneway).then(|| error_frame(request_id, &e)));
+        let refuse = |e: ErrorBody| {
+            Handled::Now((!oneway).then(|| Answer::from(error_frame(request_id, &e))))
+        };
         if self.stopping.get() {
             return refuse(err(
                 ErrorCode::ShardUnavailable,
@@ -313,7 +340,7 @@ impl ShardCtx {
             peer,
             conn,
         });
-        let finish = move |f: Option<Vec<u8>>| {
+        let finish = move |f: Option<Answer>| {
             drop(guard);
             if oneway {
                 None
@@ -349,21 +376,44 @@ impl ShardCtx {
             }
             _ => MESH_CALL_TIMEOUT_MS,
         };
+        // An answer with records is built on the other shard: room for the largest one is
+        // reserved here first, so a client that does not read cannot make the shards hold
+        // its answers (shard-aware clients send these straight to the owner).
+        let carries_records = matches!(
+            req,
+            Request::Pull(_) | Request::MessageById(_) | Request::MessagesByKey(_)
+        );
+        let largest = self.cfg.frame_limits.frame_bytes_max() as usize;
         Handled::Later(Box::pin(async move {
+            let mut hold = if carries_records {
+                match ctx.answers.reserve(conn, largest).await {
+                    Ok(hold) => Some(hold),
+                    Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
+                }
+            } else {
+                None
+            };
             let body = MeshRequest::Frame {
                 bytes: frame_bytes,
                 peer,
                 conn,
             };
-            match ctx.call_with_timeout(to, body, timeout_ms).await {
-                Ok(MeshReply::Frame(f)) if f.is_empty() => None,
-                Ok(MeshReply::Frame(f)) => Some(f),
-                Ok(other) => Some(error_frame(
+            let frame = match ctx.call_with_timeout(to, body, timeout_ms).await {
+                Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
+                Ok(MeshReply::Frame(f)) => f,
+                Ok(other) => error_frame(
                     request_id,
                     &err(ErrorCode::Internal, format!("unexpected reply {other:?}")),
-                )),
-                Err(e) => (!oneway).then(|| error_frame(request_id, &e)),
-            }
+                ),
+                Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
+            };
+            Some(match hold.take() {
+                Some(mut hold) => {
+                    hold.shrink_to(frame.len());
+                    Answer::held(frame, hold)
+                }
+                None => Answer::from(frame),
+            })
         }))
     }
 }
@@ -391,10 +441,10 @@ struct Req<'a> {
 impl Req<'_> {
     /// An answer ready now.
     fn now<'r, R: Into<Response<'r>>>(&self, r: Result<R, ErrorBody>) -> Handled {
-        Handled::Now(Some(match r {
+        Handled::now(match r {
             Ok(r) => response_frame(self.request_id, &r.into()),
             Err(e) => error_frame(self.request_id, &e),
-        }))
+        })
     }
 
     /// An answer that needs waiting for.
@@ -403,20 +453,20 @@ impl Req<'_> {
         f: impl Future<Output = Result<R, ErrorBody>> + 'static,
     ) -> Handled {
         let request_id = self.request_id;
-        self.later_frame(async move { f.await.map(|r| response_frame(request_id, &r.into())) })
+        self.later_frame(async move {
+            f.await
+                .map(|r| Answer::from(response_frame(request_id, &r.into())))
+        })
     }
 
-    /// An answer, built as a frame by the handler (record-carrying answers), that needs
-    /// waiting for.
-    fn later_frame(
-        &self,
-        f: impl Future<Output = Result<Vec<u8>, ErrorBody>> + 'static,
-    ) -> Handled {
+    /// An answer, built as a frame by the handler (record-carrying answers, with their
+    /// reservation), that needs waiting for.
+    fn later_frame(&self, f: impl Future<Output = Result<Answer, ErrorBody>> + 'static) -> Handled {
         let request_id = self.request_id;
         Handled::Later(Box::pin(async move {
             Some(match f.await {
-                Ok(frame) => frame,
-                Err(e) => error_frame(request_id, &e),
+                Ok(answer) => answer,
+                Err(e) => Answer::from(error_frame(request_id, &e)),
             })
         }))
     }
@@ -458,7 +508,7 @@ impl Handlers for Req<'_> {
     }
 
     fn pull(&self, m: Pull) -> Handled {
-        self.later_frame(self.ctx.clone().pull(self.request_id, m))
+        self.later_frame(self.ctx.clone().pull(self.request_id, self.conn, m))
     }
 
     fn get_min_offset(&self, m: GetMinOffset) -> Handled {
@@ -503,11 +553,19 @@ impl Handlers for Req<'_> {
     }
 
     fn message_by_id(&self, m: MessageById) -> Handled {
-        self.later_frame(self.ctx.clone().message_by_id(self.request_id, m))
+        self.later_frame(
+            self.ctx
+                .clone()
+                .message_by_id(self.request_id, self.conn, m),
+        )
     }
 
     fn messages_by_key(&self, m: MessagesByKey) -> Handled {
-        self.later_frame(self.ctx.clone().messages_by_key(self.request_id, m))
+        self.later_frame(
+            self.ctx
+                .clone()
+                .messages_by_key(self.request_id, self.conn, m),
+        )
     }
 
     fn group_heartbeat(&self, m: GroupHeartbeat) -> Handled {

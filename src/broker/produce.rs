@@ -52,7 +52,7 @@ impl ShardCtx {
                 ErrorCode::InvalidMessage,
                 format!("a batch holds 1..={BATCH_MESSAGES_MAX} messages"),
             );
-            return Handled::Now(Some(error_frame(request_id, &e)));
+            return Handled::now(error_frame(request_id, &e));
         }
         let items: Vec<_> = b
             .messages
@@ -102,13 +102,13 @@ impl ShardCtx {
                         BODY_BYTES_MAX
                     ),
                 );
-                return Handled::Now(Some(error_frame(request_id, &e)));
+                return Handled::now(error_frame(request_id, &e));
             }
             if let Err(e) = Properties::new(props).validate() {
-                return Handled::Now(Some(error_frame(
+                return Handled::now(error_frame(
                     request_id,
                     &err(ErrorCode::InvalidMessage, e.to_string()),
-                )));
+                ));
             }
         }
         if crate::protocol::names::is_system_topic(&topic) {
@@ -116,7 +116,7 @@ impl ShardCtx {
                 ErrorCode::InvalidTopic,
                 format!("topic {topic} is reserved for the broker"),
             );
-            return Handled::Now(Some(error_frame(request_id, &e)));
+            return Handled::now(error_frame(request_id, &e));
         }
         if batch
             && items
@@ -127,7 +127,7 @@ impl ShardCtx {
                 ErrorCode::InvalidDelay,
                 "delayed messages cannot be sent in a batch; send them one by one",
             );
-            return Handled::Now(Some(error_frame(request_id, &e)));
+            return Handled::now(error_frame(request_id, &e));
         }
         let known = self.topics.borrow().get(&topic);
         match known {
@@ -138,11 +138,11 @@ impl ShardCtx {
                         ErrorCode::QueueNotFound,
                         format!("topic {topic} has {count} queues; no queue {q}"),
                     );
-                    return Handled::Now(Some(error_frame(request_id, &e)));
+                    return Handled::now(error_frame(request_id, &e));
                 }
                 let appended = self.append_all(&topic, q, items, peer);
                 let ctx = self.clone();
-                Handled::Later(Box::pin(async move {
+                Handled::later(async move {
                     Some(match appended {
                         Ok(puts) => {
                             ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch)
@@ -150,13 +150,13 @@ impl ShardCtx {
                         }
                         Err(e) => error_frame(request_id, &e),
                     })
-                }))
+                })
             }
             _ => {
                 // Unknown topic (maybe auto-created) or a queue left to the broker.
                 let ctx = self.clone();
                 let items = items.to_vec();
-                Handled::Later(Box::pin(async move {
+                Handled::later(async move {
                     let count = match ctx.ensure_topic(&topic).await {
                         Ok(c) => c,
                         Err(e) => return Some(error_frame(request_id, &e)),
@@ -204,7 +204,7 @@ impl ShardCtx {
                         ),
                         Err(e) => Some(error_frame(request_id, &e)),
                     }
-                }))
+                })
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use super::answer::Answer;
 use super::consume::with_records_frame;
 use super::mesh::{MeshReply, MeshRequest};
 use super::{err, store_error, ShardCtx};
@@ -84,27 +85,32 @@ impl ShardCtx {
     pub(super) async fn message_by_id(
         self: Rc<Self>,
         request_id: u64,
+        conn: u64,
         m: MessageById,
-    ) -> Result<Vec<u8>, ErrorBody> {
+    ) -> Result<Answer, ErrorBody> {
         let buf = self.read_by_msg_id(&m.msg_id).await?;
-        Ok(records_frame(request_id, &[&buf[..]]))
+        let hold = self.answers.reserve(conn, buf.len()).await?;
+        Ok(Answer::held(records_frame(request_id, &[&buf[..]]), hold))
     }
 
-    /// `MessagesByKey`: this shard's matches and every other shard's, newest first.
+    /// `MessagesByKey`: this shard's matches and every other shard's, newest first, as many
+    /// as fit in one frame (the newest ones). Lookups run a few at a time per shard.
     pub(super) async fn messages_by_key(
         self: Rc<Self>,
         request_id: u64,
+        conn: u64,
         m: MessagesByKey,
-    ) -> Result<Vec<u8>, ErrorBody> {
-        let max = m.max_messages.clamp(1, KEY_LOOKUP_MESSAGES_MAX);
-        let mut found: Vec<Vec<u8>> = self
-            .store
-            .messages_by_key(&m.topic, &m.key, m.begin_ms, m.end_ms, max as usize)
+    ) -> Result<Answer, ErrorBody> {
+        let _one_of_few = self
+            .key_lookups
+            .acquire()
             .await
-            .map_err(store_error)?
-            .iter()
-            .map(|b| b.to_vec())
-            .collect();
+            .map_err(|_| err(ErrorCode::ShardUnavailable, "the broker is stopping"))?;
+        let max = m.max_messages.clamp(1, KEY_LOOKUP_MESSAGES_MAX);
+        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
+        let mut found = self
+            .local_by_key(&m.topic, &m.key, m.begin_ms, m.end_ms, max)
+            .await?;
         for to in (0..self.shard_count).filter(|&s| s != self.id) {
             let req = MeshRequest::ByKey {
                 topic: m.topic.clone(),
@@ -117,7 +123,7 @@ impl ShardCtx {
                 found.extend(r);
             }
         }
-        // Newest first, as one list.
+        // Newest first, as one list, cut to what one frame holds.
         found.sort_by_key(|b| {
             std::cmp::Reverse(
                 RecordView::parse_unchecked_crc(b)
@@ -126,9 +132,49 @@ impl ShardCtx {
             )
         });
         found.truncate(max as usize);
+        keep_within(&mut found, max_bytes);
+        let bytes: usize = found.iter().map(Vec::len).sum();
+        let hold = self.answers.reserve(conn, bytes).await?;
         let parts: Vec<&[u8]> = found.iter().map(|b| &b[..]).collect();
-        Ok(records_frame(request_id, &parts))
+        Ok(Answer::held(records_frame(request_id, &parts), hold))
     }
+
+    /// This shard's records with the key (newest first), at most `max` and at most what one
+    /// frame holds.
+    pub(super) async fn local_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max: u32,
+    ) -> Result<Vec<Vec<u8>>, ErrorBody> {
+        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
+        let mut found: Vec<Vec<u8>> = self
+            .store
+            .messages_by_key(topic, key, begin_ms, end_ms, max as usize)
+            .await
+            .map_err(store_error)?
+            .iter()
+            .map(|b| b.to_vec())
+            .collect();
+        keep_within(&mut found, max_bytes);
+        Ok(found)
+    }
+}
+
+/// Keeps the first records whose sizes add up to at most `max_bytes` (at least one).
+fn keep_within(records: &mut Vec<Vec<u8>>, max_bytes: usize) {
+    let mut total = 0usize;
+    let keep = records
+        .iter()
+        .position(|r| {
+            total += r.len();
+            total > max_bytes
+        })
+        .unwrap_or(records.len())
+        .max(1);
+    records.truncate(keep);
 }
 
 fn records_frame(request_id: u64, parts: &[&[u8]]) -> Vec<u8> {

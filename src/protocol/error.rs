@@ -46,6 +46,8 @@ pub enum ErrorCode {
     ShardUnavailable = 41,
     /// The shard's schedule of delayed messages is full; try again later.
     ScheduleFull = 42,
+    /// The broker serves as many connections as it may (`--connections-max`).
+    TooManyConnections = 43,
     BadFilterExpression = 50,
     /// The consumer group has no such member (it never joined, or its session expired).
     GroupNotFound = 60,
@@ -55,7 +57,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -75,6 +77,7 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::ShardUnavailable,
         ErrorCode::ScheduleFull,
+        ErrorCode::TooManyConnections,
         ErrorCode::BadFilterExpression,
         ErrorCode::GroupNotFound,
         ErrorCode::Internal,
@@ -103,6 +106,7 @@ impl ErrorCode {
             40 => ErrorCode::Timeout,
             41 => ErrorCode::ShardUnavailable,
             42 => ErrorCode::ScheduleFull,
+            43 => ErrorCode::TooManyConnections,
             50 => ErrorCode::BadFilterExpression,
             60 => ErrorCode::GroupNotFound,
             99 => ErrorCode::Internal,
@@ -124,7 +128,8 @@ impl ErrorCode {
             | ErrorCode::StoreIo
             | ErrorCode::Timeout
             | ErrorCode::ShardUnavailable
-            | ErrorCode::ScheduleFull => true,
+            | ErrorCode::ScheduleFull
+            | ErrorCode::TooManyConnections => true,
             ErrorCode::GroupNotFound
             | ErrorCode::MalformedFrame
             | ErrorCode::FrameTooLarge
@@ -241,7 +246,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 21] = [
+        let expected: [(ErrorCode, u16); 22] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -260,6 +265,7 @@ mod tests {
             (ErrorCode::Timeout, 40),
             (ErrorCode::ShardUnavailable, 41),
             (ErrorCode::ScheduleFull, 42),
+            (ErrorCode::TooManyConnections, 43),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::Internal, 99),
@@ -282,7 +288,8 @@ mod tests {
                 ErrorCode::StoreIo,
                 ErrorCode::Timeout,
                 ErrorCode::ShardUnavailable,
-                ErrorCode::ScheduleFull
+                ErrorCode::ScheduleFull,
+                ErrorCode::TooManyConnections
             ]
         );
     }

@@ -3,6 +3,10 @@
 //! clean start and stop. Everything glommio-specific about serving lives here; the services
 //! it runs are in `crate::broker`.
 //!
+//! Files: this one (start, stop, the mesh, the shard's main task), `conn.rs` (serving one
+//! connection, with its bounds and timeouts), `listen.rs` (sockets, the exclusive-port
+//! probe, the connection cap, accepting).
+//!
 //! Architecture invariant: a shard's state is touched only by its own executor thread.
 //! Shards exchange messages over bounded channels; the only things shared across threads
 //! are start-up coordination and the stop flag.
@@ -14,30 +18,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
-use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
+
+mod conn;
+mod listen;
 
 use crate::broker::offsets::OffsetStore;
 use crate::broker::schedule::Schedule;
 use crate::broker::topics::TopicTable;
-use crate::broker::{Handled, LocalBoxFuture, MeshMsg, Peers, ServiceConfig, ShardCtx};
+use crate::broker::{LocalBoxFuture, MeshMsg, Peers, ServiceConfig, ShardCtx};
 use crate::log::FlushMode;
 use crate::protocol::delay::DelayRule;
-use crate::protocol::{encode_error, ErrorBody, FrameDecoder, FrameLimits};
+use crate::protocol::FrameLimits;
 use crate::store::{MessageStore, StoreConfig};
+use conn::{ConnSettings, ReadBudget};
+use listen::{accept_loop, bind, check_ports_free, ConnectionCap};
 
 /// Capacity of each channel of the shard mesh.
 const MESH_CHANNEL_CAPACITY: usize = 1024;
-/// Responses queued for one connection's writer.
-const CONN_RESPONSES_MAX: usize = 1024;
-/// Requests of one connection being handled at once.
-const CONN_IN_FLIGHT_MAX: usize = 1024;
-/// Bytes gathered into one socket write.
-const CONN_WRITE_BATCH_BYTES: usize = 1 << 20;
-/// Initial receive buffer of a connection.
-const CONN_READ_BUFFER_BYTES: usize = 64 * 1024;
 /// How often a shard looks for group members that missed their heartbeats.
 const GROUP_EXPIRY_CHECK_MS: u64 = 500;
 /// How long a clean stop waits for requests in flight.
@@ -73,6 +72,12 @@ pub struct BrokerConfig {
     pub delay_max_ms: u64,
     /// Most delayed messages one shard holds.
     pub schedule_pending_max: usize,
+    /// Most client connections of the whole broker (0: 10,000, lowered to what the
+    /// open-file limit allows).
+    pub connections_max: usize,
+    /// A connection silent this long before its first frame, or in the middle of a frame,
+    /// or not taking what is written to it, is closed.
+    pub conn_timeout_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -95,6 +100,8 @@ impl Default for BrokerConfig {
             delay_levels: crate::protocol::delay::DELAY_LEVELS_DEFAULT.to_owned(),
             delay_max_ms: crate::protocol::delay::DELAY_MAX_MS_DEFAULT,
             schedule_pending_max: crate::broker::schedule::SCHEDULE_PENDING_MAX_DEFAULT,
+            connections_max: 0,
+            conn_timeout_ms: conn::CONN_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -197,26 +204,6 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerError> {
     Ok(file)
 }
 
-fn check_ports_free(listen: &SocketAddr, shards: usize) -> Result<(), BrokerError> {
-    if listen.port() == 0 {
-        return Ok(());
-    }
-    let ports = std::iter::once(listen.port() as usize)
-        .chain((0..shards).map(|i| listen.port() as usize + 1 + i));
-    for port in ports {
-        let port = u16::try_from(port)
-            .map_err(|_| BrokerError::Config(format!("port {port} is out of range")))?;
-        let addr = SocketAddr::new(listen.ip(), port);
-        if let Err(e) = std::net::TcpListener::bind(addr) {
-            return Err(BrokerError::Config(format!(
-                "cannot listen on {addr}: {e} (is another broker running? shard i also uses port {}+1+i)",
-                listen.port()
-            )));
-        }
-    }
-    Ok(())
-}
-
 impl Broker {
     /// Starts the shards and returns once every shard serves.
     pub fn start(cfg: BrokerConfig) -> Result<Broker, BrokerError> {
@@ -240,6 +227,11 @@ impl Broker {
             .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
         DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms)
             .map_err(|e| BrokerError::Config(format!("delay-levels: {e}")))?;
+        if cfg.conn_timeout_ms == 0 {
+            return Err(BrokerError::Config(
+                "conn-timeout-ms must be at least 1".into(),
+            ));
+        }
         if cfg.schedule_pending_max == 0 {
             return Err(BrokerError::Config(
                 "schedule-pending-max must be at least 1".into(),
@@ -248,6 +240,15 @@ impl Broker {
         check_shard_count(&cfg.data_dir, shards)?;
         let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_ports_free(&cfg.listen, shards)?;
+        let (file_limit, _) = listen::raise_file_limit();
+        let connections_max = listen::connections_max(cfg.connections_max, file_limit, shards);
+        if cfg.connections_max != 0 && connections_max < cfg.connections_max {
+            eprintln!(
+                "ringmq-broker: the open-file limit is {file_limit}: at most {connections_max} connections, not {}",
+                cfg.connections_max
+            );
+        }
+        let cap = ConnectionCap::new(connections_max);
         TopicTable::load(&cfg.data_dir).map_err(|e| BrokerError::DataDir {
             path: cfg.data_dir.clone(),
             reason: e.to_string(),
@@ -268,18 +269,19 @@ impl Broker {
             } else {
                 Placement::Unbound
             };
-            let (cfg, boot, stop, mesh, tx) = (
+            let (cfg, boot, stop, mesh, tx, cap) = (
                 cfg.clone(),
                 boot.clone(),
                 stop.clone(),
                 mesh.clone(),
                 tx.clone(),
+                cap.clone(),
             );
             let handle = LocalExecutorBuilder::new(placement)
                 .name(&format!("ringmq-shard-{i}"))
                 .spawn(move || async move {
                     let tx2 = tx.clone();
-                    let r = shard_main(i, shards, cfg, limits, mesh, boot, tx, stop).await;
+                    let r = shard_main(i, shards, cfg, limits, mesh, boot, tx, stop, cap).await;
                     if let Err(reason) = &r {
                         let _ = tx2.send(BootMsg::Failed {
                             shard: i,
@@ -426,10 +428,6 @@ async fn wait_for<T: Clone>(cell: &OnceLock<T>, stop: &AtomicBool) -> Result<T, 
     }
 }
 
-fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn shard_main(
     i: usize,
@@ -440,6 +438,7 @@ async fn shard_main(
     boot: Arc<Boot>,
     tx: mpsc::Sender<BootMsg>,
     stop: Arc<AtomicBool>,
+    cap: Arc<ConnectionCap>,
 ) -> Result<(), String> {
     // Join the mesh first: a shard that fails later must not leave the others waiting here.
     let (senders, receivers) = mesh
@@ -526,9 +525,18 @@ async fn shard_main(
             spawn_mesh_receiver(ctx.clone(), receivers.clone(), peer);
         }
     }
+    let read_budget = ReadBudget::new(limits.frame_bytes_max() as usize);
     for listener in [main_listener, direct] {
         let ctx = ctx.clone();
-        glommio::spawn_local(async move { accept_loop(ctx, listener, limits).await }).detach();
+        let (budget, cap) = (read_budget.clone(), cap.clone());
+        let settings = ConnSettings {
+            limits,
+            timeout_ms: cfg.conn_timeout_ms,
+        };
+        glommio::spawn_local(
+            async move { accept_loop(ctx, listener, settings, budget, cap).await },
+        )
+        .detach();
     }
     if cfg.flush == FlushMode::Async {
         let ctx = ctx.clone();
@@ -582,149 +590,4 @@ fn spawn_mesh_receiver(ctx: Rc<ShardCtx>, receivers: Rc<Receivers<MeshMsg>>, pee
         }
     })
     .detach();
-}
-
-async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, limits: FrameLimits) {
-    loop {
-        match listener.accept().await {
-            Ok(stream) => {
-                if ctx.is_stopping() {
-                    return;
-                }
-                let ctx = ctx.clone();
-                glommio::spawn_local(async move { serve_connection(ctx, stream, limits).await })
-                    .detach();
-            }
-            Err(e) => {
-                eprintln!("ringmq: shard {}: accept: {e}", ctx.id);
-                crate::io::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-}
-
-/// Serves one connection: reads frames, hands each to the shard's services in arrival
-/// order, and writes answers (in completion order; request ids pair them) through one
-/// writer task. A malformed frame gets an error frame and the connection is closed.
-async fn serve_connection(ctx: Rc<ShardCtx>, stream: TcpStream, limits: FrameLimits) {
-    let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let (mut reader, mut writer) = futures_lite::io::split(stream);
-    let (tx, rx) = glommio::channels::local_channel::new_bounded::<Vec<u8>>(CONN_RESPONSES_MAX);
-    let writer_task = glommio::spawn_local(async move {
-        let mut out: Vec<u8> = Vec::with_capacity(CONN_READ_BUFFER_BYTES);
-        while let Some(frame) = rx.recv().await {
-            // A frame alone goes out as it is (a pull answer is not copied again);
-            // frames that are ready together are gathered into one write.
-            let second = match futures_lite::future::poll_once(rx.recv()).await {
-                Some(Some(second)) => second,
-                Some(None) | None => {
-                    if writer.write_all(&frame).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            out.extend_from_slice(&frame);
-            out.extend_from_slice(&second);
-            while out.len() < CONN_WRITE_BATCH_BYTES {
-                match futures_lite::future::poll_once(rx.recv()).await {
-                    Some(Some(f)) => out.extend_from_slice(&f),
-                    _ => break,
-                }
-            }
-            if writer.write_all(&out).await.is_err() {
-                return;
-            }
-            out.clear();
-        }
-        let _ = writer.flush().await;
-        let _ = writer.close().await;
-    })
-    .detach();
-    let tx = Rc::new(tx);
-    let push_tx = Rc::downgrade(&tx);
-    let conn = ctx.register_connection(Rc::new(move |frame: Vec<u8>| {
-        if let Some(tx) = push_tx.upgrade() {
-            let _ = tx.try_send(frame);
-        }
-    }));
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(CONN_IN_FLIGHT_MAX));
-    let decoder = FrameDecoder::new(limits);
-    let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
-    let (mut start, mut end) = (0usize, 0usize);
-    'conn: loop {
-        // Hand every whole frame in the buffer to the services.
-        loop {
-            match decoder.decode(&buf[start..end]) {
-                Ok(Some(frame)) => {
-                    let len = frame.frame_len();
-                    let bytes = &buf[start..start + len];
-                    start += len;
-                    match ctx.handle_frame(bytes, peer, conn) {
-                        Handled::Now(Some(f)) => {
-                            if tx.send(f).await.is_err() {
-                                break 'conn;
-                            }
-                        }
-                        Handled::Now(None) => {}
-                        Handled::Later(fut) => {
-                            let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                                break 'conn;
-                            };
-                            let tx = tx.clone();
-                            glommio::spawn_local(async move {
-                                if let Some(f) = fut.await {
-                                    let _ = tx.send(f).await;
-                                }
-                                drop(permit);
-                            })
-                            .detach();
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    let body = ErrorBody::from(&e);
-                    let mut out = Vec::new();
-                    let code = body
-                        .error_code()
-                        .unwrap_or(crate::protocol::ErrorCode::MalformedFrame);
-                    if encode_error(
-                        0,
-                        code,
-                        format!("{}; closing the connection", body.message),
-                        &mut out,
-                    )
-                    .is_ok()
-                    {
-                        let _ = tx.send(out).await;
-                    }
-                    break 'conn;
-                }
-            }
-        }
-        // Make room: move the partial frame to the front, grow for a large frame.
-        if start > 0 {
-            buf.copy_within(start..end, 0);
-            end -= start;
-            start = 0;
-        }
-        let needed = decoder.bytes_needed(&buf[..end]).unwrap_or(0);
-        if needed > buf.len() {
-            buf.resize(needed, 0);
-        } else if end == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        match reader.read(&mut buf[end..]).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => end += n,
-        }
-    }
-    // The members on this connection leave their groups; answers in flight go out.
-    ctx.connection_closed(conn);
-    drop(tx);
-    let _ = writer_task.await;
 }

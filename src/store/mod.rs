@@ -108,6 +108,31 @@ pub struct StoreRecovery {
     pub queues: usize,
 }
 
+/// The records a queue read will take (see [`MessageStore::plan_queue_read`]).
+pub struct QueuePlan {
+    topic: String,
+    queue_id: u32,
+    picked: Vec<(u64, CqEntry)>,
+    bytes: usize,
+    /// The queue offset to read next.
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+}
+
+impl QueuePlan {
+    pub fn len(&self) -> usize {
+        self.picked.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.picked.is_empty()
+    }
+    /// Bytes of the records it takes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// Records read for one pull: a few large reads, and the byte ranges of the records in them.
 pub struct QueueRead {
     bufs: Vec<ReadBuf>,
@@ -465,6 +490,23 @@ impl MessageStore {
         max_bytes: usize,
         tag_hashes: &[u64],
     ) -> Result<QueueRead, StoreError> {
+        let plan =
+            self.plan_queue_read(topic, queue_id, offset, max_messages, max_bytes, tag_hashes)?;
+        self.fetch(plan).await
+    }
+
+    /// The first step of [`read_queue`](Self::read_queue): which records it takes, chosen
+    /// from the consume queue alone (no log read), so a caller can reserve room for them
+    /// before they are read.
+    pub fn plan_queue_read(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: usize,
+        tag_hashes: &[u64],
+    ) -> Result<QueuePlan, StoreError> {
         const SCAN_ENTRIES_MAX: u64 = 4096;
         let (min, max) = self.queue_range(topic, queue_id);
         if offset < min {
@@ -483,14 +525,12 @@ impl MessageStore {
                 max,
             });
         }
-        // Pick the entries, then plan reads: a run of entries is one read while the span
-        // stays within one segment and no more than twice the bytes it carries (plus slack).
         let mut picked: Vec<(u64, CqEntry)> = Vec::new();
         let mut next = offset;
+        let mut bytes = 0usize;
         {
             let queues = self.inner.queues.borrow();
             if let Some(q) = queues.get(&(topic.to_owned(), queue_id)) {
-                let mut bytes = 0usize;
                 let scan_end = max.min(offset + SCAN_ENTRIES_MAX);
                 while next < scan_end && picked.len() < max_messages as usize {
                     let Some(e) = q.cq.get(next) else { break };
@@ -506,6 +546,30 @@ impl MessageStore {
                 }
             }
         }
+        Ok(QueuePlan {
+            topic: topic.to_owned(),
+            queue_id,
+            picked,
+            bytes,
+            next_offset: next,
+            min_offset: min,
+            max_offset: max,
+        })
+    }
+
+    /// The second step of [`read_queue`](Self::read_queue): reads the planned records (a
+    /// run of entries is one read while the span stays within one segment and no more
+    /// than twice the bytes it carries, plus slack) and checks each.
+    pub async fn fetch(&self, plan: QueuePlan) -> Result<QueueRead, StoreError> {
+        let QueuePlan {
+            topic,
+            queue_id,
+            picked,
+            next_offset: next,
+            min_offset: min,
+            max_offset: max,
+            ..
+        } = plan;
         let seg = self.inner.log.config().segment_bytes;
         let mut bufs = Vec::new();
         let mut slices = Vec::with_capacity(picked.len());

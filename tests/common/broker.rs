@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub struct BrokerProcess {
     child: Option<Child>,
+    listen: SocketAddr,
     pub addr: SocketAddr,
     pub data_dir: PathBuf,
     pub shards: usize,
@@ -19,10 +20,21 @@ pub struct BrokerProcess {
 impl BrokerProcess {
     /// Starts a broker with `shards` shards in `data_dir`, plus extra flags.
     pub fn start(data_dir: &Path, shards: usize, extra: &[&str]) -> BrokerProcess {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), data_dir, shards, extra)
+    }
+
+    /// Starts a broker listening on `listen` (port 0: any).
+    pub fn start_on(
+        listen: SocketAddr,
+        data_dir: &Path,
+        shards: usize,
+        extra: &[&str],
+    ) -> BrokerProcess {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut b = BrokerProcess {
             child: None,
-            addr: "127.0.0.1:0".parse().unwrap(),
+            listen,
+            addr: listen,
             data_dir: data_dir.to_owned(),
             shards,
             extra,
@@ -35,7 +47,7 @@ impl BrokerProcess {
     fn spawn(&mut self) {
         let stderr = std::fs::File::create(&self.stderr_log).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
-            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["--listen", &self.listen.to_string(), "--data-dir"])
             .arg(&self.data_dir)
             .args(["--shards", &self.shards.to_string()])
             .args(&self.extra)
@@ -72,6 +84,24 @@ impl BrokerProcess {
             }
         }
         self.child = Some(child);
+    }
+
+    /// The broker's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The broker's resident memory now, in MiB (from /proc).
+    pub fn rss_mib(&self) -> u64 {
+        let pid = self.pid().expect("the broker runs");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb / 1024
     }
 
     pub fn addr_string(&self) -> String {

@@ -1,0 +1,213 @@
+//! Answers on their way to a client, and the byte budgets that bound them.
+//!
+//! A client that pipelines pulls and never reads the answers must not make the broker hold
+//! them without limit. Answers that carry stored records (pulls, lookups) reserve their
+//! size before the records are read: from the budget of the connection they will be
+//! written to (`CONN_ANSWER_BYTES_MAX`-sized, when the connection is on this shard) and
+//! from the shard's budget (all connections together). The reservation travels with the
+//! answer ([`Answer`]) and is given back once the answer is written or dropped; a pull
+//! whose connection has no budget left waits, and one whose connection closed fails. The
+//! shard runtime stops reading a connection's requests while its queued answers are over
+//! their limit, so a client that does not read is held back by TCP itself.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::err;
+use crate::protocol::{ErrorBody, ErrorCode};
+
+/// Budgets count in units of this many bytes.
+const UNIT_BYTES: usize = 1024;
+
+/// Bytes of record-carrying answers one connection may have reserved (queued or being
+/// built), at least; raised to hold two of the largest frames.
+pub const CONN_ANSWER_BYTES_MIN: usize = 32 << 20;
+/// Bytes of record-carrying answers all connections of a shard may have reserved, at least;
+/// raised to hold eight of the largest frames.
+pub const SHARD_ANSWER_BYTES_MIN: usize = 256 << 20;
+
+/// An answer frame, with the budget it holds until it is written.
+pub struct Answer {
+    bytes: Vec<u8>,
+    _hold: Option<AnswerHold>,
+}
+
+impl Answer {
+    pub fn held(bytes: Vec<u8>, hold: AnswerHold) -> Answer {
+        Answer {
+            bytes,
+            _hold: Some(hold),
+        }
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+    /// The frame alone (its reservation is given back).
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+impl From<Vec<u8>> for Answer {
+    fn from(bytes: Vec<u8>) -> Answer {
+        Answer { bytes, _hold: None }
+    }
+}
+
+/// A reservation of answer bytes; dropping it gives them back.
+pub struct AnswerHold {
+    conn: Option<OwnedSemaphorePermit>,
+    shard: OwnedSemaphorePermit,
+}
+
+impl AnswerHold {
+    /// Gives back what is reserved beyond `bytes` (a reservation made for the largest
+    /// answer, once the real one is known).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        let keep = units(bytes) as usize;
+        for permit in [self.conn.as_mut(), Some(&mut self.shard)]
+            .into_iter()
+            .flatten()
+        {
+            let extra = permit.num_permits().saturating_sub(keep);
+            drop(permit.split(extra));
+        }
+    }
+}
+
+/// The answer budgets of one shard: its own, and one per connection it serves.
+pub struct AnswerBudgets {
+    shard: Arc<Semaphore>,
+    shard_units: u32,
+    conn_units: u32,
+    conns: RefCell<HashMap<u64, Arc<Semaphore>>>,
+}
+
+fn units(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(UNIT_BYTES)).unwrap_or(u32::MAX)
+}
+
+impl AnswerBudgets {
+    /// Budgets sized for frames of up to `frame_bytes_max`.
+    pub fn new(frame_bytes_max: usize) -> AnswerBudgets {
+        let conn = CONN_ANSWER_BYTES_MIN.max(2 * frame_bytes_max);
+        let shard = SHARD_ANSWER_BYTES_MIN.max(8 * frame_bytes_max);
+        AnswerBudgets {
+            shard: Arc::new(Semaphore::new(units(shard) as usize)),
+            shard_units: units(shard),
+            conn_units: units(conn),
+            conns: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// A connection of this shard opened.
+    pub fn open(&self, conn: u64) {
+        self.conns
+            .borrow_mut()
+            .insert(conn, Arc::new(Semaphore::new(self.conn_units as usize)));
+    }
+
+    /// A connection of this shard closed: answers waiting for its budget fail at once.
+    pub fn close(&self, conn: u64) {
+        if let Some(budget) = self.conns.borrow_mut().remove(&conn) {
+            budget.close();
+        }
+    }
+
+    /// Bytes reserved by the answers of this shard right now.
+    pub fn shard_reserved_bytes(&self) -> usize {
+        (self.shard_units as usize - self.shard.available_permits()) * UNIT_BYTES
+    }
+
+    /// Bytes reserved by the answers of one connection right now.
+    pub fn conn_reserved_bytes(&self, conn: u64) -> usize {
+        self.conns.borrow().get(&conn).map_or(0, |b| {
+            (self.conn_units as usize - b.available_permits()) * UNIT_BYTES
+        })
+    }
+
+    /// Reserves `bytes` for an answer to connection `conn`: from its budget when it is a
+    /// connection of this shard (a forwarded request's connection is on another shard,
+    /// which accounts for it there), and from the shard's. Waits while either is spent;
+    /// fails if the connection closed meanwhile.
+    pub async fn reserve(&self, conn: u64, bytes: usize) -> Result<AnswerHold, ErrorBody> {
+        let conn_budget = self.conns.borrow().get(&conn).cloned();
+        let gone = || err(ErrorCode::ShardUnavailable, "the connection closed");
+        let conn_permit = match conn_budget {
+            Some(budget) => Some(
+                budget
+                    .acquire_many_owned(units(bytes).min(self.conn_units))
+                    .await
+                    .map_err(|_| gone())?,
+            ),
+            None => None,
+        };
+        let shard_permit = self
+            .shard
+            .clone()
+            .acquire_many_owned(units(bytes).min(self.shard_units))
+            .await
+            .map_err(|_| gone())?;
+        Ok(AnswerHold {
+            conn: conn_permit,
+            shard: shard_permit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_wait_for_room_and_fail_once_the_connection_closes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let budgets = AnswerBudgets::new(1 << 20);
+            budgets.open(7);
+            let first = budgets.reserve(7, 20 << 20).await.unwrap();
+            assert_eq!(budgets.conn_reserved_bytes(7), 20 << 20);
+            // 20 + 20 MiB is over the 32 MiB of a connection: the second waits.
+            let second = budgets.reserve(7, 20 << 20);
+            let mut second = std::pin::pin!(second);
+            assert!(futures_lite::future::poll_once(second.as_mut())
+                .await
+                .is_none());
+            drop(first);
+            let second = second.await.unwrap();
+            assert_eq!(budgets.shard_reserved_bytes(), 20 << 20);
+            // A closed connection's waiting reservations fail.
+            let third = budgets.reserve(7, 20 << 20);
+            let mut third = std::pin::pin!(third);
+            assert!(futures_lite::future::poll_once(third.as_mut())
+                .await
+                .is_none());
+            budgets.close(7);
+            assert!(third.await.is_err());
+            drop(second);
+            assert_eq!(budgets.shard_reserved_bytes(), 0);
+            budgets.open(7);
+            // A reservation for the largest answer shrinks to the real one.
+            let mut big = budgets.reserve(7, 8 << 20).await.unwrap();
+            big.shrink_to(3000);
+            assert_eq!(budgets.conn_reserved_bytes(7), 3072);
+            drop(big);
+            // A connection of another shard uses the shard budget only.
+            let other = budgets.reserve(99, 1000).await.unwrap();
+            assert_eq!(budgets.shard_reserved_bytes(), 1024);
+            drop(other);
+        });
+    }
+}

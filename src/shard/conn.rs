@@ -1,0 +1,377 @@
+//! Serving one client connection, with everything it can make the shard hold bounded.
+//!
+//! - Requests are read into one buffer that grows only as bytes arrive (never straight to
+//!   the size a frame header announces), is shrunk back after a large frame, and counts
+//!   against the shard's read budget (all connections together); a connection over it
+//!   waits before reading more.
+//! - Each whole frame goes to the shard's services in arrival order; answers are queued in
+//!   the connection's outbox in completion order (request ids pair them) and written by one
+//!   writer task, which gathers the frames that are ready together into one write.
+//! - While the outbox holds more than [`CONN_QUEUED_BYTES_MAX`], no further request is read:
+//!   a client that does not read its answers is held back by TCP. Answers that carry
+//!   records also reserve their bytes before they are built (`broker::answer`).
+//! - Timeouts (`--conn-timeout-ms`, 30 s): a connection that sends no whole frame within it,
+//!   stops in the middle of a frame for that long, or takes none of the bytes written to it
+//!   for that long, is closed. An established connection may be idle between frames.
+//! - When the connection ends, queued answers are dropped (with their reservations), answers
+//!   still being built are dropped when they complete, and the services are told at once
+//!   (group members on it leave, its answer budget closes).
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use tokio::sync::Notify;
+
+use crate::broker::answer::Answer;
+use crate::broker::{Handled, ShardCtx};
+use crate::protocol::{encode_error, ErrorBody, ErrorCode, FrameDecoder, FrameLimits};
+
+/// Requests of one connection being handled at once.
+const CONN_IN_FLIGHT_MAX: usize = 1024;
+/// Bytes gathered into one socket write.
+const CONN_WRITE_BATCH_BYTES: usize = 1 << 20;
+/// Receive buffer of a connection between large frames.
+pub const CONN_READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Answer bytes queued for one connection past which its requests are not read.
+pub const CONN_QUEUED_BYTES_MAX: usize = 16 << 20;
+/// Default of `--conn-timeout-ms`: a new connection must send a whole frame within this
+/// time; one that stops in the middle of a frame, or takes none of the bytes written to it,
+/// for this long is closed.
+pub const CONN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// How long a connection waits before it looks again for room in the shard's read budget.
+const READ_BUDGET_RETRY_MS: u64 = 5;
+
+/// How connections of a shard are served.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnSettings {
+    pub limits: FrameLimits,
+    /// See [`CONN_TIMEOUT_MS_DEFAULT`].
+    pub timeout_ms: u64,
+}
+
+/// Receive-buffer bytes of all connections of a shard (grown as frames arrive).
+pub struct ReadBudget {
+    used: Cell<usize>,
+    max: usize,
+}
+
+impl ReadBudget {
+    /// A budget that holds at least four of the largest frames.
+    pub fn new(frame_bytes_max: usize) -> Rc<ReadBudget> {
+        Rc::new(ReadBudget {
+            used: Cell::new(0),
+            max: (256 << 20).max(4 * frame_bytes_max),
+        })
+    }
+
+    fn try_take(&self, bytes: usize) -> bool {
+        let used = self.used.get();
+        if used + bytes > self.max {
+            return false;
+        }
+        self.used.set(used + bytes);
+        true
+    }
+
+    fn give(&self, bytes: usize) {
+        self.used.set(self.used.get().saturating_sub(bytes));
+    }
+
+    /// Bytes taken now.
+    pub fn used(&self) -> usize {
+        self.used.get()
+    }
+}
+
+/// Answers waiting to be written to one connection.
+struct Outbox {
+    queue: RefCell<VecDeque<Answer>>,
+    bytes: Cell<usize>,
+    /// The writer is gone (write error or stall): answers are dropped.
+    closed: Cell<bool>,
+    /// Those that may still queue answers: the reader and every request in flight.
+    producers: Cell<usize>,
+    wake_writer: Notify,
+    space: Notify,
+}
+
+impl Outbox {
+    fn push(&self, answer: Answer) {
+        if self.closed.get() || answer.is_empty() {
+            return;
+        }
+        self.bytes.set(self.bytes.get() + answer.len());
+        self.queue.borrow_mut().push_back(answer);
+        self.wake_writer.notify_one();
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.queue.borrow_mut().clear();
+        self.bytes.set(0);
+        self.space.notify_waiters();
+    }
+
+    /// Waits until the queued answers are within bounds (or the writer is gone).
+    async fn room(&self) {
+        loop {
+            let space = self.space.notified();
+            let mut space = std::pin::pin!(space);
+            space.as_mut().enable();
+            if self.closed.get() || self.bytes.get() <= CONN_QUEUED_BYTES_MAX {
+                return;
+            }
+            space.await;
+        }
+    }
+}
+
+/// One more party that may queue answers; the writer ends once none is left and the queue
+/// is empty.
+struct Producer(Rc<Outbox>);
+
+impl Producer {
+    fn new(outbox: &Rc<Outbox>) -> Producer {
+        outbox.producers.set(outbox.producers.get() + 1);
+        Producer(outbox.clone())
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.0.producers.set(self.0.producers.get() - 1);
+        self.0.wake_writer.notify_one();
+    }
+}
+
+/// `fut`, or `None` once `ms` have passed.
+async fn within<T>(ms: u64, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(fut.await) }, async {
+        crate::io::sleep(Duration::from_millis(ms)).await;
+        None
+    })
+    .await
+}
+
+/// The writer task: writes queued answers until the connection ends.
+async fn write_answers(
+    outbox: Rc<Outbox>,
+    mut writer: impl futures_lite::AsyncWrite + Unpin,
+    stall_ms: u64,
+) {
+    let mut out: Vec<u8> = Vec::with_capacity(CONN_READ_BUFFER_BYTES);
+    let mut sent: Vec<Answer> = Vec::new();
+    loop {
+        loop {
+            if !outbox.queue.borrow().is_empty() {
+                break;
+            }
+            if outbox.producers.get() == 0 {
+                let _ = writer.flush().await;
+                let _ = writer.close().await;
+                return;
+            }
+            outbox.wake_writer.notified().await;
+        }
+        let first = outbox.queue.borrow_mut().pop_front();
+        let Some(first) = first else { continue };
+        // A frame alone goes out as it is (a pull answer is not copied again); frames that
+        // are ready together are gathered into one write.
+        let mut written = first.len();
+        let result = if outbox.queue.borrow().is_empty() {
+            let r = within(stall_ms, writer.write_all(first.bytes())).await;
+            sent.push(first);
+            r
+        } else {
+            out.clear();
+            out.extend_from_slice(first.bytes());
+            sent.push(first);
+            while out.len() < CONN_WRITE_BATCH_BYTES {
+                let next = outbox.queue.borrow_mut().pop_front();
+                let Some(next) = next else { break };
+                out.extend_from_slice(next.bytes());
+                written += next.len();
+                sent.push(next);
+            }
+            within(stall_ms, writer.write_all(&out)).await
+        };
+        // Written (or not): their reservations go back either way.
+        sent.clear();
+        outbox.bytes.set(outbox.bytes.get().saturating_sub(written));
+        outbox.space.notify_waiters();
+        if !matches!(result, Some(Ok(()))) {
+            // A broken or stalled peer: nothing more is written.
+            outbox.close();
+            let _ = writer.close().await;
+            return;
+        }
+        if out.capacity() > 4 * CONN_WRITE_BATCH_BYTES {
+            out = Vec::with_capacity(CONN_READ_BUFFER_BYTES);
+        }
+    }
+}
+
+/// An error frame for a request that could not be read; the connection then closes.
+fn closing_error(body: &ErrorBody) -> Vec<u8> {
+    let mut out = Vec::new();
+    let code = body.error_code().unwrap_or(ErrorCode::MalformedFrame);
+    let message = format!("{}; closing the connection", body.message);
+    if encode_error(0, code, message, &mut out).is_err() {
+        out.clear();
+    }
+    out
+}
+
+/// Serves one connection until the peer closes it, breaks the protocol, stalls, or the
+/// writer fails.
+pub async fn serve_connection(
+    ctx: Rc<ShardCtx>,
+    stream: TcpStream,
+    settings: ConnSettings,
+    read_budget: Rc<ReadBudget>,
+) {
+    let ConnSettings { limits, timeout_ms } = settings;
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let (mut reader, writer) = futures_lite::io::split(stream);
+    let outbox = Rc::new(Outbox {
+        queue: RefCell::new(VecDeque::new()),
+        bytes: Cell::new(0),
+        closed: Cell::new(false),
+        producers: Cell::new(0),
+        wake_writer: Notify::new(),
+        space: Notify::new(),
+    });
+    let reading = Producer::new(&outbox);
+    let writer_task =
+        glommio::spawn_local(write_answers(outbox.clone(), writer, timeout_ms)).detach();
+    let push_outbox = Rc::downgrade(&outbox);
+    let conn = ctx.register_connection(Rc::new(move |frame: Vec<u8>| {
+        // Pushed notifications are hints members re-check; past the bound they are dropped.
+        if let Some(outbox) = push_outbox.upgrade() {
+            if outbox.bytes.get() <= CONN_QUEUED_BYTES_MAX {
+                outbox.push(Answer::from(frame));
+            }
+        }
+    }));
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(CONN_IN_FLIGHT_MAX));
+    let decoder = FrameDecoder::new(limits);
+    let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
+    let mut taken = CONN_READ_BUFFER_BYTES;
+    // The first buffer is always allowed; growth beyond it counts against the budget.
+    read_budget.used.set(read_budget.used() + taken);
+    let (mut start, mut end) = (0usize, 0usize);
+    let mut frames_seen = false;
+    'conn: loop {
+        // Hand every whole frame in the buffer to the services.
+        loop {
+            if outbox.closed.get() {
+                break 'conn;
+            }
+            outbox.room().await;
+            match decoder.decode(&buf[start..end]) {
+                Ok(Some(frame)) => {
+                    frames_seen = true;
+                    let len = frame.frame_len();
+                    let bytes = &buf[start..start + len];
+                    start += len;
+                    match ctx.handle_frame(bytes, peer, conn) {
+                        Handled::Now(Some(answer)) => outbox.push(answer),
+                        Handled::Now(None) => {}
+                        Handled::Later(fut) => {
+                            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                                break 'conn;
+                            };
+                            let producing = Producer::new(&outbox);
+                            glommio::spawn_local(async move {
+                                if let Some(answer) = fut.await {
+                                    producing.0.push(answer);
+                                }
+                                drop(permit);
+                                drop(producing);
+                            })
+                            .detach();
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    outbox.push(Answer::from(closing_error(&ErrorBody::from(&e))));
+                    break 'conn;
+                }
+            }
+        }
+        // Make room: move the partial frame to the front; grow as bytes arrive, up to what
+        // the frame needs; shrink back once a large frame is done.
+        if start > 0 {
+            buf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+        }
+        let needed = decoder.bytes_needed(&buf[..end]).unwrap_or(0);
+        if end == buf.len() {
+            let grown = (buf.len() * 2).min(needed.max(end + 1));
+            while !read_budget.try_take(grown - buf.len()) {
+                crate::io::sleep(Duration::from_millis(READ_BUDGET_RETRY_MS)).await;
+            }
+            taken += grown - buf.len();
+            buf.resize(grown, 0);
+        } else if buf.len() > CONN_READ_BUFFER_BYTES && end <= CONN_READ_BUFFER_BYTES / 2 {
+            buf.truncate(CONN_READ_BUFFER_BYTES);
+            buf.shrink_to_fit();
+            read_budget.give(taken - CONN_READ_BUFFER_BYTES);
+            taken = CONN_READ_BUFFER_BYTES;
+        }
+        let deadline_ms = (!frames_seen || end > 0).then_some(timeout_ms);
+        let read = match deadline_ms {
+            Some(ms) => match within(ms, reader.read(&mut buf[end..])).await {
+                Some(r) => r,
+                None => {
+                    let why = if frames_seen {
+                        "the connection stopped in the middle of a frame"
+                    } else {
+                        "the connection sent no request"
+                    };
+                    let e = ErrorBody::new(ErrorCode::Timeout, why);
+                    outbox.push(Answer::from(closing_error(&e)));
+                    break;
+                }
+            },
+            None => reader.read(&mut buf[end..]).await,
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => end += n,
+        }
+    }
+    read_budget.give(taken);
+    drop(buf);
+    // The members on this connection leave their groups and its answer budget closes
+    // (answers still being built fail); answers in flight go out.
+    ctx.connection_closed(conn);
+    drop(reading);
+    let _ = writer_task.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_budget_counts_what_is_taken() {
+        let budget = ReadBudget::new(1 << 20);
+        assert!(budget.try_take(200 << 20));
+        assert!(!budget.try_take(100 << 20));
+        budget.give(150 << 20);
+        assert!(budget.try_take(100 << 20));
+        assert_eq!(budget.used(), 150 << 20);
+    }
+}

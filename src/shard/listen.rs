@@ -1,0 +1,225 @@
+//! Listening and accepting: sockets bound with SO_REUSEADDR (a restart right after a stop
+//! is not refused because of connections in TIME_WAIT) and SO_REUSEPORT (every shard
+//! accepts on the shared port), the exclusive-port probe, the broker-wide connection cap
+//! derived from the open-file limit, and an accept loop that backs off when accepting
+//! fails (no descriptors left) instead of spinning.
+
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use glommio::net::TcpListener;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::conn::{serve_connection, ConnSettings, ReadBudget};
+use super::BrokerError;
+use crate::broker::ShardCtx;
+use crate::protocol::{encode_error, ErrorCode};
+
+/// Descriptors kept for the runtime, plus [`FD_RESERVE_PER_SHARD`] for each shard's store
+/// (log segments, index files, offsets, snapshots), when the connection cap is derived from
+/// the open-file limit.
+pub const FD_RESERVE: u64 = 256;
+pub const FD_RESERVE_PER_SHARD: u64 = 64;
+/// Connections a broker takes when neither the flag nor the open-file limit says less.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// Longest pause of the accept loop after failures.
+const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
+/// Backlog of each listening socket.
+const LISTEN_BACKLOG: i32 = 1024;
+
+fn socket_for(addr: SocketAddr) -> std::io::Result<Socket> {
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    Ok(socket)
+}
+
+/// A listening socket of one shard on `addr` (shared with the other shards by
+/// SO_REUSEPORT).
+pub fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    let open = || -> std::io::Result<Socket> {
+        let socket = socket_for(addr)?;
+        socket.set_reuse_port(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        Ok(socket)
+    };
+    let socket = open().map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    // SAFETY: the descriptor is a bound, listening TCP socket that we own; ownership moves
+    // into the glommio listener, which closes it.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+}
+
+/// Refuses to start when another process listens on one of the ports: a probe bound
+/// without SO_REUSEPORT (which would let two brokers share a port) but with SO_REUSEADDR
+/// (so connections of an earlier run in TIME_WAIT do not count).
+pub fn check_ports_free(listen: &SocketAddr, shards: usize) -> Result<(), BrokerError> {
+    if listen.port() == 0 {
+        return Ok(());
+    }
+    let ports = std::iter::once(listen.port() as usize)
+        .chain((0..shards).map(|i| listen.port() as usize + 1 + i));
+    for port in ports {
+        let port = u16::try_from(port)
+            .map_err(|_| BrokerError::Config(format!("port {port} is out of range")))?;
+        let addr = SocketAddr::new(listen.ip(), port);
+        let probe = socket_for(addr).and_then(|s| {
+            s.bind(&addr.into())?;
+            s.listen(1)
+        });
+        if let Err(e) = probe {
+            return Err(BrokerError::Config(format!(
+                "cannot listen on {addr}: {e} (is another broker running? shard i also uses port {}+1+i)",
+                listen.port()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The open-file limit (soft, hard), after raising the soft limit to the hard one.
+pub fn raise_file_limit() -> (u64, u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass; no other memory.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return (1024, 1024);
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    (lim.rlim_cur, lim.rlim_max)
+}
+
+/// The connection cap: the configured one (0: [`CONNECTIONS_MAX_DEFAULT`]), lowered to what
+/// the open-file limit leaves after the descriptors kept for the stores.
+pub fn connections_max(configured: usize, file_limit: u64, shards: usize) -> usize {
+    let wanted = if configured == 0 {
+        CONNECTIONS_MAX_DEFAULT
+    } else {
+        configured
+    };
+    let reserve = FD_RESERVE + FD_RESERVE_PER_SHARD.saturating_mul(shards as u64);
+    let room = file_limit.saturating_sub(reserve).max(1);
+    wanted.min(usize::try_from(room).unwrap_or(usize::MAX))
+}
+
+/// Open connections of the whole broker, against its cap.
+pub struct ConnectionCap {
+    open: AtomicUsize,
+    max: usize,
+}
+
+impl ConnectionCap {
+    pub fn new(max: usize) -> Arc<ConnectionCap> {
+        Arc::new(ConnectionCap {
+            open: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    fn try_open(self: &Arc<Self>) -> Option<OpenConnection> {
+        let before = self.open.fetch_add(1, Ordering::AcqRel);
+        let slot = OpenConnection(self.clone());
+        (before < self.max).then_some(slot)
+    }
+}
+
+/// One connection counted against the cap while it lives.
+struct OpenConnection(Arc<ConnectionCap>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Accepts connections until the shard stops; past the cap a connection gets an error
+/// frame and is closed.
+pub async fn accept_loop(
+    ctx: Rc<ShardCtx>,
+    listener: TcpListener,
+    settings: ConnSettings,
+    read_budget: Rc<ReadBudget>,
+    cap: Arc<ConnectionCap>,
+) {
+    let mut backoff_ms = 0u64;
+    let mut failures = 0u64;
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                backoff_ms = 0;
+                if ctx.is_stopping() {
+                    return;
+                }
+                let Some(slot) = cap.try_open() else {
+                    let mut out = Vec::new();
+                    let message = format!(
+                        "the broker serves {} connections, its limit (--connections-max); try again later",
+                        cap.max
+                    );
+                    if encode_error(0, ErrorCode::TooManyConnections, message, &mut out).is_ok() {
+                        glommio::spawn_local(async move {
+                            use futures_lite::AsyncWriteExt;
+                            let mut stream = stream;
+                            let _ = stream.write_all(&out).await;
+                            let _ = stream.close().await;
+                        })
+                        .detach();
+                    }
+                    continue;
+                };
+                let (ctx, budget) = (ctx.clone(), read_budget.clone());
+                glommio::spawn_local(async move {
+                    serve_connection(ctx, stream, settings, budget).await;
+                    drop(slot);
+                })
+                .detach();
+            }
+            Err(e) => {
+                // Out of descriptors (or another transient failure): back off, say so now
+                // and then, not thousands of times a second.
+                failures += 1;
+                if failures.is_power_of_two() {
+                    eprintln!(
+                        "ringmq: shard {}: accept failed ({failures} times so far): {e}",
+                        ctx.id
+                    );
+                }
+                backoff_ms = (backoff_ms * 2).clamp(10, ACCEPT_BACKOFF_MAX_MS);
+                crate::io::sleep(Duration::from_millis(backoff_ms)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_the_stores() {
+        assert_eq!(connections_max(0, 1_000_000, 2), CONNECTIONS_MAX_DEFAULT);
+        assert_eq!(connections_max(50, 1_000_000, 2), 50);
+        assert_eq!(connections_max(0, 1024, 2), 1024 - 256 - 128);
+        assert_eq!(connections_max(0, 100, 2), 1);
+    }
+}

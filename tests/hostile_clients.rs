@@ -1,0 +1,213 @@
+//! Clients that misbehave, against the real broker binary: pipelining pulls without ever
+//! reading the answers, announcing huge frames and sending nothing, stalling in the middle
+//! of a frame, opening more connections than the broker takes. The broker's memory stays
+//! bounded (its resident size is read from /proc), what a closed connection held is given
+//! back, and well-behaved clients keep being served.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use ringmq::client::{ClientConfig, OutgoingMessage, Producer};
+use ringmq::protocol::{
+    encode_request, ErrorCode, FrameDecoder, Heartbeat, Pull, Request, Response,
+    FRAME_HEADER_BYTES, FRAME_MAGIC, PROTOCOL_VERSION,
+};
+
+/// A topic of `count` messages of `size` bytes, in one queue.
+fn fill(addr: &str, topic: &str, count: usize, size: usize) {
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(addr)).await.unwrap();
+        producer.client().create_topic(topic, 1).await.unwrap();
+        for i in 0..count {
+            let mut body = vec![b'x'; size];
+            body[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            producer
+                .send(topic, OutgoingMessage::new(body))
+                .await
+                .unwrap();
+        }
+    });
+}
+
+fn frame(request: Request, id: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(&request, id, &mut out).unwrap();
+    out
+}
+
+/// `pulls` pipelined pulls of queue 0 of `topic` from offset 0, written and never read.
+fn flood_with_pulls(addr: &str, topic: &str, pulls: u64) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    // Writing blocks once the broker stops reading us: that is the point.
+    conn.set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    for id in 0..pulls {
+        let mut pull = Pull::new(topic, 0, 0);
+        pull.max_wait_ms = 0;
+        if conn.write_all(&frame(pull.into(), id)).is_err() {
+            break;
+        }
+    }
+    conn
+}
+
+/// Waits for the broker's memory to settle and returns the highest reading seen.
+fn settle_rss(broker: &BrokerProcess) -> u64 {
+    let mut peak = 0;
+    for _ in 0..20 {
+        peak = peak.max(broker.rss_mib());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    peak
+}
+
+/// Answers a heartbeat, so the broker serves well-behaved clients.
+fn still_serves(addr: &str) {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(&frame(
+        Heartbeat {
+            client_id: "ok".into(),
+        }
+        .into(),
+        1,
+    ))
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = 0;
+    loop {
+        let n = conn.read(&mut buf[got..]).unwrap();
+        assert!(n > 0, "the broker closed a well-behaved connection");
+        got += n;
+        if let Some(f) = FrameDecoder::default().decode(&buf[..got]).unwrap() {
+            assert!(matches!(f.decode_response().unwrap(), Response::Empty(_)));
+            return;
+        }
+    }
+}
+
+#[test]
+fn pulls_whose_answers_are_never_read_do_not_grow_the_broker_and_go_when_the_connection_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    // 64 messages of 64 KiB: each pull answer is 2 MiB (32 messages).
+    fill(&addr, "big", 64, 64 * 1024);
+    let before = settle_rss(&broker);
+    let mut after_rounds = Vec::new();
+    for round in 0..3 {
+        // Four connections with 2,048 unread pulls each: 16 GiB of answers if held.
+        let conns: Vec<TcpStream> = (0..4)
+            .map(|_| flood_with_pulls(&addr, "big", 2048))
+            .collect();
+        let during = settle_rss(&broker);
+        assert!(
+            during < before + 400,
+            "round {round}: {before} MiB before, {during} MiB with unread answers"
+        );
+        still_serves(&addr);
+        drop(conns);
+        after_rounds.push(settle_rss(&broker));
+    }
+    // What the connections held went with them: rounds do not add up.
+    assert!(
+        after_rounds[2] < after_rounds[0] + 64,
+        "resident MiB after each round: {after_rounds:?} (before: {before})"
+    );
+}
+
+#[test]
+fn huge_announced_frames_stalls_and_silent_connections_hold_little_and_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--conn-timeout-ms", "1000"]);
+    let addr = broker.addr_string();
+    let before = settle_rss(&broker);
+    // 400 connections each announce a 5 MiB frame and send 100 bytes of it: 2 GiB if the
+    // buffers were sized by the header.
+    let mut conns = Vec::new();
+    for _ in 0..400 {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let mut head = Vec::new();
+        head.extend_from_slice(&(5u32 << 20).to_le_bytes());
+        head.extend_from_slice(&[FRAME_MAGIC, PROTOCOL_VERSION]);
+        head.extend_from_slice(&ringmq::protocol::Kind::Pull.as_u16().to_le_bytes());
+        head.extend_from_slice(&1u64.to_le_bytes());
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&((5u32 << 20) - FRAME_HEADER_BYTES as u32).to_le_bytes());
+        assert_eq!(head.len(), FRAME_HEADER_BYTES);
+        head.extend_from_slice(&[0u8; 100]);
+        c.write_all(&head).unwrap();
+        conns.push(c);
+    }
+    let during = settle_rss(&broker);
+    assert!(
+        during < before + 200,
+        "{before} MiB before, {during} MiB with 400 announced 5 MiB frames"
+    );
+    // They stalled mid-frame: each is told why and closed.
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut all = Vec::new();
+        let _ = c.read_to_end(&mut all);
+        let f = FrameDecoder::default().decode(&all).unwrap().unwrap();
+        let Response::Error(e) = f.decode_response().unwrap() else {
+            panic!("not an error answer")
+        };
+        assert_eq!(e.error_code(), Some(ErrorCode::Timeout), "{e}");
+    }
+    // A connection that never sends a frame is closed too.
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    let _ = silent.read_to_end(&mut all);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(!all.is_empty(), "closed with an explanation");
+    still_serves(&addr);
+}
+
+#[test]
+fn connections_past_the_cap_are_refused_with_a_typed_error_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--connections-max", "4"]);
+    let addr = broker.addr_string();
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let c = TcpStream::connect(&addr).unwrap();
+            let mut w = &c;
+            w.write_all(&frame(
+                Heartbeat {
+                    client_id: "h".into(),
+                }
+                .into(),
+                1,
+            ))
+            .unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut refused = TcpStream::connect(&addr).unwrap();
+    refused
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut all = Vec::new();
+    let _ = refused.read_to_end(&mut all);
+    let f = FrameDecoder::default().decode(&all).unwrap().unwrap();
+    let Response::Error(e) = f.decode_response().unwrap() else {
+        panic!("not an error answer")
+    };
+    assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}");
+    assert!(e.is_retriable());
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    still_serves(&addr);
+}
