@@ -335,3 +335,120 @@ fn scheduled_messages_survive_a_kill_and_come_out_in_due_order_per_queue() {
         }
     });
 }
+
+#[test]
+fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--auto-create-topics",
+            "false",
+            "--schedule-park-max-ms",
+            "500",
+        ],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("gone", 1).await.unwrap();
+        let sent = producer
+            .send("gone", OutgoingMessage::new("orphan").with_delay_ms(300))
+            .await
+            .unwrap();
+        client.delete_topic("gone").await.unwrap();
+        // It waits for the topic, then is moved where an operator can find it.
+        let mut found = Vec::new();
+        pull_until(
+            &client_when_ready(&client, "%UNDELIVERABLE%").await,
+            "%UNDELIVERABLE%",
+            1,
+            Duration::from_secs(20),
+            |m, _| {
+                found.push(m.clone());
+                true
+            },
+        )
+        .await;
+        let m = &found[0];
+        assert_eq!(m.body(), b"orphan");
+        assert_eq!(m.property(prop::REAL_TOPIC), Some("gone"));
+        assert_eq!(m.property(prop::REAL_QID), Some("0"));
+        assert_eq!(m.origin_msg_id(), Some(sent.msg_id.as_str()));
+        let stats = client.schedule_stats().await.unwrap();
+        assert_eq!(stats.iter().map(|s| s.undeliverable_total).sum::<u64>(), 1);
+    });
+}
+
+/// The client, once `topic` exists (it is created when the first message goes there).
+async fn client_when_ready(client: &Client, topic: &str) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.describe_topic(topic).await.is_err() {
+        assert!(Instant::now() < deadline, "{topic} was never created");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client.clone()
+}
+
+#[test]
+fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = BrokerProcess::start(
+        &data,
+        1,
+        &[
+            "--segment-bytes",
+            "1048576",
+            "--retention-bytes-max",
+            "2097152",
+            "--retention-check-interval-ms",
+            "300",
+        ],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("held", 1).await.unwrap();
+        client.create_topic("filler", 1).await.unwrap();
+        let due_in = Duration::from_secs(6);
+        let sent_at = Instant::now();
+        producer
+            .send(
+                "held",
+                OutgoingMessage::new("kept").with_delay_ms(due_in.as_millis() as u64),
+            )
+            .await
+            .unwrap();
+        // 8 MiB of other messages: retention keeps about 2 MiB of the log.
+        let batch: Vec<OutgoingMessage> = (0..64)
+            .map(|_| OutgoingMessage::new(vec![b'f'; 1000]))
+            .collect();
+        for _ in 0..128 {
+            producer.send_batch("filler", batch.clone()).await.unwrap();
+        }
+        // The first segments go although the held message was stored there.
+        let first = data.join("shard-0/commitlog/00000000000000000000");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while first.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "retention was held back by the delayed message"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(sent_at.elapsed() < due_in, "the test machine is too slow");
+        // And the message is still delivered, on time.
+        let mut got = None;
+        pull_until(&client, "held", 1, Duration::from_secs(20), |m, _| {
+            got = Some(m.clone());
+            true
+        })
+        .await;
+        assert_eq!(got.unwrap().body(), b"kept");
+        assert!(sent_at.elapsed() >= due_in);
+    });
+}

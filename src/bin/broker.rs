@@ -73,6 +73,13 @@ struct Cli {
     /// a frame this long, or takes none of the bytes written to it this long [default: 30000]
     #[arg(long)]
     conn_timeout_ms: Option<u64>,
+    /// How often retention looks for old segments to delete, in ms [default: 60000]
+    #[arg(long)]
+    retention_check_interval_ms: Option<u64>,
+    /// How long a delayed message waits for its target topic to exist again before it goes
+    /// to the %UNDELIVERABLE% topic, in ms [default: 3600000]
+    #[arg(long)]
+    schedule_park_max_ms: Option<u64>,
 }
 
 fn load(cli: &Cli) -> Result<BrokerConfig, String> {
@@ -137,6 +144,12 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.conn_timeout_ms {
         cfg.conn_timeout_ms = v;
+    }
+    if let Some(v) = cli.retention_check_interval_ms {
+        cfg.retention_check_interval_ms = v;
+    }
+    if let Some(v) = cli.schedule_park_max_ms {
+        cfg.schedule_park_max_ms = v;
     }
     Ok(cfg)
 }

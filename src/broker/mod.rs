@@ -77,6 +77,10 @@ pub struct ServiceConfig {
     pub delay: crate::protocol::delay::DelayRule,
     /// Most messages one shard's schedule holds.
     pub schedule_pending_max: usize,
+    /// How long a delayed message waits for a missing target before `%UNDELIVERABLE%`.
+    pub schedule_park_max_ms: u64,
+    /// How often retention runs (the schedule moves held messages forward as often).
+    pub retention_check_interval_ms: u64,
 }
 
 /// Everything one shard owns.
@@ -113,6 +117,10 @@ pub struct ShardCtx {
     schedule: RefCell<schedule::Schedule>,
     /// Wakes the schedule's delivery task (a new message may be due sooner).
     schedule_wake: Notify,
+    /// The schedule logs nothing before this time (ms since the epoch): one line a minute.
+    schedule_log_after: Cell<u64>,
+    /// One schedule snapshot at a time.
+    snapshotting: tokio::sync::Mutex<()>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
@@ -230,6 +238,8 @@ impl ShardCtx {
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),
             schedule_wake: Notify::new(),
+            schedule_log_after: Cell::new(0),
+            snapshotting: tokio::sync::Mutex::new(()),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
         })

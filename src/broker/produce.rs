@@ -10,7 +10,9 @@ use std::rc::Rc;
 use super::mesh::{MeshReply, MeshRequest};
 use super::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
 use crate::protocol::delay::asks_for_delay;
-use crate::protocol::record::{Properties, RecordDraft, BODY_BYTES_MAX};
+use crate::protocol::record::{
+    Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
+};
 use crate::protocol::{
     encode_frame, ErrorBody, ErrorCode, Flags, MessageId, Response, SendBatch, SendBatchResult,
     SendMessage, SendResult,
@@ -100,6 +102,16 @@ impl ShardCtx {
                         "message body of {} bytes exceeds the {} byte limit",
                         body.len(),
                         BODY_BYTES_MAX
+                    ),
+                );
+                return Handled::now(error_frame(request_id, &e));
+            }
+            if props.len() > CLIENT_PROPERTIES_BYTES_MAX {
+                let e = err(
+                    ErrorCode::InvalidMessage,
+                    format!(
+                        "properties of {} bytes exceed the {CLIENT_PROPERTIES_BYTES_MAX} byte limit",
+                        props.len()
                     ),
                 );
                 return Handled::now(error_frame(request_id, &e));

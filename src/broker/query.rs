@@ -69,16 +69,25 @@ impl ShardCtx {
                 format!("message id {msg_id} names another broker or shard"),
             ));
         }
-        self.store
+        let no_message = || {
+            err(
+                ErrorCode::OffsetNotFound,
+                format!("no message with id {msg_id}"),
+            )
+        };
+        let buf = self
+            .store
             .read_physical(id.physical_offset)
             .await
             .map_err(|e| match e {
-                StoreError::Log(LogError::InvalidRecord(_)) => err(
-                    ErrorCode::OffsetNotFound,
-                    format!("no message with id {msg_id}"),
-                ),
+                StoreError::Log(LogError::InvalidRecord(_)) => no_message(),
                 other => store_error(other),
-            })
+            })?;
+        // The broker's own records (held delayed messages, done records) are not messages.
+        match RecordView::parse_unchecked_crc(&buf) {
+            Ok(view) if !crate::protocol::names::is_system_topic(view.topic()) => Ok(buf),
+            _ => Err(no_message()),
+        }
     }
 
     /// `MessageById`: the record at the id's physical offset on this shard.
@@ -101,6 +110,12 @@ impl ShardCtx {
         conn: u64,
         m: MessagesByKey,
     ) -> Result<Answer, ErrorBody> {
+        if crate::protocol::names::is_system_topic(&m.topic) {
+            return Err(err(
+                ErrorCode::InvalidTopic,
+                format!("topic {} is reserved for the broker", m.topic),
+            ));
+        }
         let _one_of_few = self
             .key_lookups
             .acquire()

@@ -136,7 +136,20 @@ impl ShardCtx {
         if !dead {
             add.push((prop::DELAY, &level));
         }
-        let properties = rebuild_properties(props, &prop::DELAY_PROPERTIES, &add)?;
+        // A message the full copy cannot carry (properties of an older client at the
+        // limit) still goes back, with what identifies it.
+        let properties = rebuild_properties(props, &prop::DELAY_PROPERTIES, &add)
+            .or_else(|_| {
+                let keep: Vec<(&str, &str)> = [prop::TAGS, prop::KEYS]
+                    .into_iter()
+                    .filter_map(|name| props.get(name).map(|v| (name, v)))
+                    .chain(add.iter().copied())
+                    .collect();
+                rebuild_properties(crate::protocol::record::Properties::new(&[]), &[], &keep)
+            })
+            .or_else(|_| {
+                rebuild_properties(crate::protocol::record::Properties::new(&[]), &[], &add)
+            })?;
         let topic = if dead {
             dlq_topic(&m.group)
         } else {

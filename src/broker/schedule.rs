@@ -26,29 +26,30 @@
 //! `flush_interval_ms` plus one batch: the crash window). Retention never deletes the log
 //! from the oldest undelivered scheduled message on (the store's retention floor).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::mesh::{MeshReply, MeshRequest};
 use super::{err, ShardCtx};
 use crate::index::TimingWheel;
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{prop, Properties, PropertiesBuilder, RecordDraft, RecordView};
-use crate::protocol::{ErrorBody, ErrorCode, MessageId, ShardScheduleInfo};
+use crate::protocol::{ErrorBody, ErrorCode, ShardScheduleInfo};
 use crate::store::{MessageStore, PutResult, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
 
-/// Most messages one delivery turn takes from the wheel.
-pub const DELIVER_BATCH_MAX: usize = 512;
 /// Messages a shard may hold in its schedule by default (16 bytes each in memory).
 pub const SCHEDULE_PENDING_MAX_DEFAULT: usize = 2_000_000;
-/// How often the wheel is snapshotted (when it changed).
-const SNAPSHOT_INTERVAL_MS: u64 = 5_000;
-/// Longest the delivery task sleeps without looking at the wheel.
-const IDLE_WAKE_MS: u64 = 1_000;
 /// How long a message whose target topic is gone waits before the next try.
 const PARK_MS: u64 = 5_000;
+/// How long a message waits for its target topic before it goes to
+/// [`UNDELIVERABLE_TOPIC`].
+pub const PARK_MAX_MS: u64 = 3_600_000;
+/// Where a delayed message goes whose target topic stayed missing for [`PARK_MAX_MS`]
+/// (one queue; it keeps `REAL_TOPIC` and `REAL_QID`), so that it neither waits forever nor
+/// holds the log back from retention.
+pub const UNDELIVERABLE_TOPIC: &str = "%UNDELIVERABLE%";
 /// How long a message whose record is not written yet waits before the next try.
 const NOT_YET_WRITTEN_MS: u64 = 2;
 /// Schedule entries read per recovery step.
@@ -59,14 +60,26 @@ const SNAPSHOT_FILE: &str = "schedule.snapshot";
 /// Properties of a scheduled copy that the delivered message does not carry.
 const SCHEDULE_PROPS: [&str; 6] = prop::DELAY_PROPERTIES;
 
+mod deliver;
+
 /// The in-memory side of one shard's schedule.
 pub struct Schedule {
     wheel: TimingWheel<u64>,
     /// Taken from the wheel, not yet marked done: schedule offset → due time.
     in_flight: BTreeMap<u64, u64>,
-    /// Offsets waiting for their target topic to exist again.
-    parked: BTreeSet<u64>,
+    /// Offsets waiting for their target topic to exist again: when they were first parked.
+    parked: BTreeMap<u64, u64>,
+    /// Offsets whose message was copied to a newer schedule entry (so that retention can
+    /// go on): skipped when they fall due.
+    superseded: HashSet<u64>,
     delivered_total: u64,
+    /// Messages that could not be delivered: their record is unreadable, or their target
+    /// stayed missing for [`PARK_MAX_MS`] (then they went to [`UNDELIVERABLE_TOPIC`]).
+    undeliverable_total: u64,
+    /// Done records being written (each waits for its copies to be durable).
+    marking: usize,
+    /// The delivery task runs.
+    running: bool,
     /// Something changed since the last snapshot.
     changed: bool,
 }
@@ -138,15 +151,19 @@ impl Schedule {
         Schedule {
             wheel: TimingWheel::new(now),
             in_flight: BTreeMap::new(),
-            parked: BTreeSet::new(),
+            parked: BTreeMap::new(),
+            superseded: HashSet::new(),
             delivered_total: 0,
+            undeliverable_total: 0,
+            marking: 0,
+            running: false,
             changed: false,
         }
     }
 
     /// Messages held: waiting in the wheel or being delivered.
     pub fn pending(&self) -> usize {
-        self.wheel.len() + self.in_flight.len()
+        self.wheel.len() + self.in_flight.len() - self.superseded.len()
     }
 
     /// Every held message: (due, schedule offset).
@@ -154,6 +171,7 @@ impl Schedule {
         self.wheel
             .iter()
             .map(|(due, off)| (due, *off))
+            .filter(|(_, off)| !self.superseded.contains(off))
             .chain(self.in_flight.iter().map(|(off, due)| (*due, *off)))
     }
 
@@ -176,6 +194,18 @@ impl Schedule {
         let (min, end) = store.queue_range(SCHEDULE_TOPIC, 0);
         let (done_min, done_end) = store.queue_range(SCHEDULE_DONE_TOPIC, 0);
         let mut pending: HashMap<u64, u64> = HashMap::new();
+        // A snapshot ahead of the log (the log lost a tail it had not made durable: a power
+        // loss) says nothing reliable about the offsets now reused: start from scratch.
+        let snapshot = snapshot.filter(|s| {
+            let fits = s.schedule_end <= end && s.done_end <= done_end;
+            if !fits {
+                eprintln!(
+                    "ringmq: {}: the schedule snapshot is ahead of the log (it lost its tail); rebuilding the schedule from the log",
+                    store.dir().display()
+                );
+            }
+            fits
+        });
         let (from, done_from) = match &snapshot {
             Some(s) => {
                 for &(due, off) in &s.entries {
@@ -189,22 +219,28 @@ impl Schedule {
         };
         let mut next = from.max(min);
         while next < end {
-            let entries = store.queue_entries(SCHEDULE_TOPIC, 0, next, RECOVERY_SCAN_STEP);
-            let Some(&(last, _)) = entries.last() else {
-                break;
-            };
-            for (off, e) in entries {
+            for (off, e) in store.queue_entries(SCHEDULE_TOPIC, 0, next, RECOVERY_SCAN_STEP) {
                 pending.insert(off, e.tag_hash);
             }
-            next = last + 1;
+            next = next.saturating_add(RECOVERY_SCAN_STEP as u64);
         }
         let mut done = 0u64;
         for off in done_from.max(done_min)..done_end {
-            let buf = store
-                .read_at(SCHEDULE_DONE_TOPIC, 0, off)
-                .await
-                .map_err(|e| format!("reading schedule done record {off}: {e}"))?;
-            let view = RecordView::parse(&buf).map_err(|e| format!("done record {off}: {e}"))?;
+            // A done record that cannot be read means its messages are delivered again: a
+            // duplicate, not a reason to refuse to start.
+            let buf = match store.read_at(SCHEDULE_DONE_TOPIC, 0, off).await {
+                Ok(buf) => buf,
+                Err(e) => {
+                    eprintln!(
+                        "ringmq: {}: schedule done record {off} cannot be read ({e}); its messages are delivered again",
+                        store.dir().display()
+                    );
+                    continue;
+                }
+            };
+            let Ok(view) = RecordView::parse(&buf) else {
+                continue;
+            };
             for chunk in view.body().chunks_exact(8) {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(chunk);
@@ -213,10 +249,16 @@ impl Schedule {
                 }
             }
         }
+        // In due order (then offset order): late items go to the wheel's ready list, whose
+        // inserts are cheap in order.
+        let mut pending: Vec<(u64, u64)> = pending.into_iter().map(|(o, d)| (d, o)).collect();
+        pending.sort_unstable();
         let mut schedule = Schedule::new(now_ms());
-        for (off, due) in pending {
+        for (due, off) in pending {
             schedule.wheel.insert(due, off);
         }
+        // The first snapshot of this run is written soon, whatever happens next.
+        schedule.changed = true;
         if from > min || done_from > done_min || done > 0 || !schedule.wheel.is_empty() {
             eprintln!(
                 "ringmq: {}: schedule recovered in {} ms: {} messages waiting ({} entries and {} done records read past the snapshot)",
@@ -372,6 +414,8 @@ impl ShardCtx {
             ..*draft
         };
         let put = self.store.append(&held).map_err(super::store_error)?;
+        // Kept from retention from now on (the snapshot's floor comes later).
+        self.store.lower_retention_floor(put.physical_offset);
         let mut s = self.schedule.borrow_mut();
         s.wheel.insert(due, put.queue_offset);
         s.changed = true;
@@ -383,296 +427,29 @@ impl ShardCtx {
         })
     }
 
-    /// The delivery task of this shard's schedule; runs until the shard stops.
-    pub async fn run_schedule(self: Rc<Self>) {
-        let mut due = Vec::with_capacity(DELIVER_BATCH_MAX);
-        let mut next_snapshot = Instant::now() + Duration::from_millis(SNAPSHOT_INTERVAL_MS);
-        while !self.stopping.get() {
-            if Instant::now() >= next_snapshot {
-                next_snapshot = Instant::now() + Duration::from_millis(SNAPSHOT_INTERVAL_MS);
-                self.snapshot_schedule().await;
-            }
-            due.clear();
-            let now = now_ms();
-            {
-                let mut s = self.schedule.borrow_mut();
-                s.wheel.poll(now, DELIVER_BATCH_MAX, &mut due);
-                for &(d, off) in &due {
-                    s.in_flight.insert(off, d);
-                }
-            }
-            if due.is_empty() {
-                let wake = self.schedule.borrow().wheel.next_wake_ms();
-                let wait_ms = wake
-                    .map(|w| w.saturating_sub(now))
-                    .unwrap_or(IDLE_WAKE_MS)
-                    .clamp(1, IDLE_WAKE_MS);
-                let notified = self.schedule_wake.notified();
-                let sleep = crate::io::sleep(Duration::from_millis(wait_ms));
-                futures_lite::future::or(notified, sleep).await;
-                continue;
-            }
-            self.deliver(&due).await;
-        }
-    }
-
-    /// Delivers one batch taken from the wheel (all now in flight).
-    async fn deliver(self: &Rc<Self>, due: &[(u64, u64)]) {
-        let records = self.read_scheduled(due).await;
-        let now = now_ms();
-        let mut local: Vec<(u64, OwnedDraft)> = Vec::with_capacity(due.len());
-        let mut later: Vec<(u64, u64)> = Vec::new();
-        for &(_, off) in due {
-            match records.get(&off) {
-                Some(Ok(bytes)) => match self.delivered_copy(bytes) {
-                    Ok(copy) => local.push((off, copy)),
-                    Err(e) => {
-                        eprintln!(
-                            "ringmq: shard {}: scheduled message {off} cannot be delivered: {}; parked",
-                            self.id, e.message
-                        );
-                        later.push((now + PARK_MS, off));
-                    }
-                },
-                Some(Err(NotReady)) => later.push((now + NOT_YET_WRITTEN_MS, off)),
-                None => later.push((now + PARK_MS, off)),
-            }
-        }
-        // Targets must exist (a topic deleted meanwhile is created again when topics may
-        // be auto-created; otherwise its messages wait).
-        let mut missing: Vec<String> = Vec::new();
-        for (_, d) in &local {
-            if self.known_queue(&d.topic, d.queue_id).is_err() && !missing.contains(&d.topic) {
-                missing.push(d.topic.clone());
-            }
-        }
-        for topic in &missing {
-            if let Err(e) = self.ensure_topic(topic).await {
-                eprintln!(
-                    "ringmq: shard {}: scheduled messages for {topic} wait: {}",
-                    self.id, e.message
-                );
-            }
-        }
-        let mut remote: Vec<(u64, u32, OwnedDraft)> = Vec::new();
-        let mut delivered: Vec<u64> = Vec::with_capacity(local.len());
-        let mut end = 0u64;
-        let mut woken: Vec<(String, u32)> = Vec::new();
-        {
-            let mut parked = Vec::new();
-            for (off, copy) in local {
-                if self.known_queue(&copy.topic, copy.queue_id).is_err() {
-                    parked.push(off);
-                    later.push((now + PARK_MS, off));
-                    continue;
-                }
-                let owner = self.owner_of(&copy.topic, copy.queue_id);
-                if owner != self.id {
-                    remote.push((off, owner, copy));
-                    continue;
-                }
-                match self.store.append(&copy.draft()) {
-                    Ok(put) => {
-                        end = end.max(put.end());
-                        delivered.push(off);
-                        if !woken
-                            .iter()
-                            .any(|(t, q)| *t == copy.topic && *q == copy.queue_id)
-                        {
-                            woken.push((copy.topic, copy.queue_id));
-                        }
-                    }
-                    Err(e) => {
-                        eprintln!(
-                            "ringmq: shard {}: delivering scheduled message {off}: {e}; retrying",
-                            self.id
-                        );
-                        later.push((now + PARK_MS, off));
-                    }
-                }
-            }
-            let mut s = self.schedule.borrow_mut();
-            for off in parked {
-                s.parked.insert(off);
-            }
-            for &(due, off) in &later {
-                s.in_flight.remove(&off);
-                s.wheel.insert(due, off);
-            }
-        }
-        if !delivered.is_empty() {
-            if let Err(e) = self.store.acked(end).await {
-                eprintln!(
-                    "ringmq: shard {}: scheduled deliveries were not written: {e}",
-                    self.id
-                );
-                return;
-            }
-            for (topic, queue) in &woken {
-                self.wake_pollers(topic, *queue);
-            }
-            let ctx = self.clone();
-            crate::io::spawn(async move { ctx.mark_done(end, delivered).await });
-        }
-        for (off, owner, copy) in remote {
-            let ctx = self.clone();
-            crate::io::spawn(async move {
-                let put = MeshRequest::Put {
-                    draft: copy,
-                    durable: true,
-                };
-                match ctx.call(owner, put).await {
-                    Ok(MeshReply::Put { .. }) => ctx.mark_done(0, vec![off]).await,
-                    other => {
-                        eprintln!(
-                            "ringmq: shard {}: delivering scheduled message {off} to shard {owner}: {other:?}; retrying",
-                            ctx.id
-                        );
-                        let mut s = ctx.schedule.borrow_mut();
-                        s.in_flight.remove(&off);
-                        s.wheel.insert(now_ms() + PARK_MS, off);
-                    }
-                }
-            });
-        }
-    }
-
-    /// Once the copies (up to log offset `end`) are durable, records that `offsets` were
-    /// delivered and takes them out of the schedule.
-    async fn mark_done(self: Rc<Self>, end: u64, offsets: Vec<u64>) {
-        if end > 0 {
-            if let Err(e) = self.store.durable(end).await {
-                eprintln!(
-                    "ringmq: shard {}: scheduled deliveries did not reach the disk: {e}; they are delivered again after a restart",
-                    self.id
-                );
-                return;
-            }
-        }
-        let body: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-        let record = RecordDraft {
-            topic: SCHEDULE_DONE_TOPIC,
-            queue_id: 0,
-            flag: 0,
-            sys_flag: 0,
-            born_timestamp_ms: now_ms() as i64,
-            born_host: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            reconsume_times: 0,
-            transaction_offset: 0,
-            properties: &[],
-            body: &body,
-        };
-        if let Err(e) = self.store.append(&record) {
-            eprintln!(
-                "ringmq: shard {}: recording scheduled deliveries: {e}; they are delivered again after a restart",
-                self.id
-            );
-            return;
-        }
-        let mut s = self.schedule.borrow_mut();
-        for off in &offsets {
-            s.in_flight.remove(off);
-            s.parked.remove(off);
-        }
-        s.delivered_total += offsets.len() as u64;
-        s.changed = true;
-    }
-
-    /// The stored bytes of each due schedule entry; consecutive offsets are read at once.
-    async fn read_scheduled(&self, due: &[(u64, u64)]) -> HashMap<u64, Result<Vec<u8>, NotReady>> {
-        let mut offsets: Vec<u64> = due.iter().map(|&(_, off)| off).collect();
-        offsets.sort_unstable();
-        let mut out = HashMap::with_capacity(offsets.len());
-        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
-        let mut i = 0;
-        while i < offsets.len() {
-            let start = offsets[i];
-            let mut run = 1;
-            while i + run < offsets.len() && offsets[i + run] == start + run as u64 {
-                run += 1;
-            }
-            let read = self
-                .store
-                .read_queue(SCHEDULE_TOPIC, 0, start, run as u32, max_bytes, &[])
-                .await;
-            match read {
-                Ok(r) if !r.is_empty() => {
-                    let n = r.len();
-                    for (off, bytes) in r.queue_offsets().iter().zip(r.records()) {
-                        out.insert(*off, Ok(bytes.to_vec()));
-                    }
-                    i += n.min(run);
-                }
-                Ok(_) | Err(crate::store::StoreError::OffsetTooBig { .. }) => {
-                    // Appended but not written yet.
-                    out.insert(start, Err(NotReady));
-                    i += 1;
-                }
-                Err(e) => {
-                    eprintln!(
-                        "ringmq: shard {}: reading scheduled message {start}: {e}",
-                        self.id
-                    );
-                    i += 1;
-                }
-            }
-        }
-        out
-    }
-
-    /// The message a scheduled record stands for, as it is to be delivered.
-    fn delivered_copy(&self, bytes: &[u8]) -> Result<OwnedDraft, ErrorBody> {
-        let view = RecordView::parse(bytes).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
-        let props = view.properties();
-        let topic = props
-            .get(prop::REAL_TOPIC)
-            .ok_or_else(|| err(ErrorCode::Internal, "scheduled record without REAL_TOPIC"))?;
-        let queue_id: u32 = props
-            .get(prop::REAL_QID)
-            .and_then(|q| q.parse().ok())
-            .ok_or_else(|| err(ErrorCode::Internal, "scheduled record without REAL_QID"))?;
-        let id = MessageId {
-            broker_id: self.cfg.broker_id,
-            store_id: self.id,
-            physical_offset: view.physical_offset(),
-        }
-        .to_string();
-        let origin = props.get(prop::ORIGIN_MESSAGE_ID).unwrap_or(&id).to_owned();
-        let properties = rebuild_properties(
-            props,
-            &SCHEDULE_PROPS,
-            &[(prop::ORIGIN_MESSAGE_ID, &origin)],
-        )?;
-        Ok(OwnedDraft {
-            topic: topic.to_owned(),
-            queue_id,
-            flag: view.flag(),
-            born_timestamp_ms: view.born_timestamp_ms(),
-            born_host: view.born_host(),
-            reconsume_times: view.reconsume_times(),
-            properties,
-            body: view.body().to_vec(),
-        })
-    }
-
     /// Writes a snapshot of the schedule if it changed, and moves the retention floor up
     /// to what the schedule still needs.
     pub async fn snapshot_schedule(&self) {
-        let (bytes, done_end) = {
+        // One at a time (the delivery task and the stop may both ask).
+        let _one = self.snapshotting.lock().await;
+        let snapshot = {
             let mut s = self.schedule.borrow_mut();
             if !s.changed {
                 return;
             }
             s.changed = false;
-            let snapshot = Snapshot {
+            Snapshot {
                 schedule_end: self.store.queue_range(SCHEDULE_TOPIC, 0).1,
                 done_end: self.store.queue_range(SCHEDULE_DONE_TOPIC, 0).1,
                 entries: s.entries().collect(),
-            };
-            (encode_snapshot(&snapshot), snapshot.done_end)
+            }
         };
+        let done_end = snapshot.done_end;
         let dir = self.store.dir().to_owned();
-        match crate::io::blocking(move || write_snapshot(&dir, &bytes)).await {
+        // Encoding (a CRC over up to 32 MB) and writing run off the shard's thread.
+        let written =
+            crate::io::blocking(move || write_snapshot(&dir, &encode_snapshot(&snapshot))).await;
+        match written {
             Ok(()) => {
                 let floor = retention_floor(&self.store, &self.schedule.borrow(), done_end);
                 self.store.set_retention_floor(floor);
@@ -707,6 +484,7 @@ impl ShardCtx {
             overdue,
             delivered_total: s.delivered_total,
             parked: s.parked.len() as u64,
+            undeliverable_total: s.undeliverable_total,
         }
     }
 
@@ -723,15 +501,6 @@ impl ShardCtx {
         shards.sort_by_key(|s| s.shard);
         Ok(crate::protocol::ScheduleInfo { shards })
     }
-}
-
-/// A scheduled record appended but not written yet.
-#[derive(Debug)]
-struct NotReady;
-
-/// A fresh schedule, for a shard that recovered nothing (tests).
-pub fn empty_schedule() -> Schedule {
-    Schedule::new(now_ms())
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@
 use bytes::Bytes;
 
 use crate::protocol::record::{
-    prop, Properties, PropertiesBuilder, RecordView, BODY_BYTES_MAX, PROPERTIES_BYTES_MAX,
-    TOPIC_BYTES_MAX,
+    prop, Properties, PropertiesBuilder, RecordView, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
+    PROPERTIES_BYTES_MAX, TOPIC_BYTES_MAX,
 };
 use crate::protocol::MessageId;
 
@@ -159,9 +159,9 @@ impl OutgoingMessage {
                 .map_err(|e| invalid(format!("property {name:?}: {e}")))?;
         }
         let bytes = builder.into_bytes();
-        if bytes.len() > PROPERTIES_BYTES_MAX {
+        if bytes.len() > CLIENT_PROPERTIES_BYTES_MAX {
             return Err(invalid(format!(
-                "properties take {} bytes, more than the limit of {PROPERTIES_BYTES_MAX}",
+                "properties take {} bytes, more than the limit of {CLIENT_PROPERTIES_BYTES_MAX} (the broker keeps the rest of {PROPERTIES_BYTES_MAX} for its own)",
                 bytes.len()
             )));
         }

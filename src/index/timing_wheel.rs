@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 const LEVELS: usize = 6;
 const SLOTS: usize = 64;
 const SLOT_BITS: u32 = 6;
-/// One past the furthest time the levels can hold, relative to the wheel's time.
+/// The span of one turn of the top level: items in the levels share the wheel's turn.
 const SPAN_MS: u64 = 1 << (SLOT_BITS as u64 * LEVELS as u64);
 
 const _: () = assert!(SLOTS == 1 << SLOT_BITS);
@@ -45,6 +45,8 @@ pub struct TimingWheel<T> {
     levels: Vec<Level<T>>,
     /// Items due beyond what the levels cover.
     overflow: Vec<(u64, T)>,
+    /// The earliest due time in `overflow`.
+    overflow_min: Option<u64>,
     /// Items already due, in due order.
     ready: VecDeque<(u64, T)>,
     len: usize,
@@ -72,6 +74,7 @@ impl<T> TimingWheel<T> {
             elapsed: now_ms,
             levels: (0..LEVELS).map(|_| Level::new()).collect(),
             overflow: Vec::new(),
+            overflow_min: None,
             ready: VecDeque::new(),
             len: 0,
         }
@@ -96,13 +99,30 @@ impl<T> TimingWheel<T> {
             // Keep `ready` in due order: late items go before later ones.
             let at = self.ready.partition_point(|(d, _)| *d <= due);
             self.ready.insert(at, (due, item));
-        } else if due - self.elapsed >= SPAN_MS {
+        } else if (due ^ self.elapsed) >= SPAN_MS {
+            // Beyond the levels: further than they reach, or across a boundary of the top
+            // level (a wrap, however near). Such items are all later than every item in
+            // the levels; they move in once the wheel's time reaches their top-level turn.
+            self.overflow_min = Some(self.overflow_min.map_or(due, |m| m.min(due)));
             self.overflow.push((due, item));
         } else {
             let (level, slot) = level_and_slot(self.elapsed, due);
             let l = &mut self.levels[level];
             l.slots[slot].push((due, item));
             l.occupied |= 1 << slot;
+        }
+    }
+
+    /// Moves overflow items whose turn has come into the levels (or `ready`).
+    fn admit_overflow(&mut self) {
+        let turn = |t: u64| t / SPAN_MS;
+        let Some(min) = self.overflow_min else { return };
+        if turn(min) != turn(self.elapsed) && min > self.elapsed {
+            return;
+        }
+        self.overflow_min = None;
+        for (due, item) in std::mem::take(&mut self.overflow) {
+            self.place(due, item);
         }
     }
 
@@ -128,33 +148,38 @@ impl<T> TimingWheel<T> {
         None
     }
 
-    /// When the wheel next has something to do: now if items are ready, else the start of
-    /// the earliest occupied slot (an item is due there, or items must move down a level).
+    /// When the wheel next has something to do: the earliest ready item, else the start of
+    /// the earliest occupied slot (an item is due there, or items must move down a level),
+    /// else the earliest overflow item.
     pub fn next_wake_ms(&self) -> Option<u64> {
         if let Some((due, _)) = self.ready.front() {
             return Some(*due);
         }
         match self.next_slot() {
             Some((_, _, start)) => Some(start),
-            None => self.overflow.iter().map(|(d, _)| *d).min(),
+            None => self.overflow_min,
         }
     }
 
-    /// Moves the wheel's time forward to `now_ms` and takes up to `max` items due at or
-    /// before it, in due order, into `out`. Items left over stay ready for the next call.
+    /// Moves the wheel's time forward to `now_ms` (never back: a clock that steps back
+    /// waits) and takes up to `max` items due at or before `now_ms`, in due order, into
+    /// `out`. Items left over stay ready for the next call.
     pub fn poll(&mut self, now_ms: u64, max: usize, out: &mut Vec<(u64, T)>) {
         let taken_before = out.len();
         loop {
             while out.len() - taken_before < max {
-                match self.ready.pop_front() {
-                    Some(item) => {
-                        self.len -= 1;
-                        out.push(item);
-                    }
-                    None => break,
+                match self.ready.front() {
+                    Some((due, _)) if *due <= now_ms => {}
+                    _ => break,
+                }
+                if let Some(item) = self.ready.pop_front() {
+                    self.len -= 1;
+                    out.push(item);
                 }
             }
-            if out.len() - taken_before >= max {
+            if out.len() - taken_before >= max
+                || self.ready.front().is_some_and(|(due, _)| *due > now_ms)
+            {
                 return;
             }
             match self.next_slot() {
@@ -168,20 +193,13 @@ impl<T> TimingWheel<T> {
                     }
                 }
                 _ => {
-                    if self.overflow.is_empty() || now_ms < self.elapsed {
-                        self.elapsed = self.elapsed.max(now_ms);
-                        if self.ready.is_empty() {
-                            return;
-                        }
-                        continue;
-                    }
+                    // Nothing in the levels is due: the time moves on, and overflow items
+                    // whose turn came move in.
                     self.elapsed = self.elapsed.max(now_ms);
-                    // Overflow items that now fit the levels move in.
-                    let overflow = std::mem::take(&mut self.overflow);
-                    for (due, item) in overflow {
-                        self.place(due, item);
-                    }
-                    if self.ready.is_empty() && self.next_slot().is_none_or(|s| s.2 > now_ms) {
+                    self.admit_overflow();
+                    let due_now = self.ready.front().is_some_and(|(d, _)| *d <= now_ms)
+                        || self.next_slot().is_some_and(|s| s.2 <= now_ms);
+                    if !due_now {
                         return;
                     }
                 }
@@ -261,6 +279,37 @@ mod tests {
     }
 
     #[test]
+    fn near_a_top_level_boundary_nothing_panics_or_is_late() {
+        // 2028-10-17 20:04:31 UTC is 27 * 2^36 ms.
+        let boundary = 27u64 << 36;
+        check(
+            boundary - 1,
+            &[
+                (boundary + 100, 1),
+                (boundary - 1 + 3_600_000, 2),
+                (boundary - 1, 3),
+            ],
+            &[0, 100, 1, 3_600_000],
+            10,
+        );
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_delivers_nothing_early() {
+        let now = 10_000_000u64;
+        let mut wheel = TimingWheel::new(now);
+        let mut out = Vec::new();
+        wheel.poll(now, 10, &mut out);
+        // The clock steps back an hour; a message due in 1 s by that clock waits for it.
+        let back = now - 3_600_000;
+        wheel.insert(back + 1_000, 1u8);
+        wheel.poll(back, 10, &mut out);
+        assert!(out.is_empty());
+        wheel.poll(back + 1_000, 10, &mut out);
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
     fn next_wake_is_never_after_the_earliest_item() {
         let mut wheel = TimingWheel::new(100);
         assert_eq!(wheel.next_wake_ms(), None);
@@ -283,6 +332,23 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &o)| ((start + o).saturating_sub(1000), i as u32))
+                .collect();
+            check(start, &items, &steps, max);
+        }
+
+        #[test]
+        fn matches_a_sorted_reference_across_top_level_boundaries(
+            turn in 1u64..100,
+            before in 0u64..5_000_000,
+            offsets in proptest::collection::vec(0u64..10_000_000, 0..200),
+            steps in proptest::collection::vec(0u64..400_000, 1..60),
+            max in 1usize..50,
+        ) {
+            let start = (turn << 36) - before;
+            let items: Vec<(u64, u32)> = offsets
+                .iter()
+                .enumerate()
+                .map(|(i, &o)| (start + o, i as u32))
                 .collect();
             check(start, &items, &steps, max);
         }

@@ -10,6 +10,8 @@ pub const DELAY_LEVELS_DEFAULT: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m
 /// The longest delay a message may ask for by default: 3 days, as RocketMQ 5's
 /// `timerMaxDelaySec`.
 pub const DELAY_MAX_MS_DEFAULT: u64 = 3 * 24 * 3600 * 1000;
+/// The longest delay a broker may be configured to accept: a year.
+pub const DELAY_MAX_MS_LIMIT: u64 = 366 * 24 * 3600 * 1000;
 /// Most delay levels a broker may be configured with.
 pub const DELAY_LEVELS_MAX: usize = 64;
 /// The delay level of a message's first retry; each retry after it takes the next level
@@ -80,6 +82,11 @@ impl DelayRule {
             text: levels.to_owned(),
             reason,
         };
+        if max_ms == 0 || max_ms > DELAY_MAX_MS_LIMIT {
+            return Err(bad(format!(
+                "the longest delay must be 1 to {DELAY_MAX_MS_LIMIT} ms, not {max_ms}"
+            )));
+        }
         let mut levels_ms = Vec::new();
         for word in levels.split_whitespace() {
             let ms = parse_duration_ms(word).ok_or_else(|| {

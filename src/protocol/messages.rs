@@ -549,8 +549,12 @@ wire_type! {
         pub overdue: u64,
         /// Delivered since the broker started.
         pub delivered_total: u64,
-        /// Waiting for their target topic to exist again (retried every few seconds).
+        /// Waiting for their target topic to exist again (retried every few seconds; after
+        /// an hour they go to `%UNDELIVERABLE%`).
         pub parked: u64,
+        /// Could not be delivered since the broker started: unreadable, or moved to
+        /// `%UNDELIVERABLE%`.
+        pub undeliverable_total: u64,
     }
 }
 

@@ -39,6 +39,12 @@ pub const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 pub const TOPIC_BYTES_MAX: usize = 255;
 /// Largest encoded property block.
 pub const PROPERTIES_BYTES_MAX: usize = 64 * 1024;
+/// Of the property block, what the broker keeps for the properties it adds itself (delay,
+/// retry and dead-letter bookkeeping, about 400 bytes at most).
+pub const BROKER_PROPERTIES_RESERVE_BYTES: usize = 1024;
+/// Largest property block a client may send.
+pub const CLIENT_PROPERTIES_BYTES_MAX: usize =
+    PROPERTIES_BYTES_MAX - BROKER_PROPERTIES_RESERVE_BYTES;
 /// Largest record the log accepts.
 pub const RECORD_BYTES_MAX: usize =
     HEADER_BYTES + TOPIC_BYTES_MAX + PROPERTIES_BYTES_MAX + BODY_BYTES_MAX;
@@ -487,7 +493,10 @@ impl<'a> Properties<'a> {
                 .ok_or(RecordError::Invalid("unterminated property value"))?;
             let name = &rest[..name_end];
             let value = &after[..value_end];
-            if name.is_empty() || value.contains(&PROPERTY_NAME_END) {
+            if name.is_empty()
+                || name.contains(&PROPERTY_VALUE_END)
+                || value.contains(&PROPERTY_NAME_END)
+            {
                 return Err(RecordError::Invalid("malformed property"));
             }
             if std::str::from_utf8(name).is_err() || std::str::from_utf8(value).is_err() {

@@ -78,6 +78,12 @@ pub struct BrokerConfig {
     /// A connection silent this long before its first frame, or in the middle of a frame,
     /// or not taking what is written to it, is closed.
     pub conn_timeout_ms: u64,
+    /// How often retention looks for segments to delete (and the schedule for held messages
+    /// that keep it from doing so).
+    pub retention_check_interval_ms: u64,
+    /// How long a delayed message waits for a missing target topic before it goes to
+    /// `%UNDELIVERABLE%`.
+    pub schedule_park_max_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -102,6 +108,8 @@ impl Default for BrokerConfig {
             schedule_pending_max: crate::broker::schedule::SCHEDULE_PENDING_MAX_DEFAULT,
             connections_max: 0,
             conn_timeout_ms: conn::CONN_TIMEOUT_MS_DEFAULT,
+            retention_check_interval_ms: 60_000,
+            schedule_park_max_ms: crate::broker::schedule::PARK_MAX_MS,
         }
     }
 }
@@ -227,6 +235,11 @@ impl Broker {
             .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
         DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms)
             .map_err(|e| BrokerError::Config(format!("delay-levels: {e}")))?;
+        if cfg.retention_check_interval_ms == 0 {
+            return Err(BrokerError::Config(
+                "retention-check-interval-ms must be at least 1".into(),
+            ));
+        }
         if cfg.conn_timeout_ms == 0 {
             return Err(BrokerError::Config(
                 "conn-timeout-ms must be at least 1".into(),
@@ -453,9 +466,12 @@ async fn shard_main(
     store_cfg.log.segment_bytes = cfg.segment_bytes;
     store_cfg.log.retention_ms = cfg.retention_hours.saturating_mul(3_600_000);
     store_cfg.log.retention_bytes_max = cfg.retention_bytes_max;
+    store_cfg.retention_check_interval_ms = cfg.retention_check_interval_ms;
     let (store, _recovery) = MessageStore::open(&shard_dir, store_cfg)
         .await
         .map_err(|e| format!("opening {}: {e}", shard_dir.display()))?;
+    // Nothing leaves the log before the schedule says what it still needs.
+    store.set_retention_floor(0);
     let schedule = Schedule::recover(&store)
         .await
         .map_err(|e| format!("recovering the schedule in {}: {e}", shard_dir.display()))?;
@@ -503,6 +519,8 @@ async fn shard_main(
         lock_expiry_ms: cfg.lock_expiry_ms,
         delay: DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms).map_err(|e| e.to_string())?,
         schedule_pending_max: cfg.schedule_pending_max,
+        schedule_park_max_ms: cfg.schedule_park_max_ms,
+        retention_check_interval_ms: cfg.retention_check_interval_ms,
     };
     let peers = Box::new(MeshPeers {
         senders,
@@ -572,7 +590,7 @@ async fn shard_main(
     while ctx.in_flight() > 0 && started.elapsed() < Duration::from_millis(STOP_DRAIN_MS) {
         crate::io::sleep(Duration::from_millis(5)).await;
     }
-    ctx.snapshot_schedule().await;
+    ctx.stop_schedule().await;
     store
         .close()
         .await

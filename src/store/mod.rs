@@ -449,7 +449,7 @@ impl MessageStore {
         };
         (from.max(min)..end)
             .take(max)
-            .map_while(|o| q.cq.get(o).map(|e| (o, e)))
+            .filter_map(|o| q.cq.get(o).map(|e| (o, e)))
             .collect()
     }
 
@@ -740,6 +740,12 @@ impl MessageStore {
     /// still needs, such as scheduled messages not yet delivered); `u64::MAX`: no floor.
     pub fn set_retention_floor(&self, log_offset: u64) {
         self.inner.retention_floor.set(log_offset);
+    }
+
+    /// Lowers the retention floor to `log_offset` if it is above it.
+    pub fn lower_retention_floor(&self, log_offset: u64) {
+        let floor = self.inner.retention_floor.get();
+        self.inner.retention_floor.set(floor.min(log_offset));
     }
 
     /// Runs retention on the log and trims the indexes to match.

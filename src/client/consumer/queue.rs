@@ -589,7 +589,10 @@ pub(super) async fn orderly_loop(
     pq: Arc<ProcessQueue>,
     listener: OrderlyListener,
 ) {
+    // Failed attempts of the batch that starts at `failing_from`: a new first message
+    // starts the count again (a batch that grew meanwhile is not dead-lettered early).
     let mut failures = 0u32;
+    let mut failing_from = u64::MAX;
     loop {
         if pq.is_dropped() || shared.is_stopping() {
             return;
@@ -612,6 +615,9 @@ pub(super) async fn orderly_loop(
             continue;
         }
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
+        if offsets.first() != Some(&failing_from) {
+            failures = 0;
+        }
         let messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
         let messages_again = messages.clone();
         let status = run_listener(&shared, listener.clone(), messages).await;
@@ -631,6 +637,7 @@ pub(super) async fn orderly_loop(
                     ));
                 }
                 failures += 1;
+                failing_from = offsets[0];
                 add(&shared.counters.retried, offsets.len());
                 if failures <= shared.options.max_reconsume_times
                     || shared.options.message_model == MessageModel::Broadcasting

@@ -385,6 +385,7 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
                 overdue: 2,
                 delivered_total: 9,
                 parked: 0,
+                undeliverable_total: 1,
             }],
         }),
     ]

@@ -1,0 +1,524 @@
+//! Delivering the schedule: the task that takes due messages from the wheel and puts them on
+//! their queues, the done records that take them out of the schedule once their copies are
+//! durable, what happens to messages that cannot be delivered, moving old held messages
+//! forward so retention can go on, and the orderly stop.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::{
+    now_ms, rebuild_properties, OwnedDraft, NOT_YET_WRITTEN_MS, PARK_MS, SCHEDULE_PROPS,
+    UNDELIVERABLE_TOPIC,
+};
+use crate::broker::mesh::{MeshReply, MeshRequest};
+use crate::broker::{err, ShardCtx};
+use crate::protocol::names::{DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
+use crate::protocol::record::{prop, RecordDraft, RecordView};
+use crate::protocol::{ErrorBody, ErrorCode, MessageId};
+use crate::store::{StoreError, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
+
+/// Most messages one delivery turn takes from the wheel.
+pub const DELIVER_BATCH_MAX: usize = 512;
+/// How often the wheel is snapshotted (when it changed).
+const SNAPSHOT_INTERVAL_MS: u64 = 5_000;
+/// Most held messages moved forward in one pass.
+const ROLL_BATCH_MAX: usize = 10_000;
+/// Longest the delivery task sleeps without looking at the wheel.
+const IDLE_WAKE_MS: u64 = 1_000;
+/// How long a stop waits for done records to be written.
+const STOP_WAIT_MS: u64 = 5_000;
+/// At most one log line per this long about messages that wait or fail.
+const LOG_EVERY_MS: u64 = 60_000;
+
+/// Why a scheduled record could not be read.
+enum ReadFailure {
+    /// Appended but not written yet: try again in a moment.
+    NotReady,
+    /// Gone (retention) or damaged: it can never be delivered.
+    Lost(String),
+    /// An I/O error: try again later.
+    Retry(String),
+}
+
+impl ShardCtx {
+    /// The delivery task of this shard's schedule; runs until the shard stops.
+    pub async fn run_schedule(self: Rc<Self>) {
+        self.schedule.borrow_mut().running = true;
+        let mut due = Vec::with_capacity(DELIVER_BATCH_MAX);
+        let mut next_snapshot = Instant::now() + Duration::from_millis(SNAPSHOT_INTERVAL_MS);
+        // Held messages that keep retention from deleting are moved as often as it runs.
+        let roll_every = Duration::from_millis(self.cfg.retention_check_interval_ms);
+        let mut next_roll = Instant::now() + roll_every;
+        while !self.stopping.get() {
+            if Instant::now() >= next_snapshot {
+                next_snapshot = Instant::now() + Duration::from_millis(SNAPSHOT_INTERVAL_MS);
+                self.snapshot_schedule().await;
+            }
+            if Instant::now() >= next_roll {
+                next_roll = Instant::now() + roll_every;
+                self.roll_forward().await;
+            }
+            due.clear();
+            let now = now_ms();
+            {
+                let mut s = self.schedule.borrow_mut();
+                s.wheel.poll(now, DELIVER_BATCH_MAX, &mut due);
+                // Messages moved forward come due under their new offset.
+                due.retain(|(_, off)| !s.superseded.remove(off));
+                for &(d, off) in &due {
+                    s.in_flight.insert(off, d);
+                }
+            }
+            if due.is_empty() {
+                let wake = self.schedule.borrow().wheel.next_wake_ms();
+                let wait_ms = wake
+                    .map(|w| w.saturating_sub(now))
+                    .unwrap_or(IDLE_WAKE_MS)
+                    .clamp(1, IDLE_WAKE_MS);
+                let notified = self.schedule_wake.notified();
+                let sleep = crate::io::sleep(Duration::from_millis(wait_ms));
+                futures_lite::future::or(notified, sleep).await;
+                continue;
+            }
+            self.deliver(&due).await;
+        }
+        self.schedule.borrow_mut().running = false;
+        self.schedule_wake.notify_one();
+    }
+
+    /// At a clean stop: waits for the delivery task to end and for the done records of
+    /// what it delivered (making the log durable so they need not wait for the flusher),
+    /// then writes the last snapshot. Returns when done or after a few seconds.
+    pub async fn stop_schedule(&self) {
+        let deadline = Instant::now() + Duration::from_millis(STOP_WAIT_MS);
+        let _ = self.store.log().sync_all().await;
+        while Instant::now() < deadline {
+            let settled = {
+                let s = self.schedule.borrow();
+                !s.running && s.marking == 0
+            };
+            if settled {
+                break;
+            }
+            self.schedule_wake.notify_one();
+            crate::io::sleep(Duration::from_millis(5)).await;
+        }
+        self.snapshot_schedule().await;
+    }
+
+    /// Puts offsets back in the wheel, to be tried again at `at`.
+    fn retry_later(&self, offsets: impl IntoIterator<Item = u64>, at: u64) {
+        let mut s = self.schedule.borrow_mut();
+        for off in offsets {
+            s.in_flight.remove(&off);
+            s.wheel.insert(at, off);
+        }
+    }
+
+    /// Delivers one batch taken from the wheel (all now in flight).
+    async fn deliver(self: &Rc<Self>, due: &[(u64, u64)]) {
+        let mut records = self.read_scheduled(due).await;
+        let now = now_ms();
+        let mut copies: Vec<(u64, OwnedDraft)> = Vec::with_capacity(due.len());
+        let mut lost: Vec<u64> = Vec::new();
+        for &(_, off) in due {
+            match records.remove(&off) {
+                Some(Ok(bytes)) => match self.delivered_copy(&bytes) {
+                    Ok(copy) => copies.push((off, copy)),
+                    Err(e) => {
+                        self.log_rarely(format_args!(
+                            "scheduled message {off} cannot be delivered ({}); counted as undeliverable",
+                            e.message
+                        ));
+                        lost.push(off);
+                    }
+                },
+                Some(Err(ReadFailure::NotReady)) => {
+                    self.retry_later([off], now + NOT_YET_WRITTEN_MS)
+                }
+                Some(Err(ReadFailure::Lost(why))) => {
+                    self.log_rarely(format_args!(
+                        "scheduled message {off} is unreadable ({why}); counted as undeliverable"
+                    ));
+                    lost.push(off);
+                }
+                Some(Err(ReadFailure::Retry(why))) => {
+                    self.log_rarely(format_args!(
+                        "reading scheduled message {off} failed ({why}); trying again"
+                    ));
+                    self.retry_later([off], now + PARK_MS);
+                }
+                None => {
+                    // Not reached by the read (it ended early): next turn.
+                    self.retry_later([off], now + NOT_YET_WRITTEN_MS);
+                }
+            }
+        }
+        if !lost.is_empty() {
+            self.schedule.borrow_mut().undeliverable_total += lost.len() as u64;
+            let ctx = self.clone();
+            crate::io::spawn(async move { ctx.mark_done(0, lost, false).await });
+        }
+        self.ensure_targets(&copies).await;
+        let mut local: Vec<(u64, OwnedDraft)> = Vec::with_capacity(copies.len());
+        let mut remote: Vec<(u64, u32, OwnedDraft)> = Vec::new();
+        for (off, mut copy) in copies {
+            if self.known_queue(&copy.topic, copy.queue_id).is_err() {
+                let since = *self.schedule.borrow_mut().parked.entry(off).or_insert(now);
+                if now.saturating_sub(since) < self.cfg.schedule_park_max_ms {
+                    self.log_rarely(format_args!(
+                        "scheduled messages for {}[{}] wait: the queue does not exist",
+                        copy.topic, copy.queue_id
+                    ));
+                    self.retry_later([off], now + PARK_MS);
+                    continue;
+                }
+                // Waited long enough: to the undeliverable topic, with its target recorded.
+                if let Err(e) = self.to_undeliverable(&mut copy).await {
+                    self.log_rarely(format_args!(
+                        "moving scheduled message {off} to {UNDELIVERABLE_TOPIC}: {}",
+                        e.message
+                    ));
+                    self.retry_later([off], now + PARK_MS);
+                    continue;
+                }
+                self.schedule.borrow_mut().undeliverable_total += 1;
+            }
+            let owner = self.owner_of(&copy.topic, copy.queue_id);
+            if owner == self.id {
+                local.push((off, copy));
+            } else {
+                remote.push((off, owner, copy));
+            }
+        }
+        for (off, owner, copy) in remote {
+            let ctx = self.clone();
+            crate::io::spawn(async move {
+                let put = MeshRequest::Put {
+                    draft: copy,
+                    durable: true,
+                };
+                match ctx.call(owner, put).await {
+                    Ok(MeshReply::Put { .. }) => ctx.mark_done(0, vec![off], true).await,
+                    other => {
+                        ctx.log_rarely(format_args!(
+                            "delivering scheduled message {off} to shard {owner}: {other:?}; trying again"
+                        ));
+                        ctx.retry_later([off], now_ms() + PARK_MS);
+                    }
+                }
+            });
+        }
+        let mut delivered: Vec<u64> = Vec::with_capacity(local.len());
+        let mut end = 0u64;
+        let mut woken: Vec<(String, u32)> = Vec::new();
+        for (off, copy) in local {
+            match self.store.append(&copy.draft()) {
+                Ok(put) => {
+                    end = end.max(put.end());
+                    delivered.push(off);
+                    if !woken
+                        .iter()
+                        .any(|(t, q)| *t == copy.topic && *q == copy.queue_id)
+                    {
+                        woken.push((copy.topic, copy.queue_id));
+                    }
+                }
+                Err(e) => {
+                    self.log_rarely(format_args!(
+                        "delivering scheduled message {off}: {e}; trying again"
+                    ));
+                    self.retry_later([off], now + PARK_MS);
+                }
+            }
+        }
+        if delivered.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.acked(end).await {
+            self.log_rarely(format_args!(
+                "scheduled deliveries were not written ({e}); trying again"
+            ));
+            self.retry_later(delivered, now_ms() + PARK_MS);
+            return;
+        }
+        for (topic, queue) in &woken {
+            self.wake_pollers(topic, *queue);
+        }
+        let ctx = self.clone();
+        crate::io::spawn(async move { ctx.mark_done(end, delivered, true).await });
+    }
+
+    /// Creates the targets that do not exist: a group's retry or dead-letter topic always
+    /// (as at a send-back), another topic if topics may be auto-created.
+    async fn ensure_targets(self: &Rc<Self>, copies: &[(u64, OwnedDraft)]) {
+        let mut missing: Vec<&str> = Vec::new();
+        for (_, d) in copies {
+            if self.known_queue(&d.topic, d.queue_id).is_err() && !missing.contains(&&*d.topic) {
+                missing.push(&d.topic);
+            }
+        }
+        for topic in missing {
+            let made =
+                if topic.starts_with(RETRY_TOPIC_PREFIX) || topic.starts_with(DLQ_TOPIC_PREFIX) {
+                    self.ensure_system_topic(topic).await
+                } else {
+                    self.ensure_topic(topic).await.map(|_| ())
+                };
+            if let Err(e) = made {
+                self.log_rarely(format_args!(
+                    "scheduled messages for {topic} wait: {}",
+                    e.message
+                ));
+            }
+        }
+    }
+
+    /// Redirects a copy whose target stayed missing to [`UNDELIVERABLE_TOPIC`].
+    async fn to_undeliverable(self: &Rc<Self>, copy: &mut OwnedDraft) -> Result<(), ErrorBody> {
+        self.ensure_system_topic(UNDELIVERABLE_TOPIC).await?;
+        let queue = copy.queue_id.to_string();
+        copy.properties = rebuild_properties(
+            crate::protocol::record::Properties::new(&copy.properties),
+            &[],
+            &[(prop::REAL_TOPIC, &copy.topic), (prop::REAL_QID, &queue)],
+        )?;
+        copy.topic = UNDELIVERABLE_TOPIC.to_owned();
+        copy.queue_id = 0;
+        Ok(())
+    }
+
+    /// Once the copies (up to log offset `end`; 0: nothing to wait for) are durable,
+    /// records that `offsets` were delivered and takes them out of the schedule. If that
+    /// fails they go back in the wheel: delivered again (a duplicate), never lost.
+    async fn mark_done(self: Rc<Self>, end: u64, offsets: Vec<u64>, delivered: bool) {
+        self.schedule.borrow_mut().marking += 1;
+        let recorded = self.record_done(end, &offsets).await;
+        let mut s = self.schedule.borrow_mut();
+        s.marking -= 1;
+        match recorded {
+            Ok(()) => {
+                for off in &offsets {
+                    s.in_flight.remove(off);
+                    s.parked.remove(off);
+                }
+                if delivered {
+                    s.delivered_total += offsets.len() as u64;
+                }
+                s.changed = true;
+            }
+            Err(e) => {
+                drop(s);
+                self.log_rarely(format_args!(
+                    "recording scheduled deliveries failed ({}); they are delivered again",
+                    e.message
+                ));
+                self.retry_later(offsets, now_ms() + PARK_MS);
+            }
+        }
+    }
+
+    /// Appends the done record of `offsets` once the log is durable up to `end`.
+    async fn record_done(&self, end: u64, offsets: &[u64]) -> Result<(), ErrorBody> {
+        let io = |e: StoreError| err(ErrorCode::StoreIo, e.to_string());
+        if end > 0 {
+            self.store.durable(end).await.map_err(io)?;
+        }
+        let body: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+        let record = RecordDraft {
+            topic: SCHEDULE_DONE_TOPIC,
+            queue_id: 0,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp_ms: now_ms() as i64,
+            born_host: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: &[],
+            body: &body,
+        };
+        self.store.append(&record).map(|_| ()).map_err(io)
+    }
+
+    /// The stored bytes of each due schedule entry; consecutive offsets are read at once.
+    async fn read_scheduled(
+        &self,
+        due: &[(u64, u64)],
+    ) -> HashMap<u64, Result<Vec<u8>, ReadFailure>> {
+        let mut offsets: Vec<u64> = due.iter().map(|&(_, off)| off).collect();
+        offsets.sort_unstable();
+        let mut out = HashMap::with_capacity(offsets.len());
+        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
+        let mut i = 0;
+        while i < offsets.len() {
+            let start = offsets[i];
+            let mut run = 1;
+            while i + run < offsets.len() && offsets[i + run] == start + run as u64 {
+                run += 1;
+            }
+            let read = self
+                .store
+                .read_queue(SCHEDULE_TOPIC, 0, start, run as u32, max_bytes, &[])
+                .await;
+            match read {
+                Ok(r) if !r.is_empty() => {
+                    let n = r.len();
+                    for (off, bytes) in r.queue_offsets().iter().zip(r.records()) {
+                        out.insert(*off, Ok(bytes.to_vec()));
+                    }
+                    i += n.min(run);
+                }
+                Ok(_) | Err(StoreError::OffsetTooBig { .. }) => {
+                    out.insert(start, Err(ReadFailure::NotReady));
+                    i += 1;
+                }
+                Err(e @ (StoreError::OffsetTooSmall { .. } | StoreError::Log(_))) => {
+                    let failure = match &e {
+                        StoreError::Log(crate::log::LogError::Io { .. }) => {
+                            ReadFailure::Retry(e.to_string())
+                        }
+                        _ => ReadFailure::Lost(e.to_string()),
+                    };
+                    out.insert(start, Err(failure));
+                    i += 1;
+                }
+                Err(e) => {
+                    out.insert(start, Err(ReadFailure::Retry(e.to_string())));
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// The message a scheduled record stands for, as it is to be delivered.
+    fn delivered_copy(&self, bytes: &[u8]) -> Result<OwnedDraft, ErrorBody> {
+        let view = RecordView::parse(bytes).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
+        let props = view.properties();
+        let topic = props
+            .get(prop::REAL_TOPIC)
+            .ok_or_else(|| err(ErrorCode::Internal, "scheduled record without REAL_TOPIC"))?;
+        let queue_id: u32 = props
+            .get(prop::REAL_QID)
+            .and_then(|q| q.parse().ok())
+            .ok_or_else(|| err(ErrorCode::Internal, "scheduled record without REAL_QID"))?;
+        let id = MessageId {
+            broker_id: self.cfg.broker_id,
+            store_id: self.id,
+            physical_offset: view.physical_offset(),
+        }
+        .to_string();
+        let origin = props.get(prop::ORIGIN_MESSAGE_ID).unwrap_or(&id).to_owned();
+        let properties = rebuild_properties(
+            props,
+            &SCHEDULE_PROPS,
+            &[(prop::ORIGIN_MESSAGE_ID, &origin)],
+        )?;
+        Ok(OwnedDraft {
+            topic: topic.to_owned(),
+            queue_id,
+            flag: view.flag(),
+            born_timestamp_ms: view.born_timestamp_ms(),
+            born_host: view.born_host(),
+            reconsume_times: view.reconsume_times(),
+            properties,
+            body: view.body().to_vec(),
+        })
+    }
+
+    /// Moves held messages stored where retention wants to delete forward: each is copied
+    /// to a new schedule entry (same due time), and once the copies are durable a done
+    /// record takes the old entries out. A message held for days thus holds only its own
+    /// bytes, not days of the shard's log. A crash in between delivers it twice.
+    async fn roll_forward(self: &Rc<Self>) {
+        let wanted = self
+            .store
+            .log()
+            .retention_wanted_end(crate::log::now_ms())
+            .await;
+        let now = now_ms();
+        // Messages due before the next pass are delivered rather than moved.
+        let not_before = now + 2 * self.cfg.retention_check_interval_ms;
+        let old: Vec<(u64, u64)> = {
+            let s = self.schedule.borrow();
+            let mut old: Vec<(u64, u64)> = s
+                .wheel
+                .iter()
+                .filter(|(due, off)| *due > not_before && !s.superseded.contains(off))
+                .filter(|(_, off)| {
+                    self.store
+                        .queue_entry(SCHEDULE_TOPIC, 0, **off)
+                        .is_some_and(|e| e.physical_offset < wanted)
+                })
+                .map(|(due, off)| (due, *off))
+                .collect();
+            old.sort_unstable_by_key(|&(_, off)| off);
+            old.truncate(ROLL_BATCH_MAX);
+            old
+        };
+        if old.is_empty() {
+            return;
+        }
+        let mut moved = Vec::with_capacity(old.len());
+        let mut end = 0u64;
+        for (due, off) in old {
+            let Ok(buf) = self.store.read_at(SCHEDULE_TOPIC, 0, off).await else {
+                continue;
+            };
+            let Ok(view) = RecordView::parse(&buf) else {
+                continue;
+            };
+            let draft = RecordDraft {
+                topic: SCHEDULE_TOPIC,
+                queue_id: 0,
+                flag: view.flag(),
+                sys_flag: view.sys_flag(),
+                born_timestamp_ms: view.born_timestamp_ms(),
+                born_host: view.born_host(),
+                reconsume_times: view.reconsume_times(),
+                transaction_offset: view.transaction_offset(),
+                properties: view.properties().as_bytes(),
+                body: view.body(),
+            };
+            match self.store.append(&draft) {
+                Ok(put) => {
+                    end = end.max(put.end());
+                    self.schedule
+                        .borrow_mut()
+                        .wheel
+                        .insert(due, put.queue_offset);
+                    moved.push(off);
+                }
+                Err(e) => {
+                    self.log_rarely(format_args!("moving held scheduled messages forward: {e}"));
+                    break;
+                }
+            }
+        }
+        if moved.is_empty() {
+            return;
+        }
+        self.schedule.borrow_mut().changed = true;
+        // The old entries stay in the wheel (skipped when they fall due) until the done
+        // record that takes them out is written.
+        if self.record_done(end, &moved).await.is_ok() {
+            {
+                let mut s = self.schedule.borrow_mut();
+                s.superseded.extend(moved);
+                s.changed = true;
+            }
+            // The floor moves with the next snapshot: take it now.
+            self.snapshot_schedule().await;
+        }
+    }
+
+    /// Logs a line about the schedule at most once a minute (per shard).
+    fn log_rarely(&self, what: std::fmt::Arguments<'_>) {
+        let now = now_ms();
+        if now >= self.schedule_log_after.get() {
+            self.schedule_log_after.set(now + LOG_EVERY_MS);
+            eprintln!("ringmq: shard {}: {what}", self.id);
+        }
+    }
+}
