@@ -250,21 +250,36 @@ fn offset_commit_then_query() {
     assert_eq!(row(&out, "0"), ["0", "-"]);
     assert_eq!(row(&out, "1"), ["1", "-"]);
 
-    let out = ringmq(&addr, &["offset", "commit", "workers", "jobs", "1", "42"]).ok();
+    // Messages in both queues (sharding keys spread them); commit queue 1's end.
+    for i in 0..8 {
+        ringmq(
+            &addr,
+            &["send", "jobs", "m", "--sharding-key", &format!("k{i}")],
+        )
+        .ok();
+    }
+    let info = ringmq(&addr, &["--json", "topic", "describe", "jobs"]).json();
+    let end = info["queues"][1]["max_offset"].as_u64().unwrap();
+    assert!(end > 0, "{info}");
+    let end_s = end.to_string();
+    let out = ringmq(&addr, &["offset", "commit", "workers", "jobs", "1", &end_s]).ok();
     assert_eq!(
         out.trim(),
-        "committed offset 42 for group workers on jobs queue 1"
+        format!("committed offset {end} for group workers on jobs queue 1")
     );
     let out = ringmq(&addr, &["offset", "query", "workers", "jobs"]).ok();
     assert!(out.starts_with("group workers, topic jobs\n"), "{out}");
     assert_eq!(row(&out, "0"), ["0", "-"]);
-    assert_eq!(row(&out, "1"), ["1", "42"]);
+    assert_eq!(row(&out, "1"), ["1", &end_s]);
     let json = ringmq(&addr, &["--json", "offset", "query", "workers", "jobs"]).json();
     assert_eq!(
         json["queues"][0]["committed_offset"],
         serde_json::Value::Null
     );
-    assert_eq!(json["queues"][1]["committed_offset"], 42);
+    assert_eq!(json["queues"][1]["committed_offset"], end);
+    // Past the queue's end a commit would make the group skip what comes next: refused.
+    let err = ringmq(&addr, &["offset", "commit", "workers", "jobs", "1", "42"]).fails(1);
+    assert!(err.contains("OffsetTooBig"), "{err}");
 
     let err = ringmq(&addr, &["offset", "commit", "workers", "jobs", "9", "1"]).fails(1);
     assert!(err.contains("QueueNotFound"), "{err}");

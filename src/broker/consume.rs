@@ -19,6 +19,8 @@ use crate::store::StoreError;
 
 /// Longest a pull may be held.
 pub const PULL_WAIT_MS_MAX: u32 = 60_000;
+/// Most tag hashes one pull may filter on (each stored message is compared with all).
+pub const TAG_HASHES_MAX: usize = 64;
 /// Most messages one pull may ask for.
 pub const PULL_MESSAGES_MAX: u32 = 1024;
 
@@ -71,9 +73,19 @@ impl ShardCtx {
         self: Rc<Self>,
         request_id: u64,
         conn: u64,
+        max_bytes: usize,
         p: Pull,
     ) -> Result<Answer, ErrorBody> {
         self.known_queue(&p.topic, p.queue_id)?;
+        if p.tag_hashes.len() > TAG_HASHES_MAX {
+            return Err(err(
+                ErrorCode::BadFilterExpression,
+                format!(
+                    "a pull filters on {} tags; at most {TAG_HASHES_MAX}",
+                    p.tag_hashes.len()
+                ),
+            ));
+        }
         let max_messages = if p.max_messages == 0 {
             crate::protocol::PULL_BATCH_DEFAULT
         } else {
@@ -81,7 +93,6 @@ impl ShardCtx {
         };
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
-        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
         let notify = self.poll_notify(&p.topic, p.queue_id);
         loop {
             let notified = notify.notified();

@@ -8,6 +8,7 @@ use std::rc::Rc;
 use super::groups::{
     coordinator_shard, ConsumeMode, GroupState, MemberInfo, MessageModel, Strategy, Subscription,
 };
+use super::topics::QUEUES_PER_TOPIC_MAX;
 use super::{err, store_error, LocalBoxFuture, MeshReply, MeshRequest, ShardCtx};
 use crate::protocol::{
     encode_frame, Assignment, ConsumerProgress, ErrorBody, ErrorCode, Flags, GroupHeartbeat,
@@ -175,6 +176,7 @@ impl ShardCtx {
     pub fn connection_closed(self: &Rc<Self>, conn: u64) {
         self.conns.borrow_mut().remove(&conn);
         self.answers.close(conn);
+        self.conn_frame_max.borrow_mut().remove(&conn);
         let Some(groups) = self.conn_groups.borrow_mut().remove(&conn) else {
             return;
         };
@@ -286,7 +288,11 @@ impl ShardCtx {
                     if state.is_empty() {
                         groups.remove(&h.group);
                     }
-                    return Err(err(ErrorCode::InvalidMessage, e.to_string()));
+                    let code = match e {
+                        super::groups::GroupError::ClientIdInUse { .. } => ErrorCode::ClientIdInUse,
+                        _ => ErrorCode::InvalidMessage,
+                    };
+                    return Err(err(code, e.to_string()));
                 }
                 state.heartbeat(member, now_ms())
             };
@@ -391,6 +397,15 @@ impl ShardCtx {
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
         let ctx = self.clone();
         Box::pin(async move {
+            if queues.len() > QUEUES_PER_TOPIC_MAX as usize {
+                return Err(err(
+                    ErrorCode::InvalidMessage,
+                    format!(
+                        "a lock request names {} queues; a topic has at most {QUEUES_PER_TOPIC_MAX}",
+                        queues.len()
+                    ),
+                ));
+            }
             let count = ctx.topics.borrow().get(&topic).ok_or_else(|| {
                 err(
                     ErrorCode::TopicNotFound,

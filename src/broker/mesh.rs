@@ -27,6 +27,8 @@ pub enum MeshRequest {
         bytes: Vec<u8>,
         peer: SocketAddr,
         conn: u64,
+        /// The largest frame the connection takes.
+        frame_max: u32,
     },
     /// Shard 0 tells the others of a topic change (None: deleted).
     TopicChanged { topic: String, queues: Option<u32> },
@@ -185,9 +187,12 @@ impl ShardCtx {
                 // Frames are dispatched now, in arrival order, so that forwarded sends keep
                 // the order they were sent in; only their completion is asynchronous.
                 let fut: LocalBoxFuture<'static, MeshReply> = match body {
-                    MeshRequest::Frame { bytes, peer, conn } => match ctx
-                        .handle_frame(&bytes, peer, conn)
-                    {
+                    MeshRequest::Frame {
+                        bytes,
+                        peer,
+                        conn,
+                        frame_max,
+                    } => match ctx.handle_frame(&bytes, peer, conn, Some(frame_max)) {
                         // The answer's reservation on this shard ends here: the bytes move
                         // to the shard of the connection, which accounts for them there.
                         Handled::Now(f) => Box::pin(async move {

@@ -125,6 +125,8 @@ pub struct ShardCtx {
     answers: AnswerBudgets,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
     key_lookups: tokio::sync::Semaphore,
+    /// The largest frame each connection of this shard takes (from its handshake).
+    conn_frame_max: RefCell<HashMap<u64, u32>>,
 }
 
 pub(crate) fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
@@ -242,6 +244,7 @@ impl ShardCtx {
             snapshotting: tokio::sync::Mutex::new(()),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
+            conn_frame_max: RefCell::new(HashMap::new()),
         })
     }
 
@@ -293,6 +296,27 @@ impl ShardCtx {
         Ok(())
     }
 
+    /// The topology part of a handshake answer.
+    fn handshake_ok(&self) -> HandshakeOk {
+        HandshakeOk {
+            protocol_version: PROTOCOL_VERSION as u32,
+            shard_count: self.shard_count,
+            shard_id: self.id,
+            shard_addrs: self.shard_addrs.borrow().clone(),
+            broker_id: self.cfg.broker_id,
+        }
+    }
+
+    /// The largest frame an answer to `conn` may be: what a forwarding shard says, else
+    /// what the connection said in its handshake, within this broker's limit.
+    fn answer_frame_max(&self, conn: u64, given: Option<u32>) -> u32 {
+        let ours = self.cfg.frame_limits.frame_bytes_max();
+        given
+            .or_else(|| self.conn_frame_max.borrow().get(&conn).copied())
+            .unwrap_or(ours)
+            .min(ours)
+    }
+
     fn owner_of(&self, topic: &str, queue_id: u32) -> u32 {
         owner(topic, queue_id, self.shard_count)
     }
@@ -301,7 +325,16 @@ impl ShardCtx {
     /// decode, route (the registry says where each kind goes), then dispatch to its handler
     /// here or forward the frame to the shard that handles it. The synchronous part
     /// (decoding, routing, appending) runs now, in arrival order.
-    pub fn handle_frame(self: &Rc<Self>, bytes: &[u8], peer: SocketAddr, conn: u64) -> Handled {
+    /// `frame_max`: the largest frame the connection takes, when the request was forwarded
+    /// (else it is looked up: a connection says it in its handshake).
+    pub fn handle_frame(
+        self: &Rc<Self>,
+        bytes: &[u8],
+        peer: SocketAddr,
+        conn: u64,
+        frame_max: Option<u32>,
+    ) -> Handled {
+        let frame_max = self.answer_frame_max(conn, frame_max);
         let decoder = FrameDecoder::new(self.cfg.frame_limits);
         let frame = match decoder.decode(bytes) {
             Ok(Some(f)) => f,
@@ -331,6 +364,9 @@ impl ShardCtx {
         if let Some(Err(e)) = req.group().map(validate_group) {
             return refuse(e);
         }
+        if let Some(Err(e)) = req.client_id().map(crate::protocol::names::check_client_id) {
+            return refuse(err(ErrorCode::InvalidMessage, e));
+        }
         if let Request::GroupHeartbeat(h) = &req {
             // Only the shard that carries the connection hears of its close.
             if conn >> CONN_SHARD_SHIFT == self.id as u64 {
@@ -339,7 +375,7 @@ impl ShardCtx {
         }
         if let Some(to) = req.route().shard(self.shard_count) {
             if to != self.id {
-                return self.forward(to, bytes, &req, request_id, oneway, peer, conn);
+                return self.forward(to, bytes, &req, request_id, oneway, peer, conn, frame_max);
             }
         }
         self.in_flight.set(self.in_flight.get() + 1);
@@ -349,6 +385,7 @@ impl ShardCtx {
             request_id,
             peer,
             conn,
+            frame_max,
         });
         let finish = move |f: Option<Answer>| {
             drop(guard);
@@ -376,6 +413,7 @@ impl ShardCtx {
         oneway: bool,
         peer: SocketAddr,
         conn: u64,
+        frame_max: u32,
     ) -> Handled {
         let ctx = self.clone();
         let frame_bytes = bytes.to_vec();
@@ -393,7 +431,7 @@ impl ShardCtx {
             req,
             Request::Pull(_) | Request::MessageById(_) | Request::MessagesByKey(_)
         );
-        let largest = self.cfg.frame_limits.frame_bytes_max() as usize;
+        let largest = frame_max as usize;
         Handled::Later(Box::pin(async move {
             let mut hold = if carries_records {
                 match ctx.answers.reserve(conn, largest).await {
@@ -407,6 +445,7 @@ impl ShardCtx {
                 bytes: frame_bytes,
                 peer,
                 conn,
+                frame_max,
             };
             let frame = match ctx.call_with_timeout(to, body, timeout_ms).await {
                 Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
@@ -446,6 +485,17 @@ struct Req<'a> {
     request_id: u64,
     peer: SocketAddr,
     conn: u64,
+    /// The largest frame the connection takes.
+    frame_max: u32,
+}
+
+impl Req<'_> {
+    /// The most record bytes one answer to this connection may carry.
+    fn records_max(&self) -> usize {
+        FrameLimits::new(self.frame_max)
+            .unwrap_or(self.ctx.cfg.frame_limits)
+            .records_bytes_max() as usize
+    }
 }
 
 impl Req<'_> {
@@ -496,12 +546,29 @@ impl Handlers for Req<'_> {
                 ),
             )));
         }
-        self.now(Ok(HandshakeOk {
-            protocol_version: PROTOCOL_VERSION as u32,
-            shard_count: self.ctx.shard_count,
-            shard_id: self.ctx.id,
-            shard_addrs: self.ctx.shard_addrs.borrow().clone(),
-            broker_id: self.ctx.cfg.broker_id,
+        self.now(Ok(self.ctx.handshake_ok()))
+    }
+
+    fn handshake2(&self, h: Handshake2) -> Handled {
+        if h.protocol_version != PROTOCOL_VERSION as u32 {
+            return self.handshake(Handshake::new(h.client_id));
+        }
+        // Answers to this connection stay within the smaller of both frame limits.
+        if self.conn >> CONN_SHARD_SHIFT == self.ctx.id as u64 {
+            let ours = self.ctx.cfg.frame_limits.frame_bytes_max();
+            let theirs = h.frame_bytes_max.clamp(FRAME_BYTES_MIN, ours);
+            self.ctx
+                .conn_frame_max
+                .borrow_mut()
+                .insert(self.conn, theirs);
+        }
+        self.now(Ok(HandshakeOk2 {
+            ok: self.ctx.handshake_ok(),
+            limits: BrokerLimits {
+                frame_bytes_max: self.ctx.cfg.frame_limits.frame_bytes_max(),
+                session_timeout_ms: self.ctx.cfg.session_timeout_ms,
+                lock_expiry_ms: self.ctx.cfg.lock_expiry_ms,
+            },
         }))
     }
 
@@ -518,7 +585,11 @@ impl Handlers for Req<'_> {
     }
 
     fn pull(&self, m: Pull) -> Handled {
-        self.later_frame(self.ctx.clone().pull(self.request_id, self.conn, m))
+        self.later_frame(
+            self.ctx
+                .clone()
+                .pull(self.request_id, self.conn, self.records_max(), m),
+        )
     }
 
     fn get_min_offset(&self, m: GetMinOffset) -> Handled {
@@ -571,11 +642,12 @@ impl Handlers for Req<'_> {
     }
 
     fn messages_by_key(&self, m: MessagesByKey) -> Handled {
-        self.later_frame(
-            self.ctx
-                .clone()
-                .messages_by_key(self.request_id, self.conn, m),
-        )
+        self.later_frame(self.ctx.clone().messages_by_key(
+            self.request_id,
+            self.conn,
+            self.records_max(),
+            m,
+        ))
     }
 
     fn group_heartbeat(&self, m: GroupHeartbeat) -> Handled {

@@ -123,6 +123,16 @@ impl ShardCtx {
                 ));
             }
         }
+        if queue_id < 0 && queue_id != crate::protocol::QUEUE_ID_ANY {
+            let e = err(
+                ErrorCode::QueueNotFound,
+                format!(
+                    "queue id {queue_id} is not a queue ({} lets the broker choose)",
+                    crate::protocol::QUEUE_ID_ANY
+                ),
+            );
+            return Handled::now(error_frame(request_id, &e));
+        }
         if crate::protocol::names::is_system_topic(&topic) {
             let e = err(
                 ErrorCode::InvalidTopic,
@@ -197,6 +207,7 @@ impl ShardCtx {
                                     bytes: frame,
                                     peer,
                                     conn: 0,
+                                    frame_max: ctx.cfg.frame_limits.frame_bytes_max(),
                                 },
                             )
                             .await
@@ -243,6 +254,34 @@ impl ShardCtx {
         items: &[(i32, Vec<u8>, Vec<u8>, i64)],
         peer: SocketAddr,
     ) -> Result<Vec<PutResult>, ErrorBody> {
+        // All or nothing: every message is checked before the first is appended.
+        let seg = self.store.log().config().segment_bytes as usize;
+        for (flag, props, body, born) in items {
+            let draft = RecordDraft {
+                topic,
+                queue_id,
+                flag: *flag,
+                sys_flag: 0,
+                born_timestamp_ms: *born,
+                born_host: peer,
+                reconsume_times: 0,
+                transaction_offset: 0,
+                properties: props,
+                body,
+            };
+            draft
+                .validate()
+                .map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
+            if draft.encoded_len() > seg {
+                return Err(err(
+                    ErrorCode::InvalidMessage,
+                    format!(
+                        "a record of {} bytes does not fit a log segment of {seg} bytes",
+                        draft.encoded_len()
+                    ),
+                ));
+            }
+        }
         let mut puts = Vec::with_capacity(items.len());
         for (flag, props, body, born) in items {
             let draft = RecordDraft {

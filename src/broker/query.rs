@@ -24,6 +24,17 @@ impl ShardCtx {
     /// the answer in sync flush mode.
     pub(super) async fn commit_offset(self: Rc<Self>, m: CommitOffset) -> Result<Empty, ErrorBody> {
         self.known_queue(&m.topic, m.queue_id)?;
+        // Past the queue's end, a commit would make the group skip what is stored next.
+        let (_, max) = self.store.queue_range(&m.topic, m.queue_id);
+        if m.offset > max {
+            return Err(err(
+                ErrorCode::OffsetTooBig,
+                format!(
+                    "offset {} of {}:{} is past the queue's end {max}; a reset by time moves offsets back",
+                    m.offset, m.topic, m.queue_id
+                ),
+            ));
+        }
         self.offsets
             .borrow_mut()
             .commit(&m.group, &m.topic, m.queue_id, m.offset)
@@ -108,6 +119,7 @@ impl ShardCtx {
         self: Rc<Self>,
         request_id: u64,
         conn: u64,
+        max_bytes: usize,
         m: MessagesByKey,
     ) -> Result<Answer, ErrorBody> {
         if crate::protocol::names::is_system_topic(&m.topic) {
@@ -122,7 +134,6 @@ impl ShardCtx {
             .await
             .map_err(|_| err(ErrorCode::ShardUnavailable, "the broker is stopping"))?;
         let max = m.max_messages.clamp(1, KEY_LOOKUP_MESSAGES_MAX);
-        let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
         let mut found = self
             .local_by_key(&m.topic, &m.key, m.begin_ms, m.end_ms, max)
             .await?;

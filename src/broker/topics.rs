@@ -29,13 +29,34 @@ impl TopicTable {
 
     pub fn load(data_dir: &Path) -> std::io::Result<TopicTable> {
         let path = Self::path(data_dir);
+        let invalid = |what: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {what}", path.display()),
+            )
+        };
         match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            }),
+            Ok(bytes) => {
+                let table: TopicTable =
+                    serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+                // Every entry obeys the rules a CreateTopic obeys, or the broker does not
+                // start: a hand-edited or damaged table must not load.
+                for (topic, &queues) in &table.topics {
+                    crate::protocol::names::check_topic_name(topic)
+                        .map_err(|e| invalid(format!("topic {topic:?}: {e}")))?;
+                    if crate::protocol::names::is_system_topic(topic) {
+                        return Err(invalid(format!(
+                            "topic {topic:?} is reserved for the broker"
+                        )));
+                    }
+                    if queues == 0 || queues > QUEUES_PER_TOPIC_MAX {
+                        return Err(invalid(format!(
+                            "topic {topic:?} has {queues} queues; a topic has 1 to {QUEUES_PER_TOPIC_MAX}"
+                        )));
+                    }
+                }
+                Ok(table)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TopicTable::default()),
             Err(e) => Err(std::io::Error::new(
                 e.kind(),
@@ -216,10 +237,12 @@ impl ShardCtx {
             )
             .await?;
         }
+        // Created, then deleted before this request could use it: a race with an admin,
+        // which a retry settles.
         self.topics.borrow().get(topic).ok_or_else(|| {
             err(
-                ErrorCode::Internal,
-                format!("topic {topic} was not created"),
+                ErrorCode::Conflict,
+                format!("topic {topic} was deleted while it was being created; try again"),
             )
         })
     }
@@ -228,7 +251,10 @@ impl ShardCtx {
         match self.topics.borrow().get(topic) {
             None => Err(err(
                 ErrorCode::TopicNotFound,
-                format!("topic {topic} does not exist"),
+                format!(
+                    "topic {} does not exist",
+                    crate::protocol::names::shown(topic)
+                ),
             )),
             Some(n) if queue_id >= n => Err(err(
                 ErrorCode::QueueNotFound,

@@ -59,13 +59,23 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
-    /// Defaults for everything but the broker address; a client id unique in this process.
+    /// Defaults for everything but the broker address; a client id unique across hosts and
+    /// processes: `<host>-<pid>-<random>-<n>` (a PID alone repeats across containers).
     pub fn new(broker: impl Into<String>) -> ClientConfig {
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let prefix = PREFIX.get_or_init(|| {
+            format!(
+                "{}-{}-{:08x}",
+                host_name(),
+                std::process::id(),
+                rand::random::<u32>()
+            )
+        });
         ClientConfig {
             broker: broker.into(),
-            client_id: format!("ringmq-{}-{n}", std::process::id()),
+            client_id: format!("{prefix}-{n}"),
             request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             reconnect_backoff_min_ms: RECONNECT_BACKOFF_MIN_MS_DEFAULT,
@@ -131,6 +141,29 @@ impl ClientConfig {
         }
         FrameLimits::new(self.frame_bytes_max)
             .map_err(|e| ClientError::InvalidArgument(format!("frame_bytes_max: {e}")))
+    }
+}
+
+/// This host's name, cut to the characters a client id keeps readable.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let name = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    let name: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "ringmq".to_owned()
+    } else {
+        name
     }
 }
 

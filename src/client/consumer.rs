@@ -386,6 +386,8 @@ impl PushConsumer {
             MessageModel::Clustering => None,
         };
         let client = Client::connect(self.config.clone()).await?;
+        // The broker says how long sessions and locks last: timings follow.
+        let options = self.options.fitted_to(&client.broker_info());
         let spec = MemberSpec {
             subscriptions: subscriptions
                 .iter()
@@ -397,7 +399,7 @@ impl PushConsumer {
         };
         let shared = Arc::new(Shared {
             group: self.group.clone(),
-            options: self.options.clone(),
+            options,
             mode,
             filters: subscriptions
                 .into_iter()

@@ -26,9 +26,9 @@ use super::session::{expect_empty, unexpected, Client, Route};
 /// names the broadcasting offsets file).
 pub const GROUP_BYTES_MAX: usize = crate::protocol::names::GROUP_NAME_BYTES_MAX;
 /// Longest client id a group member may have, in bytes (the broker's limit).
-pub const CLIENT_ID_BYTES_MAX: usize = 255;
+pub const CLIENT_ID_BYTES_MAX: usize = crate::protocol::names::CLIENT_ID_BYTES_MAX;
 /// Most queues in one lock or unlock request.
-pub const LOCK_BATCH_QUEUES_MAX: usize = 65_536;
+pub const LOCK_BATCH_QUEUES_MAX: usize = 1024;
 
 /// How a member consumes the queues it gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -25,10 +25,11 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use crate::protocol::record::RecordIter;
 use crate::protocol::ErrorCode;
 use crate::protocol::{
-    CommitOffset, CreateTopic, DeleteTopic, DescribeTopic, GetMaxOffset, GetMinOffset, Handshake,
-    HandshakeOk, Heartbeat, Kind, ListTopics, Message as WireMessage, MessageById, MessageId,
-    MessagesByKey, ProtocolError, Pull, PullStatus, QueryOffset, RecordCount, Response,
-    SearchOffsetByTimestamp, TopicInfo, UpdateTopic, WithRecords, PROTOCOL_VERSION,
+    BrokerLimits, CommitOffset, CreateTopic, DeleteTopic, DescribeTopic, GetMaxOffset,
+    GetMinOffset, Handshake2, HandshakeOk, HandshakeOk2, Heartbeat, Kind, ListTopics,
+    Message as WireMessage, MessageById, MessageId, MessagesByKey, ProtocolError, Pull, PullStatus,
+    QueryOffset, RecordCount, Response, SearchOffsetByTimestamp, TopicInfo, UpdateTopic,
+    WithRecords, PROTOCOL_VERSION,
 };
 
 use super::config::ClientConfig;
@@ -76,6 +77,13 @@ pub struct BrokerInfo {
     /// `host:port` of each shard as the client will dial it (an unspecified host such as
     /// `0.0.0.0` is replaced by the bootstrap address's host).
     pub shard_addrs: Vec<String>,
+    /// The broker's frame limit (its answers to this client stay within the smaller of
+    /// this and the client's own `frame_bytes_max`).
+    pub frame_bytes_max: u32,
+    /// A group member that sends no heartbeat for this long leaves its group.
+    pub session_timeout_ms: u64,
+    /// A queue lock not renewed for this long is free.
+    pub lock_expiry_ms: u64,
 }
 
 /// A client session with one broker. Cheap to clone; clones share the connections.
@@ -176,6 +184,9 @@ impl Client {
                 broker_id: 0,
                 shard_count: 1,
                 shard_addrs: Vec::new(),
+                frame_bytes_max: self.inner.config.frame_bytes_max,
+                session_timeout_ms: crate::client::SESSION_TIMEOUT_MS_DEFAULT,
+                lock_expiry_ms: crate::client::consumer::BROKER_LOCK_EXPIRY_MS_DEFAULT,
             },
         }
     }
@@ -607,7 +618,7 @@ impl Inner {
             Ok((connection, ok)) => {
                 *backoff = Backoff::default();
                 if bootstrap {
-                    self.set_topology(&ok, connection.peer_addr());
+                    self.set_topology(&ok.ok, &ok.limits, connection.peer_addr());
                 }
                 let connection = Arc::new(connection);
                 let mut live = slot.live.lock().unwrap_or_else(PoisonError::into_inner);
@@ -629,23 +640,28 @@ impl Inner {
         }
     }
 
-    /// Opens a connection to `addr` and performs the handshake on it.
-    async fn open(&self, addr: &str, deadline: Instant) -> Result<(Connection, HandshakeOk)> {
+    /// Opens a connection to `addr` and performs the handshake on it: the client's frame
+    /// limit goes to the broker, the broker's limits and timings come back.
+    async fn open(&self, addr: &str, deadline: Instant) -> Result<(Connection, HandshakeOk2)> {
         let connection = Connection::open(addr, deadline, self.limits, self.pushes.clone()).await?;
-        let request = Handshake::new(self.config.client_id.clone());
+        let request = Handshake2 {
+            protocol_version: u32::from(PROTOCOL_VERSION),
+            client_id: self.config.client_id.clone(),
+            frame_bytes_max: self.config.frame_bytes_max,
+        };
         let timeout_ms = self.config.connect_timeout_ms;
         let reply = connection.request(&request, deadline, timeout_ms).await?;
         let ok = match reply.response()? {
-            Response::HandshakeOk(ok) => ok,
-            other => return Err(unexpected(Kind::HandshakeOk, &other)),
+            Response::HandshakeOk2(ok) => ok,
+            other => return Err(unexpected(Kind::HandshakeOk2, &other)),
         };
-        check_handshake(&ok)?;
+        check_handshake(&ok.ok)?;
         Ok((connection, ok))
     }
 
     /// Records what a bootstrap handshake said. The shard slots (and their connections)
     /// are kept when the shard addresses did not change.
-    fn set_topology(&self, ok: &HandshakeOk, bootstrap_peer: SocketAddr) {
+    fn set_topology(&self, ok: &HandshakeOk, limits: &BrokerLimits, bootstrap_peer: SocketAddr) {
         let info = BrokerInfo {
             broker_id: ok.broker_id,
             shard_count: ok.shard_count,
@@ -654,6 +670,9 @@ impl Inner {
                 .iter()
                 .map(|a| dialable(a, bootstrap_peer))
                 .collect(),
+            frame_bytes_max: limits.frame_bytes_max,
+            session_timeout_ms: limits.session_timeout_ms,
+            lock_expiry_ms: limits.lock_expiry_ms,
         };
         let mut topology = self
             .topology

@@ -95,7 +95,7 @@ impl Fake {
                                 let request = frame.decode_request().unwrap();
                                 buf.drain(..len);
                                 let outs = match request {
-                                    Request::Handshake(_) => {
+                                    Request::Handshake2(_) => {
                                         handshakes.fetch_add(1, Ordering::SeqCst);
                                         let ok = HandshakeOk {
                                             protocol_version: PROTOCOL_VERSION as u32,
@@ -104,7 +104,7 @@ impl Fake {
                                             shard_addrs: shard_addrs.clone(),
                                             broker_id: 7,
                                         };
-                                        vec![Out::Frame(answer(id, &Response::HandshakeOk(ok)))]
+                                        vec![Out::Frame(answer(id, &handshake_ok2(ok)))]
                                     }
                                     request => {
                                         log.lock().unwrap().push((ctx.shard, request.clone()));
@@ -723,7 +723,7 @@ async fn a_bad_handshake_is_refused() {
             shard_addrs: vec![addr.to_string()],
             broker_id: 1,
         };
-        let reply = answer(frame.request_id(), &Response::HandshakeOk(ok));
+        let reply = answer(frame.request_id(), &handshake_ok2(ok));
         stream.write_all(&reply).await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
     });
@@ -732,6 +732,18 @@ async fn a_bad_handshake_is_refused() {
         .unwrap_err();
     assert!(matches!(err, ClientError::BadHandshake(_)), "{err:?}");
     assert!(!err.is_retriable());
+}
+
+/// A handshake answer with the broker's default limits.
+fn handshake_ok2(ok: HandshakeOk) -> Response<'static> {
+    Response::HandshakeOk2(crate::protocol::HandshakeOk2 {
+        ok,
+        limits: crate::protocol::BrokerLimits {
+            frame_bytes_max: crate::protocol::FRAME_BYTES_MAX_DEFAULT,
+            session_timeout_ms: 10_000,
+            lock_expiry_ms: 60_000,
+        },
+    })
 }
 
 fn empty_answer(id: u64) -> Out {

@@ -48,16 +48,21 @@ pub enum ErrorCode {
     ScheduleFull = 42,
     /// The broker serves as many connections as it may (`--connections-max`).
     TooManyConnections = 43,
+    /// A concurrent change (a topic deleted while it was auto-created) made the request
+    /// fail; the same request may succeed again.
+    Conflict = 44,
     BadFilterExpression = 50,
     /// The consumer group has no such member (it never joined, or its session expired).
     GroupNotFound = 60,
+    /// Another live connection is a member of the group under the same client id.
+    ClientIdInUse = 61,
     /// A bug on the broker side.
     Internal = 99,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -78,8 +83,10 @@ impl ErrorCode {
         ErrorCode::ShardUnavailable,
         ErrorCode::ScheduleFull,
         ErrorCode::TooManyConnections,
+        ErrorCode::Conflict,
         ErrorCode::BadFilterExpression,
         ErrorCode::GroupNotFound,
+        ErrorCode::ClientIdInUse,
         ErrorCode::Internal,
     ];
 
@@ -107,8 +114,10 @@ impl ErrorCode {
             41 => ErrorCode::ShardUnavailable,
             42 => ErrorCode::ScheduleFull,
             43 => ErrorCode::TooManyConnections,
+            44 => ErrorCode::Conflict,
             50 => ErrorCode::BadFilterExpression,
             60 => ErrorCode::GroupNotFound,
+            61 => ErrorCode::ClientIdInUse,
             99 => ErrorCode::Internal,
             _ => return None,
         })
@@ -129,8 +138,10 @@ impl ErrorCode {
             | ErrorCode::Timeout
             | ErrorCode::ShardUnavailable
             | ErrorCode::ScheduleFull
-            | ErrorCode::TooManyConnections => true,
+            | ErrorCode::TooManyConnections
+            | ErrorCode::Conflict => true,
             ErrorCode::GroupNotFound
+            | ErrorCode::ClientIdInUse
             | ErrorCode::MalformedFrame
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownKind
@@ -246,7 +257,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 22] = [
+        let expected: [(ErrorCode, u16); 24] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -266,6 +277,8 @@ mod tests {
             (ErrorCode::ShardUnavailable, 41),
             (ErrorCode::ScheduleFull, 42),
             (ErrorCode::TooManyConnections, 43),
+            (ErrorCode::Conflict, 44),
+            (ErrorCode::ClientIdInUse, 61),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::Internal, 99),
@@ -289,7 +302,8 @@ mod tests {
                 ErrorCode::Timeout,
                 ErrorCode::ShardUnavailable,
                 ErrorCode::ScheduleFull,
-                ErrorCode::TooManyConnections
+                ErrorCode::TooManyConnections,
+                ErrorCode::Conflict
             ]
         );
     }

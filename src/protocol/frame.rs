@@ -485,18 +485,18 @@ impl<'a> AlignedMeta<'a> {
     /// body is read where it lies).
     pub fn access<M: Message>(&self) -> Result<&M::Archived, ProtocolError> {
         self.check_kind::<M>()?;
-        M::access_meta(self.as_bytes()).map_err(|e| ProtocolError::BadPayload {
+        M::access_meta(self.as_bytes()).map_err(|_| ProtocolError::BadPayload {
             kind: self.kind,
-            reason: e.to_string(),
+            reason: M::explain_meta(self.as_bytes()),
         })
     }
 
     /// Validates and deserializes the meta part into an owned `M`.
     pub fn deserialize<M: Message>(&self) -> Result<M, ProtocolError> {
         self.check_kind::<M>()?;
-        M::read_meta(self.as_bytes()).map_err(|e| ProtocolError::BadPayload {
+        M::read_meta(self.as_bytes()).map_err(|_| ProtocolError::BadPayload {
             kind: self.kind,
-            reason: e.to_string(),
+            reason: M::explain_meta(self.as_bytes()),
         })
     }
 
@@ -527,6 +527,9 @@ pub trait Message: rkyv::Archive + Sized {
     fn meta_len_hint(&self) -> usize {
         0
     }
+    /// Why `bytes` are not a valid meta part, in words (the failure path only: rkyv's
+    /// fast error type says nothing in release builds).
+    fn explain_meta(bytes: &[u8]) -> String;
 }
 
 /// An rkyv writer appending to a vector that may already hold other bytes (the frame header,

@@ -60,6 +60,38 @@ wire_type! {
 }
 
 wire_type! {
+    /// First request on a connection, telling the broker the client's frame limit (answers
+    /// to this connection stay within it). Answered by [`HandshakeOk2`].
+    pub struct Handshake2 {
+        /// The client's [`PROTOCOL_VERSION`].
+        pub protocol_version: u32,
+        pub client_id: String,
+        /// The largest frame the client accepts.
+        pub frame_bytes_max: u32,
+    }
+}
+
+wire_type! {
+    /// The limits and timings a client must know to behave.
+    pub struct BrokerLimits {
+        /// The largest frame the broker accepts (and sends).
+        pub frame_bytes_max: u32,
+        /// A group member that sends no heartbeat for this long leaves its group.
+        pub session_timeout_ms: u64,
+        /// A queue lock not renewed for this long is free.
+        pub lock_expiry_ms: u64,
+    }
+}
+
+wire_type! {
+    /// Answer to [`Handshake2`]: the topology and the broker's limits.
+    pub struct HandshakeOk2 {
+        pub ok: HandshakeOk,
+        pub limits: BrokerLimits,
+    }
+}
+
+wire_type! {
     /// Keeps the client's session (and group memberships) alive. Answered by [`Empty`].
     pub struct Heartbeat {
         pub client_id: String,
@@ -641,6 +673,8 @@ const _: () = assert!(std::mem::align_of::<ArchivedTopicAssignment>() <= META_AL
 const _: () = assert!(std::mem::align_of::<ArchivedMemberAssignment>() <= META_ALIGN);
 const _: () = assert!(std::mem::align_of::<ArchivedQueueProgress>() <= META_ALIGN);
 const _: () = assert!(std::mem::align_of::<ArchivedShardScheduleInfo>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedBrokerLimits>() <= META_ALIGN);
+const _: () = assert!(std::mem::align_of::<ArchivedHandshakeOk>() <= META_ALIGN);
 
 /// A response meta part with stored records after it, read in place from the frame.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,6 +15,18 @@ pub const GROUP_NAME_BYTES_MAX: usize = TOPIC_NAME_BYTES_MAX - RETRY_TOPIC_PREFI
 
 const _: () = assert!(DLQ_TOPIC_PREFIX.len() <= RETRY_TOPIC_PREFIX.len());
 
+/// A name as error messages show it: at most 64 characters, so a hostile name is not
+/// echoed back whole.
+pub fn shown(name: &str) -> String {
+    const SHOWN_CHARS_MAX: usize = 64;
+    if name.chars().count() <= SHOWN_CHARS_MAX {
+        format!("{name:?}")
+    } else {
+        let head: String = name.chars().take(SHOWN_CHARS_MAX).collect();
+        format!("{head:?}... ({} bytes)", name.len())
+    }
+}
+
 /// Characters a topic or group name may hold.
 fn name_byte_ok(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"_-%|.".contains(&b)
@@ -31,7 +43,8 @@ pub fn check_topic_name(topic: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "invalid topic name {topic:?}: use 1 to {TOPIC_NAME_BYTES_MAX} characters of A-Z a-z 0-9 _ - % | ."
+            "invalid topic name {}: use 1 to {TOPIC_NAME_BYTES_MAX} characters of A-Z a-z 0-9 _ - % | .",
+            shown(topic)
         ))
     }
 }
@@ -46,7 +59,22 @@ pub fn check_group_name(group: &str) -> Result<(), String> {
         || group == ".."
     {
         return Err(format!(
-            "invalid group name {group:?}: use 1 to {GROUP_NAME_BYTES_MAX} characters of A-Z a-z 0-9 _ - % | ."
+            "invalid group name {}: use 1 to {GROUP_NAME_BYTES_MAX} characters of A-Z a-z 0-9 _ - % | .",
+            shown(group)
+        ));
+    }
+    Ok(())
+}
+
+/// Longest client id.
+pub const CLIENT_ID_BYTES_MAX: usize = 255;
+
+/// Checks a client id: 1 to [`CLIENT_ID_BYTES_MAX`] bytes without control characters.
+pub fn check_client_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > CLIENT_ID_BYTES_MAX || id.chars().any(char::is_control) {
+        return Err(format!(
+            "invalid client id {}: use 1 to {CLIENT_ID_BYTES_MAX} bytes without control characters",
+            shown(id)
         ));
     }
     Ok(())

@@ -93,6 +93,12 @@ macro_rules! impl_message {
             $(fn meta_len_hint(&self) -> usize {
                 $hint(self)
             })?
+            fn explain_meta(bytes: &[u8]) -> String {
+                match rkyv::access::<<Self as rkyv::Archive>::Archived, rancor::BoxedError>(bytes) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the meta part does not deserialize".to_owned(),
+                }
+            }
         }
         const _: () =
             assert!(std::mem::align_of::<<$ty as rkyv::Archive>::Archived>() <= META_ALIGN);
@@ -106,6 +112,7 @@ macro_rules! registry {
             $req:ident = $rnum:literal => $reply:ident, $method:ident,
                 route($rm:ident) $route:expr
                 $(, group($gm:ident) $group:expr)?
+                $(, client($cm:ident) $client:expr)?
                 $(, hint $hint:path)?
             ;
         )*}
@@ -222,6 +229,13 @@ macro_rules! registry {
                 }
             }
 
+            /// The client id this request names, for the checks every client id gets.
+            pub fn client_id(&self) -> Option<&str> {
+                match self {
+                    $(Request::$req(r) => group_of!(r $(; $cm => $client)?),)*
+                }
+            }
+
             /// Calls the handler of this request's kind.
             pub fn dispatch<H: Handlers + ?Sized>(self, h: &H) -> H::Out {
                 match self {
@@ -311,8 +325,12 @@ registry! {
     requests {
         // Session.
         /// First request on a connection.
-        Handshake = 1 => HandshakeOk, handshake, route(_m) Route::Local;
-        Heartbeat = 2 => Empty, heartbeat, route(_m) Route::Local;
+        Handshake = 1 => HandshakeOk, handshake, route(_m) Route::Local,
+            client(m) &m.client_id;
+        Heartbeat = 2 => Empty, heartbeat, route(_m) Route::Local, client(m) &m.client_id;
+        /// First request on a connection (this version): answered with the broker's limits.
+        Handshake2 = 3 => HandshakeOk2, handshake2, route(_m) Route::Local,
+            client(m) &m.client_id;
         // Produce.
         SendMessage = 10 => SendResult, send_message,
             route(m) Route::queue_or_local(&m.topic, m.queue_id), hint send_message_len_hint;
@@ -340,19 +358,21 @@ registry! {
         MessagesByKey = 51 => Records, messages_by_key, route(_m) Route::Local;
         // Consumer groups.
         GroupHeartbeat = 60 => Assignment, group_heartbeat,
-            route(m) Route::Coordinator(&m.group), group(m) &m.group;
+            route(m) Route::Coordinator(&m.group), group(m) &m.group, client(m) &m.client_id;
         Unregister = 61 => Empty, unregister,
-            route(m) Route::Coordinator(&m.group), group(m) &m.group;
+            route(m) Route::Coordinator(&m.group), group(m) &m.group, client(m) &m.client_id;
         QueryAssignment = 62 => Assignment, query_assignment,
-            route(m) Route::Coordinator(&m.group), group(m) &m.group;
+            route(m) Route::Coordinator(&m.group), group(m) &m.group, client(m) &m.client_id;
         GroupMembers = 63 => GroupMembersInfo, group_members,
             route(m) Route::Coordinator(&m.group), group(m) &m.group;
         ResetOffset = 64 => Empty, reset_offset, route(_m) Route::Local, group(m) &m.group;
         ConsumerProgress = 65 => Progress, consumer_progress,
             route(_m) Route::Local, group(m) &m.group;
         // Queue locks (split by owning shard by the handler).
-        LockBatch = 70 => Locked, lock_batch, route(_m) Route::Local, group(m) &m.group;
-        UnlockBatch = 71 => Empty, unlock_batch, route(_m) Route::Local, group(m) &m.group;
+        LockBatch = 70 => Locked, lock_batch, route(_m) Route::Local, group(m) &m.group,
+            client(m) &m.client_id;
+        UnlockBatch = 71 => Empty, unlock_batch, route(_m) Route::Local, group(m) &m.group,
+            client(m) &m.client_id;
         // Retried and delayed messages.
         ConsumerSendBack = 90 => SendBackResult, consumer_send_back,
             route(m) Route::MessageId(&m.msg_id), group(m) &m.group;
@@ -375,6 +395,7 @@ registry! {
         Locked = 1013 => Locked(Locked);
         SendBackResult = 1014 => SendBackResult(SendBackResult);
         ScheduleInfo = 1015 => ScheduleInfo(ScheduleInfo);
+        HandshakeOk2 = 1016 => HandshakeOk2(HandshakeOk2);
     }
     pushes {
         RebalanceNotify = 2000;

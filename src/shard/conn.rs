@@ -283,7 +283,7 @@ pub async fn serve_connection(
                     let len = frame.frame_len();
                     let bytes = &buf[start..start + len];
                     start += len;
-                    match ctx.handle_frame(bytes, peer, conn) {
+                    match ctx.handle_frame(bytes, peer, conn, None) {
                         Handled::Now(Some(answer)) => outbox.push(answer),
                         Handled::Now(None) => {}
                         Handled::Later(fut) => {

@@ -39,6 +39,12 @@ use listen::{accept_loop, bind, check_ports_free, ConnectionCap};
 const MESH_CHANNEL_CAPACITY: usize = 1024;
 /// How often a shard looks for group members that missed their heartbeats.
 const GROUP_EXPIRY_CHECK_MS: u64 = 500;
+/// Bounds of `--session-timeout-ms`.
+const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
+const SESSION_TIMEOUT_MS_MAX: u64 = 600_000;
+/// `--lock-expiry-ms` is at least the session timeout plus this, and at most an hour.
+const LOCK_EXPIRY_MARGIN_MS: u64 = 5_000;
+const LOCK_EXPIRY_MS_MAX: u64 = 3_600_000;
 /// How long a clean stop waits for requests in flight.
 const STOP_DRAIN_MS: u64 = 10_000;
 
@@ -235,6 +241,21 @@ impl Broker {
             .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
         DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms)
             .map_err(|e| BrokerError::Config(format!("delay-levels: {e}")))?;
+        if !(SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX).contains(&cfg.session_timeout_ms) {
+            return Err(BrokerError::Config(format!(
+                "session-timeout-ms must be {SESSION_TIMEOUT_MS_MIN}..={SESSION_TIMEOUT_MS_MAX}, not {}",
+                cfg.session_timeout_ms
+            )));
+        }
+        // A member must be gone (its session over) well before its locks lapse, or a new
+        // owner could take an orderly queue the old one still works on.
+        let lock_min = cfg.session_timeout_ms + LOCK_EXPIRY_MARGIN_MS;
+        if !(lock_min..=LOCK_EXPIRY_MS_MAX).contains(&cfg.lock_expiry_ms) {
+            return Err(BrokerError::Config(format!(
+                "lock-expiry-ms must be {lock_min}..={LOCK_EXPIRY_MS_MAX} (at least the session timeout plus {LOCK_EXPIRY_MARGIN_MS}), not {}",
+                cfg.lock_expiry_ms
+            )));
+        }
         if cfg.retention_check_interval_ms == 0 {
             return Err(BrokerError::Config(
                 "retention-check-interval-ms must be at least 1".into(),

@@ -61,7 +61,7 @@ pub enum StoreError {
     Log(#[from] LogError),
     #[error(transparent)]
     Index(#[from] IndexError),
-    #[error("invalid topic name {0:?}: use 1 to 127 characters of A-Z a-z 0-9 _ - % |")]
+    #[error("invalid topic name {}: use 1 to 127 characters of A-Z a-z 0-9 _ - % | .", crate::protocol::names::shown(.0))]
     InvalidTopic(String),
     #[error("queue offset {offset} of {topic}:{queue_id} is below the queue's first offset {min}")]
     OffsetTooSmall {

@@ -84,6 +84,8 @@ pub enum GroupError {
     InvalidSubscription { topic: String, reason: String },
     #[error("allocation strategy {strategy}: {reason}")]
     InvalidStrategy { strategy: String, reason: String },
+    #[error("client id {client_id:?} is in use by another live connection in group {group}; give each member its own id")]
+    ClientIdInUse { group: String, client_id: String },
 }
 
 #[derive(Debug, Clone)]
@@ -189,6 +191,16 @@ impl GroupState {
                 }
             }
             _ => {}
+        }
+        // Two live connections claiming one id would be merged into one member (and get
+        // one queue's lock both): the second is refused until the first is gone.
+        if let Some(member) = self.members.get(&m.client_id) {
+            if member.info.connection != m.connection {
+                return Err(GroupError::ClientIdInUse {
+                    group: self.group.clone(),
+                    client_id: m.client_id.clone(),
+                });
+            }
         }
         if !self.members.contains_key(&m.client_id) && self.members.len() >= MEMBERS_PER_GROUP_MAX {
             return Err(GroupError::GroupFull {
@@ -469,7 +481,7 @@ mod tests {
     fn join_refresh_and_leave() {
         let mut g = GroupState::new("g".into(), TIMEOUT);
         assert_eq!(g.generation(), 0);
-        assert!(join(&mut g, member("b", &["t"]), 0));
+        assert!(join(&mut g, on(member("b", &["t"]), 2), 0));
         assert!(join(&mut g, member("a", &["t"]), 0));
         let gen = g.generation();
         assert_eq!(g.members(), vec!["a", "b"]);
@@ -479,17 +491,31 @@ mod tests {
         assert_eq!(g.last_heartbeat_ms("a"), Some(10));
         // Subscription order and duplicates do not count as a change.
         assert!(!join(&mut g, member("a", &["t", "t"]), 10));
-        // A new connection or mode is recorded without a change.
-        let mut orderly = on(member("a", &["t"]), 9);
+        // A new mode is recorded without a change.
+        let mut orderly = member("a", &["t"]);
         orderly.mode = ConsumeMode::Orderly;
         assert!(!join(&mut g, orderly, 10));
         assert_eq!(
             g.member("a").map(|m| (m.connection, m.mode)),
-            Some((9, ConsumeMode::Orderly))
+            Some((1, ConsumeMode::Orderly))
         );
         assert_eq!(g.generation(), gen);
+        // Another live connection with the same id is refused (two members would merge).
+        let twin = on(member("a", &["t"]), 9);
+        assert_eq!(
+            g.check_heartbeat(&twin),
+            Err(GroupError::ClientIdInUse {
+                group: "g".into(),
+                client_id: "a".into()
+            })
+        );
+        // Once the first connection closes, the id is free again.
+        assert_eq!(g.connection_closed(1), vec!["a".to_owned()]);
+        assert!(join(&mut g, twin, 10));
+        assert_eq!(g.member("a").map(|m| m.connection), Some(9));
+        let gen = g.generation();
         // New subscriptions are a change.
-        assert!(join(&mut g, member("a", &["u", "t"]), 20));
+        assert!(join(&mut g, on(member("a", &["u", "t"]), 9), 20));
         assert!(g.generation() > gen);
         assert_eq!(
             g.topics(),

@@ -7,13 +7,16 @@
 //! periodically to keep memory bounded by the live locks.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 /// How long a lock lasts without renewal (RocketMQ's default; clients renew every 20 s).
 pub const LOCK_EXPIRY_MS_DEFAULT: u64 = 60_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Lock {
-    holder: String,
+    /// Shared by every lock one request took: a client id is stored once per request, not
+    /// once per queue.
+    holder: Rc<str>,
     expires_ms: u64,
 }
 
@@ -76,15 +79,16 @@ impl LockTable {
             .entry(topic.to_owned())
             .or_default();
         let mut held = Vec::with_capacity(asked.len());
+        let holder: Rc<str> = Rc::from(client_id);
         for q in asked {
             match table.get_mut(&q) {
-                Some(lock) if lock.holder == client_id => {
+                Some(lock) if &*lock.holder == client_id => {
                     lock.expires_ms = lock.expires_ms.max(expires_ms);
                 }
                 Some(lock) if lock.is_live(now_ms) => continue,
                 Some(lock) => {
                     *lock = Lock {
-                        holder: client_id.to_owned(),
+                        holder: holder.clone(),
                         expires_ms,
                     }
                 }
@@ -92,7 +96,7 @@ impl LockTable {
                     table.insert(
                         q,
                         Lock {
-                            holder: client_id.to_owned(),
+                            holder: holder.clone(),
                             expires_ms,
                         },
                     );
@@ -113,7 +117,7 @@ impl LockTable {
             return;
         };
         for q in queues {
-            if table.get(q).is_some_and(|l| l.holder == client_id) {
+            if table.get(q).is_some_and(|l| &*l.holder == client_id) {
                 table.remove(q);
             }
         }
@@ -129,7 +133,7 @@ impl LockTable {
         let mut released = 0;
         for table in topics.values_mut() {
             let before = table.len();
-            table.retain(|_, l| l.holder != client_id);
+            table.retain(|_, l| &*l.holder != client_id);
             released += before - table.len();
         }
         topics.retain(|_, t| !t.is_empty());
@@ -146,7 +150,7 @@ impl LockTable {
             .get(topic)?
             .get(&queue)
             .filter(|l| l.is_live(now_ms))
-            .map(|l| l.holder.as_str())
+            .map(|l| &*l.holder)
     }
 
     pub fn is_locked_by(

@@ -34,7 +34,9 @@ pub const SUBSCRIPTIONS_MAX: usize = 256;
 
 /// The broker's lock expiry (`broker::groups::LOCK_EXPIRY_MS_DEFAULT`, broker-only): a
 /// lock this client still trusts must not have expired there.
-pub(super) const BROKER_LOCK_EXPIRY_MS: u64 = 60_000;
+pub(super) const BROKER_LOCK_EXPIRY_MS: u64 = BROKER_LOCK_EXPIRY_MS_DEFAULT;
+/// The broker's default lock expiry (a broker tells its own in the handshake).
+pub const BROKER_LOCK_EXPIRY_MS_DEFAULT: u64 = 60_000;
 /// Upper bound of every interval option: a typo must not become a hang.
 const INTERVAL_MS_MAX: u64 = 24 * 3600 * 1000;
 /// How often an orderly queue whose lock is not valid looks again.
@@ -149,6 +151,18 @@ impl Default for PushConsumerOptions {
 }
 
 impl PushConsumerOptions {
+    /// These options with their session and lock timings fitted to the broker's own (told
+    /// in its handshake): heartbeats come at least three times per session, locks are
+    /// trusted for at most half the broker's lock expiry and renewed well before.
+    pub(crate) fn fitted_to(&self, broker: &crate::client::BrokerInfo) -> PushConsumerOptions {
+        let mut o = self.clone();
+        o.session_timeout_ms = broker.session_timeout_ms.max(3);
+        o.heartbeat_interval_ms = o.heartbeat_interval_ms.min(o.session_timeout_ms / 3).max(1);
+        o.lock_valid_ms = o.lock_valid_ms.min(broker.lock_expiry_ms / 2).max(2);
+        o.lock_renew_ms = o.lock_renew_ms.min(o.lock_valid_ms * 2 / 3).max(1);
+        o
+    }
+
     /// Checks every field; [`PushConsumer::new`] calls it.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(ClientError::InvalidArgument(what));

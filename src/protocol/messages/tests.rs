@@ -124,6 +124,12 @@ fn sample_requests() -> Vec<Request> {
             client_id: "client-a".into(),
         }
         .into(),
+        Handshake2 {
+            protocol_version: PROTOCOL_VERSION as u32,
+            client_id: "c".into(),
+            frame_bytes_max: 1 << 23,
+        }
+        .into(),
         SendMessage {
             topic: "orders".into(),
             queue_id: QUEUE_ID_ANY,
@@ -387,6 +393,20 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
                 parked: 0,
                 undeliverable_total: 1,
             }],
+        }),
+        Response::HandshakeOk2(HandshakeOk2 {
+            ok: HandshakeOk {
+                protocol_version: PROTOCOL_VERSION as u32,
+                shard_count: 2,
+                shard_id: 1,
+                shard_addrs: vec!["a:1".into(), "a:2".into()],
+                broker_id: 3,
+            },
+            limits: BrokerLimits {
+                frame_bytes_max: 1 << 23,
+                session_timeout_ms: 10_000,
+                lock_expiry_ms: 60_000,
+            },
         }),
     ]
 }
