@@ -73,6 +73,10 @@ struct Cli {
     /// a frame this long, or takes none of the bytes written to it this long [default: 30000]
     #[arg(long)]
     conn_timeout_ms: Option<u64>,
+    /// The largest frame the broker takes and sends (answers to a client stay within the
+    /// client's own limit too) [default: 5308767]
+    #[arg(long)]
+    frame_bytes_max: Option<u32>,
     /// How often retention looks for old segments to delete, in ms [default: 60000]
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
@@ -144,6 +148,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.conn_timeout_ms {
         cfg.conn_timeout_ms = v;
+    }
+    if let Some(v) = cli.frame_bytes_max {
+        cfg.frame_bytes_max = v;
     }
     if let Some(v) = cli.retention_check_interval_ms {
         cfg.retention_check_interval_ms = v;

@@ -28,6 +28,8 @@ pub const FD_RESERVE_PER_SHARD: u64 = 64;
 pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
 /// Longest pause of the accept loop after failures.
 const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
+/// How long start-up looks again at a port in use (a broker that just died may hold it).
+const PORT_RETRY_MS: u64 = 3_000;
 /// Backlog of each listening socket.
 const LISTEN_BACKLOG: i32 = 1024;
 
@@ -43,19 +45,32 @@ fn socket_for(addr: SocketAddr) -> std::io::Result<Socket> {
 }
 
 /// A listening socket of one shard on `addr` (shared with the other shards by
-/// SO_REUSEPORT).
-pub fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    let open = || -> std::io::Result<Socket> {
+/// SO_REUSEPORT), and a handle that stops it.
+pub fn bind(addr: SocketAddr) -> Result<(TcpListener, ListenerStop), String> {
+    let open = || -> std::io::Result<(Socket, Socket)> {
         let socket = socket_for(addr)?;
         socket.set_reuse_port(true)?;
         socket.bind(&addr.into())?;
         socket.listen(LISTEN_BACKLOG)?;
-        Ok(socket)
+        let stop = socket.try_clone()?;
+        Ok((socket, stop))
     };
-    let socket = open().map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let (socket, stop) = open().map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     // SAFETY: the descriptor is a bound, listening TCP socket that we own; ownership moves
     // into the glommio listener, which closes it.
-    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+    let listener = unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) };
+    Ok((listener, ListenerStop(stop)))
+}
+
+/// Stops a listening socket at once: its pending accepts fail and its port is free for a
+/// broker started right after this one (an accept still queued in io_uring would otherwise
+/// keep the socket listening until the ring is torn down, after the process exits).
+pub struct ListenerStop(Socket);
+
+impl ListenerStop {
+    pub fn stop(&self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 /// Refuses to start when another process listens on one of the ports: a probe bound
@@ -71,10 +86,24 @@ pub fn check_ports_free(listen: &SocketAddr, shards: usize) -> Result<(), Broker
         let port = u16::try_from(port)
             .map_err(|_| BrokerError::Config(format!("port {port} is out of range")))?;
         let addr = SocketAddr::new(listen.ip(), port);
-        let probe = socket_for(addr).and_then(|s| {
-            s.bind(&addr.into())?;
-            s.listen(1)
-        });
+        let try_bind = || {
+            socket_for(addr).and_then(|s| {
+                s.bind(&addr.into())?;
+                s.listen(1)
+            })
+        };
+        // A broker killed a moment ago may still hold its ports while the kernel tears its
+        // io_uring down: look again for a few seconds before calling the port taken.
+        let mut probe = try_bind();
+        let deadline = std::time::Instant::now() + Duration::from_millis(PORT_RETRY_MS);
+        while probe
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+            probe = try_bind();
+        }
         if let Err(e) = probe {
             return Err(BrokerError::Config(format!(
                 "cannot listen on {addr}: {e} (is another broker running? shard i also uses port {}+1+i)",

@@ -499,11 +499,11 @@ async fn shard_main(
     let offsets = OffsetStore::open(&shard_dir)
         .map_err(|e| format!("opening offsets in {}: {e}", shard_dir.display()))?;
     let topics = TopicTable::load(&cfg.data_dir).map_err(|e| e.to_string())?;
-    let main_listener = if i == 0 {
-        let l = bind(cfg.listen)?;
+    let (main_listener, main_stop) = if i == 0 {
+        let (l, stop) = bind(cfg.listen)?;
         let addr = l.local_addr().map_err(|e| e.to_string())?;
         let _ = boot.main_addr.set(addr);
-        l
+        (l, stop)
     } else {
         let addr = wait_for(&boot.main_addr, &stop).await?;
         bind(addr)?
@@ -520,7 +520,7 @@ async fn shard_main(
         .ok()
         .and_then(|mut a| a.next())
         .ok_or("bad listen address")?;
-    let direct = bind(direct_addr)?;
+    let (direct, direct_stop) = bind(direct_addr)?;
     let direct_addr = direct.local_addr().map_err(|e| e.to_string())?;
     let _ = tx.send(BootMsg::Bound {
         shard: i,
@@ -607,6 +607,9 @@ async fn shard_main(
     }
     // Clean stop: refuse new work, let requests in flight finish, then flush everything.
     ctx.begin_stop();
+    // The ports are free at once (a broker may start on them right after this one).
+    main_stop.stop();
+    direct_stop.stop();
     let started = Instant::now();
     while ctx.in_flight() > 0 && started.elapsed() < Duration::from_millis(STOP_DRAIN_MS) {
         crate::io::sleep(Duration::from_millis(5)).await;

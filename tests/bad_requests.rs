@@ -1,0 +1,383 @@
+//! Requests a careless or hostile client may send, written as raw frames (past the client's
+//! own checks) to the real broker binary: each gets a typed error and a clear message, the
+//! broker keeps its memory and keeps serving. Also the broker's own start-up checks
+//! (timings, the topic table on disk), a restart on the same port while clients are
+//! connected, and the limits a broker tells its clients.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer};
+use ringmq::protocol::{
+    encode_request, BatchItem, ErrorCode, FrameDecoder, Heartbeat, LockBatch, Pull, Request,
+    Response, SendBatch, SendMessage, FRAME_HEADER_BYTES,
+};
+
+/// Sends one request on a new connection and returns the answer.
+fn call(addr: &str, request: Request) -> Response<'static> {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut out = Vec::new();
+    encode_request(&request, 9, &mut out).unwrap();
+    conn.write_all(&out).unwrap();
+    read_answer(&mut conn)
+}
+
+fn read_answer(conn: &mut TcpStream) -> Response<'static> {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        if let Some(frame) = FrameDecoder::new(
+            ringmq::protocol::FrameLimits::new(ringmq::protocol::FRAME_BYTES_CEILING).unwrap(),
+        )
+        .decode(&buf)
+        .unwrap()
+        {
+            let len = frame.frame_len();
+            let owned: &'static [u8] = Box::leak(buf[..len].to_vec().into_boxed_slice());
+            let frame = FrameDecoder::new(
+                ringmq::protocol::FrameLimits::new(ringmq::protocol::FRAME_BYTES_CEILING).unwrap(),
+            )
+            .decode(owned)
+            .unwrap()
+            .unwrap();
+            return frame.decode_response().unwrap();
+        }
+        let n = conn.read(&mut chunk).unwrap();
+        assert!(n > 0, "the broker closed the connection without an answer");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The error code and message of an error answer.
+fn error_of(answer: Response<'_>) -> (ErrorCode, String) {
+    match answer {
+        Response::Error(e) => (e.error_code().unwrap(), e.message),
+        other => panic!("not an error: {other:?}"),
+    }
+}
+
+fn send(topic: &str, queue_id: i32, properties: Vec<u8>, body: &[u8]) -> Request {
+    SendMessage {
+        topic: topic.into(),
+        queue_id,
+        flag: 0,
+        properties,
+        body: body.to_vec(),
+        born_timestamp_ms: 0,
+        wait_durable: false,
+    }
+    .into()
+}
+
+#[test]
+fn malformed_and_oversized_requests_get_typed_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 2).await.unwrap();
+    });
+    let rss_before = broker.rss_mib();
+    // A lock request for more queues than a topic may have, with a 1 MB client id: no
+    // memory is spent on it.
+    let (code, message) = error_of(call(
+        &addr,
+        LockBatch {
+            group: "g".into(),
+            client_id: "c".repeat(1 << 20),
+            topic: "t".into(),
+            queues: (0..1024).collect(),
+        }
+        .into(),
+    ));
+    assert_eq!(code, ErrorCode::InvalidMessage, "{message}");
+    assert!(message.len() < 400, "the id is not echoed whole");
+    let (code, message) = error_of(call(
+        &addr,
+        LockBatch {
+            group: "g".into(),
+            client_id: "c".into(),
+            topic: "t".into(),
+            queues: (0..5000).collect(),
+        }
+        .into(),
+    ));
+    assert_eq!(code, ErrorCode::InvalidMessage, "{message}");
+    // An empty client id.
+    let (code, _) = error_of(call(
+        &addr,
+        LockBatch {
+            group: "g".into(),
+            client_id: String::new(),
+            topic: "t".into(),
+            queues: vec![0],
+        }
+        .into(),
+    ));
+    assert_eq!(code, ErrorCode::InvalidMessage);
+    assert!(broker.rss_mib() < rss_before + 50);
+    // A pull filtering on more tags than any expression has.
+    let mut pull = Pull::new("t", 0, 0);
+    pull.tag_hashes = (1..=65).collect();
+    let (code, message) = error_of(call(&addr, pull.into()));
+    assert_eq!(code, ErrorCode::BadFilterExpression, "{message}");
+    // Only -1 leaves the queue to the broker.
+    for queue in [-2, i32::MIN] {
+        let (code, message) = error_of(call(&addr, send("t", queue, Vec::new(), b"x")));
+        assert_eq!(code, ErrorCode::QueueNotFound, "{queue}: {message}");
+    }
+    // A batch with one bad message stores none of them.
+    let good = BatchItem {
+        flag: 0,
+        properties: Vec::new(),
+        body: b"ok".to_vec(),
+        born_timestamp_ms: 0,
+    };
+    let bad = BatchItem {
+        properties: b"no separators".to_vec(),
+        ..good.clone()
+    };
+    let (code, _) = error_of(call(
+        &addr,
+        SendBatch {
+            topic: "t".into(),
+            queue_id: 0,
+            messages: vec![good.clone(), good.clone(), bad],
+            wait_durable: false,
+        }
+        .into(),
+    ));
+    assert_eq!(code, ErrorCode::InvalidMessage);
+    // Properties over the client's share of the block.
+    let mut big = b"p\x01".to_vec();
+    big.resize(64 * 1024 - 100, b'v');
+    big.push(0x02);
+    let (code, message) = error_of(call(&addr, send("t", 0, big, b"x")));
+    assert_eq!(code, ErrorCode::InvalidMessage, "{message}");
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let info = client.describe_topic("t").await.unwrap();
+        assert!(
+            info.queues.iter().all(|q| q.max_offset == 0),
+            "nothing was stored: {info:?}"
+        );
+    });
+    // A string that is not UTF-8 is named as such.
+    let mut out = Vec::new();
+    encode_request(
+        &Heartbeat {
+            client_id: "abcdefghijklmnopqrstuvwx".into(),
+        }
+        .into(),
+        3,
+        &mut out,
+    )
+    .unwrap();
+    let at = out
+        .windows(24)
+        .position(|w| w == b"abcdefghijklmnopqrstuvwx")
+        .expect("the id is in the frame");
+    out[at + 5] = 0xff;
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    conn.write_all(&out).unwrap();
+    let (code, message) = error_of(read_answer(&mut conn));
+    assert_eq!(code, ErrorCode::MalformedFrame);
+    assert!(
+        message.to_lowercase().contains("utf"),
+        "the message says what is wrong: {message}"
+    );
+    assert!(!message.contains("enable debug assertions"), "{message}");
+    assert!(!broker.stderr().contains("panicked"), "{}", broker.stderr());
+}
+
+#[test]
+fn bad_timings_and_a_bad_topic_table_stop_the_broker_at_start_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |data: &std::path::Path, extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for (flags, named) in [
+        (&["--session-timeout-ms", "0"][..], "session-timeout-ms"),
+        (
+            &["--session-timeout-ms", "10000", "--lock-expiry-ms", "12000"][..],
+            "lock-expiry-ms",
+        ),
+    ] {
+        let out = start(&dir.path().join("a"), flags);
+        assert!(!out.status.success(), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    }
+    for (table, named) in [
+        (r#"{"topics": {"huge": 4294967295}}"#, "huge"),
+        (r#"{"topics": {"../escape": 4}}"#, "../escape"),
+        (r#"{"topics": {"%SYS_SCHEDULE%": 1}}"#, "%SYS_SCHEDULE%"),
+    ] {
+        let data = dir.path().join(format!("t{}", named.len()));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("topics.json"), table).unwrap();
+        let out = start(&data, &[]);
+        assert!(!out.status.success(), "{table}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{table}: {stderr}");
+    }
+}
+
+#[test]
+fn a_restart_right_after_a_stop_takes_the_same_port_while_clients_were_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port with its direct ports (port + 1 + shard) free.
+    let port = loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        drop(l);
+        if p < 60_000 && (1..=2).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok())
+        {
+            break p;
+        }
+    };
+    let listen = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut broker = BrokerProcess::start_on(listen, &dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let rt = runtime();
+    rt.block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        for i in 0..10 {
+            producer
+                .send("r", OutgoingMessage::new(format!("m{i}")))
+                .await
+                .unwrap();
+        }
+        // Connected when the broker stops: their connections go to TIME_WAIT.
+        assert!(broker.stop());
+        broker.restart();
+        let again = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        again
+            .send("r", OutgoingMessage::new("after"))
+            .await
+            .unwrap();
+    });
+    assert_eq!(broker.addr.port(), port);
+}
+
+#[test]
+fn answers_stay_within_the_clients_frame_limit_and_the_broker_tells_its_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    // The broker takes 64 MiB frames; the client keeps the default (about 5 MiB).
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--frame-bytes-max",
+            "67108864",
+            "--session-timeout-ms",
+            "7000",
+            "--lock-expiry-ms",
+            "30000",
+        ],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        let info = client.broker_info();
+        assert_eq!(
+            (
+                info.frame_bytes_max,
+                info.session_timeout_ms,
+                info.lock_expiry_ms
+            ),
+            (64 << 20, 7000, 30_000)
+        );
+        client.create_topic("wide", 1).await.unwrap();
+        for i in 0..8u8 {
+            producer
+                .send("wide", OutgoingMessage::new(vec![i; 1 << 20]))
+                .await
+                .unwrap();
+        }
+        // 8 MiB of messages: each answer carries what fits the client's frames.
+        let mut offset = 0;
+        let mut got = 0;
+        while got < 8 {
+            let pulled = client
+                .pull("wide", 0, offset, 32, Duration::from_millis(0), &[])
+                .await
+                .unwrap();
+            assert!(!pulled.messages.is_empty());
+            let bytes: usize = pulled.messages.iter().map(|m| m.as_bytes().len()).sum();
+            assert!(bytes + FRAME_HEADER_BYTES < client.config().frame_bytes_max as usize);
+            got += pulled.messages.len();
+            offset = pulled.next_offset;
+        }
+        // A key lookup answers what fits one frame (newest first), not everything.
+        for i in 0..4u8 {
+            producer
+                .send(
+                    "wide",
+                    OutgoingMessage::new(vec![i; 3 << 20]).with_key("same"),
+                )
+                .await
+                .unwrap();
+        }
+        let found = client
+            .messages_by_key("wide", "same", 0, i64::MAX, 64)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 1, "one 3 MiB message fits a 5 MiB frame");
+    });
+}
+
+#[test]
+fn a_second_live_connection_with_the_same_client_id_is_refused_until_the_first_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let mut config = ClientConfig::new(&addr);
+        // Two containers, both PID 1, once made the same default id: now the default is
+        // unique, and a clash is refused rather than merged.
+        assert_ne!(config.client_id, ClientConfig::new(&addr).client_id);
+        config.client_id = "twin".into();
+        let spec = ringmq::client::MemberSpec {
+            subscriptions: vec![("t".into(), "*".into())],
+            consume_mode: ringmq::client::ConsumeMode::Orderly,
+            message_model: ringmq::client::MessageModel::Clustering,
+            strategy: ringmq::client::AllocateStrategy::Averagely,
+        };
+        let first = Client::connect(config.clone()).await.unwrap();
+        first.create_topic("t", 2).await.unwrap();
+        first.group_heartbeat("g", &spec).await.unwrap();
+        let second = Client::connect(config.clone()).await.unwrap();
+        let err = second.group_heartbeat("g", &spec).await.unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::ClientIdInUse), "{err}");
+        drop(first);
+        // Once the first connection is gone, the id is free.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match second.group_heartbeat("g", &spec).await {
+                Ok(_) => break,
+                Err(e) if e.code() == Some(ErrorCode::ClientIdInUse) => {
+                    assert!(std::time::Instant::now() < deadline, "{e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+}
