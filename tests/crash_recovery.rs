@@ -322,3 +322,194 @@ fn a_flipped_byte_in_an_early_record_stops_start_up() {
     assert!(segments(built.dir.path()).len() > 5);
     flip_and_expect_refusal(&built, 2, 150, all);
 }
+
+/// A copy of `built` whose checkpoint says the log was known durable only up to the start
+/// of record `durable_record` (as if the broker crashed before its next checkpoint), with
+/// `damage` done to the segment files.
+fn crashed_copy(
+    built: &Built,
+    durable_record: usize,
+    damage: impl FnOnce(&Path),
+) -> (tempfile::TempDir, u64) {
+    let work = tempfile::tempdir().unwrap();
+    copy_dir(built.dir.path(), work.path());
+    let durable = built.records[durable_record].3;
+    ringmq::store::Checkpoint {
+        log_offset: durable,
+        timestamp_ms: 0,
+    }
+    .write(work.path())
+    .unwrap();
+    damage(work.path());
+    (work, durable)
+}
+
+/// Opens the damaged copy: it must start, keep every record before the first damaged one
+/// byte for byte, invent nothing, and have moved the cut bytes to a quarantine file.
+fn expect_cut_and_quarantine(built: &Built, work: &Path, damaged_from: u64, what: &str) {
+    let records = built.records.clone();
+    let path = work.to_owned();
+    let what = what.to_owned();
+    let quarantined = run_local(move || async move {
+        let (store, report) = MessageStore::open(&path, tiny_config())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: refused to start: {e}"));
+        assert_eq!(report.log.cut_at, Some(damaged_from), "{what}");
+        let mut kept: HashMap<(String, u32), u64> = HashMap::new();
+        for (topic, q, qo, phys, bytes) in &records {
+            if phys + bytes.len() as u64 <= damaged_from {
+                let got = store
+                    .read_at(topic, *q, *qo)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: record at {phys} lost: {e}"));
+                assert_eq!(&got[..], &bytes[..], "{what}");
+                let m = kept.entry((topic.clone(), *q)).or_default();
+                *m = (*m).max(qo + 1);
+            }
+        }
+        for (topic, q, _, _, _) in &records {
+            let want = kept.get(&(topic.clone(), *q)).copied().unwrap_or(0);
+            assert_eq!(store.queue_range(topic, *q).1, want, "{what}: {topic}:{q}");
+        }
+        store.close().await.unwrap();
+        report.log.quarantined
+    });
+    let what = "the same damage";
+    assert!(!quarantined.is_empty(), "{what}: nothing quarantined");
+    for q in &quarantined {
+        assert!(q.exists(), "{what}: {} is missing", q.display());
+        assert!(std::fs::metadata(q).unwrap().len() > 0);
+    }
+}
+
+fn segment_of(work: &Path, phys: u64) -> (PathBuf, usize) {
+    let seg = tiny_config().log.segment_bytes;
+    let base = phys - phys % seg;
+    (
+        work.join("commitlog").join(format!("{base:020}")),
+        (phys - base) as usize,
+    )
+}
+
+#[test]
+fn damage_a_crash_leaves_after_the_durable_point_is_cut_and_quarantined_before_it_refused() {
+    let built = build_store(1500, tiny_config());
+    let n = built.records.len();
+    let durable_record = n - 120;
+    // A zeroed range followed by records that did reach the disk (writes landed out of
+    // order): a hole inside the last segment.
+    let victim = n - 60;
+    let hole_at = built.records[victim].3;
+    let (work, _) = crashed_copy(&built, durable_record, |dir| {
+        let (file, at) = segment_of(dir, hole_at);
+        let mut bytes = std::fs::read(&file).unwrap();
+        let end = (at + 700).min(bytes.len());
+        bytes[at..end].iter_mut().for_each(|b| *b = 0);
+        std::fs::write(&file, &bytes).unwrap();
+    });
+    expect_cut_and_quarantine(&built, work.path(), hole_at, "a hole");
+    // Garbage over a record after the durable point.
+    let garbage_at = built.records[n - 30].3;
+    let (work, _) = crashed_copy(&built, durable_record, |dir| {
+        let (file, at) = segment_of(dir, garbage_at);
+        let mut bytes = std::fs::read(&file).unwrap();
+        let mut rng = StdRng::seed_from_u64(9);
+        for b in &mut bytes[at..at + 300] {
+            *b = rng.gen();
+        }
+        std::fs::write(&file, &bytes).unwrap();
+    });
+    expect_cut_and_quarantine(&built, work.path(), garbage_at, "garbage");
+    // Out-of-order partial writes across segments: the tail of one segment never reached
+    // the disk while the next segment did.
+    let segs = segments(built.dir.path());
+    let last_base: u64 = segs
+        .last()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let first_lost = built
+        .records
+        .iter()
+        .position(|r| r.3 + r.4.len() as u64 > last_base - 4096)
+        .unwrap();
+    let lost_at = built.records[first_lost].3;
+    let durable_record = first_lost.saturating_sub(10);
+    let (work, _) = crashed_copy(&built, durable_record, |dir| {
+        let (file, at) = segment_of(dir, lost_at);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at..].iter_mut().for_each(|b| *b = 0);
+        std::fs::write(&file, &bytes).unwrap();
+    });
+    expect_cut_and_quarantine(&built, work.path(), lost_at, "a lost segment tail");
+    // The same hole before the durable point is rot: start-up refuses, naming the file.
+    let early = built.records[100].3;
+    let (work, _) = crashed_copy(&built, 200, |dir| {
+        let (file, at) = segment_of(dir, early);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at..at + 500].iter_mut().for_each(|b| *b = 0);
+        std::fs::write(&file, &bytes).unwrap();
+    });
+    let (file, at) = segment_of(work.path(), early);
+    let path = work.path().to_owned();
+    let mut cfg = tiny_config();
+    cfg.log.verify_segments_on_start = 0;
+    match run_local(move || async move { MessageStore::open(&path, cfg).await.err() }) {
+        Some(StoreError::Log(LogError::Corrupt {
+            path, file_offset, ..
+        })) => {
+            assert_eq!(path, file);
+            assert_eq!(file_offset, at as u64);
+        }
+        other => panic!("rot before the durable point must refuse, got {other:?}"),
+    }
+}
+
+#[test]
+fn rot_found_by_a_read_names_the_segment_file_and_the_offset_in_it() {
+    let built = build_store(1500, tiny_config());
+    assert!(segments(built.dir.path()).len() > 5);
+    let work = tempfile::tempdir().unwrap();
+    copy_dir(built.dir.path(), work.path());
+    // Rot in an old segment (not verified at start-up): a length field, then a body byte.
+    let (topic_a, qa, qoa, phys_a, _) = built.records[5].clone();
+    let (topic_b, qb, qob, phys_b, _) = built.records[9].clone();
+    for (phys, byte) in [(phys_a, 1usize), (phys_b, 150)] {
+        let (file, at) = segment_of(work.path(), phys);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at + byte] ^= 0x5a;
+        std::fs::write(&file, &bytes).unwrap();
+    }
+    let path = work.path().to_owned();
+    let seg_a = segment_of(work.path(), phys_a);
+    let seg_b = segment_of(work.path(), phys_b);
+    run_local(move || async move {
+        let (store, _) = MessageStore::open(&path, tiny_config()).await.unwrap();
+        for (topic, q, qo, seg) in [(&topic_a, qa, qoa, &seg_a), (&topic_b, qb, qob, &seg_b)] {
+            match store.read_at(topic, q, qo).await {
+                Err(StoreError::Log(LogError::Corrupt {
+                    path, file_offset, ..
+                })) => {
+                    assert_eq!(path, seg.0);
+                    assert_eq!(file_offset, seg.1 as u64);
+                }
+                other => panic!("expected corruption naming the file, got {:?}", other.err()),
+            }
+        }
+        // By id: a damaged record is a corruption, not "no message".
+        match store.read_physical(phys_b).await {
+            Err(StoreError::Log(LogError::Corrupt { path, .. })) => assert_eq!(path, seg_b.0),
+            other => panic!("expected corruption, got {:?}", other.err()),
+        }
+        // An offset where no record starts is "no record".
+        assert!(matches!(
+            store.read_physical(phys_b + 1).await,
+            Err(StoreError::Log(LogError::NoRecord { .. }))
+        ));
+        store.close().await.unwrap();
+    });
+}

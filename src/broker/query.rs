@@ -91,7 +91,8 @@ impl ShardCtx {
             .read_physical(id.physical_offset)
             .await
             .map_err(|e| match e {
-                StoreError::Log(LogError::InvalidRecord(_)) => no_message(),
+                // No record starts there: a wrong id. A damaged one is a storage error.
+                StoreError::Log(LogError::NoRecord { .. }) => no_message(),
                 other => store_error(other),
             })?;
         // The broker's own records (held delayed messages, done records) are not messages.

@@ -75,6 +75,12 @@ pub struct LogConfig {
     /// The newest bytes of the log kept in memory, so that consumers that keep up are
     /// served without a disk read (0: off).
     pub tail_cache_bytes: usize,
+    /// How far the log is known durable (recorded by the store's checkpoint after an
+    /// fdatasync). At recovery a bad record before this offset is rot (start-up refuses,
+    /// naming file and offset); one at or after it is damage a crash leaves in writes that
+    /// were in flight: the log ends there and the bytes from it on are moved to a
+    /// quarantine file. `u64::MAX`: everything counts as durable.
+    pub known_durable: u64,
 }
 
 impl Default for LogConfig {
@@ -89,6 +95,7 @@ impl Default for LogConfig {
             preallocate: true,
             read_chunk_bytes: 8 << 20,
             tail_cache_bytes: 64 << 20,
+            known_durable: u64::MAX,
         }
     }
 }
@@ -111,6 +118,8 @@ pub enum LogError {
         log_offset: u64,
         reason: String,
     },
+    #[error("no record starts at log offset {offset}")]
+    NoRecord { offset: u64 },
     #[error("offset {offset} is below the log's first offset {min} (deleted by retention)")]
     OffsetTooSmall { offset: u64, min: u64 },
     #[error("offset {offset} is beyond the readable end of the log {end}")]
@@ -146,8 +155,14 @@ pub struct RecoveryReport {
     /// Records verified (length, magic, CRC).
     pub records_verified: u64,
     pub bytes_verified: u64,
-    /// Bytes cut from a torn tail.
+    /// Bytes cut from a torn tail (moved to `quarantined`).
     pub truncated_bytes: u64,
+    /// Where the log was cut (the first bad record after the known-durable point).
+    pub cut_at: Option<u64>,
+    /// Why it was cut there.
+    pub cut_reason: Option<String>,
+    /// Files the cut bytes were moved to (never deleted).
+    pub quarantined: Vec<PathBuf>,
     pub min_offset: u64,
     pub end_offset: u64,
 }
@@ -572,30 +587,60 @@ impl CommitLog {
         Ok(buf)
     }
 
-    /// Reads the record at `offset` without knowing its size (message by id).
+    /// Reads the record at `offset` without knowing its size (message by id):
+    /// [`LogError::NoRecord`] when no record starts there, [`LogError::Corrupt`] when one
+    /// does but is damaged.
     pub async fn read_record_at(&self, offset: u64) -> Result<ReadBuf, LogError> {
         let head = self.read(offset, HEADER_BYTES).await?;
         let (len, magic) = peek_frame(&head).unwrap_or((0, 0));
-        if magic != RECORD_MAGIC_V1
-            || (len as usize) < HEADER_BYTES
-            || len as usize > RECORD_BYTES_MAX
-        {
-            return Err(LogError::InvalidRecord(RecordError::BadMagic {
-                found: magic,
-                expected: RECORD_MAGIC_V1,
-            }));
+        if magic != RECORD_MAGIC_V1 {
+            return Err(LogError::NoRecord { offset });
+        }
+        if (len as usize) < HEADER_BYTES || len as usize > RECORD_BYTES_MAX {
+            return Err(self.corrupt_at(offset, format!("bad record length {len}")));
         }
         self.read_record(offset, len).await
     }
 
+    /// A record read back fails its checks: the disk returned something else than what was
+    /// written. Names the segment file and the offset in it.
     fn check_record(&self, bytes: &[u8], offset: u64) -> Result<(), LogError> {
-        let view = RecordView::parse(bytes)?;
+        let view = RecordView::parse(bytes).map_err(|e| self.corrupt_at(offset, e.to_string()))?;
         if view.physical_offset() != offset || view.total_len() as usize != bytes.len() {
-            return Err(LogError::InvalidRecord(RecordError::Invalid(
-                "record at this offset has another physical offset or size",
-            )));
+            return Err(self.corrupt_at(
+                offset,
+                format!(
+                    "the record there names log offset {} and {} bytes",
+                    view.physical_offset(),
+                    view.total_len()
+                ),
+            ));
         }
         Ok(())
+    }
+
+    /// The segment file holding log offset `offset`, and the offset in that file.
+    pub fn locate(&self, offset: u64) -> (PathBuf, u64) {
+        let seg = self.inner.cfg.segment_bytes;
+        let base = offset - offset % seg;
+        let st = self.inner.st.borrow();
+        let path = st
+            .segments
+            .get(&base)
+            .map(|s| s.path.clone())
+            .unwrap_or_else(|| self.inner.dir.join(segment_name(base)));
+        (path, offset - base)
+    }
+
+    /// A corruption error at log offset `offset`, naming the segment file.
+    pub fn corrupt_at(&self, offset: u64, reason: String) -> LogError {
+        let (path, file_offset) = self.locate(offset);
+        LogError::Corrupt {
+            path,
+            file_offset,
+            log_offset: offset,
+            reason,
+        }
     }
 
     /// The sealed segments (never the active one, nor one still being written), oldest

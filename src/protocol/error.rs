@@ -41,6 +41,8 @@ pub enum ErrorCode {
     StoreUnavailable = 30,
     /// An I/O error while serving this request.
     StoreIo = 31,
+    /// Stored data read back is damaged (the message names the file and the offset).
+    StoreCorrupt = 32,
     Timeout = 40,
     /// The shard that owns the queue does not answer (stopping, overloaded).
     ShardUnavailable = 41,
@@ -62,7 +64,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -79,6 +81,7 @@ impl ErrorCode {
         ErrorCode::OffsetTooBig,
         ErrorCode::StoreUnavailable,
         ErrorCode::StoreIo,
+        ErrorCode::StoreCorrupt,
         ErrorCode::Timeout,
         ErrorCode::ShardUnavailable,
         ErrorCode::ScheduleFull,
@@ -110,6 +113,7 @@ impl ErrorCode {
             22 => ErrorCode::OffsetTooBig,
             30 => ErrorCode::StoreUnavailable,
             31 => ErrorCode::StoreIo,
+            32 => ErrorCode::StoreCorrupt,
             40 => ErrorCode::Timeout,
             41 => ErrorCode::ShardUnavailable,
             42 => ErrorCode::ScheduleFull,
@@ -142,6 +146,7 @@ impl ErrorCode {
             | ErrorCode::Conflict => true,
             ErrorCode::GroupNotFound
             | ErrorCode::ClientIdInUse
+            | ErrorCode::StoreCorrupt
             | ErrorCode::MalformedFrame
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownKind
@@ -257,7 +262,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 24] = [
+        let expected: [(ErrorCode, u16); 25] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -279,6 +284,7 @@ mod tests {
             (ErrorCode::TooManyConnections, 43),
             (ErrorCode::Conflict, 44),
             (ErrorCode::ClientIdInUse, 61),
+            (ErrorCode::StoreCorrupt, 32),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::Internal, 99),

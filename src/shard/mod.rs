@@ -488,9 +488,14 @@ async fn shard_main(
     store_cfg.log.retention_ms = cfg.retention_hours.saturating_mul(3_600_000);
     store_cfg.log.retention_bytes_max = cfg.retention_bytes_max;
     store_cfg.retention_check_interval_ms = cfg.retention_check_interval_ms;
-    let (store, _recovery) = MessageStore::open(&shard_dir, store_cfg)
+    let opened = Instant::now();
+    let (store, recovery) = MessageStore::open(&shard_dir, store_cfg)
         .await
         .map_err(|e| format!("opening {}: {e}", shard_dir.display()))?;
+    eprintln!(
+        "ringmq-broker: shard {i}: {}",
+        recovery.summary(opened.elapsed())
+    );
     // Nothing leaves the log before the schedule says what it still needs.
     store.set_retention_floor(0);
     let schedule = Schedule::recover(&store)

@@ -108,6 +108,36 @@ pub struct StoreRecovery {
     pub queues: usize,
 }
 
+impl StoreRecovery {
+    /// One line for the log: how the store was left, what recovery read, rebuilt and cut,
+    /// and how long it took.
+    pub fn summary(&self, took: Duration) -> String {
+        let mut line = format!(
+            "store opened in {} ms after a {} stop: {} records verified ({} bytes), {} re-indexed from log offset {}",
+            took.as_millis(),
+            if self.clean_shutdown { "clean" } else { "crash or unclean" },
+            self.log.records_verified,
+            self.log.bytes_verified,
+            self.records_dispatched,
+            self.checkpoint_offset,
+        );
+        if let Some(at) = self.log.cut_at {
+            line.push_str(&format!(
+                "; the log was cut at offset {at} ({}): {} bytes moved to {}",
+                self.log.cut_reason.as_deref().unwrap_or("torn tail"),
+                self.log.truncated_bytes,
+                self.log
+                    .quarantined
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        line
+    }
+}
+
 /// The records a queue read will take (see [`MessageStore::plan_queue_read`]).
 pub struct QueuePlan {
     topic: String,
@@ -235,6 +265,10 @@ impl MessageStore {
         let clean_shutdown = !abort_path.exists();
         let checkpoint = Checkpoint::read(dir)?;
         let checkpoint_offset = checkpoint.log_offset;
+        // The checkpoint records the log's durable end when it was written: a bad record
+        // before it is rot, one after it is what a crash leaves in writes in flight.
+        let mut cfg = cfg;
+        cfg.log.known_durable = checkpoint_offset;
         // Consume queues and key index as they were flushed.
         let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue)?;
         let mut keys = KeyIndex::open(&dir.join("index"), cfg.key_index)?;
@@ -604,16 +638,18 @@ impl MessageStore {
                 // Structure, not CRC: the CRC was computed when the record was encoded and
                 // the consumer verifies it on receipt (the other end of this boundary);
                 // checking it here too would double the pull path's CRC work.
-                let view = RecordView::parse_unchecked_crc(bytes).map_err(LogError::from)?;
+                let view = RecordView::parse_unchecked_crc(bytes).map_err(|err| {
+                    self.inner
+                        .log
+                        .corrupt_at(e.physical_offset, err.to_string())
+                })?;
                 if view.physical_offset() != e.physical_offset || view.queue_offset() != qo {
-                    return Err(StoreError::Log(LogError::Corrupt {
-                        path: self.inner.log.dir().to_owned(),
-                        file_offset: e.physical_offset,
-                        log_offset: e.physical_offset,
-                        reason: format!(
+                    return Err(StoreError::Log(self.inner.log.corrupt_at(
+                        e.physical_offset,
+                        format!(
                             "consume queue entry {topic}:{queue_id}:{qo} points at another record"
                         ),
-                    }));
+                    )));
                 }
                 slices.push((b, s as u32, e.size));
                 offsets.push(qo);

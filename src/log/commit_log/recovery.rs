@@ -90,20 +90,32 @@ pub(super) async fn recover(
             }
             SegmentEnd::Open(pos) => {
                 end = base + pos;
-                // Anything in later segments means this was not the tail: rot.
+                // Anything in later segments means this was not the tail: rot before the
+                // known-durable point; after it, writes a crash left out of order, which
+                // go to quarantine with the rest of the cut.
                 for &later in &bases[idx + 1..] {
                     let lf = opened(segments, later)?;
                     let head = lf.read_at(0, IO_ALIGN).await?;
                     if head.iter().any(|&b| b != 0) {
-                        return Err(LogError::Corrupt {
-                            path,
-                            file_offset: pos,
-                            log_offset: base + pos,
-                            reason: format!(
-                                "the segment ends early but a later segment {} holds data",
-                                segment_name(later)
-                            ),
-                        });
+                        if end < cfg.known_durable {
+                            return Err(LogError::Corrupt {
+                                path,
+                                file_offset: pos,
+                                log_offset: base + pos,
+                                reason: format!(
+                                    "the segment ends early but a later segment {} holds data",
+                                    segment_name(later)
+                                ),
+                            });
+                        }
+                        let size = lf.size().await?;
+                        let kept = quarantine(&lf, 0, size).await?;
+                        report.truncated_bytes += size;
+                        report.quarantined.extend(kept);
+                        report.cut_at.get_or_insert(end);
+                        report
+                            .cut_reason
+                            .get_or_insert_with(|| "a later segment holds data".into());
                     }
                 }
                 break;
@@ -129,8 +141,16 @@ pub(super) async fn recover(
     let pos = end - last_base;
     let size = file.size().await?;
     if size > pos {
-        // Cut the torn tail so that stale bytes can never be mistaken for records later.
-        report.truncated_bytes += tail_nonzero_bytes(&file, pos, size).await?;
+        // Cut the torn tail so that stale bytes can never be mistaken for records later;
+        // what it held is kept in a quarantine file next to the log.
+        let cut = tail_nonzero_bytes(&file, pos, size).await?;
+        if cut > 0 {
+            report.truncated_bytes += cut;
+            report.cut_at.get_or_insert(end);
+            report
+                .quarantined
+                .extend(quarantine(&file, pos, pos + cut).await?);
+        }
         file.truncate(pos).await?;
         if cfg.preallocate {
             file.preallocate(cfg.segment_bytes).await?;
@@ -207,6 +227,8 @@ pub(super) async fn scan_segment(
                     return Ok(SegmentEnd::Sealed);
                 }
                 return torn_or_rot(
+                    cfg,
+                    report,
                     file,
                     path,
                     base,
@@ -217,12 +239,15 @@ pub(super) async fn scan_segment(
                 .await;
             }
             if len == 0 && magic == 0 {
-                return torn_or_rot(file, path, base, in_seg, file_size, "zeros").await;
+                return torn_or_rot(cfg, report, file, path, base, in_seg, file_size, "zeros")
+                    .await;
             }
             match RecordView::parse(rest) {
                 Ok(view) => {
                     if view.physical_offset() != abs {
                         return torn_or_rot(
+                            cfg,
+                            report,
                             file,
                             path,
                             base,
@@ -246,14 +271,24 @@ pub(super) async fn scan_segment(
                     break;
                 }
                 Err(e) => {
-                    return torn_or_rot(file, path, base, in_seg, file_size, &e.to_string()).await;
+                    return torn_or_rot(
+                        cfg,
+                        report,
+                        file,
+                        path,
+                        base,
+                        in_seg,
+                        file_size,
+                        &e.to_string(),
+                    )
+                    .await;
                 }
             }
         }
         if at == 0 {
             // Nothing parsed in a whole chunk that is not the end: impossible with
             // read_chunk_bytes > RECORD_BYTES_MAX, so this is a short read.
-            return torn_or_rot(file, path, base, pos, file_size, "short read").await;
+            return torn_or_rot(cfg, report, file, path, base, pos, file_size, "short read").await;
         }
         pos += at as u64;
     }
@@ -264,9 +299,57 @@ pub(super) async fn scan_segment(
     }
 }
 
-/// A record failed at `pos`. If a valid record can be found anywhere after it in this
-/// segment, the log is corrupt in the middle: refuse. Otherwise it is a torn tail.
+/// Copies `[from, to)` of `file` into `<log dir>/quarantine/<segment>.<from>` (off the
+/// shard's thread) and returns that path, or nothing when the range is empty.
+pub(super) async fn quarantine(
+    file: &LogFile,
+    from: u64,
+    to: u64,
+) -> Result<Option<PathBuf>, LogError> {
+    if to <= from {
+        return Ok(None);
+    }
+    let source = file.path().to_owned();
+    let dir = source
+        .parent()
+        .map(|d| d.join("quarantine"))
+        .unwrap_or_else(|| PathBuf::from("quarantine"));
+    let name = format!(
+        "{}.{from}",
+        source
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("segment")
+    );
+    let target = dir.join(name);
+    let copied = target.clone();
+    crate::io::blocking(move || -> std::io::Result<()> {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        std::fs::create_dir_all(&dir)?;
+        let mut src = std::fs::File::open(&source)?;
+        src.seek(SeekFrom::Start(from))?;
+        let mut out = std::fs::File::create(&copied)?;
+        std::io::copy(&mut src.take(to - from), &mut out)?;
+        out.flush()?;
+        out.sync_all()?;
+        std::fs::File::open(&dir)?.sync_all()
+    })
+    .await
+    .map_err(|e| LogError::Layout {
+        path: target.clone(),
+        reason: format!("writing the quarantine file: {e}"),
+    })?;
+    Ok(Some(target))
+}
+
+/// A record failed at `pos`. At or after the known-durable point it is damage a crash left
+/// in writes that were in flight: the log ends there. Before it, if a valid record can be
+/// found anywhere after it in this segment, the log is corrupt in the middle: refuse;
+/// otherwise it is a torn tail.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn torn_or_rot(
+    cfg: &LogConfig,
+    report: &mut RecoveryReport,
     file: &LogFile,
     path: &Path,
     base: u64,
@@ -274,6 +357,10 @@ pub(super) async fn torn_or_rot(
     file_size: u64,
     reason: &str,
 ) -> Result<SegmentEnd, LogError> {
+    if base + pos >= cfg.known_durable {
+        report.cut_reason.get_or_insert_with(|| reason.to_owned());
+        return Ok(SegmentEnd::Open(pos));
+    }
     let magic = RECORD_MAGIC_V1.to_le_bytes();
     let mut scan = pos + 1;
     let window = 8usize << 20;
