@@ -471,10 +471,7 @@ impl ShardCtx {
                 .offset_by_timestamp(topic, q, timestamp_ms)
                 .await
                 .map_err(store_error)?;
-            self.offsets
-                .borrow_mut()
-                .reset(group, topic, q, offset)
-                .map_err(|e| err(ErrorCode::StoreIo, format!("resetting offset: {e}")))?;
+            self.offsets.borrow_mut().reset(group, topic, q, offset);
         }
         self.sync_offsets()
             .await

@@ -121,6 +121,10 @@ pub struct ShardCtx {
     schedule_log_after: Cell<u64>,
     /// One schedule snapshot at a time.
     snapshotting: tokio::sync::Mutex<()>,
+    /// One offsets write at a time (they must land in order).
+    offsets_io: tokio::sync::Mutex<()>,
+    /// A background offsets write is running.
+    offsets_writing: Cell<bool>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
@@ -244,6 +248,8 @@ impl ShardCtx {
             schedule_wake: Notify::new(),
             schedule_log_after: Cell::new(0),
             snapshotting: tokio::sync::Mutex::new(()),
+            offsets_io: tokio::sync::Mutex::new(()),
+            offsets_writing: Cell::new(false),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
             conn_frame_max: RefCell::new(HashMap::new()),
@@ -284,18 +290,55 @@ impl ShardCtx {
         self.in_flight.get()
     }
 
-    /// Flushes committed offsets (async flush mode's background sync, and shutdown).
+    /// Flushes committed offsets: writes what is pending and fdatasyncs (async flush
+    /// mode's background sync, and shutdown).
     pub async fn sync_offsets(&self) -> std::io::Result<()> {
-        let (file, generation) = {
-            let mut o = self.offsets.borrow_mut();
-            if !o.is_dirty() {
-                return Ok(());
+        self.flush_offsets(true).await
+    }
+
+    /// Writes the offsets store's pending changes (and, with `sync`, fdatasyncs them) off
+    /// the shard's thread, one flush at a time so writes keep their order. A change made
+    /// before the call is written (and with `sync` durable) when it returns `Ok`.
+    pub(crate) async fn flush_offsets(&self, sync: bool) -> std::io::Result<()> {
+        let _one = self.offsets_io.lock().await;
+        let job = self.offsets.borrow_mut().take_io();
+        if let Some((io, generation)) = job {
+            let io = std::sync::Arc::new(io);
+            let run = io.clone();
+            match crate::io::blocking(move || run.run()).await {
+                Ok(file) => self.offsets.borrow_mut().written(generation, file),
+                Err(e) => {
+                    if let Ok(io) = std::sync::Arc::try_unwrap(io) {
+                        self.offsets.borrow_mut().write_failed(io);
+                    }
+                    return Err(e);
+                }
             }
-            o.sync_handle()?
-        };
-        crate::io::blocking(move || file.sync_data()).await?;
-        self.offsets.borrow_mut().synced(generation);
+        }
+        if sync && self.offsets.borrow().needs_sync() {
+            let (file, generation) = self.offsets.borrow().sync_handle();
+            crate::io::blocking(move || file.sync_data()).await?;
+            self.offsets.borrow_mut().synced(generation);
+        }
         Ok(())
+    }
+
+    /// After a change of the offsets: written right behind (one background flush at a
+    /// time), so a process kill loses no commit; durable with the periodic sync.
+    pub(crate) fn write_offsets_behind(self: &Rc<Self>) {
+        if self.offsets_writing.replace(true) {
+            return;
+        }
+        let ctx = self.clone();
+        crate::io::spawn(async move {
+            while ctx.offsets.borrow().needs_write() {
+                if let Err(e) = ctx.flush_offsets(false).await {
+                    eprintln!("ringmq: shard {}: writing offsets: {e}", ctx.id);
+                    crate::io::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+            ctx.offsets_writing.set(false);
+        });
     }
 
     /// The topology part of a handshake answer.

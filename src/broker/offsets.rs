@@ -1,11 +1,17 @@
 //! Committed consumer offsets per (group, topic, queue), kept by the shard that owns the
 //! queue. An append-only file of checksummed records (last one wins), replayed at start and
-//! compacted when it grows; in sync flush mode every commit is fdatasynced before it is
-//! acknowledged, in async mode the file is synced in the background.
+//! rewritten as a snapshot when it grows.
+//!
+//! The map changes at once; the file is written by [`crate::broker::ShardCtx::flush_offsets`]
+//! off the shard's thread, one write at a time, in order: a commit is written right behind
+//! it (write-behind) and fdatasynced in the background, or, in sync flush mode, before it is
+//! acknowledged. This module is the state and the encoding; it does file I/O only when it
+//! opens (before the shard serves) and in the [`OffsetsIo`] jobs it hands out.
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Rewrite the file as a snapshot once it is this large.
 const OFFSETS_FILE_BYTES_MAX: u64 = 4 << 20;
@@ -15,12 +21,55 @@ type Key = (String, String, u32);
 
 pub struct OffsetStore {
     path: PathBuf,
-    file: std::fs::File,
+    /// The file records are appended to (replaced when the file is rewritten).
+    file: Arc<std::fs::File>,
     offsets: HashMap<Key, u64>,
+    /// Records encoded but not yet written.
+    pending: Vec<u8>,
+    /// Bytes in the file, written or pending.
     file_bytes: u64,
-    /// Commits written / commits covered by a finished fdatasync.
+    /// The next write rewrites the file as a snapshot (it grew, or a topic was forgotten).
+    rewrite: bool,
+    /// Changes made / written to the file / covered by a finished fdatasync.
+    changed_gen: u64,
     written_gen: u64,
     synced_gen: u64,
+}
+
+/// A write of the offsets file, to run off the shard's thread.
+pub enum OffsetsIo {
+    /// Append these records.
+    Append {
+        file: Arc<std::fs::File>,
+        bytes: Vec<u8>,
+    },
+    /// Replace the file with this snapshot (temporary file, fsync, rename, directory fsync).
+    Rewrite { path: PathBuf, snapshot: Vec<u8> },
+}
+
+impl OffsetsIo {
+    /// Does the write; a rewrite gives the new file to append to.
+    pub fn run(&self) -> std::io::Result<Option<Arc<std::fs::File>>> {
+        match self {
+            OffsetsIo::Append { file, bytes } => {
+                let mut f: &std::fs::File = file;
+                f.write_all(bytes)?;
+                Ok(None)
+            }
+            OffsetsIo::Rewrite { path, snapshot } => {
+                let tmp = path.with_extension("tmp");
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(snapshot)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, path)?;
+                if let Some(dir) = path.parent() {
+                    std::fs::File::open(dir)?.sync_all()?;
+                }
+                let file = std::fs::OpenOptions::new().append(true).open(path)?;
+                Ok(Some(Arc::new(file)))
+            }
+        }
+    }
 }
 
 fn encode(group: &str, topic: &str, queue_id: u32, offset: u64, out: &mut Vec<u8>) {
@@ -82,6 +131,8 @@ fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>) -> usize {
 }
 
 impl OffsetStore {
+    /// Opens (or creates) the offsets file in `dir`, replays it and rewrites it as a
+    /// snapshot. Runs at start-up, before the shard serves.
     pub fn open(dir: &Path) -> std::io::Result<OffsetStore> {
         let path = dir.join("offsets.log");
         let bytes = match std::fs::read(&path) {
@@ -95,40 +146,31 @@ impl OffsetStore {
             }
         };
         let mut offsets = HashMap::new();
+        // A torn last record (a crash during a write) ends the replay; it is dropped by
+        // the snapshot below.
         replay(&bytes, &mut offsets);
         let mut store = OffsetStore {
-            file: std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)?,
+            file: Arc::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)?,
+            ),
             path,
             offsets,
+            pending: Vec::new(),
             file_bytes: 0,
+            rewrite: true,
+            changed_gen: 0,
             written_gen: 0,
             synced_gen: 0,
         };
-        store.compact()?;
+        if let Some((io, generation)) = store.take_io() {
+            let file = io.run()?;
+            store.written(generation, file);
+        }
+        store.synced(store.written_gen);
         Ok(store)
-    }
-
-    /// Rewrites the file as one record per key (atomically).
-    fn compact(&mut self) -> std::io::Result<()> {
-        let mut out = Vec::new();
-        for ((g, t, q), o) in &self.offsets {
-            encode(g, t, *q, *o, &mut out);
-        }
-        let tmp = self.path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        self.file = std::fs::OpenOptions::new().append(true).open(&self.path)?;
-        self.file_bytes = out.len() as u64;
-        self.synced_gen = self.written_gen;
-        Ok(())
     }
 
     pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
@@ -137,66 +179,107 @@ impl OffsetStore {
             .copied()
     }
 
-    /// Records a commit (written to the file, not yet synced: see
-    /// [`sync_handle`](Self::sync_handle)). A committed offset never moves backwards: a lower
-    /// commit (a late answer from a member that lost the queue) is ignored. Returns the
-    /// offset now committed.
-    pub fn commit(
-        &mut self,
-        group: &str,
-        topic: &str,
-        queue_id: u32,
-        offset: u64,
-    ) -> std::io::Result<u64> {
+    /// Records a commit; offsets never go backwards (a lower one is ignored). Returns the
+    /// offset now committed and the change's generation (0: nothing changed).
+    pub fn commit(&mut self, group: &str, topic: &str, queue_id: u32, offset: u64) -> (u64, u64) {
         match self.get(group, topic, queue_id) {
-            Some(cur) if cur >= offset => Ok(cur),
-            _ => self.reset(group, topic, queue_id, offset).map(|_| offset),
+            Some(cur) if cur >= offset => (cur, 0),
+            _ => (offset, self.reset(group, topic, queue_id, offset)),
         }
     }
 
-    /// Sets an offset, backwards too (an explicit reset).
-    pub fn reset(
-        &mut self,
-        group: &str,
-        topic: &str,
-        queue_id: u32,
-        offset: u64,
-    ) -> std::io::Result<()> {
-        let mut rec = Vec::with_capacity(64);
-        encode(group, topic, queue_id, offset, &mut rec);
-        self.file.write_all(&rec)?;
-        self.file_bytes += rec.len() as u64;
+    /// Sets an offset, backwards too (an admin reset). Returns the change's generation.
+    pub fn reset(&mut self, group: &str, topic: &str, queue_id: u32, offset: u64) -> u64 {
+        let before = self.pending.len();
+        encode(group, topic, queue_id, offset, &mut self.pending);
+        self.file_bytes += (self.pending.len() - before) as u64;
         self.offsets
             .insert((group.to_owned(), topic.to_owned(), queue_id), offset);
-        self.written_gen += 1;
         if self.file_bytes > OFFSETS_FILE_BYTES_MAX {
-            self.compact()?;
+            self.rewrite = true;
         }
-        Ok(())
+        self.changed_gen += 1;
+        self.changed_gen
     }
 
-    /// Removes every offset of a topic (topic deleted).
-    pub fn forget_topic(&mut self, topic: &str) -> std::io::Result<()> {
+    /// Forgets every offset of a deleted topic (the file is rewritten without them).
+    pub fn forget_topic(&mut self, topic: &str) -> u64 {
         self.offsets.retain(|(_, t, _), _| t != topic);
-        self.compact()
+        self.rewrite = true;
+        self.changed_gen += 1;
+        self.changed_gen
     }
 
-    pub fn is_dirty(&self) -> bool {
+    /// The next write to do, and the generation it covers; `None` when all is written.
+    pub fn take_io(&mut self) -> Option<(OffsetsIo, u64)> {
+        if self.rewrite {
+            let mut snapshot = Vec::new();
+            for ((g, t, q), o) in &self.offsets {
+                encode(g, t, *q, *o, &mut snapshot);
+            }
+            self.rewrite = false;
+            self.pending.clear();
+            self.file_bytes = snapshot.len() as u64;
+            let io = OffsetsIo::Rewrite {
+                path: self.path.clone(),
+                snapshot,
+            };
+            return Some((io, self.changed_gen));
+        }
+        if self.pending.is_empty() {
+            return None;
+        }
+        let io = OffsetsIo::Append {
+            file: self.file.clone(),
+            bytes: std::mem::take(&mut self.pending),
+        };
+        Some((io, self.changed_gen))
+    }
+
+    /// A write taken by [`take_io`](Self::take_io) failed: it is done again next time.
+    pub fn write_failed(&mut self, io: OffsetsIo) {
+        match io {
+            OffsetsIo::Append { bytes, .. } => {
+                let mut again = bytes;
+                again.extend_from_slice(&self.pending);
+                self.pending = again;
+            }
+            OffsetsIo::Rewrite { .. } => self.rewrite = true,
+        }
+    }
+
+    /// A write covering `generation` is done (`file`: the file a rewrite made).
+    pub fn written(&mut self, generation: u64, file: Option<Arc<std::fs::File>>) {
+        if let Some(file) = file {
+            self.file = file;
+        }
+        self.written_gen = self.written_gen.max(generation);
+    }
+
+    /// Whether written changes wait for an fdatasync.
+    pub fn needs_sync(&self) -> bool {
         self.written_gen > self.synced_gen
     }
 
-    /// A handle to fdatasync the file off the shard's thread, and the generation it will
-    /// cover: pass it to [`synced`](Self::synced) once the fdatasync succeeded.
-    pub fn sync_handle(&mut self) -> std::io::Result<(std::fs::File, u64)> {
-        Ok((self.file.try_clone()?, self.written_gen))
+    /// Whether changes wait to be written.
+    pub fn needs_write(&self) -> bool {
+        self.changed_gen > self.written_gen
     }
 
-    /// Records a successful fdatasync that covered commits up to `generation`.
+    /// The file to fdatasync and the generation it will cover.
+    pub fn sync_handle(&self) -> (Arc<std::fs::File>, u64) {
+        (self.file.clone(), self.written_gen)
+    }
+
     pub fn synced(&mut self, generation: u64) {
         self.synced_gen = self.synced_gen.max(generation);
     }
 
-    /// All offsets of a group (consumer progress).
+    /// Whether the change of `generation` is covered by an fdatasync.
+    pub fn is_synced(&self, generation: u64) -> bool {
+        self.synced_gen >= generation
+    }
+
     pub fn of_group(&self, group: &str) -> Vec<(String, u32, u64)> {
         let mut v: Vec<_> = self
             .offsets
@@ -217,11 +300,16 @@ mod tests {
     fn commits_survive_reopen_and_torn_tails() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = OffsetStore::open(dir.path()).unwrap();
-        s.commit("g", "t", 1, 10).unwrap();
-        s.commit("g", "t", 1, 12).unwrap();
-        assert_eq!(s.commit("g", "t", 1, 11).unwrap(), 12, "never backwards");
-        s.commit("g2", "t", 0, 5).unwrap();
-        s.reset("g2", "t", 0, 3).unwrap();
+        s.commit("g", "t", 1, 10);
+        s.commit("g", "t", 1, 12);
+        assert_eq!(s.commit("g", "t", 1, 11), (12, 0), "never backwards");
+        s.commit("g2", "t", 0, 5);
+        let generation = s.reset("g2", "t", 0, 3);
+        assert!(s.needs_write());
+        let (io, covered) = s.take_io().unwrap();
+        assert_eq!(covered, generation);
+        s.written(covered, io.run().unwrap());
+        assert!(!s.needs_write() && s.needs_sync());
         drop(s);
         // A torn last record is ignored; the earlier ones stay.
         let path = dir.path().join("offsets.log");
@@ -232,5 +320,35 @@ mod tests {
         assert_eq!(s.get("g", "t", 1), Some(12));
         assert_eq!(s.get("g2", "t", 0), Some(3), "a reset may go backwards");
         assert_eq!(s.get("g", "t", 0), None);
+    }
+
+    #[test]
+    fn writes_come_out_in_order_and_a_failed_one_is_done_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 1);
+        let (io, generation) = s.take_io().unwrap();
+        // The write fails (a full disk): nothing is lost, it is taken again with what came
+        // after it.
+        s.write_failed(io);
+        s.commit("g", "t", 0, 2);
+        let (io, covered) = s.take_io().unwrap();
+        assert!(covered > generation);
+        s.written(covered, io.run().unwrap());
+        // A rewrite (a forgotten topic) replaces the file; later commits go to the new one.
+        s.commit("g", "gone", 0, 9);
+        s.forget_topic("gone");
+        let (io, covered) = s.take_io().unwrap();
+        assert!(matches!(io, OffsetsIo::Rewrite { .. }));
+        s.commit("g", "t", 1, 7);
+        s.written(covered, io.run().unwrap());
+        let (io, covered) = s.take_io().unwrap();
+        s.written(covered, io.run().unwrap());
+        assert!(s.take_io().is_none());
+        drop(s);
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.get("g", "t", 0), Some(2));
+        assert_eq!(s.get("g", "t", 1), Some(7));
+        assert_eq!(s.get("g", "gone", 0), None);
     }
 }

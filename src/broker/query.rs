@@ -35,14 +35,22 @@ impl ShardCtx {
                 ),
             ));
         }
-        self.offsets
+        let (_, generation) = self
+            .offsets
             .borrow_mut()
-            .commit(&m.group, &m.topic, m.queue_id, m.offset)
-            .map_err(|e| err(ErrorCode::StoreIo, format!("committing offset: {e}")))?;
+            .commit(&m.group, &m.topic, m.queue_id, m.offset);
+        if generation == 0 {
+            return Ok(Empty {});
+        }
         if self.cfg.flush == FlushMode::Sync {
-            self.sync_offsets()
-                .await
-                .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+            // Durable before the answer (the write and fdatasync run off the shard).
+            while !self.offsets.borrow().is_synced(generation) {
+                self.sync_offsets()
+                    .await
+                    .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+            }
+        } else {
+            self.write_offsets_behind();
         }
         Ok(Empty {})
     }

@@ -102,10 +102,11 @@ impl ShardCtx {
         self.topics.borrow_mut().set(topic, queues);
         self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
-            if let Err(e) = self.store.delete_topic(topic) {
+            if let Err(e) = self.store.delete_topic(topic).await {
                 eprintln!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
             }
-            if let Err(e) = self.offsets.borrow_mut().forget_topic(topic) {
+            self.offsets.borrow_mut().forget_topic(topic);
+            if let Err(e) = self.sync_offsets().await {
                 eprintln!(
                     "ringmq: shard {}: forgetting offsets of {topic}: {e}",
                     self.id

@@ -87,14 +87,25 @@ impl Default for ConsumeQueueConfig {
     }
 }
 
+/// An index file written since it was last synced (see `ConsumeQueue::dirty_files`).
+#[derive(Debug, Clone)]
+pub struct DirtyFile {
+    pub path: PathBuf,
+    /// Which file of its index (a consume queue's base offset, a key index's sequence).
+    pub key: u64,
+    /// The change it was at when listed.
+    pub generation: u64,
+}
+
 /// One mapped segment file.
 struct Segment {
     /// Queue offset of the file's first entry.
     base: u64,
     path: PathBuf,
     mmap: MmapMut,
-    /// Written since the last msync.
-    dirty: bool,
+    /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
+    dirty_gen: u64,
+    synced_gen: u64,
 }
 
 /// The consume queue of one (topic, queue). See the module doc for the format.
@@ -180,7 +191,8 @@ impl ConsumeQueue {
                 base,
                 path,
                 mmap,
-                dirty: false,
+                dirty_gen: 0,
+                synced_gen: 0,
             });
         }
 
@@ -297,7 +309,7 @@ impl ConsumeQueue {
         let segment = self.segment_mut(queue_offset);
         let at = entry_at(queue_offset - segment.base);
         entry.encode(&mut segment.mmap[at..at + CQ_ENTRY_BYTES as usize]);
-        segment.dirty = true;
+        segment.dirty_gen += 1;
         debug_assert!(queue_offset - segment.base < entries_per_file);
         debug_assert_eq!(self.get(queue_offset), Some(entry));
         Ok(())
@@ -335,7 +347,7 @@ impl ConsumeQueue {
                 let from = entry_at(queue_offset - segment.base);
                 let to = entry_at((old_max - segment.base).min(self.entries_per_file));
                 segment.mmap[from..to].fill(0);
-                segment.dirty = true;
+                segment.dirty_gen += 1;
             }
         }
         self.max_offset = queue_offset;
@@ -367,16 +379,46 @@ impl ConsumeQueue {
         Ok(new_min)
     }
 
-    /// msyncs every file written since the last flush.
+    /// msyncs every file written since the last flush (on the calling thread: for a
+    /// store's close and for tests; the broker uses [`dirty_files`](Self::dirty_files)).
     pub fn flush(&mut self) -> Result<(), IndexError> {
-        for segment in self.segments.iter_mut().filter(|s| s.dirty) {
+        for segment in self
+            .segments
+            .iter_mut()
+            .filter(|s| s.dirty_gen > s.synced_gen)
+        {
             segment
                 .mmap
                 .flush()
                 .map_err(io_err("msync", &segment.path))?;
-            segment.dirty = false;
+            segment.synced_gen = segment.dirty_gen;
         }
         Ok(())
+    }
+
+    /// The files written since they were last synced, to fdatasync elsewhere (an
+    /// fdatasync of the file writes back what was written through the mapping); hand
+    /// them back to [`files_synced`](Self::files_synced) once done.
+    pub fn dirty_files(&self) -> Vec<DirtyFile> {
+        self.segments
+            .iter()
+            .filter(|s| s.dirty_gen > s.synced_gen)
+            .map(|s| DirtyFile {
+                path: s.path.clone(),
+                key: s.base,
+                generation: s.dirty_gen,
+            })
+            .collect()
+    }
+
+    /// Files from [`dirty_files`](Self::dirty_files) were fdatasynced: what was written
+    /// to them before is on disk.
+    pub fn files_synced(&mut self, files: &[DirtyFile]) {
+        for f in files {
+            if let Some(s) = self.segments.iter_mut().find(|s| s.base == f.key) {
+                s.synced_gen = s.synced_gen.max(f.generation);
+            }
+        }
     }
 
     /// The first queue offset in `[from, to)` whose entry fails `below`, assuming `below`
@@ -437,7 +479,8 @@ impl ConsumeQueue {
             base,
             path,
             mmap,
-            dirty: true,
+            dirty_gen: 1,
+            synced_gen: 0,
         });
         Ok(())
     }

@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
 
+use super::consume_queue::DirtyFile;
+
 use super::tag::fnv1a64;
 use super::{
     create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
@@ -122,8 +124,9 @@ struct IndexFile {
     /// Copied from the header, which open validated against the file size.
     slot_count: u32,
     entries_max: u32,
-    /// Written since the last msync.
-    dirty: bool,
+    /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
+    dirty_gen: u64,
+    synced_gen: u64,
 }
 
 impl IndexFile {
@@ -138,7 +141,8 @@ impl IndexFile {
             mmap,
             slot_count: cfg.slots_per_file,
             entries_max: cfg.entries_per_file,
-            dirty: true,
+            dirty_gen: 1,
+            synced_gen: 0,
         };
         file.init_header();
         Ok(file)
@@ -151,7 +155,7 @@ impl IndexFile {
         write_u32(header, VERSION_AT, KI_VERSION);
         write_u32(header, SLOT_COUNT_AT, self.slot_count);
         write_u32(header, ENTRIES_MAX_AT, self.entries_max);
-        self.dirty = true;
+        self.dirty_gen += 1;
     }
 
     /// Maps an existing file and validates its header. The last file may be a torn creation
@@ -224,7 +228,8 @@ impl IndexFile {
             mmap,
             slot_count,
             entries_max,
-            dirty: false,
+            dirty_gen: 0,
+            synced_gen: 0,
         };
         if entry_count > 0
             && (file.begin_timestamp_ms() > file.end_timestamp_ms()
@@ -357,7 +362,7 @@ impl IndexFile {
         write_u64(header, BEGIN_PHYS_AT, begin_phys);
         write_u64(header, END_PHYS_AT, end_phys);
         write_u32(header, ENTRY_COUNT_AT, index);
-        self.dirty = true;
+        self.dirty_gen += 1;
     }
 
     /// Pushes onto `out` the physical offsets of `hash`'s entries stored in
@@ -520,13 +525,36 @@ impl KeyIndex {
         Ok(())
     }
 
-    /// msyncs every file written since the last flush.
+    /// msyncs every file written since the last flush (on the calling thread: for a
+    /// store's close and for tests; the broker uses [`dirty_files`](Self::dirty_files)).
     pub fn flush(&mut self) -> Result<(), IndexError> {
-        for file in self.files.iter_mut().filter(|f| f.dirty) {
+        for file in self.files.iter_mut().filter(|f| f.dirty_gen > f.synced_gen) {
             file.mmap.flush().map_err(io_err("msync", &file.path))?;
-            file.dirty = false;
+            file.synced_gen = file.dirty_gen;
         }
         Ok(())
+    }
+
+    /// The files written since they were last synced, to fdatasync elsewhere.
+    pub fn dirty_files(&self) -> Vec<DirtyFile> {
+        self.files
+            .iter()
+            .filter(|f| f.dirty_gen > f.synced_gen)
+            .map(|f| DirtyFile {
+                path: f.path.clone(),
+                key: f.seq,
+                generation: f.dirty_gen,
+            })
+            .collect()
+    }
+
+    /// Files from [`dirty_files`](Self::dirty_files) were fdatasynced.
+    pub fn files_synced(&mut self, files: &[DirtyFile]) {
+        for synced in files {
+            if let Some(f) = self.files.iter_mut().find(|f| f.seq == synced.key) {
+                f.synced_gen = f.synced_gen.max(synced.generation);
+            }
+        }
     }
 
     /// The directory holding the files.

@@ -21,8 +21,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::index::{
-    tag_hash, ConsumeQueue, ConsumeQueueConfig, CqEntry, IndexError, KeyIndex, KeyIndexConfig,
-    TAG_HASH_NONE,
+    tag_hash, ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, IndexError, KeyIndex,
+    KeyIndexConfig, TAG_HASH_NONE,
 };
 use crate::io::ReadBuf;
 use crate::log::{CommitLog, LogConfig, LogError, RecoveryReport};
@@ -242,6 +242,9 @@ fn cq_tag_slot(topic: &str, props: crate::protocol::record::Properties<'_>) -> u
     }
     props.get(prop::TAGS).map(tag_hash).unwrap_or(TAG_HASH_NONE)
 }
+
+/// Prefix of a deleted topic's consume-queue directory while it is removed.
+const DELETED_PREFIX: &str = "deleted~";
 
 fn index_key(topic: &str, key: &str) -> String {
     format!("{topic}#{key}")
@@ -741,28 +744,84 @@ impl MessageStore {
 
     /// Forgets every queue of a topic: their consume queues are removed (the records stay
     /// in the commit log until retention deletes them). A topic created again starts at
-    /// queue offset 0.
-    pub fn delete_topic(&self, topic: &str) -> Result<(), StoreError> {
+    /// queue offset 0. The directory is renamed aside off the shard's thread (so a topic
+    /// created again at once gets a fresh one) and removed in the background.
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), StoreError> {
         validate_topic(topic)?;
         self.inner
             .queues
             .borrow_mut()
             .retain(|(t, _), _| t != topic);
-        let dir = self.inner.dir.join("consumequeue").join(topic);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
+        let root = self.inner.dir.join("consumequeue");
+        let dir = root.join(topic);
+        static DELETED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = DELETED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // '~' is not in the topic alphabet: never mistaken for a topic (start-up removes
+        // what a crash left of it).
+        let aside = root.join(format!("{DELETED_PREFIX}{}-{n}", crate::log::now_ms()));
+        let renamed = {
+            let (dir, aside) = (dir.clone(), aside.clone());
+            crate::io::blocking(move || std::fs::rename(&dir, &aside)).await
+        };
+        match renamed {
+            Ok(()) => {
+                crate::io::spawn(async move {
+                    let gone = crate::io::blocking(move || std::fs::remove_dir_all(&aside)).await;
+                    if let Err(e) = gone {
+                        eprintln!("ringmq: removing a deleted topic's indexes: {e}");
+                    }
+                });
+                Ok(())
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("remove", &dir, e)),
+            Err(e) => Err(io_err("rename", &dir, e)),
         }
     }
 
-    /// Flushes the indexes and advances the checkpoint to the log's durable end.
+    /// Flushes the indexes and advances the checkpoint to the log's durable end. The index
+    /// files written since the last checkpoint are fdatasynced off the shard's thread (an
+    /// fdatasync writes back what was written through their mappings).
     pub async fn checkpoint(&self) -> Result<u64, StoreError> {
         let durable = self.inner.log.durable_end();
-        for q in self.inner.queues.borrow_mut().values_mut() {
-            q.cq.flush()?;
+        // Every index entry of a record below `durable` is in a mapping by now (entries are
+        // put when records are appended).
+        let queues: Vec<((String, u32), Vec<DirtyFile>)> = self
+            .inner
+            .queues
+            .borrow()
+            .iter()
+            .map(|(k, q)| (k.clone(), q.cq.dirty_files()))
+            .filter(|(_, files)| !files.is_empty())
+            .collect();
+        let keys = self.inner.keys.borrow().dirty_files();
+        let paths: Vec<PathBuf> = queues
+            .iter()
+            .flat_map(|(_, files)| files.iter().map(|f| f.path.clone()))
+            .chain(keys.iter().map(|f| f.path.clone()))
+            .collect();
+        if !paths.is_empty() {
+            crate::io::blocking(move || -> std::io::Result<()> {
+                for path in paths {
+                    match std::fs::File::open(&path) {
+                        Ok(f) => f.sync_data()?,
+                        // Deleted meanwhile (retention, a deleted topic): nothing to keep.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            })
+            .await?;
         }
-        self.inner.keys.borrow_mut().flush()?;
+        {
+            let mut all = self.inner.queues.borrow_mut();
+            for (key, files) in &queues {
+                if let Some(q) = all.get_mut(key) {
+                    q.cq.files_synced(files);
+                }
+            }
+        }
+        self.inner.keys.borrow_mut().files_synced(&keys);
         let cp = Checkpoint {
             log_offset: durable,
             timestamp_ms: crate::log::now_ms(),
@@ -864,6 +923,11 @@ fn open_queues(
         let Some(name) = topic.file_name().to_str().map(str::to_owned) else {
             continue;
         };
+        if name.starts_with(DELETED_PREFIX) {
+            // A deleted topic's indexes a crash left before they were removed.
+            let _ = std::fs::remove_dir_all(topic.path());
+            continue;
+        }
         if validate_topic(&name).is_err() {
             continue;
         }
