@@ -238,3 +238,68 @@ fn a_failed_write_or_fdatasync_poisons_the_log_until_reopened() {
         });
     }
 }
+
+/// A write that finds the disk full is not an integrity event: the appends waiting for it
+/// fail with `DiskFull` (nothing of them is kept), new appends are refused until the space
+/// returns, then the log goes on from where it was readable, including across a segment
+/// roll, and a reopen finds exactly the acknowledged records.
+#[test]
+fn a_full_disk_cuts_the_unwritten_appends_and_the_log_goes_on_when_space_returns() {
+    for flush in [FlushMode::Sync, FlushMode::Async] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = config(64 * 1024, flush);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            let mut kept = append_all(&log, 7, 20, 100).await;
+            ringmq::io::inject_failure(ringmq::io::FailPoint::WriteNoSpace);
+            // Enough to roll into a new segment within the failed write.
+            let mut cut = Vec::new();
+            for n in 0..40 {
+                let m = message(7, 1000 + n, 4, 3000);
+                cut.push(log.append(&m.draft(), 100 + n).unwrap());
+            }
+            let end_before = log.readable_end();
+            for a in &cut {
+                let err = log.wait_acked_since(a.end(), a.epoch).await.unwrap_err();
+                assert!(matches!(err, LogError::DiskFull { .. }), "{flush:?}: {err}");
+            }
+            assert_eq!(
+                log.write_offset(),
+                end_before,
+                "cut back to the readable end"
+            );
+            assert!(log.full().is_some());
+            let m = message(7, 5000, 4, 100);
+            assert!(matches!(
+                log.append(&m.draft(), 0),
+                Err(LogError::DiskFull { .. })
+            ));
+            assert!(log.poisoned().is_none(), "a full disk does not poison");
+            log.space_returned();
+            // Same positions again: waits for the old appends still fail, new ones succeed.
+            let more = append_all(&log, 8, 60, 3000).await;
+            assert!(
+                more.last().unwrap().0 > 64 * 1024,
+                "the new appends roll into the next segment"
+            );
+            for a in &cut {
+                let err = log.wait_acked_since(a.end(), a.epoch).await.unwrap_err();
+                assert!(matches!(err, LogError::DiskFull { .. }));
+            }
+            kept.extend(more);
+            check_all(&log, &kept).await;
+            log.close().await.unwrap();
+            drop(log);
+            let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+            check_all(&log, &kept).await;
+            let (last_phys, last_bytes) = kept.last().unwrap();
+            assert_eq!(
+                report.end_offset,
+                last_phys + last_bytes.len() as u64,
+                "nothing else was kept"
+            );
+        });
+    }
+}

@@ -77,9 +77,25 @@ struct Cli {
     /// client's own limit too) [default: 5308767]
     #[arg(long)]
     frame_bytes_max: Option<u32>,
+    /// Most topics the broker holds, retry and dead-letter topics included; beyond it
+    /// creating one fails with LimitReached [default: 4096]
+    #[arg(long)]
+    topics_max: Option<usize>,
+    /// Most topics sends may create when --auto-create-topics is on [default: 1024]
+    #[arg(long)]
+    auto_create_topics_max: Option<usize>,
+    /// Most consumer groups each shard coordinates, and most groups whose committed offsets
+    /// each shard keeps; beyond it a new group gets LimitReached (`ringmq group delete`
+    /// frees one) [default: 4096]
+    #[arg(long)]
+    groups_max: Option<usize>,
     /// How often retention looks for old segments to delete, in ms [default: 60000]
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
+    /// Refuse sends with DiskFull (retriable) while the data directory's filesystem has less
+    /// free space than this many MiB; they are taken again once space is freed [default: 256]
+    #[arg(long, value_name = "MIB")]
+    disk_free_min_mb: Option<u64>,
     /// How long a delayed message waits for its target topic to exist again before it goes
     /// to the %UNDELIVERABLE% topic, in ms [default: 3600000]
     #[arg(long)]
@@ -152,6 +168,18 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     if let Some(v) = cli.frame_bytes_max {
         cfg.frame_bytes_max = v;
     }
+    if let Some(v) = cli.topics_max {
+        cfg.topics_max = v;
+    }
+    if let Some(v) = cli.auto_create_topics_max {
+        cfg.auto_create_topics_max = v;
+    }
+    if let Some(v) = cli.groups_max {
+        cfg.groups_max = v;
+    }
+    if let Some(v) = cli.disk_free_min_mb {
+        cfg.disk_free_min_mb = v;
+    }
     if let Some(v) = cli.retention_check_interval_ms {
         cfg.retention_check_interval_ms = v;
     }
@@ -164,6 +192,10 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
 fn block_stop_signals() -> libc::sigset_t {
     // Blocked before any shard thread starts, so that every thread inherits the mask and
     // the signals are taken by sigwait below.
+    // SAFETY: the signal-set functions only write the zero-initialised `sigset_t` we own
+    // (all-zero is a valid value to start from, and sigemptyset initialises it);
+    // pthread_sigmask reads it and changes only this thread's mask (the old mask is not
+    // asked for: null is allowed).
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -179,7 +211,7 @@ fn main() {
     let cfg = match load(&cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("ringmq-broker: {e}");
+            ringmq::say!("ringmq-broker: {e}");
             std::process::exit(2);
         }
     };
@@ -189,7 +221,7 @@ fn main() {
     let broker = match Broker::start(cfg) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("ringmq-broker: {e}");
+            ringmq::say!("ringmq-broker: {e}");
             std::process::exit(1);
         }
     };
@@ -205,16 +237,18 @@ fn main() {
     let stop = broker.stop_flag();
     std::thread::spawn(move || {
         let mut sig: libc::c_int = 0;
+        // SAFETY: sigwait reads the set (a valid, initialised `sigset_t` moved into this
+        // thread) and writes the signal number into `sig`, which we own.
         unsafe {
             libc::sigwait(&signals, &mut sig);
         }
-        eprintln!("ringmq-broker: signal {sig}: stopping");
+        ringmq::say!("ringmq-broker: signal {sig}: stopping");
         stop.store(true, Ordering::SeqCst);
     });
     match broker.wait() {
-        Ok(()) => eprintln!("ringmq-broker: stopped cleanly"),
+        Ok(()) => ringmq::say!("ringmq-broker: stopped cleanly"),
         Err(e) => {
-            eprintln!("ringmq-broker: {e}");
+            ringmq::say!("ringmq-broker: {e}");
             std::process::exit(1);
         }
     }

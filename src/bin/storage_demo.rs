@@ -144,7 +144,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 last = Some(r);
             }
             if let Some(r) = last {
-                store.acked(r.end()).await?;
+                store.acked(r.written()).await?;
             }
             let secs = started.elapsed().as_secs_f64();
             println!(
@@ -211,7 +211,10 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                             body: &body,
                         };
                         let r = store.append(&draft).map_err(|e| e.to_string())?;
-                        store.durable(r.end()).await.map_err(|e| e.to_string())?;
+                        store
+                            .durable(r.written())
+                            .await
+                            .map_err(|e| e.to_string())?;
                         let mut out = std::io::stdout().lock();
                         writeln!(
                             out,
@@ -270,14 +273,19 @@ async fn bench_append(
                 body: &body,
             };
             let pipelined = appenders == 1 && flush == FlushMode::Async;
-            let mut end = 0;
+            let (mut end, mut epoch) = (0, 0);
             for i in 0..per {
-                end = log.append(&draft, i).map_err(|e| e.to_string())?.end();
+                let a = log.append(&draft, i).map_err(|e| e.to_string())?;
+                (end, epoch) = (a.end(), a.epoch);
                 if !pipelined || i % 1024 == 1023 {
-                    log.wait_acked(end).await.map_err(|e| e.to_string())?;
+                    log.wait_acked_since(end, epoch)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
             }
-            log.wait_acked(end).await.map_err(|e| e.to_string())
+            log.wait_acked_since(end, epoch)
+                .await
+                .map_err(|e| e.to_string())
         }));
     }
     for t in tasks {

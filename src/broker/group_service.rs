@@ -11,14 +11,17 @@ use super::groups::{
 use super::topics::QUEUES_PER_TOPIC_MAX;
 use super::{err, store_error, LocalBoxFuture, MeshReply, MeshRequest, ShardCtx};
 use crate::protocol::{
-    encode_frame, Assignment, ConsumerProgress, ErrorBody, ErrorCode, Flags, GroupHeartbeat,
-    GroupMembers, GroupMembersInfo, LockBatch, Locked, MemberAssignment, Progress, QueryAssignment,
-    QueueProgress, RebalanceNotify, ResetOffset, Response, TopicAssignment, UnlockBatch,
-    Unregister, CONSUME_MODE_ORDERLY, MESSAGE_MODEL_BROADCASTING,
+    encode_frame, Assignment, ConsumerProgress, DeleteGroup, Empty, ErrorBody, ErrorCode, Flags,
+    GroupHeartbeat, GroupMembers, GroupMembersInfo, LockBatch, Locked, MemberAssignment, Progress,
+    QueryAssignment, QueueProgress, RebalanceNotify, ResetOffset, Response, TopicAssignment,
+    UnlockBatch, Unregister, CONSUME_MODE_ORDERLY, MESSAGE_MODEL_BROADCASTING,
 };
 
 /// Bits of a connection id that hold the shard: `shard << CONN_SHARD_SHIFT | counter`.
 pub const CONN_SHARD_SHIFT: u32 = 48;
+
+/// Most consumer groups whose members one connection carries.
+pub const GROUPS_PER_CONNECTION_MAX: usize = 64;
 
 pub fn now_ms() -> u64 {
     crate::log::now_ms().max(0) as u64
@@ -220,13 +223,21 @@ impl ShardCtx {
         }
     }
 
-    /// Records that `conn` carries members of `group` (to tell the coordinator when it closes).
-    pub(super) fn note_group_connection(&self, group: &str, conn: u64) {
-        self.conn_groups
-            .borrow_mut()
-            .entry(conn)
-            .or_default()
-            .insert(group.to_owned());
+    /// Records that `conn` carries members of `group` (to tell the coordinator when it
+    /// closes); at most [`GROUPS_PER_CONNECTION_MAX`] groups per connection.
+    pub(super) fn note_group_connection(&self, group: &str, conn: u64) -> Result<(), ErrorBody> {
+        let mut conns = self.conn_groups.borrow_mut();
+        let groups = conns.entry(conn).or_default();
+        if !groups.contains(group) && groups.len() >= GROUPS_PER_CONNECTION_MAX {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "a connection may carry members of at most {GROUPS_PER_CONNECTION_MAX} groups"
+                ),
+            ));
+        }
+        groups.insert(group.to_owned());
+        Ok(())
     }
 
     pub(super) fn group_heartbeat(
@@ -276,6 +287,17 @@ impl ShardCtx {
             }
             let changed = {
                 let mut groups = ctx.groups.borrow_mut();
+                if !groups.contains_key(&h.group) && groups.len() >= ctx.cfg.groups_max {
+                    return Err(err(
+                        ErrorCode::LimitReached,
+                        format!(
+                            "shard {} coordinates {} groups, its limit (--groups-max); group {} cannot join",
+                            ctx.id,
+                            groups.len(),
+                            h.group
+                        ),
+                    ));
+                }
                 let timeout = ctx.cfg.session_timeout_ms;
                 let (state, _) = groups.entry(h.group.clone()).or_insert_with(|| {
                     (
@@ -465,6 +487,7 @@ impl ShardCtx {
         topic: &str,
         timestamp_ms: i64,
     ) -> Result<(), ErrorBody> {
+        self.offsets_admit(group)?;
         for (q, _, _) in self.local_ranges(topic) {
             let offset = self
                 .store
@@ -534,6 +557,50 @@ impl ShardCtx {
             }
             Ok(Response::Empty(crate::protocol::Empty {}))
         })
+    }
+
+    /// `DeleteGroup`, on the group's coordinator: refused while members are live, then
+    /// every shard forgets the group's offsets and locks.
+    pub(super) async fn delete_group(self: Rc<Self>, m: DeleteGroup) -> Result<Empty, ErrorBody> {
+        let live = self
+            .groups
+            .borrow()
+            .get(&m.group)
+            .map_or(0, |(s, _)| s.len());
+        if live > 0 {
+            return Err(err(
+                ErrorCode::Conflict,
+                format!(
+                    "group {} has {live} live member{}; stop them first",
+                    m.group,
+                    if live == 1 { "" } else { "s" }
+                ),
+            ));
+        }
+        self.groups.borrow_mut().remove(&m.group);
+        for to in 0..self.shard_count {
+            if to == self.id {
+                self.forget_group(&m.group).await?;
+            } else {
+                let req = MeshRequest::ForgetGroup {
+                    group: m.group.clone(),
+                };
+                self.call(to, req).await?;
+            }
+        }
+        Ok(Empty {})
+    }
+
+    /// This shard's part of a group delete: offsets (written durably) and locks.
+    pub(super) async fn forget_group(&self, group: &str) -> Result<(), ErrorBody> {
+        self.locks.borrow_mut().forget_group(group);
+        if !self.offsets.borrow().has_group(group) {
+            return Ok(());
+        }
+        self.offsets.borrow_mut().forget_group(group);
+        self.sync_offsets()
+            .await
+            .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))
     }
 
     pub(super) async fn offsets_were_reset(self: &Rc<Self>, group: &str) {

@@ -33,7 +33,11 @@ pub enum MeshRequest {
     /// Shard 0 tells the others of a topic change (None: deleted).
     TopicChanged { topic: String, queues: Option<u32> },
     /// Ask shard 0 to create a topic if it does not exist (auto-create).
-    EnsureTopic { topic: String, queues: u32 },
+    EnsureTopic {
+        topic: String,
+        queues: u32,
+        origin: super::topics::NewTopic,
+    },
     /// (queue, min, max) of the topic's queues this shard owns.
     QueueRanges { topic: String },
     /// Records with this key on this shard.
@@ -64,6 +68,8 @@ pub enum MeshRequest {
         topic: String,
         timestamp_ms: i64,
     },
+    /// Forget the group's offsets and locks on this shard.
+    ForgetGroup { group: String },
     /// (to a coordinator) the group's offsets were reset: members must re-read them.
     OffsetsReset { group: String },
     /// The group's progress on this shard's queues of the topic.
@@ -127,7 +133,7 @@ impl ShardCtx {
         crate::io::spawn(async move {
             while let Some(msg) = rx.recv().await {
                 if let Err(e) = ctx.peers.send(to, msg).await {
-                    eprintln!("ringmq: shard {}: to shard {to}: {e}", ctx.id);
+                    crate::say!("ringmq: shard {}: to shard {to}: {e}", ctx.id);
                 }
             }
         });
@@ -222,14 +228,16 @@ impl ShardCtx {
                 self.apply_topic_change(&topic, queues).await;
                 MeshReply::Ack
             }
-            MeshRequest::EnsureTopic { topic, queues } => {
-                match self.set_topic(&topic, Some(queues), true).await {
-                    Ok(_) => MeshReply::Ack,
-                    Err(e) => {
-                        MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
-                    }
+            MeshRequest::EnsureTopic {
+                topic,
+                queues,
+                origin,
+            } => match self.set_topic(&topic, Some(queues), true, origin).await {
+                Ok(_) => MeshReply::Ack,
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }
-            }
+            },
             MeshRequest::QueueRanges { topic } => MeshReply::Ranges(self.local_ranges(&topic)),
             MeshRequest::Push { conn, frame } => {
                 if let Some(push) = self.conns.borrow().get(&conn) {
@@ -257,6 +265,12 @@ impl ShardCtx {
                 topic,
                 timestamp_ms,
             } => match self.local_reset(&group, &topic, timestamp_ms).await {
+                Ok(()) => MeshReply::Ack,
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
+            MeshRequest::ForgetGroup { group } => match self.forget_group(&group).await {
                 Ok(()) => MeshReply::Ack,
                 Err(e) => {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)

@@ -81,6 +81,12 @@ pub struct ServiceConfig {
     pub schedule_park_max_ms: u64,
     /// How often retention runs (the schedule moves held messages forward as often).
     pub retention_check_interval_ms: u64,
+    /// Most topics the broker holds.
+    pub topics_max: usize,
+    /// Most topics sends may create (auto-create).
+    pub auto_create_topics_max: usize,
+    /// Most groups coordinated, and most groups with offsets kept, per shard.
+    pub groups_max: usize,
 }
 
 /// Everything one shard owns.
@@ -142,6 +148,10 @@ pub(crate) fn store_error(e: StoreError) -> ErrorBody {
         StoreError::InvalidTopic(_) => err(ErrorCode::InvalidTopic, e.to_string()),
         StoreError::OffsetTooSmall { .. } => err(ErrorCode::OffsetTooSmall, e.to_string()),
         StoreError::OffsetTooBig { .. } => err(ErrorCode::OffsetTooBig, e.to_string()),
+        StoreError::Log(LogError::DiskFull { .. })
+        | StoreError::Index(crate::index::IndexError::DiskFull { .. }) => {
+            err(ErrorCode::DiskFull, e.to_string())
+        }
         StoreError::Log(LogError::Poisoned { .. }) => {
             err(ErrorCode::StoreUnavailable, e.to_string())
         }
@@ -333,7 +343,7 @@ impl ShardCtx {
         crate::io::spawn(async move {
             while ctx.offsets.borrow().needs_write() {
                 if let Err(e) = ctx.flush_offsets(false).await {
-                    eprintln!("ringmq: shard {}: writing offsets: {e}", ctx.id);
+                    crate::say!("ringmq: shard {}: writing offsets: {e}", ctx.id);
                     crate::io::sleep(std::time::Duration::from_millis(100)).await;
                 }
             }
@@ -415,7 +425,9 @@ impl ShardCtx {
         if let Request::GroupHeartbeat(h) = &req {
             // Only the shard that carries the connection hears of its close.
             if conn >> CONN_SHARD_SHIFT == self.id as u64 {
-                self.note_group_connection(&h.group, conn);
+                if let Err(e) = self.note_group_connection(&h.group, conn) {
+                    return refuse(e);
+                }
             }
         }
         if let Some(to) = req.route().shard(self.shard_count) {
@@ -717,6 +729,10 @@ impl Handlers for Req<'_> {
 
     fn consumer_progress(&self, m: ConsumerProgress) -> Handled {
         self.later(self.ctx.consumer_progress(m))
+    }
+
+    fn delete_group(&self, m: DeleteGroup) -> Handled {
+        self.later(self.ctx.clone().delete_group(m))
     }
 
     fn lock_batch(&self, m: LockBatch) -> Handled {

@@ -24,6 +24,8 @@ pub struct OffsetStore {
     /// The file records are appended to (replaced when the file is rewritten).
     file: Arc<std::fs::File>,
     offsets: HashMap<Key, u64>,
+    /// Offsets kept per group (bounded by `--groups-max`).
+    groups: HashMap<String, usize>,
     /// Records encoded but not yet written.
     pending: Vec<u8>,
     /// Bytes in the file, written or pending.
@@ -89,6 +91,14 @@ fn encode(group: &str, topic: &str, queue_id: u32, offset: u64, out: &mut Vec<u8
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn count_groups(offsets: &HashMap<Key, u64>) -> HashMap<String, usize> {
+    let mut groups: HashMap<String, usize> = HashMap::new();
+    for (g, _, _) in offsets.keys() {
+        *groups.entry(g.clone()).or_default() += 1;
+    }
+    groups
 }
 
 /// Decodes records until the first incomplete or bad one (a torn tail after a crash).
@@ -157,6 +167,7 @@ impl OffsetStore {
                     .open(&path)?,
             ),
             path,
+            groups: count_groups(&offsets),
             offsets,
             pending: Vec::new(),
             file_bytes: 0,
@@ -171,6 +182,16 @@ impl OffsetStore {
         }
         store.synced(store.written_gen);
         Ok(store)
+    }
+
+    /// Groups with at least one offset kept.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Whether offsets of `group` are kept.
+    pub fn has_group(&self, group: &str) -> bool {
+        self.groups.contains_key(group)
     }
 
     pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
@@ -193,8 +214,13 @@ impl OffsetStore {
         let before = self.pending.len();
         encode(group, topic, queue_id, offset, &mut self.pending);
         self.file_bytes += (self.pending.len() - before) as u64;
-        self.offsets
-            .insert((group.to_owned(), topic.to_owned(), queue_id), offset);
+        if self
+            .offsets
+            .insert((group.to_owned(), topic.to_owned(), queue_id), offset)
+            .is_none()
+        {
+            *self.groups.entry(group.to_owned()).or_default() += 1;
+        }
         if self.file_bytes > OFFSETS_FILE_BYTES_MAX {
             self.rewrite = true;
         }
@@ -205,6 +231,16 @@ impl OffsetStore {
     /// Forgets every offset of a deleted topic (the file is rewritten without them).
     pub fn forget_topic(&mut self, topic: &str) -> u64 {
         self.offsets.retain(|(_, t, _), _| t != topic);
+        self.groups = count_groups(&self.offsets);
+        self.rewrite = true;
+        self.changed_gen += 1;
+        self.changed_gen
+    }
+
+    /// Forgets every offset of a deleted group (the file is rewritten without them).
+    pub fn forget_group(&mut self, group: &str) -> u64 {
+        self.offsets.retain(|(g, _, _), _| g != group);
+        self.groups.remove(group);
         self.rewrite = true;
         self.changed_gen += 1;
         self.changed_gen
@@ -295,6 +331,29 @@ impl OffsetStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_are_counted_and_a_forgotten_group_stays_gone_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g1", "t", 0, 1);
+        s.commit("g1", "t", 1, 1);
+        s.commit("g2", "t", 0, 1);
+        s.commit("g2", "u", 0, 1);
+        assert_eq!(s.group_count(), 2);
+        s.forget_topic("u");
+        assert_eq!(s.group_count(), 2, "g2 still has t:0");
+        s.forget_group("g1");
+        assert_eq!(s.group_count(), 1);
+        assert!(!s.has_group("g1") && s.has_group("g2"));
+        let (io, covered) = s.take_io().unwrap();
+        s.written(covered, io.run().unwrap());
+        drop(s);
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.group_count(), 1);
+        assert_eq!(s.get("g1", "t", 0), None);
+        assert_eq!(s.get("g2", "t", 0), Some(1));
+    }
 
     #[test]
     fn commits_survive_reopen_and_torn_tails() {

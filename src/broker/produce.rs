@@ -317,9 +317,9 @@ impl ShardCtx {
             );
         };
         let acked = if wait_durable {
-            self.store.durable(last.end()).await
+            self.store.durable(last.written()).await
         } else {
-            self.store.acked(last.end()).await
+            self.store.acked(last.written()).await
         };
         if let Err(e) = acked {
             return error_frame(request_id, &store_error(e));

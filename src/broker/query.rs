@@ -35,6 +35,7 @@ impl ShardCtx {
                 ),
             ));
         }
+        self.offsets_admit(&m.group)?;
         let (_, generation) = self
             .offsets
             .borrow_mut()
@@ -53,6 +54,22 @@ impl ShardCtx {
             self.write_offsets_behind();
         }
         Ok(Empty {})
+    }
+
+    /// Offsets of a group new to this shard are kept only below `--groups-max` groups.
+    pub(super) fn offsets_admit(&self, group: &str) -> Result<(), ErrorBody> {
+        let offsets = self.offsets.borrow();
+        if offsets.has_group(group) || offsets.group_count() < self.cfg.groups_max {
+            return Ok(());
+        }
+        Err(err(
+            ErrorCode::LimitReached,
+            format!(
+                "shard {} keeps offsets of {} groups, its limit (--groups-max); `ringmq group delete` forgets one",
+                self.id,
+                offsets.group_count()
+            ),
+        ))
     }
 
     /// `QueryOffset`: [`ErrorCode::OffsetNotFound`] when the group never committed one.

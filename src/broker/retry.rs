@@ -14,6 +14,7 @@ use std::rc::Rc;
 
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::{rebuild_properties, OwnedDraft};
+use super::topics::NewTopic;
 use super::{err, store_error, ShardCtx};
 use crate::protocol::names::{dlq_topic, retry_topic};
 use crate::protocol::record::{prop, RecordView};
@@ -37,7 +38,7 @@ impl ShardCtx {
             return Ok(());
         }
         if self.id == 0 {
-            self.set_topic(topic, Some(SYSTEM_TOPIC_QUEUES), true)
+            self.set_topic(topic, Some(SYSTEM_TOPIC_QUEUES), true, NewTopic::System)
                 .await?;
         } else {
             self.call(
@@ -45,6 +46,7 @@ impl ShardCtx {
                 MeshRequest::EnsureTopic {
                     topic: topic.to_owned(),
                     queues: SYSTEM_TOPIC_QUEUES,
+                    origin: NewTopic::System,
                 },
             )
             .await?;
@@ -82,9 +84,9 @@ impl ShardCtx {
         self.known_queue(&draft.topic, draft.queue_id)?;
         let put = self.put_draft(&draft.draft())?;
         let written = if durable {
-            self.store.durable(put.end()).await
+            self.store.durable(put.written()).await
         } else {
-            self.store.acked(put.end()).await
+            self.store.acked(put.written()).await
         };
         written.map_err(store_error)?;
         self.wake_pollers(&draft.topic, draft.queue_id);

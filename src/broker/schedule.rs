@@ -184,7 +184,7 @@ impl Schedule {
         let snapshot = match snapshot {
             Ok(s) => s,
             Err(e) => {
-                eprintln!(
+                crate::say!(
                     "ringmq: {}: {e}; rebuilding the schedule from the log",
                     store.dir().display()
                 );
@@ -199,7 +199,7 @@ impl Schedule {
         let snapshot = snapshot.filter(|s| {
             let fits = s.schedule_end <= end && s.done_end <= done_end;
             if !fits {
-                eprintln!(
+                crate::say!(
                     "ringmq: {}: the schedule snapshot is ahead of the log (it lost its tail); rebuilding the schedule from the log",
                     store.dir().display()
                 );
@@ -231,7 +231,7 @@ impl Schedule {
             let buf = match store.read_at(SCHEDULE_DONE_TOPIC, 0, off).await {
                 Ok(buf) => buf,
                 Err(e) => {
-                    eprintln!(
+                    crate::say!(
                         "ringmq: {}: schedule done record {off} cannot be read ({e}); its messages are delivered again",
                         store.dir().display()
                     );
@@ -260,7 +260,7 @@ impl Schedule {
         // The first snapshot of this run is written soon, whatever happens next.
         schedule.changed = true;
         if from > min || done_from > done_min || done > 0 || !schedule.wheel.is_empty() {
-            eprintln!(
+            crate::say!(
                 "ringmq: {}: schedule recovered in {} ms: {} messages waiting ({} entries and {} done records read past the snapshot)",
                 store.dir().display(),
                 started.elapsed().as_millis(),
@@ -456,7 +456,7 @@ impl ShardCtx {
             }
             Err(e) => {
                 self.schedule.borrow_mut().changed = true;
-                eprintln!(
+                crate::say!(
                     "ringmq: shard {}: writing the schedule snapshot: {e}",
                     self.id
                 );

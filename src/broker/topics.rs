@@ -3,7 +3,7 @@
 //! atomically) and tells every other shard of each change before answering. Auto-creation,
 //! queue checks and the admin requests (create, update, delete, list, describe) live here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -20,6 +20,20 @@ pub const QUEUES_PER_TOPIC_MAX: u32 = 1024;
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopicTable {
     topics: BTreeMap<String, u32>,
+    /// Topics a send created (auto-create), counted against `--auto-create-topics-max`.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    auto: BTreeSet<String>,
+}
+
+/// Who creates a topic: limits differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NewTopic {
+    /// An admin request.
+    Admin,
+    /// A send to a topic that does not exist (auto-create).
+    Auto,
+    /// The broker, for a group's retry or dead-letter topic.
+    System,
 }
 
 impl TopicTable {
@@ -88,8 +102,28 @@ impl TopicTable {
             }
             None => {
                 self.topics.remove(topic);
+                self.auto.remove(topic);
             }
         }
+    }
+
+    /// Marks a topic as created by auto-create.
+    pub fn mark_auto(&mut self, topic: &str) {
+        self.auto.insert(topic.to_owned());
+    }
+
+    /// Topics in the table.
+    pub fn len(&self) -> usize {
+        self.topics.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.topics.is_empty()
+    }
+
+    /// Topics that auto-create made.
+    pub fn auto_created(&self) -> usize {
+        self.auto.len()
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -103,11 +137,11 @@ impl ShardCtx {
         self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
             if let Err(e) = self.store.delete_topic(topic).await {
-                eprintln!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
+                crate::say!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
             }
             self.offsets.borrow_mut().forget_topic(topic);
             if let Err(e) = self.sync_offsets().await {
-                eprintln!(
+                crate::say!(
                     "ringmq: shard {}: forgetting offsets of {topic}: {e}",
                     self.id
                 );
@@ -121,13 +155,13 @@ impl ShardCtx {
                 Err(e) => Err(e),
             };
             if let Err(e) = synced {
-                eprintln!(
+                crate::say!(
                     "ringmq: shard {}: syncing the log after deleting {topic}: {e}",
                     self.id
                 );
             }
             if let Err(e) = self.store.checkpoint().await {
-                eprintln!(
+                crate::say!(
                     "ringmq: shard {}: checkpoint after deleting {topic}: {e}",
                     self.id
                 );
@@ -155,6 +189,7 @@ impl ShardCtx {
         topic: &str,
         queues: Option<u32>,
         if_absent: bool,
+        origin: NewTopic,
     ) -> Result<bool, ErrorBody> {
         debug_assert_eq!(self.id, 0);
         // One change at a time: each copies the table, saves it and tells every shard, and
@@ -193,12 +228,38 @@ impl ShardCtx {
             _ => {}
         }
         let mut table = self.topics.borrow().clone();
+        if current.is_none() {
+            // Bounded: every topic holds queues, files and maps on every shard.
+            if table.len() >= self.cfg.topics_max {
+                return Err(err(
+                    ErrorCode::LimitReached,
+                    format!(
+                        "the broker holds {} topics, its limit (--topics-max); delete some or raise it",
+                        table.len()
+                    ),
+                ));
+            }
+            if origin == NewTopic::Auto {
+                if table.auto_created() >= self.cfg.auto_create_topics_max {
+                    return Err(err(
+                        ErrorCode::LimitReached,
+                        format!(
+                            "sends created {} topics, the limit (--auto-create-topics-max); create topic {} explicitly",
+                            table.auto_created(),
+                            crate::protocol::names::shown(topic)
+                        ),
+                    ));
+                }
+                table.mark_auto(topic);
+            }
+        }
         table.set(topic, queues);
         let dir = self.cfg.data_dir.clone();
         let saved = table.clone();
         crate::io::blocking(move || saved.save(&dir))
             .await
             .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")))?;
+        *self.topics.borrow_mut() = table;
         self.apply_topic_change(topic, queues).await;
         for to in 1..self.shard_count {
             self.call(
@@ -227,13 +288,15 @@ impl ShardCtx {
         validate_topic(topic).map_err(store_error)?;
         let queues = self.cfg.default_queues;
         if self.id == 0 {
-            self.set_topic(topic, Some(queues), true).await?;
+            self.set_topic(topic, Some(queues), true, NewTopic::Auto)
+                .await?;
         } else {
             self.call(
                 0,
                 MeshRequest::EnsureTopic {
                     topic: topic.to_owned(),
                     queues,
+                    origin: NewTopic::Auto,
                 },
             )
             .await?;
@@ -267,7 +330,10 @@ impl ShardCtx {
 
     /// `CreateTopic`: an existing topic is an error.
     pub(super) async fn create_topic(self: Rc<Self>, m: CreateTopic) -> Result<Empty, ErrorBody> {
-        if !self.set_topic(&m.topic, Some(m.queue_count), true).await? {
+        if !self
+            .set_topic(&m.topic, Some(m.queue_count), true, NewTopic::Admin)
+            .await?
+        {
             return Err(err(
                 ErrorCode::TopicExists,
                 format!("topic {} exists", m.topic),
@@ -284,12 +350,14 @@ impl ShardCtx {
                 format!("topic {} does not exist", m.topic),
             ));
         }
-        self.set_topic(&m.topic, Some(m.queue_count), false).await?;
+        self.set_topic(&m.topic, Some(m.queue_count), false, NewTopic::Admin)
+            .await?;
         Ok(Empty {})
     }
 
     pub(super) async fn delete_topic(self: Rc<Self>, m: DeleteTopic) -> Result<Empty, ErrorBody> {
-        self.set_topic(&m.topic, None, false).await?;
+        self.set_topic(&m.topic, None, false, NewTopic::Admin)
+            .await?;
         Ok(Empty {})
     }
 

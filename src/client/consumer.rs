@@ -642,7 +642,7 @@ impl Shared {
     /// Consumers are libraries without a logger: what must not go unnoticed (a message
     /// given up, a failing pull) goes to stderr, once per change of state, not per retry.
     fn log(&self, what: std::fmt::Arguments<'_>) {
-        eprintln!(
+        crate::say!(
             "ringmq consumer {} ({}): {what}",
             self.group,
             self.client.config().client_id

@@ -11,9 +11,9 @@
 //! the one that stays.
 
 use crate::protocol::{
-    Assignment, ConsumerProgress, ConsumerSendBack, GroupHeartbeat, GroupMembers, GroupMembersInfo,
-    Kind, LockBatch, MessageId, QueryAssignment, ResetOffset, Response, ScheduleStats,
-    SendBackResult, ShardScheduleInfo, SubscriptionData, UnlockBatch, Unregister,
+    Assignment, ConsumerProgress, ConsumerSendBack, DeleteGroup, GroupHeartbeat, GroupMembers,
+    GroupMembersInfo, Kind, LockBatch, MessageId, QueryAssignment, ResetOffset, Response,
+    ScheduleStats, SendBackResult, ShardScheduleInfo, SubscriptionData, UnlockBatch, Unregister,
     CONSUME_MODE_CONCURRENT, CONSUME_MODE_ORDERLY, MESSAGE_MODEL_BROADCASTING,
     MESSAGE_MODEL_CLUSTERING,
 };
@@ -218,6 +218,17 @@ impl Client {
             group: group.to_owned(),
             topic: topic.to_owned(),
             timestamp_ms,
+        };
+        expect_empty(&self.call(Route::Bootstrap, &request).await?)
+    }
+
+    /// Forgets `group`: its committed offsets on every shard (consumers of that name start
+    /// afresh) and its queue locks. Refused with `Conflict` while the group has live
+    /// members.
+    pub async fn delete_group(&self, group: &str) -> Result<()> {
+        check_group(group)?;
+        let request = DeleteGroup {
+            group: group.to_owned(),
         };
         expect_empty(&self.call(Route::Bootstrap, &request).await?)
     }

@@ -23,7 +23,7 @@ use memmap2::MmapMut;
 
 use super::{
     create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
-    read_u32, read_u64, remove_file, write_u32, write_u64, IndexError,
+    read_u32, read_u64, remove_file, write_u32, write_u64, Backing, IndexError,
 };
 
 /// Bytes of one consume-queue entry on disk.
@@ -103,10 +103,14 @@ struct Segment {
     base: u64,
     path: PathBuf,
     mmap: MmapMut,
+    backing: Backing,
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
 }
+
+/// Bytes of a consume-queue file allocated at a time ahead of its appends (3,276 entries).
+const CQ_ALLOC_STEP: u64 = 64 << 10;
 
 /// The consume queue of one (topic, queue). See the module doc for the format.
 pub struct ConsumeQueue {
@@ -117,6 +121,10 @@ pub struct ConsumeQueue {
     segments: VecDeque<Segment>,
     min_offset: u64,
     max_offset: u64,
+    /// The physical offset of the entry at `min_offset` once known: retention skips a
+    /// queue whose oldest entry is still kept without reading its files (a shard may hold
+    /// tens of thousands of queues; a read is a page fault each).
+    first_physical: Option<u64>,
 }
 
 impl ConsumeQueue {
@@ -191,6 +199,7 @@ impl ConsumeQueue {
                 base,
                 path,
                 mmap,
+                backing: Backing::new(file, file_bytes),
                 dirty_gen: 0,
                 synced_gen: 0,
             });
@@ -202,6 +211,7 @@ impl ConsumeQueue {
             min_offset: segments.front().map_or(0, |s| s.base),
             max_offset: 0,
             segments,
+            first_physical: None,
         };
         queue.max_offset = queue.scan_max_offset();
         // Files wholly beyond the end hold nothing (a crash right after rolling to a new
@@ -302,8 +312,11 @@ impl ConsumeQueue {
                      {previous:?}"
                 );
             }
-            self.ensure_segment_for_append()?;
+            self.reserve_next()?;
             self.max_offset += 1;
+        }
+        if queue_offset == self.min_offset {
+            self.first_physical = Some(entry.physical_offset);
         }
         let entries_per_file = self.entries_per_file;
         let segment = self.segment_mut(queue_offset);
@@ -313,6 +326,19 @@ impl ConsumeQueue {
         debug_assert!(queue_offset - segment.base < entries_per_file);
         debug_assert_eq!(self.get(queue_offset), Some(entry));
         Ok(())
+    }
+
+    /// Makes room for the entry at `max_offset` (the next append): its file exists and its
+    /// bytes are allocated on disk. A full disk fails here, before the record is written
+    /// anywhere, with [`IndexError::DiskFull`].
+    pub fn reserve_next(&mut self) -> Result<(), IndexError> {
+        self.ensure_segment_for_append()?;
+        let max = self.max_offset;
+        let Some(segment) = self.segments.back_mut() else {
+            return Ok(());
+        };
+        let end = entry_at(max - segment.base) as u64 + CQ_ENTRY_BYTES;
+        segment.backing.ensure(end, CQ_ALLOC_STEP, &segment.path)
     }
 
     /// Drops every entry whose record does not end within `log_end`, the recovered end of the
@@ -352,6 +378,9 @@ impl ConsumeQueue {
         }
         self.max_offset = queue_offset;
         self.min_offset = self.min_offset.min(queue_offset);
+        if self.min_offset == self.max_offset {
+            self.first_physical = None;
+        }
         Ok(())
     }
 
@@ -360,10 +389,27 @@ impl ConsumeQueue {
     /// Never removes the last file, so a reopen still finds `max_offset`. Returns the new
     /// `min_offset`.
     pub fn delete_before_physical(&mut self, log_min: u64) -> Result<u64, IndexError> {
+        let mut doomed = Vec::new();
+        let new_min = self.trim_before_physical(log_min, &mut doomed);
+        for path in doomed {
+            remove_file(&path)?;
+        }
+        Ok(new_min)
+    }
+
+    /// [`delete_before_physical`](Self::delete_before_physical) without the file removals:
+    /// the files no longer needed are unmapped and their paths added to `doomed`, for the
+    /// caller to remove elsewhere (off a shard's thread). A queue whose oldest entry is
+    /// known to be kept costs nothing.
+    pub fn trim_before_physical(&mut self, log_min: u64, doomed: &mut Vec<PathBuf>) -> u64 {
+        if self.min_offset >= self.max_offset || self.first_physical.is_some_and(|p| p >= log_min) {
+            return self.min_offset;
+        }
         let new_min = self.partition_point(self.min_offset, self.max_offset, |e| {
             e.physical_offset < log_min
         });
         self.min_offset = new_min;
+        self.first_physical = self.get(new_min).map(|e| e.physical_offset);
         while self.segments.len() > 1
             && self
                 .segments
@@ -373,10 +419,10 @@ impl ConsumeQueue {
             if let Some(segment) = self.segments.pop_front() {
                 let Segment { path, mmap, .. } = segment;
                 drop(mmap);
-                remove_file(&path)?;
+                doomed.push(path);
             }
         }
-        Ok(new_min)
+        new_min
     }
 
     /// msyncs every file written since the last flush (on the calling thread: for a
@@ -474,11 +520,12 @@ impl ConsumeQueue {
             Some(_) => return Ok(()),
         };
         let path = self.dir.join(numbered_file_name(base));
-        let mmap = create_mapped(&path, self.entries_per_file * CQ_ENTRY_BYTES)?;
+        let (backing, mmap) = create_mapped(&path, self.entries_per_file * CQ_ENTRY_BYTES)?;
         self.segments.push_back(Segment {
             base,
             path,
             mmap,
+            backing,
             dirty_gen: 1,
             synced_gen: 0,
         });

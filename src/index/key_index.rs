@@ -35,7 +35,8 @@ use super::consume_queue::DirtyFile;
 use super::tag::fnv1a64;
 use super::{
     create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
-    read_i64, read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, IndexError,
+    read_i64, read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, Backing,
+    IndexError,
 };
 
 const KI_MAGIC: u32 = u32::from_le_bytes(*b"RMKI");
@@ -71,6 +72,9 @@ pub struct KeyIndexConfig {
     /// indexes are 1-based `u32`.
     pub entries_per_file: u32,
 }
+
+/// Bytes of entries allocated at a time ahead of the appends (43,690 entries).
+const KI_ALLOC_STEP: u64 = 1 << 20;
 
 impl Default for KeyIndexConfig {
     fn default() -> Self {
@@ -121,6 +125,7 @@ struct IndexFile {
     seq: u64,
     path: PathBuf,
     mmap: MmapMut,
+    backing: Backing,
     /// Copied from the header, which open validated against the file size.
     slot_count: u32,
     entries_max: u32,
@@ -134,18 +139,38 @@ impl IndexFile {
         let path = dir.join(numbered_file_name(seq));
         let len_bytes = file_bytes(cfg.slots_per_file, cfg.entries_per_file)
             .expect("open checked that a file of this configuration fits in memory");
-        let mmap = create_mapped(&path, len_bytes as u64)?;
+        let (backing, mmap) = create_mapped(&path, len_bytes as u64)?;
         let mut file = IndexFile {
             seq,
             path,
             mmap,
+            backing,
             slot_count: cfg.slots_per_file,
             entries_max: cfg.entries_per_file,
             dirty_gen: 1,
             synced_gen: 0,
         };
+        if let Err(e) = file.allocate_slots() {
+            // Nothing was written to it: do not leave a file the next start takes for one.
+            let IndexFile { path, mmap, .. } = file;
+            drop(mmap);
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         file.init_header();
         Ok(file)
+    }
+
+    /// Allocates the header and the slots on disk (slots are written anywhere, at random).
+    fn allocate_slots(&mut self) -> Result<(), IndexError> {
+        let end = self.entry_at(1) as u64;
+        self.backing.ensure_prefix(end, &self.path)
+    }
+
+    /// Makes sure `n` more entries fit in this file's allocated space.
+    fn reserve(&mut self, n: u32) -> Result<(), IndexError> {
+        let end = (self.entry_at(self.entry_count() + n) + KI_ENTRY_BYTES) as u64;
+        self.backing.ensure(end, KI_ALLOC_STEP, &self.path)
     }
 
     fn init_header(&mut self) {
@@ -172,9 +197,9 @@ impl IndexFile {
             path: path.to_path_buf(),
             reason,
         };
-        let (file, len_bytes) = open_existing(&path)?;
+        let (std_file, len_bytes) = open_existing(&path)?;
         if len_bytes == 0 && is_last {
-            drop(file);
+            drop(std_file);
             return Self::create(dir, seq, cfg);
         }
         if len_bytes < KI_HEADER_BYTES as u64 {
@@ -183,7 +208,7 @@ impl IndexFile {
                 format!("{len_bytes} bytes, shorter than the header"),
             ));
         }
-        let mmap = map_file(&file, &path)?;
+        let mmap = map_file(&std_file, &path)?;
         let header = &mmap[..KI_HEADER_BYTES];
         if is_last && header.iter().all(|&b| b == 0) {
             drop(mmap);
@@ -226,6 +251,7 @@ impl IndexFile {
             seq,
             path,
             mmap,
+            backing: Backing::new(std_file, len_bytes),
             slot_count,
             entries_max,
             dirty_gen: 0,
@@ -318,6 +344,33 @@ impl IndexFile {
             index = prev;
         }
         index
+    }
+
+    /// Forgets the entries from the 1-based `index` on (they point past a cut of the log):
+    /// the count goes back and every slot heading a forgotten entry heads its older live
+    /// entry again, so later entries at those positions do not join other keys' chains.
+    fn forget_from(&mut self, index: u32) {
+        let keep = index.saturating_sub(1);
+        if keep >= self.entry_count() {
+            return;
+        }
+        write_u32(&mut self.mmap[..KI_HEADER_BYTES], ENTRY_COUNT_AT, keep);
+        if keep > 0 {
+            let last = self.entry(keep);
+            write_u64(
+                &mut self.mmap[..KI_HEADER_BYTES],
+                END_PHYS_AT,
+                last.physical_offset,
+            );
+        }
+        for slot in 0..self.slot_count as usize {
+            let at = KI_HEADER_BYTES + slot * KI_SLOT_BYTES;
+            if read_u32(&self.mmap, at) > keep {
+                let head = self.live_head(at);
+                write_u32(&mut self.mmap, at, head);
+            }
+        }
+        self.dirty_gen += 1;
     }
 
     /// Appends an entry; the file must not be full.
@@ -447,6 +500,45 @@ impl KeyIndex {
         })
     }
 
+    /// Makes room for `n` more entries: a file with space for them, allocated on disk. A
+    /// full disk fails here, before the record is written anywhere.
+    pub fn reserve(&mut self, n: u32) -> Result<(), IndexError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let next_seq = self.files.back().map_or(0, |last| last.seq + 1);
+        match self.files.back_mut() {
+            Some(last) if last.entry_count() + n <= last.entries_max => {
+                if last.backing.allocated_to() == 0 {
+                    last.allocate_slots()?;
+                }
+                last.reserve(n)
+            }
+            _ => {
+                let mut file = IndexFile::create(&self.dir, next_seq, self.cfg)?;
+                file.reserve(n)?;
+                self.files.push_back(file);
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets every entry pointing at or past `log_offset` (the log was cut there).
+    pub fn forget_from_physical(&mut self, log_offset: u64) {
+        for file in self.files.iter_mut().rev() {
+            let count = file.entry_count();
+            // Entries of a file follow the log: find the first at or past the cut.
+            let mut first = count + 1;
+            while first > 1 && file.entry(first - 1).physical_offset >= log_offset {
+                first -= 1;
+            }
+            file.forget_from(first);
+            if first > 1 {
+                break;
+            }
+        }
+    }
+
     /// Indexes `key` -> `physical_offset`, rolling to a new file when the last one is full.
     pub fn put(
         &mut self,
@@ -455,6 +547,7 @@ impl KeyIndex {
         store_timestamp_ms: i64,
     ) -> Result<(), IndexError> {
         let hash = KeyHash::of(key);
+        self.reserve(1)?;
         let next_seq = self.files.back().map_or(0, |last| last.seq + 1);
         match self.files.back_mut() {
             Some(last) if !last.is_full() => last.put(&hash, physical_offset, store_timestamp_ms),

@@ -38,7 +38,103 @@ pub enum IndexError {
     Corrupt { path: PathBuf, reason: String },
     #[error("consume queue hole: put at {offset}, max is {max}")]
     Hole { offset: u64, max: u64 },
+    #[error("disk full: cannot allocate index space in {path}")]
+    DiskFull { path: PathBuf },
 }
+
+/// A mapped index file's disk blocks, allocated for real (`fallocate`) ahead of the stores
+/// into the mapping: a store into a hole of a sparse file on a full disk raises SIGBUS and
+/// kills the process, a failed `fallocate` is an error the caller can answer.
+pub(crate) struct Backing {
+    file: std::fs::File,
+    len: u64,
+    /// Bytes from the start known to be allocated (or written).
+    allocated_to: u64,
+}
+
+impl Backing {
+    /// A file just created: nothing allocated yet.
+    fn new(file: std::fs::File, len: u64) -> Backing {
+        Backing {
+            file,
+            len,
+            allocated_to: 0,
+        }
+    }
+
+    pub(crate) fn allocated_to(&self) -> u64 {
+        self.allocated_to
+    }
+
+    /// Allocates `[0, end)` if not yet done.
+    fn ensure_prefix(&mut self, end: u64, path: &Path) -> Result<(), IndexError> {
+        if self.allocated_to >= end {
+            return Ok(());
+        }
+        self.allocated_to = 0;
+        let step = end;
+        // From 0: `ensure` starts at what is allocated, which is nothing.
+        self.ensure_from(0, end, step, path)
+    }
+
+    /// Makes sure the bytes below `end` are allocated, `step` more at a time (one call per
+    /// `step` bytes of appends; a no-op where blocks exist already). Blocks before the first
+    /// position asked for on a reopened file were written before, so they exist.
+    fn ensure(&mut self, end: u64, step: u64, path: &Path) -> Result<(), IndexError> {
+        if end <= self.allocated_to {
+            return Ok(());
+        }
+        let from = self
+            .allocated_to
+            .max(end.saturating_sub(1) & !(ALLOC_ALIGN - 1));
+        self.ensure_from(from, end, step, path)
+    }
+
+    fn ensure_from(
+        &mut self,
+        from: u64,
+        end: u64,
+        step: u64,
+        path: &Path,
+    ) -> Result<(), IndexError> {
+        let to = from.saturating_add(step).max(end).min(self.len);
+        if to <= from {
+            return Ok(());
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate on a descriptor this object owns, with a range inside the file:
+        // it only allocates blocks (mode 0 keeps the size, which is already `len`).
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                0,
+                from as libc::off_t,
+                (to - from) as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+                    return Err(IndexError::DiskFull {
+                        path: path.to_owned(),
+                    })
+                }
+                // A filesystem without fallocate: nothing better to do than the old way.
+                Some(libc::EOPNOTSUPP) => {
+                    self.allocated_to = self.len;
+                    return Ok(());
+                }
+                _ => return Err(io_err("fallocate", path)(e)),
+            }
+        }
+        self.allocated_to = to;
+        Ok(())
+    }
+}
+
+/// Allocation ranges start at a page boundary.
+const ALLOC_ALIGN: u64 = 4096;
 
 /// Builds the `map_err` closure of an I/O operation on `path`.
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IndexError {
@@ -110,7 +206,7 @@ fn write_i64(bytes: &mut [u8], at: usize, value: i64) {
 /// Creates `path` all zeros (sparse), `len_bytes` long, and maps it read-write. A leftover
 /// file of that name is emptied first: callers create a file only for a position that holds
 /// nothing they keep.
-fn create_mapped(path: &Path, len_bytes: u64) -> Result<memmap2::MmapMut, IndexError> {
+fn create_mapped(path: &Path, len_bytes: u64) -> Result<(Backing, memmap2::MmapMut), IndexError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -119,7 +215,8 @@ fn create_mapped(path: &Path, len_bytes: u64) -> Result<memmap2::MmapMut, IndexE
         .open(path)
         .map_err(io_err("create", path))?;
     file.set_len(len_bytes).map_err(io_err("set_len", path))?;
-    map_file(&file, path)
+    let mmap = map_file(&file, path)?;
+    Ok((Backing::new(file, len_bytes), mmap))
 }
 
 /// Opens an existing `path` read-write; returns it with its length.

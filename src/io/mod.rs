@@ -11,7 +11,17 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailPoint {
     Write,
+    /// A write that finds the disk full (ENOSPC).
+    WriteNoSpace,
     Fdatasync,
+}
+
+/// Whether an I/O error says the disk (or the quota) is full.
+pub fn is_disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 thread_local! {
@@ -28,6 +38,13 @@ pub fn inject_failure(point: FailPoint) {
 fn injected(point: FailPoint, path: &Path) -> io::Result<()> {
     if FAIL_NEXT.with(|f| f.get()) == Some(point) {
         FAIL_NEXT.with(|f| f.set(None));
+        if point == FailPoint::WriteNoSpace {
+            let e = io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("write {}: injected failure: {e}", path.display()),
+            ));
+        }
         return Err(io::Error::other(format!(
             "{point:?} {}: injected failure (EIO)",
             path.display()
@@ -186,6 +203,7 @@ impl LogFile {
     pub async fn write_at(&self, buf: IoBuf, pos: u64) -> io::Result<()> {
         debug_assert_eq!(pos % IO_ALIGN as u64, 0);
         injected(FailPoint::Write, &self.path)?;
+        injected(FailPoint::WriteNoSpace, &self.path)?;
         let want = buf.len();
         let written = match (&self.inner, buf.inner) {
             (Inner::Dma(f), IoBufInner::Dma(b)) => f
@@ -335,7 +353,7 @@ fn warn_buffered_once(path: &Path) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::say!(
             "ringmq: warning: the filesystem of {} does not support O_DIRECT; using buffered I/O \
              (slower, and durability still relies on fdatasync)",
             path.display()

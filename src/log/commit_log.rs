@@ -7,7 +7,7 @@
 //! and the next one starts at `base + segment_bytes`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -128,6 +128,8 @@ pub enum LogError {
     RecordTooLarge { len: usize, segment_bytes: u64 },
     #[error("invalid record: {0}")]
     InvalidRecord(#[from] RecordError),
+    #[error("disk full: {reason}; nothing of this write was stored")]
+    DiskFull { reason: String },
     #[error("invalid log configuration: {0}")]
     Config(String),
     #[error("commit log directory {path}: {reason}")]
@@ -140,6 +142,9 @@ pub struct Appended {
     pub physical_offset: u64,
     pub size: u32,
     pub store_timestamp_ms: i64,
+    /// The log's cut count when appended: waits for the record fail if a cut (a full disk)
+    /// dropped it since.
+    pub epoch: u64,
 }
 
 impl Appended {
@@ -214,6 +219,13 @@ struct State {
     active: Chunk,
     writer_running: bool,
     poisoned: Option<String>,
+    /// Set when a write found the disk full: appends are refused with `DiskFull` until
+    /// [`CommitLog::space_returned`] clears it.
+    full: Option<String>,
+    /// Cuts made so far (each drops what was appended but not written when the disk was
+    /// full), and the recent ones as (epoch after the cut, log offset cut at), oldest first.
+    epoch: u64,
+    cuts: VecDeque<(u64, u64)>,
     min_offset: u64,
     /// Files written since the last fdatasync.
     unsynced: Vec<Rc<LogFile>>,
@@ -351,6 +363,9 @@ impl CommitLog {
             },
             writer_running: false,
             poisoned: None,
+            full: None,
+            epoch: 0,
+            cuts: VecDeque::new(),
             min_offset,
             unsynced: Vec::new(),
             closed: false,
@@ -432,6 +447,11 @@ impl CommitLog {
                 reason: "log is closed".into(),
             });
         }
+        if let Some(reason) = &st.full {
+            return Err(LogError::DiskFull {
+                reason: reason.clone(),
+            });
+        }
         let seg_end = st.active_base + seg_bytes;
         if st.write_pos + len as u64 > seg_end {
             self.roll(&mut st);
@@ -458,6 +478,7 @@ impl CommitLog {
             physical_offset,
             size: len as u32,
             store_timestamp_ms,
+            epoch: st.epoch,
         })
     }
 
@@ -499,29 +520,70 @@ impl CommitLog {
         );
     }
 
-    /// Waits until the log is readable up to `end` (async flush mode acknowledgement).
+    /// Waits until the log is readable up to `end` (async flush mode acknowledgement), for
+    /// records appended at the current epoch or already readable.
     pub fn wait_readable(&self, end: u64) -> WaitFor<'_> {
-        WaitFor {
-            inner: &self.inner,
-            target: end,
-            durable: false,
-        }
+        self.wait(end, self.epoch(), false)
     }
 
-    /// Waits until an fdatasync covers everything below `end`.
+    /// Waits until an fdatasync covers everything below `end` (appended at the current
+    /// epoch or already readable).
     pub fn wait_durable(&self, end: u64) -> WaitFor<'_> {
+        self.wait(end, self.epoch(), true)
+    }
+
+    /// Waits as the flush mode says an append is acknowledged (appended at the current
+    /// epoch).
+    pub fn wait_acked(&self, end: u64) -> WaitFor<'_> {
+        self.wait_acked_since(end, self.epoch())
+    }
+
+    /// Waits as the flush mode says an append is acknowledged: the record appended at
+    /// `epoch` (see [`Appended::epoch`]) ending at `end`. Fails with `DiskFull` if a cut
+    /// dropped it meanwhile.
+    pub fn wait_acked_since(&self, end: u64, epoch: u64) -> WaitFor<'_> {
+        self.wait(end, epoch, self.inner.cfg.flush == FlushMode::Sync)
+    }
+
+    /// Waits until an fdatasync covers the record appended at `epoch` ending at `end`.
+    pub fn wait_durable_since(&self, end: u64, epoch: u64) -> WaitFor<'_> {
+        self.wait(end, epoch, true)
+    }
+
+    fn wait(&self, end: u64, epoch: u64, durable: bool) -> WaitFor<'_> {
         WaitFor {
             inner: &self.inner,
             target: end,
-            durable: true,
+            epoch,
+            durable,
         }
     }
 
-    /// Waits as the flush mode says an append is acknowledged.
-    pub fn wait_acked(&self, end: u64) -> WaitFor<'_> {
-        match self.inner.cfg.flush {
-            FlushMode::Async => self.wait_readable(end),
-            FlushMode::Sync => self.wait_durable(end),
+    /// How many cuts the log made (each after a write found the disk full).
+    pub fn epoch(&self) -> u64 {
+        self.inner.st.borrow().epoch
+    }
+
+    /// The offset of the last cut: everything appended at or after it before the cut was
+    /// dropped (indexes must forget it).
+    pub fn last_cut(&self) -> Option<u64> {
+        self.inner.st.borrow().cuts.back().map(|&(_, at)| at)
+    }
+
+    /// Why appends are refused for a full disk, if they are.
+    pub fn full(&self) -> Option<String> {
+        self.inner.st.borrow().full.clone()
+    }
+
+    /// The disk has room again: appends are taken again (a write that still finds the disk
+    /// full cuts again).
+    pub fn space_returned(&self) {
+        let was = self.inner.st.borrow_mut().full.take();
+        if was.is_some() {
+            crate::say!(
+                "ringmq: commit log {}: disk space is back, taking writes again",
+                self.inner.dir.display()
+            );
         }
     }
 
@@ -731,7 +793,7 @@ impl CommitLog {
             crate::io::blocking(move || {
                 for p in doomed {
                     if let Err(e) = std::fs::remove_file(&p) {
-                        eprintln!("ringmq: retention could not delete {}: {e}", p.display());
+                        crate::say!("ringmq: retention could not delete {}: {e}", p.display());
                     }
                 }
             })
@@ -756,12 +818,19 @@ impl CommitLog {
     }
 }
 
-/// A wait for a watermark; fails if the log is poisoned meanwhile.
+/// A wait for a watermark; fails if the log is poisoned meanwhile, or if a cut dropped the
+/// record waited for.
 pub struct WaitFor<'a> {
     inner: &'a Inner,
     target: u64,
+    /// The epoch the record was appended at.
+    epoch: u64,
     durable: bool,
 }
+
+/// Most cuts remembered; a wait for a record appended before the oldest of them fails as
+/// if cut (the record may be stored: a retry stores it twice, nothing is lost).
+const CUTS_KEPT: usize = 1024;
 
 impl Future for WaitFor<'_> {
     type Output = Result<(), LogError>;
@@ -771,6 +840,25 @@ impl Future for WaitFor<'_> {
         } else {
             &self.inner.readable
         };
+        {
+            let st = self.inner.st.borrow();
+            if st.epoch != self.epoch {
+                // Cuts after the append: did one drop bytes below the target?
+                let forgotten = st.cuts.front().is_some_and(|&(e, _)| e > self.epoch + 1);
+                let cut = st
+                    .cuts
+                    .iter()
+                    .any(|&(e, at)| e > self.epoch && at < self.target);
+                if cut || forgotten {
+                    return Poll::Ready(Err(LogError::DiskFull {
+                        reason: st
+                            .full
+                            .clone()
+                            .unwrap_or_else(|| "the disk was full".into()),
+                    }));
+                }
+            }
+        }
         if mark.value.get() >= self.target {
             return Poll::Ready(Ok(()));
         }

@@ -43,6 +43,10 @@ pub enum ErrorCode {
     StoreIo = 31,
     /// Stored data read back is damaged (the message names the file and the offset).
     StoreCorrupt = 32,
+    /// The data directory's disk is full (or below the broker's free-space floor): nothing
+    /// of the request was stored. Sends succeed again once space is freed, without a
+    /// restart.
+    DiskFull = 33,
     Timeout = 40,
     /// The shard that owns the queue does not answer (stopping, overloaded).
     ShardUnavailable = 41,
@@ -53,6 +57,9 @@ pub enum ErrorCode {
     /// A concurrent change (a topic deleted while it was auto-created) made the request
     /// fail; the same request may succeed again.
     Conflict = 44,
+    /// A configured limit of the broker is reached (topics, auto-created topics, groups,
+    /// committed offsets); the message names it.
+    LimitReached = 45,
     BadFilterExpression = 50,
     /// The consumer group has no such member (it never joined, or its session expired).
     GroupNotFound = 60,
@@ -64,7 +71,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -82,11 +89,13 @@ impl ErrorCode {
         ErrorCode::StoreUnavailable,
         ErrorCode::StoreIo,
         ErrorCode::StoreCorrupt,
+        ErrorCode::DiskFull,
         ErrorCode::Timeout,
         ErrorCode::ShardUnavailable,
         ErrorCode::ScheduleFull,
         ErrorCode::TooManyConnections,
         ErrorCode::Conflict,
+        ErrorCode::LimitReached,
         ErrorCode::BadFilterExpression,
         ErrorCode::GroupNotFound,
         ErrorCode::ClientIdInUse,
@@ -114,11 +123,13 @@ impl ErrorCode {
             30 => ErrorCode::StoreUnavailable,
             31 => ErrorCode::StoreIo,
             32 => ErrorCode::StoreCorrupt,
+            33 => ErrorCode::DiskFull,
             40 => ErrorCode::Timeout,
             41 => ErrorCode::ShardUnavailable,
             42 => ErrorCode::ScheduleFull,
             43 => ErrorCode::TooManyConnections,
             44 => ErrorCode::Conflict,
+            45 => ErrorCode::LimitReached,
             50 => ErrorCode::BadFilterExpression,
             60 => ErrorCode::GroupNotFound,
             61 => ErrorCode::ClientIdInUse,
@@ -139,6 +150,7 @@ impl ErrorCode {
         match self {
             ErrorCode::StoreUnavailable
             | ErrorCode::StoreIo
+            | ErrorCode::DiskFull
             | ErrorCode::Timeout
             | ErrorCode::ShardUnavailable
             | ErrorCode::ScheduleFull
@@ -147,6 +159,7 @@ impl ErrorCode {
             ErrorCode::GroupNotFound
             | ErrorCode::ClientIdInUse
             | ErrorCode::StoreCorrupt
+            | ErrorCode::LimitReached
             | ErrorCode::MalformedFrame
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownKind
@@ -262,7 +275,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 25] = [
+        let expected: [(ErrorCode, u16); 27] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -285,6 +298,8 @@ mod tests {
             (ErrorCode::Conflict, 44),
             (ErrorCode::ClientIdInUse, 61),
             (ErrorCode::StoreCorrupt, 32),
+            (ErrorCode::DiskFull, 33),
+            (ErrorCode::LimitReached, 45),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::Internal, 99),
@@ -305,6 +320,7 @@ mod tests {
             vec![
                 ErrorCode::StoreUnavailable,
                 ErrorCode::StoreIo,
+                ErrorCode::DiskFull,
                 ErrorCode::Timeout,
                 ErrorCode::ShardUnavailable,
                 ErrorCode::ScheduleFull,

@@ -478,6 +478,14 @@ wire_type! {
 }
 
 wire_type! {
+    /// Forgets a consumer group: its committed offsets on every shard and its queue locks.
+    /// Refused with `Conflict` while the group has live members. Answered by [`Empty`].
+    pub struct DeleteGroup {
+        pub group: String,
+    }
+}
+
+wire_type! {
     /// Committed offset, max offset and lag per queue. Answered by [`Progress`].
     pub struct ConsumerProgress {
         pub group: String,

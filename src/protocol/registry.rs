@@ -368,6 +368,8 @@ registry! {
         ResetOffset = 64 => Empty, reset_offset, route(_m) Route::Local, group(m) &m.group;
         ConsumerProgress = 65 => Progress, consumer_progress,
             route(_m) Route::Local, group(m) &m.group;
+        DeleteGroup = 66 => Empty, delete_group,
+            route(m) Route::Coordinator(&m.group), group(m) &m.group;
         // Queue locks (split by owning shard by the handler).
         LockBatch = 70 => Locked, lock_batch, route(_m) Route::Local, group(m) &m.group,
             client(m) &m.client_id;

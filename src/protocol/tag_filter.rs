@@ -148,6 +148,17 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any expression parses to a filter whose canonical form parses back to it, or
+        /// to an error; never a panic.
+        #[test]
+        fn fuzz_tag_expressions_never_panic(expression in "[ A-Za-z0-9|*_\\-\\u{80}-\\u{10ffff}]{0,80}") {
+            if let Ok(f) = TagFilter::parse(&expression) {
+                proptest::prop_assert_eq!(TagFilter::parse(&f.to_string()), Ok(f.clone()));
+            }
+        }
+    }
+
     #[test]
     fn parses_all_and_tag_lists() {
         check("*", Some(&[]));

@@ -39,6 +39,12 @@ use listen::{accept_loop, bind, check_ports_free, ConnectionCap};
 const MESH_CHANNEL_CAPACITY: usize = 1024;
 /// How often a shard looks for group members that missed their heartbeats.
 const GROUP_EXPIRY_CHECK_MS: u64 = 500;
+/// Default of `--topics-max`.
+pub const TOPICS_MAX_DEFAULT: usize = 4096;
+/// Default of `--auto-create-topics-max`.
+pub const AUTO_CREATE_TOPICS_MAX_DEFAULT: usize = 1024;
+/// Default of `--groups-max`.
+pub const GROUPS_MAX_DEFAULT: usize = 4096;
 /// Bounds of `--session-timeout-ms`.
 const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
 const SESSION_TIMEOUT_MS_MAX: u64 = 600_000;
@@ -87,9 +93,19 @@ pub struct BrokerConfig {
     /// How often retention looks for segments to delete (and the schedule for held messages
     /// that keep it from doing so).
     pub retention_check_interval_ms: u64,
+    /// Sends are refused with `DiskFull` while the data directory's filesystem has less
+    /// free space than this many MiB.
+    pub disk_free_min_mb: u64,
     /// How long a delayed message waits for a missing target topic before it goes to
     /// `%UNDELIVERABLE%`.
     pub schedule_park_max_ms: u64,
+    /// Most topics the broker holds (retry and dead-letter topics included).
+    pub topics_max: usize,
+    /// Most topics sends may create (auto-create).
+    pub auto_create_topics_max: usize,
+    /// Most consumer groups one shard coordinates, and most groups whose committed offsets
+    /// one shard keeps.
+    pub groups_max: usize,
 }
 
 impl Default for BrokerConfig {
@@ -115,7 +131,11 @@ impl Default for BrokerConfig {
             connections_max: 0,
             conn_timeout_ms: conn::CONN_TIMEOUT_MS_DEFAULT,
             retention_check_interval_ms: 60_000,
+            disk_free_min_mb: crate::store::DISK_FREE_MIN_BYTES_DEFAULT >> 20,
             schedule_park_max_ms: crate::broker::schedule::PARK_MAX_MS,
+            topics_max: TOPICS_MAX_DEFAULT,
+            auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
+            groups_max: GROUPS_MAX_DEFAULT,
         }
     }
 }
@@ -266,6 +286,14 @@ impl Broker {
                 "conn-timeout-ms must be at least 1".into(),
             ));
         }
+        for (name, v) in [
+            ("topics-max", cfg.topics_max),
+            ("groups-max", cfg.groups_max),
+        ] {
+            if v == 0 {
+                return Err(BrokerError::Config(format!("{name} must be at least 1")));
+            }
+        }
         if cfg.schedule_pending_max == 0 {
             return Err(BrokerError::Config(
                 "schedule-pending-max must be at least 1".into(),
@@ -277,7 +305,7 @@ impl Broker {
         let (file_limit, _) = listen::raise_file_limit();
         let connections_max = listen::connections_max(cfg.connections_max, file_limit, shards);
         if cfg.connections_max != 0 && connections_max < cfg.connections_max {
-            eprintln!(
+            crate::say!(
                 "ringmq-broker: the open-file limit is {file_limit}: at most {connections_max} connections, not {}",
                 cfg.connections_max
             );
@@ -488,11 +516,12 @@ async fn shard_main(
     store_cfg.log.retention_ms = cfg.retention_hours.saturating_mul(3_600_000);
     store_cfg.log.retention_bytes_max = cfg.retention_bytes_max;
     store_cfg.retention_check_interval_ms = cfg.retention_check_interval_ms;
+    store_cfg.disk_free_min_bytes = cfg.disk_free_min_mb.saturating_mul(1 << 20);
     let opened = Instant::now();
     let (store, recovery) = MessageStore::open(&shard_dir, store_cfg)
         .await
         .map_err(|e| format!("opening {}: {e}", shard_dir.display()))?;
-    eprintln!(
+    crate::say!(
         "ringmq-broker: shard {i}: {}",
         recovery.summary(opened.elapsed())
     );
@@ -547,6 +576,9 @@ async fn shard_main(
         schedule_pending_max: cfg.schedule_pending_max,
         schedule_park_max_ms: cfg.schedule_park_max_ms,
         retention_check_interval_ms: cfg.retention_check_interval_ms,
+        topics_max: cfg.topics_max,
+        auto_create_topics_max: cfg.auto_create_topics_max,
+        groups_max: cfg.groups_max,
     };
     let peers = Box::new(MeshPeers {
         senders,
@@ -589,7 +621,7 @@ async fn shard_main(
             while !ctx.is_stopping() {
                 crate::io::sleep(every).await;
                 if let Err(e) = ctx.sync_offsets().await {
-                    eprintln!("ringmq: shard {}: syncing offsets: {e}", ctx.id);
+                    crate::say!("ringmq: shard {}: syncing offsets: {e}", ctx.id);
                 }
             }
         })

@@ -40,7 +40,17 @@ pub struct StoreConfig {
     pub checkpoint_interval_ms: u64,
     /// How often retention runs.
     pub retention_check_interval_ms: u64,
+    /// Sends are refused with `DiskFull` while the data directory's filesystem has less
+    /// free space than this (checked every second), so indexes and checkpoints always find
+    /// room.
+    pub disk_free_min_bytes: u64,
 }
+
+/// Default of [`StoreConfig::disk_free_min_bytes`]: 256 MiB.
+pub const DISK_FREE_MIN_BYTES_DEFAULT: u64 = 256 << 20;
+
+/// How often the free space of the data directory is looked at.
+const DISK_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Default for StoreConfig {
     fn default() -> Self {
@@ -50,6 +60,7 @@ impl Default for StoreConfig {
             key_index: KeyIndexConfig::default(),
             checkpoint_interval_ms: 5_000,
             retention_check_interval_ms: 60_000,
+            disk_free_min_bytes: DISK_FREE_MIN_BYTES_DEFAULT,
         }
     }
 }
@@ -90,11 +101,39 @@ pub struct PutResult {
     pub physical_offset: u64,
     pub size: u32,
     pub store_timestamp_ms: i64,
+    /// The log's cut count at the append (see [`Written`]).
+    pub epoch: u64,
 }
 
 impl PutResult {
     pub fn end(&self) -> u64 {
         self.physical_offset + self.size as u64
+    }
+
+    /// What to wait for to know the record is stored.
+    pub fn written(&self) -> Written {
+        Written {
+            end: self.end(),
+            epoch: self.epoch,
+        }
+    }
+}
+
+/// The end of appended records and the log's cut count when they were appended: a wait
+/// for them fails with `DiskFull` if a full disk made the log drop them meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Written {
+    pub end: u64,
+    pub epoch: u64,
+}
+
+impl Written {
+    /// Covers both (appends of one tick share the epoch; the later epoch is the stricter).
+    pub fn max(self, other: Written) -> Written {
+        Written {
+            end: self.end.max(other.end),
+            epoch: self.epoch.min(other.epoch),
+        }
     }
 }
 
@@ -210,6 +249,12 @@ struct Inner {
     stopped: std::cell::Cell<bool>,
     /// Retention never deletes the segment holding this log offset or later ones.
     retention_floor: std::cell::Cell<u64>,
+    /// The log minimum the indexes were last trimmed to.
+    trimmed_to: std::cell::Cell<u64>,
+    /// The log's cut count the indexes agree with.
+    seen_epoch: std::cell::Cell<u64>,
+    /// Why sends are refused: free space below the floor.
+    space_low: RefCell<Option<String>>,
 }
 
 /// The store of one shard. Cheap to clone; not `Send`.
@@ -309,6 +354,7 @@ impl MessageStore {
             q.cq.truncate_after_log_end(end)?;
             q.cq.delete_before_physical(log.min_offset())?;
         }
+        let trimmed_to = log.min_offset();
         std::fs::write(&abort_path, b"ringmq store open\n")
             .map_err(|e| io_err("create", &abort_path, e))?;
         let report = StoreRecovery {
@@ -327,6 +373,9 @@ impl MessageStore {
                 keys: RefCell::new(keys),
                 stopped: std::cell::Cell::new(false),
                 retention_floor: std::cell::Cell::new(u64::MAX),
+                trimmed_to: std::cell::Cell::new(trimmed_to),
+                seen_epoch: std::cell::Cell::new(0),
+                space_low: RefCell::new(None),
             }),
         };
         store.spawn_housekeeping();
@@ -345,6 +394,17 @@ impl MessageStore {
     /// readable once the log's write completes: await [`acked`](Self::acked).
     pub fn append(&self, draft: &RecordDraft<'_>) -> Result<PutResult, StoreError> {
         validate_topic(draft.topic)?;
+        if let Some(reason) = &*self.inner.space_low.borrow() {
+            return Err(LogError::DiskFull {
+                reason: reason.clone(),
+            }
+            .into());
+        }
+        if self.inner.log.epoch() != self.inner.seen_epoch.get() {
+            self.forget_cut()?;
+        }
+        let props = crate::protocol::record::Properties::new(draft.properties);
+        self.inner.keys.borrow_mut().reserve(key_count(props))?;
         let mut queues = self.inner.queues.borrow_mut();
         let key = (draft.topic.to_owned(), draft.queue_id);
         if !queues.contains_key(&key) {
@@ -360,6 +420,8 @@ impl MessageStore {
             .get_mut(&key)
             .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?;
         let queue_offset = q.cq.max_offset();
+        // Index space first: a full disk fails before the record is in the log.
+        q.cq.reserve_next()?;
         let appended = self.inner.log.append(draft, queue_offset)?;
         let entry = CqEntry {
             physical_offset: appended.physical_offset,
@@ -371,7 +433,6 @@ impl MessageStore {
         };
         q.cq.put(queue_offset, entry)?;
         drop(queues);
-        let props = crate::protocol::record::Properties::new(draft.properties);
         index_keys(
             &mut self.inner.keys.borrow_mut(),
             draft.topic,
@@ -384,23 +445,89 @@ impl MessageStore {
             physical_offset: appended.physical_offset,
             size: appended.size,
             store_timestamp_ms: appended.store_timestamp_ms,
+            epoch: appended.epoch,
         })
     }
 
-    /// Waits until the record ending at `end` is acknowledged under the flush mode.
-    pub async fn acked(&self, end: u64) -> Result<(), StoreError> {
-        Ok(self.inner.log.wait_acked(end).await?)
+    /// The log was cut (a write found the disk full): index entries of the dropped records
+    /// go before anything else is appended.
+    fn forget_cut(&self) -> Result<(), StoreError> {
+        let epoch = self.inner.log.epoch();
+        if let Some(at) = self.inner.log.last_cut() {
+            for q in self.inner.queues.borrow_mut().values_mut() {
+                q.cq.truncate_after_log_end(at)?;
+            }
+            self.inner.keys.borrow_mut().forget_from_physical(at);
+        }
+        self.inner.seen_epoch.set(epoch);
+        Ok(())
     }
 
-    /// Waits until an fdatasync covers the record ending at `end`.
-    pub async fn durable(&self, end: u64) -> Result<(), StoreError> {
+    /// Waits until the records are acknowledged under the flush mode.
+    pub async fn acked(&self, w: Written) -> Result<(), StoreError> {
+        Ok(self.inner.log.wait_acked_since(w.end, w.epoch).await?)
+    }
+
+    /// Waits until an fdatasync covers the records.
+    pub async fn durable(&self, w: Written) -> Result<(), StoreError> {
+        Ok(self.inner.log.wait_durable_since(w.end, w.epoch).await?)
+    }
+
+    /// Waits until an fdatasync covers everything below `end`, which is readable already.
+    pub async fn durable_readable(&self, end: u64) -> Result<(), StoreError> {
         Ok(self.inner.log.wait_durable(end).await?)
+    }
+
+    /// Why sends are refused for lack of disk space, if they are.
+    pub fn disk_full(&self) -> Option<String> {
+        self.inner
+            .space_low
+            .borrow()
+            .clone()
+            .or_else(|| self.inner.log.full())
+    }
+
+    /// Looks at the free space of the data directory (off the shard thread): below the
+    /// floor sends are refused; above it they are taken again.
+    pub async fn check_disk_space(&self) {
+        let dir = self.inner.dir.clone();
+        let free = crate::io::blocking(move || free_bytes(&dir)).await;
+        let Ok(free) = free else { return };
+        let floor = self.inner.cfg.disk_free_min_bytes;
+        let was_low = self.inner.space_low.borrow().is_some();
+        // No space at all is low whatever the floor.
+        if free < floor.max(1) {
+            if !was_low {
+                crate::say!(
+                    "ringmq: {}: {} MiB free, below the {} MiB floor (--disk-free-min-mb): sends refused with DiskFull until space is freed",
+                    self.inner.dir.display(),
+                    free >> 20,
+                    floor >> 20
+                );
+            }
+            *self.inner.space_low.borrow_mut() = Some(format!(
+                "{} has {} MiB free, below the broker's floor of {} MiB",
+                self.inner.dir.display(),
+                free >> 20,
+                floor >> 20
+            ));
+        } else {
+            if was_low {
+                crate::say!(
+                    "ringmq: {}: {} MiB free again, taking sends",
+                    self.inner.dir.display(),
+                    free >> 20
+                );
+            }
+            *self.inner.space_low.borrow_mut() = None;
+            self.inner.log.space_returned();
+        }
     }
 
     /// Appends and waits for the acknowledgement.
     pub async fn put(&self, draft: &RecordDraft<'_>) -> Result<PutResult, StoreError> {
         let r = self.append(draft)?;
-        self.acked(r.end()).await?;
+        self.acked(r.written()).await?;
         Ok(r)
     }
 
@@ -768,7 +895,7 @@ impl MessageStore {
                 crate::io::spawn(async move {
                     let gone = crate::io::blocking(move || std::fs::remove_dir_all(&aside)).await;
                     if let Err(e) = gone {
-                        eprintln!("ringmq: removing a deleted topic's indexes: {e}");
+                        crate::say!("ringmq: removing a deleted topic's indexes: {e}");
                     }
                 });
                 Ok(())
@@ -843,14 +970,37 @@ impl MessageStore {
         self.inner.retention_floor.set(floor.min(log_offset));
     }
 
-    /// Runs retention on the log and trims the indexes to match.
+    /// Runs retention on the log and trims the indexes to match. Work is proportional to
+    /// what expired: nothing happens to the indexes when the log kept all its segments, a
+    /// queue whose oldest entry is kept is skipped without reading it, and index files are
+    /// removed off the shard's thread.
     pub async fn apply_retention(&self, now_ms: i64) -> Result<u64, StoreError> {
         let floor = self.inner.retention_floor.get();
         let min = self.inner.log.apply_retention(now_ms, floor).await;
+        if min == self.inner.trimmed_to.get() {
+            return Ok(min);
+        }
+        let mut doomed = Vec::new();
         for q in self.inner.queues.borrow_mut().values_mut() {
-            q.cq.delete_before_physical(min)?;
+            q.cq.trim_before_physical(min, &mut doomed);
         }
         self.inner.keys.borrow_mut().delete_before_physical(min)?;
+        if !doomed.is_empty() {
+            crate::io::blocking(move || {
+                for path in doomed {
+                    if let Err(e) = std::fs::remove_file(&path) {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            crate::say!(
+                                "ringmq: retention could not delete {}: {e}",
+                                path.display()
+                            );
+                        }
+                    }
+                }
+            })
+            .await;
+        }
+        self.inner.trimmed_to.set(min);
         Ok(min)
     }
 
@@ -878,8 +1028,19 @@ impl MessageStore {
                 }
                 let store = MessageStore { inner };
                 if let Err(e) = store.checkpoint().await {
-                    eprintln!("ringmq: checkpoint failed: {e}");
+                    crate::say!("ringmq: checkpoint failed: {e}");
                 }
+            }
+        });
+        let weak = Rc::downgrade(&self.inner);
+        crate::io::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.stopped.get() {
+                    return;
+                }
+                MessageStore { inner }.check_disk_space().await;
+                crate::io::sleep(DISK_CHECK_INTERVAL).await;
             }
         });
         let weak = Rc::downgrade(&self.inner);
@@ -893,7 +1054,7 @@ impl MessageStore {
                 }
                 let store = MessageStore { inner };
                 if let Err(e) = store.apply_retention(crate::log::now_ms()).await {
-                    eprintln!("ringmq: retention failed: {e}");
+                    crate::say!("ringmq: retention failed: {e}");
                 }
             }
         });
@@ -943,6 +1104,28 @@ fn open_queues(
         }
     }
     Ok(out)
+}
+
+/// Free bytes of the filesystem holding `dir`, for unprivileged users.
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs writes only into the zeroed struct it is given; `path` is a valid C
+    // string that outlives the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Keys a record adds to the key index.
+fn key_count(props: crate::protocol::record::Properties<'_>) -> u32 {
+    let keys = props
+        .get(prop::KEYS)
+        .map_or(0, |k| k.split(' ').filter(|k| !k.is_empty()).count());
+    (keys + usize::from(props.get(prop::UNIQ_KEY).is_some())) as u32
 }
 
 fn index_keys(

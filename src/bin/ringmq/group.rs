@@ -1,5 +1,6 @@
 //! `ringmq group`: consumer groups: live members and their queues, progress (committed
-//! offset, max offset and lag per queue), and resetting the offsets to a time.
+//! offset, max offset and lag per queue), resetting the offsets to a time, and deleting a
+//! group.
 
 use std::fmt::Write as _;
 
@@ -31,6 +32,15 @@ pub(crate) enum GroupCommand {
     /// Every queue's committed offset moves (backwards too); running members re-read their
     /// offsets. Prints the resulting progress.
     ResetOffset(ResetArgs),
+    /// Forget a group: its committed offsets on every shard and its queue locks
+    ///
+    /// Refused while the group has live members. Frees a place under the broker's
+    /// --groups-max; consumers that join under the name again start from their
+    /// consume-from setting.
+    Delete {
+        /// Consumer group
+        group: String,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -102,6 +112,14 @@ pub(crate) async fn run(ctx: &Ctx, command: GroupCommand) -> CmdResult {
                     }
                 }
                 emit(&s);
+            }
+        }
+        GroupCommand::Delete { group } => {
+            client.delete_group(&group).await.map_err(|e| ctx.fail(e))?;
+            if ctx.json {
+                emit_json(&json!({"group": group, "deleted": true}));
+            } else {
+                emit(&format!("group {group} deleted"));
             }
         }
         GroupCommand::Progress { group, topic } => {

@@ -143,6 +143,11 @@ impl LockTable {
         released
     }
 
+    /// A deleted group: every lock in it goes.
+    pub fn forget_group(&mut self, group: &str) {
+        self.locks.remove(group);
+    }
+
     /// The client holding the lock, `None` if free or expired.
     pub fn holder(&self, group: &str, topic: &str, queue: u32, now_ms: u64) -> Option<&str> {
         self.locks

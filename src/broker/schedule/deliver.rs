@@ -211,12 +211,15 @@ impl ShardCtx {
             });
         }
         let mut delivered: Vec<u64> = Vec::with_capacity(local.len());
-        let mut end = 0u64;
+        let mut written = crate::store::Written {
+            end: 0,
+            epoch: u64::MAX,
+        };
         let mut woken: Vec<(String, u32)> = Vec::new();
         for (off, copy) in local {
             match self.store.append(&copy.draft()) {
                 Ok(put) => {
-                    end = end.max(put.end());
+                    written = written.max(put.written());
                     delivered.push(off);
                     if !woken
                         .iter()
@@ -236,7 +239,8 @@ impl ShardCtx {
         if delivered.is_empty() {
             return;
         }
-        if let Err(e) = self.store.acked(end).await {
+        let end = written.end;
+        if let Err(e) = self.store.acked(written).await {
             self.log_rarely(format_args!(
                 "scheduled deliveries were not written ({e}); trying again"
             ));
@@ -323,7 +327,8 @@ impl ShardCtx {
     async fn record_done(&self, end: u64, offsets: &[u64]) -> Result<(), ErrorBody> {
         let io = |e: StoreError| err(ErrorCode::StoreIo, e.to_string());
         if end > 0 {
-            self.store.durable(end).await.map_err(io)?;
+            // Readable already (acknowledged): no cut can drop it.
+            self.store.durable_readable(end).await.map_err(io)?;
         }
         let body: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
         let record = RecordDraft {
@@ -518,7 +523,7 @@ impl ShardCtx {
         let now = now_ms();
         if now >= self.schedule_log_after.get() {
             self.schedule_log_after.set(now + LOG_EVERY_MS);
-            eprintln!("ringmq: shard {}: {what}", self.id);
+            crate::say!("ringmq: shard {}: {what}", self.id);
         }
     }
 }

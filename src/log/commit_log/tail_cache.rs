@@ -30,6 +30,12 @@ impl CacheHalf {
 }
 
 impl TailCache {
+    /// Forgets everything (the log was cut: cached bytes may be rewritten).
+    pub(super) fn clear(&mut self) {
+        self.older.bytes.clear();
+        self.newer.bytes.clear();
+    }
+
     /// Records that `bytes` were written at `start`. Writes follow each other (a write may
     /// repeat the end of the one before, the partial block); anything else starts over.
     pub(super) fn extend(&mut self, start: u64, bytes: &[u8], cap: usize) {

@@ -5,8 +5,81 @@
 
 use super::*;
 
+/// A write or an allocation failed. A full disk (nothing acknowledged past what is
+/// readable) is not an integrity event: the log is cut back to its readable end, the appends
+/// waiting past it fail with `DiskFull`, and appends are refused until the space returns.
+/// Anything else poisons the log.
+pub(super) fn write_failed(inner: &Inner, first: &Chunk, e: LogError) {
+    let full = match &e {
+        LogError::Io(io) => crate::io::is_disk_full(io),
+        _ => false,
+    };
+    if full {
+        cut(inner, first, e.to_string());
+    } else {
+        poison(inner, e.to_string());
+    }
+}
+
+/// Drops everything appended past the readable end: `first` is the first chunk of the
+/// failed round (it starts at or before that end).
+fn cut(inner: &Inner, first: &Chunk, reason: String) {
+    let at = inner.readable.value.get();
+    debug_assert!(first.start <= at);
+    let keep = ((at - first.start) as usize).min(first.bytes.len());
+    let doomed: Vec<Segment> = {
+        let mut st = inner.st.borrow_mut();
+        st.active = Chunk {
+            seg_base: first.seg_base,
+            start: first.start,
+            bytes: first.bytes[..keep].to_vec(),
+        };
+        st.sealed.clear();
+        st.write_pos = at;
+        st.active_base = first.seg_base;
+        let later: Vec<u64> = st
+            .segments
+            .range(first.seg_base + 1..)
+            .map(|(b, _)| *b)
+            .collect();
+        let doomed = later
+            .into_iter()
+            .filter_map(|b| st.segments.remove(&b))
+            .collect();
+        st.epoch += 1;
+        let epoch = st.epoch;
+        st.cuts.push_back((epoch, at));
+        if st.cuts.len() > CUTS_KEPT {
+            st.cuts.pop_front();
+        }
+        st.full = Some(reason.clone());
+        st.writer_running = false;
+        doomed
+    };
+    crate::say!(
+        "ringmq: commit log {}: disk full ({reason}); appends after log offset {at} dropped and answered DiskFull, new ones refused until space returns",
+        inner.dir.display()
+    );
+    inner.tail.borrow_mut().clear();
+    inner.readable.wake_all();
+    inner.durable.wake_all();
+    // Segments past the cut hold nothing kept (a failed creation may have allocated some
+    // of the space): remove them off the shard thread.
+    let paths: Vec<PathBuf> = doomed.into_iter().map(|s| s.path).collect();
+    if !paths.is_empty() {
+        crate::io::spawn(async move {
+            let _ = crate::io::blocking(move || {
+                for p in paths {
+                    let _ = std::fs::remove_file(p);
+                }
+            })
+            .await;
+        });
+    }
+}
+
 pub(super) fn poison(inner: &Inner, reason: String) {
-    eprintln!(
+    crate::say!(
         "ringmq: commit log {} poisoned: {reason}",
         inner.dir.display()
     );
@@ -138,21 +211,21 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             (chunks, written_to)
         };
         let mut touched: Vec<Rc<LogFile>> = Vec::new();
-        for chunk in chunks {
+        for chunk in &chunks {
             let file = match ensure_file(&inner, chunk.seg_base).await {
                 Ok(f) => f,
-                Err(e) => return poison(&inner, e.to_string()),
+                Err(e) => return write_failed(&inner, &chunks[0], e),
             };
             if inner.cfg.flush == FlushMode::Sync && inner.cfg.preallocate {
                 let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
                 if let Err(e) = prezero(&inner, chunk.seg_base, &file, chunk_end).await {
-                    return poison(&inner, e.to_string());
+                    return write_failed(&inner, &chunks[0], e);
                 }
             }
             let mut buf = file.alloc_filled_to(align_up(chunk.bytes.len()), chunk.bytes.len());
             buf.as_bytes_mut()[..chunk.bytes.len()].copy_from_slice(&chunk.bytes);
             if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
-                return poison(&inner, e.to_string());
+                return write_failed(&inner, &chunks[0], e.into());
             }
             inner
                 .tail

@@ -259,6 +259,7 @@ fn sample_requests() -> Vec<Request> {
             topic: "orders".into(),
         }
         .into(),
+        DeleteGroup { group: "g".into() }.into(),
         LockBatch {
             group: "g".into(),
             client_id: "c1".into(),
@@ -802,12 +803,12 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bytes_never_panic(bytes in arb_bytes(512)) {
+    fn fuzz_frames_of_arbitrary_bytes_never_panic(bytes in arb_bytes(512)) {
         decode_everything(&bytes);
     }
 
     #[test]
-    fn arbitrary_payload_behind_a_valid_header_never_panics(
+    fn fuzz_every_kind_with_an_arbitrary_payload_never_panics(
         kind in proptest::sample::select(Kind::ALL.to_vec()),
         payload in arb_bytes(256),
         meta_len: u32,
@@ -833,7 +834,7 @@ proptest! {
     }
 
     #[test]
-    fn corrupting_one_byte_of_a_valid_frame_never_panics(
+    fn fuzz_one_corrupt_byte_in_a_valid_frame_never_panics(
         request in arb_request(),
         at: proptest::sample::Index,
         value: u8,
@@ -842,6 +843,25 @@ proptest! {
         let i = at.index(bytes.len());
         bytes[i] = value;
         decode_everything(&bytes);
+    }
+
+    /// The corpus: one valid frame of every request kind (`sample_requests`), with a few
+    /// bytes changed and cut anywhere: every outcome is a value or a typed error.
+    #[test]
+    fn fuzz_corrupted_corpus_frames_never_panic(
+        which: proptest::sample::Index,
+        changes in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 1..5),
+        cut: proptest::sample::Index,
+    ) {
+        let corpus = sample_requests();
+        let mut bytes = encoded(&corpus[which.index(corpus.len())]);
+        for (at, value) in changes {
+            let i = at.index(bytes.len());
+            bytes[i] = value;
+        }
+        decode_everything(&bytes);
+        let end = cut.index(bytes.len() + 1);
+        decode_everything(&bytes[..end]);
     }
 
     #[test]

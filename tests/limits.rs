@@ -1,0 +1,166 @@
+//! The broker's caps on what clients can make it hold, against the real binary: topics (all,
+//! and those auto-create made), consumer groups per shard (membership and committed
+//! offsets) and per connection. Past each a typed `LimitReached` error names the flag;
+//! deleting a topic or a group frees a place, also across a restart.
+
+mod common;
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use ringmq::client::{Client, ClientConfig, ClientError, MemberSpec, OutgoingMessage, Producer};
+use ringmq::protocol::route::coordinator_shard;
+use ringmq::protocol::ErrorCode;
+
+fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (ErrorCode, String) {
+    match r {
+        Err(e) => (
+            e.code().unwrap_or_else(|| panic!("no code: {e}")),
+            e.to_string(),
+        ),
+        Ok(v) => panic!("accepted: {v:?}"),
+    }
+}
+
+#[test]
+fn topics_past_the_caps_are_refused_until_one_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--topics-max", "4", "--auto-create-topics-max", "2"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client();
+        for t in ["auto1", "auto2"] {
+            producer
+                .send(t, OutgoingMessage::new(b"x".to_vec()))
+                .await
+                .unwrap();
+        }
+        let (c, m) = code(
+            producer
+                .send("auto3", OutgoingMessage::new(b"x".to_vec()))
+                .await,
+        );
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--auto-create-topics-max"), "{m}");
+        // Explicit creation is still allowed, up to the broker's topic cap.
+        client.create_topic("made1", 2).await.unwrap();
+        client.create_topic("made2", 2).await.unwrap();
+        let (c, m) = code(client.create_topic("made3", 2).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--topics-max"), "{m}");
+        // Deleting an auto-created topic frees a place of both kinds.
+        client.delete_topic("auto1").await.unwrap();
+        producer
+            .send("auto3", OutgoingMessage::new(b"x".to_vec()))
+            .await
+            .unwrap();
+        let (c, _) = code(client.create_topic("made3", 2).await);
+        assert_eq!(c, ErrorCode::LimitReached);
+        assert_eq!(client.list_topics().await.unwrap().len(), 4);
+    });
+    // The count of auto-created topics survives a restart.
+    let mut broker = broker;
+    assert!(broker.stop());
+    broker.restart();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().delete_topic("made2").await.unwrap();
+        let (c, m) = code(
+            producer
+                .send("auto4", OutgoingMessage::new(b"x".to_vec()))
+                .await,
+        );
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        producer.client().create_topic("made3", 1).await.unwrap();
+    });
+}
+
+/// `count` group names that shard `shard` of `shards` coordinates.
+fn groups_on(shard: u32, shards: u32, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("g{i}"))
+        .filter(|g| coordinator_shard(g, shards) == shard)
+        .take(count)
+        .collect()
+}
+
+#[test]
+fn groups_past_the_cap_are_refused_and_a_deleted_group_frees_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--groups-max", "2"]);
+    let addr = broker.addr_string();
+    let names = groups_on(0, 2, 3);
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 1).await.unwrap();
+        // Committed offsets: two groups fit on the queue's shard, the third does not.
+        client.commit_offset(&names[0], "t", 0, 0).await.unwrap();
+        client.commit_offset(&names[1], "t", 0, 0).await.unwrap();
+        let (c, m) = code(client.commit_offset(&names[2], "t", 0, 0).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--groups-max"), "{m}");
+        // Membership: two groups on one coordinator, the third is refused.
+        let member = MemberSpec {
+            subscriptions: vec![("t".into(), "*".into())],
+            ..MemberSpec::default()
+        };
+        client.group_heartbeat(&names[0], &member).await.unwrap();
+        client.group_heartbeat(&names[1], &member).await.unwrap();
+        let (c, m) = code(client.group_heartbeat(&names[2], &member).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        // A group with live members cannot be deleted.
+        let (c, m) = code(client.delete_group(&names[0]).await);
+        assert_eq!(c, ErrorCode::Conflict, "{m}");
+        client.unregister(&names[0]).await.unwrap();
+        client.delete_group(&names[0]).await.unwrap();
+        assert_eq!(client.query_offset(&names[0], "t", 0).await.unwrap(), None);
+        client.commit_offset(&names[2], "t", 0, 0).await.unwrap();
+        client.group_heartbeat(&names[2], &member).await.unwrap();
+    });
+    assert!(broker.stop());
+    broker.restart();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        assert_eq!(client.query_offset(&names[0], "t", 0).await.unwrap(), None);
+        assert_eq!(
+            client.query_offset(&names[2], "t", 0).await.unwrap(),
+            Some(0)
+        );
+        let (c, _) = code(client.commit_offset(&names[0], "t", 0, 0).await);
+        assert_eq!(c, ErrorCode::LimitReached, "still two groups with offsets");
+    });
+}
+
+#[test]
+fn one_connection_carries_members_of_at_most_64_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 1).await.unwrap();
+        let member = MemberSpec {
+            subscriptions: vec![("t".into(), "*".into())],
+            ..MemberSpec::default()
+        };
+        for i in 0..64 {
+            client
+                .group_heartbeat(&format!("g{i}"), &member)
+                .await
+                .unwrap();
+        }
+        let (c, m) = code(client.group_heartbeat("g64", &member).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        // Groups it is in already keep working.
+        client.group_heartbeat("g3", &member).await.unwrap();
+        // Another connection is not affected.
+        let other = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        other.group_heartbeat("g64", &member).await.unwrap();
+    });
+}
