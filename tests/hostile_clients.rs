@@ -211,3 +211,50 @@ fn connections_past_the_cap_are_refused_with_a_typed_error_until_one_closes() {
     std::thread::sleep(Duration::from_millis(300));
     still_serves(&addr);
 }
+
+/// With a low open-file limit the broker says so at start, caps connections below it
+/// (descriptors stay for the stores), refuses the ones past the cap with a typed error
+/// instead of failing accept in a loop, and keeps storing and checkpointing.
+#[test]
+fn a_low_open_file_limit_caps_connections_and_keeps_descriptors_for_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start_with_file_limit(&dir.path().join("data"), 2, &[], 512);
+    let addr = broker.addr_string();
+    assert!(
+        broker.stderr().contains("open-file limit is 512"),
+        "{}",
+        broker.stderr()
+    );
+    // More idle connections than the limit leaves room for.
+    let mut conns = Vec::new();
+    let mut refused = 0;
+    for _ in 0..600 {
+        let Ok(c) = TcpStream::connect(&addr) else {
+            refused += 1;
+            continue;
+        };
+        conns.push(c);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        if let Ok(n) = c.read(&mut buf) {
+            if n > 0 {
+                let f = FrameDecoder::default().decode(&buf[..n]).unwrap().unwrap();
+                let Response::Error(e) = f.decode_response().unwrap() else {
+                    panic!("not an error answer")
+                };
+                assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused >= 600 - 512, "refused {refused}");
+    drop(conns);
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&addr, "fd", 10, 100);
+    assert!(broker.stop(), "a clean stop (checkpoint) with the limit");
+    let log = broker.stderr();
+    assert!(!log.contains("Too many open files"), "{log}");
+}

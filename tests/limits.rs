@@ -164,3 +164,24 @@ fn one_connection_carries_members_of_at_most_64_groups() {
         other.group_heartbeat("g64", &member).await.unwrap();
     });
 }
+
+#[test]
+fn queues_of_all_topics_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--queues-max", "10"]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("a", 4).await.unwrap();
+        client.create_topic("b", 4).await.unwrap();
+        let (c, m) = code(client.create_topic("c", 4).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--queues-max"), "{m}");
+        let (c, _) = code(client.update_topic("b", 8).await);
+        assert_eq!(c, ErrorCode::LimitReached, "growing a topic counts too");
+        // A deleted topic frees its queues.
+        client.delete_topic("a").await.unwrap();
+        client.create_topic("c", 2).await.unwrap();
+        client.update_topic("c", 6).await.unwrap();
+    });
+}

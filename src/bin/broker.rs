@@ -89,6 +89,11 @@ struct Cli {
     /// frees one) [default: 4096]
     #[arg(long)]
     groups_max: Option<usize>,
+    /// Most queues of all topics together (each keeps a memory-mapped file open); lowered
+    /// at start-up to half of the kernel's vm.max_map_count, with a line saying so
+    /// [default: 30000]
+    #[arg(long)]
+    queues_max: Option<usize>,
     /// How often retention looks for old segments to delete, in ms [default: 60000]
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
@@ -176,6 +181,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.groups_max {
         cfg.groups_max = v;
+    }
+    if let Some(v) = cli.queues_max {
+        cfg.queues_max = v;
     }
     if let Some(v) = cli.disk_free_min_mb {
         cfg.disk_free_min_mb = v;

@@ -87,6 +87,8 @@ pub struct ServiceConfig {
     pub auto_create_topics_max: usize,
     /// Most groups coordinated, and most groups with offsets kept, per shard.
     pub groups_max: usize,
+    /// Most queues of all topics together.
+    pub queues_max: usize,
 }
 
 /// Everything one shard owns.

@@ -13,7 +13,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Rewrite the file as a snapshot once it is this large.
+/// Rewrite the file as a snapshot once it is this large, and twice its last snapshot (so
+/// rewrites stay rare, amortized over the appends, however many offsets there are).
 const OFFSETS_FILE_BYTES_MAX: u64 = 4 << 20;
 const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RMQO");
 
@@ -30,6 +31,8 @@ pub struct OffsetStore {
     pending: Vec<u8>,
     /// Bytes in the file, written or pending.
     file_bytes: u64,
+    /// Bytes of the last snapshot written.
+    snapshot_bytes: u64,
     /// The next write rewrites the file as a snapshot (it grew, or a topic was forgotten).
     rewrite: bool,
     /// Changes made / written to the file / covered by a finished fdatasync.
@@ -171,6 +174,7 @@ impl OffsetStore {
             offsets,
             pending: Vec::new(),
             file_bytes: 0,
+            snapshot_bytes: 0,
             rewrite: true,
             changed_gen: 0,
             written_gen: 0,
@@ -221,7 +225,7 @@ impl OffsetStore {
         {
             *self.groups.entry(group.to_owned()).or_default() += 1;
         }
-        if self.file_bytes > OFFSETS_FILE_BYTES_MAX {
+        if self.file_bytes > OFFSETS_FILE_BYTES_MAX.max(2 * self.snapshot_bytes) {
             self.rewrite = true;
         }
         self.changed_gen += 1;
@@ -256,6 +260,7 @@ impl OffsetStore {
             self.rewrite = false;
             self.pending.clear();
             self.file_bytes = snapshot.len() as u64;
+            self.snapshot_bytes = snapshot.len() as u64;
             let io = OffsetsIo::Rewrite {
                 path: self.path.clone(),
                 snapshot,
@@ -353,6 +358,28 @@ mod tests {
         assert_eq!(s.group_count(), 1);
         assert_eq!(s.get("g1", "t", 0), None);
         assert_eq!(s.get("g2", "t", 0), Some(1));
+    }
+
+    #[test]
+    fn rewrites_stay_rare_when_the_snapshot_itself_is_big() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        let mut rewrites = 0;
+        // 200,000 distinct offsets: a snapshot of them is over the 4 MiB rewrite size.
+        for i in 0..200_000u32 {
+            s.commit(&format!("g{}", i / 1000), "topic", i % 1000, 1);
+            if i % 1000 == 999 {
+                while let Some((io, covered)) = s.take_io() {
+                    rewrites += usize::from(matches!(io, OffsetsIo::Rewrite { .. }));
+                    s.written(covered, io.run().unwrap());
+                }
+            }
+        }
+        assert!(s.snapshot_bytes > 4 << 20);
+        assert!(rewrites <= 3, "{rewrites} rewrites");
+        drop(s);
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.get("g199", "topic", 999), Some(1));
     }
 
     #[test]

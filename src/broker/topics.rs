@@ -121,6 +121,11 @@ impl TopicTable {
         self.topics.is_empty()
     }
 
+    /// Queues of all topics together.
+    pub fn queue_total(&self) -> u64 {
+        self.topics.values().map(|&q| u64::from(q)).sum()
+    }
+
     /// Topics that auto-create made.
     pub fn auto_created(&self) -> usize {
         self.auto.len()
@@ -252,6 +257,18 @@ impl ShardCtx {
                 }
                 table.mark_auto(topic);
             }
+        }
+        // Bounded: each queue holds at least one mapped file on its shard.
+        let before = table.queue_total();
+        let after = before - u64::from(current.unwrap_or(0)) + u64::from(queues.unwrap_or(0));
+        if after > before && after > self.cfg.queues_max as u64 {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "topics would hold {after} queues, past the broker's limit of {} (--queues-max); delete topics or use fewer queues",
+                    self.cfg.queues_max
+                ),
+            ));
         }
         table.set(topic, queues);
         let dir = self.cfg.data_dir.clone();

@@ -77,9 +77,10 @@ impl Backing {
         self.ensure_from(0, end, step, path)
     }
 
-    /// Makes sure the bytes below `end` are allocated, `step` more at a time (one call per
-    /// `step` bytes of appends; a no-op where blocks exist already). Blocks before the first
-    /// position asked for on a reopened file were written before, so they exist.
+    /// Makes sure the bytes below `end` are allocated, in chunks that double from one page
+    /// up to `step` (then one call per `step` bytes of appends; a no-op where blocks exist
+    /// already). Blocks before the first position asked for on a reopened file were
+    /// written before, so they exist.
     fn ensure(&mut self, end: u64, step: u64, path: &Path) -> Result<(), IndexError> {
         if end <= self.allocated_to {
             return Ok(());
@@ -97,7 +98,9 @@ impl Backing {
         step: u64,
         path: &Path,
     ) -> Result<(), IndexError> {
-        let to = from.saturating_add(step).max(end).min(self.len);
+        // Grows with the file, up to `step`: a queue with one message holds one page.
+        let chunk = self.allocated_to.clamp(ALLOC_ALIGN, step.max(ALLOC_ALIGN));
+        let to = from.saturating_add(chunk).max(end).min(self.len);
         if to <= from {
             return Ok(());
         }

@@ -43,6 +43,8 @@ const GROUP_EXPIRY_CHECK_MS: u64 = 500;
 pub const TOPICS_MAX_DEFAULT: usize = 4096;
 /// Default of `--auto-create-topics-max`.
 pub const AUTO_CREATE_TOPICS_MAX_DEFAULT: usize = 1024;
+/// Default of `--queues-max`.
+pub const QUEUES_MAX_DEFAULT: usize = 30_000;
 /// Default of `--groups-max`.
 pub const GROUPS_MAX_DEFAULT: usize = 4096;
 /// Bounds of `--session-timeout-ms`.
@@ -106,6 +108,9 @@ pub struct BrokerConfig {
     /// Most consumer groups one shard coordinates, and most groups whose committed offsets
     /// one shard keeps.
     pub groups_max: usize,
+    /// Most queues of all topics together (each holds at least one memory-mapped file);
+    /// lowered at start-up to half the kernel's `vm.max_map_count`.
+    pub queues_max: usize,
 }
 
 impl Default for BrokerConfig {
@@ -136,6 +141,7 @@ impl Default for BrokerConfig {
             topics_max: TOPICS_MAX_DEFAULT,
             auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
             groups_max: GROUPS_MAX_DEFAULT,
+            queues_max: QUEUES_MAX_DEFAULT,
         }
     }
 }
@@ -238,9 +244,18 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerError> {
     Ok(file)
 }
 
+/// The kernel's limit on memory maps per process, if it can be read.
+fn max_map_count() -> Option<usize> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 impl Broker {
     /// Starts the shards and returns once every shard serves.
-    pub fn start(cfg: BrokerConfig) -> Result<Broker, BrokerError> {
+    pub fn start(mut cfg: BrokerConfig) -> Result<Broker, BrokerError> {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -289,6 +304,7 @@ impl Broker {
         for (name, v) in [
             ("topics-max", cfg.topics_max),
             ("groups-max", cfg.groups_max),
+            ("queues-max", cfg.queues_max),
         ] {
             if v == 0 {
                 return Err(BrokerError::Config(format!("{name} must be at least 1")));
@@ -304,13 +320,29 @@ impl Broker {
         check_ports_free(&cfg.listen, shards)?;
         let (file_limit, _) = listen::raise_file_limit();
         let connections_max = listen::connections_max(cfg.connections_max, file_limit, shards);
-        if cfg.connections_max != 0 && connections_max < cfg.connections_max {
+        let wanted = if cfg.connections_max == 0 {
+            listen::CONNECTIONS_MAX_DEFAULT
+        } else {
+            cfg.connections_max
+        };
+        if connections_max < wanted {
             crate::say!(
-                "ringmq-broker: the open-file limit is {file_limit}: at most {connections_max} connections, not {}",
-                cfg.connections_max
+                "ringmq-broker: the open-file limit is {file_limit}: at most {connections_max} connections, not {wanted} (descriptors are kept for the stores)",
             );
         }
         let cap = ConnectionCap::new(connections_max);
+        // Each queue maps at least one file, and past vm.max_map_count every mmap of the
+        // process fails: keep half of it for queues.
+        if let Some(maps) = max_map_count() {
+            let fit = (maps / 2).max(1);
+            if cfg.queues_max > fit {
+                crate::say!(
+                    "ringmq-broker: vm.max_map_count is {maps}: at most {fit} queues, not {}",
+                    cfg.queues_max
+                );
+                cfg.queues_max = fit;
+            }
+        }
         TopicTable::load(&cfg.data_dir).map_err(|e| BrokerError::DataDir {
             path: cfg.data_dir.clone(),
             reason: e.to_string(),
@@ -579,6 +611,7 @@ async fn shard_main(
         topics_max: cfg.topics_max,
         auto_create_topics_max: cfg.auto_create_topics_max,
         groups_max: cfg.groups_max,
+        queues_max: cfg.queues_max,
     };
     let peers = Box::new(MeshPeers {
         senders,

@@ -15,6 +15,8 @@ pub struct BrokerProcess {
     pub shards: usize,
     extra: Vec<String>,
     stderr_log: PathBuf,
+    /// The open-file limit (soft and hard) the broker runs with, if set.
+    pub file_limit: Option<u64>,
 }
 
 impl BrokerProcess {
@@ -39,6 +41,28 @@ impl BrokerProcess {
             shards,
             extra,
             stderr_log: data_dir.with_extension("stderr.log"),
+            file_limit: None,
+        };
+        b.spawn();
+        b
+    }
+
+    /// Starts a broker whose open-file limit (soft and hard) is `limit`.
+    pub fn start_with_file_limit(
+        data_dir: &Path,
+        shards: usize,
+        extra: &[&str],
+        limit: u64,
+    ) -> BrokerProcess {
+        let mut b = BrokerProcess {
+            child: None,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.to_owned(),
+            shards,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            stderr_log: data_dir.with_extension("stderr.log"),
+            file_limit: Some(limit),
         };
         b.spawn();
         b
@@ -46,15 +70,31 @@ impl BrokerProcess {
 
     fn spawn(&mut self) {
         let stderr = std::fs::File::create(&self.stderr_log).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
-            .args(["--listen", &self.listen.to_string(), "--data-dir"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringmq-broker"));
+        cmd.args(["--listen", &self.listen.to_string(), "--data-dir"])
             .arg(&self.data_dir)
             .args(["--shards", &self.shards.to_string()])
             .args(&self.extra)
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn ringmq-broker");
+            .stderr(stderr);
+        if let Some(limit) = self.file_limit {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: runs in the forked child before exec and only calls setrlimit, which
+            // is async-signal-safe, on a struct on its own stack.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn ringmq-broker");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
