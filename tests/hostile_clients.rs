@@ -14,7 +14,7 @@ use common::broker::BrokerProcess;
 use common::runtime;
 use ringmq::client::{ClientConfig, OutgoingMessage, Producer};
 use ringmq::protocol::{
-    encode_request, ErrorCode, FrameDecoder, Heartbeat, Pull, Request, Response,
+    encode_request, ErrorBody, ErrorCode, FrameDecoder, Heartbeat, Pull, Request, Response,
     FRAME_HEADER_BYTES, FRAME_MAGIC, PROTOCOL_VERSION,
 };
 
@@ -56,7 +56,8 @@ fn flood_with_pulls(addr: &str, topic: &str, pulls: u64) -> TcpStream {
     conn
 }
 
-/// Waits for the broker's memory to settle and returns the highest reading seen.
+/// Samples the broker's memory every 100 ms for 2 s (a measurement window, not a wait for
+/// a condition) and returns the highest reading.
 fn settle_rss(broker: &BrokerProcess) -> u64 {
     let mut peak = 0;
     for _ in 0..20 {
@@ -64,6 +65,45 @@ fn settle_rss(broker: &BrokerProcess) -> u64 {
         std::thread::sleep(Duration::from_millis(100));
     }
     peak
+}
+
+/// Waits (up to 10 s) until a new connection is served again, e.g. after others closed.
+fn serves_again(addr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        if matches!(heartbeat_answer(&mut conn), Some(Ok(()))) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the broker does not serve again");
+        std::thread::yield_now();
+    }
+}
+
+/// Sends a heartbeat on `conn` and reads its answer (`None`: the connection ended first).
+fn heartbeat_answer(conn: &mut TcpStream) -> Option<Result<(), ErrorBody>> {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let hb = Heartbeat {
+        client_id: "ok".into(),
+    };
+    conn.write_all(&frame(hb.into(), 1)).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut got = 0;
+    loop {
+        let n = conn.read(&mut buf[got..]).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got += n;
+        if let Some(f) = FrameDecoder::default().decode(&buf[..got]).unwrap() {
+            return Some(match f.decode_response().unwrap() {
+                Response::Empty(_) => Ok(()),
+                Response::Error(e) => Err(e),
+                other => panic!("{other:?}"),
+            });
+        }
+    }
 }
 
 /// Answers a heartbeat, so the broker serves well-behaved clients.
@@ -179,22 +219,14 @@ fn connections_past_the_cap_are_refused_with_a_typed_error_until_one_closes() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--connections-max", "4"]);
     let addr = broker.addr_string();
+    // Each held connection is in once its heartbeat is answered.
     let held: Vec<TcpStream> = (0..4)
         .map(|_| {
-            let c = TcpStream::connect(&addr).unwrap();
-            let mut w = &c;
-            w.write_all(&frame(
-                Heartbeat {
-                    client_id: "h".into(),
-                }
-                .into(),
-                1,
-            ))
-            .unwrap();
+            let mut c = TcpStream::connect(&addr).unwrap();
+            assert!(matches!(heartbeat_answer(&mut c), Some(Ok(()))));
             c
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(200));
     let mut refused = TcpStream::connect(&addr).unwrap();
     refused
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -208,8 +240,7 @@ fn connections_past_the_cap_are_refused_with_a_typed_error_until_one_closes() {
     assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}");
     assert!(e.is_retriable());
     drop(held);
-    std::thread::sleep(Duration::from_millis(300));
-    still_serves(&addr);
+    serves_again(&addr);
 }
 
 /// With a low open-file limit the broker says so at start, caps connections below it
@@ -225,7 +256,8 @@ fn a_low_open_file_limit_caps_connections_and_keeps_descriptors_for_the_store() 
         "{}",
         broker.stderr()
     );
-    // More idle connections than the limit leaves room for.
+    // More connections than the limit leaves room for: each asks once; the ones past the
+    // cap are answered with the typed refusal, the others are served.
     let mut conns = Vec::new();
     let mut refused = 0;
     for _ in 0..600 {
@@ -235,24 +267,20 @@ fn a_low_open_file_limit_caps_connections_and_keeps_descriptors_for_the_store() 
         };
         conns.push(c);
     }
-    std::thread::sleep(Duration::from_millis(500));
     for c in &mut conns {
-        c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        let mut buf = vec![0u8; 4096];
-        if let Ok(n) = c.read(&mut buf) {
-            if n > 0 {
-                let f = FrameDecoder::default().decode(&buf[..n]).unwrap().unwrap();
-                let Response::Error(e) = f.decode_response().unwrap() else {
-                    panic!("not an error answer")
-                };
+        match heartbeat_answer(c) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
                 assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}");
                 refused += 1;
             }
+            // Closed right after the refusal was written.
+            None => refused += 1,
         }
     }
     assert!(refused >= 600 - 512, "refused {refused}");
     drop(conns);
-    std::thread::sleep(Duration::from_millis(300));
+    serves_again(&addr);
     fill(&addr, "fd", 10, 100);
     assert!(broker.stop(), "a clean stop (checkpoint) with the limit");
     let log = broker.stderr();
