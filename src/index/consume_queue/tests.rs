@@ -1,0 +1,457 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+fn cfg(entries_per_file: u64) -> ConsumeQueueConfig {
+    ConsumeQueueConfig { entries_per_file }
+}
+
+fn open(dir: &Path, entries_per_file: u64) -> ConsumeQueue {
+    let queue = ConsumeQueue::open(dir, cfg(entries_per_file)).unwrap();
+    queue.check_invariants();
+    queue
+}
+
+/// The entry the tests put at `queue_offset`: records of 100 bytes, back to back, with
+/// a gap of `queue_offset % 3` bytes (other queues' records) and a tag on even offsets.
+fn entry(queue_offset: u64) -> CqEntry {
+    CqEntry {
+        physical_offset: queue_offset * 103,
+        size: 100,
+        tag_hash: if queue_offset % 2 == 0 {
+            crate::index::tag_hash(&format!("tag{}", queue_offset % 5))
+        } else {
+            crate::index::TAG_HASH_NONE
+        },
+    }
+}
+
+fn append(queue: &mut ConsumeQueue, offsets: std::ops::Range<u64>) {
+    for queue_offset in offsets {
+        queue.put(queue_offset, entry(queue_offset)).unwrap();
+    }
+    queue.check_invariants();
+}
+
+/// The queue serves exactly `entry(q)` for q in `[min, max)` and nothing else.
+fn check(queue: &ConsumeQueue, min: u64, max: u64) {
+    queue.check_invariants();
+    assert_eq!(queue.min_offset(), min, "min");
+    assert_eq!(queue.max_offset(), max, "max");
+    for queue_offset in min.saturating_sub(5)..max + 5 {
+        let expected = (min..max)
+            .contains(&queue_offset)
+            .then(|| entry(queue_offset));
+        assert_eq!(queue.get(queue_offset), expected, "get({queue_offset})");
+    }
+    let last = (max > min).then(|| (max - 1, entry(max - 1)));
+    assert_eq!(queue.last_entry(), last);
+}
+
+fn file_bases(dir: &Path) -> Vec<u64> {
+    list_numbered_files(dir)
+        .unwrap()
+        .into_iter()
+        .map(|(base, _)| base)
+        .collect()
+}
+
+#[test]
+fn empty_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open(dir.path(), 4);
+    check(&queue, 0, 0);
+    assert_eq!(queue.get(0), None);
+    drop(queue);
+    check(&open(dir.path(), 4), 0, 0);
+}
+
+#[test]
+fn dense_appends_across_files_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..37);
+    check(&queue, 0, 37);
+    assert_eq!(
+        file_bases(dir.path()),
+        (0..10).map(|i| i * 4).collect::<Vec<_>>()
+    );
+    queue.flush().unwrap();
+    drop(queue);
+    let mut queue = open(dir.path(), 4);
+    check(&queue, 0, 37);
+    // Appending after a reopen continues in the same file, then rolls.
+    append(&mut queue, 37..45);
+    check(&queue, 0, 45);
+    drop(queue);
+    check(&open(dir.path(), 4), 0, 45);
+}
+
+#[test]
+fn reopen_at_exact_file_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..8);
+    assert_eq!(file_bases(dir.path()), vec![0, 4]);
+    drop(queue);
+    let mut queue = open(dir.path(), 4);
+    check(&queue, 0, 8);
+    append(&mut queue, 8..9);
+    assert_eq!(file_bases(dir.path()), vec![0, 4, 8]);
+    check(&queue, 0, 9);
+}
+
+#[test]
+fn entry_layout_is_little_endian_20_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    let e = CqEntry {
+        physical_offset: 0x0102_0304_0506_0708,
+        size: 0x1112_1314,
+        tag_hash: 0x2122_2324_2526_2728,
+    };
+    queue.put(0, e).unwrap();
+    queue.flush().unwrap();
+    let bytes = std::fs::read(dir.path().join("00000000000000000000")).unwrap();
+    assert_eq!(bytes.len(), 4 * 20);
+    assert_eq!(
+        &bytes[..20],
+        &[
+            8, 7, 6, 5, 4, 3, 2, 1, 0x14, 0x13, 0x12, 0x11, 0x28, 0x27, 0x26, 0x25, 0x24, 0x23,
+            0x22, 0x21
+        ]
+    );
+    assert!(bytes[20..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn hole_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..5);
+    let err = queue.put(7, entry(7)).unwrap_err();
+    assert!(
+        matches!(err, IndexError::Hole { offset: 7, max: 5 }),
+        "{err}"
+    );
+    assert_eq!(err.to_string(), "consume queue hole: put at 7, max is 5");
+    check(&queue, 0, 5);
+}
+
+#[test]
+fn empty_queue_starts_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 1000..1006);
+    check(&queue, 1000, 1006);
+    assert_eq!(file_bases(dir.path()), vec![1000, 1004]);
+    drop(queue);
+    check(&open(dir.path(), 4), 1000, 1006);
+}
+
+#[test]
+fn overwrite_in_place_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..10);
+    // Replay re-puts everything from an older checkpoint, then continues.
+    append(&mut queue, 3..10);
+    append(&mut queue, 0..14);
+    check(&queue, 0, 14);
+    drop(queue);
+    check(&open(dir.path(), 4), 0, 14);
+}
+
+#[test]
+#[should_panic(expected = "goes backward")]
+fn append_going_backward_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..3);
+    queue.put(3, entry(1)).unwrap();
+}
+
+#[test]
+#[should_panic(expected = "size 0")]
+fn size_zero_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    let e = CqEntry {
+        size: 0,
+        ..entry(0)
+    };
+    queue.put(0, e).unwrap();
+}
+
+#[test]
+fn truncate_after_log_end_drops_exact_suffix() {
+    let check_truncate = |log_end: u64, expected_max: u64| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 4);
+        append(&mut queue, 0..23);
+        queue.truncate_after_log_end(log_end).unwrap();
+        check(&queue, 0, expected_max);
+        drop(queue);
+        let mut queue = open(dir.path(), 4);
+        check(&queue, 0, expected_max);
+        // The queue continues from the truncation point.
+        append(&mut queue, expected_max..expected_max + 6);
+        check(&queue, 0, expected_max + 6);
+        drop(queue);
+        check(&open(dir.path(), 4), 0, expected_max + 6);
+    };
+    // Entry q spans [103q, 103q + 100).
+    check_truncate(u64::MAX, 23);
+    check_truncate(22 * 103 + 100, 23);
+    check_truncate(22 * 103 + 99, 22);
+    check_truncate(10 * 103 + 100, 11);
+    check_truncate(10 * 103 + 102, 11);
+    check_truncate(8 * 103 + 99, 8); // at a file boundary
+    check_truncate(100, 1);
+    check_truncate(99, 0);
+    check_truncate(0, 0);
+}
+
+#[test]
+fn truncate_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..20);
+    queue.truncate_to(25).unwrap(); // beyond max: nothing to drop
+    check(&queue, 0, 20);
+    queue.truncate_to(13).unwrap();
+    check(&queue, 0, 13);
+    queue.truncate_to(12).unwrap();
+    check(&queue, 0, 12);
+    assert_eq!(file_bases(dir.path()), vec![0, 4, 8, 12]);
+    drop(queue);
+    let mut queue = open(dir.path(), 4);
+    check(&queue, 0, 12);
+    queue.truncate_to(0).unwrap();
+    check(&queue, 0, 0);
+    drop(queue);
+    let mut queue = open(dir.path(), 4);
+    check(&queue, 0, 0);
+    append(&mut queue, 0..3);
+    check(&queue, 0, 3);
+}
+
+#[test]
+fn delete_before_physical_removes_files_and_advances_min() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..22);
+    // Nothing below the log's start.
+    assert_eq!(queue.delete_before_physical(0).unwrap(), 0);
+    check(&queue, 0, 22);
+    // Entry 9 starts at 927: entries 0..=9 go; file 0..4 and 4..8 go, 8..12 stays.
+    assert_eq!(queue.delete_before_physical(9 * 103 + 1).unwrap(), 10);
+    check(&queue, 10, 22);
+    assert_eq!(file_bases(dir.path()), vec![8, 12, 16, 20]);
+    // A smaller log_min never moves min back.
+    assert_eq!(queue.delete_before_physical(5).unwrap(), 10);
+    check(&queue, 10, 22);
+    // A reopen reports the first file's base; the store re-applies retention.
+    drop(queue);
+    let mut queue = open(dir.path(), 4);
+    check(&queue, 8, 22);
+    assert_eq!(queue.delete_before_physical(9 * 103 + 1).unwrap(), 10);
+    check(&queue, 10, 22);
+    // Exactly at a file boundary.
+    assert_eq!(queue.delete_before_physical(16 * 103).unwrap(), 16);
+    check(&queue, 16, 22);
+    assert_eq!(file_bases(dir.path()), vec![16, 20]);
+    // Everything: the last file stays so a reopen still knows max.
+    assert_eq!(queue.delete_before_physical(u64::MAX).unwrap(), 22);
+    check(&queue, 22, 22);
+    assert_eq!(file_bases(dir.path()), vec![20]);
+    append(&mut queue, 22..27);
+    check(&queue, 22, 27);
+    drop(queue);
+    check(&open(dir.path(), 4), 20, 27);
+}
+
+#[test]
+fn delete_everything_at_full_last_file_then_restart_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..8);
+    assert_eq!(queue.delete_before_physical(u64::MAX).unwrap(), 8);
+    check(&queue, 8, 8);
+    assert_eq!(file_bases(dir.path()), vec![4]);
+    drop(queue);
+    let mut queue = open(dir.path(), 4);
+    check(&queue, 4, 8);
+    queue.delete_before_physical(u64::MAX).unwrap();
+    check(&queue, 8, 8);
+    // The empty queue may restart at any offset; its old files go.
+    append(&mut queue, 50..53);
+    check(&queue, 50, 53);
+    assert_eq!(file_bases(dir.path()), vec![50]);
+    // Below min is a no-op.
+    queue.put(8, entry(8)).unwrap();
+    check(&queue, 50, 53);
+}
+
+#[test]
+fn recovery_removes_files_before_a_gap_and_after_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..18);
+    queue.flush().unwrap();
+    drop(queue);
+    // A crash mid-retention lost file 4 but not file 0; a crash after rolling left an
+    // empty file 20, and a crash before sizing left an empty file 24.
+    std::fs::remove_file(dir.path().join(numbered_file_name(4))).unwrap();
+    std::fs::write(dir.path().join(numbered_file_name(20)), vec![0; 80]).unwrap();
+    std::fs::write(dir.path().join(numbered_file_name(24)), b"").unwrap();
+    std::fs::write(dir.path().join("not-a-queue-file"), b"x").unwrap();
+    let queue = open(dir.path(), 4);
+    check(&queue, 8, 18);
+    assert_eq!(file_bases(dir.path()), vec![8, 12, 16]);
+}
+
+#[test]
+fn recovery_after_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..10);
+    queue.flush().unwrap();
+    drop(queue);
+    // The last entries never reached the disk.
+    let path = dir.path().join(numbered_file_name(8));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[20..40].fill(0);
+    std::fs::write(&path, bytes).unwrap();
+    check(&open(dir.path(), 4), 0, 9);
+}
+
+#[test]
+fn wrong_file_size_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..5);
+    drop(queue);
+    let err = ConsumeQueue::open(dir.path(), cfg(8)).err().unwrap();
+    let message = err.to_string();
+    assert!(matches!(err, IndexError::Corrupt { .. }), "{message}");
+    assert!(message.contains("00000000000000000000"), "{message}");
+    assert!(message.contains("entries_per_file"), "{message}");
+}
+
+#[test]
+fn default_config() {
+    assert_eq!(ConsumeQueueConfig::default().entries_per_file, 300_000);
+}
+
+/// Operations for the model test; offsets are reduced modulo the current range.
+#[derive(Debug, Clone)]
+enum Op {
+    Append(u8),
+    Replay(u16, u8),
+    TruncateAfterLogEnd(u16),
+    TruncateTo(u16),
+    DeleteBefore(u16),
+    Flush,
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1u8..12).prop_map(Op::Append),
+        1 => (any::<u16>(), 1u8..8).prop_map(|(at, n)| Op::Replay(at, n)),
+        1 => any::<u16>().prop_map(Op::TruncateAfterLogEnd),
+        1 => any::<u16>().prop_map(Op::TruncateTo),
+        1 => any::<u16>().prop_map(Op::DeleteBefore),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+/// What the queue must serve: entries of `[min, max)`, plus entries below `min` that a
+/// reopen may serve again (retention inside a file is not persisted).
+struct Model {
+    min: u64,
+    max: u64,
+    entries: BTreeMap<u64, CqEntry>,
+}
+
+impl Model {
+    fn check(&self, queue: &ConsumeQueue) {
+        queue.check_invariants();
+        assert_eq!(queue.min_offset(), self.min);
+        assert_eq!(queue.max_offset(), self.max);
+        for queue_offset in self.min.saturating_sub(2)..self.max + 2 {
+            let expected = (self.min..self.max)
+                .contains(&queue_offset)
+                .then(|| self.entries[&queue_offset]);
+            assert_eq!(queue.get(queue_offset), expected, "get({queue_offset})");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn matches_model(entries_per_file in 1u64..6, ops in proptest::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), entries_per_file);
+        let mut model = Model { min: 0, max: 0, entries: BTreeMap::new() };
+        for op in ops {
+            match op {
+                Op::Append(n) => {
+                    for _ in 0..n {
+                        let q = model.max;
+                        queue.put(q, entry(q)).unwrap();
+                        model.entries.insert(q, entry(q));
+                        model.max += 1;
+                    }
+                }
+                Op::Replay(at, n) => {
+                    let span = model.max - model.min + 1;
+                    let from = model.min + u64::from(at) % span;
+                    for q in from..(from + u64::from(n)).min(model.max + 1) {
+                        queue.put(q, entry(q)).unwrap();
+                        model.entries.insert(q, entry(q));
+                        model.max = model.max.max(q + 1);
+                    }
+                }
+                Op::TruncateAfterLogEnd(at) => {
+                    let log_end = u64::from(at) % ((model.max + 1) * 103);
+                    queue.truncate_after_log_end(log_end).unwrap();
+                    let first_beyond = (model.min..model.max)
+                        .find(|q| entry(*q).end() > log_end)
+                        .unwrap_or(model.max);
+                    model.max = first_beyond;
+                    model.entries.retain(|&q, _| q < first_beyond);
+                }
+                Op::TruncateTo(at) => {
+                    // Within [min, max]: below the first file the queue forgets its
+                    // offsets on disk, which the store does not rely on.
+                    let q = model.min + u64::from(at) % (model.max - model.min + 1);
+                    queue.truncate_to(q).unwrap();
+                    model.max = q;
+                    model.entries.retain(|&k, _| k < q);
+                }
+                Op::DeleteBefore(at) => {
+                    let log_min = u64::from(at) % ((model.max + 2) * 103);
+                    let new_min = (model.min..model.max)
+                        .find(|q| entry(*q).physical_offset >= log_min)
+                        .unwrap_or(model.max);
+                    prop_assert_eq!(queue.delete_before_physical(log_min).unwrap(), new_min);
+                    model.min = new_min;
+                }
+                Op::Flush => queue.flush().unwrap(),
+                Op::Reopen => {
+                    drop(queue);
+                    queue = open(dir.path(), entries_per_file);
+                    // Reopen reports the first file's base: an older min, whose entries
+                    // the model still knows.
+                    prop_assert!(queue.min_offset() <= model.min);
+                    model.min = queue.min_offset();
+                }
+            }
+            model.check(&queue);
+        }
+    }
+}

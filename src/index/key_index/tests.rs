@@ -1,0 +1,362 @@
+use super::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+
+fn cfg(slots_per_file: u32, entries_per_file: u32) -> KeyIndexConfig {
+    KeyIndexConfig {
+        slots_per_file,
+        entries_per_file,
+    }
+}
+
+const TINY: KeyIndexConfig = KeyIndexConfig {
+    slots_per_file: 8,
+    entries_per_file: 16,
+};
+
+/// What was put, in put order.
+#[derive(Default)]
+struct Model {
+    puts: Vec<(String, u64, i64)>,
+}
+
+impl Model {
+    /// Offsets of `key` in `[begin_ms, end_ms]` among puts that `keep` accepts, newest
+    /// first, deduplicated, at most `max`.
+    fn query(
+        &self,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max: usize,
+        keep: impl Fn(usize) -> bool,
+    ) -> Vec<u64> {
+        let mut seen = HashSet::new();
+        self.puts
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|&(n, (k, _, ts))| keep(n) && k == key && (begin_ms..=end_ms).contains(ts))
+            .map(|(_, &(_, phys, _))| phys)
+            .filter(|phys| seen.insert(*phys))
+            .take(max)
+            .collect()
+    }
+}
+
+fn check(index: &KeyIndex, key: &str, begin_ms: i64, end_ms: i64, max: usize, expected: &[u64]) {
+    assert_eq!(
+        index.query(key, begin_ms, end_ms, max),
+        expected,
+        "query({key:?}, {begin_ms}, {end_ms}, {max})"
+    );
+}
+
+/// Fills `index` and `model` with random puts: messages of 1..=3 keys from `key_count`
+/// keys (sometimes the same key twice), increasing physical offsets, non-decreasing
+/// store timestamps.
+fn fill(
+    index: &mut KeyIndex,
+    model: &mut Model,
+    rng: &mut StdRng,
+    messages: usize,
+    key_count: usize,
+) {
+    let (mut phys, mut ts) = model
+        .puts
+        .last()
+        .map_or((0, 1_700_000_000_000), |&(_, p, t)| (p + 1, t));
+    for _ in 0..messages {
+        phys += rng.gen_range(1..500);
+        ts += rng.gen_range(0..4);
+        for _ in 0..rng.gen_range(1..=3) {
+            let key = format!("key-{}", rng.gen_range(0..key_count));
+            index.put(&key, phys, ts).unwrap();
+            model.puts.push((key, phys, ts));
+        }
+    }
+}
+
+/// Compares random queries (and every key over the whole range) with the model.
+fn check_against_model(
+    index: &KeyIndex,
+    model: &Model,
+    rng: &mut StdRng,
+    key_count: usize,
+    keep: impl Fn(usize) -> bool,
+) {
+    let first_ts = model.puts.first().map_or(0, |p| p.2);
+    let last_ts = model.puts.last().map_or(0, |p| p.2);
+    for k in 0..key_count {
+        let key = format!("key-{k}");
+        let expected = model.query(&key, i64::MIN, i64::MAX, usize::MAX, &keep);
+        check(index, &key, i64::MIN, i64::MAX, usize::MAX, &expected);
+    }
+    for _ in 0..300 {
+        let key = format!("key-{}", rng.gen_range(0..key_count + 2));
+        let a = rng.gen_range(first_ts - 5..=last_ts + 5);
+        let b = rng.gen_range(first_ts - 5..=last_ts + 5);
+        let (begin_ms, end_ms) = (a.min(b), a.max(b));
+        let max = rng.gen_range(0..20);
+        let expected = model.query(&key, begin_ms, end_ms, max, &keep);
+        check(index, &key, begin_ms, end_ms, max, &expected);
+    }
+}
+
+/// The test keys are told apart by their stored hash, so the model's exact answers are
+/// the index's candidates (slots still collide constantly with 8 slots).
+fn assert_no_stored_hash_collision(key_count: usize) {
+    let mut seen = HashMap::new();
+    for k in 0..key_count + 2 {
+        let key = format!("key-{k}");
+        if let Some(other) = seen.insert(KeyHash::of(&key).stored, key.clone()) {
+            panic!("{key} and {other} share a stored hash; pick other test keys");
+        }
+    }
+}
+
+#[test]
+fn matches_model_across_files_and_reopen() {
+    let key_count = 40;
+    assert_no_stored_hash_collision(key_count);
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    assert_eq!(index.last_physical_offset(), None);
+    let mut model = Model::default();
+    fill(&mut index, &mut model, &mut rng, 300, key_count);
+    let file_count = model.puts.len().div_ceil(16);
+    assert!(file_count > 30, "{file_count}");
+    assert_eq!(index.file_count(), file_count);
+    check_against_model(&index, &model, &mut rng, key_count, |_| true);
+    let last_phys = model.puts.last().map(|p| p.1);
+    assert_eq!(index.last_physical_offset(), last_phys);
+
+    index.flush().unwrap();
+    drop(index);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    assert_eq!(index.file_count(), file_count);
+    assert_eq!(index.last_physical_offset(), last_phys);
+    check_against_model(&index, &model, &mut rng, key_count, |_| true);
+
+    // Writing goes on in the last file after a reopen.
+    fill(&mut index, &mut model, &mut rng, 100, key_count);
+    assert_eq!(index.file_count(), model.puts.len().div_ceil(16));
+    check_against_model(&index, &model, &mut rng, key_count, |_| true);
+    drop(index);
+    let index = KeyIndex::open(dir.path(), TINY).unwrap();
+    check_against_model(&index, &model, &mut rng, key_count, |_| true);
+}
+
+#[test]
+fn reopen_with_other_config_keeps_old_files_dimensions() {
+    let key_count = 10;
+    assert_no_stored_hash_collision(key_count);
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    let mut model = Model::default();
+    fill(&mut index, &mut model, &mut rng, 30, key_count);
+    drop(index);
+    let mut index = KeyIndex::open(dir.path(), cfg(3, 5)).unwrap();
+    fill(&mut index, &mut model, &mut rng, 30, key_count);
+    check_against_model(&index, &model, &mut rng, key_count, |_| true);
+    drop(index);
+    let index = KeyIndex::open(dir.path(), cfg(1, 1)).unwrap();
+    check_against_model(&index, &model, &mut rng, key_count, |_| true);
+}
+
+#[test]
+fn newest_first_dedup_and_max() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), cfg(2, 3)).unwrap();
+    // One message with the key twice, then re-put by a replay: one candidate.
+    index.put("order-1", 100, 10).unwrap();
+    index.put("order-1", 100, 10).unwrap();
+    index.put("order-2", 150, 11).unwrap();
+    index.put("order-1", 100, 10).unwrap();
+    index.put("order-1", 200, 12).unwrap();
+    index.put("order-1", 300, 13).unwrap();
+    index.put("order-1", 400, 14).unwrap();
+    check(&index, "order-1", 0, 100, 10, &[400, 300, 200, 100]);
+    check(&index, "order-1", 0, 100, 2, &[400, 300]);
+    check(&index, "order-1", 0, 100, 0, &[]);
+    check(&index, "order-1", 12, 13, 10, &[300, 200]);
+    check(&index, "order-1", 13, 12, 10, &[]);
+    check(&index, "order-1", 15, 100, 10, &[]);
+    check(&index, "order-1", 0, 9, 10, &[]);
+    check(&index, "order-2", 11, 11, 10, &[150]);
+    check(&index, "order-3", 0, 100, 10, &[]);
+}
+
+#[test]
+fn hash_collisions_are_candidates() {
+    // Two keys with the same slot (in 8) and stored hash: a query for one returns the
+    // other's offsets too, for the caller to filter.
+    let mut seen = HashMap::new();
+    let (a, b) = (0u32..)
+        .map(|i| format!("k{i}"))
+        .find_map(|key| {
+            let hash = KeyHash::of(&key);
+            seen.insert((hash.stored, hash.full % 8), key.clone())
+                .map(|other| (other, key))
+        })
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    index.put(&a, 10, 1).unwrap();
+    index.put("other", 15, 1).unwrap();
+    index.put(&b, 20, 2).unwrap();
+    check(&index, &a, 0, 10, 10, &[20, 10]);
+    check(&index, &b, 0, 10, 10, &[20, 10]);
+}
+
+#[test]
+fn delete_before_physical_removes_old_files() {
+    let key_count = 12;
+    assert_no_stored_hash_collision(key_count);
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    let mut model = Model::default();
+    index.delete_before_physical(u64::MAX).unwrap(); // no file yet
+    fill(&mut index, &mut model, &mut rng, 100, key_count);
+    let file_count = model.puts.len().div_ceil(16);
+    // File f holds puts [16f, 16f + 16); its end_phys is its last put's offset.
+    let end_phys = |f: usize| model.puts[(16 * f + 15).min(model.puts.len() - 1)].1;
+
+    index.delete_before_physical(0).unwrap();
+    assert_eq!(index.file_count(), file_count);
+    // Exactly a file's end_phys keeps that file.
+    index.delete_before_physical(end_phys(4)).unwrap();
+    assert_eq!(index.file_count(), file_count - 4);
+    check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= 4);
+    index.delete_before_physical(end_phys(6) + 1).unwrap();
+    assert_eq!(index.file_count(), file_count - 7);
+    check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= 7);
+    drop(index);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= 7);
+    // Everything: the last file stays.
+    index.delete_before_physical(u64::MAX).unwrap();
+    assert_eq!(index.file_count(), 1);
+    let last_file = file_count - 1;
+    check_against_model(&index, &model, &mut rng, key_count, |n| n / 16 >= last_file);
+    assert_eq!(index.last_physical_offset(), model.puts.last().map(|p| p.1));
+}
+
+fn corrupt_header(at: usize, bytes: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    for i in 0..20 {
+        index.put("k", i, 0).unwrap();
+    }
+    drop(index);
+    let path = dir.path().join(numbered_file_name(0));
+    let mut file = std::fs::read(&path).unwrap();
+    file[at..at + bytes.len()].copy_from_slice(bytes);
+    std::fs::write(&path, file).unwrap();
+    let err = KeyIndex::open(dir.path(), TINY).err().unwrap();
+    assert!(matches!(err, IndexError::Corrupt { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("00000000000000000000"), "{message}");
+    message
+}
+
+#[test]
+fn inconsistent_header_is_an_error_naming_the_file() {
+    assert!(corrupt_header(MAGIC_AT, b"XXXX").contains("bad magic"));
+    assert!(corrupt_header(VERSION_AT, &9u32.to_le_bytes()).contains("version 9"));
+    assert!(corrupt_header(ENTRY_COUNT_AT, &17u32.to_le_bytes()).contains("entry_count 17"));
+    assert!(corrupt_header(SLOT_COUNT_AT, &9u32.to_le_bytes()).contains("expected"));
+    assert!(corrupt_header(SLOT_COUNT_AT, &0u32.to_le_bytes()).contains("dimensions"));
+    assert!(corrupt_header(BEGIN_PHYS_AT, &u64::MAX.to_le_bytes()).contains("inverted"));
+    // An all-zero header is a torn creation only in the last file.
+    assert!(corrupt_header(0, &[0; KI_HEADER_BYTES]).contains("bad magic"));
+}
+
+#[test]
+fn torn_creation_of_last_file_is_reinitialised() {
+    for torn in [&b""[..], &[0u8; 200][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        for i in 0..16 {
+            index.put("k", i, 0).unwrap();
+        }
+        drop(index);
+        std::fs::write(dir.path().join(numbered_file_name(1)), torn).unwrap();
+        let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+        assert_eq!(index.file_count(), 2);
+        assert_eq!(index.last_physical_offset(), Some(15));
+        index.put("k", 16, 1).unwrap();
+        assert_eq!(index.file_count(), 2);
+        assert_eq!(index.query("k", 0, 10, 3), vec![16, 15, 14]);
+    }
+}
+
+#[test]
+fn links_beyond_entry_count_are_ignored() {
+    // After a power loss the slot page may be newer than the header page.
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    for i in 0..5 {
+        index.put("k", i * 10, 0).unwrap();
+    }
+    drop(index);
+    let path = dir.path().join(numbered_file_name(0));
+    let mut file = std::fs::read(&path).unwrap();
+    file[ENTRY_COUNT_AT..ENTRY_COUNT_AT + 4].copy_from_slice(&3u32.to_le_bytes());
+    std::fs::write(&path, file).unwrap();
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    check(&index, "k", 0, 0, 10, &[20, 10, 0]);
+    assert_eq!(
+        index.last_physical_offset(),
+        Some(40),
+        "the header page was not torn"
+    );
+    // The next put overwrites entry 4 and links it to the counted chain.
+    index.put("k", 30, 0).unwrap();
+    check(&index, "k", 0, 0, 10, &[30, 20, 10, 0]);
+}
+
+#[test]
+fn layout_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), cfg(4, 2)).unwrap();
+    index.put("a", 0x0102, -5).unwrap();
+    index.flush().unwrap();
+    let file = std::fs::read(dir.path().join(numbered_file_name(0))).unwrap();
+    assert_eq!(file.len(), 64 + 4 * 4 + 2 * 24);
+    assert_eq!(&file[..4], b"RMKI");
+    assert_eq!(read_u32(&file, VERSION_AT), 1);
+    assert_eq!(read_i64(&file, BEGIN_TIMESTAMP_MS_AT), -5);
+    assert_eq!(read_i64(&file, END_TIMESTAMP_MS_AT), -5);
+    assert_eq!(read_u64(&file, BEGIN_PHYS_AT), 0x0102);
+    assert_eq!(read_u64(&file, END_PHYS_AT), 0x0102);
+    assert_eq!(read_u32(&file, SLOT_COUNT_AT), 4);
+    assert_eq!(read_u32(&file, ENTRIES_MAX_AT), 2);
+    assert_eq!(read_u32(&file, ENTRY_COUNT_AT), 1);
+    let hash = KeyHash::of("a");
+    let slot = (hash.full % 4) as usize;
+    for s in 0..4 {
+        let expected = u32::from(s == slot);
+        assert_eq!(read_u32(&file, 64 + 4 * s), expected, "slot {s}");
+    }
+    let entry = &file[80..104];
+    assert_eq!(read_u32(entry, 0), hash.stored);
+    assert_eq!(read_u64(entry, 4), 0x0102);
+    assert_eq!(read_i64(entry, 12), -5);
+    assert_eq!(read_u32(entry, 20), 0);
+    assert!(file[104..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn default_config() {
+    let cfg = KeyIndexConfig::default();
+    assert_eq!(
+        (cfg.slots_per_file, cfg.entries_per_file),
+        (5_000_000, 20_000_000)
+    );
+    assert!(file_bytes(cfg.slots_per_file, cfg.entries_per_file).is_some());
+}
