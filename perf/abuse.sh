@@ -10,12 +10,8 @@ cd "$(dirname "$0")/.."
 REV=${1:-bfe25cf}
 MQ_SECS=${2:-75}
 BEFORE_TARGET=/tmp/ringmq-abuse-before-target
-if [ ! -x "$BEFORE_TARGET/release/ringmq-broker" ]; then
-  WT=$(mktemp -d /tmp/ringmq-abuse-wt.XXXX)
-  trap 'git worktree remove --force "$WT" >/dev/null 2>&1 || true' EXIT
-  git worktree add --detach "$WT" "$REV" >/dev/null 2>&1
-  (cd "$WT" && CARGO_TARGET_DIR=$BEFORE_TARGET cargo build --release --bin ringmq-broker >/dev/null 2>&1)
-fi
+. perf/lib.sh
+build_before "$REV" "$BEFORE_TARGET" ringmq-broker
 cargo build --release --bin ringmq-broker --example abuse >/dev/null 2>&1
 ABUSE=target/release/examples/abuse
 PORT=$((20000 + RANDOM % 20000))

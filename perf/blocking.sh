@@ -13,12 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-20}
 BEFORE=/tmp/ringmq-abuse-before-target/release
-if [ ! -x "$BEFORE/ringmq-bench" ]; then
-  WT=$(mktemp -d /tmp/ringmq-blocking-wt.XXXX)
-  trap 'git worktree remove --force "$WT" >/dev/null 2>&1 || true' EXIT
-  git worktree add --detach "$WT" "${REV:-bfe25cf}" >/dev/null 2>&1
-  (cd "$WT" && CARGO_TARGET_DIR=${BEFORE%/release} cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1)
-fi
+. perf/lib.sh
+build_before "${REV:-bfe25cf}" "${BEFORE%/release}" ringmq-broker ringmq-bench
 cargo build --release --bin ringmq-broker --bin ringmq-bench --example abuse >/dev/null 2>&1
 PORT=$((20000 + RANDOM % 20000))
 run() {

@@ -14,8 +14,9 @@ use common::broker::BrokerProcess;
 use common::runtime;
 use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer};
 use ringmq::protocol::{
-    encode_request, BatchItem, ErrorCode, FrameDecoder, Heartbeat, LockBatch, Pull, Request,
-    Response, SendBatch, SendMessage, FRAME_HEADER_BYTES,
+    encode_request, BatchItem, ErrorCode, FrameDecoder, GroupHeartbeat, Heartbeat, LockBatch, Pull,
+    Request, Response, SendBatch, SendMessage, SubscriptionData, EXPRESSION_SQL92,
+    FRAME_HEADER_BYTES,
 };
 
 /// Sends one request on a new connection and returns the answer.
@@ -380,4 +381,73 @@ fn a_second_live_connection_with_the_same_client_id_is_refused_until_the_first_g
             }
         }
     });
+}
+
+#[test]
+fn bad_sql_filters_are_refused_with_their_column_before_anything_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("t", 2).await.unwrap();
+        for q in 0..2 {
+            producer
+                .send(
+                    "t",
+                    OutgoingMessage::new(format!("m{q}")).with_sharding_key(q.to_string()),
+                )
+                .await
+                .unwrap();
+        }
+    });
+    for (expr, column) in [
+        ("region = 'eu", 10),
+        ("amount > 'x'", 1),
+        ("a IN (1, 2)", 7),
+        ("((a = 1)", 9),
+    ] {
+        for queue_id in 0..2 {
+            let pull = Pull {
+                sql: expr.into(),
+                ..Pull::new("t", queue_id, 0)
+            };
+            let (code, message) = error_of(call(&addr, pull.into()));
+            assert_eq!(code, ErrorCode::BadFilterExpression, "{expr}: {message}");
+            assert!(
+                message.contains(&format!("column {column}")),
+                "{expr}: {message}"
+            );
+        }
+    }
+    let heartbeat = |expression: &str, expression_type: u8| -> Request {
+        GroupHeartbeat {
+            group: "g".into(),
+            client_id: "c".into(),
+            subscriptions: vec![SubscriptionData {
+                topic: "t".into(),
+                expression: expression.into(),
+                expression_type,
+            }],
+            consume_mode: 0,
+            message_model: 0,
+            strategy: "averagely".into(),
+        }
+        .into()
+    };
+    let (code, message) = error_of(call(&addr, heartbeat("a >", EXPRESSION_SQL92)));
+    assert_eq!(code, ErrorCode::BadFilterExpression, "{message}");
+    assert!(message.contains("column 4"), "{message}");
+    let (code, message) = error_of(call(&addr, heartbeat("*", 7)));
+    assert_eq!(code, ErrorCode::BadFilterExpression, "{message}");
+    assert!(message.contains("unknown expression type 7"), "{message}");
+    // Still serving, and the good filter filters.
+    let pull = Pull {
+        sql: "TAGS IS NULL".into(),
+        ..Pull::new("t", 0, 0)
+    };
+    match call(&addr, pull.into()) {
+        Response::Pull(p) => assert_eq!(p.meta().count, 1),
+        other => panic!("{other:?}"),
+    }
 }

@@ -126,7 +126,7 @@ fn sigkill_in_sync_mode_keeps_every_acknowledged_record() {
             // offsets are dense from 0, and each queue holds its own numbers only.
             let mut total = 0;
             for q in 0..4u32 {
-                let (min, max) = store.queue_range("crash", q);
+                let (min, max) = store.queue_range("crash", q).unwrap();
                 assert_eq!(min, 0);
                 for off in min..max {
                     let buf = store.read_at("crash", q, off).await.unwrap();
@@ -246,7 +246,7 @@ fn cutting_the_last_segment_anywhere_recovers_a_valid_prefix() {
                 }
             }
             for (topic, q, _, _, _) in &records {
-                let (_, max) = store.queue_range(topic, *q);
+                let (_, max) = store.queue_range(topic, *q).unwrap();
                 let want = expected_max.get(&(topic.clone(), *q)).copied().unwrap_or(0);
                 assert_eq!(
                     max, want,
@@ -369,7 +369,11 @@ fn expect_cut_and_quarantine(built: &Built, work: &Path, damaged_from: u64, what
         }
         for (topic, q, _, _, _) in &records {
             let want = kept.get(&(topic.clone(), *q)).copied().unwrap_or(0);
-            assert_eq!(store.queue_range(topic, *q).1, want, "{what}: {topic}:{q}");
+            assert_eq!(
+                store.queue_range(topic, *q).unwrap().1,
+                want,
+                "{what}: {topic}:{q}"
+            );
         }
         store.close().await.unwrap();
         report.log.quarantined

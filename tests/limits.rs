@@ -185,3 +185,89 @@ fn queues_of_all_topics_are_capped() {
         client.update_topic("c", 6).await.unwrap();
     });
 }
+
+/// Memory maps and open descriptors of the broker on consume-queue files of `topic`.
+fn index_files_held(broker: &BrokerProcess, topic: &str) -> (usize, usize) {
+    let pid = broker.pid().expect("the broker runs");
+    let needle = format!("/consumequeue/{topic}/");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&needle))
+        .count();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(&needle))
+        .count();
+    (maps, fds)
+}
+
+#[test]
+fn idle_queues_hold_no_mapped_files_or_descriptors() {
+    const QUEUES: u32 = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--index-idle-close-ms", "2000"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer
+            .client()
+            .create_topic("idle", QUEUES)
+            .await
+            .unwrap();
+        let sends: Vec<_> = (0..2 * QUEUES)
+            .map(|i| producer.send_async("idle", OutgoingMessage::new(format!("m{i}"))))
+            .collect();
+        for send in sends {
+            send.await.unwrap();
+        }
+    });
+    // Just written: mapped (a file is closed only after a whole idle period unused), and
+    // no descriptor kept open for it.
+    let (maps, fds) = index_files_held(&broker, "idle");
+    assert!(maps > 0, "the queues just written are mapped");
+    assert_eq!(fds, 0, "a mapped file holds no descriptor");
+    // Idle: every file is unmapped.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while index_files_held(&broker, "idle") != (0, 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still held after 20 s: {:?}",
+            index_files_held(&broker, "idle")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let read_all = |addr: String| {
+        runtime().block_on(async move {
+            let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+            let mut bodies = Vec::new();
+            for q in 0..QUEUES {
+                let pulled = client
+                    .pull("idle", q, 0, 32, std::time::Duration::ZERO, &[])
+                    .await
+                    .unwrap();
+                bodies.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
+            }
+            bodies.sort();
+            bodies
+        })
+    };
+    let mut expected: Vec<Vec<u8>> = (0..2 * QUEUES)
+        .map(|i| format!("m{i}").into_bytes())
+        .collect();
+    expected.sort();
+    // A closed file maps again on use: every message is served.
+    assert_eq!(read_all(addr), expected);
+    assert!(index_files_held(&broker, "idle").0 > 0);
+
+    // A restart opens the queues without mapping their files.
+    broker.stop();
+    broker.restart();
+    assert_eq!(index_files_held(&broker, "idle"), (0, 0));
+    assert_eq!(read_all(broker.addr_string()), expected);
+}

@@ -1055,3 +1055,59 @@ fn calls_sharing_one_listener_slot_succeed_and_retry_each_on_its_own() {
         consumer.shutdown().await.unwrap();
     });
 }
+
+#[test]
+fn an_sql_filter_delivers_only_and_all_matching_messages_from_both_shards() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("sql", "g-sql");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        let log: Log = Arc::default();
+        let consumer = PushConsumer::new(ClientConfig::new(&addr), group, options()).unwrap();
+        // A bad expression fails here, with its column, before anything is sent.
+        let e = consumer.subscribe_sql(topic, "amount >").unwrap_err();
+        assert!(e.to_string().contains("column 9"), "{e}");
+        consumer
+            .subscribe_sql(topic, "region = 'eu' AND amount > 100 OR TAGS = 'vip'")
+            .unwrap();
+        let sink = log.clone();
+        consumer
+            .register_concurrent(move |messages| {
+                record(&sink, 0, messages);
+                ConsumeStatus::Success
+            })
+            .unwrap();
+        consumer.start().await.unwrap();
+        settled(&[&consumer], 4).await;
+
+        let mut expected = BTreeSet::new();
+        let mut messages = Vec::new();
+        for i in 0..400u32 {
+            let region = ["eu", "us", "apac"][i as usize % 3];
+            let amount = (i * 7) % 200;
+            let mut m = OutgoingMessage::new(format!("m-{i}"))
+                .with_property("region", region)
+                .with_property("amount", amount.to_string());
+            let vip = i % 50 == 0;
+            if vip {
+                m = m.with_tags("vip");
+            }
+            if (region == "eu" && amount > 100) || vip {
+                expected.insert(format!("m-{i}"));
+            }
+            messages.push(m);
+        }
+        send_all(&producer, topic, messages).await;
+        eventually("every matching message", || {
+            counts(&log).len() >= expected.len()
+        })
+        .await;
+        // Every queue was read to its end (filtered messages are passed over, not held).
+        caught_up(&client, group, topic).await;
+        check_exactly_once(&log, &expected);
+        let queues: BTreeSet<u32> = log.lock().unwrap().iter().map(|d| d.queue_id).collect();
+        assert_eq!(queues.len(), 4, "matches came from every queue: {queues:?}");
+        consumer.shutdown().await.unwrap();
+    });
+}

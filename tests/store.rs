@@ -79,7 +79,7 @@ fn queue_offsets_are_dense_per_queue_and_reads_are_byte_identical() {
             *e += 1;
         }
         for ((t, q), max) in &next {
-            assert_eq!(store.queue_range(t, *q), (0, *max));
+            assert_eq!(store.queue_range(t, *q).unwrap(), (0, *max));
         }
         check_contents(&store, &stored).await;
         store.close().await.unwrap();
@@ -93,7 +93,7 @@ fn queue_offsets_are_dense_per_queue_and_reads_are_byte_identical() {
         );
         check_contents(&store, &stored).await;
         for ((t, q), max) in &next {
-            assert_eq!(store.queue_range(t, *q), (0, *max));
+            assert_eq!(store.queue_range(t, *q).unwrap(), (0, *max));
         }
     });
 }
@@ -163,7 +163,7 @@ fn pulls_return_stored_bytes_in_order_and_filter_tags() {
             .collect();
         assert_eq!(tagged, expected);
         // Offsets out of range get typed errors.
-        let (_, max) = store.queue_range("topic0", 2);
+        let (_, max) = store.queue_range("topic0", 2).unwrap();
         assert!(matches!(
             store
                 .read_queue("topic0", 2, max + 1, 32, 1 << 20, &[])

@@ -89,11 +89,15 @@ struct Cli {
     /// frees one) [default: 4096]
     #[arg(long)]
     groups_max: Option<usize>,
-    /// Most queues of all topics together (each keeps a memory-mapped file open); lowered
-    /// at start-up to half of the kernel's vm.max_map_count, with a line saying so
+    /// Most queues of all topics together (each maps a file while in use); lowered at
+    /// start-up to half of the kernel's vm.max_map_count, with a line saying so
     /// [default: 30000]
     #[arg(long)]
     queues_max: Option<usize>,
+    /// Unmap a consume-queue file once unused this long, in ms; idle queues then hold no
+    /// mapping [default: 30000]
+    #[arg(long, value_name = "MS")]
+    index_idle_close_ms: Option<u64>,
     /// How often retention looks for old segments to delete, in ms [default: 60000]
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
@@ -184,6 +188,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.queues_max {
         cfg.queues_max = v;
+    }
+    if let Some(v) = cli.index_idle_close_ms {
+        cfg.index_idle_close_ms = v;
     }
     if let Some(v) = cli.disk_free_min_mb {
         cfg.disk_free_min_mb = v;

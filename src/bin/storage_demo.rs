@@ -154,7 +154,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             );
             let mut read = 0u64;
             for q in 0..4u32 {
-                let (min, max) = store.queue_range("demo", q);
+                let (min, max) = store.queue_range("demo", q)?;
                 let mut off = first_offsets[q as usize].unwrap_or(max);
                 while off < max {
                     let batch = store.read_queue("demo", q, off, 32, 1 << 20, &[]).await?;

@@ -11,11 +11,13 @@ use tokio::sync::Notify;
 use super::answer::Answer;
 use super::{err, error_frame};
 use super::{store_error, ShardCtx};
+use crate::protocol::record::RecordView;
+use crate::protocol::sql::SqlFilter;
 use crate::protocol::{
     encode_frame_head, ErrorBody, ErrorCode, Flags, Offset, Pull, PullResult, PullStatus,
     SearchOffsetByTimestamp,
 };
-use crate::store::StoreError;
+use crate::store::{QueueRead, StoreError};
 
 /// Longest a pull may be held.
 pub const PULL_WAIT_MS_MAX: u32 = 60_000;
@@ -23,6 +25,12 @@ pub const PULL_WAIT_MS_MAX: u32 = 60_000;
 pub const TAG_HASHES_MAX: usize = 64;
 /// Most messages one pull may ask for.
 pub const PULL_MESSAGES_MAX: u32 = 1024;
+/// Distinct SQL92 filters a shard keeps parsed (4 KiB each at most); past it the cache
+/// starts over.
+pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
+/// An SQL-filtered pull reads this many times the messages it asks for (within the frame
+/// size), so that a selective filter still fills its answers.
+const SQL_SCAN_FACTOR: u32 = 4;
 
 impl ShardCtx {
     fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
@@ -31,6 +39,23 @@ impl ShardCtx {
             .entry((topic.to_owned(), queue_id))
             .or_insert_with(|| Rc::new(Notify::new()))
             .clone()
+    }
+
+    /// The parsed form of a pull's SQL92 filter: parsed once per shard and expression.
+    fn sql_filter(&self, expression: &str) -> Result<Rc<SqlFilter>, ErrorBody> {
+        if let Some(f) = self.sql_filters.borrow().get(expression) {
+            return Ok(f.clone());
+        }
+        let parsed = Rc::new(
+            SqlFilter::parse(expression)
+                .map_err(|e| err(ErrorCode::BadFilterExpression, e.to_string()))?,
+        );
+        let mut cache = self.sql_filters.borrow_mut();
+        if cache.len() >= SQL_FILTERS_CACHED_MAX {
+            cache.clear();
+        }
+        cache.insert(expression.to_owned(), parsed.clone());
+        Ok(parsed)
     }
 
     pub(super) fn wake_pollers(&self, topic: &str, queue_id: u32) {
@@ -47,7 +72,10 @@ impl ShardCtx {
         pick: impl Fn(u64, u64) -> u64,
     ) -> Result<Offset, ErrorBody> {
         self.known_queue(topic, queue_id)?;
-        let (min, max) = self.store.queue_range(topic, queue_id);
+        let (min, max) = self
+            .store
+            .queue_range(topic, queue_id)
+            .map_err(store_error)?;
         Ok(Offset {
             offset: pick(min, max),
         })
@@ -91,6 +119,16 @@ impl ShardCtx {
         } else {
             p.max_messages.min(PULL_MESSAGES_MAX)
         };
+        // Parsed before anything is read: a bad expression is an error, not an empty queue.
+        let sql = if p.sql.is_empty() {
+            None
+        } else {
+            Some(self.sql_filter(&p.sql)?)
+        };
+        let scan = match sql {
+            Some(_) => max_messages.saturating_mul(SQL_SCAN_FACTOR),
+            None => max_messages,
+        };
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
         let notify = self.poll_notify(&p.topic, p.queue_id);
@@ -112,7 +150,7 @@ impl ShardCtx {
                 &p.topic,
                 p.queue_id,
                 p.offset,
-                max_messages,
+                scan,
                 max_bytes,
                 &p.tag_hashes,
             );
@@ -122,14 +160,26 @@ impl ShardCtx {
                     // holds its pulls here, not their records in memory.
                     let hold = self.answers.reserve(conn, plan.bytes()).await?;
                     let r = self.store.fetch(plan).await.map_err(store_error)?;
+                    let (parts, next_offset) = match &sql {
+                        None => (r.records().collect(), r.next_offset),
+                        Some(filter) => select(&r, filter, max_messages as usize),
+                    };
+                    if parts.is_empty() {
+                        // The whole window was filtered out: go on past it.
+                        return status(
+                            PullStatus::NoMatchedMessage,
+                            next_offset,
+                            r.min_offset,
+                            r.max_offset,
+                        );
+                    }
                     let meta = PullResult {
                         status: PullStatus::Found,
-                        next_offset: r.next_offset,
+                        next_offset,
                         min_offset: r.min_offset,
                         max_offset: r.max_offset,
-                        count: r.len() as u32,
+                        count: parts.len() as u32,
                     };
-                    let parts: Vec<&[u8]> = r.records().collect();
                     return Ok(Answer::held(pull_frame(request_id, &meta, &parts), hold));
                 }
                 Ok(r) if r.next_offset > p.offset => {
@@ -154,17 +204,46 @@ impl ShardCtx {
                     futures_lite::future::or(notified, wait).await;
                 }
                 Err(StoreError::OffsetTooSmall { min, .. }) => {
-                    let (_, max) = self.store.queue_range(&p.topic, p.queue_id);
+                    let (_, max) = self
+                        .store
+                        .queue_range(&p.topic, p.queue_id)
+                        .map_err(store_error)?;
                     return status(PullStatus::OffsetTooSmall, min, min, max);
                 }
                 Err(StoreError::OffsetTooBig { max, .. }) => {
-                    let (min, _) = self.store.queue_range(&p.topic, p.queue_id);
+                    let (min, _) = self
+                        .store
+                        .queue_range(&p.topic, p.queue_id)
+                        .map_err(store_error)?;
                     return status(PullStatus::OffsetTooBig, max, min, max);
                 }
                 Err(e) => return Err(store_error(e)),
             }
         }
     }
+}
+
+/// The records of a read that match an SQL92 filter, at most `max` of them, and the queue
+/// offset to read next: past the last record evaluated. Evaluated over each record's
+/// property block in place.
+fn select<'r>(r: &'r QueueRead, filter: &SqlFilter, max: usize) -> (Vec<&'r [u8]>, u64) {
+    let mut kept = Vec::with_capacity(max.min(r.len()));
+    for (bytes, &offset) in r.records().zip(r.queue_offsets()) {
+        if kept.len() == max {
+            return (kept, offset);
+        }
+        // The store checked the structure of what it read; were it bad, the consumer's
+        // check reports it (never skipped here unseen).
+        let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
+            kept.push(bytes);
+            continue;
+        };
+        let props = view.properties();
+        if filter.matches(&|name| props.get(name)) {
+            kept.push(bytes);
+        }
+    }
+    (kept, r.next_offset)
 }
 
 /// An answer whose meta part is followed by stored records, copied straight from where

@@ -251,6 +251,19 @@ impl ShardCtx {
                 .strategy
                 .parse()
                 .map_err(|e: String| err(ErrorCode::InvalidMessage, e))?;
+            if let Some(s) = h
+                .subscriptions
+                .iter()
+                .find(|s| s.expression_type > crate::protocol::messages::EXPRESSION_SQL92)
+            {
+                return Err(err(
+                    ErrorCode::BadFilterExpression,
+                    format!(
+                        "subscription to {}: unknown expression type {} (0: tags, 1: SQL92)",
+                        s.topic, s.expression_type
+                    ),
+                ));
+            }
             let member = MemberInfo {
                 client_id: h.client_id.clone(),
                 subscriptions: h
@@ -259,6 +272,7 @@ impl ShardCtx {
                     .map(|s| Subscription {
                         topic: s.topic.clone(),
                         expression: s.expression.clone(),
+                        sql: s.expression_type == crate::protocol::messages::EXPRESSION_SQL92,
                     })
                     .collect(),
                 mode: if h.consume_mode == CONSUME_MODE_ORDERLY {
@@ -276,7 +290,7 @@ impl ShardCtx {
             };
             for s in &member.subscriptions {
                 crate::store::validate_topic(&s.topic).map_err(store_error)?;
-                s.filter()
+                s.check()
                     .map_err(|e| err(ErrorCode::BadFilterExpression, e))?;
             }
             // Members subscribe to their group's retry topic; it exists from the first
@@ -488,7 +502,7 @@ impl ShardCtx {
         timestamp_ms: i64,
     ) -> Result<(), ErrorBody> {
         self.offsets_admit(group)?;
-        for (q, _, _) in self.local_ranges(topic) {
+        for (q, _, _) in self.local_ranges(topic)? {
             let offset = self
                 .store
                 .offset_by_timestamp(topic, q, timestamp_ms)
@@ -502,9 +516,14 @@ impl ShardCtx {
         Ok(())
     }
 
-    pub(super) fn local_progress(&self, group: &str, topic: &str) -> Vec<QueueProgress> {
+    pub(super) fn local_progress(
+        &self,
+        group: &str,
+        topic: &str,
+    ) -> Result<Vec<QueueProgress>, ErrorBody> {
+        let ranges = self.local_ranges(topic)?;
         let offsets = self.offsets.borrow();
-        self.local_ranges(topic)
+        Ok(ranges
             .into_iter()
             .map(|(queue_id, _, max)| {
                 let committed = offsets.get(group, topic, queue_id);
@@ -515,7 +534,7 @@ impl ShardCtx {
                     lag: max.saturating_sub(committed.unwrap_or(0)),
                 }
             })
-            .collect()
+            .collect())
     }
 
     pub(super) fn reset_offset(
@@ -623,7 +642,7 @@ impl ShardCtx {
                     format!("topic {} does not exist", p.topic),
                 ));
             }
-            let mut queues = ctx.local_progress(&p.group, &p.topic);
+            let mut queues = ctx.local_progress(&p.group, &p.topic)?;
             for to in (0..ctx.shard_count).filter(|&s| s != ctx.id) {
                 if let MeshReply::Progress(q) = ctx
                     .call(

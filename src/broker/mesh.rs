@@ -238,7 +238,12 @@ impl ShardCtx {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }
             },
-            MeshRequest::QueueRanges { topic } => MeshReply::Ranges(self.local_ranges(&topic)),
+            MeshRequest::QueueRanges { topic } => match self.local_ranges(&topic) {
+                Ok(ranges) => MeshReply::Ranges(ranges),
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
             MeshRequest::Push { conn, frame } => {
                 if let Some(push) = self.conns.borrow().get(&conn) {
                     push(frame);
@@ -280,9 +285,12 @@ impl ShardCtx {
                 self.offsets_were_reset(&group).await;
                 MeshReply::Ack
             }
-            MeshRequest::Progress { group, topic } => {
-                MeshReply::Progress(self.local_progress(&group, &topic))
-            }
+            MeshRequest::Progress { group, topic } => match self.local_progress(&group, &topic) {
+                Ok(progress) => MeshReply::Progress(progress),
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
             MeshRequest::Put { draft, durable } => match self.put_owned(draft, durable).await {
                 Ok(done) => MeshReply::Put {
                     msg_id: done.msg_id,

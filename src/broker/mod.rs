@@ -135,6 +135,8 @@ pub struct ShardCtx {
     offsets_writing: Cell<bool>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
+    /// SQL92 filters of pulls, parsed once per expression (bounded: see `consume.rs`).
+    sql_filters: RefCell<HashMap<String, Rc<crate::protocol::sql::SqlFilter>>>,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
     key_lookups: tokio::sync::Semaphore,
     /// The largest frame each connection of this shard takes (from its handshake).
@@ -263,6 +265,7 @@ impl ShardCtx {
             offsets_io: tokio::sync::Mutex::new(()),
             offsets_writing: Cell::new(false),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
+            sql_filters: RefCell::new(HashMap::new()),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
             conn_frame_max: RefCell::new(HashMap::new()),
         })

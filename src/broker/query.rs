@@ -25,7 +25,10 @@ impl ShardCtx {
     pub(super) async fn commit_offset(self: Rc<Self>, m: CommitOffset) -> Result<Empty, ErrorBody> {
         self.known_queue(&m.topic, m.queue_id)?;
         // Past the queue's end, a commit would make the group skip what is stored next.
-        let (_, max) = self.store.queue_range(&m.topic, m.queue_id);
+        let (_, max) = self
+            .store
+            .queue_range(&m.topic, m.queue_id)
+            .map_err(store_error)?;
         if m.offset > max {
             return Err(err(
                 ErrorCode::OffsetTooBig,

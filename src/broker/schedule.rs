@@ -191,8 +191,12 @@ impl Schedule {
                 None
             }
         };
-        let (min, end) = store.queue_range(SCHEDULE_TOPIC, 0);
-        let (done_min, done_end) = store.queue_range(SCHEDULE_DONE_TOPIC, 0);
+        let (min, end) = store
+            .queue_range(SCHEDULE_TOPIC, 0)
+            .map_err(|e| e.to_string())?;
+        let (done_min, done_end) = store
+            .queue_range(SCHEDULE_DONE_TOPIC, 0)
+            .map_err(|e| e.to_string())?;
         let mut pending: HashMap<u64, u64> = HashMap::new();
         // A snapshot ahead of the log (the log lost a tail it had not made durable: a power
         // loss) says nothing reliable about the offsets now reused: start from scratch.
@@ -219,7 +223,10 @@ impl Schedule {
         };
         let mut next = from.max(min);
         while next < end {
-            for (off, e) in store.queue_entries(SCHEDULE_TOPIC, 0, next, RECOVERY_SCAN_STEP) {
+            let entries = store
+                .queue_entries(SCHEDULE_TOPIC, 0, next, RECOVERY_SCAN_STEP)
+                .map_err(|e| e.to_string())?;
+            for (off, e) in entries {
                 pending.insert(off, e.tag_hash);
             }
             next = next.saturating_add(RECOVERY_SCAN_STEP as u64);
@@ -437,10 +444,27 @@ impl ShardCtx {
             if !s.changed {
                 return;
             }
+            let ends = self
+                .store
+                .queue_range(SCHEDULE_TOPIC, 0)
+                .and_then(|(_, schedule_end)| {
+                    Ok((
+                        schedule_end,
+                        self.store.queue_range(SCHEDULE_DONE_TOPIC, 0)?.1,
+                    ))
+                });
+            let (schedule_end, done_end) = match ends {
+                Ok(ends) => ends,
+                Err(e) => {
+                    // Tried again at the next snapshot; the last one on disk stays right.
+                    crate::say!("ringmq: shard {}: schedule snapshot: {e}", self.id);
+                    return;
+                }
+            };
             s.changed = false;
             Snapshot {
-                schedule_end: self.store.queue_range(SCHEDULE_TOPIC, 0).1,
-                done_end: self.store.queue_range(SCHEDULE_DONE_TOPIC, 0).1,
+                schedule_end,
+                done_end,
                 entries: s.entries().collect(),
             }
         };

@@ -174,15 +174,15 @@ impl ShardCtx {
         }
     }
 
-    pub(super) fn local_ranges(&self, topic: &str) -> Vec<(u32, u64, u64)> {
+    pub(super) fn local_ranges(&self, topic: &str) -> Result<Vec<(u32, u64, u64)>, ErrorBody> {
         let Some(count) = self.topics.borrow().get(topic) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         (0..count)
             .filter(|&q| self.owner_of(topic, q) == self.id)
             .map(|q| {
-                let (min, max) = self.store.queue_range(topic, q);
-                (q, min, max)
+                let (min, max) = self.store.queue_range(topic, q).map_err(store_error)?;
+                Ok((q, min, max))
             })
             .collect()
     }
@@ -389,7 +389,7 @@ impl ShardCtx {
                 format!("topic {topic} does not exist"),
             ));
         }
-        let mut ranges = self.local_ranges(&topic);
+        let mut ranges = self.local_ranges(&topic)?;
         for to in (0..self.shard_count).filter(|&s| s != self.id) {
             let req = MeshRequest::QueueRanges {
                 topic: topic.clone(),

@@ -82,11 +82,12 @@ use tokio::time::{sleep_until, Instant};
 use super::config::ClientConfig;
 use super::error::{ClientError, Result};
 use super::group::{
-    check_group, AllocateStrategy, ConsumeMode, MemberSpec, MessageModel, CLIENT_ID_BYTES_MAX,
+    check_group, AllocateStrategy, ConsumeMode, MemberSpec, MessageModel, SubscriptionExpression,
+    CLIENT_ID_BYTES_MAX,
 };
 use super::message::{check_topic, Message};
 use super::session::Client;
-use super::tag_filter::TagExpression;
+use super::tag_filter::MessageSelector;
 
 use local_offsets::LocalOffsets;
 use rebalance::{commit_loop, membership_loop, Controller};
@@ -197,7 +198,7 @@ fn add(counter: &AtomicU64, n: usize) {
 #[derive(Default)]
 struct Setup {
     /// topic → (expression as given, parsed).
-    subscriptions: BTreeMap<String, (String, TagExpression)>,
+    subscriptions: BTreeMap<String, MessageSelector>,
     listener: Option<Listener>,
 }
 
@@ -276,8 +277,20 @@ impl PushConsumer {
     /// by `||` (`TagA || TagB`). A bad expression is refused here with a clear error.
     /// Subscribing to a topic again replaces its expression. Only before `start`.
     pub fn subscribe(&self, topic: &str, expression: &str) -> Result<()> {
+        self.subscribe_with(topic, MessageSelector::by_tag(expression)?)
+    }
+
+    /// Subscribes to `topic` with an SQL92 filter over the messages' properties and `TAGS`
+    /// (`region = 'eu' AND amount > 100`), evaluated by the broker: messages that do not
+    /// match never cross the network. A bad expression is refused here with its column.
+    /// Only before `start`.
+    pub fn subscribe_sql(&self, topic: &str, expression: &str) -> Result<()> {
+        self.subscribe_with(topic, MessageSelector::by_sql(expression)?)
+    }
+
+    /// Subscribes to `topic` with tags or an SQL92 filter. Only before `start`.
+    pub fn subscribe_with(&self, topic: &str, selector: MessageSelector) -> Result<()> {
         check_topic(topic)?;
-        let parsed = TagExpression::parse(expression)?;
         self.check_not_started("subscribe")?;
         let mut setup = lock(&self.setup);
         if !setup.subscriptions.contains_key(topic)
@@ -287,9 +300,7 @@ impl PushConsumer {
                 "at most {SUBSCRIPTIONS_MAX} subscriptions per consumer"
             )));
         }
-        setup
-            .subscriptions
-            .insert(topic.to_owned(), (expression.to_owned(), parsed));
+        setup.subscriptions.insert(topic.to_owned(), selector);
         Ok(())
     }
 
@@ -368,7 +379,7 @@ impl PushConsumer {
             // Failed messages come back on the group's retry topic, to any member.
             subscriptions
                 .entry(crate::protocol::names::retry_topic(&self.group))
-                .or_insert(("*".to_owned(), TagExpression::parse("*")?));
+                .or_insert(MessageSelector::by_tag("*")?);
         }
         let local = match self.options.message_model {
             MessageModel::Broadcasting => {
@@ -391,7 +402,7 @@ impl PushConsumer {
         let spec = MemberSpec {
             subscriptions: subscriptions
                 .iter()
-                .map(|(topic, (expression, _))| (topic.clone(), expression.clone()))
+                .map(|(topic, selector)| (topic.clone(), SubscriptionExpression::from(selector)))
                 .collect(),
             consume_mode: mode,
             message_model: self.options.message_model,
@@ -401,10 +412,7 @@ impl PushConsumer {
             group: self.group.clone(),
             options,
             mode,
-            filters: subscriptions
-                .into_iter()
-                .map(|(topic, (_, parsed))| (topic, parsed))
-                .collect(),
+            filters: subscriptions,
             listener,
             pool: Arc::new(Semaphore::new(self.options.consume_threads)),
             workers: Workers::new(self.options.consume_threads, "ringmq-consume"),
@@ -582,7 +590,7 @@ struct Shared {
     mode: ConsumeMode,
     spec: MemberSpec,
     /// topic → tag expression.
-    filters: BTreeMap<String, TagExpression>,
+    filters: BTreeMap<String, MessageSelector>,
     listener: Listener,
     /// Listener calls running at once.
     pool: Arc<Semaphore>,
@@ -663,6 +671,8 @@ struct ProcessQueue {
     mq: MessageQueue,
     /// Pull filter (empty: every message).
     tags: Vec<String>,
+    /// SQL92 pull filter (empty: none).
+    sql: String,
     state: Mutex<QueueState>,
     /// Set when the queue is given up: its tasks stop and run no listener again.
     dropped: AtomicBool,

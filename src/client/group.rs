@@ -21,6 +21,7 @@ use crate::protocol::{
 use super::error::{ClientError, Result};
 use super::message::check_topic;
 use super::session::{expect_empty, unexpected, Client, Route};
+use super::tag_filter::MessageSelector;
 
 /// Longest consumer group name, in bytes (the broker's limit on ids; a group name also
 /// names the broadcasting offsets file).
@@ -100,11 +101,43 @@ impl AllocateStrategy {
     }
 }
 
+/// The expression of one subscription as a heartbeat carries it: tags (`*` or `A || B`;
+/// what a `&str` converts to) or an SQL92 filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionExpression {
+    pub expression: String,
+    pub sql: bool,
+}
+
+impl From<&str> for SubscriptionExpression {
+    fn from(tags: &str) -> Self {
+        SubscriptionExpression {
+            expression: tags.to_owned(),
+            sql: false,
+        }
+    }
+}
+
+impl From<&MessageSelector> for SubscriptionExpression {
+    fn from(selector: &MessageSelector) -> Self {
+        match selector {
+            MessageSelector::Tags(t) => SubscriptionExpression {
+                expression: t.to_string(),
+                sql: false,
+            },
+            MessageSelector::Sql(s) => SubscriptionExpression {
+                expression: s.as_str().to_owned(),
+                sql: true,
+            },
+        }
+    }
+}
+
 /// What a member declares in each heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MemberSpec {
-    /// `(topic, tag expression)`; the expression is `*` or `A || B`.
-    pub subscriptions: Vec<(String, String)>,
+    /// `(topic, expression)`.
+    pub subscriptions: Vec<(String, SubscriptionExpression)>,
     pub consume_mode: ConsumeMode,
     pub message_model: MessageModel,
     pub strategy: AllocateStrategy,
@@ -154,9 +187,14 @@ impl Client {
             subscriptions: member
                 .subscriptions
                 .iter()
-                .map(|(topic, expression)| SubscriptionData {
+                .map(|(topic, e)| SubscriptionData {
                     topic: topic.clone(),
-                    expression: expression.clone(),
+                    expression: e.expression.clone(),
+                    expression_type: if e.sql {
+                        crate::protocol::messages::EXPRESSION_SQL92
+                    } else {
+                        crate::protocol::messages::EXPRESSION_TAG
+                    },
                 })
                 .collect(),
             consume_mode: member.consume_mode.wire(),

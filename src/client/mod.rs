@@ -67,7 +67,8 @@ pub use consumer::{
 pub use error::{ClientError, Result};
 pub use group::{
     AllocateStrategy, ConsumeMode, MemberAssignment, MemberSpec, MessageModel, QueueLag,
-    TopicAssignment, CLIENT_ID_BYTES_MAX, GROUP_BYTES_MAX, LOCK_BATCH_QUEUES_MAX,
+    SubscriptionExpression, TopicAssignment, CLIENT_ID_BYTES_MAX, GROUP_BYTES_MAX,
+    LOCK_BATCH_QUEUES_MAX,
 };
 pub use message::{Delay, Message, OutgoingMessage};
 pub use producer::{
@@ -75,7 +76,10 @@ pub use producer::{
     ROUTE_REFRESH_MS_DEFAULT, SEND_RETRIES_DEFAULT,
 };
 pub use session::{BrokerInfo, Client, PullResult};
-pub use tag_filter::{TagExpression, TAGS_PER_EXPRESSION_MAX, TAG_EXPRESSION_BYTES_MAX};
+pub use tag_filter::{
+    MessageSelector, SqlExpression, TagExpression, TAGS_PER_EXPRESSION_MAX,
+    TAG_EXPRESSION_BYTES_MAX,
+};
 
 pub use crate::protocol::{
     Assignment, GroupMembersInfo, MessageId, PullStatus, QueueInfo, SendBackResult,

@@ -238,6 +238,57 @@ impl Client {
         max_wait: Duration,
         tags: &[&str],
     ) -> Result<PullResult> {
+        self.pull_with(topic, queue_id, offset, max_messages, max_wait, tags, "")
+            .await
+    }
+
+    /// Like [`pull`](Self::pull), keeping only messages whose properties match an SQL92
+    /// filter (`region = 'eu' AND amount > 100`, evaluated by the broker). A bad expression
+    /// is refused before anything is sent ([`ClientError::InvalidArgument`], with its
+    /// column). When a whole window of messages is filtered out the answer is
+    /// `NoMatchedMessage` with `next_offset` past it.
+    pub async fn pull_sql(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_wait: Duration,
+        sql: &str,
+    ) -> Result<PullResult> {
+        let selector = crate::client::MessageSelector::by_sql(sql)?;
+        self.pull_selected(topic, queue_id, offset, max_messages, max_wait, &selector)
+            .await
+    }
+
+    /// A pull with what a subscription keeps: tags or an SQL92 filter.
+    pub async fn pull_selected(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_wait: Duration,
+        selector: &crate::client::MessageSelector,
+    ) -> Result<PullResult> {
+        let tags: Vec<&str> = selector.tags().iter().map(String::as_str).collect();
+        let sql = selector.sql();
+        self.pull_with(topic, queue_id, offset, max_messages, max_wait, &tags, sql)
+            .await
+    }
+
+    /// A pull with a tag filter, an SQL92 filter (empty: none), or both.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn pull_with(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_wait: Duration,
+        tags: &[&str],
+        sql: &str,
+    ) -> Result<PullResult> {
         check_topic(topic)?;
         let wait_ms = u64::try_from(max_wait.as_millis())
             .unwrap_or(u64::MAX)
@@ -257,6 +308,7 @@ impl Client {
             max_messages,
             max_wait_ms: wait_ms as u32,
             tag_hashes,
+            sql: sql.to_owned(),
         };
         let timeout = Duration::from_millis(wait_ms) + self.inner.config.request_timeout();
         let reply = self

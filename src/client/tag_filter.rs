@@ -53,6 +53,75 @@ impl fmt::Display for TagExpression {
     }
 }
 
+/// What a subscription keeps: messages with some tags, or messages whose properties match
+/// an SQL92 filter (`region = 'eu' AND amount > 100`; the grammar is in
+/// [`crate::protocol::sql`]). Both are checked when made, so a typo fails at `subscribe`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MessageSelector {
+    Tags(TagExpression),
+    Sql(SqlExpression),
+}
+
+/// A checked SQL92 filter expression.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlExpression {
+    text: String,
+}
+
+impl SqlExpression {
+    /// Parses `expression`; a bad one is [`ClientError::InvalidArgument`] with the column
+    /// of the problem.
+    pub fn parse(expression: &str) -> Result<SqlExpression> {
+        crate::protocol::sql::SqlFilter::parse(expression)
+            .map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        Ok(SqlExpression {
+            text: expression.to_owned(),
+        })
+    }
+
+    /// The expression as given.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl MessageSelector {
+    /// A tag expression: `*` or `A || B`.
+    pub fn by_tag(expression: &str) -> Result<MessageSelector> {
+        TagExpression::parse(expression).map(MessageSelector::Tags)
+    }
+
+    /// An SQL92 filter over the messages' properties and `TAGS`.
+    pub fn by_sql(expression: &str) -> Result<MessageSelector> {
+        SqlExpression::parse(expression).map(MessageSelector::Sql)
+    }
+
+    /// The tags a pull asks for (empty: all, or an SQL filter).
+    pub fn tags(&self) -> &[String] {
+        match self {
+            MessageSelector::Tags(t) => t.tags(),
+            MessageSelector::Sql(_) => &[],
+        }
+    }
+
+    /// The SQL92 expression a pull carries; empty for tags.
+    pub fn sql(&self) -> &str {
+        match self {
+            MessageSelector::Tags(_) => "",
+            MessageSelector::Sql(s) => s.as_str(),
+        }
+    }
+}
+
+impl fmt::Display for MessageSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MessageSelector::Tags(t) => t.fmt(f),
+            MessageSelector::Sql(s) => write!(f, "SQL92 {}", s.as_str()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,15 @@
 //!   last file are zero, so a reopen finds `max` again by scanning for the last non-zero
 //!   entry. Entries below `min` (retention moved `min` inside a file) stay on disk until
 //!   their whole file goes.
+//!
+//! Files are mapped on first use and unmapped once a call to [`ConsumeQueue::close_idle`]
+//! finds them unused since the previous call: a shard may hold tens of thousands of queues,
+//! most of them idle, and each mapping counts against the kernel's `vm.max_map_count`. No
+//! descriptor stays open (a mapping outlives its descriptor). A file written through its
+//! mapping and then unmapped keeps its dirty pages in the page cache; an fdatasync by path
+//! (the store's checkpoint) writes them back.
 
+use std::cell::{Cell, OnceCell};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
@@ -97,16 +105,89 @@ pub struct DirtyFile {
     pub generation: u64,
 }
 
-/// One mapped segment file.
+/// One segment file.
 struct Segment {
     /// Queue offset of the file's first entry.
     base: u64,
     path: PathBuf,
-    mmap: MmapMut,
-    backing: Backing,
+    /// The mapping and descriptor while the file is in use; empty until first used and
+    /// again once closed idle.
+    open: OnceCell<OpenFile>,
+    /// Used since the last [`ConsumeQueue::close_idle`].
+    used: Cell<bool>,
+    /// Bytes from the start known to be allocated, kept across a close.
+    allocated_to: u64,
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
+}
+
+/// A segment file in use: its mapping (the descriptor is closed once mapped) and what of
+/// it is allocated.
+struct OpenFile {
+    mmap: MmapMut,
+    backing: Backing,
+}
+
+impl Segment {
+    /// A file on disk, not mapped yet.
+    fn closed(base: u64, path: PathBuf) -> Segment {
+        Segment {
+            base,
+            path,
+            open: OnceCell::new(),
+            used: Cell::new(false),
+            allocated_to: 0,
+            dirty_gen: 0,
+            synced_gen: 0,
+        }
+    }
+
+    /// The mapping, made now if the file is closed.
+    fn file(&self, file_bytes: u64) -> Result<&OpenFile, IndexError> {
+        self.used.set(true);
+        if let Some(open) = self.open.get() {
+            return Ok(open);
+        }
+        let (file, len_bytes) = open_existing(&self.path)?;
+        if len_bytes != file_bytes {
+            return Err(IndexError::Corrupt {
+                path: self.path.clone(),
+                reason: format!("{len_bytes} bytes, expected {file_bytes}"),
+            });
+        }
+        let mmap = map_file(&file, &self.path)?;
+        let backing = Backing::reopened(file_bytes, self.allocated_to);
+        Ok(self.open.get_or_init(|| OpenFile { mmap, backing }))
+    }
+
+    fn file_mut(&mut self, file_bytes: u64) -> Result<&mut OpenFile, IndexError> {
+        self.file(file_bytes)?;
+        self.open.get_mut().ok_or_else(|| IndexError::Corrupt {
+            path: self.path.clone(),
+            reason: "mapping vanished".into(),
+        })
+    }
+
+    /// The entry at index `i` of the file; `None` for an empty slot.
+    fn entry(&self, i: u64, file_bytes: u64) -> Result<Option<CqEntry>, IndexError> {
+        let at = entry_at(i);
+        let open = self.file(file_bytes)?;
+        Ok(CqEntry::decode(
+            &open.mmap[at..at + CQ_ENTRY_BYTES as usize],
+        ))
+    }
+
+    /// Unmaps the file.
+    fn close(&mut self) {
+        if let Some(open) = self.open.take() {
+            self.allocated_to = self.allocated_to.max(open.backing.allocated_to());
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.get().is_some()
+    }
 }
 
 /// Bytes of a consume-queue file allocated at a time ahead of its appends (3,276 entries).
@@ -116,8 +197,10 @@ const CQ_ALLOC_STEP: u64 = 64 << 10;
 pub struct ConsumeQueue {
     dir: PathBuf,
     entries_per_file: u64,
-    /// Mapped files, oldest first. Memory is bounded by the files on disk: entries are read
-    /// from the mappings, never cached.
+    /// Bytes of one file.
+    file_bytes: u64,
+    /// The files, oldest first, mapped while in use. Memory is bounded by the files on
+    /// disk: entries are read from the mappings, never cached.
     segments: VecDeque<Segment>,
     min_offset: u64,
     max_offset: u64,
@@ -125,6 +208,9 @@ pub struct ConsumeQueue {
     /// queue whose oldest entry is still kept without reading its files (a shard may hold
     /// tens of thousands of queues; a read is a page fault each).
     first_physical: Option<u64>,
+    /// The entry at `max_offset - 1` while the queue is not empty, so that the end of a
+    /// queue is known without mapping its last file.
+    last: Option<CqEntry>,
 }
 
 impl ConsumeQueue {
@@ -180,9 +266,12 @@ impl ConsumeQueue {
 
         let mut segments = VecDeque::with_capacity(files.len());
         for (base, path) in files {
-            let (file, len_bytes) = open_existing(&path)?;
+            let len_bytes = std::fs::metadata(&path)
+                .map_err(io_err("stat", &path))?
+                .len();
             if len_bytes == 0 {
                 // A crash between creating the file and sizing it: it holds no entry.
+                let (file, _) = open_existing(&path)?;
                 file.set_len(file_bytes).map_err(io_err("set_len", &path))?;
             } else if len_bytes != file_bytes {
                 return Err(IndexError::Corrupt {
@@ -194,26 +283,27 @@ impl ConsumeQueue {
                     ),
                 });
             }
-            let mmap = map_file(&file, &path)?;
-            segments.push_back(Segment {
-                base,
-                path,
-                mmap,
-                backing: Backing::new(file, file_bytes),
-                dirty_gen: 0,
-                synced_gen: 0,
-            });
+            segments.push_back(Segment::closed(base, path));
         }
 
         let mut queue = ConsumeQueue {
             dir: dir.to_path_buf(),
             entries_per_file: cfg.entries_per_file,
+            file_bytes,
             min_offset: segments.front().map_or(0, |s| s.base),
             max_offset: 0,
             segments,
             first_physical: None,
+            last: None,
         };
-        queue.max_offset = queue.scan_max_offset();
+        (queue.max_offset, queue.last) = queue.scan_max_offset()?;
+        if queue.max_offset == queue.min_offset {
+            queue.last = None;
+        } else if let Some(first) = queue.segments.front() {
+            // Retention at start-up then skips a queue whose oldest entry is kept without
+            // mapping it.
+            queue.first_physical = read_entry(&first.path, 0)?.map(|e| e.physical_offset);
+        }
         // Files wholly beyond the end hold nothing (a crash right after rolling to a new
         // file); dropping them restores the invariant `last.base <= max`.
         while queue
@@ -226,17 +316,18 @@ impl ConsumeQueue {
         Ok(queue)
     }
 
-    /// One past the last non-zero entry, scanning backward from the end of the last file;
-    /// the first file's base if every entry is zero.
-    fn scan_max_offset(&self) -> u64 {
+    /// One past the last non-zero entry, scanning backward from the end of the data of the
+    /// last file; the first file's base if every entry is zero. Reads the files without
+    /// mapping them, and only up to their first hole: entries are written from the start
+    /// of a file, so a file holding a few entries costs a page, not its 5.7 MiB.
+    /// Also returns the last entry.
+    fn scan_max_offset(&self) -> Result<(u64, Option<CqEntry>), IndexError> {
         for segment in self.segments.iter().rev() {
-            for i in (0..self.entries_per_file).rev() {
-                if CqEntry::decode(self.entry_bytes(segment, i)).is_some() {
-                    return segment.base + i + 1;
-                }
+            if let Some((used, last)) = entries_in_file(&segment.path, self.file_bytes)? {
+                return Ok((segment.base + used, Some(last)));
             }
         }
-        self.segments.front().map_or(0, |s| s.base)
+        Ok((self.segments.front().map_or(0, |s| s.base), None))
     }
 
     /// The queue offset of the oldest entry still served.
@@ -254,21 +345,67 @@ impl ConsumeQueue {
         &self.dir
     }
 
-    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`.
-    pub fn get(&self, queue_offset: u64) -> Option<CqEntry> {
+    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`. Fails only
+    /// when the file holding it cannot be mapped.
+    pub fn get(&self, queue_offset: u64) -> Result<Option<CqEntry>, IndexError> {
         if queue_offset < self.min_offset || queue_offset >= self.max_offset {
-            return None;
+            return Ok(None);
         }
-        let (segment, i) = self.locate(queue_offset)?;
+        let Some((segment, i)) = self.locate(queue_offset) else {
+            return Ok(None);
+        };
         // `None` only for a zero entry inside the range, which a torn write in a power loss
         // could leave; the store's replay overwrites it.
-        CqEntry::decode(self.entry_bytes(segment, i))
+        segment.entry(i, self.file_bytes)
     }
 
-    /// The newest entry and its queue offset.
+    /// The newest entry and its queue offset (kept in memory: no file is read).
     pub fn last_entry(&self) -> Option<(u64, CqEntry)> {
-        let last = self.max_offset.checked_sub(1)?;
-        self.get(last).map(|entry| (last, entry))
+        Some((self.max_offset.checked_sub(1)?, self.last?))
+    }
+
+    /// One past the last entry whose record ends within `readable_end` (the commit log's
+    /// readable end): entries of records not written yet are not served. Reads files only
+    /// when the newest entry is beyond `readable_end`.
+    pub fn readable_max(&self, readable_end: u64) -> Result<u64, IndexError> {
+        if self.last.is_none_or(|e| e.end() <= readable_end) {
+            return Ok(self.max_offset);
+        }
+        let mut max = self.max_offset - 1;
+        while max > self.min_offset {
+            match self.get(max - 1)? {
+                Some(e) if e.end() > readable_end => max -= 1,
+                _ => break,
+            }
+        }
+        Ok(max)
+    }
+
+    /// Re-reads the last entry after the end moved back.
+    fn reload_last(&mut self) -> Result<(), IndexError> {
+        self.last = match self.max_offset.checked_sub(1) {
+            Some(last) if self.min_offset < self.max_offset => self.get(last)?,
+            _ => None,
+        };
+        Ok(())
+    }
+
+    /// Files mapped now.
+    pub fn mapped_files(&self) -> usize {
+        self.segments.iter().filter(|s| s.is_open()).count()
+    }
+
+    /// Closes the files not used since the previous call (unmaps them and releases their
+    /// descriptors); the next use maps them again. Returns how many were closed.
+    pub fn close_idle(&mut self) -> usize {
+        let mut closed = 0;
+        for segment in &mut self.segments {
+            if segment.is_open() && !segment.used.replace(false) {
+                segment.close();
+                closed += 1;
+            }
+        }
+        closed
     }
 
     /// Writes `entry` at `queue_offset`.
@@ -318,13 +455,17 @@ impl ConsumeQueue {
         if queue_offset == self.min_offset {
             self.first_physical = Some(entry.physical_offset);
         }
-        let entries_per_file = self.entries_per_file;
+        let (entries_per_file, file_bytes) = (self.entries_per_file, self.file_bytes);
         let segment = self.segment_mut(queue_offset);
-        let at = entry_at(queue_offset - segment.base);
-        entry.encode(&mut segment.mmap[at..at + CQ_ENTRY_BYTES as usize]);
-        segment.dirty_gen += 1;
         debug_assert!(queue_offset - segment.base < entries_per_file);
-        debug_assert_eq!(self.get(queue_offset), Some(entry));
+        let at = entry_at(queue_offset - segment.base);
+        segment.dirty_gen += 1;
+        let open = segment.file_mut(file_bytes)?;
+        entry.encode(&mut open.mmap[at..at + CQ_ENTRY_BYTES as usize]);
+        if queue_offset + 1 == self.max_offset {
+            self.last = Some(entry);
+        }
+        debug_assert_eq!(self.get(queue_offset).ok().flatten(), Some(entry));
         Ok(())
     }
 
@@ -333,19 +474,29 @@ impl ConsumeQueue {
     /// anywhere, with [`IndexError::DiskFull`].
     pub fn reserve_next(&mut self) -> Result<(), IndexError> {
         self.ensure_segment_for_append()?;
-        let max = self.max_offset;
+        let (max, file_bytes) = (self.max_offset, self.file_bytes);
         let Some(segment) = self.segments.back_mut() else {
             return Ok(());
         };
         let end = entry_at(max - segment.base) as u64 + CQ_ENTRY_BYTES;
-        segment.backing.ensure(end, CQ_ALLOC_STEP, &segment.path)
+        if end <= segment.allocated_to {
+            // Allocated before the file was last closed: no need to map it just for this.
+            return Ok(());
+        }
+        let path = segment.path.clone();
+        let open = segment.file_mut(file_bytes)?;
+        open.backing.ensure(end, CQ_ALLOC_STEP, &path)
     }
 
     /// Drops every entry whose record does not end within `log_end`, the recovered end of the
     /// commit log. Entries increase in physical offset, so they form a suffix.
     pub fn truncate_after_log_end(&mut self, log_end: u64) -> Result<(), IndexError> {
+        if self.last.is_none_or(|e| e.end() <= log_end) {
+            // Nothing beyond (the common case of a recovery): no file is read.
+            return Ok(());
+        }
         let first_beyond =
-            self.partition_point(self.min_offset, self.max_offset, |e| e.end() <= log_end);
+            self.partition_point(self.min_offset, self.max_offset, |e| e.end() <= log_end)?;
         self.truncate_to(first_beyond)
     }
 
@@ -368,12 +519,12 @@ impl ConsumeQueue {
             while self.segments.back().is_some_and(|s| s.base > queue_offset) {
                 self.pop_back_segment()?;
             }
-            let old_max = self.max_offset;
+            let (old_max, file_bytes) = (self.max_offset, self.file_bytes);
             if let Some(segment) = self.segments.back_mut() {
                 let from = entry_at(queue_offset - segment.base);
                 let to = entry_at((old_max - segment.base).min(self.entries_per_file));
-                segment.mmap[from..to].fill(0);
                 segment.dirty_gen += 1;
+                segment.file_mut(file_bytes)?.mmap[from..to].fill(0);
             }
         }
         self.max_offset = queue_offset;
@@ -381,7 +532,7 @@ impl ConsumeQueue {
         if self.min_offset == self.max_offset {
             self.first_physical = None;
         }
-        Ok(())
+        self.reload_last()
     }
 
     /// Retention: advances `min_offset` to the first entry whose record starts at or after
@@ -390,7 +541,7 @@ impl ConsumeQueue {
     /// `min_offset`.
     pub fn delete_before_physical(&mut self, log_min: u64) -> Result<u64, IndexError> {
         let mut doomed = Vec::new();
-        let new_min = self.trim_before_physical(log_min, &mut doomed);
+        let new_min = self.trim_before_physical(log_min, &mut doomed)?;
         for path in doomed {
             remove_file(&path)?;
         }
@@ -401,28 +552,34 @@ impl ConsumeQueue {
     /// the files no longer needed are unmapped and their paths added to `doomed`, for the
     /// caller to remove elsewhere (off a shard's thread). A queue whose oldest entry is
     /// known to be kept costs nothing.
-    pub fn trim_before_physical(&mut self, log_min: u64, doomed: &mut Vec<PathBuf>) -> u64 {
+    pub fn trim_before_physical(
+        &mut self,
+        log_min: u64,
+        doomed: &mut Vec<PathBuf>,
+    ) -> Result<u64, IndexError> {
         if self.min_offset >= self.max_offset || self.first_physical.is_some_and(|p| p >= log_min) {
-            return self.min_offset;
+            return Ok(self.min_offset);
         }
         let new_min = self.partition_point(self.min_offset, self.max_offset, |e| {
             e.physical_offset < log_min
-        });
+        })?;
         self.min_offset = new_min;
-        self.first_physical = self.get(new_min).map(|e| e.physical_offset);
+        self.first_physical = self.get(new_min)?.map(|e| e.physical_offset);
+        if new_min == self.max_offset {
+            self.last = None;
+        }
         while self.segments.len() > 1
             && self
                 .segments
                 .front()
                 .is_some_and(|s| s.base + self.entries_per_file <= new_min)
         {
-            if let Some(segment) = self.segments.pop_front() {
-                let Segment { path, mmap, .. } = segment;
-                drop(mmap);
-                doomed.push(path);
+            if let Some(mut segment) = self.segments.pop_front() {
+                segment.close();
+                doomed.push(segment.path);
             }
         }
-        new_min
+        Ok(new_min)
     }
 
     /// msyncs every file written since the last flush (on the calling thread: for a
@@ -433,10 +590,14 @@ impl ConsumeQueue {
             .iter_mut()
             .filter(|s| s.dirty_gen > s.synced_gen)
         {
-            segment
-                .mmap
-                .flush()
-                .map_err(io_err("msync", &segment.path))?;
+            match segment.open.get() {
+                Some(open) => open.mmap.flush().map_err(io_err("msync", &segment.path))?,
+                // Closed since written: its pages wait in the page cache.
+                None => open_existing(&segment.path)?
+                    .0
+                    .sync_data()
+                    .map_err(io_err("fdatasync", &segment.path))?,
+            }
             segment.synced_gen = segment.dirty_gen;
         }
         Ok(())
@@ -470,12 +631,17 @@ impl ConsumeQueue {
     /// The first queue offset in `[from, to)` whose entry fails `below`, assuming `below`
     /// holds for a prefix of the range (entries increase in physical offset). A zero entry
     /// (torn write) counts as `below`: its physical offset reads as 0.
-    fn partition_point(&self, from: u64, to: u64, below: impl Fn(&CqEntry) -> bool) -> u64 {
+    fn partition_point(
+        &self,
+        from: u64,
+        to: u64,
+        below: impl Fn(&CqEntry) -> bool,
+    ) -> Result<u64, IndexError> {
         let (mut lo, mut hi) = (from, to);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             let is_below = match self.locate(mid) {
-                Some((segment, i)) => match CqEntry::decode(self.entry_bytes(segment, i)) {
+                Some((segment, i)) => match segment.entry(i, self.file_bytes)? {
                     Some(entry) => below(&entry),
                     None => true,
                 },
@@ -487,7 +653,7 @@ impl ConsumeQueue {
                 hi = mid;
             }
         }
-        lo
+        Ok(lo)
     }
 
     /// The segment holding `queue_offset` and the entry's index in it.
@@ -507,11 +673,6 @@ impl ConsumeQueue {
         &mut self.segments[i as usize]
     }
 
-    fn entry_bytes<'a>(&self, segment: &'a Segment, i: u64) -> &'a [u8] {
-        let at = entry_at(i);
-        &segment.mmap[at..at + CQ_ENTRY_BYTES as usize]
-    }
-
     /// Makes sure a file holds `max_offset`, rolling to a new one at a file boundary.
     fn ensure_segment_for_append(&mut self) -> Result<(), IndexError> {
         let base = match self.segments.back() {
@@ -520,22 +681,21 @@ impl ConsumeQueue {
             Some(_) => return Ok(()),
         };
         let path = self.dir.join(numbered_file_name(base));
-        let (backing, mmap) = create_mapped(&path, self.entries_per_file * CQ_ENTRY_BYTES)?;
-        self.segments.push_back(Segment {
-            base,
-            path,
-            mmap,
-            backing,
-            dirty_gen: 1,
-            synced_gen: 0,
-        });
+        let (backing, mmap) = create_mapped(&path, self.file_bytes)?;
+        let mut segment = Segment::closed(base, path);
+        segment.dirty_gen = 1;
+        segment.used.set(true);
+        if segment.open.set(OpenFile { mmap, backing }).is_err() {
+            unreachable!("a new segment is not open");
+        }
+        self.segments.push_back(segment);
         Ok(())
     }
 
     fn pop_back_segment(&mut self) -> Result<(), IndexError> {
-        if let Some(Segment { path, mmap, .. }) = self.segments.pop_back() {
-            drop(mmap);
-            remove_file(&path)?;
+        if let Some(mut segment) = self.segments.pop_back() {
+            segment.close();
+            remove_file(&segment.path)?;
         }
         Ok(())
     }
@@ -558,11 +718,53 @@ impl ConsumeQueue {
         for segment in &self.segments {
             for i in 0..self.entries_per_file {
                 let queue_offset = segment.base + i;
-                let present = CqEntry::decode(self.entry_bytes(segment, i)).is_some();
+                let present = segment.entry(i, self.file_bytes).expect("mapped").is_some();
                 assert_eq!(present, queue_offset < self.max_offset, "at {queue_offset}");
             }
         }
     }
+}
+
+/// How many entries of a file are in use: one past its last non-zero entry, `None` if all
+/// are zero. Reads from the first hole of the file backward (`SEEK_HOLE`; the whole file
+/// where the filesystem cannot say), in chunks.
+fn entries_in_file(path: &Path, file_bytes: u64) -> Result<Option<(u64, CqEntry)>, IndexError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(io_err("open", path))?;
+    // SAFETY: lseek on a descriptor owned here; it only moves the file position.
+    let hole = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    let data_end = u64::try_from(hole).map_or(file_bytes, |h| h.min(file_bytes));
+    // Whole entries only; an entry cut by the hole reads its tail as zeros, which is right.
+    let mut end = data_end.div_ceil(CQ_ENTRY_BYTES) * CQ_ENTRY_BYTES;
+    end = end.min(file_bytes);
+    const CHUNK_ENTRIES: u64 = 3_276;
+    let mut chunk = vec![0u8; (CHUNK_ENTRIES * CQ_ENTRY_BYTES) as usize];
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK_ENTRIES * CQ_ENTRY_BYTES);
+        let buf = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(buf, start)
+            .map_err(io_err("read", path))?;
+        let mut entries = buf.chunks_exact(CQ_ENTRY_BYTES as usize);
+        if let Some(i) = entries.rposition(|e| CqEntry::decode(e).is_some()) {
+            let at = i * CQ_ENTRY_BYTES as usize;
+            if let Some(last) = CqEntry::decode(&buf[at..at + CQ_ENTRY_BYTES as usize]) {
+                return Ok(Some((start / CQ_ENTRY_BYTES + i as u64 + 1, last)));
+            }
+        }
+        end = start;
+    }
+    Ok(None)
+}
+
+/// Entry `i` of a file, read without mapping it.
+fn read_entry(path: &Path, i: u64) -> Result<Option<CqEntry>, IndexError> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(io_err("open", path))?;
+    let mut bytes = [0u8; CQ_ENTRY_BYTES as usize];
+    file.read_exact_at(&mut bytes, i * CQ_ENTRY_BYTES)
+        .map_err(io_err("read", path))?;
+    Ok(CqEntry::decode(&bytes))
 }
 
 /// Byte position of entry `i` in its file.

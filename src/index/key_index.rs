@@ -251,7 +251,7 @@ impl IndexFile {
             seq,
             path,
             mmap,
-            backing: Backing::new(std_file, len_bytes),
+            backing: Backing::new(len_bytes),
             slot_count,
             entries_max,
             dirty_gen: 0,

@@ -45,8 +45,11 @@ pub enum IndexError {
 /// A mapped index file's disk blocks, allocated for real (`fallocate`) ahead of the stores
 /// into the mapping: a store into a hole of a sparse file on a full disk raises SIGBUS and
 /// kills the process, a failed `fallocate` is an error the caller can answer.
+///
+/// Holds no descriptor: a mapping stays valid once its file is closed, and the file is
+/// opened again only to allocate the next chunk (tens of thousands of queues would
+/// otherwise hold as many descriptors).
 pub(crate) struct Backing {
-    file: std::fs::File,
     len: u64,
     /// Bytes from the start known to be allocated (or written).
     allocated_to: u64,
@@ -54,12 +57,13 @@ pub(crate) struct Backing {
 
 impl Backing {
     /// A file just created: nothing allocated yet.
-    fn new(file: std::fs::File, len: u64) -> Backing {
-        Backing {
-            file,
-            len,
-            allocated_to: 0,
-        }
+    fn new(len: u64) -> Backing {
+        Backing::reopened(len, 0)
+    }
+
+    /// A file opened again, whose first `allocated_to` bytes are known to be allocated.
+    fn reopened(len: u64, allocated_to: u64) -> Backing {
+        Backing { len, allocated_to }
     }
 
     pub(crate) fn allocated_to(&self) -> u64 {
@@ -105,11 +109,12 @@ impl Backing {
             return Ok(());
         }
         use std::os::fd::AsRawFd;
-        // SAFETY: fallocate on a descriptor this object owns, with a range inside the file:
-        // it only allocates blocks (mode 0 keeps the size, which is already `len`).
+        let (file, _) = open_existing(path)?;
+        // SAFETY: fallocate on a descriptor owned here, with a range inside the file: it
+        // only allocates blocks (mode 0 keeps the size, which is already `len`).
         let rc = unsafe {
             libc::fallocate(
-                self.file.as_raw_fd(),
+                file.as_raw_fd(),
                 0,
                 from as libc::off_t,
                 (to - from) as libc::off_t,
@@ -206,9 +211,9 @@ fn write_i64(bytes: &mut [u8], at: usize, value: i64) {
     bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
 }
 
-/// Creates `path` all zeros (sparse), `len_bytes` long, and maps it read-write. A leftover
-/// file of that name is emptied first: callers create a file only for a position that holds
-/// nothing they keep.
+/// Creates `path` all zeros (sparse), `len_bytes` long, and maps it read-write (the
+/// descriptor is closed on return). A leftover file of that name is emptied first: callers
+/// create a file only for a position that holds nothing they keep.
 fn create_mapped(path: &Path, len_bytes: u64) -> Result<(Backing, memmap2::MmapMut), IndexError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -219,7 +224,7 @@ fn create_mapped(path: &Path, len_bytes: u64) -> Result<(Backing, memmap2::MmapM
         .map_err(io_err("create", path))?;
     file.set_len(len_bytes).map_err(io_err("set_len", path))?;
     let mmap = map_file(&file, path)?;
-    Ok((Backing::new(file, len_bytes), mmap))
+    Ok((Backing::new(len_bytes), mmap))
 }
 
 /// Opens an existing `path` read-write; returns it with its length.

@@ -173,6 +173,10 @@ wire_type! {
         pub max_wait_ms: u32,
         /// Tag hashes to keep; empty keeps every message.
         pub tag_hashes: Vec<u64>,
+        /// An SQL92 filter over the messages' properties (`protocol::sql`); empty for none.
+        /// The broker evaluates it on the records it reads: a pull whose whole window is
+        /// filtered out answers `NoMatchedMessage` with the offset past the window.
+        pub sql: String,
     }
 }
 
@@ -186,6 +190,7 @@ impl Pull {
             max_messages: PULL_BATCH_DEFAULT,
             max_wait_ms: PULL_WAIT_MS_DEFAULT,
             tag_hashes: Vec::new(),
+            sql: String::new(),
         }
     }
 }
@@ -381,12 +386,20 @@ wire_type! {
 // ---- Consumer groups ----
 
 wire_type! {
-    /// One subscription of a group member: a topic and a tag expression (`*` or `A || B`).
+    /// One subscription of a group member: a topic and a tag expression (`*` or `A || B`)
+    /// or an SQL92 filter.
     pub struct SubscriptionData {
         pub topic: String,
         pub expression: String,
+        /// [`EXPRESSION_TAG`] or [`EXPRESSION_SQL92`].
+        pub expression_type: u8,
     }
 }
+
+/// [`SubscriptionData::expression_type`]: a tag expression.
+pub const EXPRESSION_TAG: u8 = 0;
+/// [`SubscriptionData::expression_type`]: an SQL92 filter (`protocol::sql`).
+pub const EXPRESSION_SQL92: u8 = 1;
 
 /// [`GroupHeartbeat::consume_mode`]: one message of a queue at a time, in order, under the
 /// queue's lock.

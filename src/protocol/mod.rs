@@ -31,6 +31,7 @@ pub mod names;
 pub mod record;
 mod registry;
 pub mod route;
+pub mod sql;
 pub mod tag_filter;
 
 pub use error::{ErrorCode, ProtocolError};

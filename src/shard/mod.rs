@@ -108,9 +108,11 @@ pub struct BrokerConfig {
     /// Most consumer groups one shard coordinates, and most groups whose committed offsets
     /// one shard keeps.
     pub groups_max: usize,
-    /// Most queues of all topics together (each holds at least one memory-mapped file);
-    /// lowered at start-up to half the kernel's `vm.max_map_count`.
+    /// Most queues of all topics together (each maps a file while in use); lowered at
+    /// start-up to half the kernel's `vm.max_map_count`.
     pub queues_max: usize,
+    /// A consume-queue file unused this long is unmapped and closed until its next use.
+    pub index_idle_close_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -142,6 +144,7 @@ impl Default for BrokerConfig {
             auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
             groups_max: GROUPS_MAX_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
+            index_idle_close_ms: crate::store::INDEX_IDLE_CLOSE_MS_DEFAULT,
         }
     }
 }
@@ -294,6 +297,11 @@ impl Broker {
         if cfg.retention_check_interval_ms == 0 {
             return Err(BrokerError::Config(
                 "retention-check-interval-ms must be at least 1".into(),
+            ));
+        }
+        if cfg.index_idle_close_ms == 0 {
+            return Err(BrokerError::Config(
+                "index-idle-close-ms must be at least 1".into(),
             ));
         }
         if cfg.conn_timeout_ms == 0 {
@@ -548,6 +556,7 @@ async fn shard_main(
     store_cfg.log.retention_ms = cfg.retention_hours.saturating_mul(3_600_000);
     store_cfg.log.retention_bytes_max = cfg.retention_bytes_max;
     store_cfg.retention_check_interval_ms = cfg.retention_check_interval_ms;
+    store_cfg.index_idle_close_ms = cfg.index_idle_close_ms;
     store_cfg.disk_free_min_bytes = cfg.disk_free_min_mb.saturating_mul(1 << 20);
     let opened = Instant::now();
     let (store, recovery) = MessageStore::open(&shard_dir, store_cfg)

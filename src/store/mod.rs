@@ -42,6 +42,9 @@ pub struct StoreConfig {
     pub checkpoint_interval_ms: u64,
     /// How often retention runs.
     pub retention_check_interval_ms: u64,
+    /// A consume-queue file unused this long (at least; at most twice as long) is unmapped
+    /// until the next use.
+    pub index_idle_close_ms: u64,
     /// Sends are refused with `DiskFull` while the data directory's filesystem has less
     /// free space than this (checked every second), so indexes and checkpoints always find
     /// room.
@@ -50,6 +53,9 @@ pub struct StoreConfig {
 
 /// Default of [`StoreConfig::disk_free_min_bytes`]: 256 MiB.
 pub const DISK_FREE_MIN_BYTES_DEFAULT: u64 = 256 << 20;
+
+/// Default of [`StoreConfig::index_idle_close_ms`].
+pub const INDEX_IDLE_CLOSE_MS_DEFAULT: u64 = 30_000;
 
 /// How often the free space of the data directory is looked at.
 const DISK_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -62,6 +68,7 @@ impl Default for StoreConfig {
             key_index: KeyIndexConfig::default(),
             checkpoint_interval_ms: 5_000,
             retention_check_interval_ms: 60_000,
+            index_idle_close_ms: INDEX_IDLE_CLOSE_MS_DEFAULT,
             disk_free_min_bytes: DISK_FREE_MIN_BYTES_DEFAULT,
         }
     }
@@ -488,43 +495,35 @@ impl MessageStore {
     }
 
     /// The queues this store has, with (min, max) offsets.
-    pub fn queues(&self) -> Vec<(String, u32, u64, u64)> {
+    pub fn queues(&self) -> Result<Vec<(String, u32, u64, u64)>, StoreError> {
         let mut v: Vec<_> = self
             .inner
             .queues
             .borrow()
             .iter()
-            .map(|((t, q), s)| (t.clone(), *q, s.cq.min_offset(), self.visible_max(&s.cq)))
-            .collect();
+            .map(|((t, q), s)| Ok((t.clone(), *q, s.cq.min_offset(), self.visible_max(&s.cq)?)))
+            .collect::<Result<_, StoreError>>()?;
         v.sort();
-        v
+        Ok(v)
     }
 
     /// The readable end of a queue: entries whose record is not written yet are not visible.
-    fn visible_max(&self, cq: &ConsumeQueue) -> u64 {
-        let readable = self.inner.log.readable_end();
-        let mut max = cq.max_offset();
-        while max > cq.min_offset() {
-            match cq.get(max - 1) {
-                Some(e) if e.physical_offset + e.size as u64 > readable => max -= 1,
-                _ => break,
-            }
-        }
-        max
+    fn visible_max(&self, cq: &ConsumeQueue) -> Result<u64, StoreError> {
+        Ok(cq.readable_max(self.inner.log.readable_end())?)
     }
 
     /// (min, max) queue offsets; max is the offset the next message will get. An unknown
-    /// queue is empty: (0, 0).
-    pub fn queue_range(&self, topic: &str, queue_id: u32) -> (u64, u64) {
+    /// queue is empty: (0, 0). Fails only when an index file cannot be mapped.
+    pub fn queue_range(&self, topic: &str, queue_id: u32) -> Result<(u64, u64), StoreError> {
         let queues = self.inner.queues.borrow();
         match queues.get(&(topic.to_owned(), queue_id)) {
-            Some(q) => (q.cq.min_offset(), self.visible_max(&q.cq)),
-            None => (0, 0),
+            Some(q) => Ok((q.cq.min_offset(), self.visible_max(&q.cq)?)),
+            None => Ok((0, 0)),
         }
     }
 
     fn entry(&self, topic: &str, queue_id: u32, offset: u64) -> Result<CqEntry, StoreError> {
-        let (min, max) = self.queue_range(topic, queue_id);
+        let (min, max) = self.queue_range(topic, queue_id)?;
         if offset < min {
             return Err(StoreError::OffsetTooSmall {
                 topic: topic.into(),
@@ -542,15 +541,16 @@ impl MessageStore {
             });
         }
         let queues = self.inner.queues.borrow();
-        queues
-            .get(&(topic.to_owned(), queue_id))
-            .and_then(|q| q.cq.get(offset))
-            .ok_or(StoreError::OffsetTooBig {
-                topic: topic.into(),
-                queue_id,
-                offset,
-                max,
-            })
+        let found = match queues.get(&(topic.to_owned(), queue_id)) {
+            Some(q) => q.cq.get(offset)?,
+            None => None,
+        };
+        found.ok_or(StoreError::OffsetTooBig {
+            topic: topic.into(),
+            queue_id,
+            offset,
+            max,
+        })
     }
 
     /// Forgets every queue of a topic: their consume queues are removed (the records stay
@@ -665,10 +665,14 @@ impl MessageStore {
             return Ok(min);
         }
         let mut doomed = Vec::new();
+        let mut failed = None;
         for q in self.inner.queues.borrow_mut().values_mut() {
-            q.cq.trim_before_physical(min, &mut doomed);
+            // A queue that fails is trimmed next time; the files given up so far still go.
+            if let Err(e) = q.cq.trim_before_physical(min, &mut doomed) {
+                failed.get_or_insert(e);
+            }
         }
-        self.inner.keys.borrow_mut().delete_before_physical(min)?;
+        let keys = self.inner.keys.borrow_mut().delete_before_physical(min);
         if !doomed.is_empty() {
             crate::io::blocking(move || {
                 for path in doomed {
@@ -684,8 +688,33 @@ impl MessageStore {
             })
             .await;
         }
+        keys?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
         self.inner.trimmed_to.set(min);
         Ok(min)
+    }
+
+    /// Unmaps the consume-queue files not used since the last call (a walk over the queues
+    /// in memory; no file is read). Returns how many were closed.
+    pub fn close_idle_index_files(&self) -> usize {
+        self.inner
+            .queues
+            .borrow_mut()
+            .values_mut()
+            .map(|q| q.cq.close_idle())
+            .sum()
+    }
+
+    /// Consume-queue files mapped now.
+    pub fn mapped_index_files(&self) -> usize {
+        self.inner
+            .queues
+            .borrow()
+            .values()
+            .map(|q| q.cq.mapped_files())
+            .sum()
     }
 
     /// Clean shutdown: write and sync everything, flush the indexes, write the checkpoint
@@ -701,45 +730,49 @@ impl MessageStore {
     }
 
     fn spawn_housekeeping(&self) {
-        let weak = Rc::downgrade(&self.inner);
-        let every = Duration::from_millis(self.inner.cfg.checkpoint_interval_ms.max(10));
-        crate::io::spawn(async move {
-            loop {
-                crate::io::sleep(every).await;
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.stopped.get() {
-                    return;
-                }
-                let store = MessageStore { inner };
-                if let Err(e) = store.checkpoint().await {
-                    crate::say!("ringmq: checkpoint failed: {e}");
-                }
+        let ms = |v: u64| Duration::from_millis(v.max(10));
+        let cfg = &self.inner.cfg;
+        self.spawn_periodic(ms(cfg.checkpoint_interval_ms), false, |store| async move {
+            if let Err(e) = store.checkpoint().await {
+                crate::say!("ringmq: checkpoint failed: {e}");
             }
         });
-        let weak = Rc::downgrade(&self.inner);
-        crate::io::spawn(async move {
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.stopped.get() {
-                    return;
-                }
-                MessageStore { inner }.check_disk_space().await;
-                crate::io::sleep(DISK_CHECK_INTERVAL).await;
-            }
+        self.spawn_periodic(DISK_CHECK_INTERVAL, true, |store| async move {
+            store.check_disk_space().await;
         });
-        let weak = Rc::downgrade(&self.inner);
-        let every = Duration::from_millis(self.inner.cfg.retention_check_interval_ms.max(10));
-        crate::io::spawn(async move {
-            loop {
-                crate::io::sleep(every).await;
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.stopped.get() {
-                    return;
-                }
-                let store = MessageStore { inner };
+        self.spawn_periodic(ms(cfg.index_idle_close_ms), false, |store| async move {
+            store.close_idle_index_files();
+        });
+        self.spawn_periodic(
+            ms(cfg.retention_check_interval_ms),
+            false,
+            |store| async move {
                 if let Err(e) = store.apply_retention(crate::log::now_ms()).await {
                     crate::say!("ringmq: retention failed: {e}");
                 }
+            },
+        );
+    }
+
+    /// Runs `job` every `every` (first at once when `now`) until the store stops or is
+    /// dropped.
+    fn spawn_periodic<F, Fut>(&self, every: Duration, now: bool, job: F)
+    where
+        F: Fn(MessageStore) -> Fut + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
+        let weak = Rc::downgrade(&self.inner);
+        crate::io::spawn(async move {
+            if !now {
+                crate::io::sleep(every).await;
+            }
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.stopped.get() {
+                    return;
+                }
+                job(MessageStore { inner }).await;
+                crate::io::sleep(every).await;
             }
         });
     }

@@ -13,16 +13,19 @@ impl MessageStore {
         queue_id: u32,
         from: u64,
         max: usize,
-    ) -> Vec<(u64, CqEntry)> {
-        let (min, end) = self.queue_range(topic, queue_id);
+    ) -> Result<Vec<(u64, CqEntry)>, StoreError> {
+        let (min, end) = self.queue_range(topic, queue_id)?;
         let queues = self.inner.queues.borrow();
         let Some(q) = queues.get(&(topic.to_owned(), queue_id)) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
-        (from.max(min)..end)
-            .take(max)
-            .filter_map(|o| q.cq.get(o).map(|e| (o, e)))
-            .collect()
+        let mut entries = Vec::new();
+        for o in (from.max(min)..end).take(max) {
+            if let Some(e) = q.cq.get(o)? {
+                entries.push((o, e));
+            }
+        }
+        Ok(entries)
     }
 
     /// The consume-queue entry at a queue offset, if the queue holds it.
@@ -80,7 +83,7 @@ impl MessageStore {
         tag_hashes: &[u64],
     ) -> Result<QueuePlan, StoreError> {
         const SCAN_ENTRIES_MAX: u64 = 4096;
-        let (min, max) = self.queue_range(topic, queue_id);
+        let (min, max) = self.queue_range(topic, queue_id)?;
         if offset < min {
             return Err(StoreError::OffsetTooSmall {
                 topic: topic.into(),
@@ -105,7 +108,7 @@ impl MessageStore {
             if let Some(q) = queues.get(&(topic.to_owned(), queue_id)) {
                 let scan_end = max.min(offset + SCAN_ENTRIES_MAX);
                 while next < scan_end && picked.len() < max_messages as usize {
-                    let Some(e) = q.cq.get(next) else { break };
+                    let Some(e) = q.cq.get(next)? else { break };
                     if picked.is_empty() || bytes + e.size as usize <= max_bytes {
                         if tag_hashes.is_empty() || tag_hashes.contains(&e.tag_hash) {
                             bytes += e.size as usize;
@@ -213,7 +216,7 @@ impl MessageStore {
         queue_id: u32,
         timestamp_ms: i64,
     ) -> Result<u64, StoreError> {
-        let (min, max) = self.queue_range(topic, queue_id);
+        let (min, max) = self.queue_range(topic, queue_id)?;
         let (mut lo, mut hi) = (min, max);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;

@@ -16,7 +16,7 @@ use clap::{Args, ValueEnum};
 use tokio::sync::mpsc;
 
 use ringmq::client::{
-    Client, ClientError, Message, PullStatus, TagExpression, CONSUME_THREADS_MAX,
+    Client, ClientError, Message, MessageSelector, PullStatus, CONSUME_THREADS_MAX,
 };
 
 use crate::output::{emit, pulled_line};
@@ -64,8 +64,12 @@ pub(crate) struct ConsumeArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max: Option<u64>,
     /// Only messages with one of these tags: `*` (all) or `A || B`
-    #[arg(long, value_name = "EXPR")]
+    #[arg(long, value_name = "EXPR", conflicts_with = "sql")]
     tags: Option<String>,
+    /// Only messages whose properties (and TAGS) match this SQL92 filter, evaluated by the
+    /// broker: `region = 'eu' AND amount > 100`
+    #[arg(long, value_name = "EXPR")]
+    sql: Option<String>,
     /// Long-polling wait of each pull, in ms: how long a pull at a queue's end waits for new
     /// messages before that queue counts as drained (default 0; with --follow 5000)
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=WAIT_MS_MAX))]
@@ -139,15 +143,20 @@ struct TestingArgs {
     print_start: bool,
 }
 
+/// What `--tags` or `--sql` asks for (every message without either).
+pub(crate) fn selector(args: &ConsumeArgs) -> Result<MessageSelector, ClientError> {
+    match (&args.sql, &args.tags) {
+        (Some(sql), _) => MessageSelector::by_sql(sql),
+        (None, Some(tags)) => MessageSelector::by_tag(tags),
+        (None, None) => MessageSelector::by_tag("*"),
+    }
+}
+
 pub(crate) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
     if args.group.is_some() {
         return member::run(ctx, args).await;
     }
-    let filter = match &args.tags {
-        Some(expr) => TagExpression::parse(expr).map_err(|e| ctx.fail(e))?,
-        None => TagExpression::parse("*").map_err(|e| ctx.fail(e))?,
-    };
-    let tags: Vec<String> = filter.tags().to_vec();
+    let selector = selector(&args).map_err(|e| ctx.fail(e))?;
     let client = ctx.client().await?;
     let info = client
         .describe_topic(&args.topic)
@@ -189,7 +198,7 @@ pub(crate) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
     let pulls = Pulls {
         topic: args.topic,
         starts,
-        tags,
+        selector,
         wait: Duration::from_millis(args.wait_ms.unwrap_or(wait_ms_default)),
         max: args.max.unwrap_or(u64::MAX),
         json: ctx.json,
@@ -207,8 +216,8 @@ struct Pulls {
     topic: String,
     /// Each consumed queue and the offset it starts at.
     starts: Vec<(u32, u64)>,
-    /// Only messages with one of these tags (none: all).
-    tags: Vec<String>,
+    /// Tags or an SQL92 filter.
+    selector: MessageSelector,
     /// Long-polling wait of each pull.
     wait: Duration,
     /// Messages to print at most.
@@ -244,7 +253,6 @@ fn step(status: PullStatus, from: u64, next: u64) -> Step {
 /// Pulls queue after queue, in queue order, until each is drained or `max` are printed.
 async fn drain(ctx: &Ctx, client: &Client, pulls: Pulls) -> CmdResult {
     let max = pulls.max;
-    let tag_refs: Vec<&str> = pulls.tags.iter().map(String::as_str).collect();
     let mut printed = 0u64;
     for &(queue, mut offset) in &pulls.starts {
         loop {
@@ -253,7 +261,14 @@ async fn drain(ctx: &Ctx, client: &Client, pulls: Pulls) -> CmdResult {
             }
             let batch = CONSUME_BATCH.min(u32::try_from(max - printed).unwrap_or(u32::MAX));
             let pulled = client
-                .pull(&pulls.topic, queue, offset, batch, pulls.wait, &tag_refs)
+                .pull_selected(
+                    &pulls.topic,
+                    queue,
+                    offset,
+                    batch,
+                    pulls.wait,
+                    &pulls.selector,
+                )
                 .await
                 .map_err(|e| ctx.fail(e))?;
             for m in &pulled.messages {
@@ -279,15 +294,14 @@ async fn follow(ctx: &Ctx, client: &Client, pulls: Pulls) -> CmdResult {
     for &(queue, start) in &pulls.starts {
         let client = client.clone();
         let topic = pulls.topic.clone();
-        let tags = pulls.tags.clone();
+        let selector = pulls.selector.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
             let mut offset = start;
             let mut warned = false;
             loop {
                 match client
-                    .pull(&topic, queue, offset, CONSUME_BATCH, wait, &tag_refs)
+                    .pull_selected(&topic, queue, offset, CONSUME_BATCH, wait, &selector)
                     .await
                 {
                     Ok(pulled) => {

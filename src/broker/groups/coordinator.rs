@@ -27,16 +27,25 @@ pub const CLIENT_ID_BYTES_MAX: usize = 255;
 /// Most queue names in a by-config strategy, over all its clients.
 pub const CONFIG_QUEUES_MAX: usize = 65_536;
 
-/// One topic a member consumes, with its tag expression (`*` or `A || B`).
+/// One topic a member consumes, with its tag expression (`*` or `A || B`) or SQL92 filter.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Subscription {
     pub topic: String,
     pub expression: String,
+    /// `expression` is an SQL92 filter (`protocol::sql`), not tags.
+    pub sql: bool,
 }
 
 impl Subscription {
-    pub fn filter(&self) -> Result<TagFilter, String> {
-        TagFilter::parse(&self.expression)
+    /// Whether the expression parses; the reason (with its column, for SQL) if not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.sql {
+            crate::protocol::sql::SqlFilter::parse(&self.expression)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        } else {
+            TagFilter::parse(&self.expression).map(|_| ())
+        }
     }
 }
 
@@ -159,7 +168,7 @@ impl GroupState {
                     reason: "empty topic".to_owned(),
                 });
             }
-            if let Err(reason) = s.filter() {
+            if let Err(reason) = s.check() {
                 return Err(GroupError::InvalidSubscription {
                     topic: s.topic.clone(),
                     reason,
@@ -412,13 +421,17 @@ fn subscribes(m: &MemberInfo, topic: &str) -> bool {
 
 /// Sorted by topic, one per topic: the last one given for a topic wins.
 fn normalize(subscriptions: Vec<Subscription>) -> Vec<Subscription> {
-    let by_topic: BTreeMap<String, String> = subscriptions
+    let by_topic: BTreeMap<String, (String, bool)> = subscriptions
         .into_iter()
-        .map(|s| (s.topic, s.expression))
+        .map(|s| (s.topic, (s.expression, s.sql)))
         .collect();
     by_topic
         .into_iter()
-        .map(|(topic, expression)| Subscription { topic, expression })
+        .map(|(topic, (expression, sql))| Subscription {
+            topic,
+            expression,
+            sql,
+        })
         .collect()
 }
 
@@ -439,6 +452,7 @@ mod tests {
                 .map(|t| Subscription {
                     topic: t.to_string(),
                     expression: "*".to_owned(),
+                    sql: false,
                 })
                 .collect(),
             mode: ConsumeMode::Concurrent,
@@ -655,6 +669,7 @@ mod tests {
             .map(|i| Subscription {
                 topic: format!("t{i}"),
                 expression: "*".into(),
+                sql: false,
             })
             .collect();
         assert!(matches!(

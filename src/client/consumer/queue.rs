@@ -146,13 +146,14 @@ fn spawn_pull(
         let tags: Vec<&str> = pq.tags.iter().map(String::as_str).collect();
         shared
             .client
-            .pull(
+            .pull_with(
                 &pq.mq.topic,
                 pq.mq.queue_id,
                 offset,
                 shared.options.pull_batch_max,
                 wait,
                 &tags,
+                &pq.sql,
             )
             .await
     })

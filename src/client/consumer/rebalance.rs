@@ -301,15 +301,13 @@ impl Controller {
     }
 
     fn start_queue(&mut self, mq: MessageQueue, lease: Option<Lease>) {
-        let tags = self
-            .shared
-            .filters
-            .get(&mq.topic)
-            .map(|f| f.tags().to_vec())
-            .unwrap_or_default();
+        let selector = self.shared.filters.get(&mq.topic);
+        let tags = selector.map(|f| f.tags().to_vec()).unwrap_or_default();
+        let sql = selector.map(|f| f.sql().to_owned()).unwrap_or_default();
         let pq = Arc::new(ProcessQueue {
             mq: mq.clone(),
             tags,
+            sql,
             state: Mutex::new(QueueState::default()),
             dropped: AtomicBool::new(false),
             no_commit: AtomicBool::new(false),

@@ -42,7 +42,11 @@ fn check(queue: &ConsumeQueue, min: u64, max: u64) {
         let expected = (min..max)
             .contains(&queue_offset)
             .then(|| entry(queue_offset));
-        assert_eq!(queue.get(queue_offset), expected, "get({queue_offset})");
+        assert_eq!(
+            queue.get(queue_offset).unwrap(),
+            expected,
+            "get({queue_offset})"
+        );
     }
     let last = (max > min).then(|| (max - 1, entry(max - 1)));
     assert_eq!(queue.last_entry(), last);
@@ -61,9 +65,80 @@ fn empty_queue() {
     let dir = tempfile::tempdir().unwrap();
     let queue = open(dir.path(), 4);
     check(&queue, 0, 0);
-    assert_eq!(queue.get(0), None);
+    assert_eq!(queue.get(0).unwrap(), None);
     drop(queue);
     check(&open(dir.path(), 4), 0, 0);
+}
+
+#[test]
+fn files_are_mapped_on_use_and_closed_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..10);
+    assert_eq!(file_bases(dir.path()), [0, 4, 8]);
+    assert_eq!(queue.mapped_files(), 3);
+    drop(queue);
+
+    // A reopen finds the end without mapping anything; the end and the last entry come
+    // from reading the files.
+    let mut queue = ConsumeQueue::open(dir.path(), cfg(4)).unwrap();
+    assert_eq!(queue.mapped_files(), 0);
+    assert_eq!(queue.max_offset(), 10);
+    assert_eq!(queue.last_entry(), Some((9, entry(9))));
+    assert_eq!(queue.readable_max(u64::MAX).unwrap(), 10);
+    assert_eq!(
+        queue.mapped_files(),
+        0,
+        "the end is known without a mapping"
+    );
+
+    // A read maps the one file it needs.
+    assert_eq!(queue.get(5).unwrap(), Some(entry(5)));
+    assert_eq!(queue.mapped_files(), 1);
+    // Used since the last sweep: kept by the first, closed by the second.
+    assert_eq!(queue.close_idle(), 0);
+    assert_eq!(queue.mapped_files(), 1);
+    assert_eq!(queue.close_idle(), 1);
+    assert_eq!(queue.mapped_files(), 0);
+
+    // Appends to a closed file map it again; what they write is listed as dirty even after
+    // the file is closed, and a reopen sees it.
+    let synced = queue.dirty_files();
+    queue.files_synced(&synced);
+    for q in 10..13 {
+        queue.put(q, entry(q)).unwrap();
+    }
+    assert_eq!(queue.mapped_files(), 2, "the last file and the new one");
+    queue.close_idle();
+    queue.close_idle();
+    assert_eq!(queue.mapped_files(), 0);
+    let dirty: Vec<u64> = queue.dirty_files().iter().map(|f| f.key).collect();
+    assert_eq!(dirty, [8, 12]);
+    queue.flush().unwrap();
+    assert!(queue.dirty_files().is_empty());
+    assert_eq!(
+        queue.mapped_files(),
+        0,
+        "flushing a closed file does not map it"
+    );
+    drop(queue);
+    check(&open(dir.path(), 4), 0, 13);
+}
+
+#[test]
+fn reopen_reads_a_big_sparse_file_only_up_to_its_data() {
+    // The default file size: 300,000 entries (5.7 MiB), of which 3 are used. The scan
+    // starts at the first hole, so it agrees with a full scan.
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 300_000);
+    append(&mut queue, 0..3);
+    drop(queue);
+    let path = dir.path().join(numbered_file_name(0));
+    assert_eq!(
+        entries_in_file(&path, 300_000 * CQ_ENTRY_BYTES).unwrap(),
+        Some((3, entry(2)))
+    );
+    check(&open(dir.path(), 300_000), 0, 3);
 }
 
 #[test]
@@ -354,6 +429,7 @@ enum Op {
     DeleteBefore(u16),
     Flush,
     Reopen,
+    CloseIdle,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -365,6 +441,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u16>().prop_map(Op::DeleteBefore),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
+        1 => Just(Op::CloseIdle),
     ]
 }
 
@@ -385,7 +462,11 @@ impl Model {
             let expected = (self.min..self.max)
                 .contains(&queue_offset)
                 .then(|| self.entries[&queue_offset]);
-            assert_eq!(queue.get(queue_offset), expected, "get({queue_offset})");
+            assert_eq!(
+                queue.get(queue_offset).unwrap(),
+                expected,
+                "get({queue_offset})"
+            );
         }
     }
 }
@@ -442,6 +523,12 @@ proptest! {
                     model.min = new_min;
                 }
                 Op::Flush => queue.flush().unwrap(),
+                Op::CloseIdle => {
+                    // The first call marks what was used as unused, the second closes it.
+                    queue.close_idle();
+                    queue.close_idle();
+                    prop_assert_eq!(queue.mapped_files(), 0);
+                }
                 Op::Reopen => {
                     drop(queue);
                     queue = open(dir.path(), entries_per_file);

@@ -165,6 +165,11 @@ fn sample_requests() -> Vec<Request> {
             ..Pull::new("orders", 3, 100)
         }
         .into(),
+        Pull {
+            sql: "region = 'eu' AND amount > 100".into(),
+            ..Pull::new("orders", 3, 100)
+        }
+        .into(),
         GetMinOffset {
             topic: "orders".into(),
             queue_id: 1,
@@ -228,10 +233,18 @@ fn sample_requests() -> Vec<Request> {
         GroupHeartbeat {
             group: "g".into(),
             client_id: "c1".into(),
-            subscriptions: vec![SubscriptionData {
-                topic: "orders".into(),
-                expression: "A || B".into(),
-            }],
+            subscriptions: vec![
+                SubscriptionData {
+                    topic: "orders".into(),
+                    expression: "A || B".into(),
+                    expression_type: EXPRESSION_TAG,
+                },
+                SubscriptionData {
+                    topic: "payments".into(),
+                    expression: "amount > 100".into(),
+                    expression_type: EXPRESSION_SQL92,
+                },
+            ],
             consume_mode: CONSUME_MODE_ORDERLY,
             message_model: MESSAGE_MODEL_CLUSTERING,
             strategy: "averagely".into(),
@@ -708,8 +721,9 @@ prop_compose! {
         max_messages: u32,
         max_wait_ms: u32,
         tag_hashes in proptest::collection::vec(any::<u64>(), 0..8),
+        sql in arb_text(),
     ) -> Pull {
-        Pull { topic, queue_id, offset, max_messages, max_wait_ms, tag_hashes }
+        Pull { topic, queue_id, offset, max_messages, max_wait_ms, tag_hashes, sql }
     }
 }
 

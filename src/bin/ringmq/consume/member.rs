@@ -120,8 +120,9 @@ pub(super) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
     let fail_all = args.reconsume_later;
     let consumer =
         PushConsumer::new(config.clone(), group.as_str(), options).map_err(|e| ctx.fail(e))?;
+    let selector = super::selector(&args).map_err(|e| ctx.fail(e))?;
     consumer
-        .subscribe(&args.topic, args.tags.as_deref().unwrap_or("*"))
+        .subscribe_with(&args.topic, selector)
         .map_err(|e| ctx.fail(e))?;
     let listener = Arc::new(GroupListener {
         client_id: config.client_id.clone(),
