@@ -22,21 +22,12 @@ BROKER_PID=
 cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-start_broker() {
-  rm -rf "$WORK/data"
-  target/release/ringmq-broker --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards 2 \
-    >"$WORK/broker.out" 2>"$WORK/broker.err" &
-  BROKER_PID=$!
-  for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
-  ADDR=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
-  [ -n "$ADDR" ] || { echo "broker did not start"; cat "$WORK/broker.err"; exit 1; }
-}
-stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
+. perf/lib.sh
 
 # case name, then ringmq-bench arguments; one line of the table.
 bench() {
   local name=$1; shift
-  start_broker
+  start_broker "$WORK"
   target/release/ringmq-bench --broker "$ADDR" --queues 8 --size 1024 --duration "$SECS" \
     --json "$OUT/groups-$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
     { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; }

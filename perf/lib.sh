@@ -14,3 +14,19 @@ build_before() {
   (cd "$wt" && CARGO_TARGET_DIR=$target cargo build --release "${args[@]}" >/dev/null 2>&1)
   git worktree remove --force "$wt" >/dev/null 2>&1 || true
 }
+
+#   start_broker WORKDIR [ARGS...]       a fresh release broker (2 shards) on a new data dir
+#                                        in WORKDIR; sets BROKER_PID and ADDR
+#   stop_broker                          SIGTERM and wait
+start_broker() {
+  local work=$1
+  shift
+  rm -rf "$work/data"
+  target/release/ringmq-broker --listen 127.0.0.1:0 --data-dir "$work/data" --shards 2 "$@" \
+    >"$work/broker.out" 2>"$work/broker.err" &
+  BROKER_PID=$!
+  for _ in $(seq 100); do grep -q ready "$work/broker.out" 2>/dev/null && break; sleep 0.1; done
+  ADDR=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$work/broker.out")
+  [ -n "$ADDR" ] || { echo "broker did not start"; cat "$work/broker.err"; exit 1; }
+}
+stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }

@@ -98,6 +98,17 @@ struct Cli {
     /// mapping [default: 30000]
     #[arg(long, value_name = "MS")]
     index_idle_close_ms: Option<u64>,
+    /// Ask a producer of its group about a transaction's half message once it is this old
+    /// without an outcome, in ms [default: 6000]
+    #[arg(long, value_name = "MS")]
+    transaction_timeout_ms: Option<u64>,
+    /// How often an unresolved half message is asked about again, in ms [default: 30000]
+    #[arg(long, value_name = "MS")]
+    transaction_check_interval_ms: Option<u64>,
+    /// Checks before an unresolved half message is discarded (kept in the
+    /// %SYS_TXN_DISCARDED% topic and counted by `ringmq transaction list`) [default: 15]
+    #[arg(long, value_name = "N")]
+    transaction_check_max: Option<u32>,
     /// How often retention looks for old segments to delete, in ms [default: 60000]
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
@@ -191,6 +202,15 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.index_idle_close_ms {
         cfg.index_idle_close_ms = v;
+    }
+    if let Some(v) = cli.transaction_timeout_ms {
+        cfg.transaction_timeout_ms = v;
+    }
+    if let Some(v) = cli.transaction_check_interval_ms {
+        cfg.transaction_check_interval_ms = v;
+    }
+    if let Some(v) = cli.transaction_check_max {
+        cfg.transaction_check_max = v;
     }
     if let Some(v) = cli.disk_free_min_mb {
         cfg.disk_free_min_mb = v;

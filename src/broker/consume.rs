@@ -28,9 +28,6 @@ pub const PULL_MESSAGES_MAX: u32 = 1024;
 /// Distinct SQL92 filters a shard keeps parsed (4 KiB each at most); past it the cache
 /// starts over.
 pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
-/// An SQL-filtered pull reads this many times the messages it asks for (within the frame
-/// size), so that a selective filter still fills its answers.
-const SQL_SCAN_FACTOR: u32 = 4;
 
 impl ShardCtx {
     fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
@@ -125,10 +122,7 @@ impl ShardCtx {
         } else {
             Some(self.sql_filter(&p.sql)?)
         };
-        let scan = match sql {
-            Some(_) => max_messages.saturating_mul(SQL_SCAN_FACTOR),
-            None => max_messages,
-        };
+
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
         let notify = self.poll_notify(&p.topic, p.queue_id);
@@ -150,7 +144,7 @@ impl ShardCtx {
                 &p.topic,
                 p.queue_id,
                 p.offset,
-                scan,
+                max_messages,
                 max_bytes,
                 &p.tag_hashes,
             );
@@ -162,7 +156,11 @@ impl ShardCtx {
                     let r = self.store.fetch(plan).await.map_err(store_error)?;
                     let (parts, next_offset) = match &sql {
                         None => (r.records().collect(), r.next_offset),
-                        Some(filter) => select(&r, filter, max_messages as usize),
+                        // A filtered pull looks at as many messages as it asks for and
+                        // answers those that match: each pull moves the position by its
+                        // batch, so a consumer pipelining pulls predicts where the next
+                        // starts.
+                        Some(filter) => (select(&r, filter), r.next_offset),
                     };
                     if parts.is_empty() {
                         // The whole window was filtered out: go on past it.
@@ -223,15 +221,11 @@ impl ShardCtx {
     }
 }
 
-/// The records of a read that match an SQL92 filter, at most `max` of them, and the queue
-/// offset to read next: past the last record evaluated. Evaluated over each record's
-/// property block in place.
-fn select<'r>(r: &'r QueueRead, filter: &SqlFilter, max: usize) -> (Vec<&'r [u8]>, u64) {
-    let mut kept = Vec::with_capacity(max.min(r.len()));
-    for (bytes, &offset) in r.records().zip(r.queue_offsets()) {
-        if kept.len() == max {
-            return (kept, offset);
-        }
+/// The records of a read that match an SQL92 filter, evaluated over each record's property
+/// block in place.
+fn select<'r>(r: &'r QueueRead, filter: &SqlFilter) -> Vec<&'r [u8]> {
+    let mut kept = Vec::with_capacity(r.len());
+    for bytes in r.records() {
         // The store checked the structure of what it read; were it bad, the consumer's
         // check reports it (never skipped here unseen).
         let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
@@ -243,7 +237,7 @@ fn select<'r>(r: &'r QueueRead, filter: &SqlFilter, max: usize) -> (Vec<&'r [u8]
             kept.push(bytes);
         }
     }
-    (kept, r.next_offset)
+    kept
 }
 
 /// An answer whose meta part is followed by stored records, copied straight from where

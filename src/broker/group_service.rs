@@ -199,6 +199,7 @@ impl ShardCtx {
     }
 
     pub(super) async fn on_connection_closed(self: &Rc<Self>, group: &str, conn: u64) {
+        self.producer_connection_closed(group, conn);
         let left = match self.groups.borrow_mut().get_mut(group) {
             Some((s, _)) => s.connection_closed(conn),
             None => Vec::new(),

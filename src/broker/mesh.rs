@@ -54,6 +54,14 @@ pub enum MeshRequest {
     ReleaseClient { group: String, client_id: String },
     /// (to a coordinator) a connection carrying members of the group closed.
     ConnectionClosed { group: String, conn: u64 },
+    /// To a producer group's coordinator: push this check to one of its producers.
+    AskProducer {
+        group: String,
+        turn: usize,
+        frame: Vec<u8>,
+    },
+    /// This shard's unresolved half messages.
+    ListTransactions,
     /// Lock or unlock queues this shard owns.
     Locks {
         op: LockOp,
@@ -89,8 +97,17 @@ pub enum MeshReply {
     Records(Vec<Vec<u8>>),
     Queues(Vec<u32>),
     Progress(Vec<crate::protocol::QueueProgress>),
-    Put { msg_id: String, queue_offset: u64 },
+    Put {
+        msg_id: String,
+        queue_offset: u64,
+    },
     Schedule(crate::protocol::ShardScheduleInfo),
+    /// Unresolved half messages, discards, the latest discards.
+    Transactions(
+        Vec<crate::protocol::HalfMessageInfo>,
+        u64,
+        Vec<crate::protocol::HalfMessageInfo>,
+    ),
     Failed(ErrorCode, String),
 }
 
@@ -257,6 +274,20 @@ impl ShardCtx {
             MeshRequest::ConnectionClosed { group, conn } => {
                 self.on_connection_closed(&group, conn).await;
                 MeshReply::Ack
+            }
+            MeshRequest::AskProducer { group, turn, frame } => {
+                if self.ask_producer(&group, turn, frame).await {
+                    MeshReply::Ack
+                } else {
+                    MeshReply::Failed(
+                        ErrorCode::GroupNotFound,
+                        format!("producer group {group} has no live producer"),
+                    )
+                }
+            }
+            MeshRequest::ListTransactions => {
+                let (halves, discarded, recent) = self.local_transactions();
+                MeshReply::Transactions(halves, discarded, recent)
             }
             MeshRequest::Locks {
                 op,

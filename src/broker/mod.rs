@@ -25,6 +25,7 @@ mod query;
 mod retry;
 pub mod schedule;
 pub mod topics;
+pub mod transaction;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -89,6 +90,12 @@ pub struct ServiceConfig {
     pub groups_max: usize,
     /// Most queues of all topics together.
     pub queues_max: usize,
+    /// A half message this old without an outcome is asked about.
+    pub transaction_timeout_ms: u64,
+    /// How often an unresolved half message is asked about.
+    pub transaction_check_interval_ms: u64,
+    /// Checks before a half message is discarded.
+    pub transaction_check_max: u32,
 }
 
 /// Everything one shard owns.
@@ -135,6 +142,10 @@ pub struct ShardCtx {
     offsets_writing: Cell<bool>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
+    /// Half messages and outcomes of this shard.
+    txn: RefCell<transaction::Transactions>,
+    /// Live producers of the groups this shard coordinates.
+    producers: RefCell<transaction::ProducerGroups>,
     /// SQL92 filters of pulls, parsed once per expression (bounded: see `consume.rs`).
     sql_filters: RefCell<HashMap<String, Rc<crate::protocol::sql::SqlFilter>>>,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
@@ -266,6 +277,8 @@ impl ShardCtx {
             offsets_writing: Cell::new(false),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             sql_filters: RefCell::new(HashMap::new()),
+            txn: RefCell::new(transaction::Transactions::default()),
+            producers: RefCell::new(transaction::ProducerGroups::default()),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
             conn_frame_max: RefCell::new(HashMap::new()),
         })
@@ -427,10 +440,15 @@ impl ShardCtx {
         if let Some(Err(e)) = req.client_id().map(crate::protocol::names::check_client_id) {
             return refuse(err(ErrorCode::InvalidMessage, e));
         }
-        if let Request::GroupHeartbeat(h) = &req {
+        let group_on_conn = match &req {
+            Request::GroupHeartbeat(h) => Some(&h.group),
+            Request::ProducerHeartbeat(h) => Some(&h.group),
+            _ => None,
+        };
+        if let Some(group) = group_on_conn {
             // Only the shard that carries the connection hears of its close.
             if conn >> CONN_SHARD_SHIFT == self.id as u64 {
-                if let Err(e) = self.note_group_connection(&h.group, conn) {
+                if let Err(e) = self.note_group_connection(group, conn) {
                     return refuse(e);
                 }
             }
@@ -754,5 +772,17 @@ impl Handlers for Req<'_> {
 
     fn schedule_stats(&self, _: ScheduleStats) -> Handled {
         self.later(self.ctx.clone().schedule_stats())
+    }
+
+    fn producer_heartbeat(&self, m: ProducerHeartbeat) -> Handled {
+        self.now(self.ctx.producer_heartbeat(m, self.conn))
+    }
+
+    fn end_transaction(&self, m: EndTransaction) -> Handled {
+        self.later(self.ctx.clone().end_transaction(m))
+    }
+
+    fn list_transactions(&self, _: ListTransactions) -> Handled {
+        self.later(self.ctx.clone().list_transactions())
     }
 }

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 
 use super::mesh::{MeshReply, MeshRequest};
+use super::transaction::is_half;
 use super::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{
@@ -15,7 +16,7 @@ use crate::protocol::record::{
 };
 use crate::protocol::{
     encode_frame, ErrorBody, ErrorCode, Flags, MessageId, Response, SendBatch, SendBatchResult,
-    SendMessage, SendResult,
+    SendMessage, SendResult, QUEUE_OFFSET_HALF,
 };
 use crate::store::PutResult;
 
@@ -143,6 +144,17 @@ impl ShardCtx {
         if batch
             && items
                 .iter()
+                .any(|(_, props, _, _)| is_half(&Properties::new(props)))
+        {
+            let e = err(
+                ErrorCode::InvalidMessage,
+                "transactional messages cannot be sent in a batch; send them one by one",
+            );
+            return Handled::now(error_frame(request_id, &e));
+        }
+        if batch
+            && items
+                .iter()
                 .any(|(_, props, _, _)| asks_for_delay(&Properties::new(props)))
         {
             let e = err(
@@ -151,6 +163,11 @@ impl ShardCtx {
             );
             return Handled::now(error_frame(request_id, &e));
         }
+        // A transaction's half message: answered with its transaction id.
+        let half = !batch
+            && items
+                .first()
+                .is_some_and(|i| is_half(&Properties::new(&i.1)));
         let known = self.topics.borrow().get(&topic);
         match known {
             Some(count) if queue_id >= 0 => {
@@ -167,7 +184,7 @@ impl ShardCtx {
                 Handled::later(async move {
                     Some(match appended {
                         Ok(puts) => {
-                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch)
+                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch, half)
                                 .await
                         }
                         Err(e) => error_frame(request_id, &e),
@@ -222,7 +239,7 @@ impl ShardCtx {
                     }
                     match ctx.append_all(&topic, q, &items, peer) {
                         Ok(puts) => Some(
-                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch)
+                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch, half)
                                 .await,
                         ),
                         Err(e) => Some(error_frame(request_id, &e)),
@@ -301,6 +318,7 @@ impl ShardCtx {
         Ok(puts)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn finish_send(
         &self,
         request_id: u64,
@@ -309,6 +327,7 @@ impl ShardCtx {
         puts: Vec<PutResult>,
         wait_durable: bool,
         batch: bool,
+        half: bool,
     ) -> Vec<u8> {
         let Some(last) = puts.last() else {
             return error_frame(
@@ -340,8 +359,14 @@ impl ShardCtx {
             let r = SendResult {
                 msg_id: self.msg_id(last.physical_offset),
                 queue_id,
-                queue_offset: last.queue_offset,
+                queue_offset: if half {
+                    QUEUE_OFFSET_HALF
+                } else {
+                    last.queue_offset
+                },
                 physical_offset: last.physical_offset,
+                // The half's offset in its queue, plus one.
+                transaction_id: if half { last.queue_offset + 1 } else { 0 },
             };
             response_frame(request_id, &Response::SendResult(r))
         }

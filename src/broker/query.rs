@@ -123,9 +123,15 @@ impl ShardCtx {
                 StoreError::Log(LogError::NoRecord { .. }) => no_message(),
                 other => store_error(other),
             })?;
-        // The broker's own records (held delayed messages, done records) are not messages.
+        // The broker's own records (held delayed messages, done records) are not messages;
+        // discarded half messages are kept for inspection by id.
         match RecordView::parse_unchecked_crc(&buf) {
-            Ok(view) if !crate::protocol::names::is_system_topic(view.topic()) => Ok(buf),
+            Ok(view)
+                if !crate::protocol::names::is_system_topic(view.topic())
+                    || view.topic() == super::transaction::DISCARDED_TOPIC =>
+            {
+                Ok(buf)
+            }
             _ => Err(no_message()),
         }
     }

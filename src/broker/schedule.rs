@@ -371,6 +371,9 @@ impl ShardCtx {
     /// arrival order. A scheduled message's result carries `QUEUE_OFFSET_SCHEDULED`.
     pub(super) fn put_draft(&self, draft: &RecordDraft<'_>) -> Result<PutResult, ErrorBody> {
         let props = Properties::new(draft.properties);
+        if super::transaction::is_half(&props) {
+            return self.half_append(draft);
+        }
         if !asks_for_delay(&props) {
             return self.store.append(draft).map_err(super::store_error);
         }

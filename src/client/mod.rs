@@ -42,6 +42,7 @@ mod producer;
 pub mod route;
 mod session;
 mod tag_filter;
+mod transaction;
 
 #[cfg(test)]
 mod tests;
@@ -79,6 +80,9 @@ pub use session::{BrokerInfo, Client, PullResult};
 pub use tag_filter::{
     MessageSelector, SqlExpression, TagExpression, TAGS_PER_EXPRESSION_MAX,
     TAG_EXPRESSION_BYTES_MAX,
+};
+pub use transaction::{
+    TransactionChecker, TransactionOutcome, TransactionProducer, TransactionSendResult,
 };
 
 pub use crate::protocol::{

@@ -204,6 +204,7 @@ fn send_result(queue_id: u32, queue_offset: u64) -> Response<'static> {
         queue_id,
         queue_offset,
         physical_offset: 0,
+        transaction_id: 0,
     })
 }
 

@@ -65,13 +65,19 @@ pub enum ErrorCode {
     GroupNotFound = 60,
     /// Another live connection is a member of the group under the same client id.
     ClientIdInUse = 61,
+    /// No transaction with that id waits for an outcome on the queue's shard (never
+    /// existed, or resolved too long ago to be remembered).
+    TransactionNotFound = 70,
+    /// The transaction already has the other outcome (a commit after a rollback, or the
+    /// reverse); the same outcome again is accepted.
+    TransactionResolved = 71,
     /// A bug on the broker side.
     Internal = 99,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -99,6 +105,8 @@ impl ErrorCode {
         ErrorCode::BadFilterExpression,
         ErrorCode::GroupNotFound,
         ErrorCode::ClientIdInUse,
+        ErrorCode::TransactionNotFound,
+        ErrorCode::TransactionResolved,
         ErrorCode::Internal,
     ];
 
@@ -133,6 +141,8 @@ impl ErrorCode {
             50 => ErrorCode::BadFilterExpression,
             60 => ErrorCode::GroupNotFound,
             61 => ErrorCode::ClientIdInUse,
+            70 => ErrorCode::TransactionNotFound,
+            71 => ErrorCode::TransactionResolved,
             99 => ErrorCode::Internal,
             _ => return None,
         })
@@ -158,6 +168,8 @@ impl ErrorCode {
             | ErrorCode::Conflict => true,
             ErrorCode::GroupNotFound
             | ErrorCode::ClientIdInUse
+            | ErrorCode::TransactionNotFound
+            | ErrorCode::TransactionResolved
             | ErrorCode::StoreCorrupt
             | ErrorCode::LimitReached
             | ErrorCode::MalformedFrame
@@ -275,7 +287,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 27] = [
+        let expected: [(ErrorCode, u16); 29] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -302,6 +314,8 @@ mod tests {
             (ErrorCode::LimitReached, 45),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
+            (ErrorCode::TransactionNotFound, 70),
+            (ErrorCode::TransactionResolved, 71),
             (ErrorCode::Internal, 99),
         ];
         for (code, n) in expected {

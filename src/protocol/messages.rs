@@ -121,9 +121,81 @@ wire_type! {
     pub struct SendResult {
         pub msg_id: String,
         pub queue_id: u32,
-        /// [`QUEUE_OFFSET_SCHEDULED`] for a delayed message.
+        /// [`QUEUE_OFFSET_SCHEDULED`] for a delayed message, [`QUEUE_OFFSET_HALF`] for a
+        /// transaction's half message.
         pub queue_offset: u64,
         pub physical_offset: u64,
+        /// For a half message: the id of its transaction (what [`EndTransaction`] names);
+        /// 0 otherwise.
+        pub transaction_id: u64,
+    }
+}
+
+/// [`SendResult::queue_offset`] of a half message: it is in no queue until committed.
+pub const QUEUE_OFFSET_HALF: u64 = u64::MAX - 1;
+
+// ---- Transactions ----
+
+wire_type! {
+    /// A producer of `group` is alive on this connection: the broker may ask it about the
+    /// group's transactions ([`CheckTransaction`]). Dropped when the connection closes.
+    pub struct ProducerHeartbeat {
+        pub group: String,
+        pub client_id: String,
+    }
+}
+
+/// [`EndTransaction::outcome`]: make the message visible.
+pub const TRANSACTION_COMMIT: u8 = 1;
+/// [`EndTransaction::outcome`]: discard the message.
+pub const TRANSACTION_ROLLBACK: u8 = 2;
+/// [`EndTransaction::outcome`]: not decided yet; the broker asks again later.
+pub const TRANSACTION_UNKNOWN: u8 = 0;
+
+wire_type! {
+    /// The outcome of a transaction, sent by its producer after the local transaction or
+    /// in answer to a [`CheckTransaction`]. Routed to the queue the message is bound for
+    /// (its owner holds the half message).
+    pub struct EndTransaction {
+        pub topic: String,
+        pub queue_id: u32,
+        pub transaction_id: u64,
+        pub producer_group: String,
+        /// [`TRANSACTION_COMMIT`], [`TRANSACTION_ROLLBACK`] or [`TRANSACTION_UNKNOWN`].
+        pub outcome: u8,
+        /// Sent in answer to a check.
+        pub from_check: bool,
+    }
+}
+
+wire_type! {
+    /// Lists the half messages without an outcome, on every shard.
+    pub struct ListTransactions {}
+}
+
+wire_type! {
+    /// One unresolved half message.
+    pub struct HalfMessageInfo {
+        pub shard: u32,
+        pub transaction_id: u64,
+        pub topic: String,
+        pub queue_id: u32,
+        pub producer_group: String,
+        pub msg_id: String,
+        pub age_ms: u64,
+        pub checks: u32,
+    }
+}
+
+wire_type! {
+    /// Answer to [`ListTransactions`].
+    pub struct TransactionList {
+        pub halves: Vec<HalfMessageInfo>,
+        /// Half messages discarded after their last check, since each shard started
+        /// (kept in the `%SYS_TXN_DISCARDED%` topic).
+        pub discarded: u64,
+        /// The latest of those (up to 100 per shard); `msg_id` is the kept copy's id.
+        pub recently_discarded: Vec<HalfMessageInfo>,
     }
 }
 
@@ -618,6 +690,19 @@ wire_type! {
 }
 
 // ---- Pushed notifications ----
+
+wire_type! {
+    /// Pushed to a live producer of the group: what became of this transaction? The
+    /// producer answers with an [`EndTransaction`] (`from_check`).
+    pub struct CheckTransaction {
+        pub topic: String,
+        pub queue_id: u32,
+        pub transaction_id: u64,
+        pub producer_group: String,
+        /// The half message as stored (a record).
+        pub record: Vec<u8>,
+    }
+}
 
 wire_type! {
     /// Pushed to every member when the group's assignment changes: ask for it again.

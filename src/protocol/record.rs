@@ -94,6 +94,12 @@ pub mod prop {
     ];
     /// Wait for the store to be durable before answering.
     pub const WAIT: &str = "WAIT";
+    /// `true` on a transaction's half message, as sent: it stays invisible until committed.
+    pub const TRAN_MSG: &str = "TRAN_MSG";
+    /// The producer group of a transactional message (asked about it by check-backs).
+    pub const PRODUCER_GROUP: &str = "PGROUP";
+    /// On a committed message: the transaction it was committed by.
+    pub const TRANSACTION_ID: &str = "TRAN_ID";
 }
 
 const OFF_TOTAL_LEN: usize = 0;

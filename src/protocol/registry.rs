@@ -336,6 +336,11 @@ registry! {
             route(m) Route::queue_or_local(&m.topic, m.queue_id), hint send_message_len_hint;
         SendBatch = 11 => SendBatchResult, send_batch,
             route(m) Route::queue_or_local(&m.topic, m.queue_id), hint send_batch_len_hint;
+        // Transactions.
+        ProducerHeartbeat = 12 => Empty, producer_heartbeat,
+            route(m) Route::Coordinator(&m.group), client(m) &m.client_id;
+        EndTransaction = 13 => Empty, end_transaction,
+            route(m) Route::queue(&m.topic, m.queue_id);
         // Consume.
         Pull = 20 => PullResult, pull, route(m) Route::queue(&m.topic, m.queue_id);
         GetMinOffset = 21 => Offset, get_min_offset, route(m) Route::queue(&m.topic, m.queue_id);
@@ -379,6 +384,7 @@ registry! {
         ConsumerSendBack = 90 => SendBackResult, consumer_send_back,
             route(m) Route::MessageId(&m.msg_id), group(m) &m.group;
         ScheduleStats = 91 => ScheduleInfo, schedule_stats, route(_m) Route::Local;
+        ListTransactions = 92 => TransactionList, list_transactions, route(_m) Route::Local;
     }
     responses {
         Error = 1000 => Error(ErrorBody);
@@ -398,8 +404,10 @@ registry! {
         SendBackResult = 1014 => SendBackResult(SendBackResult);
         ScheduleInfo = 1015 => ScheduleInfo(ScheduleInfo);
         HandshakeOk2 = 1016 => HandshakeOk2(HandshakeOk2);
+        TransactionList = 1017 => TransactionList(TransactionList);
     }
     pushes {
         RebalanceNotify = 2000;
+        CheckTransaction = 2001;
     }
 }

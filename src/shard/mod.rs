@@ -113,6 +113,12 @@ pub struct BrokerConfig {
     pub queues_max: usize,
     /// A consume-queue file unused this long is unmapped and closed until its next use.
     pub index_idle_close_ms: u64,
+    /// A half message this old without an outcome is asked about (check-back).
+    pub transaction_timeout_ms: u64,
+    /// How often an unresolved half message is asked about.
+    pub transaction_check_interval_ms: u64,
+    /// Checks before an unresolved half message is discarded.
+    pub transaction_check_max: u32,
 }
 
 impl Default for BrokerConfig {
@@ -145,6 +151,10 @@ impl Default for BrokerConfig {
             groups_max: GROUPS_MAX_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
             index_idle_close_ms: crate::store::INDEX_IDLE_CLOSE_MS_DEFAULT,
+            transaction_timeout_ms: crate::broker::transaction::TRANSACTION_TIMEOUT_MS_DEFAULT,
+            transaction_check_interval_ms:
+                crate::broker::transaction::TRANSACTION_CHECK_INTERVAL_MS_DEFAULT,
+            transaction_check_max: crate::broker::transaction::TRANSACTION_CHECK_MAX_DEFAULT,
         }
     }
 }
@@ -297,6 +307,12 @@ impl Broker {
         if cfg.retention_check_interval_ms == 0 {
             return Err(BrokerError::Config(
                 "retention-check-interval-ms must be at least 1".into(),
+            ));
+        }
+        if cfg.transaction_timeout_ms == 0 || cfg.transaction_check_interval_ms == 0 {
+            return Err(BrokerError::Config(
+                "transaction-timeout-ms and transaction-check-interval-ms must be at least 1"
+                    .into(),
             ));
         }
         if cfg.index_idle_close_ms == 0 {
@@ -621,6 +637,9 @@ async fn shard_main(
         auto_create_topics_max: cfg.auto_create_topics_max,
         groups_max: cfg.groups_max,
         queues_max: cfg.queues_max,
+        transaction_timeout_ms: cfg.transaction_timeout_ms,
+        transaction_check_interval_ms: cfg.transaction_check_interval_ms,
+        transaction_check_max: cfg.transaction_check_max,
     };
     let peers = Box::new(MeshPeers {
         senders,
@@ -670,6 +689,10 @@ async fn shard_main(
         .detach();
     }
     glommio::spawn_local(ctx.clone().run_schedule()).detach();
+    ctx.recover_transactions()
+        .await
+        .map_err(|e| format!("recovering the transactions of shard {i}: {e}"))?;
+    glommio::spawn_local(ctx.clone().run_transaction_checks()).detach();
     {
         let ctx = ctx.clone();
         glommio::spawn_local(async move {

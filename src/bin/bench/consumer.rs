@@ -36,16 +36,32 @@ pub(crate) async fn consume_queue(
     let mut latencies = Latencies::new();
     let wait = Duration::from_millis(PULL_WAIT_MS);
     while !run.stop_consumers.load(Ordering::Relaxed) {
-        let pulled = client
-            .pull(
-                &run.cli.topic,
-                queue_id,
-                offset,
-                run.cli.pull_batch,
-                wait,
-                &[],
-            )
-            .await;
+        let pulled = match &run.cli.sql {
+            None => {
+                client
+                    .pull(
+                        &run.cli.topic,
+                        queue_id,
+                        offset,
+                        run.cli.pull_batch,
+                        wait,
+                        &[],
+                    )
+                    .await
+            }
+            Some(sql) => {
+                client
+                    .pull_sql(
+                        &run.cli.topic,
+                        queue_id,
+                        offset,
+                        run.cli.pull_batch,
+                        wait,
+                        sql,
+                    )
+                    .await
+            }
+        };
         let result = match pulled {
             Ok(result) => result,
             Err(e) => {
@@ -133,7 +149,10 @@ pub(crate) async fn start_push_consumers(
             ..config.clone()
         };
         let consumer = PushConsumer::new(config, group, options.clone()).map_err(fail)?;
-        consumer.subscribe(&cli.topic, "*").map_err(fail)?;
+        match &cli.sql {
+            Some(sql) => consumer.subscribe_sql(&cli.topic, sql).map_err(fail)?,
+            None => consumer.subscribe(&cli.topic, "*").map_err(fail)?,
+        }
         let latencies = Arc::new(Mutex::new(Latencies::new()));
         let (histogram, run) = (latencies.clone(), run.clone());
         consumer

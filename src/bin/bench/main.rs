@@ -47,6 +47,7 @@ use tokio::time::{sleep, Instant};
 
 use ringmq::client::{Client, ClientConfig, ClientError, Producer, ProducerOptions};
 use ringmq::log::FlushMode;
+use ringmq::protocol::sql::SqlFilter;
 use ringmq::protocol::ErrorCode;
 
 use crate::consumer::{consume_queue, start_push_consumers};
@@ -117,6 +118,11 @@ struct Cli {
     /// latency then includes the wait in the backlog).
     #[arg(long, requires = "group")]
     consume_after_produce: bool,
+    /// Consumers keep only messages matching this SQL92 filter, evaluated by the broker.
+    /// Every message then carries the property `n100`, its number modulo 100: `n100 < 10`
+    /// keeps 10% of them. Consume figures count the matching messages.
+    #[arg(long, value_name = "EXPR")]
+    sql: Option<String>,
     /// Send with sharding keys `k0`..`k{N-1}` (in turn) instead of round-robin: each key's
     /// messages go to one queue. Only with --batch 1.
     #[arg(long, value_name = "N")]
@@ -277,6 +283,8 @@ fn epoch_ns(at: Instant) -> u64 {
 struct Stats {
     /// Messages the broker acknowledged.
     sent: AtomicU64,
+    /// Of those, the messages consumers should get (all of them, or those --sql keeps).
+    expected: AtomicU64,
     /// Messages whose send failed (after the producer's retries).
     send_errors: AtomicU64,
     /// Distinct messages of this run received.
@@ -312,6 +320,8 @@ struct Run {
     start: Instant,
     stats: Stats,
     stop_consumers: AtomicBool,
+    /// The parsed --sql filter.
+    sql: Option<SqlFilter>,
 }
 
 fn client_config(cli: &Cli, broker: &str) -> ClientConfig {
@@ -384,6 +394,10 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         start: Instant::now(),
         stats: Stats::default(),
         stop_consumers: AtomicBool::new(false),
+        sql: match &cli.sql {
+            Some(expr) => Some(SqlFilter::parse(expr).map_err(|e| format!("--sql: {e}"))?),
+            None => None,
+        },
     });
     if run_cell.set(run.clone()).is_err() {
         unreachable!("the run is set once");
@@ -421,6 +435,7 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     }
     let produce_s = run.start.elapsed().as_secs_f64();
     let sent = run.stats.sent.load(Ordering::Relaxed);
+    let expected = run.stats.expected.load(Ordering::Relaxed);
     // Consumers that start now drain what was produced; their rate counts from here.
     let mut consume_from_s = 0.0;
     if let (Some(group), true) = (&cli.group, cli.consume_after_produce) {
@@ -433,7 +448,9 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         let drain_deadline = Instant::now()
             + Duration::from_secs(DRAIN_TIMEOUT_S)
             + Duration::from_millis(cli.delay_ms.unwrap_or(0));
-        while run.stats.received.load(Ordering::Relaxed) < sent && Instant::now() < drain_deadline {
+        while run.stats.received.load(Ordering::Relaxed) < expected
+            && Instant::now() < drain_deadline
+        {
             sleep(Duration::from_millis(10)).await;
         }
     }
@@ -476,6 +493,7 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         .clone();
     Ok(Report {
         sent,
+        expected,
         received: stats.received.load(Ordering::Relaxed),
         duplicates: stats.duplicates.load(Ordering::Relaxed),
         send_errors: stats.send_errors.load(Ordering::Relaxed),
@@ -536,7 +554,7 @@ fn main() -> ExitCode {
                     code = ExitCode::FAILURE;
                 }
             }
-            if report.sent == 0 || (cli.consumers > 0 && report.received < report.sent) {
+            if report.sent == 0 || (cli.consumers > 0 && report.received < report.expected) {
                 code = ExitCode::FAILURE;
             }
             code

@@ -83,12 +83,25 @@ impl Sender {
                     Some(ms) => message.with_delay_ms(ms),
                     None => message,
                 };
+                let message = match cli.sql {
+                    Some(_) => message.with_property("n100", (n % 100).to_string()),
+                    None => message,
+                };
                 match cli.keys {
                     Some(keys) => message.with_sharding_key(format!("k{}", n % keys)),
                     None => message,
                 }
             })
             .collect();
+        let expected = match &self.run.sql {
+            None => count as u64,
+            Some(filter) => (0..count as u64)
+                .filter(|i| {
+                    let n100 = ((self.scheduled_messages + i) % 100).to_string();
+                    filter.matches(&|name| (name == "n100").then_some(n100.as_str()))
+                })
+                .count() as u64,
+        };
         self.scheduled_messages += count as u64;
         let (producer, run, latencies) = (
             self.producer.clone(),
@@ -112,6 +125,7 @@ impl Sender {
                         scheduled.elapsed(),
                     );
                     run.stats.sent.fetch_add(count as u64, Ordering::Relaxed);
+                    run.stats.expected.fetch_add(expected, Ordering::Relaxed);
                 }
                 Err(e) => {
                     run.stats

@@ -74,6 +74,8 @@ pub(crate) async fn progress(run: Arc<Run>, done: Arc<AtomicBool>) {
 /// What a run measured.
 pub(crate) struct Report {
     pub(crate) sent: u64,
+    /// Of `sent`, what the consumers should receive (all, or what --sql keeps).
+    pub(crate) expected: u64,
     pub(crate) received: u64,
     pub(crate) duplicates: u64,
     pub(crate) send_errors: u64,
@@ -113,7 +115,8 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
     serde_json::json!({
         "messages_sent": r.sent,
         "messages_received": r.received,
-        "messages_missing": if cli.consumers > 0 { r.sent.saturating_sub(r.received) } else { 0 },
+        "messages_expected": r.expected,
+        "messages_missing": if cli.consumers > 0 { r.expected.saturating_sub(r.received) } else { 0 },
         "messages_duplicated": r.duplicates,
         "send_errors": r.send_errors,
         "pull_errors": r.pull_errors,
@@ -179,7 +182,7 @@ pub(crate) fn print_report(cli: &Cli, r: &Report) {
             r.consume_s,
             per_sec(r.received, r.consume_s),
             mb(r.received, r.consume_s),
-            r.sent.saturating_sub(r.received),
+            r.expected.saturating_sub(r.received),
             r.duplicates
         );
     }

@@ -35,6 +35,7 @@ mod output;
 mod schedule;
 mod send;
 mod topic;
+mod transaction;
 
 use std::process::ExitCode;
 
@@ -50,6 +51,7 @@ use crate::offset::OffsetCommand;
 use crate::schedule::ScheduleCommand;
 use crate::send::SendArgs;
 use crate::topic::TopicCommand;
+use crate::transaction::TransactionCommand;
 /// The broker address when neither `--broker` nor `RINGMQ_BROKER` gives one.
 const BROKER_DEFAULT: &str = "127.0.0.1:7800";
 /// The environment variable that gives the broker address.
@@ -105,6 +107,9 @@ enum Command {
     /// The broker's schedules of delayed messages (per shard)
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Transactions waiting for an outcome, and discarded half messages
+    #[command(subcommand)]
+    Transaction(TransactionCommand),
     /// Pull messages and print one line each (queue, offset, tags, body); with --group,
     /// consume as a member of a consumer group
     ///
@@ -259,6 +264,7 @@ async fn dispatch(ctx: &Ctx, command: Command) -> CmdResult {
         Command::Group(c) => group::run(ctx, c).await,
         Command::Dlq(c) => dlq::run(ctx, c).await,
         Command::Schedule(c) => schedule::run(ctx, c).await,
+        Command::Transaction(c) => transaction::run(ctx, c).await,
         Command::Consume(a) => consume::run(ctx, a).await,
     }
 }

@@ -7,7 +7,9 @@ use std::io::Read;
 use clap::Args;
 use serde_json::json;
 
-use ringmq::client::{OutgoingMessage, Producer, QUEUE_OFFSET_SCHEDULED};
+use ringmq::client::{
+    OutgoingMessage, Producer, TransactionOutcome, TransactionProducer, QUEUE_OFFSET_SCHEDULED,
+};
 
 use crate::output::{emit, emit_json};
 use crate::{CmdResult, Ctx, Failure};
@@ -41,9 +43,66 @@ pub(crate) struct SendArgs {
     /// Deliver at TS, in ms since the UNIX epoch (a past time delivers at once)
     #[arg(long, value_name = "TS", group = "delay")]
     deliver_at_ms: Option<u64>,
+    /// Send as a transactional message (a half message, invisible until committed), then
+    /// end its transaction with this outcome; with `unknown`, stay up answering the
+    /// broker's check-backs with --check-answer until the transaction is resolved or
+    /// --wait-ms passes
+    #[arg(long, value_enum, value_name = "OUTCOME", conflicts_with = "delay")]
+    transaction: Option<Outcome>,
+    /// With --transaction: how this producer answers check-backs
+    #[arg(long, value_enum, value_name = "OUTCOME", requires = "transaction", default_value_t = Outcome::Unknown)]
+    check_answer: Outcome,
+    /// With --transaction: the producer group (check-backs go to its live producers)
+    #[arg(
+        long,
+        value_name = "G",
+        requires = "transaction",
+        default_value = "ringmq-cli"
+    )]
+    producer_group: String,
+    /// With --transaction unknown: how long to wait for the transaction to be resolved
+    #[arg(
+        long,
+        value_name = "MS",
+        requires = "transaction",
+        default_value_t = 60_000
+    )]
+    wait_ms: u64,
+}
+
+/// What `send --transaction` was asked.
+struct TxnArgs {
+    outcome: Outcome,
+    check_answer: Outcome,
+    group: String,
+    wait_ms: u64,
+}
+
+/// A transaction's outcome, as the command line says it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Commit,
+    Rollback,
+    Unknown,
+}
+
+impl Outcome {
+    fn client(self) -> TransactionOutcome {
+        match self {
+            Outcome::Commit => TransactionOutcome::Commit,
+            Outcome::Rollback => TransactionOutcome::Rollback,
+            Outcome::Unknown => TransactionOutcome::Unknown,
+        }
+    }
 }
 
 pub(crate) async fn run(ctx: &Ctx, args: SendArgs) -> CmdResult {
+    let txn = args.transaction.map(|outcome| TxnArgs {
+        outcome,
+        check_answer: args.check_answer,
+        group: args.producer_group.clone(),
+        wait_ms: args.wait_ms,
+    });
     let body = if args.body == "-" {
         let mut body = Vec::new();
         std::io::stdin()
@@ -72,6 +131,9 @@ pub(crate) async fn run(ctx: &Ctx, args: SendArgs) -> CmdResult {
     }
     // Refuse a bad message before connecting: a usage error, not a broker one.
     message.validate().map_err(|e| ctx.fail(e))?;
+    if let Some(txn) = txn {
+        return send_in_transaction(ctx, &args.topic, message, txn).await;
+    }
     let producer = Producer::connect(ctx.config())
         .await
         .map_err(|e| ctx.fail(e))?;
@@ -100,6 +162,71 @@ pub(crate) async fn run(ctx: &Ctx, args: SendArgs) -> CmdResult {
         ));
     }
     Ok(())
+}
+
+/// `send --transaction`: the half message, its outcome, and with `unknown` the check-backs
+/// until the broker has resolved it.
+async fn send_in_transaction(
+    ctx: &Ctx,
+    topic: &str,
+    message: OutgoingMessage,
+    args: TxnArgs,
+) -> CmdResult {
+    let outcome = args.outcome;
+    let answer = args.check_answer.client();
+    let tp = TransactionProducer::start(ctx.config(), &args.group, move |_| answer)
+        .await
+        .map_err(|e| ctx.fail(e))?;
+    let r = tp
+        .send_in_transaction(topic, message, |_| outcome.client())
+        .await
+        .map_err(|e| ctx.fail(e))?;
+    if let Some(e) = &r.end_error {
+        eprintln!("ringmq: telling the outcome failed ({e}); the broker will ask again");
+    }
+    let id = r.send.transaction_id;
+    let mut resolved = outcome != Outcome::Unknown && r.end_error.is_none();
+    if !resolved {
+        // Stay up to answer check-backs until the broker no longer lists the transaction.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(args.wait_ms);
+        let client = tp.producer().client().clone();
+        while std::time::Instant::now() < deadline {
+            let list = client.list_transactions().await.map_err(|e| ctx.fail(e))?;
+            if !list.halves.iter().any(|h| {
+                h.transaction_id == id && h.topic == topic && h.queue_id == r.send.queue_id
+            }) {
+                resolved = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    if ctx.json {
+        emit_json(&json!({
+            "topic": topic,
+            "msg_id": r.send.msg_id,
+            "queue": r.send.queue_id,
+            "transaction_id": id,
+            "outcome": format!("{:?}", outcome).to_lowercase(),
+            "resolved": resolved,
+        }));
+    } else {
+        emit(&format!(
+            "msg_id={} queue={} transaction={id} outcome={} resolved={resolved}",
+            r.send.msg_id,
+            r.send.queue_id,
+            format!("{outcome:?}").to_lowercase()
+        ));
+    }
+    tp.shutdown().await;
+    if resolved {
+        Ok(())
+    } else {
+        Err(Failure::Failed(format!(
+            "transaction {id} was not resolved within {} ms",
+            args.wait_ms
+        )))
+    }
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {

@@ -160,6 +160,20 @@ fn sample_requests() -> Vec<Request> {
             wait_durable: false,
         }
         .into(),
+        ProducerHeartbeat {
+            group: "pg".into(),
+            client_id: "c1".into(),
+        }
+        .into(),
+        EndTransaction {
+            topic: "orders".into(),
+            queue_id: 2,
+            transaction_id: 77,
+            producer_group: "pg".into(),
+            outcome: TRANSACTION_COMMIT,
+            from_check: true,
+        }
+        .into(),
         Pull {
             tag_hashes: vec![1, u64::MAX],
             ..Pull::new("orders", 3, 100)
@@ -295,6 +309,7 @@ fn sample_requests() -> Vec<Request> {
         }
         .into(),
         ScheduleStats {}.into(),
+        ListTransactions {}.into(),
     ]
 }
 
@@ -314,6 +329,7 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
             queue_id: 3,
             queue_offset: 12,
             physical_offset: 0xF000,
+            transaction_id: 0,
         }),
         Response::SendBatchResult(SendBatchResult {
             queue_id: 3,
@@ -421,6 +437,20 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
                 session_timeout_ms: 10_000,
                 lock_expiry_ms: 60_000,
             },
+        }),
+        Response::TransactionList(TransactionList {
+            halves: vec![HalfMessageInfo {
+                shard: 1,
+                transaction_id: 5,
+                topic: "orders".into(),
+                queue_id: 2,
+                producer_group: "pg".into(),
+                msg_id: "0000000900000001000000000000F000".into(),
+                age_ms: 7_000,
+                checks: 2,
+            }],
+            discarded: 3,
+            recently_discarded: Vec::new(),
         }),
     ]
 }

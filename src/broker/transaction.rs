@@ -1,0 +1,701 @@
+//! Transactional messages: half messages, outcomes, check-backs, producer groups.
+//!
+//! A send carrying `TRAN_MSG=true` (and its producer group in `PGROUP`) is stored as a
+//! *half message* in [`HALF_TOPIC`] (queue 0 of the shard that owns the queue it is bound
+//! for, which it names in `REAL_TOPIC`/`REAL_QID`): invisible to consumers. Its
+//! transaction id is its offset in that queue plus one. An [`EndTransaction`] with commit
+//! appends the message to its real queue (same body, properties and keys, plus `TRAN_ID`)
+//! and then an *op record* in [`OP_TOPIC`] (body: the half's offset and the outcome), in
+//! the same synchronous step, so the log holds either neither, the commit alone or both;
+//! rollback appends only the op record. The answer waits for the op record (acked or
+//! durable, as for sends). A restart rebuilds the unresolved half messages from the two
+//! topics; a half whose commit reached the log without its op record (a crash between the
+//! two) is found by its unique key in the real topic and its op record written then, so it
+//! is never committed twice.
+//!
+//! Check-back: a half message older than `--transaction-timeout-ms` is asked about every
+//! `--transaction-check-interval-ms`: a [`CheckTransaction`] is pushed to a live producer
+//! of its group (the group's coordinator shard keeps the producers' connections, as
+//! registered by [`ProducerHeartbeat`] and dropped when the connection closes; each check
+//! asks the next producer). After `--transaction-check-max` checks the half message is
+//! copied to [`DISCARDED_TOPIC`], an op record written, and it is counted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::mesh::{MeshReply, MeshRequest};
+use super::schedule::rebuild_properties;
+use super::{err, store_error, ShardCtx};
+use crate::protocol::record::{prop, Properties, RecordDraft, RecordView};
+use crate::protocol::{
+    encode_frame, CheckTransaction, EndTransaction, ErrorBody, ErrorCode, Flags, HalfMessageInfo,
+    ProducerHeartbeat, TransactionList, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK,
+    TRANSACTION_UNKNOWN,
+};
+use crate::store::PutResult;
+
+/// Half messages, one queue per shard.
+pub const HALF_TOPIC: &str = "%SYS_TXN_HALF%";
+/// Outcomes of half messages: body = half offset (`u64` LE) and the outcome byte.
+pub const OP_TOPIC: &str = "%SYS_TXN_OP%";
+/// Half messages given up after their last check, kept for inspection.
+pub const DISCARDED_TOPIC: &str = "%SYS_TXN_DISCARDED%";
+
+/// Default of `--transaction-timeout-ms`.
+pub const TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 6_000;
+/// Default of `--transaction-check-interval-ms`.
+pub const TRANSACTION_CHECK_INTERVAL_MS_DEFAULT: u64 = 30_000;
+/// Default of `--transaction-check-max`.
+pub const TRANSACTION_CHECK_MAX_DEFAULT: u32 = 15;
+/// Most unresolved half messages one shard holds; past it transactional sends are refused
+/// (`LimitReached`) until some are resolved.
+pub const HALF_PENDING_MAX: usize = 200_000;
+/// Resolved transactions remembered per shard (to answer a repeated outcome).
+const RESOLVED_REMEMBERED: usize = 200_000;
+/// Most producers registered per producer group.
+const PRODUCERS_PER_GROUP_MAX: usize = 1024;
+/// The op record's outcome for a half message given up after its checks.
+const OUTCOME_DISCARDED: u8 = 3;
+
+/// One unresolved half message.
+#[derive(Debug, Clone)]
+pub struct Half {
+    topic: String,
+    queue_id: u32,
+    group: String,
+    msg_id: String,
+    stored_ms: u64,
+    checks: u32,
+    /// Not checked before this time (ms since the epoch).
+    next_check_ms: u64,
+}
+
+/// A shard's transactions.
+#[derive(Default)]
+pub struct Transactions {
+    /// Unresolved half messages by their offset in [`HALF_TOPIC`].
+    pending: BTreeMap<u64, Half>,
+    /// Recent outcomes by half offset.
+    resolved: BTreeMap<u64, u8>,
+    discarded: u64,
+    /// The latest discards (their copies in [`DISCARDED_TOPIC`]), newest last.
+    discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
+}
+
+/// Discards listed by [`ListTransactions`](crate::protocol::ListTransactions), per shard.
+const DISCARDED_LISTED: usize = 100;
+
+impl Transactions {
+    fn resolve(&mut self, half: u64, outcome: u8) {
+        self.pending.remove(&half);
+        self.resolved.insert(half, outcome);
+        while self.resolved.len() > RESOLVED_REMEMBERED {
+            self.resolved.pop_first();
+        }
+    }
+}
+
+/// Producers of each group with a live connection, kept by the group's coordinator shard:
+/// connection id → client id.
+#[derive(Default)]
+pub struct ProducerGroups {
+    groups: HashMap<String, BTreeMap<u64, String>>,
+}
+
+fn now_ms() -> u64 {
+    crate::log::now_ms().max(0) as u64
+}
+
+fn op_body(half: u64, outcome: u8) -> [u8; 9] {
+    let mut b = [0u8; 9];
+    b[..8].copy_from_slice(&half.to_le_bytes());
+    b[8] = outcome;
+    b
+}
+
+fn parse_op(body: &[u8]) -> Option<(u64, u8)> {
+    let half = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    Some((half, *body.get(8)?))
+}
+
+fn outcome_name(outcome: u8) -> &'static str {
+    match outcome {
+        TRANSACTION_COMMIT => "committed",
+        TRANSACTION_ROLLBACK => "rolled back",
+        OUTCOME_DISCARDED => "discarded after its checks",
+        _ => "unknown",
+    }
+}
+
+/// Whether a send asks to be a transaction's half message.
+pub fn is_half(props: &Properties<'_>) -> bool {
+    props.get(prop::TRAN_MSG) == Some("true")
+}
+
+impl ShardCtx {
+    /// Stores a half message (instead of appending it to its queue). The returned put's
+    /// `queue_offset` is the half's offset in [`HALF_TOPIC`].
+    pub(super) fn half_append(&self, draft: &RecordDraft<'_>) -> Result<PutResult, ErrorBody> {
+        let props = Properties::new(draft.properties);
+        let group = props.get(prop::PRODUCER_GROUP).unwrap_or("");
+        crate::protocol::names::check_group_name(group).map_err(|e| {
+            err(
+                ErrorCode::InvalidMessage,
+                format!(
+                    "a transactional message names its producer group ({}): {e}",
+                    prop::PRODUCER_GROUP
+                ),
+            )
+        })?;
+        if crate::protocol::delay::asks_for_delay(&props) {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                "a transactional message cannot be delayed",
+            ));
+        }
+        if self.txn.borrow().pending.len() >= HALF_PENDING_MAX {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} holds {HALF_PENDING_MAX} unresolved half messages, its limit; end some transactions first",
+                    self.id
+                ),
+            ));
+        }
+        let queue = draft.queue_id.to_string();
+        let held_props = rebuild_properties(
+            props,
+            &[],
+            &[(prop::REAL_TOPIC, draft.topic), (prop::REAL_QID, &queue)],
+        )?;
+        let held = RecordDraft {
+            topic: HALF_TOPIC,
+            queue_id: 0,
+            properties: &held_props,
+            ..*draft
+        };
+        let put = self.store.append(&held).map_err(store_error)?;
+        let now = now_ms();
+        self.txn.borrow_mut().pending.insert(
+            put.queue_offset,
+            Half {
+                topic: draft.topic.to_owned(),
+                queue_id: draft.queue_id,
+                group: group.to_owned(),
+                msg_id: self.msg_id(put.physical_offset),
+                stored_ms: now,
+                checks: 0,
+                next_check_ms: now + self.cfg.transaction_timeout_ms,
+            },
+        );
+        Ok(put)
+    }
+
+    /// `EndTransaction`: commit, roll back, or say nothing yet.
+    pub(super) async fn end_transaction(
+        self: Rc<Self>,
+        e: EndTransaction,
+    ) -> Result<crate::protocol::Empty, ErrorBody> {
+        if !matches!(
+            e.outcome,
+            TRANSACTION_COMMIT | TRANSACTION_ROLLBACK | TRANSACTION_UNKNOWN
+        ) {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                format!(
+                    "outcome {} is not 0 (unknown), 1 (commit) or 2 (rollback)",
+                    e.outcome
+                ),
+            ));
+        }
+        let half = e.transaction_id.checked_sub(1).ok_or_else(|| {
+            err(
+                ErrorCode::TransactionNotFound,
+                "transaction id 0 names no transaction",
+            )
+        })?;
+        {
+            let txn = self.txn.borrow();
+            if let Some(h) = txn.pending.get(&half) {
+                if h.topic != e.topic || h.queue_id != e.queue_id || h.group != e.producer_group {
+                    return Err(err(
+                        ErrorCode::TransactionNotFound,
+                        format!(
+                            "transaction {} is bound for {}:{} of producer group {}, not {}:{} of {}",
+                            e.transaction_id, h.topic, h.queue_id, h.group, e.topic, e.queue_id,
+                            e.producer_group
+                        ),
+                    ));
+                }
+            } else {
+                return match txn.resolved.get(&half) {
+                    Some(&done) if done == e.outcome || e.outcome == TRANSACTION_UNKNOWN => {
+                        Ok(crate::protocol::Empty {})
+                    }
+                    Some(&done) => Err(err(
+                        ErrorCode::TransactionResolved,
+                        format!(
+                            "transaction {} was {}",
+                            e.transaction_id,
+                            outcome_name(done)
+                        ),
+                    )),
+                    None => Err(err(
+                        ErrorCode::TransactionNotFound,
+                        format!(
+                            "no transaction {} waits for an outcome on shard {}",
+                            e.transaction_id, self.id
+                        ),
+                    )),
+                };
+            }
+        }
+        if e.outcome == TRANSACTION_UNKNOWN {
+            return Ok(crate::protocol::Empty {});
+        }
+        let put = self.resolve_half(half, e.outcome).await?;
+        self.acked(put).await?;
+        Ok(crate::protocol::Empty {})
+    }
+
+    /// Waits until `put` is acknowledged as a send would be (written, or durable in sync
+    /// flush mode).
+    async fn acked(&self, put: PutResult) -> Result<(), ErrorBody> {
+        let r = if self.cfg.flush == crate::log::FlushMode::Sync {
+            self.store.durable(put.written()).await
+        } else {
+            self.store.acked(put.written()).await
+        };
+        r.map_err(store_error)
+    }
+
+    /// Gives a pending half message its outcome: the commit (for a commit) and the op
+    /// record, appended together. The half stays pending if this fails.
+    async fn resolve_half(&self, half: u64, outcome: u8) -> Result<PutResult, ErrorBody> {
+        // Resolved from here on: a second outcome arriving meanwhile is answered from the
+        // resolved map instead of committing twice.
+        let Some(h) = self.txn.borrow_mut().pending.remove(&half) else {
+            return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
+        };
+        self.txn.borrow_mut().resolved.insert(half, outcome);
+        let result = self.write_outcome(half, &h, outcome).await;
+        match result {
+            Ok((copy, put)) => {
+                if let (OUTCOME_DISCARDED, Some(copy)) = (outcome, copy) {
+                    let mut txn = self.txn.borrow_mut();
+                    txn.discarded += 1;
+                    txn.discarded_recent.push_back(HalfMessageInfo {
+                        shard: self.id,
+                        transaction_id: half + 1,
+                        topic: h.topic.clone(),
+                        queue_id: h.queue_id,
+                        producer_group: h.group.clone(),
+                        msg_id: self.msg_id(copy.physical_offset),
+                        age_ms: now_ms().saturating_sub(h.stored_ms),
+                        checks: h.checks,
+                    });
+                    if txn.discarded_recent.len() > DISCARDED_LISTED {
+                        txn.discarded_recent.pop_front();
+                    }
+                }
+                self.txn.borrow_mut().resolve(half, outcome);
+                if outcome == TRANSACTION_COMMIT {
+                    self.wake_pollers(&h.topic, h.queue_id);
+                }
+                Ok(put)
+            }
+            Err(e) => {
+                let mut txn = self.txn.borrow_mut();
+                txn.resolved.remove(&half);
+                txn.pending.insert(half, h);
+                Err(e)
+            }
+        }
+    }
+
+    /// Appends what an outcome writes; returns the put of the message's copy (commit,
+    /// discard) and of the op record.
+    async fn write_outcome(
+        &self,
+        half: u64,
+        h: &Half,
+        outcome: u8,
+    ) -> Result<(Option<PutResult>, PutResult), ErrorBody> {
+        let record = if outcome == TRANSACTION_ROLLBACK {
+            None
+        } else {
+            Some(
+                self.store
+                    .read_at(HALF_TOPIC, 0, half)
+                    .await
+                    .map_err(store_error)?,
+            )
+        };
+        let view =
+            match &record {
+                Some(r) => Some(RecordView::parse(r).map_err(|e| {
+                    err(ErrorCode::StoreCorrupt, format!("half message {half}: {e}"))
+                })?),
+                None => None,
+            };
+        let tran_id = (half + 1).to_string();
+        // No await from here to the op record: the two appends are adjacent in the log.
+        let mut copy = None;
+        if let Some(view) = &view {
+            let (topic, queue_id) = if outcome == TRANSACTION_COMMIT {
+                (h.topic.as_str(), h.queue_id)
+            } else {
+                (DISCARDED_TOPIC, 0)
+            };
+            let props = rebuild_properties(
+                view.properties(),
+                &[prop::TRAN_MSG, prop::REAL_TOPIC, prop::REAL_QID],
+                &[(prop::TRANSACTION_ID, &tran_id)],
+            )?;
+            let draft = RecordDraft {
+                topic,
+                queue_id,
+                flag: view.flag(),
+                sys_flag: 0,
+                born_timestamp_ms: view.born_timestamp_ms(),
+                born_host: view.born_host(),
+                reconsume_times: 0,
+                transaction_offset: 0,
+                properties: &props,
+                body: view.body(),
+            };
+            copy = Some(self.store.append(&draft).map_err(store_error)?);
+        }
+        Ok((copy, self.append_op(half, outcome)?))
+    }
+
+    fn append_op(&self, half: u64, outcome: u8) -> Result<PutResult, ErrorBody> {
+        let body = op_body(half, outcome);
+        let draft = RecordDraft {
+            topic: OP_TOPIC,
+            queue_id: 0,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp_ms: crate::log::now_ms(),
+            born_host: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: &[],
+            body: &body,
+        };
+        self.store.append(&draft).map_err(store_error)
+    }
+
+    /// Rebuilds the unresolved half messages after a start: every op record, then every
+    /// half message without one. A half whose commit is in its real topic without an op
+    /// record gets that op record now.
+    pub async fn recover_transactions(&self) -> Result<(), String> {
+        let mut resolved = BTreeMap::new();
+        for record in self.read_all(OP_TOPIC).await? {
+            if let Ok(view) = RecordView::parse(&record) {
+                if let Some((half, outcome)) = parse_op(view.body()) {
+                    resolved.insert(half, outcome);
+                }
+            }
+        }
+        let now = now_ms();
+        let mut pending = BTreeMap::new();
+        let (min, _) = self
+            .store
+            .queue_range(HALF_TOPIC, 0)
+            .map_err(|e| e.to_string())?;
+        for (i, record) in self.read_all(HALF_TOPIC).await?.into_iter().enumerate() {
+            let half = min + i as u64;
+            if resolved.contains_key(&half) {
+                continue;
+            }
+            let Ok(view) = RecordView::parse(&record) else {
+                continue;
+            };
+            let props = view.properties();
+            let (Some(topic), Some(queue_id)) = (
+                props.get(prop::REAL_TOPIC),
+                props.get(prop::REAL_QID).and_then(|q| q.parse().ok()),
+            ) else {
+                continue;
+            };
+            if let Some(uniq) = props.get(prop::UNIQ_KEY) {
+                if self.committed_without_op(topic, uniq, half).await {
+                    self.append_op(half, TRANSACTION_COMMIT)
+                        .map_err(|e| e.message)?;
+                    resolved.insert(half, TRANSACTION_COMMIT);
+                    continue;
+                }
+            }
+            pending.insert(
+                half,
+                Half {
+                    topic: topic.to_owned(),
+                    queue_id,
+                    group: props.get(prop::PRODUCER_GROUP).unwrap_or("").to_owned(),
+                    msg_id: self.msg_id(view.physical_offset()),
+                    stored_ms: view.store_timestamp_ms().max(0) as u64,
+                    checks: 0,
+                    next_check_ms: (view.store_timestamp_ms().max(0) as u64
+                        + self.cfg.transaction_timeout_ms)
+                        .max(now),
+                },
+            );
+        }
+        let mut txn = self.txn.borrow_mut();
+        txn.pending = pending;
+        txn.resolved = resolved;
+        while txn.resolved.len() > RESOLVED_REMEMBERED {
+            txn.resolved.pop_first();
+        }
+        Ok(())
+    }
+
+    /// Whether the real topic holds the commit of half message `half` (found by its unique
+    /// key and its `TRAN_ID`).
+    async fn committed_without_op(&self, topic: &str, uniq: &str, half: u64) -> bool {
+        let want = (half + 1).to_string();
+        match self
+            .store
+            .messages_by_key(topic, uniq, 0, i64::MAX, 64)
+            .await
+        {
+            Ok(found) => found.iter().any(|r| {
+                RecordView::parse(r).is_ok_and(|v| {
+                    v.topic() == topic
+                        && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
+                })
+            }),
+            Err(_) => false,
+        }
+    }
+
+    /// Every record of queue 0 of a system topic, in order.
+    async fn read_all(&self, topic: &str) -> Result<Vec<Vec<u8>>, String> {
+        let (min, end) = self
+            .store
+            .queue_range(topic, 0)
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        let mut next = min;
+        while next < end {
+            let read = self
+                .store
+                .read_queue(topic, 0, next, 1024, 16 << 20, &[])
+                .await
+                .map_err(|e| format!("reading {topic} at {next}: {e}"))?;
+            if read.is_empty() {
+                break;
+            }
+            out.extend(read.records().map(<[u8]>::to_vec));
+            next = read.next_offset;
+        }
+        Ok(out)
+    }
+
+    /// The check-back task of this shard: asks about half messages past their timeout, and
+    /// discards those out of checks.
+    pub async fn run_transaction_checks(self: Rc<Self>) {
+        let tick = Duration::from_millis(
+            self.cfg
+                .transaction_check_interval_ms
+                .min(self.cfg.transaction_timeout_ms)
+                .clamp(10, 1_000),
+        );
+        while !self.is_stopping() {
+            crate::io::sleep(tick).await;
+            let now = now_ms();
+            let due: Vec<(u64, Half)> = self
+                .txn
+                .borrow()
+                .pending
+                .iter()
+                .filter(|(_, h)| h.next_check_ms <= now)
+                .map(|(k, h)| (*k, h.clone()))
+                .take(1024)
+                .collect();
+            for (half, h) in due {
+                if h.checks >= self.cfg.transaction_check_max {
+                    match self.resolve_half(half, OUTCOME_DISCARDED).await {
+                        Ok(_) => {
+                            crate::say!(
+                                "ringmq: shard {}: transaction {} of producer group {} ({}) discarded after {} checks; kept in {DISCARDED_TOPIC}",
+                                self.id, half + 1, h.group, h.msg_id, h.checks
+                            );
+                        }
+                        Err(e) => crate::say!(
+                            "ringmq: shard {}: discarding transaction {}: {}",
+                            self.id,
+                            half + 1,
+                            e.message
+                        ),
+                    }
+                    continue;
+                }
+                if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
+                    p.next_check_ms = now + self.cfg.transaction_check_interval_ms;
+                }
+                let record = match self.store.read_at(HALF_TOPIC, 0, half).await {
+                    Ok(r) => r.to_vec(),
+                    Err(_) => continue,
+                };
+                let check = CheckTransaction {
+                    topic: h.topic.clone(),
+                    queue_id: h.queue_id,
+                    transaction_id: half + 1,
+                    producer_group: h.group.clone(),
+                    record,
+                };
+                let mut frame = Vec::new();
+                if encode_frame(0, Flags::NONE, &check, &[], &mut frame).is_err() {
+                    continue;
+                }
+                let coordinator = self.coordinator_of(&h.group);
+                let asked = if coordinator == self.id {
+                    self.ask_producer(&h.group, h.checks as usize, frame).await
+                } else {
+                    let ask = MeshRequest::AskProducer {
+                        group: h.group.clone(),
+                        turn: h.checks as usize,
+                        frame,
+                    };
+                    self.call(coordinator, ask).await.is_ok()
+                };
+                // A check counts only when a producer was there to be asked: a group
+                // with no live producer loses no transaction to the check limit.
+                if asked {
+                    if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
+                        p.checks += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// On the group's coordinator: pushes a check to one live producer of the group (the
+    /// `turn`-th, so that repeated checks go round the producers). False when the group
+    /// has no live producer.
+    pub(super) async fn ask_producer(
+        self: &Rc<Self>,
+        group: &str,
+        turn: usize,
+        frame: Vec<u8>,
+    ) -> bool {
+        let conn = {
+            let producers = self.producers.borrow();
+            let Some(conns) = producers.groups.get(group).filter(|c| !c.is_empty()) else {
+                return false;
+            };
+            match conns.keys().nth(turn % conns.len()) {
+                Some(&c) => c,
+                None => return false,
+            }
+        };
+        self.push_to(conn, frame).await;
+        true
+    }
+
+    /// `ProducerHeartbeat`, on the group's coordinator.
+    pub(super) fn producer_heartbeat(
+        &self,
+        h: ProducerHeartbeat,
+        conn: u64,
+    ) -> Result<crate::protocol::Empty, ErrorBody> {
+        crate::protocol::names::check_group_name(&h.group)
+            .map_err(|e| err(ErrorCode::InvalidMessage, e))?;
+        let mut producers = self.producers.borrow_mut();
+        if !producers.groups.contains_key(&h.group) && producers.groups.len() >= self.cfg.groups_max
+        {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} keeps {} producer groups, its limit (--groups-max)",
+                    self.id, self.cfg.groups_max
+                ),
+            ));
+        }
+        let group = producers.groups.entry(h.group.clone()).or_default();
+        if !group.contains_key(&conn) && group.len() >= PRODUCERS_PER_GROUP_MAX {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "producer group {} has {PRODUCERS_PER_GROUP_MAX} producers",
+                    h.group
+                ),
+            ));
+        }
+        group.insert(conn, h.client_id);
+        Ok(crate::protocol::Empty {})
+    }
+
+    /// A connection carrying producers of `group` closed (on the coordinator).
+    pub(super) fn producer_connection_closed(&self, group: &str, conn: u64) {
+        let mut producers = self.producers.borrow_mut();
+        if let Some(g) = producers.groups.get_mut(group) {
+            g.remove(&conn);
+            if g.is_empty() {
+                producers.groups.remove(group);
+            }
+        }
+    }
+
+    /// This shard's unresolved half messages, discards, and the latest discards.
+    pub(super) fn local_transactions(&self) -> (Vec<HalfMessageInfo>, u64, Vec<HalfMessageInfo>) {
+        let now = now_ms();
+        let txn = self.txn.borrow();
+        let halves = txn
+            .pending
+            .iter()
+            .map(|(half, h)| HalfMessageInfo {
+                shard: self.id,
+                transaction_id: half + 1,
+                topic: h.topic.clone(),
+                queue_id: h.queue_id,
+                producer_group: h.group.clone(),
+                msg_id: h.msg_id.clone(),
+                age_ms: now.saturating_sub(h.stored_ms),
+                checks: h.checks,
+            })
+            .collect();
+        (
+            halves,
+            txn.discarded,
+            txn.discarded_recent.iter().cloned().collect(),
+        )
+    }
+
+    /// `ListTransactions`: every shard's unresolved half messages.
+    pub(super) async fn list_transactions(self: Rc<Self>) -> Result<TransactionList, ErrorBody> {
+        let (mut halves, mut discarded, mut recent) = self.local_transactions();
+        for to in (0..self.shard_count).filter(|&s| s != self.id) {
+            if let MeshReply::Transactions(h, d, r) =
+                self.call(to, MeshRequest::ListTransactions).await?
+            {
+                halves.extend(h);
+                discarded += d;
+                recent.extend(r);
+            }
+        }
+        halves.sort_by_key(|h| (h.shard, h.transaction_id));
+        recent.sort_by_key(|h| (h.shard, h.transaction_id));
+        Ok(TransactionList {
+            halves,
+            discarded,
+            recently_discarded: recent,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_records_round_trip() {
+        for (half, outcome) in [(0, TRANSACTION_COMMIT), (u64::MAX, OUTCOME_DISCARDED)] {
+            assert_eq!(parse_op(&op_body(half, outcome)), Some((half, outcome)));
+        }
+        assert_eq!(parse_op(&[1, 2, 3]), None);
+    }
+}

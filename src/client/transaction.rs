@@ -1,0 +1,272 @@
+//! Transactional messages: [`TransactionProducer`] sends a half message (stored, invisible
+//! to consumers), runs the application's local transaction, then commits or rolls back.
+//! When it never says (a crash, `Unknown`), the broker asks a live producer of the same
+//! group later: the registered checker answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use super::error::{ClientError, Result};
+use super::message::{check_topic, Message, OutgoingMessage};
+use super::producer::{Producer, ProducerOptions, SendResult};
+use super::session::{expect_empty, Client, Route};
+use super::ClientConfig;
+use crate::protocol::names::check_group_name;
+use crate::protocol::record::prop;
+use crate::protocol::{
+    CheckTransaction, EndTransaction, Kind, ListTransactions, ProducerHeartbeat, Response,
+    TransactionList, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK, TRANSACTION_UNKNOWN,
+};
+
+/// How often a transaction producer tells the broker it is alive (it is also dropped at
+/// once when its connection closes).
+const PRODUCER_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+
+/// What became of a local transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionOutcome {
+    /// Make the message visible to consumers.
+    Commit,
+    /// Discard the message.
+    Rollback,
+    /// Not known yet: the broker asks the group's checker later.
+    Unknown,
+}
+
+impl TransactionOutcome {
+    fn wire(self) -> u8 {
+        match self {
+            TransactionOutcome::Commit => TRANSACTION_COMMIT,
+            TransactionOutcome::Rollback => TRANSACTION_ROLLBACK,
+            TransactionOutcome::Unknown => TRANSACTION_UNKNOWN,
+        }
+    }
+}
+
+/// The answer to a check-back: what became of the transaction of this half message.
+pub type TransactionChecker = dyn Fn(&Message) -> TransactionOutcome + Send + Sync;
+
+/// What [`TransactionProducer::send_in_transaction`] did.
+#[derive(Debug, Clone)]
+pub struct TransactionSendResult {
+    /// The half message's send: `transaction_id` names the transaction.
+    pub send: SendResult,
+    /// What the local transaction said.
+    pub outcome: TransactionOutcome,
+    /// Why the outcome could not be told to the broker, if it could not: the broker then
+    /// asks the checker later, so the outcome is not lost.
+    pub end_error: Option<ClientError>,
+}
+
+/// A producer of transactional messages, member of a producer group whose checker answers
+/// the broker's check-backs. Plain sends go through [`producer`](Self::producer).
+pub struct TransactionProducer {
+    producer: Producer,
+    group: String,
+    background: JoinHandle<()>,
+}
+
+impl TransactionProducer {
+    /// Connects, joins producer group `group` (the broker asks one of its live producers
+    /// about unresolved transactions), and answers check-backs with `checker` (called on
+    /// the blocking pool).
+    pub async fn start(
+        config: ClientConfig,
+        group: &str,
+        checker: impl Fn(&Message) -> TransactionOutcome + Send + Sync + 'static,
+    ) -> Result<TransactionProducer> {
+        check_group_name(group).map_err(ClientError::InvalidArgument)?;
+        let client = Client::connect(config).await?;
+        let pushes = client.pushes();
+        // Registered before the first send: a check may come as soon as one is stored.
+        heartbeat(&client, group).await?;
+        let checker: Arc<TransactionChecker> = Arc::new(checker);
+        let background = tokio::spawn(serve(client.clone(), group.to_owned(), checker, pushes));
+        Ok(TransactionProducer {
+            producer: Producer::from_client(client, ProducerOptions::default()),
+            group: group.to_owned(),
+            background,
+        })
+    }
+
+    /// The producer underneath (plain sends, the client).
+    pub fn producer(&self) -> &Producer {
+        &self.producer
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// Sends `message` as a half message, runs `local_tx` with where it was stored, and
+    /// tells the broker its outcome. Fails only if the half message could not be stored
+    /// (then nothing was stored and `local_tx` did not run).
+    pub async fn send_in_transaction(
+        &self,
+        topic: &str,
+        message: OutgoingMessage,
+        local_tx: impl FnOnce(&SendResult) -> TransactionOutcome,
+    ) -> Result<TransactionSendResult> {
+        check_topic(topic)?;
+        let message = message
+            .with_property(prop::TRAN_MSG, "true")
+            .with_property(prop::PRODUCER_GROUP, self.group.clone());
+        let send = self.producer.send(topic, message).await?;
+        let outcome = local_tx(&send);
+        let end_error = self
+            .end(topic, send.queue_id, send.transaction_id, outcome, false)
+            .await
+            .err();
+        Ok(TransactionSendResult {
+            send,
+            outcome,
+            end_error,
+        })
+    }
+
+    /// Tells the broker the outcome of a transaction.
+    pub async fn end(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        transaction_id: u64,
+        outcome: TransactionOutcome,
+        from_check: bool,
+    ) -> Result<()> {
+        end_transaction(
+            self.producer.client(),
+            &self.group,
+            topic,
+            queue_id,
+            transaction_id,
+            outcome,
+            from_check,
+        )
+        .await
+    }
+
+    /// Stops answering checks and closes the connections (the group forgets this
+    /// producer at once).
+    pub async fn shutdown(mut self) {
+        self.background.abort();
+        let _ = (&mut self.background).await;
+        // Dropping the last handle on the client closes its connections.
+    }
+}
+
+impl Drop for TransactionProducer {
+    fn drop(&mut self) {
+        self.background.abort();
+    }
+}
+
+async fn heartbeat(client: &Client, group: &str) -> Result<()> {
+    let request = ProducerHeartbeat {
+        group: group.to_owned(),
+        client_id: client.config().client_id.clone(),
+    };
+    expect_empty(&client.call(Route::Bootstrap, &request).await?)
+}
+
+async fn end_transaction(
+    client: &Client,
+    group: &str,
+    topic: &str,
+    queue_id: u32,
+    transaction_id: u64,
+    outcome: TransactionOutcome,
+    from_check: bool,
+) -> Result<()> {
+    let request = EndTransaction {
+        topic: topic.to_owned(),
+        queue_id,
+        transaction_id,
+        producer_group: group.to_owned(),
+        outcome: outcome.wire(),
+        from_check,
+    };
+    expect_empty(
+        &client
+            .call(Route::Queue { topic, queue_id }, &request)
+            .await?,
+    )
+}
+
+/// Heartbeats, and answers every check pushed to this producer.
+async fn serve(
+    client: Client,
+    group: String,
+    checker: Arc<TransactionChecker>,
+    mut pushes: tokio::sync::broadcast::Receiver<super::PushFrame>,
+) {
+    let mut beat = tokio::time::interval(PRODUCER_HEARTBEAT_INTERVAL);
+    beat.tick().await;
+    loop {
+        tokio::select! {
+            _ = beat.tick() => {
+                // A failed heartbeat is tried again at the next tick (the connection may
+                // be coming back).
+                let _ = heartbeat(&client, &group).await;
+            }
+            push = pushes.recv() => match push {
+                Ok(push) if push.kind() == Kind::CheckTransaction => {
+                    let Ok(check) = push.frame().and_then(|f| f.decode_meta::<CheckTransaction>()) else {
+                        continue;
+                    };
+                    if check.producer_group != group {
+                        continue;
+                    }
+                    let (client, group, checker) = (client.clone(), group.clone(), checker.clone());
+                    tokio::spawn(async move { answer(client, group, checker, check).await });
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
+async fn answer(
+    client: Client,
+    group: String,
+    checker: Arc<TransactionChecker>,
+    check: CheckTransaction,
+) {
+    let record = Bytes::from(check.record);
+    if crate::protocol::record::RecordView::parse(&record).is_err() {
+        return;
+    }
+    let broker_id = client.broker_info().broker_id;
+    let message = Message::new(record, broker_id, 0);
+    let Ok(outcome) = tokio::task::spawn_blocking(move || checker(&message)).await else {
+        return;
+    };
+    if outcome == TransactionOutcome::Unknown {
+        return;
+    }
+    let _ = end_transaction(
+        &client,
+        &group,
+        &check.topic,
+        check.queue_id,
+        check.transaction_id,
+        outcome,
+        true,
+    )
+    .await;
+}
+
+impl Client {
+    /// The half messages waiting for an outcome on every shard, and the discards.
+    pub async fn list_transactions(&self) -> Result<TransactionList> {
+        let reply = self.call(Route::Bootstrap, &ListTransactions {}).await?;
+        match reply.response()? {
+            Response::TransactionList(list) => Ok(list),
+            other => Err(super::session::unexpected(Kind::TransactionList, &other)),
+        }
+    }
+}

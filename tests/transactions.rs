@@ -1,0 +1,496 @@
+//! Transactional messages against the real broker binary (2 shards) and the real client:
+//! commit, rollback, typed errors for unknown and resolved transactions, check-backs that
+//! commit, roll back or never answer (discarded after the last check), another producer
+//! of the group asked when one is gone, and SIGKILL of the broker in the middle of many
+//! concurrent transactions.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use ringmq::client::{
+    Client, ClientConfig, ClientError, Message, OutgoingMessage, PullStatus, TransactionOutcome,
+    TransactionProducer,
+};
+use ringmq::protocol::ErrorCode;
+
+/// Short check-back timings: asked 300 ms after the half message, then every 300 ms, at
+/// most 3 times.
+const FAST_CHECKS: &[&str] = &[
+    "--transaction-timeout-ms",
+    "300",
+    "--transaction-check-interval-ms",
+    "300",
+    "--transaction-check-max",
+    "3",
+];
+
+/// Every message of every queue of `topic`: body → how many times.
+async fn visible(client: &Client, topic: &str) -> BTreeMap<String, Vec<Message>> {
+    let info = client.describe_topic(topic).await.unwrap();
+    let mut seen: BTreeMap<String, Vec<Message>> = BTreeMap::new();
+    for q in info.queues {
+        let mut offset = q.min_offset;
+        loop {
+            let r = client
+                .pull(topic, q.queue_id, offset, 32, Duration::ZERO, &[])
+                .await
+                .unwrap();
+            for m in r.messages {
+                seen.entry(String::from_utf8_lossy(m.body()).into_owned())
+                    .or_default()
+                    .push(m);
+            }
+            if r.status != PullStatus::Found {
+                break;
+            }
+            offset = r.next_offset;
+        }
+    }
+    seen
+}
+
+async fn eventually(what: &str, patience: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + patience;
+    while !done().await {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
+    match r {
+        Err(e) => e.code().unwrap_or_else(|| panic!("no code: {e}")),
+        Ok(v) => panic!("accepted: {v:?}"),
+    }
+}
+
+/// The checker's rule in these tests: by the body's prefix.
+fn by_body(m: &Message) -> TransactionOutcome {
+    let body = String::from_utf8_lossy(m.body());
+    if body.starts_with("commit") {
+        TransactionOutcome::Commit
+    } else if body.starts_with("rollback") {
+        TransactionOutcome::Rollback
+    } else {
+        TransactionOutcome::Unknown
+    }
+}
+
+#[test]
+fn commit_and_rollback_and_typed_errors_for_unknown_or_resolved_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txg", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("tx", 4).await.unwrap();
+        let mut committed = Vec::new();
+        let mut rolled_back = Vec::new();
+        for i in 0..8 {
+            let commit = tp
+                .send_in_transaction(
+                    "tx",
+                    OutgoingMessage::new(format!("c{i}"))
+                        .with_key(format!("key{i}"))
+                        .with_tags("T")
+                        .with_property("p", "v"),
+                    |sent| {
+                        assert!(sent.transaction_id > 0);
+                        TransactionOutcome::Commit
+                    },
+                )
+                .await
+                .unwrap();
+            assert!(commit.end_error.is_none(), "{:?}", commit.end_error);
+            committed.push(commit.send);
+            let rollback = tp
+                .send_in_transaction("tx", OutgoingMessage::new(format!("r{i}")), |_| {
+                    TransactionOutcome::Rollback
+                })
+                .await
+                .unwrap();
+            assert!(rollback.end_error.is_none());
+            rolled_back.push(rollback.send);
+        }
+        let seen = visible(&client, "tx").await;
+        let bodies: Vec<&String> = seen.keys().collect();
+        assert_eq!(
+            bodies,
+            (0..8)
+                .map(|i| format!("c{i}"))
+                .collect::<Vec<_>>()
+                .iter()
+                .collect::<Vec<_>>()
+        );
+        for (body, copies) in &seen {
+            assert_eq!(copies.len(), 1, "{body} once");
+            let m = &copies[0];
+            assert_eq!(m.property("p"), Some("v"));
+            assert_eq!(m.tags(), Some("T"));
+            assert_eq!(m.keys().collect::<Vec<_>>(), [format!("key{}", &body[1..])]);
+            assert!(m.property("TRAN_ID").is_some());
+            assert_eq!(m.property("TRAN_MSG"), None);
+        }
+        // Found by key like any message.
+        let by_key = client
+            .messages_by_key("tx", "key3", 0, i64::MAX, 16)
+            .await
+            .unwrap();
+        assert_eq!(by_key.len(), 1);
+        assert_eq!(by_key[0].body(), b"c3");
+
+        // A commit again is accepted (idempotent) and changes nothing; the other outcome
+        // is refused.
+        let c = &committed[0];
+        tp.end(
+            "tx",
+            c.queue_id,
+            c.transaction_id,
+            TransactionOutcome::Commit,
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            code(
+                tp.end(
+                    "tx",
+                    c.queue_id,
+                    c.transaction_id,
+                    TransactionOutcome::Rollback,
+                    false
+                )
+                .await
+            ),
+            ErrorCode::TransactionResolved
+        );
+        let r = &rolled_back[0];
+        assert_eq!(
+            code(
+                tp.end(
+                    "tx",
+                    r.queue_id,
+                    r.transaction_id,
+                    TransactionOutcome::Commit,
+                    false
+                )
+                .await
+            ),
+            ErrorCode::TransactionResolved
+        );
+        assert_eq!(
+            code(
+                tp.end("tx", c.queue_id, 987_654, TransactionOutcome::Commit, false)
+                    .await
+            ),
+            ErrorCode::TransactionNotFound
+        );
+        assert_eq!(
+            code(
+                tp.end("tx", c.queue_id, 0, TransactionOutcome::Commit, false)
+                    .await
+            ),
+            ErrorCode::TransactionNotFound
+        );
+        assert_eq!(visible(&client, "tx").await.len(), 8);
+        let list = client.list_transactions().await.unwrap();
+        assert!(list.halves.is_empty(), "{list:?}");
+        tp.shutdown().await;
+    });
+}
+
+#[test]
+fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let asked = Arc::new(AtomicU32::new(0));
+        let counter = asked.clone();
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txc", move |m| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            by_body(m)
+        })
+        .await
+        .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("tc", 4).await.unwrap();
+        for body in ["commit-1", "rollback-1", "never-1"] {
+            let r = tp
+                .send_in_transaction("tc", OutgoingMessage::new(body), |_| {
+                    TransactionOutcome::Unknown
+                })
+                .await
+                .unwrap();
+            assert!(r.end_error.is_none());
+        }
+        // Unresolved, and listed as such.
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!(list.halves.len(), 3, "{list:?}");
+        assert!(list
+            .halves
+            .iter()
+            .all(|h| h.producer_group == "txc" && h.topic == "tc"));
+        assert!(
+            visible(&client, "tc").await.is_empty(),
+            "nothing visible before an outcome"
+        );
+
+        eventually(
+            "commit-1 committed by its check",
+            Duration::from_secs(20),
+            async || visible(&client, "tc").await.contains_key("commit-1"),
+        )
+        .await;
+        eventually(
+            "never-1 discarded after 3 checks",
+            Duration::from_secs(20),
+            async || {
+                let list = client.list_transactions().await.unwrap();
+                list.halves.is_empty() && list.discarded == 1
+            },
+        )
+        .await;
+        let seen = visible(&client, "tc").await;
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["commit-1"]);
+        assert_eq!(seen["commit-1"].len(), 1);
+        // 1 check for commit-1, 1 for rollback-1, 3 for never-1.
+        assert_eq!(asked.load(Ordering::SeqCst), 5);
+        // The discarded one is kept for inspection.
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!(list.recently_discarded.len(), 1);
+        let kept = &list.recently_discarded[0];
+        assert_eq!((kept.checks, kept.producer_group.as_str()), (3, "txc"));
+        let copy = client.message_by_id(&kept.msg_id).await.unwrap().unwrap();
+        assert_eq!(copy.body(), b"never-1");
+        tp.shutdown().await;
+    });
+}
+
+#[test]
+fn when_the_asked_producer_is_gone_another_producer_of_the_group_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--transaction-timeout-ms",
+            "300",
+            "--transaction-check-interval-ms",
+            "300",
+            "--transaction-check-max",
+            "50",
+        ],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let asked_a = Arc::new(AtomicU32::new(0));
+        let counter = asked_a.clone();
+        // A never decides.
+        let a = TransactionProducer::start(ClientConfig::new(&addr), "txk", move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("tk", 2).await.unwrap();
+        a.send_in_transaction("tk", OutgoingMessage::new("commit-me"), |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        eventually("A asked", Duration::from_secs(20), async || {
+            asked_a.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        // A goes away before answering; B of the same group is asked next.
+        a.shutdown().await;
+        let b = TransactionProducer::start(ClientConfig::new(&addr), "txk", by_body)
+            .await
+            .unwrap();
+        eventually("B's commit visible", Duration::from_secs(20), async || {
+            visible(&client, "tk").await.contains_key("commit-me")
+        })
+        .await;
+        assert!(client.list_transactions().await.unwrap().halves.is_empty());
+        b.shutdown().await;
+    });
+}
+
+#[test]
+fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_again() {
+    const N: u32 = 600;
+    // The rule every producer (and checker) of this test follows.
+    let decide = |i: u32| match i % 3 {
+        0 | 1 => TransactionOutcome::Commit,
+        _ => TransactionOutcome::Rollback,
+    };
+    let checker = move |m: &Message| {
+        let i: u32 = String::from_utf8_lossy(m.body())
+            .trim_start_matches('m')
+            .parse()
+            .unwrap();
+        decide(i)
+    };
+    for round in 0..2u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
+        let addr = broker.addr_string();
+        let acked_commits = runtime().block_on(async {
+            let tp = Arc::new(
+                TransactionProducer::start(ClientConfig::new(&addr), "txs", checker)
+                    .await
+                    .unwrap(),
+            );
+            tp.producer().client().create_topic("ts", 4).await.unwrap();
+            // The kill lands while transactions are being sent and ended: they go out
+            // over ~120 ms, the kill comes at 40 or 80 ms.
+            let killer = {
+                let pid = broker.pid().unwrap();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(40 + 40 * round)).await;
+                    // SAFETY: kill(2) with a pid of a child process this test started.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                })
+            };
+            let mut tasks = Vec::new();
+            for i in 0..N {
+                let tp = tp.clone();
+                tasks.push(tokio::spawn(async move {
+                    // A third of the local transactions do not know yet: checked later.
+                    let local = if i % 3 == 1 {
+                        TransactionOutcome::Unknown
+                    } else {
+                        decide(i)
+                    };
+                    let r = tp
+                        .send_in_transaction("ts", OutgoingMessage::new(format!("m{i}")), |_| local)
+                        .await;
+                    match r {
+                        Ok(r)
+                            if r.end_error.is_none() && r.outcome == TransactionOutcome::Commit =>
+                        {
+                            Some(i)
+                        }
+                        _ => None,
+                    }
+                }));
+                if i % 5 == 4 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            let mut acked = Vec::new();
+            for t in tasks {
+                if let Some(i) = t.await.unwrap() {
+                    acked.push(i);
+                }
+            }
+            killer.await.unwrap();
+            acked
+        });
+        broker.kill();
+        broker.restart();
+        let addr = broker.addr_string();
+        runtime().block_on(async {
+            let tp = TransactionProducer::start(ClientConfig::new(&addr), "txs", checker)
+                .await
+                .unwrap();
+            let client = tp.producer().client().clone();
+            eventually("every unresolved transaction checked", Duration::from_secs(30), async || {
+                client.list_transactions().await.unwrap().halves.is_empty()
+            })
+            .await;
+            let seen = visible(&client, "ts").await;
+            eprintln!(
+                "round {round}: {} commits acknowledged before the kill, {} visible after the restart",
+                acked_commits.len(),
+                seen.len()
+            );
+            for (body, copies) in &seen {
+                assert_eq!(copies.len(), 1, "round {round}: {body} committed once");
+                let i: u32 = body.trim_start_matches('m').parse().unwrap();
+                assert_eq!(decide(i), TransactionOutcome::Commit, "round {round}: {body} was rolled back");
+            }
+            for i in &acked_commits {
+                assert!(seen.contains_key(&format!("m{i}")), "round {round}: acknowledged commit m{i} lost");
+            }
+            assert_eq!(client.list_transactions().await.unwrap().discarded, 0);
+            tp.shutdown().await;
+        });
+    }
+}
+
+#[test]
+fn the_cli_sends_in_transactions_answers_check_backs_and_lists_the_unresolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
+    let addr = broker.addr_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq"))
+            .args(["--broker", &addr])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = cli(&["send", "txcli", "yes", "--transaction", "commit"]);
+    assert!(
+        ok && out.contains("outcome=commit resolved=true"),
+        "{out}{err}"
+    );
+    let (ok, out, _) = cli(&["send", "txcli", "no", "--transaction", "rollback"]);
+    assert!(ok && out.contains("outcome=rollback"), "{out}");
+    // Unknown: the command stays up and answers the broker's check with commit.
+    let (ok, out, err) = cli(&[
+        "send",
+        "txcli",
+        "later",
+        "--transaction",
+        "unknown",
+        "--check-answer",
+        "commit",
+        "--producer-group",
+        "gcli",
+    ]);
+    assert!(ok && out.contains("resolved=true"), "{out}{err}");
+    // Never answered within the wait: a failure, and the transaction is listed.
+    let (ok, _, err) = cli(&[
+        "send",
+        "txcli",
+        "pending",
+        "--transaction",
+        "unknown",
+        "--producer-group",
+        "gwait",
+        "--wait-ms",
+        "100",
+    ]);
+    assert!(!ok && err.contains("was not resolved"), "{err}");
+    let (ok, out, _) = cli(&["transaction", "list"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("txcli:") && out.contains("gwait"), "{out}");
+    let (ok, out, _) = cli(&["consume", "txcli"]);
+    assert!(ok);
+    let mut bodies: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split("body=").nth(1))
+        .collect();
+    bodies.sort();
+    assert_eq!(bodies, ["later", "yes"], "{out}");
+}
