@@ -257,6 +257,25 @@ fn the_cli_consumes_with_an_sql_filter_and_refuses_a_bad_one() {
     bodies.sort();
     // i % 5 == 0 and i % 3 == 0 below 60: 0, 15, 30, 45.
     assert_eq!(bodies, ["m-0", "m-15", "m-30", "m-45"], "{stdout}");
+    // As a member of a consumer group: the same four, then it leaves.
+    let out = std::process::Command::new(cli)
+        .args(["--broker", &addr, "consume", "cli", "--group", "gsql"])
+        .args(["--sql", "TAGS = 'vip' AND region = 'eu'", "--max", "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut bodies: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("MSG "))
+        .filter_map(|l| l.split("body=").nth(1))
+        .collect();
+    bodies.sort();
+    assert_eq!(bodies, ["m-0", "m-15", "m-30", "m-45"], "{stdout}");
     let out = std::process::Command::new(cli)
         .args(["--broker", &addr, "consume", "cli", "--sql", "region = "])
         .output()
