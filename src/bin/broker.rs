@@ -105,6 +105,18 @@ struct Cli {
     /// How often an unresolved half message is asked about again, in ms [default: 30000]
     #[arg(long, value_name = "MS")]
     transaction_check_interval_ms: Option<u64>,
+    /// Flow control: refuse sends with BrokerBusy (retriable; producers back off and send
+    /// again) while a shard's oldest owed acknowledgement has waited longer than this for
+    /// the disk, in ms [default: 200]
+    #[arg(long, value_name = "MS")]
+    send_wait_max_ms: Option<u64>,
+    /// Flow control: refuse sends with BrokerBusy while more than this many MiB appended on
+    /// a shard wait for the disk [default: 64]
+    #[arg(long, value_name = "MIB")]
+    send_backlog_max_mb: Option<u64>,
+    /// Testing: make every log write wait this long first, as a slow disk would, in µs
+    #[arg(long, value_name = "US", hide = true)]
+    testing_write_delay_us: Option<u64>,
     /// Checks before an unresolved half message is discarded (kept in the
     /// %SYS_TXN_DISCARDED% topic and counted by `ringmq transaction list`) [default: 15]
     #[arg(long, value_name = "N")]
@@ -211,6 +223,15 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.transaction_check_max {
         cfg.transaction_check_max = v;
+    }
+    if let Some(v) = cli.send_wait_max_ms {
+        cfg.send_wait_max_ms = v;
+    }
+    if let Some(v) = cli.send_backlog_max_mb {
+        cfg.send_backlog_max_mb = v;
+    }
+    if let Some(v) = cli.testing_write_delay_us {
+        cfg.testing_write_delay_us = v;
     }
     if let Some(v) = cli.disk_free_min_mb {
         cfg.disk_free_min_mb = v;

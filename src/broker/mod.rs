@@ -50,7 +50,7 @@ use topics::TopicTable;
 
 pub use consume::{PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX};
 pub use mesh::{MeshMsg, MeshReply, MeshRequest, Peers};
-pub use produce::BATCH_MESSAGES_MAX;
+pub use produce::{BATCH_MESSAGES_MAX, SEND_BACKLOG_BYTES_MAX_DEFAULT, SEND_WAIT_MAX_MS_DEFAULT};
 
 /// Key lookups a shard runs at once.
 const KEY_LOOKUPS_AT_ONCE: usize = 4;
@@ -96,6 +96,12 @@ pub struct ServiceConfig {
     pub transaction_check_interval_ms: u64,
     /// Checks before a half message is discarded.
     pub transaction_check_max: u32,
+    /// Flow control: sends are refused with `BrokerBusy` while the oldest acknowledgement
+    /// this shard owes has waited longer than this for the disk.
+    pub send_wait_max_ms: u64,
+    /// Flow control: sends are refused with `BrokerBusy` while more than this many bytes
+    /// appended on this shard wait for the disk.
+    pub send_backlog_bytes_max: u64,
 }
 
 /// Everything one shard owns.
@@ -142,6 +148,11 @@ pub struct ShardCtx {
     offsets_writing: Cell<bool>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
+    /// Sends waiting for the disk, oldest first: the log offset their acknowledgement waits
+    /// for and when they were appended (flow control, `produce.rs`).
+    waiting_sends: RefCell<std::collections::VecDeque<(u64, std::time::Instant)>>,
+    /// Sends refused by flow control since start.
+    busy_refusals: Cell<u64>,
     /// Half messages and outcomes of this shard.
     txn: RefCell<transaction::Transactions>,
     /// Live producers of the groups this shard coordinates.
@@ -278,6 +289,8 @@ impl ShardCtx {
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             sql_filters: RefCell::new(HashMap::new()),
             txn: RefCell::new(transaction::Transactions::default()),
+            waiting_sends: RefCell::new(std::collections::VecDeque::new()),
+            busy_refusals: Cell::new(0),
             producers: RefCell::new(transaction::ProducerGroups::default()),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
             conn_frame_max: RefCell::new(HashMap::new()),

@@ -22,6 +22,12 @@ use crate::store::PutResult;
 
 /// Most messages in one batch send.
 pub const BATCH_MESSAGES_MAX: usize = 4096;
+/// Default of `--send-wait-max-ms`: as RocketMQ's 200 ms for the head of its send queue.
+pub const SEND_WAIT_MAX_MS_DEFAULT: u64 = 200;
+/// Default of `--send-backlog-max-mb`.
+pub const SEND_BACKLOG_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+/// Sends one shard tracks waiting for the disk at most; past it sends are refused too.
+const WAITING_SENDS_MAX: usize = 1 << 20;
 
 impl ShardCtx {
     /// `SendMessage`.
@@ -179,7 +185,13 @@ impl ShardCtx {
                     );
                     return Handled::now(error_frame(request_id, &e));
                 }
+                if let Err(e) = self.admit_send() {
+                    return Handled::now(error_frame(request_id, &e));
+                }
                 let appended = self.append_all(&topic, q, items, peer);
+                if let Ok(puts) = &appended {
+                    self.note_waiting(puts);
+                }
                 let ctx = self.clone();
                 Handled::later(async move {
                     Some(match appended {
@@ -237,15 +249,80 @@ impl ShardCtx {
                             Err(e) => Some(error_frame(request_id, &e)),
                         };
                     }
+                    if let Err(e) = ctx.admit_send() {
+                        return Some(error_frame(request_id, &e));
+                    }
                     match ctx.append_all(&topic, q, &items, peer) {
-                        Ok(puts) => Some(
-                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch, half)
+                        Ok(puts) => {
+                            ctx.note_waiting(&puts);
+                            Some(
+                                ctx.finish_send(
+                                    request_id,
+                                    &topic,
+                                    q,
+                                    puts,
+                                    wait_durable,
+                                    batch,
+                                    half,
+                                )
                                 .await,
-                        ),
+                            )
+                        }
                         Err(e) => Some(error_frame(request_id, &e)),
                     }
                 })
             }
+        }
+    }
+
+    /// Flow control: refuses a send with `BrokerBusy` while the shard's acknowledgements
+    /// wait too long (or for too many bytes) for the disk, so memory stays bounded whatever
+    /// producers do; pulls are not affected.
+    fn admit_send(&self) -> Result<(), ErrorBody> {
+        let log = self.store.log();
+        let acked_end = if self.cfg.flush == crate::log::FlushMode::Sync {
+            log.durable_end()
+        } else {
+            log.readable_end()
+        };
+        let mut waiting = self.waiting_sends.borrow_mut();
+        while waiting.front().is_some_and(|&(end, _)| end <= acked_end) {
+            waiting.pop_front();
+        }
+        let backlog = log.write_offset().saturating_sub(acked_end);
+        let oldest_ms = waiting
+            .front()
+            .map_or(0, |(_, at)| at.elapsed().as_millis() as u64);
+        let why = if oldest_ms > self.cfg.send_wait_max_ms {
+            format!(
+                "the oldest send has waited {oldest_ms} ms for the disk (--send-wait-max-ms {})",
+                self.cfg.send_wait_max_ms
+            )
+        } else if backlog > self.cfg.send_backlog_bytes_max {
+            format!(
+                "{backlog} bytes wait for the disk (--send-backlog-max-mb {})",
+                self.cfg.send_backlog_bytes_max >> 20
+            )
+        } else if waiting.len() >= WAITING_SENDS_MAX {
+            format!("{} sends wait for the disk", waiting.len())
+        } else {
+            return Ok(());
+        };
+        drop(waiting);
+        self.busy_refusals.set(self.busy_refusals.get() + 1);
+        Err(err(
+            ErrorCode::BrokerBusy,
+            format!("shard {} is busy: {why}; send again shortly", self.id),
+        ))
+    }
+
+    /// A send was appended: its acknowledgement waits for the log up to `end`.
+    fn note_waiting(&self, puts: &[PutResult]) {
+        if let Some(last) = puts.last() {
+            let end = last.physical_offset + u64::from(last.size);
+            self.waiting_sends
+                .borrow_mut()
+                .push_back((end, std::time::Instant::now()));
         }
     }
 

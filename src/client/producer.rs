@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -26,6 +26,10 @@ use crate::protocol::{
 };
 
 pub use crate::protocol::{SendBatchResult, SendResult};
+
+/// First pause after a `BrokerBusy` answer; it doubles on each one after, up to the max.
+const BUSY_PAUSE_MS_MIN: u64 = 5;
+const BUSY_PAUSE_MS_MAX: u64 = 200;
 
 use super::config::ClientConfig;
 use super::error::{ClientError, Result};
@@ -99,6 +103,8 @@ impl std::fmt::Debug for Producer {
 
 struct ProducerInner {
     client: Client,
+    /// `BrokerBusy` answers so far (flow control), each followed by a pause and a resend.
+    busy_answers: AtomicU64,
     options: ProducerOptions,
     routes: Mutex<HashMap<String, TopicRoute>>,
     next_queue: AtomicU32,
@@ -134,6 +140,7 @@ impl Producer {
                 client,
                 options,
                 routes: Mutex::new(HashMap::new()),
+                busy_answers: AtomicU64::new(0),
                 // Producers started together should not all hit queue 0 first.
                 next_queue: AtomicU32::new(rand::random::<u32>()),
             }),
@@ -147,6 +154,13 @@ impl Producer {
 
     pub fn options(&self) -> &ProducerOptions {
         &self.inner.options
+    }
+
+    /// `BrokerBusy` answers this producer got (the broker's flow control); each was
+    /// followed by a pause and the same send again, so they are not failures unless the
+    /// send's timeout ran out.
+    pub fn busy_answers(&self) -> u64 {
+        self.inner.busy_answers.load(Ordering::Relaxed)
     }
 
     /// Sends one message and waits for the broker's answer: where it was stored.
@@ -338,11 +352,17 @@ impl ProducerInner {
         M: crate::protocol::Message,
     {
         let mut last_error = None;
-        for attempt in 0..=self.options.retries {
+        // A busy broker (flow control) is waited out, backing off, within the request
+        // timeout; those answers do not use up retries.
+        let busy_until = Instant::now() + self.client.config().request_timeout();
+        let mut busy_answers = 0u32;
+        let mut attempt = 0;
+        while attempt <= self.options.retries {
             let queue_count = match self.queue_count(topic).await {
                 Ok(count) => count,
                 Err(e) if e.is_retriable() => {
                     last_error = Some(e);
+                    attempt += 1;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -361,6 +381,18 @@ impl ProducerInner {
                     }
                     return Ok(result);
                 }
+                Err(e) if e.code() == Some(ErrorCode::BrokerBusy) => {
+                    self.busy_answers.fetch_add(1, Ordering::Relaxed);
+                    let pause = Duration::from_millis(
+                        (BUSY_PAUSE_MS_MIN << busy_answers.min(6)).min(BUSY_PAUSE_MS_MAX),
+                    );
+                    if Instant::now() + pause >= busy_until {
+                        return Err(e);
+                    }
+                    busy_answers += 1;
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
                 Err(e) if route_is_stale(&e) && queue_id != QUEUE_ID_ANY => {
                     self.forget(topic);
                     last_error = Some(e);
@@ -368,6 +400,7 @@ impl ProducerInner {
                 Err(e) if e.is_retriable() => last_error = Some(e),
                 Err(e) => return Err(e),
             }
+            attempt += 1;
         }
         Err(last_error.unwrap_or_else(|| {
             ClientError::Connection(format!("send to {topic} failed without an error"))

@@ -35,6 +35,17 @@ pub fn inject_failure(point: FailPoint) {
     FAIL_NEXT.with(|f| f.set(Some(point)));
 }
 
+/// Testing: every log write waits this long first (a slow disk), in µs; 0 (the default):
+/// no wait.
+static WRITE_DELAY_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Testing: makes every later [`LogFile::write_at`] of the process wait `d` first, as a
+/// slow disk would (flow-control tests).
+pub fn set_write_delay(d: Duration) {
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    WRITE_DELAY_US.store(us, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn injected(point: FailPoint, path: &Path) -> io::Result<()> {
     if FAIL_NEXT.with(|f| f.get()) == Some(point) {
         FAIL_NEXT.with(|f| f.set(None));
@@ -204,6 +215,10 @@ impl LogFile {
         debug_assert_eq!(pos % IO_ALIGN as u64, 0);
         injected(FailPoint::Write, &self.path)?;
         injected(FailPoint::WriteNoSpace, &self.path)?;
+        let delay_us = WRITE_DELAY_US.load(std::sync::atomic::Ordering::Relaxed);
+        if delay_us > 0 {
+            sleep(Duration::from_micros(delay_us)).await;
+        }
         let want = buf.len();
         let written = match (&self.inner, buf.inner) {
             (Inner::Dma(f), IoBufInner::Dma(b)) => f

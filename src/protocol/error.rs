@@ -60,6 +60,9 @@ pub enum ErrorCode {
     /// A configured limit of the broker is reached (topics, auto-created topics, groups,
     /// committed offsets); the message names it.
     LimitReached = 45,
+    /// The shard's sends wait too long for the disk (flow control): nothing of the request
+    /// was stored; the producer backs off and sends again.
+    BrokerBusy = 46,
     BadFilterExpression = 50,
     /// The consumer group has no such member (it never joined, or its session expired).
     GroupNotFound = 60,
@@ -77,7 +80,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -102,6 +105,7 @@ impl ErrorCode {
         ErrorCode::TooManyConnections,
         ErrorCode::Conflict,
         ErrorCode::LimitReached,
+        ErrorCode::BrokerBusy,
         ErrorCode::BadFilterExpression,
         ErrorCode::GroupNotFound,
         ErrorCode::ClientIdInUse,
@@ -138,6 +142,7 @@ impl ErrorCode {
             43 => ErrorCode::TooManyConnections,
             44 => ErrorCode::Conflict,
             45 => ErrorCode::LimitReached,
+            46 => ErrorCode::BrokerBusy,
             50 => ErrorCode::BadFilterExpression,
             60 => ErrorCode::GroupNotFound,
             61 => ErrorCode::ClientIdInUse,
@@ -165,6 +170,7 @@ impl ErrorCode {
             | ErrorCode::ShardUnavailable
             | ErrorCode::ScheduleFull
             | ErrorCode::TooManyConnections
+            | ErrorCode::BrokerBusy
             | ErrorCode::Conflict => true,
             ErrorCode::GroupNotFound
             | ErrorCode::ClientIdInUse
@@ -287,7 +293,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 29] = [
+        let expected: [(ErrorCode, u16); 30] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -312,6 +318,7 @@ mod tests {
             (ErrorCode::StoreCorrupt, 32),
             (ErrorCode::DiskFull, 33),
             (ErrorCode::LimitReached, 45),
+            (ErrorCode::BrokerBusy, 46),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::TransactionNotFound, 70),

@@ -119,6 +119,14 @@ pub struct BrokerConfig {
     pub transaction_check_interval_ms: u64,
     /// Checks before an unresolved half message is discarded.
     pub transaction_check_max: u32,
+    /// Flow control: sends get `BrokerBusy` while a shard's oldest owed acknowledgement has
+    /// waited longer than this for the disk.
+    pub send_wait_max_ms: u64,
+    /// Flow control: sends get `BrokerBusy` while more than this many MiB appended on a
+    /// shard wait for the disk.
+    pub send_backlog_max_mb: u64,
+    /// Testing: every log write waits this long first (a slow disk), in µs.
+    pub testing_write_delay_us: u64,
 }
 
 impl Default for BrokerConfig {
@@ -155,6 +163,9 @@ impl Default for BrokerConfig {
             transaction_check_interval_ms:
                 crate::broker::transaction::TRANSACTION_CHECK_INTERVAL_MS_DEFAULT,
             transaction_check_max: crate::broker::transaction::TRANSACTION_CHECK_MAX_DEFAULT,
+            send_wait_max_ms: crate::broker::SEND_WAIT_MAX_MS_DEFAULT,
+            send_backlog_max_mb: crate::broker::SEND_BACKLOG_BYTES_MAX_DEFAULT >> 20,
+            testing_write_delay_us: 0,
         }
     }
 }
@@ -564,6 +575,9 @@ async fn shard_main(
         .await
         .map_err(|_| "joining the shard mesh failed".to_string())?;
     let peer_id = senders.peer_id();
+    if cfg.testing_write_delay_us > 0 {
+        crate::io::set_write_delay(Duration::from_micros(cfg.testing_write_delay_us));
+    }
     let shard_dir = cfg.data_dir.join(format!("shard-{i}"));
     let mut store_cfg = StoreConfig::default();
     store_cfg.log.flush = cfg.flush;
@@ -640,6 +654,8 @@ async fn shard_main(
         transaction_timeout_ms: cfg.transaction_timeout_ms,
         transaction_check_interval_ms: cfg.transaction_check_interval_ms,
         transaction_check_max: cfg.transaction_check_max,
+        send_wait_max_ms: cfg.send_wait_max_ms,
+        send_backlog_bytes_max: cfg.send_backlog_max_mb.saturating_mul(1 << 20),
     };
     let peers = Box::new(MeshPeers {
         senders,

@@ -287,6 +287,9 @@ struct Stats {
     expected: AtomicU64,
     /// Messages whose send failed (after the producer's retries).
     send_errors: AtomicU64,
+    /// `BrokerBusy` answers (the broker's flow control), each waited out and sent again:
+    /// not failures.
+    busy_answers: AtomicU64,
     /// Distinct messages of this run received.
     received: AtomicU64,
     /// Deliveries of a message already received.
@@ -497,6 +500,7 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         received: stats.received.load(Ordering::Relaxed),
         duplicates: stats.duplicates.load(Ordering::Relaxed),
         send_errors: stats.send_errors.load(Ordering::Relaxed),
+        busy_answers: stats.busy_answers.load(Ordering::Relaxed),
         pull_errors: stats.pull_errors.load(Ordering::Relaxed),
         produce_s,
         consume_s: (stats.last_received_ns.load(Ordering::Relaxed) as f64 / 1e9 - consume_from_s)

@@ -142,6 +142,10 @@ impl Sender {
     async fn finish(self) -> Histogram<u64> {
         let permits = u32::try_from(self.run.cli.in_flight).unwrap_or(u32::MAX);
         let _all = self.window.acquire_many(permits).await;
+        self.run
+            .stats
+            .busy_answers
+            .fetch_add(self.producer.busy_answers(), Ordering::Relaxed);
         let h = self
             .latencies
             .lock()

@@ -79,6 +79,8 @@ pub(crate) struct Report {
     pub(crate) received: u64,
     pub(crate) duplicates: u64,
     pub(crate) send_errors: u64,
+    /// `BrokerBusy` answers, waited out and sent again.
+    pub(crate) busy_answers: u64,
     pub(crate) pull_errors: u64,
     pub(crate) produce_s: f64,
     pub(crate) consume_s: f64,
@@ -119,6 +121,7 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
         "messages_missing": if cli.consumers > 0 { r.expected.saturating_sub(r.received) } else { 0 },
         "messages_duplicated": r.duplicates,
         "send_errors": r.send_errors,
+        "busy_answers": r.busy_answers,
         "pull_errors": r.pull_errors,
         "first_error": r.first_error,
         "produce": {
@@ -168,12 +171,13 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
 pub(crate) fn print_report(cli: &Cli, r: &Report) {
     let mb = |n: u64, s: f64| per_sec(n, s) * cli.size as f64 / 1e6;
     println!(
-        "produce: {} messages in {:.2} s: {:.0} msg/s, {:.1} MB/s ({} failed)",
+        "produce: {} messages in {:.2} s: {:.0} msg/s, {:.1} MB/s ({} failed, {} busy answers waited out)",
         r.sent,
         r.produce_s,
         per_sec(r.sent, r.produce_s),
         mb(r.sent, r.produce_s),
-        r.send_errors
+        r.send_errors,
+        r.busy_answers
     );
     if cli.consumers > 0 {
         println!(

@@ -1,0 +1,156 @@
+//! The broker's flow control against the real binary: producers with thousands of sends in
+//! flight against a broker whose disk is slow (a testing delay on every log write, sync
+//! flush) get `BrokerBusy` answers (retriable: the producer waits them out and sends
+//! again) instead of queuing without bound; the broker's memory stays bounded, every
+//! acknowledged message is stored, and pulls keep being served meanwhile.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer, PullStatus};
+use ringmq::protocol::ErrorCode;
+
+#[test]
+fn a_slow_disk_makes_the_broker_answer_busy_and_keeps_memory_bounded_and_pulls_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--flush",
+            "sync",
+            "--testing-write-delay-us",
+            "100000",
+            "--send-wait-max-ms",
+            "50",
+            "--send-backlog-max-mb",
+            "1",
+        ],
+    );
+    let addr = broker.addr_string();
+    let start_rss = broker.rss_mib();
+    let peak_rss = Arc::new(AtomicU64::new(start_rss));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (pid, peak, done) = (broker.pid().unwrap(), peak_rss.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                    if let Some(kb) = status
+                        .lines()
+                        .find(|l| l.starts_with("VmRSS:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|v| v.parse::<u64>().ok())
+                    {
+                        peak.fetch_max(kb / 1024, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("busy", 4).await.unwrap();
+        client.create_topic("steady", 1).await.unwrap();
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        for i in 0..10 {
+            producer
+                .send("steady", OutgoingMessage::new(format!("s{i}")))
+                .await
+                .unwrap();
+        }
+        // Thousands of 1 KiB sends at once.
+        const N: usize = 3000;
+        let body = |i: usize| {
+            let mut b = format!("m{i}:").into_bytes();
+            b.resize(1024, b'x');
+            b
+        };
+        let sends: Vec<_> = (0..N)
+            .map(|i| {
+                let send = producer.send_async("busy", OutgoingMessage::new(body(i)));
+                tokio::spawn(async move { (i, send.await) })
+            })
+            .collect();
+        // Meanwhile a consumer's pulls are answered at once.
+        let mut slowest_pull = Duration::ZERO;
+        for _ in 0..20 {
+            let t = Instant::now();
+            let r = client
+                .pull("steady", 0, 0, 32, Duration::ZERO, &[])
+                .await
+                .unwrap();
+            slowest_pull = slowest_pull.max(t.elapsed());
+            assert_eq!(r.status, PullStatus::Found);
+            assert_eq!(r.messages.len(), 10);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut acked = BTreeSet::new();
+        let mut busy_failures = 0;
+        for s in sends {
+            let (i, r) = s.await.unwrap();
+            match r {
+                Ok(_) => {
+                    acked.insert(i);
+                }
+                Err(e) => {
+                    let code = e.code();
+                    assert!(
+                        matches!(code, Some(ErrorCode::BrokerBusy) | Some(ErrorCode::Timeout))
+                            || e.is_retriable(),
+                        "{e}"
+                    );
+                    if code == Some(ErrorCode::BrokerBusy) {
+                        busy_failures += 1;
+                    }
+                }
+            }
+        }
+        let busy = producer.busy_answers();
+        eprintln!(
+            "{} of {N} acknowledged, {busy} busy answers waited out, {busy_failures} sends gave up busy, slowest pull {slowest_pull:?}",
+            acked.len()
+        );
+        assert!(busy > 0, "flow control never answered busy");
+        assert!(!acked.is_empty());
+        assert!(slowest_pull < Duration::from_secs(1), "pulls stalled: {slowest_pull:?}");
+        // Every acknowledged message is stored.
+        let info = client.describe_topic("busy").await.unwrap();
+        let mut stored = BTreeSet::new();
+        for q in info.queues {
+            let mut offset = 0;
+            loop {
+                let r = client
+                    .pull("busy", q.queue_id, offset, 256, Duration::ZERO, &[])
+                    .await
+                    .unwrap();
+                for m in &r.messages {
+                    let text = String::from_utf8_lossy(m.body());
+                    let i: usize = text[1..text.find(':').unwrap()].parse().unwrap();
+                    stored.insert(i);
+                }
+                if r.status != PullStatus::Found {
+                    break;
+                }
+                offset = r.next_offset;
+            }
+        }
+        let lost: Vec<_> = acked.difference(&stored).collect();
+        assert!(lost.is_empty(), "acknowledged but not stored: {lost:?}");
+    });
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let peak = peak_rss.load(Ordering::Relaxed);
+    eprintln!("broker RSS: {start_rss} MiB at start, {peak} MiB at the peak");
+    assert!(
+        peak < start_rss + 300,
+        "broker RSS grew from {start_rss} to {peak} MiB"
+    );
+}
