@@ -4,14 +4,32 @@
 //! that needs glommio and io_uring; without it only the wire protocol, the record codec and
 //! the client compile.
 
-/// Writes a line to stderr like `eprintln!`, but never panics: a broker whose stderr is a
-/// file on a full disk (or a closed pipe) must keep running.
+/// An event worth a line in the log (start, stop, recovery), through `tracing` at INFO. The
+/// broker's subscriber writes to stderr and never panics on a failed write: a broker whose
+/// stderr is a file on a full disk (or a closed pipe) keeps running.
 #[macro_export]
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use ::std::io::Write as _;
-        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        ::tracing::info!(target: "ringmq", "{}", ::std::format_args!($($arg)*))
+    };
+}
+
+/// A problem worth an operator's attention (a failed background write, a damaged file, a
+/// lowered limit), through `tracing` at WARN.
+#[macro_export]
+macro_rules! warn {
+    ($($arg:tt)*) => {
+        ::tracing::warn!(target: "ringmq", "{}", ::std::format_args!($($arg)*))
+    };
+}
+
+/// An error that stops something (a poisoned log, a broker that cannot start), through
+/// `tracing` at ERROR.
+#[macro_export]
+macro_rules! error {
+    ($($arg:tt)*) => {
+        ::tracing::error!(target: "ringmq", "{}", ::std::format_args!($($arg)*))
+    };
 }
 
 pub mod client;

@@ -114,6 +114,14 @@ struct Cli {
     /// a shard wait for the disk [default: 64]
     #[arg(long, value_name = "MIB")]
     send_backlog_max_mb: Option<u64>,
+    /// Log level: error, warn, info, debug or trace (or a tracing filter such as
+    /// `ringmq=debug`); overrides the RINGMQ_LOG environment variable [default: info]
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (for example 127.0.0.1:7880); off by
+    /// default
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Testing: make every log write wait this long first, as a slow disk would, in µs
     #[arg(long, value_name = "US", hide = true)]
     testing_write_delay_us: Option<u64>,
@@ -233,6 +241,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     if let Some(v) = cli.testing_write_delay_us {
         cfg.testing_write_delay_us = v;
     }
+    if let Some(v) = cli.metrics_listen {
+        cfg.metrics_listen = Some(v);
+    }
     if let Some(v) = cli.disk_free_min_mb {
         cfg.disk_free_min_mb = v;
     }
@@ -262,12 +273,35 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
+/// Log lines go to stderr through `tracing`, filtered by --log-level, else RINGMQ_LOG,
+/// else `info`. A failed write to stderr is ignored (a full disk must not stop the broker).
+fn init_logs(level: Option<&str>) {
+    let directive = level
+        .map(str::to_owned)
+        .or_else(|| std::env::var("RINGMQ_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    let filter = match tracing_subscriber::EnvFilter::try_new(&directive) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ringmq-broker: log level {directive:?}: {e}; using info");
+            tracing_subscriber::EnvFilter::new("info")
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .init();
+}
+
 fn main() {
     let cli = Cli::parse();
+    init_logs(cli.log_level.as_deref());
     let cfg = match load(&cli) {
         Ok(c) => c,
         Err(e) => {
-            ringmq::say!("ringmq-broker: {e}");
+            ringmq::error!("ringmq-broker: {e}");
             std::process::exit(2);
         }
     };
@@ -277,7 +311,7 @@ fn main() {
     let broker = match Broker::start(cfg) {
         Ok(b) => b,
         Err(e) => {
-            ringmq::say!("ringmq-broker: {e}");
+            ringmq::error!("ringmq-broker: {e}");
             std::process::exit(1);
         }
     };
@@ -304,7 +338,7 @@ fn main() {
     match broker.wait() {
         Ok(()) => ringmq::say!("ringmq-broker: stopped cleanly"),
         Err(e) => {
-            ringmq::say!("ringmq-broker: {e}");
+            ringmq::error!("ringmq-broker: {e}");
             std::process::exit(1);
         }
     }

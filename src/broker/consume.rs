@@ -123,6 +123,7 @@ impl ShardCtx {
             Some(self.sql_filter(&p.sql)?)
         };
 
+        let started = Instant::now();
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
         let notify = self.poll_notify(&p.topic, p.queue_id);
@@ -171,6 +172,12 @@ impl ShardCtx {
                             r.max_offset,
                         );
                     }
+                    let st = &self.stats;
+                    st.pulled_messages
+                        .set(st.pulled_messages.get() + parts.len() as u64);
+                    let bytes: usize = parts.iter().map(|p| p.len()).sum();
+                    st.pulled_bytes.set(st.pulled_bytes.get() + bytes as u64);
+                    st.pull.borrow_mut().record(started.elapsed());
                     let meta = PullResult {
                         status: PullStatus::Found,
                         next_offset,

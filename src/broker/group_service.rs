@@ -100,6 +100,7 @@ impl ShardCtx {
 
     /// Tells every member of `group` that its assignment changed.
     async fn notify_members(self: &Rc<Self>, group: &str) {
+        self.stats.rebalances.set(self.stats.rebalances.get() + 1);
         let (generation, conns) = {
             let groups = self.groups.borrow();
             let Some((state, _)) = groups.get(group) else {

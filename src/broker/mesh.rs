@@ -150,7 +150,7 @@ impl ShardCtx {
         crate::io::spawn(async move {
             while let Some(msg) = rx.recv().await {
                 if let Err(e) = ctx.peers.send(to, msg).await {
-                    crate::say!("ringmq: shard {}: to shard {to}: {e}", ctx.id);
+                    crate::warn!("ringmq: shard {}: to shard {to}: {e}", ctx.id);
                 }
             }
         });

@@ -19,6 +19,7 @@ mod consume;
 mod group_service;
 pub mod groups;
 mod mesh;
+pub mod metrics;
 pub mod offsets;
 mod produce;
 mod query;
@@ -149,10 +150,13 @@ pub struct ShardCtx {
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
     /// Sends waiting for the disk, oldest first: the log offset their acknowledgement waits
-    /// for and when they were appended (flow control, `produce.rs`).
-    waiting_sends: RefCell<std::collections::VecDeque<(u64, std::time::Instant)>>,
+    /// for, when they were appended, and the log's cut count then (flow control,
+    /// `produce.rs`).
+    waiting_sends: RefCell<std::collections::VecDeque<(u64, std::time::Instant, u64)>>,
     /// Sends refused by flow control since start.
     busy_refusals: Cell<u64>,
+    /// Counters for the metrics endpoint (shard-local).
+    stats: metrics::ShardStats,
     /// Half messages and outcomes of this shard.
     txn: RefCell<transaction::Transactions>,
     /// Live producers of the groups this shard coordinates.
@@ -291,6 +295,7 @@ impl ShardCtx {
             txn: RefCell::new(transaction::Transactions::default()),
             waiting_sends: RefCell::new(std::collections::VecDeque::new()),
             busy_refusals: Cell::new(0),
+            stats: metrics::ShardStats::default(),
             producers: RefCell::new(transaction::ProducerGroups::default()),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
             conn_frame_max: RefCell::new(HashMap::new()),
@@ -319,6 +324,14 @@ impl ShardCtx {
         self.schedule_wake.notify_one();
         for n in self.polls.borrow().values() {
             n.notify_waiters();
+        }
+    }
+
+    /// Counts an error answer for the metrics.
+    fn count_error(&self, e: &ErrorBody) {
+        match e.error_code() {
+            Some(code) => self.stats.error(&format!("{code:?}")),
+            None => self.stats.error(&e.code.to_string()),
         }
     }
 
@@ -374,7 +387,7 @@ impl ShardCtx {
         crate::io::spawn(async move {
             while ctx.offsets.borrow().needs_write() {
                 if let Err(e) = ctx.flush_offsets(false).await {
-                    crate::say!("ringmq: shard {}: writing offsets: {e}", ctx.id);
+                    crate::warn!("ringmq: shard {}: writing offsets: {e}", ctx.id);
                     crate::io::sleep(std::time::Duration::from_millis(100)).await;
                 }
             }
@@ -468,9 +481,11 @@ impl ShardCtx {
         }
         if let Some(to) = req.route().shard(self.shard_count) {
             if to != self.id {
+                self.stats.forwarded.set(self.stats.forwarded.get() + 1);
                 return self.forward(to, bytes, &req, request_id, oneway, peer, conn, frame_max);
             }
         }
+        self.stats.request(req.kind().name());
         self.in_flight.set(self.in_flight.get() + 1);
         let guard = InFlight(self.clone());
         let handled = req.dispatch(&Req {
@@ -596,7 +611,10 @@ impl Req<'_> {
     fn now<'r, R: Into<Response<'r>>>(&self, r: Result<R, ErrorBody>) -> Handled {
         Handled::now(match r {
             Ok(r) => response_frame(self.request_id, &r.into()),
-            Err(e) => error_frame(self.request_id, &e),
+            Err(e) => {
+                self.ctx.count_error(&e);
+                error_frame(self.request_id, &e)
+            }
         })
     }
 
@@ -616,10 +634,14 @@ impl Req<'_> {
     /// reservation), that needs waiting for.
     fn later_frame(&self, f: impl Future<Output = Result<Answer, ErrorBody>> + 'static) -> Handled {
         let request_id = self.request_id;
+        let ctx = self.ctx.clone();
         Handled::Later(Box::pin(async move {
             Some(match f.await {
                 Ok(answer) => answer,
-                Err(e) => Answer::from(error_frame(request_id, &e)),
+                Err(e) => {
+                    ctx.count_error(&e);
+                    Answer::from(error_frame(request_id, &e))
+                }
             })
         }))
     }

@@ -321,6 +321,13 @@ impl OffsetStore {
         self.synced_gen >= generation
     }
 
+    /// Every committed offset: (group, topic, queue, offset), in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, u32, u64)> + '_ {
+        self.offsets
+            .iter()
+            .map(|((g, t, q), o)| (g.as_str(), t.as_str(), *q, *o))
+    }
+
     pub fn of_group(&self, group: &str) -> Vec<(String, u32, u64)> {
         let mut v: Vec<_> = self
             .offsets

@@ -186,6 +186,7 @@ impl ShardCtx {
                     return Handled::now(error_frame(request_id, &e));
                 }
                 if let Err(e) = self.admit_send() {
+                    self.count_error(&e);
                     return Handled::now(error_frame(request_id, &e));
                 }
                 let appended = self.append_all(&topic, q, items, peer);
@@ -250,6 +251,7 @@ impl ShardCtx {
                         };
                     }
                     if let Err(e) = ctx.admit_send() {
+                        ctx.count_error(&e);
                         return Some(error_frame(request_id, &e));
                     }
                     match ctx.append_all(&topic, q, &items, peer) {
@@ -285,14 +287,19 @@ impl ShardCtx {
         } else {
             log.readable_end()
         };
+        let epoch = log.epoch();
         let mut waiting = self.waiting_sends.borrow_mut();
-        while waiting.front().is_some_and(|&(end, _)| end <= acked_end) {
+        // Acknowledged, or (from before a cut of the log: a full disk) failed.
+        while waiting
+            .front()
+            .is_some_and(|&(end, _, e)| end <= acked_end || e != epoch)
+        {
             waiting.pop_front();
         }
         let backlog = log.write_offset().saturating_sub(acked_end);
         let oldest_ms = waiting
             .front()
-            .map_or(0, |(_, at)| at.elapsed().as_millis() as u64);
+            .map_or(0, |(_, at, _)| at.elapsed().as_millis() as u64);
         let why = if oldest_ms > self.cfg.send_wait_max_ms {
             format!(
                 "the oldest send has waited {oldest_ms} ms for the disk (--send-wait-max-ms {})",
@@ -322,7 +329,7 @@ impl ShardCtx {
             let end = last.physical_offset + u64::from(last.size);
             self.waiting_sends
                 .borrow_mut()
-                .push_back((end, std::time::Instant::now()));
+                .push_back((end, std::time::Instant::now(), last.epoch));
         }
     }
 
@@ -412,14 +419,23 @@ impl ShardCtx {
                 &err(ErrorCode::InvalidMessage, "nothing to send"),
             );
         };
+        let appended_at = std::time::Instant::now();
         let acked = if wait_durable {
             self.store.durable(last.written()).await
         } else {
             self.store.acked(last.written()).await
         };
         if let Err(e) = acked {
-            return error_frame(request_id, &store_error(e));
+            let e = store_error(e);
+            self.count_error(&e);
+            return error_frame(request_id, &e);
         }
+        self.stats
+            .send_ack
+            .borrow_mut()
+            .record(appended_at.elapsed());
+        let bytes: u64 = puts.iter().map(|p| u64::from(p.size)).sum();
+        self.stats.stored(topic, puts.len() as u64, bytes);
         self.wake_pollers(topic, queue_id);
         if batch {
             let r = SendBatchResult {

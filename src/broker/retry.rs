@@ -107,6 +107,12 @@ impl ShardCtx {
         self.ensure_system_topic(&draft.topic).await?;
         let reconsume_times = draft.reconsume_times;
         let done = self.put_owned(draft, false).await?;
+        let counter = if dead_lettered {
+            &self.stats.dead_letters
+        } else {
+            &self.stats.retries
+        };
+        counter.set(counter.get() + 1);
         Ok(SendBackResult {
             dead_lettered,
             msg_id: done.msg_id,

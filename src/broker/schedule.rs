@@ -184,7 +184,7 @@ impl Schedule {
         let snapshot = match snapshot {
             Ok(s) => s,
             Err(e) => {
-                crate::say!(
+                crate::warn!(
                     "ringmq: {}: {e}; rebuilding the schedule from the log",
                     store.dir().display()
                 );
@@ -203,7 +203,7 @@ impl Schedule {
         let snapshot = snapshot.filter(|s| {
             let fits = s.schedule_end <= end && s.done_end <= done_end;
             if !fits {
-                crate::say!(
+                crate::warn!(
                     "ringmq: {}: the schedule snapshot is ahead of the log (it lost its tail); rebuilding the schedule from the log",
                     store.dir().display()
                 );
@@ -238,7 +238,7 @@ impl Schedule {
             let buf = match store.read_at(SCHEDULE_DONE_TOPIC, 0, off).await {
                 Ok(buf) => buf,
                 Err(e) => {
-                    crate::say!(
+                    crate::warn!(
                         "ringmq: {}: schedule done record {off} cannot be read ({e}); its messages are delivered again",
                         store.dir().display()
                     );
@@ -460,7 +460,7 @@ impl ShardCtx {
                 Ok(ends) => ends,
                 Err(e) => {
                     // Tried again at the next snapshot; the last one on disk stays right.
-                    crate::say!("ringmq: shard {}: schedule snapshot: {e}", self.id);
+                    crate::warn!("ringmq: shard {}: schedule snapshot: {e}", self.id);
                     return;
                 }
             };
@@ -483,7 +483,7 @@ impl ShardCtx {
             }
             Err(e) => {
                 self.schedule.borrow_mut().changed = true;
-                crate::say!(
+                crate::warn!(
                     "ringmq: shard {}: writing the schedule snapshot: {e}",
                     self.id
                 );

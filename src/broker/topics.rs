@@ -142,11 +142,11 @@ impl ShardCtx {
         self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
             if let Err(e) = self.store.delete_topic(topic).await {
-                crate::say!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
+                crate::warn!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
             }
             self.offsets.borrow_mut().forget_topic(topic);
             if let Err(e) = self.sync_offsets().await {
-                crate::say!(
+                crate::warn!(
                     "ringmq: shard {}: forgetting offsets of {topic}: {e}",
                     self.id
                 );
@@ -160,13 +160,13 @@ impl ShardCtx {
                 Err(e) => Err(e),
             };
             if let Err(e) = synced {
-                crate::say!(
+                crate::warn!(
                     "ringmq: shard {}: syncing the log after deleting {topic}: {e}",
                     self.id
                 );
             }
             if let Err(e) = self.store.checkpoint().await {
-                crate::say!(
+                crate::warn!(
                     "ringmq: shard {}: checkpoint after deleting {topic}: {e}",
                     self.id
                 );

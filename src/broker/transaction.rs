@@ -87,6 +87,11 @@ pub struct Transactions {
 const DISCARDED_LISTED: usize = 100;
 
 impl Transactions {
+    /// Half messages waiting for an outcome.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
     fn resolve(&mut self, half: u64, outcome: u8) {
         self.pending.remove(&half);
         self.resolved.insert(half, outcome);
@@ -519,12 +524,12 @@ impl ShardCtx {
                 if h.checks >= self.cfg.transaction_check_max {
                     match self.resolve_half(half, OUTCOME_DISCARDED).await {
                         Ok(_) => {
-                            crate::say!(
+                            crate::warn!(
                                 "ringmq: shard {}: transaction {} of producer group {} ({}) discarded after {} checks; kept in {DISCARDED_TOPIC}",
                                 self.id, half + 1, h.group, h.msg_id, h.checks
                             );
                         }
-                        Err(e) => crate::say!(
+                        Err(e) => crate::warn!(
                             "ringmq: shard {}: discarding transaction {}: {}",
                             self.id,
                             half + 1,

@@ -650,7 +650,7 @@ impl Shared {
     /// Consumers are libraries without a logger: what must not go unnoticed (a message
     /// given up, a failing pull) goes to stderr, once per change of state, not per retry.
     fn log(&self, what: std::fmt::Arguments<'_>) {
-        crate::say!(
+        crate::warn!(
             "ringmq consumer {} ({}): {what}",
             self.group,
             self.client.config().client_id

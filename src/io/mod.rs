@@ -368,7 +368,7 @@ fn warn_buffered_once(path: &Path) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Ordering::Relaxed) {
-        crate::say!(
+        crate::warn!(
             "ringmq: warning: the filesystem of {} does not support O_DIRECT; using buffered I/O \
              (slower, and durability still relies on fdatasync)",
             path.display()

@@ -273,6 +273,7 @@ struct Inner {
     durable: Watermark,
     /// Wakes the background flusher early (close).
     flusher_stop: Cell<bool>,
+    stats: crate::log::stats::LogStats,
 }
 
 /// The commit log. Cheap to clone (shared within one shard; not `Send`).
@@ -379,6 +380,7 @@ impl CommitLog {
             readable: Watermark::default(),
             durable: Watermark::default(),
             flusher_stop: Cell::new(false),
+            stats: Default::default(),
         });
         inner.readable.value.set(end);
         inner.durable.value.set(end);
@@ -786,6 +788,10 @@ impl CommitLog {
                 if st.segments.remove(&base).is_some() {
                     st.min_offset = st.min_offset.max(base + seg);
                     doomed.push(path);
+                    self.inner
+                        .stats
+                        .segments_deleted
+                        .set(self.inner.stats.segments_deleted.get() + 1);
                 }
             }
         }
@@ -793,13 +799,23 @@ impl CommitLog {
             crate::io::blocking(move || {
                 for p in doomed {
                     if let Err(e) = std::fs::remove_file(&p) {
-                        crate::say!("ringmq: retention could not delete {}: {e}", p.display());
+                        crate::warn!("ringmq: retention could not delete {}: {e}", p.display());
                     }
                 }
             })
             .await;
         }
         self.min_offset()
+    }
+
+    /// What the log counted (fdatasync latency, segments deleted).
+    pub fn stats(&self) -> &crate::log::stats::LogStats {
+        &self.inner.stats
+    }
+
+    /// Segment files of the log.
+    pub fn segment_count(&self) -> usize {
+        self.inner.st.borrow().segments.len()
     }
 
     /// Writes everything pending, fdatasyncs, and refuses further appends.

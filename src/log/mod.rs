@@ -6,4 +6,5 @@
 //! consumers, groups, sockets or queue assignment; the store above it assigns queue offsets.
 
 mod commit_log;
+pub mod stats;
 pub use commit_log::*;

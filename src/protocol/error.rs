@@ -346,7 +346,8 @@ mod tests {
                 ErrorCode::ShardUnavailable,
                 ErrorCode::ScheduleFull,
                 ErrorCode::TooManyConnections,
-                ErrorCode::Conflict
+                ErrorCode::Conflict,
+                ErrorCode::BrokerBusy
             ]
         );
     }

@@ -176,6 +176,15 @@ macro_rules! registry {
                 }
             }
 
+            /// The kind's name, as in the registry.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$req => stringify!($req),)*
+                    $(Kind::$resp => stringify!($resp),)*
+                    $(Kind::$push => stringify!($push),)*
+                }
+            }
+
             /// Whether the payload may carry raw stored records after its meta part.
             pub fn carries_records(self) -> bool {
                 match self {

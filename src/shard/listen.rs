@@ -228,7 +228,7 @@ pub async fn accept_loop(
                 // and then, not thousands of times a second.
                 failures += 1;
                 if failures.is_power_of_two() {
-                    crate::say!(
+                    crate::warn!(
                         "ringmq: shard {}: accept failed ({failures} times so far): {e}",
                         ctx.id
                     );

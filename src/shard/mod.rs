@@ -127,6 +127,8 @@ pub struct BrokerConfig {
     pub send_backlog_max_mb: u64,
     /// Testing: every log write waits this long first (a slow disk), in µs.
     pub testing_write_delay_us: u64,
+    /// Serve `GET /metrics` (Prometheus text format) here; off when `None`.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for BrokerConfig {
@@ -166,6 +168,7 @@ impl Default for BrokerConfig {
             send_wait_max_ms: crate::broker::SEND_WAIT_MAX_MS_DEFAULT,
             send_backlog_max_mb: crate::broker::SEND_BACKLOG_BYTES_MAX_DEFAULT >> 20,
             testing_write_delay_us: 0,
+            metrics_listen: None,
         }
     }
 }
@@ -207,6 +210,8 @@ enum BootMsg {
 }
 
 struct Boot {
+    /// Where the shards publish their metrics, when they are served.
+    metrics: Option<Arc<crate::broker::metrics::MetricsHub>>,
     main_addr: OnceLock<SocketAddr>,
     /// Direct address of each shard, and the mesh peer index of each shard.
     table: OnceLock<(Vec<String>, Vec<usize>)>,
@@ -361,7 +366,7 @@ impl Broker {
             cfg.connections_max
         };
         if connections_max < wanted {
-            crate::say!(
+            crate::warn!(
                 "ringmq-broker: the open-file limit is {file_limit}: at most {connections_max} connections, not {wanted} (descriptors are kept for the stores)",
             );
         }
@@ -371,7 +376,7 @@ impl Broker {
         if let Some(maps) = max_map_count() {
             let fit = (maps / 2).max(1);
             if cfg.queues_max > fit {
-                crate::say!(
+                crate::warn!(
                     "ringmq-broker: vm.max_map_count is {maps}: at most {fit} queues, not {}",
                     cfg.queues_max
                 );
@@ -382,8 +387,18 @@ impl Broker {
             path: cfg.data_dir.clone(),
             reason: e.to_string(),
         })?;
+        let metrics = match cfg.metrics_listen {
+            Some(addr) => {
+                let listener = crate::broker::metrics::bind(addr).map_err(BrokerError::Config)?;
+                let hub = crate::broker::metrics::MetricsHub::new(shards);
+                hub.serve(listener);
+                Some(hub)
+            }
+            None => None,
+        };
         let cfg = Arc::new(cfg);
         let boot = Arc::new(Boot {
+            metrics,
             main_addr: OnceLock::new(),
             table: OnceLock::new(),
         });
@@ -698,7 +713,7 @@ async fn shard_main(
             while !ctx.is_stopping() {
                 crate::io::sleep(every).await;
                 if let Err(e) = ctx.sync_offsets().await {
-                    crate::say!("ringmq: shard {}: syncing offsets: {e}", ctx.id);
+                    crate::warn!("ringmq: shard {}: syncing offsets: {e}", ctx.id);
                 }
             }
         })
@@ -709,6 +724,9 @@ async fn shard_main(
         .await
         .map_err(|e| format!("recovering the transactions of shard {i}: {e}"))?;
     glommio::spawn_local(ctx.clone().run_transaction_checks()).detach();
+    if let Some(hub) = &boot.metrics {
+        glommio::spawn_local(ctx.clone().publish_metrics(hub.clone())).detach();
+    }
     {
         let ctx = ctx.clone();
         glommio::spawn_local(async move {

@@ -56,7 +56,7 @@ impl Checkpoint {
         let path = dir.join("checkpoint");
         match std::fs::read(&path) {
             Ok(bytes) => Ok(Checkpoint::decode(&bytes).unwrap_or_else(|| {
-                crate::say!(
+                crate::warn!(
                     "ringmq: checkpoint {} is damaged; re-indexing from the start",
                     path.display()
                 );

@@ -264,6 +264,8 @@ struct Inner {
     seen_epoch: std::cell::Cell<u64>,
     /// Why sends are refused: free space below the floor.
     space_low: RefCell<Option<String>>,
+    /// Free bytes of the data directory's filesystem, as last looked at.
+    disk_free: std::cell::Cell<u64>,
 }
 
 /// The store of one shard. Cheap to clone; not `Send`.
@@ -385,6 +387,7 @@ impl MessageStore {
                 trimmed_to: std::cell::Cell::new(trimmed_to),
                 seen_epoch: std::cell::Cell::new(0),
                 space_low: RefCell::new(None),
+                disk_free: std::cell::Cell::new(0),
             }),
         };
         store.spawn_housekeeping();
@@ -579,7 +582,7 @@ impl MessageStore {
                 crate::io::spawn(async move {
                     let gone = crate::io::blocking(move || std::fs::remove_dir_all(&aside)).await;
                     if let Err(e) = gone {
-                        crate::say!("ringmq: removing a deleted topic's indexes: {e}");
+                        crate::warn!("ringmq: removing a deleted topic's indexes: {e}");
                     }
                 });
                 Ok(())
@@ -678,7 +681,7 @@ impl MessageStore {
                 for path in doomed {
                     if let Err(e) = std::fs::remove_file(&path) {
                         if e.kind() != std::io::ErrorKind::NotFound {
-                            crate::say!(
+                            crate::warn!(
                                 "ringmq: retention could not delete {}: {e}",
                                 path.display()
                             );
@@ -734,7 +737,7 @@ impl MessageStore {
         let cfg = &self.inner.cfg;
         self.spawn_periodic(ms(cfg.checkpoint_interval_ms), false, |store| async move {
             if let Err(e) = store.checkpoint().await {
-                crate::say!("ringmq: checkpoint failed: {e}");
+                crate::warn!("ringmq: checkpoint failed: {e}");
             }
         });
         self.spawn_periodic(DISK_CHECK_INTERVAL, true, |store| async move {
@@ -748,7 +751,7 @@ impl MessageStore {
             false,
             |store| async move {
                 if let Err(e) = store.apply_retention(crate::log::now_ms()).await {
-                    crate::say!("ringmq: retention failed: {e}");
+                    crate::warn!("ringmq: retention failed: {e}");
                 }
             },
         );

@@ -15,18 +15,24 @@ impl MessageStore {
             .or_else(|| self.inner.log.full())
     }
 
+    /// Free bytes of the data directory's filesystem, as last looked at (every second).
+    pub fn disk_free_bytes(&self) -> u64 {
+        self.inner.disk_free.get()
+    }
+
     /// Looks at the free space of the data directory (off the shard thread): below the
     /// floor sends are refused; above it they are taken again.
     pub async fn check_disk_space(&self) {
         let dir = self.inner.dir.clone();
         let free = crate::io::blocking(move || free_bytes(&dir)).await;
         let Ok(free) = free else { return };
+        self.inner.disk_free.set(free);
         let floor = self.inner.cfg.disk_free_min_bytes;
         let was_low = self.inner.space_low.borrow().is_some();
         // No space at all is low whatever the floor.
         if free < floor.max(1) {
             if !was_low {
-                crate::say!(
+                crate::warn!(
                     "ringmq: {}: {} MiB free, below the {} MiB floor (--disk-free-min-mb): sends refused with DiskFull until space is freed",
                     self.inner.dir.display(),
                     free >> 20,

@@ -56,7 +56,7 @@ fn cut(inner: &Inner, first: &Chunk, reason: String) {
         st.writer_running = false;
         doomed
     };
-    crate::say!(
+    crate::warn!(
         "ringmq: commit log {}: disk full ({reason}); appends after log offset {at} dropped and answered DiskFull, new ones refused until space returns",
         inner.dir.display()
     );
@@ -79,7 +79,7 @@ fn cut(inner: &Inner, first: &Chunk, reason: String) {
 }
 
 pub(super) fn poison(inner: &Inner, reason: String) {
-    crate::say!(
+    crate::error!(
         "ringmq: commit log {} poisoned: {reason}",
         inner.dir.display()
     );
@@ -237,9 +237,11 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
         }
         if inner.cfg.flush == FlushMode::Sync {
             for f in &touched {
+                let t = std::time::Instant::now();
                 if let Err(e) = f.fdatasync().await {
                     return poison(&inner, e.to_string());
                 }
+                inner.stats.fdatasync.borrow_mut().record(t.elapsed());
             }
             inner.readable.advance(end);
             inner.durable.advance(end);
@@ -261,11 +263,13 @@ pub(super) async fn sync_unsynced(inner: &Inner) -> Result<(), LogError> {
     let target = inner.readable.value.get();
     let files = std::mem::take(&mut inner.st.borrow_mut().unsynced);
     for f in files {
+        let t = std::time::Instant::now();
         if let Err(e) = f.fdatasync().await {
             let reason = e.to_string();
             poison(inner, reason.clone());
             return Err(LogError::Poisoned { reason });
         }
+        inner.stats.fdatasync.borrow_mut().record(t.elapsed());
     }
     if target > inner.durable.value.get() {
         inner.durable.advance(target);

@@ -1,0 +1,255 @@
+//! The broker's Prometheus endpoint against the real binary: `/metrics` parsed by a real
+//! Prometheus text parser, with values that match what the test did (N messages sent →
+//! the stored counter is N; a group behind by K on a queue → lag K; every send's
+//! acknowledgement in the latency histogram), and a clear error when the address is taken.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use prometheus_parse::{Scrape, Value};
+use ringmq::client::{ClientConfig, OutgoingMessage, Producer};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(addr: &str) -> Scrape {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        body.contains("# TYPE ringmq_send_ack_seconds histogram"),
+        "{body}"
+    );
+    Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap()
+}
+
+fn number(v: &Value) -> f64 {
+    match v {
+        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => *x,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+/// The sum of `metric` over the samples whose labels include `want`.
+fn sum(s: &Scrape, metric: &str, want: &[(&str, &str)]) -> f64 {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == metric)
+        .filter(|x| want.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .map(|x| number(&x.value))
+        .sum()
+}
+
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ok() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--metrics-listen", &metrics]);
+    let addr = broker.addr_string();
+    const N: u32 = 50;
+    let maxes = runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("m", 4).await.unwrap();
+        for i in 0..N {
+            producer
+                .send("m", OutgoingMessage::new(format!("m{i}")))
+                .await
+                .unwrap();
+        }
+        let info = client.describe_topic("m").await.unwrap();
+        // The group has read everything but the last 3 messages of queue 0.
+        for q in &info.queues {
+            let behind = if q.queue_id == 0 { 3 } else { 0 };
+            client
+                .commit_offset("g", "m", q.queue_id, q.max_offset - behind)
+                .await
+                .unwrap();
+        }
+        let pulled = client
+            .pull("m", 0, 0, 32, Duration::ZERO, &[])
+            .await
+            .unwrap();
+        assert!(!pulled.messages.is_empty());
+        // One error answer, counted by its code.
+        assert!(client
+            .pull("nope", 0, 0, 32, Duration::ZERO, &[])
+            .await
+            .is_err());
+        info.queues.iter().map(|q| q.max_offset).collect::<Vec<_>>()
+    });
+    assert!(maxes[0] >= 3);
+    eventually("the stored counter reaches N", || {
+        sum(
+            &scrape(&metrics),
+            "ringmq_messages_stored_total",
+            &[("topic", "m")],
+        ) == f64::from(N)
+    });
+    let s = scrape(&metrics);
+    assert_eq!(
+        sum(
+            &s,
+            "ringmq_consumer_lag_messages",
+            &[("group", "g"), ("topic", "m"), ("queue", "0")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        sum(
+            &s,
+            "ringmq_consumer_lag_messages",
+            &[("group", "g"), ("topic", "m")]
+        ),
+        3.0
+    );
+    assert!(sum(&s, "ringmq_bytes_stored_total", &[("topic", "m")]) > f64::from(N) * 96.0);
+    assert!(sum(&s, "ringmq_pull_messages_total", &[]) >= 1.0);
+    assert_eq!(sum(&s, "ringmq_errors_total", &[("code", "TopicNotFound")]), 1.0);
+    assert!(sum(&s, "ringmq_requests_total", &[("kind", "SendMessage")]) >= f64::from(N));
+    for gauge in [
+        "ringmq_connections_open",
+        "ringmq_locks_held",
+        "ringmq_schedule_pending",
+    ] {
+        assert!(s.samples.iter().any(|x| x.metric == gauge), "{gauge}");
+    }
+    assert!(sum(&s, "ringmq_disk_free_bytes", &[]) > 0.0);
+    assert!(sum(&s, "ringmq_commitlog_bytes", &[]) > 0.0);
+    // Every acknowledgement is in the histogram, with buckets that add up.
+    let acks: Vec<_> = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == "ringmq_send_ack_seconds")
+        .collect();
+    assert_eq!(acks.len(), 2, "one histogram per shard");
+    let mut count = 0.0;
+    for h in acks {
+        let Value::Histogram(buckets) = &h.value else {
+            panic!("{h:?}")
+        };
+        let inf = buckets.iter().find(|b| b.less_than.is_infinite()).unwrap();
+        count += inf.count;
+    }
+    assert!(count >= f64::from(N), "{count}");
+    assert!(sum(&s, "ringmq_send_ack_seconds_count", &[]) >= f64::from(N));
+
+    // Every series the Grafana dashboard draws exists.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/grafana-ringmq.json"
+    ))
+    .unwrap();
+    let names: std::collections::BTreeSet<&str> =
+        s.samples.iter().map(|x| x.metric.as_str()).collect();
+    let mut drawn = 0;
+    for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if let Some(series) = word.strip_prefix("ringmq_") {
+            let base = format!("ringmq_{}", series.trim_end_matches("_bucket"));
+            // Members exist only while a group has live members (none here).
+            if base == "ringmq_group_members" {
+                continue;
+            }
+            assert!(
+                names.contains(base.as_str()),
+                "the dashboard draws {word}, which /metrics lacks"
+            );
+            drawn += 1;
+        }
+    }
+    assert!(drawn > 10);
+    for histogram in ["ringmq_fdatasync_seconds", "ringmq_pull_seconds"] {
+        assert!(names.contains(histogram), "{histogram}");
+    }
+
+    // Anything but /metrics is not found.
+    let mut conn = TcpStream::connect(&metrics).unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+}
+
+#[test]
+fn a_metrics_address_in_use_stops_the_broker_at_start_naming_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--metrics-listen", &addr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen for metrics on {addr}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_log_goes_through_levels_set_by_flag_or_environment() {
+    let run = |args: &[&str], env: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"));
+        cmd.args(["--listen", "127.0.0.1:0", "--shards", "1", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        match env {
+            Some(v) => cmd.env("RINGMQ_LOG", v),
+            None => cmd.env_remove("RINGMQ_LOG"),
+        };
+        let mut child = cmd.spawn().unwrap();
+        // Wait for "ready", then stop it cleanly.
+        let mut stdout = child.stdout.take().unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        while !String::from_utf8_lossy(&seen).contains("ready") {
+            let n = stdout.read(&mut buf).unwrap();
+            assert!(n > 0, "the broker exited before it was ready");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        // SAFETY: kill(2) with the pid of a child this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let default = run(&[], None);
+    assert!(
+        default.contains("INFO") && default.contains("stopped cleanly"),
+        "{default}"
+    );
+    let quiet = run(&["--log-level", "warn"], Some("debug"));
+    assert!(
+        !quiet.contains("stopped cleanly"),
+        "the flag wins over RINGMQ_LOG: {quiet}"
+    );
+    let env_quiet = run(&[], Some("error"));
+    assert!(!env_quiet.contains("INFO"), "{env_quiet}");
+}
