@@ -127,7 +127,10 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
     );
     assert!(sum(&s, "ringmq_bytes_stored_total", &[("topic", "m")]) > f64::from(N) * 96.0);
     assert!(sum(&s, "ringmq_pull_messages_total", &[]) >= 1.0);
-    assert_eq!(sum(&s, "ringmq_errors_total", &[("code", "TopicNotFound")]), 1.0);
+    assert_eq!(
+        sum(&s, "ringmq_errors_total", &[("code", "TopicNotFound")]),
+        1.0
+    );
     assert!(sum(&s, "ringmq_requests_total", &[("kind", "SendMessage")]) >= f64::from(N));
     for gauge in [
         "ringmq_connections_open",
@@ -138,6 +141,8 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
     }
     assert!(sum(&s, "ringmq_disk_free_bytes", &[]) > 0.0);
     assert!(sum(&s, "ringmq_commitlog_bytes", &[]) > 0.0);
+    let age = sum(&s, "ringmq_commitlog_oldest_record_age_seconds", &[]);
+    assert!((0.0..600.0).contains(&age), "{age}");
     // Every acknowledgement is in the histogram, with buckets that add up.
     let acks: Vec<_> = s
         .samples

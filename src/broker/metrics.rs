@@ -250,7 +250,8 @@ fn capped(series: Vec<Series>, label: &'static str) -> Vec<Series> {
 
 impl ShardCtx {
     /// This shard's metrics now.
-    pub(super) fn metrics_snapshot(&self) -> Snapshot {
+    /// `oldest_ms`: the store time of the log's oldest kept record, if known.
+    pub(super) fn metrics_snapshot(&self, oldest_ms: Option<i64>) -> Snapshot {
         let shard = self.id.to_string();
         let sl = || vec![("shard", shard.clone())];
         let mut s = Snapshot::default();
@@ -383,6 +384,15 @@ impl ShardCtx {
             false,
             (sl(), log.segment_count() as f64),
         );
+        if let Some(ms) = oldest_ms {
+            let age = (crate::log::now_ms() - ms).max(0) as f64 / 1000.0;
+            s.add(
+                "ringmq_commitlog_oldest_record_age_seconds",
+                "Age of the commit log's oldest kept record (what retention deletes next).",
+                false,
+                (sl(), age),
+            );
+        }
         s.add(
             "ringmq_retries",
             "Messages a consumer sent back to its group's retry topic.",
@@ -482,10 +492,22 @@ impl ShardCtx {
         s
     }
 
+    /// The store time of the log's oldest kept record (one read; `None` for an empty log).
+    async fn oldest_record_ms(&self) -> Option<i64> {
+        let log = self.store.log();
+        if log.min_offset() >= log.readable_end() {
+            return None;
+        }
+        let buf = self.store.read_physical(log.min_offset()).await.ok()?;
+        let view = crate::protocol::record::RecordView::parse_unchecked_crc(&buf).ok()?;
+        Some(view.store_timestamp_ms())
+    }
+
     /// Publishes this shard's snapshot into the hub every second until the shard stops.
     pub async fn publish_metrics(self: std::rc::Rc<Self>, hub: Arc<MetricsHub>) {
         while !self.is_stopping() {
-            hub.publish(self.id, self.metrics_snapshot());
+            let oldest = self.oldest_record_ms().await;
+            hub.publish(self.id, self.metrics_snapshot(oldest));
             crate::io::sleep(Duration::from_secs(1)).await;
         }
     }
