@@ -61,7 +61,7 @@ impl ShardCtx {
                 ErrorCode::InvalidMessage,
                 format!("a batch holds 1..={BATCH_MESSAGES_MAX} messages"),
             );
-            return Handled::now(error_frame(request_id, &e));
+            return self.refuse(request_id, e);
         }
         let items: Vec<_> = b
             .messages
@@ -111,7 +111,7 @@ impl ShardCtx {
                         BODY_BYTES_MAX
                     ),
                 );
-                return Handled::now(error_frame(request_id, &e));
+                return self.refuse(request_id, e);
             }
             if props.len() > CLIENT_PROPERTIES_BYTES_MAX {
                 let e = err(
@@ -121,13 +121,10 @@ impl ShardCtx {
                         props.len()
                     ),
                 );
-                return Handled::now(error_frame(request_id, &e));
+                return self.refuse(request_id, e);
             }
             if let Err(e) = Properties::new(props).validate() {
-                return Handled::now(error_frame(
-                    request_id,
-                    &err(ErrorCode::InvalidMessage, e.to_string()),
-                ));
+                return self.refuse(request_id, err(ErrorCode::InvalidMessage, e.to_string()));
             }
         }
         if queue_id < 0 && queue_id != crate::protocol::QUEUE_ID_ANY {
@@ -138,14 +135,14 @@ impl ShardCtx {
                     crate::protocol::QUEUE_ID_ANY
                 ),
             );
-            return Handled::now(error_frame(request_id, &e));
+            return self.refuse(request_id, e);
         }
         if crate::protocol::names::is_system_topic(&topic) {
             let e = err(
                 ErrorCode::InvalidTopic,
                 format!("topic {topic} is reserved for the broker"),
             );
-            return Handled::now(error_frame(request_id, &e));
+            return self.refuse(request_id, e);
         }
         if batch
             && items
@@ -156,7 +153,7 @@ impl ShardCtx {
                 ErrorCode::InvalidMessage,
                 "transactional messages cannot be sent in a batch; send them one by one",
             );
-            return Handled::now(error_frame(request_id, &e));
+            return self.refuse(request_id, e);
         }
         if batch
             && items
@@ -167,7 +164,7 @@ impl ShardCtx {
                 ErrorCode::InvalidDelay,
                 "delayed messages cannot be sent in a batch; send them one by one",
             );
-            return Handled::now(error_frame(request_id, &e));
+            return self.refuse(request_id, e);
         }
         // A transaction's half message: answered with its transaction id.
         let half = !batch
@@ -183,11 +180,10 @@ impl ShardCtx {
                         ErrorCode::QueueNotFound,
                         format!("topic {topic} has {count} queues; no queue {q}"),
                     );
-                    return Handled::now(error_frame(request_id, &e));
+                    return self.refuse(request_id, e);
                 }
                 if let Err(e) = self.admit_send() {
-                    self.count_error(&e);
-                    return Handled::now(error_frame(request_id, &e));
+                    return self.refuse(request_id, e);
                 }
                 let appended = self.append_all(&topic, q, items, peer);
                 if let Ok(puts) = &appended {
@@ -200,7 +196,10 @@ impl ShardCtx {
                             ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch, half)
                                 .await
                         }
-                        Err(e) => error_frame(request_id, &e),
+                        Err(e) => {
+                            ctx.count_error(&e);
+                            error_frame(request_id, &e)
+                        }
                     })
                 })
             }
@@ -211,7 +210,10 @@ impl ShardCtx {
                 Handled::later(async move {
                     let count = match ctx.ensure_topic(&topic).await {
                         Ok(c) => c,
-                        Err(e) => return Some(error_frame(request_id, &e)),
+                        Err(e) => {
+                            ctx.count_error(&e);
+                            return Some(error_frame(request_id, &e));
+                        }
                     };
                     let q = if queue_id >= 0 {
                         queue_id as u32
@@ -223,6 +225,7 @@ impl ShardCtx {
                             ErrorCode::QueueNotFound,
                             format!("topic {topic} has {count} queues; no queue {q}"),
                         );
+                        ctx.count_error(&e);
                         return Some(error_frame(request_id, &e));
                     }
                     let to = ctx.owner_of(&topic, q);
@@ -247,7 +250,10 @@ impl ShardCtx {
                                 request_id,
                                 &err(ErrorCode::Internal, "unexpected reply"),
                             )),
-                            Err(e) => Some(error_frame(request_id, &e)),
+                            Err(e) => {
+                                ctx.count_error(&e);
+                                Some(error_frame(request_id, &e))
+                            }
                         };
                     }
                     if let Err(e) = ctx.admit_send() {
@@ -270,11 +276,20 @@ impl ShardCtx {
                                 .await,
                             )
                         }
-                        Err(e) => Some(error_frame(request_id, &e)),
+                        Err(e) => {
+                            ctx.count_error(&e);
+                            Some(error_frame(request_id, &e))
+                        }
                     }
                 })
             }
         }
+    }
+
+    /// A send refused before anything was stored: the error answer, counted.
+    fn refuse(&self, request_id: u64, e: ErrorBody) -> Handled {
+        self.count_error(&e);
+        Handled::now(error_frame(request_id, &e))
     }
 
     /// Flow control: refuses a send with `BrokerBusy` while the shard's acknowledgements
