@@ -61,6 +61,11 @@ pub struct ProducerOptions {
     pub route_refresh_ms: u64,
     /// Overrides the built-in choice (sharding key, then round-robin).
     pub selector: Option<Arc<dyn QueueSelector>>,
+    /// Packs single sends to a queue that are made while a send to that queue is in
+    /// flight into one batch request (per-message results as for single sends), sent as
+    /// soon as that send is answered: no timer, so nothing waits when the pipe is idle.
+    /// Delayed and transactional messages are always sent alone.
+    pub coalesce: bool,
 }
 
 impl Default for ProducerOptions {
@@ -70,6 +75,7 @@ impl Default for ProducerOptions {
             wait_durable: false,
             route_refresh_ms: ROUTE_REFRESH_MS_DEFAULT,
             selector: None,
+            coalesce: false,
         }
     }
 }
@@ -103,8 +109,12 @@ impl std::fmt::Debug for Producer {
 
 struct ProducerInner {
     client: Client,
+    /// Per (topic, queue): single sends waiting for the send in flight (`coalesce`).
+    coalescers: Mutex<HashMap<(String, i32), SharedCoalescer>>,
     /// `BrokerBusy` answers so far (flow control), each followed by a pause and a resend.
     busy_answers: AtomicU64,
+    /// Batch requests that carried coalesced single sends.
+    coalesced_batches: AtomicU64,
     options: ProducerOptions,
     routes: Mutex<HashMap<String, TopicRoute>>,
     next_queue: AtomicU32,
@@ -115,6 +125,37 @@ struct TopicRoute {
     queue_count: u32,
     fetched_at: Instant,
     refreshing: bool,
+}
+
+type SharedCoalescer = Arc<Mutex<Coalescer>>;
+
+/// A queued send and where its result goes.
+type Waiting = (BatchItem, tokio::sync::oneshot::Sender<Result<SendResult>>);
+
+/// Single sends queued for one queue while a send to it is in flight (`coalesce`).
+#[derive(Default)]
+struct Coalescer {
+    in_flight: bool,
+    waiting: Vec<Waiting>,
+}
+
+/// Most bytes of bodies and properties one coalesced batch carries (well within a frame).
+const COALESCED_BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// The next batch of queued sends: the oldest ones, up to the batch limits.
+fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
+    let mut bytes = 0;
+    let mut n = 0;
+    for (item, _) in waiting.iter() {
+        let size = item.body.len() + item.properties.len() + 64;
+        if n > 0 && (n == BATCH_MESSAGES_MAX || bytes + size > COALESCED_BATCH_BYTES_MAX) {
+            break;
+        }
+        bytes += size;
+        n += 1;
+    }
+    let rest = waiting.split_off(n);
+    std::mem::replace(waiting, rest)
 }
 
 /// The queue of one attempt: a queue id, or [`QUEUE_ID_ANY`] for the broker to choose.
@@ -140,7 +181,9 @@ impl Producer {
                 client,
                 options,
                 routes: Mutex::new(HashMap::new()),
+                coalescers: Mutex::new(HashMap::new()),
                 busy_answers: AtomicU64::new(0),
+                coalesced_batches: AtomicU64::new(0),
                 // Producers started together should not all hit queue 0 first.
                 next_queue: AtomicU32::new(rand::random::<u32>()),
             }),
@@ -161,6 +204,11 @@ impl Producer {
     /// send's timeout ran out.
     pub fn busy_answers(&self) -> u64 {
         self.inner.busy_answers.load(Ordering::Relaxed)
+    }
+
+    /// Batch requests that carried single sends packed together (`coalesce`).
+    pub fn coalesced_batches(&self) -> u64 {
+        self.inner.coalesced_batches.load(Ordering::Relaxed)
     }
 
     /// Sends one message and waits for the broker's answer: where it was stored.
@@ -272,6 +320,20 @@ impl ProducerInner {
         mut message: OutgoingMessage,
     ) -> Result<SendResult> {
         let mut request = self.prepare(topic, &mut message)?;
+        if self.options.coalesce && self.options.selector.is_none() {
+            let props = crate::protocol::record::Properties::new(&request.properties);
+            let alone = crate::protocol::delay::asks_for_delay(&props)
+                || props.get(crate::protocol::record::prop::TRAN_MSG).is_some();
+            if !alone {
+                if let Some(count) = self.queue_count(topic).await? {
+                    let queue = self.choose(topic, &mut message, &mut request.body, Some(count), 0);
+                    if queue != QUEUE_ID_ANY {
+                        request.queue_id = queue;
+                        return self.send_coalesced(topic, request).await;
+                    }
+                }
+            }
+        }
         self.with_retries(
             topic,
             &mut request,
@@ -286,6 +348,122 @@ impl ProducerInner {
             },
         )
         .await
+    }
+
+    /// A single send under `coalesce`: sent at once if no send to its queue is in flight;
+    /// else queued, and sent with the others queued meanwhile as one batch as soon as the
+    /// one in flight is answered.
+    async fn send_coalesced(
+        self: &Arc<Self>,
+        topic: &str,
+        mut request: SendMessage,
+    ) -> Result<SendResult> {
+        let queue = request.queue_id;
+        let co = self
+            .coalescers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((topic.to_owned(), queue))
+            .or_default()
+            .clone();
+        let waiter = {
+            let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.in_flight {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                st.waiting.push((
+                    BatchItem {
+                        flag: request.flag,
+                        properties: std::mem::take(&mut request.properties),
+                        body: std::mem::take(&mut request.body),
+                        born_timestamp_ms: request.born_timestamp_ms,
+                    },
+                    tx,
+                ));
+                Some(rx)
+            } else {
+                st.in_flight = true;
+                None
+            }
+        };
+        if let Some(rx) = waiter {
+            return rx.await.unwrap_or_else(|_| {
+                Err(ClientError::Connection(format!(
+                    "the batch carrying a send to {topic} was dropped"
+                )))
+            });
+        }
+        let result = self
+            .with_retries(
+                topic,
+                &mut request,
+                |_, _, _| queue,
+                |response| match response {
+                    Response::SendResult(result) => Ok(result),
+                    other => Err(unexpected(Kind::SendResult, &other)),
+                },
+            )
+            .await;
+        // Whatever queued meanwhile goes now, on its own task: this send's answer is not
+        // held back for theirs.
+        let inner = self.clone();
+        let topic = topic.to_owned();
+        tokio::spawn(async move { inner.flush_coalesced(&topic, queue, co).await });
+        result
+    }
+
+    /// Sends what is queued for one queue as batches until nothing is, then marks the
+    /// queue idle.
+    async fn flush_coalesced(self: &Arc<Self>, topic: &str, queue: i32, co: SharedCoalescer) {
+        loop {
+            let waiting = {
+                let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
+                if st.waiting.is_empty() {
+                    st.in_flight = false;
+                    return;
+                }
+                take_batch(&mut st.waiting)
+            };
+            let (items, senders): (Vec<BatchItem>, Vec<_>) = waiting.into_iter().unzip();
+            self.coalesced_batches.fetch_add(1, Ordering::Relaxed);
+            let mut request = SendBatch {
+                topic: topic.to_owned(),
+                queue_id: queue,
+                messages: items,
+                wait_durable: self.options.wait_durable,
+            };
+            let result = self
+                .with_retries(
+                    topic,
+                    &mut request,
+                    |_, _, _| queue,
+                    |response| match response {
+                        Response::SendBatchResult(result) => Ok(result),
+                        other => Err(unexpected(Kind::SendBatchResult, &other)),
+                    },
+                )
+                .await;
+            match result {
+                Ok(r) => {
+                    for (i, tx) in senders.into_iter().enumerate() {
+                        let msg_id = r.msg_ids.get(i).cloned().unwrap_or_default();
+                        let physical_offset = crate::protocol::MessageId::parse(&msg_id)
+                            .map_or(0, |id| id.physical_offset);
+                        let _ = tx.send(Ok(SendResult {
+                            msg_id,
+                            queue_id: r.queue_id,
+                            queue_offset: r.first_queue_offset + i as u64,
+                            physical_offset,
+                            transaction_id: 0,
+                        }));
+                    }
+                }
+                Err(e) => {
+                    for tx in senders {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
     }
 
     async fn send_batch(

@@ -118,6 +118,10 @@ struct Cli {
     /// latency then includes the wait in the backlog).
     #[arg(long, requires = "group")]
     consume_after_produce: bool,
+    /// Producers pack single sends made while a send to the same queue is in flight into
+    /// one batch request (ProducerOptions::coalesce); each send keeps its own result.
+    #[arg(long)]
+    coalesce: bool,
     /// Consumers keep only messages matching this SQL92 filter, evaluated by the broker.
     /// Every message then carries the property `n100`, its number modulo 100: `n100 < 10`
     /// keeps 10% of them. Consume figures count the matching messages.
@@ -362,7 +366,11 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     let config = client_config(&cli, &broker);
     let mut producers = Vec::with_capacity(cli.producers);
     for p in 0..cli.producers {
-        let producer = Producer::connect_with(config.clone(), ProducerOptions::default())
+        let options = ProducerOptions {
+            coalesce: cli.coalesce,
+            ..ProducerOptions::default()
+        };
+        let producer = Producer::connect_with(config.clone(), options)
             .await
             .map_err(|e| format!("producer {p}: {e}"))?;
         producers.push(producer);
