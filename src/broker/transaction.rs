@@ -372,7 +372,22 @@ impl ShardCtx {
             };
             copy = Some(self.store.append(&draft).map_err(store_error)?);
         }
-        Ok((copy, self.append_op(half, outcome)?))
+        match (self.append_op(half, outcome), copy) {
+            (Ok(op), copy) => Ok((copy, op)),
+            // The message is in the log but its op record is not (a full disk between the
+            // two): the outcome stands, answered once the message is written; a restart
+            // finds the commit by its key and writes the op record then.
+            (Err(e), Some(copy)) => {
+                crate::warn!(
+                    "ringmq: shard {}: op record of transaction {}: {}; a restart writes it",
+                    self.id,
+                    half + 1,
+                    e.message
+                );
+                Ok((Some(copy), copy))
+            }
+            (Err(e), None) => Err(e),
+        }
     }
 
     fn append_op(&self, half: u64, outcome: u8) -> Result<PutResult, ErrorBody> {
