@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use common::broker::BrokerProcess;
 use common::runtime;
@@ -79,6 +78,5 @@ fn coalesced_single_sends_each_get_the_result_of_their_own_message() {
             .await
             .unwrap();
         assert_eq!(r.queue_offset, ringmq::client::QUEUE_OFFSET_SCHEDULED);
-        tokio::time::sleep(Duration::from_millis(10)).await;
     });
 }

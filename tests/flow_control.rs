@@ -7,8 +7,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::broker::BrokerProcess;
@@ -35,26 +33,6 @@ fn a_slow_disk_makes_the_broker_answer_busy_and_keeps_memory_bounded_and_pulls_s
     );
     let addr = broker.addr_string();
     let start_rss = broker.rss_mib();
-    let peak_rss = Arc::new(AtomicU64::new(start_rss));
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (pid, peak, done) = (broker.pid().unwrap(), peak_rss.clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                    if let Some(kb) = status
-                        .lines()
-                        .find(|l| l.starts_with("VmRSS:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|v| v.parse::<u64>().ok())
-                    {
-                        peak.fetch_max(kb / 1024, Ordering::Relaxed);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
     runtime().block_on(async {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         client.create_topic("busy", 4).await.unwrap();
@@ -79,18 +57,23 @@ fn a_slow_disk_makes_the_broker_answer_busy_and_keeps_memory_bounded_and_pulls_s
                 tokio::spawn(async move { (i, send.await) })
             })
             .collect();
-        // Meanwhile a consumer's pulls are answered at once.
+        // Meanwhile, as long as sends are in flight, a consumer's pulls are answered at
+        // once.
         let mut slowest_pull = Duration::ZERO;
-        for _ in 0..20 {
+        let mut pulls = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while pulls < 20 || sends.iter().any(|s| !s.is_finished()) {
+            assert!(Instant::now() < deadline, "sends still in flight after 60 s");
             let t = Instant::now();
             let r = client
                 .pull("steady", 0, 0, 32, Duration::ZERO, &[])
                 .await
                 .unwrap();
             slowest_pull = slowest_pull.max(t.elapsed());
+            pulls += 1;
             assert_eq!(r.status, PullStatus::Found);
             assert_eq!(r.messages.len(), 10);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::task::yield_now().await;
         }
         let mut acked = BTreeSet::new();
         let mut busy_failures = 0;
@@ -145,9 +128,16 @@ fn a_slow_disk_makes_the_broker_answer_busy_and_keeps_memory_bounded_and_pulls_s
         let lost: Vec<_> = acked.difference(&stored).collect();
         assert!(lost.is_empty(), "acknowledged but not stored: {lost:?}");
     });
-    done.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
-    let peak = peak_rss.load(Ordering::Relaxed);
+    // The kernel's high-water mark of the broker's resident memory over the whole test.
+    let pid = broker.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap()
+        / 1024;
     eprintln!("broker RSS: {start_rss} MiB at start, {peak} MiB at the peak");
     assert!(
         peak < start_rss + 300,

@@ -355,19 +355,15 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
                     .unwrap(),
             );
             tp.producer().client().create_topic("ts", 4).await.unwrap();
-            // The kill lands while transactions are being sent and ended: they go out
-            // over ~120 ms, the kill comes at 40 or 80 ms.
-            let killer = {
-                let pid = broker.pid().unwrap();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(40 + 40 * round)).await;
-                    // SAFETY: kill(2) with a pid of a child process this test started.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                })
-            };
+            // The kill lands while transactions are being sent and ended: the one that
+            // makes the count of ended transactions reach a tenth (a quarter in round 1)
+            // kills the broker, with the rest in flight.
+            let pid = broker.pid().unwrap() as i32;
+            let kill_at = if round == 0 { N / 10 } else { N / 4 } as usize;
+            let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let mut tasks = Vec::new();
             for i in 0..N {
-                let tp = tp.clone();
+                let (tp, ended) = (tp.clone(), ended.clone());
                 tasks.push(tokio::spawn(async move {
                     // A third of the local transactions do not know yet: checked later.
                     let local = if i % 3 == 1 {
@@ -378,6 +374,10 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
                     let r = tp
                         .send_in_transaction("ts", OutgoingMessage::new(format!("m{i}")), |_| local)
                         .await;
+                    if ended.fetch_add(1, Ordering::SeqCst) + 1 == kill_at {
+                        // SAFETY: kill(2) with the pid of a child process this test started.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
                     match r {
                         Ok(r)
                             if r.end_error.is_none() && r.outcome == TransactionOutcome::Commit =>
@@ -387,9 +387,6 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
                         _ => None,
                     }
                 }));
-                if i % 5 == 4 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
             }
             let mut acked = Vec::new();
             for t in tasks {
@@ -397,7 +394,6 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
                     acked.push(i);
                 }
             }
-            killer.await.unwrap();
             acked
         });
         broker.kill();
