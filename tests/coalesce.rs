@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
 use common::broker::BrokerProcess;
 use common::runtime;
@@ -26,8 +27,16 @@ fn coalesced_single_sends_each_get_the_result_of_their_own_message() {
             .unwrap();
         let client = producer.client().clone();
         client.create_topic("co", 4).await.unwrap();
+        // The producer learns the topic's queues first (sends made before that wait for
+        // it and may go in any order).
+        producer
+            .send("co", OutgoingMessage::new("first"))
+            .await
+            .unwrap();
         const N: usize = 4000;
-        let sends: Vec<_> = (0..N)
+        // All at once, issued in order: every send is polled, in send order, before any
+        // answer comes, so sends to a queue pile up while one to it is in flight.
+        let mut sends: Vec<_> = (0..N)
             .map(|i| {
                 let m = OutgoingMessage::new(format!("m{i}"));
                 // A quarter keyed: their order in their queue must hold.
@@ -36,13 +45,31 @@ fn coalesced_single_sends_each_get_the_result_of_their_own_message() {
                 } else {
                     m
                 };
-                producer.send_async("co", m)
+                Some(Box::pin(producer.send_async("co", m)))
             })
             .collect();
-        let mut results = Vec::with_capacity(N);
-        for (i, s) in sends.into_iter().enumerate() {
-            results.push((i, s.await.unwrap()));
-        }
+        let mut done: Vec<Option<_>> = (0..N).map(|_| None).collect();
+        std::future::poll_fn(|cx| {
+            for (send, out) in sends.iter_mut().zip(done.iter_mut()) {
+                if let Some(f) = send {
+                    if let std::task::Poll::Ready(r) = f.as_mut().poll(cx) {
+                        *out = Some(r);
+                        *send = None;
+                    }
+                }
+            }
+            if sends.iter().all(Option::is_none) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        let results: Vec<_> = done
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.unwrap().unwrap()))
+            .collect();
         // Every result names its own message, at a distinct place.
         let mut places = BTreeMap::new();
         for (i, r) in &results {
@@ -70,7 +97,7 @@ fn coalesced_single_sends_each_get_the_result_of_their_own_message() {
         let info = client.describe_topic("co").await.unwrap();
         assert_eq!(
             info.queues.iter().map(|q| q.max_offset).sum::<u64>(),
-            N as u64
+            N as u64 + 1
         );
         // A delayed message still goes alone and is scheduled.
         let r = producer

@@ -404,7 +404,14 @@ impl ProducerInner {
             )
             .await;
         // Whatever queued meanwhile goes now, on its own task: this send's answer is not
-        // held back for theirs.
+        // held back for theirs. Nothing queued: the queue is idle again, no task needed.
+        {
+            let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.waiting.is_empty() {
+                st.in_flight = false;
+                return result;
+            }
+        }
         let inner = self.clone();
         let topic = topic.to_owned();
         tokio::spawn(async move { inner.flush_coalesced(&topic, queue, co).await });
