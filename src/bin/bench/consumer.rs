@@ -204,7 +204,14 @@ pub(crate) async fn start_push_consumers(
         let settled = assigned.len() == push.consumers.len()
             && push.consumers.iter().all(|c| {
                 let id = c.client().map(|c| c.config().client_id.clone());
-                let consuming: Vec<u32> = c.consuming_queues().iter().map(|q| q.queue_id).collect();
+                // The group's retry topic is consumed too; only the bench topic's queues count.
+                let mut consuming: Vec<u32> = c
+                    .consuming_queues()
+                    .iter()
+                    .filter(|q| q.topic == cli.topic)
+                    .map(|q| q.queue_id)
+                    .collect();
+                consuming.sort_unstable();
                 id.and_then(|id| assigned.get(id.as_str()).cloned()) == Some(consuming)
             });
         if settled {
