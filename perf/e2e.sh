@@ -3,14 +3,20 @@
 # run, printed as one table (and JSON files under perf/out/):
 #   (a) produce throughput with a consumer draining concurrently (1 KiB and 4 KiB; batches
 #       of 1, 32 and 1000), (b) end-to-end latency at 1,000 and 20,000 msg/s open loop,
-#   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles.
-# Broker: 2 shards, 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
-# RINGMQ_BIN=DIR runs the binaries in DIR instead of building this checkout (perf/compare.sh).
+#   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles,
+#   (d) single sends (batch 1, 2 x 128 in flight) with a push consumer group keeping up,
+#       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
+#       by push consumers pulling 32 at a time (cons/s of that row: the drain rate).
+# Broker: SHARDS shards (default 2), 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
+# RINGMQ_BIN=DIR runs the broker (and bench) in DIR instead of building this checkout
+# (perf/compare.sh); RINGMQ_BENCH_BIN=DIR takes ringmq-bench from DIR instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
 BIN=${RINGMQ_BIN:-target/release}
+BENCH_BIN=${RINGMQ_BENCH_BIN:-$BIN}
+SHARDS=${SHARDS:-2}
 [ -n "${RINGMQ_BIN:-}" ] || cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
 OUT=${RINGMQ_OUT:-perf/out}; mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/ringmq-e2e.XXXX)
@@ -20,7 +26,7 @@ trap cleanup EXIT
 
 start_broker() { # flush
   rm -rf "$WORK/data"
-  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards 2 --flush "$1" \
+  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards "$SHARDS" --flush "$1" \
     >"$WORK/broker.out" 2>"$WORK/broker.err" &
   BROKER_PID=$!
   for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && return; sleep 0.1; done
@@ -30,7 +36,7 @@ stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
 
 bench() { # name args...
   local name=$1; shift
-  "$BIN"/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
+  "$BENCH_BIN"/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
     { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; }
   python3 - "$OUT/$name.json" "$name" <<'PY'
 import json, sys
@@ -41,7 +47,7 @@ print(f'{sys.argv[2]:<28} {p["msgs_per_sec"]:>10.0f} {p["mb_per_sec"]:>8.1f} {c[
 PY
 }
 
-echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; 2 shards, 8 queues"
+echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues"
 printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max
 start_broker async
 bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"
@@ -51,6 +57,10 @@ bench t-4k-b32       --size 4096 --batch 32   --producers 2 --consumers 1 --dura
 bench lat-1k-1000ps  --size 1024 --rate 1000  --producers 2 --consumers 1 --duration "$SECS"
 bench lat-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
 bench lat-4k-20000ps --size 4096 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
+GROUP=(--group g --consumers 2 --consume-batch 32 --non-blocking-listener)
+bench t-1k-b1-group    --size 1024 --batch 1  --producers 2 --in-flight 128 --duration "$SECS" "${GROUP[@]}"
+bench t-1k-b1-coalesce --size 1024 --batch 1  --producers 2 --in-flight 128 --duration "$SECS" "${GROUP[@]}" --coalesce
+bench drain-1k-b32     --size 1024 --batch 32 --producers 2 --messages 1000000 --consume-after-produce "${GROUP[@]}"
 stop_broker
 start_broker sync
 bench sync-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"

@@ -15,14 +15,14 @@ build_before() {
   git worktree remove --force "$wt" >/dev/null 2>&1 || true
 }
 
-#   start_broker WORKDIR [ARGS...]       a fresh release broker (2 shards) on a new data dir
+#   start_broker WORKDIR [ARGS...]       a fresh release broker (SHARDS, default 2) on a new data dir
 #                                        in WORKDIR; sets BROKER_PID and ADDR
 #   stop_broker                          SIGTERM and wait
 start_broker() {
   local work=$1
   shift
   rm -rf "$work/data"
-  target/release/ringmq-broker --listen 127.0.0.1:0 --data-dir "$work/data" --shards 2 "$@" \
+  target/release/ringmq-broker --listen 127.0.0.1:0 --data-dir "$work/data" --shards "${SHARDS:-2}" "$@" \
     >"$work/broker.out" 2>"$work/broker.err" &
   BROKER_PID=$!
   for _ in $(seq 100); do grep -q ready "$work/broker.out" 2>/dev/null && break; sleep 0.1; done

@@ -309,3 +309,43 @@ fn invalid_topics_are_refused() {
         }
     });
 }
+
+/// Pulls near the tail share the buffers the log wrote (no copy); pulls of older records
+/// read the file; both give the stored bytes, and the runs a vectored answer sends are the
+/// records in order.
+#[test]
+fn the_newest_records_are_read_from_the_writes_own_buffers() {
+    for (tail_cache_bytes, shared) in [(64usize << 20, true), (0, false)] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = small_config();
+            cfg.log.tail_cache_bytes = tail_cache_bytes;
+            let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+            let stored = fill(&store, 5, 600).await;
+            let mut queues: HashMap<(String, u32), Vec<&Stored>> = HashMap::new();
+            for s in &stored {
+                queues
+                    .entry((s.topic.clone(), s.queue_id))
+                    .or_default()
+                    .push(s);
+            }
+            for ((topic, queue), want) in &queues {
+                let r = store
+                    .read_queue(topic, *queue, 0, 32, 16 << 20, &[])
+                    .await
+                    .unwrap();
+                assert_eq!(r.len(), want.len().min(32));
+                let wanted: Vec<u8> = want[..r.len()]
+                    .iter()
+                    .flat_map(|s| s.bytes.iter().copied())
+                    .collect();
+                let records: Vec<u8> = r.records().flatten().copied().collect();
+                let runs: Vec<u8> = r.runs().flatten().copied().collect();
+                assert!(records == wanted, "{topic}:{queue}: the stored bytes");
+                assert!(runs == wanted, "{topic}:{queue}: the runs are the records");
+                let expect_shared = if shared { r.bytes_len() } else { 0 };
+                assert_eq!(r.shared_bytes(), expect_shared, "{topic}:{queue}");
+            }
+        });
+    }
+}

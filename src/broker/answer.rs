@@ -18,6 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::err;
 use crate::protocol::{ErrorBody, ErrorCode};
+use crate::store::QueueRead;
 
 /// Budgets count in units of this many bytes.
 const UNIT_BYTES: usize = 1024;
@@ -30,36 +31,67 @@ pub const CONN_ANSWER_BYTES_MIN: usize = 32 << 20;
 pub const SHARD_ANSWER_BYTES_MIN: usize = 256 << 20;
 
 /// An answer frame, with the budget it holds until it is written.
+///
+/// A pull answer is not assembled: its head (frame header and meta) is followed on the wire
+/// by the stored records, sent from the buffers the store read them into (a vectored
+/// write), so no record is copied into the frame.
 pub struct Answer {
-    bytes: Vec<u8>,
+    /// The whole frame, or its head when `records` follow it.
+    head: Vec<u8>,
+    records: Option<QueueRead>,
     _hold: Option<AnswerHold>,
 }
 
 impl Answer {
     pub fn held(bytes: Vec<u8>, hold: AnswerHold) -> Answer {
         Answer {
-            bytes,
+            head: bytes,
+            records: None,
             _hold: Some(hold),
         }
     }
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+    /// A frame of `head` (encoded for a tail of `records.bytes_len()` bytes) followed by
+    /// `records`, written from where they were read.
+    pub fn with_records(head: Vec<u8>, records: QueueRead, hold: AnswerHold) -> Answer {
+        Answer {
+            head,
+            records: Some(records),
+            _hold: Some(hold),
+        }
+    }
+    /// The frame's bytes in order, in as few parts as they are stored in.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        std::iter::once(&self.head[..]).chain(self.records.iter().flat_map(|r| r.runs()))
     }
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.head.len() + self.records.as_ref().map_or(0, |r| r.bytes_len())
     }
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.len() == 0
     }
-    /// The frame alone (its reservation is given back).
+    /// The frame alone, in one buffer (its reservation is given back): what crosses to
+    /// another shard.
     pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
+        match &self.records {
+            None => self.head,
+            Some(_) => {
+                let mut out = Vec::with_capacity(self.len());
+                for part in self.parts() {
+                    out.extend_from_slice(part);
+                }
+                out
+            }
+        }
     }
 }
 
 impl From<Vec<u8>> for Answer {
     fn from(bytes: Vec<u8>) -> Answer {
-        Answer { bytes, _hold: None }
+        Answer {
+            head: bytes,
+            records: None,
+            _hold: None,
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use crate::protocol::{
     encode_frame_head, ErrorBody, ErrorCode, Flags, Offset, Pull, PullResult, PullStatus,
     SearchOffsetByTimestamp,
 };
-use crate::store::{QueueRead, StoreError};
+use crate::store::StoreError;
 
 /// Longest a pull may be held.
 pub const PULL_WAIT_MS_MAX: u32 = 60_000;
@@ -154,38 +154,43 @@ impl ShardCtx {
                     // Room for the answer first: a client that does not read its answers
                     // holds its pulls here, not their records in memory.
                     let hold = self.answers.reserve(conn, plan.bytes()).await?;
-                    let r = self.store.fetch(plan).await.map_err(store_error)?;
-                    let (parts, next_offset) = match &sql {
-                        None => (r.records().collect(), r.next_offset),
-                        // A filtered pull looks at as many messages as it asks for and
-                        // answers those that match: each pull moves the position by its
-                        // batch, so a consumer pipelining pulls predicts where the next
-                        // starts.
-                        Some(filter) => (select(&r, filter), r.next_offset),
-                    };
-                    if parts.is_empty() {
+                    let mut r = self.store.fetch(plan).await.map_err(store_error)?;
+                    // A filtered pull looks at as many messages as it asks for and answers
+                    // those that match: each pull moves the position by its batch, so a
+                    // consumer pipelining pulls predicts where the next starts.
+                    if let Some(filter) = &sql {
+                        r.retain(|bytes| matches_sql(bytes, filter));
+                    }
+                    if r.is_empty() {
                         // The whole window was filtered out: go on past it.
                         return status(
                             PullStatus::NoMatchedMessage,
-                            next_offset,
+                            r.next_offset,
                             r.min_offset,
                             r.max_offset,
                         );
                     }
                     let st = &self.stats;
+                    let bytes = r.bytes_len();
                     st.pulled_messages
-                        .set(st.pulled_messages.get() + parts.len() as u64);
-                    let bytes: usize = parts.iter().map(|p| p.len()).sum();
+                        .set(st.pulled_messages.get() + r.len() as u64);
                     st.pulled_bytes.set(st.pulled_bytes.get() + bytes as u64);
                     st.pull.borrow_mut().record(started.elapsed());
                     let meta = PullResult {
                         status: PullStatus::Found,
-                        next_offset,
+                        next_offset: r.next_offset,
                         min_offset: r.min_offset,
                         max_offset: r.max_offset,
-                        count: parts.len() as u32,
+                        count: r.len() as u32,
                     };
-                    return Ok(Answer::held(pull_frame(request_id, &meta, &parts), hold));
+                    // The records follow the head from where the store read them.
+                    let mut head = Vec::with_capacity(128);
+                    if let Err(e) =
+                        encode_frame_head(request_id, Flags::NONE, &meta, bytes, &mut head)
+                    {
+                        return Err(err(ErrorCode::Internal, format!("encode: {e}")));
+                    }
+                    return Ok(Answer::with_records(head, r, hold));
                 }
                 Ok(r) if r.next_offset > p.offset => {
                     return status(
@@ -228,23 +233,16 @@ impl ShardCtx {
     }
 }
 
-/// The records of a read that match an SQL92 filter, evaluated over each record's property
-/// block in place.
-fn select<'r>(r: &'r QueueRead, filter: &SqlFilter) -> Vec<&'r [u8]> {
-    let mut kept = Vec::with_capacity(r.len());
-    for bytes in r.records() {
-        // The store checked the structure of what it read; were it bad, the consumer's
-        // check reports it (never skipped here unseen).
-        let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
-            kept.push(bytes);
-            continue;
-        };
-        let props = view.properties();
-        if filter.matches(&|name| props.get(name)) {
-            kept.push(bytes);
-        }
-    }
-    kept
+/// Whether a stored record matches an SQL92 filter, evaluated over its property block in
+/// place.
+fn matches_sql(bytes: &[u8], filter: &SqlFilter) -> bool {
+    // The store checked the structure of what it read; were it bad, the consumer's check
+    // reports it (never skipped here unseen).
+    let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
+        return true;
+    };
+    let props = view.properties();
+    filter.matches(&|name| props.get(name))
 }
 
 /// An answer whose meta part is followed by stored records, copied straight from where

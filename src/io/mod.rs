@@ -107,10 +107,16 @@ impl IoBuf {
     }
 }
 
-/// Bytes read from a [`LogFile`].
+/// Bytes read from a [`LogFile`], or from the log's cache of its newest writes.
 pub enum ReadBuf {
     Dma(glommio::io::ReadResult),
     Plain(Vec<u8>),
+    /// `len` bytes at `start` of a buffer shared with the cache (not copied).
+    Shared {
+        bytes: std::rc::Rc<Vec<u8>>,
+        start: usize,
+        len: usize,
+    },
 }
 
 impl std::ops::Deref for ReadBuf {
@@ -119,6 +125,7 @@ impl std::ops::Deref for ReadBuf {
         match self {
             ReadBuf::Dma(r) => r,
             ReadBuf::Plain(v) => v,
+            ReadBuf::Shared { bytes, start, len } => &bytes[*start..*start + *len],
         }
     }
 }

@@ -626,11 +626,25 @@ impl CommitLog {
         Ok((file, offset - base))
     }
 
-    /// Reads `len` bytes at `offset` (within one segment, below the readable end).
+    /// Where the cached write holding `offset` ends, if it is cached: a read that stays
+    /// below it shares the cache's buffer instead of copying.
+    pub fn cached_until(&self, offset: u64) -> Option<u64> {
+        self.inner.tail.borrow().write_end(offset)
+    }
+
+    /// Reads `len` bytes at `offset` (within one segment, below the readable end): from the
+    /// cache of the newest writes when it holds them (shared when one write holds them all),
+    /// else from the file.
     pub async fn read(&self, offset: u64, len: usize) -> Result<ReadBuf, LogError> {
         let (file, pos) = self.file_for(offset, len as u64)?;
-        if let Some(bytes) = self.inner.tail.borrow().get(offset, len) {
-            return Ok(ReadBuf::Plain(bytes.to_vec()));
+        {
+            let tail = self.inner.tail.borrow();
+            if let Some((bytes, start)) = tail.shared(offset, len) {
+                return Ok(ReadBuf::Shared { bytes, start, len });
+            }
+            if let Some(bytes) = tail.copy(offset, len) {
+                return Ok(ReadBuf::Plain(bytes));
+            }
         }
         let buf = file.read_at(pos, len).await?;
         if buf.len() != len {

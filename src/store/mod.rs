@@ -243,6 +243,59 @@ impl QueueRead {
     pub fn queue_offsets(&self) -> &[u64] {
         &self.offsets
     }
+    /// Bytes of the records that share the buffers of the log's cache of its newest writes
+    /// (read without a copy).
+    pub fn shared_bytes(&self) -> usize {
+        self.slices
+            .iter()
+            .filter(|s| matches!(self.bufs[s.0 as usize], ReadBuf::Shared { .. }))
+            .map(|s| s.2 as usize)
+            .sum()
+    }
+    /// Keeps only the records `keep` says yes to (a filter evaluated over the bytes in
+    /// place), in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        let kept: Vec<bool> = self.records().map(&mut keep).collect();
+        let mut i = 0;
+        self.slices.retain(|_| {
+            i += 1;
+            kept[i - 1]
+        });
+        let mut i = 0;
+        self.offsets.retain(|_| {
+            i += 1;
+            kept[i - 1]
+        });
+    }
+    /// The records' bytes in order as runs: records that follow each other in one read
+    /// buffer come as one run (what a vectored write sends, from where the store read it).
+    pub fn runs(&self) -> Runs<'_> {
+        Runs { read: self, at: 0 }
+    }
+}
+
+/// The runs of [`QueueRead::runs`].
+pub struct Runs<'a> {
+    read: &'a QueueRead,
+    at: usize,
+}
+
+impl<'a> Iterator for Runs<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let slices = &self.read.slices;
+        let &(buf, start, len) = slices.get(self.at)?;
+        let mut end = start + len;
+        self.at += 1;
+        while let Some(&(b, s, l)) = slices.get(self.at) {
+            if b != buf || s != end {
+                break;
+            }
+            end += l;
+            self.at += 1;
+        }
+        Some(&self.read.bufs[buf as usize][start as usize..end as usize])
+    }
 }
 
 struct QueueState {

@@ -154,6 +154,9 @@ impl MessageStore {
             let start = picked[i].1.physical_offset;
             let mut end = start + picked[i].1.size as u64;
             let mut carried = picked[i].1.size as u64;
+            // Records in the cache of the newest writes are shared from the buffer that
+            // wrote them: a run stays within one such buffer.
+            let cached_until = self.inner.log.cached_until(start);
             let mut j = i + 1;
             while j < picked.len() {
                 let e = picked[j].1;
@@ -161,6 +164,7 @@ impl MessageStore {
                 let same_segment = e.physical_offset / seg == start / seg;
                 let span = new_end - start;
                 if !same_segment
+                    || cached_until.is_some_and(|until| new_end > until)
                     || span > 2 * (carried + e.size as u64) + 64 * 1024
                     || span > 16 << 20
                 {

@@ -1,79 +1,99 @@
 //! The newest written bytes of the log, kept in memory so pulls near the tail never read
-//! the file.
+//! the file, and served without a copy.
 
-/// The newest written bytes of the log, in two contiguous halves of up to half the cache
-/// each: `newer` takes the writes; when it is full it becomes `older` and the old `older`
-/// buffer (its memory kept) starts again as `newer`. Every written byte is copied in once,
-/// never moved (a single buffer that dropped its oldest half moved half the cache each
-/// time). A read spanning the two halves misses and goes to the file.
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+/// The newest written bytes of the log, as the buffers the writer wrote: each write's
+/// buffer is moved in whole (not copied) and shared, by reference count, with the pull
+/// answers that carry its records, so a record served from here is never copied on the
+/// broker. A write may repeat the end of the one before (the partial last block, rewritten
+/// with more after it); a write anywhere else starts over. Past the capacity the oldest
+/// writes are dropped (their memory goes once no answer holds them).
 #[derive(Default)]
 pub(super) struct TailCache {
-    older: CacheHalf,
-    newer: CacheHalf,
+    /// (log offset, bytes) of each write kept, oldest first; starts and ends increase.
+    writes: VecDeque<(u64, Rc<Vec<u8>>)>,
+    /// Memory of the writes kept (their capacities).
+    held: usize,
 }
 
-#[derive(Default)]
-pub(super) struct CacheHalf {
-    base: u64,
-    bytes: Vec<u8>,
-}
-
-impl CacheHalf {
-    fn end(&self) -> u64 {
-        self.base + self.bytes.len() as u64
-    }
-
-    pub(super) fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        let from = usize::try_from(offset.checked_sub(self.base)?).ok()?;
-        self.bytes.get(from..from.checked_add(len)?)
-    }
+fn end_of((start, bytes): &(u64, Rc<Vec<u8>>)) -> u64 {
+    start + bytes.len() as u64
 }
 
 impl TailCache {
     /// Forgets everything (the log was cut: cached bytes may be rewritten).
     pub(super) fn clear(&mut self) {
-        self.older.bytes.clear();
-        self.newer.bytes.clear();
+        self.writes.clear();
+        self.held = 0;
     }
 
-    /// Records that `bytes` were written at `start`. Writes follow each other (a write may
-    /// repeat the end of the one before, the partial block); anything else starts over.
-    pub(super) fn extend(&mut self, start: u64, bytes: &[u8], cap: usize) {
-        if cap == 0 {
+    /// Records that `bytes` were written at `start`, keeping the buffer itself.
+    pub(super) fn push(&mut self, start: u64, bytes: Vec<u8>, cap: usize) {
+        if cap == 0 || bytes.is_empty() {
             return;
         }
-        let low = if self.older.bytes.is_empty() {
-            self.newer.base
-        } else {
-            self.older.base
-        };
-        let cached = !self.older.bytes.is_empty() || !self.newer.bytes.is_empty();
-        let contiguous = cached && start >= low && start <= self.newer.end();
-        if !contiguous {
-            self.older.bytes.clear();
-            self.newer.bytes.clear();
-            self.newer.base = start;
-        }
         let end = start + bytes.len() as u64;
-        let have_end = self.newer.end();
-        if end > have_end {
-            self.newer
-                .bytes
-                .extend_from_slice(&bytes[(have_end - start) as usize..]);
+        if let Some(last) = self.writes.back() {
+            if end <= end_of(last) && start >= last.0 {
+                // Nothing new (a partial block written again as it was).
+                return;
+            }
+            if start < last.0 || start > end_of(last) {
+                self.clear();
+            }
         }
-        if self.newer.bytes.len() >= (cap / 2).max(1) {
-            std::mem::swap(&mut self.older, &mut self.newer);
-            self.newer.bytes.clear();
-            self.newer.base = self.older.end();
+        self.held += bytes.capacity();
+        self.writes.push_back((start, Rc::new(bytes)));
+        while self.held > cap && self.writes.len() > 1 {
+            if let Some((_, old)) = self.writes.pop_front() {
+                self.held -= old.capacity();
+            }
         }
     }
 
-    pub(super) fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        if offset >= self.newer.base {
-            self.newer.get(offset, len)
-        } else {
-            self.older.get(offset, len)
+    /// The write that holds the byte at `offset`, if any: the newest one starting at or
+    /// before it (starts and ends increase, so no other holds more after it).
+    fn holding(&self, offset: u64) -> Option<usize> {
+        let i = self
+            .writes
+            .partition_point(|(s, _)| *s <= offset)
+            .checked_sub(1)?;
+        (offset < end_of(&self.writes[i])).then_some(i)
+    }
+
+    /// The buffer holding all of `[offset, offset + len)` and where the range starts in it.
+    pub(super) fn shared(&self, offset: u64, len: usize) -> Option<(Rc<Vec<u8>>, usize)> {
+        let end = offset.checked_add(len as u64)?;
+        let w = &self.writes[self.holding(offset)?];
+        (end <= end_of(w)).then(|| (w.1.clone(), (offset - w.0) as usize))
+    }
+
+    /// Where the write holding `offset` ends: a read that stays below it is served from one
+    /// buffer, without a copy.
+    pub(super) fn write_end(&self, offset: u64) -> Option<u64> {
+        Some(end_of(&self.writes[self.holding(offset)?]))
+    }
+
+    /// A copy of `[offset, offset + len)` gathered from the writes that follow each other
+    /// across it; `None` unless all of it is here.
+    pub(super) fn copy(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let end = offset.checked_add(len as u64)?;
+        let mut i = self.holding(offset)?;
+        let mut out = Vec::with_capacity(len);
+        let mut pos = offset;
+        while pos < end {
+            let w = self.writes.get(i)?;
+            if pos < w.0 || pos >= end_of(w) {
+                return None;
+            }
+            let upto = end.min(end_of(w));
+            out.extend_from_slice(&w.1[(pos - w.0) as usize..(upto - w.0) as usize]);
+            pos = upto;
+            i += 1;
         }
+        Some(out)
     }
 }
 
@@ -81,59 +101,94 @@ impl TailCache {
 mod tests {
     use super::TailCache;
 
-    /// Writes of `sizes` bytes one after another (byte i of the log is `i as u8`); every
-    /// range is then either served with the right bytes or missed, and the newest bytes
-    /// are always served.
-    fn check(cap: usize, sizes: &[usize]) {
+    fn get(cache: &TailCache, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let one = cache
+            .shared(offset, len)
+            .map(|(b, at)| b[at..at + len].to_vec());
+        let gathered = cache.copy(offset, len);
+        if let Some(one) = &one {
+            assert_eq!(
+                Some(one),
+                gathered.as_ref(),
+                "one buffer or gathered: the same"
+            );
+        }
+        gathered
+    }
+
+    /// Writes of `sizes` bytes one after another (byte i of the log is `i as u8`), each
+    /// repeating up to `overlap` bytes of the one before; every range is then either served
+    /// with the right bytes or missed, and the newest write is always served whole.
+    fn check(cap: usize, sizes: &[usize], overlap: u64) {
         let mut cache = TailCache::default();
         let mut pos = 0u64;
         for &n in sizes {
-            let bytes: Vec<u8> = (pos..pos + n as u64).map(|i| i as u8).collect();
-            cache.extend(pos, &bytes, cap);
+            let start = pos.saturating_sub(overlap);
+            let bytes: Vec<u8> = (start..pos + n as u64).map(|i| i as u8).collect();
+            let len = bytes.len();
+            cache.push(start, bytes, cap);
             pos += n as u64;
-            let newest = n.min(cap / 2).max(1).min(n);
-            if newest > 0 {
-                let got = cache.get(pos - newest as u64, newest);
+            if cap > 0 && len > 0 {
                 assert!(
-                    got.is_some(),
-                    "the newest {newest} bytes are cached (cap {cap})"
+                    cache.shared(start, len).is_some(),
+                    "the newest write is served from its buffer (cap {cap})"
                 );
             }
         }
         for offset in 0..pos {
             for len in [1usize, 7, 64] {
-                if let Some(got) = cache.get(offset, len) {
+                if let Some(got) = get(&cache, offset, len) {
                     let want: Vec<u8> = (offset..offset + len as u64).map(|i| i as u8).collect();
-                    assert_eq!(got, &want[..], "at {offset} len {len}");
+                    assert_eq!(got, want, "at {offset} len {len}");
                 }
             }
         }
-        assert!(cache.get(pos, 1).is_none(), "nothing past the end");
-        let held = cache.older.bytes.len() + cache.newer.bytes.len();
-        assert!(
-            held <= cap + sizes.iter().max().copied().unwrap_or(0),
-            "{held} bytes held"
-        );
+        assert!(get(&cache, pos, 1).is_none(), "nothing past the end");
+        let largest = sizes.iter().max().copied().unwrap_or(0) + overlap as usize;
+        assert!(cache.held <= cap.max(largest), "{} bytes held", cache.held);
     }
 
     #[test]
     fn serves_recent_bytes_and_never_wrong_ones() {
-        check(256, &[10; 100]);
-        check(256, &[100, 3, 200, 1, 57, 300, 5]);
-        check(1, &[4, 4, 4]);
-        check(1000, &[10; 20]);
+        for overlap in [0, 3] {
+            check(256, &[10; 100], overlap);
+            check(256, &[100, 3, 200, 1, 57, 300, 5], overlap);
+            check(1, &[4, 4, 4], overlap);
+            check(1000, &[10; 20], overlap);
+            check(0, &[10; 3], overlap);
+        }
     }
 
     #[test]
     fn a_repeated_partial_block_and_a_jump_are_handled() {
         let mut cache = TailCache::default();
-        cache.extend(0, &[1, 2, 3, 4], 64);
+        cache.push(0, vec![1, 2, 3, 4], 64);
         // The partial last block is written again with more after it.
-        cache.extend(2, &[3, 4, 5, 6], 64);
-        assert_eq!(cache.get(0, 6), Some(&[1, 2, 3, 4, 5, 6][..]));
+        cache.push(2, vec![3, 4, 5, 6], 64);
+        assert_eq!(cache.copy(0, 6), Some(vec![1, 2, 3, 4, 5, 6]));
+        // Within one write: shared, not copied.
+        let (buf, at) = cache.shared(3, 3).expect("in the second write");
+        assert_eq!(&buf[at..at + 3], &[4, 5, 6]);
+        assert!(cache.shared(1, 4).is_none(), "spans two writes");
+        assert_eq!(cache.write_end(1), Some(4));
+        assert_eq!(cache.write_end(4), Some(6));
         // A write elsewhere (a new segment after a gap) starts over.
-        cache.extend(100, &[9, 9], 64);
-        assert_eq!(cache.get(0, 1), None);
-        assert_eq!(cache.get(100, 2), Some(&[9, 9][..]));
+        cache.push(100, vec![9, 9], 64);
+        assert_eq!(cache.copy(0, 1), None);
+        assert_eq!(cache.copy(100, 2), Some(vec![9, 9]));
+    }
+
+    #[test]
+    fn a_shared_buffer_outlives_its_eviction() {
+        let mut cache = TailCache::default();
+        cache.push(0, vec![7; 8], 8);
+        let (held, _) = cache.shared(0, 8).expect("cached");
+        cache.push(8, vec![8; 8], 8);
+        assert!(cache.shared(0, 8).is_none(), "evicted");
+        assert_eq!(
+            &held[..],
+            &[7; 8],
+            "an answer still holding it keeps its bytes"
+        );
     }
 }

@@ -227,12 +227,15 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
                 return write_failed(&inner, &chunks[0], e.into());
             }
-            inner
-                .tail
-                .borrow_mut()
-                .extend(chunk.start, &chunk.bytes, inner.cfg.tail_cache_bytes);
             if !touched.iter().any(|f| Rc::ptr_eq(f, &file)) {
                 touched.push(file);
+            }
+        }
+        // Written: the buffers themselves become the cache of the newest bytes.
+        {
+            let mut tail = inner.tail.borrow_mut();
+            for chunk in chunks {
+                tail.push(chunk.start, chunk.bytes, inner.cfg.tail_cache_bytes);
             }
         }
         if inner.cfg.flush == FlushMode::Sync {
