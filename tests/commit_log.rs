@@ -303,3 +303,40 @@ fn a_full_disk_cuts_the_unwritten_appends_and_the_log_goes_on_when_space_returns
         });
     }
 }
+
+/// Sync mode keeps the blocks ahead of the writer initialized from a background task: the
+/// sends after a segment's first write never wait for zeroing, and no zero ever lands on
+/// a record (the records read back from the files after a reopen are the ones written).
+#[test]
+fn sync_mode_zeroes_ahead_of_the_writer_in_the_background() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(64 << 20, FlushMode::Sync);
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let expected = append_all(&log, 9, 12_000, 32 * 1024).await;
+        assert!(
+            log.write_offset() > 20 << 20,
+            "{} bytes",
+            log.write_offset()
+        );
+        let stats = log.stats();
+        assert_eq!(
+            stats.prezero_inline.get(),
+            1,
+            "only the segment's first write zeroes on the acknowledgement path"
+        );
+        assert!(
+            stats.prezero_background.get() >= 2,
+            "{} background zeroings",
+            stats.prezero_background.get()
+        );
+        let end = log.readable_end();
+        log.close().await.unwrap();
+        // Read from the files (a new log has nothing cached).
+        let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+        assert_eq!(report.end_offset, end);
+        check_all(&log, &expected).await;
+    });
+}

@@ -198,6 +198,8 @@ struct Segment {
     file: Option<Rc<LogFile>>,
     /// File bytes known to be initialized (written), for sync mode's pre-zeroing.
     zeroed_to: u64,
+    /// Zeros are being written past `zeroed_to` in the background.
+    zeroing: bool,
 }
 
 /// Bytes of one segment waiting to be written: they start at an aligned position, so the
@@ -273,6 +275,8 @@ struct Inner {
     durable: Watermark,
     /// Wakes the background flusher early (close).
     flusher_stop: Cell<bool>,
+    /// A background pre-zeroing ended.
+    zeroed: tokio::sync::Notify,
     stats: crate::log::stats::LogStats,
 }
 
@@ -326,6 +330,7 @@ impl CommitLog {
                     path,
                     file: Some(Rc::new(file)),
                     zeroed_to: 0,
+                    zeroing: false,
                 },
             );
         }
@@ -350,6 +355,7 @@ impl CommitLog {
             path,
             file: None,
             zeroed_to: 0,
+            zeroing: false,
         });
         let start = align_down(end);
         let st = State {
@@ -380,6 +386,7 @@ impl CommitLog {
             readable: Watermark::default(),
             durable: Watermark::default(),
             flusher_stop: Cell::new(false),
+            zeroed: tokio::sync::Notify::new(),
             stats: Default::default(),
         });
         inner.readable.value.set(end);
@@ -518,6 +525,7 @@ impl CommitLog {
                 path,
                 file: None,
                 zeroed_to: 0,
+                zeroing: false,
             },
         );
     }
@@ -837,6 +845,9 @@ impl CommitLog {
         let end = self.write_offset();
         self.wait_readable(end).await?;
         self.sync_all().await?;
+        // No zeros may land after the log is closed (a log opened again on these files
+        // would write there).
+        writer::zeroing_ended(&self.inner).await;
         self.inner.st.borrow_mut().closed = true;
         self.inner.flusher_stop.set(true);
         Ok(end)

@@ -54,6 +54,10 @@ impl LatencyHistogram {
 pub struct LogStats {
     pub fdatasync: RefCell<LatencyHistogram>,
     pub segments_deleted: Cell<u64>,
+    /// Sync mode's pre-zeroing of segment files: done by the writer before a write (on the
+    /// acknowledgement path), and done in the background ahead of it.
+    pub prezero_inline: Cell<u64>,
+    pub prezero_background: Cell<u64>,
 }
 
 #[cfg(test)]

@@ -122,6 +122,111 @@ pub(super) const BATCH_SETTLE_YIELDS_MAX: usize = 4;
 /// and a ~800 µs fdatasync.
 pub(super) const PREZERO_BYTES: u64 = 8 << 20;
 
+/// Once fewer initialized bytes than this are left ahead of the writer, the next
+/// [`PREZERO_BYTES`] are zeroed in the background.
+const PREZERO_AHEAD_MIN: u64 = PREZERO_BYTES / 2;
+
+/// Sync mode, before the writer writes a segment's file up to `need` (a file position): the
+/// blocks there must be initialized. Normally they are, zeroed in the background ahead of
+/// the writer (started here once less than [`PREZERO_AHEAD_MIN`] is left), so sends do not
+/// wait for zeroing. The writer zeroes inline only when it has caught up (the first write
+/// of a segment after a start), and waits when it reaches a stretch still being zeroed:
+/// zeros never land where data is or will be written.
+pub(super) async fn zeroed_ahead(
+    inner: &Rc<Inner>,
+    seg_base: u64,
+    file: &Rc<LogFile>,
+    need: u64,
+) -> Result<(), LogError> {
+    loop {
+        let ended = inner.zeroed.notified();
+        let mut ended = std::pin::pin!(ended);
+        ended.as_mut().enable();
+        let (zeroed_to, zeroing) = inner
+            .st
+            .borrow()
+            .segments
+            .get(&seg_base)
+            .map_or((0, false), |s| (s.zeroed_to, s.zeroing));
+        if need <= zeroed_to {
+            if !zeroing
+                && zeroed_to < inner.cfg.segment_bytes
+                && zeroed_to - need < PREZERO_AHEAD_MIN
+            {
+                zero_in_background(inner, seg_base, file.clone(), zeroed_to);
+            }
+            return Ok(());
+        }
+        if zeroing {
+            ended.await;
+            continue;
+        }
+        prezero(inner, seg_base, file, need).await?;
+        inner
+            .stats
+            .prezero_inline
+            .set(inner.stats.prezero_inline.get() + 1);
+    }
+}
+
+/// Zeros the [`PREZERO_BYTES`] of a segment's file from `from` (initialized up to there)
+/// in a task of its own; the writer writes below `from` meanwhile.
+fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from: u64) {
+    let target = (from + PREZERO_BYTES).min(inner.cfg.segment_bytes);
+    match inner.st.borrow_mut().segments.get_mut(&seg_base) {
+        Some(s) => s.zeroing = true,
+        None => return,
+    }
+    let weak = Rc::downgrade(inner);
+    crate::io::spawn(async move {
+        let result = write_zeros(&file, from, target).await;
+        let Some(inner) = weak.upgrade() else { return };
+        if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
+            s.zeroing = false;
+            match &result {
+                Ok(()) => s.zeroed_to = s.zeroed_to.max(target),
+                // Left to the writer: it zeroes inline when it gets there, and a failure
+                // there fails its write.
+                Err(e) => crate::warn!("pre-zeroing {}: {e}", file.path().display()),
+            }
+        }
+        if result.is_ok() {
+            inner
+                .stats
+                .prezero_background
+                .set(inner.stats.prezero_background.get() + 1);
+        }
+        inner.zeroed.notify_waiters();
+    });
+}
+
+/// Waits until no segment is being zeroed in the background (the log is closing).
+pub(super) async fn zeroing_ended(inner: &Inner) {
+    loop {
+        let ended = inner.zeroed.notified();
+        let mut ended = std::pin::pin!(ended);
+        ended.as_mut().enable();
+        if !inner.st.borrow().segments.values().any(|s| s.zeroing) {
+            return;
+        }
+        ended.await;
+    }
+}
+
+/// Writes zeros over `[from, to)` of a file (aligned) and makes them durable.
+async fn write_zeros(file: &LogFile, from: u64, to: u64) -> Result<(), LogError> {
+    const ZERO_WRITE_BYTES: u64 = 1 << 20;
+    let mut pos = from;
+    while pos < to {
+        let len = (to - pos).min(ZERO_WRITE_BYTES);
+        let buf = file.alloc(align_up(len as usize));
+        file.write_at(buf, pos).await?;
+        pos += len;
+    }
+    file.fdatasync().await?;
+    Ok(())
+}
+
 /// Writes zeros ahead of `need` (a file position) if the initialized region ends before it.
 pub(super) async fn prezero(
     inner: &Inner,
@@ -144,14 +249,7 @@ pub(super) async fn prezero(
     let mut pos = align_down(zeroed_to.max(need.saturating_sub(1)));
     // Never overwrite data: start at the block after the chunk being written.
     pos = pos.max(align_up(need as usize) as u64);
-    const ZERO_WRITE_BYTES: u64 = 1 << 20;
-    while pos < target {
-        let len = (target - pos).min(ZERO_WRITE_BYTES);
-        let buf = file.alloc(align_up(len as usize));
-        file.write_at(buf, pos).await?;
-        pos += len;
-    }
-    file.fdatasync().await?;
+    write_zeros(file, pos, target).await?;
     if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
         s.zeroed_to = target;
     }
@@ -218,7 +316,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             };
             if inner.cfg.flush == FlushMode::Sync && inner.cfg.preallocate {
                 let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
-                if let Err(e) = prezero(&inner, chunk.seg_base, &file, chunk_end).await {
+                if let Err(e) = zeroed_ahead(&inner, chunk.seg_base, &file, chunk_end).await {
                     return write_failed(&inner, &chunks[0], e);
                 }
             }
