@@ -130,7 +130,7 @@ async fn check_client(addr: String, shard_aware: bool) {
         .collect();
     let result = producer.send_batch(&topic, batch).await.unwrap();
     assert_eq!(result.count, 5);
-    assert_eq!(result.msg_ids.len(), 5);
+    assert_eq!(result.msg_ids().len(), 5);
     let pulled = client
         .pull(
             &topic,

@@ -447,6 +447,11 @@ impl ShardCtx {
         };
         let request_id = frame.request_id();
         let oneway = frame.header().flags().is_oneway();
+        if !self.stopping.get() {
+            if let Some((kind, handled)) = self.send_in_place(&frame, request_id, peer) {
+                return self.run_request(kind, oneway, || handled);
+            }
+        }
         let req = match frame.decode_request() {
             Ok(r) => r,
             Err(e) => return Handled::now(error_frame(request_id, &ErrorBody::from(&e))),
@@ -485,16 +490,28 @@ impl ShardCtx {
                 return self.forward(to, bytes, &req, request_id, oneway, peer, conn, frame_max);
             }
         }
-        self.stats.request(req.kind().name());
+        self.run_request(req.kind(), oneway, || {
+            req.dispatch(&Req {
+                ctx: self,
+                request_id,
+                peer,
+                conn,
+                frame_max,
+            })
+        })
+    }
+
+    /// Handles a request of this shard: counted, and in flight until it is answered.
+    fn run_request(
+        self: &Rc<Self>,
+        kind: crate::protocol::Kind,
+        oneway: bool,
+        handle: impl FnOnce() -> Handled,
+    ) -> Handled {
+        self.stats.request(kind.name());
         self.in_flight.set(self.in_flight.get() + 1);
         let guard = InFlight(self.clone());
-        let handled = req.dispatch(&Req {
-            ctx: self,
-            request_id,
-            peer,
-            conn,
-            frame_max,
-        });
+        let handled = handle();
         let finish = move |f: Option<Answer>| {
             drop(guard);
             if oneway {

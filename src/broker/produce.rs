@@ -15,8 +15,8 @@ use crate::protocol::record::{
     Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
 };
 use crate::protocol::{
-    encode_frame, ErrorBody, ErrorCode, Flags, MessageId, Response, SendBatch, SendBatchResult,
-    SendMessage, SendResult, QUEUE_OFFSET_HALF,
+    encode_frame, ErrorBody, ErrorCode, Flags, Frame, Kind, MessageId, Response, SendBatch,
+    SendBatchResult, SendMessage, SendResult, QUEUE_OFFSET_HALF,
 };
 use crate::store::PutResult;
 
@@ -29,7 +29,105 @@ pub const SEND_BACKLOG_BYTES_MAX_DEFAULT: u64 = 64 << 20;
 /// Sends one shard tracks waiting for the disk at most; past it sends are refused too.
 const WAITING_SENDS_MAX: usize = 1 << 20;
 
+/// One message of a send, borrowed from the request: read in place from the received
+/// frame (rkyv's checked access), or from a decoded request.
+#[derive(Clone, Copy)]
+pub(super) struct SendItem<'a> {
+    pub flag: i32,
+    pub properties: &'a [u8],
+    pub body: &'a [u8],
+    pub born_timestamp_ms: i64,
+}
+
+/// A [`SendItem`] kept across a wait (a topic being created, a hop to another shard).
+struct OwnedItem {
+    flag: i32,
+    properties: Vec<u8>,
+    body: Vec<u8>,
+    born_timestamp_ms: i64,
+}
+
+impl OwnedItem {
+    fn of(i: &SendItem<'_>) -> OwnedItem {
+        OwnedItem {
+            flag: i.flag,
+            properties: i.properties.to_vec(),
+            body: i.body.to_vec(),
+            born_timestamp_ms: i.born_timestamp_ms,
+        }
+    }
+    fn borrow(&self) -> SendItem<'_> {
+        SendItem {
+            flag: self.flag,
+            properties: &self.properties,
+            body: &self.body,
+            born_timestamp_ms: self.born_timestamp_ms,
+        }
+    }
+}
+
 impl ShardCtx {
+    /// A send or batch to a queue of this shard, handled straight from the received frame
+    /// (rkyv's checked access: no message is deserialized into owned buffers). `None`
+    /// leaves the frame to the general path (another shard's queue, a queue left to the
+    /// broker, a payload that does not check, which the general path reports).
+    pub(super) fn send_in_place(
+        self: &Rc<Self>,
+        frame: &Frame<'_>,
+        request_id: u64,
+        peer: SocketAddr,
+    ) -> Option<(Kind, Handled)> {
+        let kind = frame.kind();
+        if !matches!(kind, Kind::SendMessage | Kind::SendBatch) {
+            return None;
+        }
+        let meta = frame.aligned_meta();
+        let here = |topic: &str, queue_id: i32| {
+            u32::try_from(queue_id)
+                .is_ok_and(|q| crate::protocol::route::owner(topic, q, self.shard_count) == self.id)
+        };
+        let handled = if kind == Kind::SendMessage {
+            let m = meta.access::<SendMessage>().ok()?;
+            let (topic, queue_id) = (m.topic.as_str(), m.queue_id.to_native());
+            if !here(topic, queue_id) {
+                return None;
+            }
+            let item = [SendItem {
+                flag: m.flag.to_native(),
+                properties: m.properties.as_slice(),
+                body: m.body.as_slice(),
+                born_timestamp_ms: m.born_timestamp_ms.to_native(),
+            }];
+            self.send(
+                request_id,
+                topic,
+                queue_id,
+                &item,
+                m.wait_durable,
+                peer,
+                false,
+            )
+        } else {
+            let b = meta.access::<SendBatch>().ok()?;
+            let (topic, queue_id) = (b.topic.as_str(), b.queue_id.to_native());
+            if !here(topic, queue_id) {
+                return None;
+            }
+            let items: Vec<SendItem<'_>> = b
+                .messages
+                .iter()
+                .map(|i| SendItem {
+                    flag: i.flag.to_native(),
+                    properties: i.properties.as_slice(),
+                    body: i.body.as_slice(),
+                    born_timestamp_ms: i.born_timestamp_ms.to_native(),
+                })
+                .collect();
+            self.send_items(request_id, topic, queue_id, &items, b.wait_durable, peer)
+        };
+        Some((kind, handled))
+    }
+
     /// `SendMessage`.
     pub(super) fn send_message(
         self: &Rc<Self>,
@@ -37,10 +135,15 @@ impl ShardCtx {
         m: SendMessage,
         peer: SocketAddr,
     ) -> Handled {
-        let item = [(m.flag, m.properties, m.body, m.born_timestamp_ms)];
+        let item = [SendItem {
+            flag: m.flag,
+            properties: &m.properties,
+            body: &m.body,
+            born_timestamp_ms: m.born_timestamp_ms,
+        }];
         self.send(
             request_id,
-            m.topic,
+            &m.topic,
             m.queue_id,
             &item,
             m.wait_durable,
@@ -56,27 +159,44 @@ impl ShardCtx {
         b: SendBatch,
         peer: SocketAddr,
     ) -> Handled {
-        if b.messages.is_empty() || b.messages.len() > BATCH_MESSAGES_MAX {
+        let items: Vec<_> = b
+            .messages
+            .iter()
+            .map(|i| SendItem {
+                flag: i.flag,
+                properties: &i.properties,
+                body: &i.body,
+                born_timestamp_ms: i.born_timestamp_ms,
+            })
+            .collect();
+        self.send_items(
+            request_id,
+            &b.topic,
+            b.queue_id,
+            &items,
+            b.wait_durable,
+            peer,
+        )
+    }
+
+    /// A batch's messages, however they were read: checks the count, then [`send`](Self::send).
+    pub(super) fn send_items(
+        self: &Rc<Self>,
+        request_id: u64,
+        topic: &str,
+        queue_id: i32,
+        items: &[SendItem<'_>],
+        wait_durable: bool,
+        peer: SocketAddr,
+    ) -> Handled {
+        if items.is_empty() || items.len() > BATCH_MESSAGES_MAX {
             let e = err(
                 ErrorCode::InvalidMessage,
                 format!("a batch holds 1..={BATCH_MESSAGES_MAX} messages"),
             );
             return self.refuse(request_id, e);
         }
-        let items: Vec<_> = b
-            .messages
-            .into_iter()
-            .map(|i| (i.flag, i.properties, i.body, i.born_timestamp_ms))
-            .collect();
-        self.send(
-            request_id,
-            b.topic,
-            b.queue_id,
-            &items,
-            b.wait_durable,
-            peer,
-            true,
-        )
+        self.send(request_id, topic, queue_id, items, wait_durable, peer, true)
     }
 
     pub(super) fn msg_id(&self, physical_offset: u64) -> String {
@@ -91,17 +211,22 @@ impl ShardCtx {
     /// Validates and appends `items` now (so pipelined sends keep their order), then waits
     /// for the acknowledgement the flush mode (or `wait_durable`) asks for.
     #[allow(clippy::too_many_arguments)]
-    fn send(
+    pub(super) fn send(
         self: &Rc<Self>,
         request_id: u64,
-        topic: String,
+        topic: &str,
         queue_id: i32,
-        items: &[(i32, Vec<u8>, Vec<u8>, i64)],
+        items: &[SendItem<'_>],
         wait_durable: bool,
         peer: SocketAddr,
         batch: bool,
     ) -> Handled {
-        for (_, props, body, _) in items {
+        for &SendItem {
+            properties: props,
+            body,
+            ..
+        } in items
+        {
             if body.len() > BODY_BYTES_MAX {
                 let e = err(
                     ErrorCode::BodyTooLarge,
@@ -137,7 +262,7 @@ impl ShardCtx {
             );
             return self.refuse(request_id, e);
         }
-        if crate::protocol::names::is_system_topic(&topic) {
+        if crate::protocol::names::is_system_topic(topic) {
             let e = err(
                 ErrorCode::InvalidTopic,
                 format!("topic {topic} is reserved for the broker"),
@@ -147,7 +272,7 @@ impl ShardCtx {
         if batch
             && items
                 .iter()
-                .any(|(_, props, _, _)| is_half(&Properties::new(props)))
+                .any(|i| is_half(&Properties::new(i.properties)))
         {
             let e = err(
                 ErrorCode::InvalidMessage,
@@ -158,7 +283,7 @@ impl ShardCtx {
         if batch
             && items
                 .iter()
-                .any(|(_, props, _, _)| asks_for_delay(&Properties::new(props)))
+                .any(|i| asks_for_delay(&Properties::new(i.properties)))
         {
             let e = err(
                 ErrorCode::InvalidDelay,
@@ -170,8 +295,8 @@ impl ShardCtx {
         let half = !batch
             && items
                 .first()
-                .is_some_and(|i| is_half(&Properties::new(&i.1)));
-        let known = self.topics.borrow().get(&topic);
+                .is_some_and(|i| is_half(&Properties::new(i.properties)));
+        let known = self.topics.borrow().get(topic);
         match known {
             Some(count) if queue_id >= 0 => {
                 let q = queue_id as u32;
@@ -185,11 +310,12 @@ impl ShardCtx {
                 if let Err(e) = self.admit_send() {
                     return self.refuse(request_id, e);
                 }
-                let appended = self.append_all(&topic, q, items, peer);
+                let appended = self.append_all(topic, q, items, peer);
                 if let Ok(puts) = &appended {
                     self.note_waiting(puts);
                 }
                 let ctx = self.clone();
+                let topic = topic.to_owned();
                 Handled::later(async move {
                     Some(match appended {
                         Ok(puts) => {
@@ -206,8 +332,10 @@ impl ShardCtx {
             _ => {
                 // Unknown topic (maybe auto-created) or a queue left to the broker.
                 let ctx = self.clone();
-                let items = items.to_vec();
+                let topic = topic.to_owned();
+                let items: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
                 Handled::later(async move {
+                    let items: Vec<SendItem<'_>> = items.iter().map(OwnedItem::borrow).collect();
                     let count = match ctx.ensure_topic(&topic).await {
                         Ok(c) => c,
                         Err(e) => {
@@ -363,28 +491,29 @@ impl ShardCtx {
         }
     }
 
-    fn append_all(
+    fn append_all<'a>(
         &self,
-        topic: &str,
+        topic: &'a str,
         queue_id: u32,
-        items: &[(i32, Vec<u8>, Vec<u8>, i64)],
+        items: &[SendItem<'a>],
         peer: SocketAddr,
     ) -> Result<Vec<PutResult>, ErrorBody> {
+        let draft = |i: &SendItem<'a>| RecordDraft {
+            topic,
+            queue_id,
+            flag: i.flag,
+            sys_flag: 0,
+            born_timestamp_ms: i.born_timestamp_ms,
+            born_host: peer,
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: i.properties,
+            body: i.body,
+        };
         // All or nothing: every message is checked before the first is appended.
         let seg = self.store.log().config().segment_bytes as usize;
-        for (flag, props, body, born) in items {
-            let draft = RecordDraft {
-                topic,
-                queue_id,
-                flag: *flag,
-                sys_flag: 0,
-                born_timestamp_ms: *born,
-                born_host: peer,
-                reconsume_times: 0,
-                transaction_offset: 0,
-                properties: props,
-                body,
-            };
+        for item in items {
+            let draft = draft(item);
             draft
                 .validate()
                 .map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
@@ -399,20 +528,8 @@ impl ShardCtx {
             }
         }
         let mut puts = Vec::with_capacity(items.len());
-        for (flag, props, body, born) in items {
-            let draft = RecordDraft {
-                topic,
-                queue_id,
-                flag: *flag,
-                sys_flag: 0,
-                born_timestamp_ms: *born,
-                born_host: peer,
-                reconsume_times: 0,
-                transaction_offset: 0,
-                properties: props,
-                body,
-            };
-            puts.push(self.put_draft(&draft)?);
+        for item in items {
+            puts.push(self.put_draft(&draft(item))?);
         }
         Ok(puts)
     }
@@ -457,10 +574,9 @@ impl ShardCtx {
                 queue_id,
                 first_queue_offset: puts[0].queue_offset,
                 count: puts.len() as u32,
-                msg_ids: puts
-                    .iter()
-                    .map(|p| self.msg_id(p.physical_offset))
-                    .collect(),
+                broker_id: self.cfg.broker_id,
+                store_id: self.id,
+                physical_offsets: puts.iter().map(|p| p.physical_offset).collect(),
             };
             response_frame(request_id, &Response::SendBatchResult(r))
         } else {
@@ -485,7 +601,7 @@ fn reencode_send(
     request_id: u64,
     topic: &str,
     queue_id: u32,
-    items: &[(i32, Vec<u8>, Vec<u8>, i64)],
+    items: &[SendItem<'_>],
     wait_durable: bool,
     batch: bool,
 ) -> Vec<u8> {
@@ -496,27 +612,25 @@ fn reencode_send(
             queue_id: queue_id as i32,
             messages: items
                 .iter()
-                .map(
-                    |(flag, properties, body, born)| crate::protocol::BatchItem {
-                        flag: *flag,
-                        properties: properties.clone(),
-                        body: body.clone(),
-                        born_timestamp_ms: *born,
-                    },
-                )
+                .map(|i| crate::protocol::BatchItem {
+                    flag: i.flag,
+                    properties: i.properties.to_vec(),
+                    body: i.body.to_vec(),
+                    born_timestamp_ms: i.born_timestamp_ms,
+                })
                 .collect(),
             wait_durable,
         };
         encode_frame(request_id, Flags::NONE, &m, &[], &mut out)
     } else {
-        let (flag, properties, body, born) = &items[0];
+        let i = &items[0];
         let m = SendMessage {
             topic: topic.to_owned(),
             queue_id: queue_id as i32,
-            flag: *flag,
-            properties: properties.clone(),
-            body: body.clone(),
-            born_timestamp_ms: *born,
+            flag: i.flag,
+            properties: i.properties.to_vec(),
+            body: i.body.to_vec(),
+            born_timestamp_ms: i.born_timestamp_ms,
             wait_durable,
         };
         encode_frame(request_id, Flags::NONE, &m, &[], &mut out)

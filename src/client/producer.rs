@@ -452,9 +452,8 @@ impl ProducerInner {
             match result {
                 Ok(r) => {
                     for (i, tx) in senders.into_iter().enumerate() {
-                        let msg_id = r.msg_ids.get(i).cloned().unwrap_or_default();
-                        let physical_offset = crate::protocol::MessageId::parse(&msg_id)
-                            .map_or(0, |id| id.physical_offset);
+                        let msg_id = r.msg_id(i).unwrap_or_default();
+                        let physical_offset = r.physical_offsets.get(i).copied().unwrap_or(0);
                         let _ = tx.send(Ok(SendResult {
                             msg_id,
                             queue_id: r.queue_id,

@@ -30,7 +30,7 @@ pub const FRAME_HEADER_BYTES: usize = 24;
 /// First byte of the magic/version field.
 pub const FRAME_MAGIC: u8 = b'R';
 /// Second byte of the magic/version field: the protocol version this side speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Room kept in a frame for a meta part beside the largest record (pull answers, sends).
 pub const META_BYTES_RESERVE: u32 = 4096;
@@ -663,7 +663,7 @@ mod tests {
         let frame = heartbeat_frame(0x0102_0304_0506_0708);
         assert_eq!(get_u32(&frame, 0) as usize, frame.len());
         assert_eq!(frame[4], b'R');
-        assert_eq!(frame[5], 1);
+        assert_eq!(frame[5], 2, "version 2: batch results carry offsets, not id strings");
         assert_eq!(get_u16(&frame, 6), Kind::Heartbeat as u16);
         assert_eq!(get_u64(&frame, 8), 0x0102_0304_0506_0708);
         assert_eq!(get_u32(&frame, 16), 0);
@@ -719,12 +719,13 @@ mod tests {
                 expected: FRAME_MAGIC,
             }),
         );
+        // A version-1 peer (batch results with id strings) is refused at its first frame.
         let mut frame = heartbeat_frame(1);
-        frame[5] = 2;
+        frame[5] = 1;
         check_decode(
             &frame[..6],
             Err(ProtocolError::UnsupportedVersion {
-                found: 2,
+                found: 1,
                 supported: PROTOCOL_VERSION,
             }),
         );

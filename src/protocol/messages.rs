@@ -227,8 +227,34 @@ wire_type! {
         pub queue_id: u32,
         pub first_queue_offset: u64,
         pub count: u32,
-        /// One per message, in order.
-        pub msg_ids: Vec<String>,
+        /// The broker and the store (shard) that hold the messages: with a message's
+        /// physical offset, its message id ([`SendBatchResult::msg_id`]).
+        pub broker_id: u32,
+        pub store_id: u32,
+        /// Where each message was stored in the log, in order (ids are made from these on
+        /// demand, not sent as strings).
+        pub physical_offsets: Vec<u64>,
+    }
+}
+
+impl SendBatchResult {
+    /// The message id of the `i`-th message of the batch.
+    pub fn msg_id(&self, i: usize) -> Option<String> {
+        self.physical_offsets.get(i).map(|&physical_offset| {
+            super::MessageId {
+                broker_id: self.broker_id,
+                store_id: self.store_id,
+                physical_offset,
+            }
+            .to_string()
+        })
+    }
+
+    /// The message ids of the batch, in order.
+    pub fn msg_ids(&self) -> Vec<String> {
+        (0..self.physical_offsets.len())
+            .filter_map(|i| self.msg_id(i))
+            .collect()
     }
 }
 

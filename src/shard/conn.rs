@@ -49,6 +49,17 @@ pub const CONN_QUEUED_BYTES_MAX: usize = 16 << 20;
 pub const CONN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// How long a connection waits before it looks again for room in the shard's read budget.
 const READ_BUDGET_RETRY_MS: u64 = 5;
+/// A receive buffer grown for large frames is kept while they keep coming, and shrunk
+/// back once the connection sends nothing for this long.
+const READ_BUFFER_KEEP_MS: u64 = 100;
+
+/// Shrinks a grown receive buffer back to its base size, giving the rest of the budget back.
+fn shrink(buf: &mut Vec<u8>, budget: &ReadBudget, taken: &mut usize) {
+    buf.truncate(CONN_READ_BUFFER_BYTES);
+    buf.shrink_to_fit();
+    budget.give(*taken - CONN_READ_BUFFER_BYTES);
+    *taken = CONN_READ_BUFFER_BYTES;
+}
 
 /// How connections of a shard are served.
 #[derive(Debug, Clone, Copy)]
@@ -333,6 +344,10 @@ pub async fn serve_connection(
     read_budget.used.set(read_budget.used() + taken);
     let (mut start, mut end) = (0usize, 0usize);
     let mut frames_seen = false;
+    // The last frame needed more than half the base buffer: more like it may follow, so a
+    // grown buffer is kept (regrowing it for every large frame zeroes and faults in fresh
+    // memory each time) until a small frame comes or the connection pauses.
+    let mut last_frame_large = false;
     'conn: loop {
         // Hand every whole frame in the buffer to the services.
         loop {
@@ -344,6 +359,7 @@ pub async fn serve_connection(
                 Ok(Some(frame)) => {
                     frames_seen = true;
                     let len = frame.frame_len();
+                    last_frame_large = len > CONN_READ_BUFFER_BYTES / 2;
                     let bytes = &buf[start..start + len];
                     start += len;
                     match ctx.handle_frame(bytes, peer, conn, None) {
@@ -387,11 +403,20 @@ pub async fn serve_connection(
             }
             taken += grown - buf.len();
             buf.resize(grown, 0);
-        } else if buf.len() > CONN_READ_BUFFER_BYTES && end <= CONN_READ_BUFFER_BYTES / 2 {
-            buf.truncate(CONN_READ_BUFFER_BYTES);
-            buf.shrink_to_fit();
-            read_budget.give(taken - CONN_READ_BUFFER_BYTES);
-            taken = CONN_READ_BUFFER_BYTES;
+        } else if buf.len() > CONN_READ_BUFFER_BYTES
+            && end <= CONN_READ_BUFFER_BYTES / 2
+            && !last_frame_large
+        {
+            shrink(&mut buf, &read_budget, &mut taken);
+        }
+        if buf.len() > CONN_READ_BUFFER_BYTES && end == 0 {
+            // Kept for the next large frame, unless the connection pauses.
+            match within(READ_BUFFER_KEEP_MS, reader.read(&mut buf[..])).await {
+                Some(Ok(0)) | Some(Err(_)) => break,
+                Some(Ok(n)) => end = n,
+                None => shrink(&mut buf, &read_budget, &mut taken),
+            }
+            continue;
         }
         let deadline_ms = (!frames_seen || end > 0).then_some(timeout_ms);
         let read = match deadline_ms {

@@ -335,7 +335,9 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
             queue_id: 3,
             first_queue_offset: 13,
             count: 2,
-            msg_ids: vec!["A".into(), "B".into()],
+            broker_id: 1,
+            store_id: 2,
+            physical_offsets: vec![0x10, 0x20],
         }),
         Response::Pull(PullResponse::new(
             PullResult {
