@@ -9,7 +9,8 @@
 #       by push consumers pulling 32 at a time (cons/s of that row: the drain rate).
 # Broker: SHARDS shards (default 2), 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
 # RINGMQ_BIN=DIR runs the broker (and bench) in DIR instead of building this checkout
-# (perf/compare.sh); RINGMQ_BENCH_BIN=DIR takes ringmq-bench from DIR instead.
+# (perf/compare.sh); RINGMQ_BENCH_BIN=DIR takes ringmq-bench from DIR instead;
+# BENCH_ARGS="..." is added to every ringmq-bench command (e.g. "--client-threads 1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -36,7 +37,8 @@ stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
 
 bench() { # name args...
   local name=$1; shift
-  "$BENCH_BIN"/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" >"$WORK/$name.log" 2>&1 ||
+  # shellcheck disable=SC2086
+  "$BENCH_BIN"/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" ${BENCH_ARGS:-} >"$WORK/$name.log" 2>&1 ||
     { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; }
   python3 - "$OUT/$name.json" "$name" <<'PY'
 import json, sys
@@ -47,7 +49,7 @@ print(f'{sys.argv[2]:<28} {p["msgs_per_sec"]:>10.0f} {p["mb_per_sec"]:>8.1f} {c[
 PY
 }
 
-echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues"
+echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues; bench args: ${BENCH_ARGS:-none}"
 printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max
 start_broker async
 bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"

@@ -663,7 +663,10 @@ mod tests {
         let frame = heartbeat_frame(0x0102_0304_0506_0708);
         assert_eq!(get_u32(&frame, 0) as usize, frame.len());
         assert_eq!(frame[4], b'R');
-        assert_eq!(frame[5], 2, "version 2: batch results carry offsets, not id strings");
+        assert_eq!(
+            frame[5], 2,
+            "version 2: batch results carry offsets, not id strings"
+        );
         assert_eq!(get_u16(&frame, 6), Kind::Heartbeat as u16);
         assert_eq!(get_u64(&frame, 8), 0x0102_0304_0506_0708);
         assert_eq!(get_u32(&frame, 16), 0);

@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! `ringmq-bench`: the bundled load generator. It drives a broker through the native client
 //! (or starts one in this process, in a temporary directory, for a one-command demo),
 //! produces and consumes a topic, and reports throughput and latency percentiles from HDR
@@ -113,6 +114,11 @@ struct Cli {
     /// non-blocking listeners).
     #[arg(long, requires = "group")]
     non_blocking_listener: bool,
+    /// Worker threads of the bench's tokio runtime (its producers, consumers and their
+    /// connections) [default: one per core]. With the broker on the same cores, fewer
+    /// threads mean fewer cross-thread wake-ups.
+    #[arg(long, value_name = "N")]
+    client_threads: Option<usize>,
     /// With --group: start the push consumers only once producing is over, and report how
     /// fast they drain the backlog (consume msg/s counts from their start; end-to-end
     /// latency then includes the wait in the backlog).
@@ -228,6 +234,9 @@ impl Cli {
                 1,
                 ringmq::client::CONSUME_BATCH_MAX_LIMIT,
             )?;
+        }
+        if self.client_threads == Some(0) {
+            return Err("--client-threads must be at least 1".into());
         }
         if let Some(n) = self.consume_threads {
             range("consume-threads", n, 1, ringmq::client::CONSUME_THREADS_MAX)?;
@@ -541,10 +550,11 @@ fn main() -> ExitCode {
         },
     };
     eprintln!("{}", banner(&cli, &broker, embedded.is_some()));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.client_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ringmq-bench: tokio runtime: {e}");

@@ -147,6 +147,7 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
             "group": cli.group,
             "consume_batch": cli.consume_batch,
             "consume_threads": cli.consume_threads,
+            "client_threads": cli.client_threads,
             "pulls_in_flight": cli.pulls_in_flight,
             "non_blocking_listener": cli.non_blocking_listener,
             "consume_after_produce": cli.consume_after_produce,
