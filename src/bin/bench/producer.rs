@@ -62,8 +62,8 @@ impl Sender {
         }
     }
 
-    /// Starts one send of `count` messages stamped with `scheduled`, holding `permit`
-    /// until it is answered; its latency counts from `scheduled`.
+    /// Starts one send of `count` messages stamped with `scheduled` as a task of its own,
+    /// holding `permit` until it is answered; its latency counts from `scheduled`.
     fn launch(
         &mut self,
         handle: &tokio::runtime::Handle,
@@ -71,6 +71,19 @@ impl Sender {
         count: usize,
         permit: OwnedSemaphorePermit,
     ) {
+        let send = self.send(scheduled, count);
+        handle.spawn(async move {
+            send.await;
+            drop(permit);
+        });
+    }
+
+    /// One send of `count` messages stamped with `scheduled`, counted when answered.
+    fn send(
+        &mut self,
+        scheduled: Instant,
+        count: usize,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let cli = &self.run.cli;
         let sent_at_ns = epoch_ns(scheduled);
         let mut messages: Vec<OutgoingMessage> = (0..count)
@@ -108,7 +121,7 @@ impl Sender {
             self.run.clone(),
             self.latencies.clone(),
         );
-        handle.spawn(async move {
+        async move {
             let topic = run.cli.topic.as_str();
             let outcome = if run.cli.batch == 1 {
                 match messages.pop() {
@@ -134,8 +147,7 @@ impl Sender {
                     run.stats.error("send", &e);
                 }
             }
-            drop(permit);
-        });
+        }
     }
 
     /// Waits for every send in flight (each holds a permit) and returns the histogram.
@@ -155,24 +167,26 @@ impl Sender {
     }
 }
 
-/// Closed loop: a send starts as soon as the window has room; its latency counts from
-/// then (waiting for room is the loop's own pacing, not the broker's delay).
+/// Closed loop: a send starts as soon as one of the `--in-flight` before it is answered;
+/// its latency counts from then. The sends in flight are polled by this one task (no task
+/// per send), as an application keeping a window of sends would.
 async fn produce_closed(mut sender: Sender) -> Histogram<u64> {
-    let handle = tokio::runtime::Handle::current();
+    use futures_util::stream::{FuturesUnordered, StreamExt};
     let deadline = sender.run.cli.duration().map(|d| sender.run.start + d);
+    let window = sender.run.cli.in_flight.max(1);
+    let mut in_flight = FuturesUnordered::new();
     loop {
-        let count = sender.next_count();
-        if count == 0 {
+        while in_flight.len() < window {
+            let count = sender.next_count();
+            let now = Instant::now();
+            if count == 0 || deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            in_flight.push(sender.send(now, count));
+        }
+        if in_flight.next().await.is_none() {
             break;
         }
-        let Ok(permit) = sender.window.clone().acquire_owned().await else {
-            break;
-        };
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            break;
-        }
-        sender.launch(&handle, now, count, permit);
     }
     sender.finish().await
 }
