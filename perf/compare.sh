@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Before/after in one run: builds revision REV (default: main's previous commit) in a
 # temporary worktree and this checkout, then runs perf/e2e.sh for each, alternating
-# (before, after, before, after), so both see the same machine on the same day. Both runs
-# use this checkout's ringmq-bench, so only the broker differs.
+# (before, after, before, after), so both see the same machine on the same day. Each runs
+# its own ringmq-bench (the protocol version may differ). SHARDS and TOKIO_WORKER_THREADS
+# (the bench's threads) pass through to perf/e2e.sh.
 # Usage: perf/compare.sh REV [SECONDS_PER_CASE] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ echo "building $REV (before) and the working tree (after)..."
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
 for round in $(seq "$ROUNDS"); do
   echo "=== round $round: before ($(git rev-parse --short "$REV"))"
-  RINGMQ_BIN=/tmp/ringmq-before-target/release RINGMQ_BENCH_BIN=target/release RINGMQ_OUT=perf/out/before perf/e2e.sh "$SECS"
+  RINGMQ_BIN=/tmp/ringmq-before-target/release RINGMQ_OUT=perf/out/before perf/e2e.sh "$SECS"
   echo "=== round $round: after (working tree of $(git rev-parse --short HEAD))"
   RINGMQ_BIN=target/release RINGMQ_OUT=perf/out/after perf/e2e.sh "$SECS"
 done

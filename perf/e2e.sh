@@ -10,7 +10,8 @@
 # Broker: SHARDS shards (default 2), 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
 # RINGMQ_BIN=DIR runs the broker (and bench) in DIR instead of building this checkout
 # (perf/compare.sh); RINGMQ_BENCH_BIN=DIR takes ringmq-bench from DIR instead;
-# BENCH_ARGS="..." is added to every ringmq-bench command (e.g. "--client-threads 1").
+# BENCH_ARGS="..." is added to every ringmq-bench command; TOKIO_WORKER_THREADS=N sets the
+# bench's tokio threads (as --client-threads N, understood by every revision's bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -37,9 +38,10 @@ stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
 
 bench() { # name args...
   local name=$1; shift
+  rm -f "$OUT/$name.json"
   # shellcheck disable=SC2086
   "$BENCH_BIN"/ringmq-bench --broker 127.0.0.1:17800 --queues 8 --json "$OUT/$name.json" "$@" ${BENCH_ARGS:-} >"$WORK/$name.log" 2>&1 ||
-    { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; }
+    { echo "bench $name failed:"; tail -5 "$WORK/$name.log"; return; }
   python3 - "$OUT/$name.json" "$name" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))

@@ -3,7 +3,7 @@
 # 2 producers, one plain pull consumer, 8 queues, --flush sync) for revision REV (before)
 # and this checkout (after), alternating, beside fio's fdatasync latency after 1 KiB
 # O_DIRECT writes measured in the same run (before the first and after the last round).
-# Both use this checkout's ringmq-bench. Usage: perf/sync_flush.sh REV [SECS] [ROUNDS]
+# Each runs its own ringmq-bench. Usage: perf/sync_flush.sh REV [SECS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REV=${1:?usage: perf/sync_flush.sh REV [SECS] [ROUNDS]}
@@ -12,7 +12,7 @@ ROUNDS=${3:-3}
 command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
 . perf/lib.sh
 BEFORE=/tmp/ringmq-before-target
-build_before "$REV" "$BEFORE" ringmq-broker
+build_before "$REV" "$BEFORE" ringmq-broker ringmq-bench
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
 WORK=$(mktemp -d /tmp/ringmq-sync.XXXX)
 BROKER_PID=
@@ -33,7 +33,7 @@ run() { # label broker-binary-dir
   BROKER_PID=$!
   for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
   ADDR=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
-  target/release/ringmq-bench --broker "$ADDR" --queues 8 --size 1024 --rate 20000 --producers 2 \
+  "$2"/ringmq-bench --broker "$ADDR" --queues 8 --size 1024 --rate 20000 --producers 2 \
     --consumers 1 --duration "$SECS" --json "$WORK/r.json" >/dev/null 2>&1 || true
   stop_broker
   python3 - "$WORK/r.json" "$1" <<'PY'

@@ -349,3 +349,47 @@ fn the_newest_records_are_read_from_the_writes_own_buffers() {
         });
     }
 }
+
+/// A read of a few records from a large cached write holds that whole buffer: the read
+/// says how much beyond its records it holds, and can copy its records out instead.
+#[test]
+fn a_small_read_of_a_large_cached_write_can_let_it_go() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        // Appended together: one write, one buffer in the cache.
+        let mut last = None;
+        let mut first = None;
+        for n in 0..60 {
+            let m = common::message(3, n, 1, 2000);
+            let r = store.append(&m.draft()).unwrap();
+            let bytes = m.draft().encode(Placement {
+                queue_offset: r.queue_offset,
+                physical_offset: r.physical_offset,
+                store_timestamp_ms: r.store_timestamp_ms,
+            });
+            first.get_or_insert((m.topic.clone(), m.queue_id, bytes));
+            last = Some(r);
+        }
+        store.acked(last.unwrap().written()).await.unwrap();
+        let (topic, queue, bytes) = first.unwrap();
+        let mut r = store
+            .read_queue(&topic, queue, 0, 1, 1 << 20, &[])
+            .await
+            .unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.shared_bytes(), bytes.len(), "read from the cached write");
+        assert!(
+            r.pinned_beyond() > 20 * bytes.len(),
+            "holds the whole write: {} bytes beyond {}",
+            r.pinned_beyond(),
+            bytes.len()
+        );
+        r.unshare();
+        assert_eq!((r.shared_bytes(), r.pinned_beyond()), (0, 0));
+        let got: Vec<u8> = r.runs().flatten().copied().collect();
+        assert!(got == bytes, "the same bytes, copied");
+    });
+}

@@ -167,6 +167,25 @@ impl AnswerBudgets {
         })
     }
 
+    /// Adds `bytes` to an answer's reservation without waiting (both budgets, as
+    /// [`reserve`](Self::reserve) took them); false, with nothing added, when either lacks
+    /// them.
+    pub fn try_grow(&self, hold: &mut AnswerHold, conn: u64, bytes: usize) -> bool {
+        let n = units(bytes);
+        let Ok(shard) = self.shard.clone().try_acquire_many_owned(n) else {
+            return false;
+        };
+        if let Some(held) = hold.conn.as_mut() {
+            let budget = self.conns.borrow().get(&conn).cloned();
+            match budget.map(|b| b.try_acquire_many_owned(n)) {
+                Some(Ok(more)) => held.merge(more),
+                _ => return false,
+            }
+        }
+        hold.shard.merge(shard);
+        true
+    }
+
     /// Reserves `bytes` for an answer to connection `conn`: from its budget when it is a
     /// connection of this shard (a forwarded request's connection is on another shard,
     /// which accounts for it there), and from the shard's. Waits while either is spent;
@@ -240,6 +259,28 @@ mod tests {
             let other = budgets.reserve(99, 1000).await.unwrap();
             assert_eq!(budgets.shard_reserved_bytes(), 1024);
             drop(other);
+        });
+    }
+
+    #[test]
+    fn a_reservation_grows_only_within_both_budgets() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let budgets = AnswerBudgets::new(1 << 20);
+            budgets.open(7);
+            let mut hold = budgets.reserve(7, 1 << 20).await.unwrap();
+            assert!(budgets.try_grow(&mut hold, 7, 10 << 20));
+            assert_eq!(budgets.conn_reserved_bytes(7), 11 << 20);
+            assert_eq!(budgets.shard_reserved_bytes(), 11 << 20);
+            // Past the connection's 32 MiB: refused, nothing taken from either budget.
+            assert!(!budgets.try_grow(&mut hold, 7, 30 << 20));
+            assert_eq!(budgets.conn_reserved_bytes(7), 11 << 20);
+            assert_eq!(budgets.shard_reserved_bytes(), 11 << 20);
+            drop(hold);
+            assert_eq!(budgets.conn_reserved_bytes(7), 0);
+            assert_eq!(budgets.shard_reserved_bytes(), 0);
         });
     }
 }

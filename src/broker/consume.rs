@@ -153,8 +153,14 @@ impl ShardCtx {
                 Ok(plan) if !plan.is_empty() => {
                     // Room for the answer first: a client that does not read its answers
                     // holds its pulls here, not their records in memory.
-                    let hold = self.answers.reserve(conn, plan.bytes()).await?;
+                    let mut hold = self.answers.reserve(conn, plan.bytes()).await?;
                     let mut r = self.store.fetch(plan).await.map_err(store_error)?;
+                    // Records shared with the cache keep its whole buffers alive while the
+                    // answer waits: that memory is reserved too, or the records are copied.
+                    let pinned = r.pinned_beyond();
+                    if pinned > 0 && !self.answers.try_grow(&mut hold, conn, pinned) {
+                        r.unshare();
+                    }
                     // A filtered pull looks at as many messages as it asks for and answers
                     // those that match: each pull moves the position by its batch, so a
                     // consumer pipelining pulls predicts where the next starts.

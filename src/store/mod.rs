@@ -252,6 +252,38 @@ impl QueueRead {
             .map(|s| s.2 as usize)
             .sum()
     }
+    /// Bytes of the cache buffers this read shares beyond its records' own bytes (each
+    /// buffer counted once): what an answer carrying it holds in memory past its size.
+    pub fn pinned_beyond(&self) -> usize {
+        let mut last: Option<*const Vec<u8>> = None;
+        let mut held = 0;
+        for b in &self.bufs {
+            if let ReadBuf::Shared { bytes, .. } = b {
+                // A read's records are in log order: buffers repeat only next to each other.
+                let p = Rc::as_ptr(bytes);
+                if last != Some(p) {
+                    held += bytes.capacity();
+                    last = Some(p);
+                }
+            }
+        }
+        held.saturating_sub(self.shared_bytes())
+    }
+    /// Copies the records out of the cache buffers they share, so the read no longer holds
+    /// those buffers.
+    pub fn unshare(&mut self) {
+        if self.shared_bytes() == 0 {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.bytes_len());
+        let mut slices = Vec::with_capacity(self.slices.len());
+        for r in self.records() {
+            slices.push((0u32, out.len() as u32, r.len() as u32));
+            out.extend_from_slice(r);
+        }
+        self.bufs = vec![ReadBuf::Plain(out)];
+        self.slices = slices;
+    }
     /// Keeps only the records `keep` says yes to (a filter evaluated over the bytes in
     /// place), in order.
     pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
