@@ -21,6 +21,8 @@ fn start_broker(dir: &std::path::Path) -> Broker {
         shards: 2,
         flush: FlushMode::Async,
         auto_create_topics: true,
+        // Preallocated segments: keep them small when many brokers run at once.
+        segment_bytes: 64 << 20,
         ..Default::default()
     })
     .unwrap()

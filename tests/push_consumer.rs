@@ -42,6 +42,8 @@ where
         auto_create_topics: true,
         // Short delay levels: a retry (level 3 and up) comes back after 100 ms.
         delay_levels: RETRY_LEVELS.into(),
+        // Preallocated segments: keep them small when many brokers run at once.
+        segment_bytes: 64 << 20,
         ..Default::default()
     })
     .unwrap();

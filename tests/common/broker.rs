@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `--segment-bytes` of test brokers (64 MiB) unless a test passes its own.
+pub const TEST_SEGMENT_BYTES: &str = "67108864";
+
 pub struct BrokerProcess {
     child: Option<Child>,
     listen: SocketAddr,
@@ -71,6 +74,11 @@ impl BrokerProcess {
     fn spawn(&mut self) {
         let stderr = std::fs::File::create(&self.stderr_log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringmq-broker"));
+        // Small segments unless a test sets its own: each segment file is preallocated, and
+        // a 1 GiB default per shard of every broker running at once fills a small disk.
+        if !self.extra.iter().any(|a| a == "--segment-bytes") {
+            cmd.args(["--segment-bytes", TEST_SEGMENT_BYTES]);
+        }
         cmd.args(["--listen", &self.listen.to_string(), "--data-dir"])
             .arg(&self.data_dir)
             .args(["--shards", &self.shards.to_string()])
