@@ -190,12 +190,7 @@ impl ShardCtx {
                         count: r.len() as u32,
                     };
                     // The records follow the head from where the store read them.
-                    let mut head = Vec::with_capacity(128);
-                    if let Err(e) =
-                        encode_frame_head(request_id, Flags::NONE, &meta, bytes, &mut head)
-                    {
-                        return Err(err(ErrorCode::Internal, format!("encode: {e}")));
-                    }
+                    let head = records_head(request_id, &meta, bytes)?;
                     return Ok(Answer::with_records(head, r, hold));
                 }
                 Ok(r) if r.next_offset > p.offset => {
@@ -259,17 +254,28 @@ pub(super) fn with_records_frame<M: crate::protocol::Message>(
     parts: &[&[u8]],
 ) -> Vec<u8> {
     let tail: usize = parts.iter().map(|p| p.len()).sum();
-    let mut out = Vec::with_capacity(128 + tail);
-    if let Err(e) = encode_frame_head(request_id, Flags::NONE, meta, tail, &mut out) {
-        return error_frame(
-            request_id,
-            &err(ErrorCode::Internal, format!("encode: {e}")),
-        );
-    }
+    let mut out = match records_head(request_id, meta, tail) {
+        Ok(head) => head,
+        Err(e) => return error_frame(request_id, &e),
+    };
+    out.reserve(tail);
     for p in parts {
         out.extend_from_slice(p);
     }
     out
+}
+
+/// The head (frame header and meta) of an answer whose `tail_len` bytes of stored records
+/// follow it.
+fn records_head<M: crate::protocol::Message>(
+    request_id: u64,
+    meta: &M,
+    tail_len: usize,
+) -> Result<Vec<u8>, ErrorBody> {
+    let mut head = Vec::with_capacity(128);
+    encode_frame_head(request_id, Flags::NONE, meta, tail_len, &mut head)
+        .map_err(|e| err(ErrorCode::Internal, format!("encode: {e}")))?;
+    Ok(head)
 }
 
 fn pull_frame(request_id: u64, meta: &PullResult, parts: &[&[u8]]) -> Vec<u8> {

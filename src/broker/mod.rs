@@ -447,9 +447,17 @@ impl ShardCtx {
         };
         let request_id = frame.request_id();
         let oneway = frame.header().flags().is_oneway();
+        let at = Arrival {
+            bytes,
+            request_id,
+            oneway,
+            peer,
+            conn,
+            frame_max,
+        };
         if !self.stopping.get() {
-            if let Some((kind, handled)) = self.send_in_place(&frame, request_id, peer) {
-                return self.run_request(kind, oneway, || handled);
+            if let Some(handled) = self.send_in_place(&frame, &at) {
+                return handled;
             }
         }
         let req = match frame.decode_request() {
@@ -486,8 +494,19 @@ impl ShardCtx {
         }
         if let Some(to) = req.route().shard(self.shard_count) {
             if to != self.id {
-                self.stats.forwarded.set(self.stats.forwarded.get() + 1);
-                return self.forward(to, bytes, &req, request_id, oneway, peer, conn, frame_max);
+                // A forwarded long poll may be held for its whole wait; an answer with
+                // records is reserved for here first.
+                let timeout_ms = match &req {
+                    Request::Pull(p) => {
+                        MESH_CALL_TIMEOUT_MS.max(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64 + 5_000)
+                    }
+                    _ => MESH_CALL_TIMEOUT_MS,
+                };
+                let carries_records = matches!(
+                    req,
+                    Request::Pull(_) | Request::MessageById(_) | Request::MessagesByKey(_)
+                );
+                return self.forward(to, &at, timeout_ms, carries_records);
             }
         }
         self.run_request(req.kind(), oneway, || {
@@ -526,36 +545,29 @@ impl ShardCtx {
         }
     }
 
-    /// Passes a request frame, as it came, to the shard that handles it; its answer comes
-    /// back as the bytes to write.
-    #[allow(clippy::too_many_arguments)]
+    /// Passes a request frame, as it came, to the shard that handles it, waiting up to
+    /// `timeout_ms`; its answer comes back as the bytes to write. An answer with records
+    /// (`carries_records`) is built on the other shard: room for the largest one is reserved
+    /// here first, so a client that does not read cannot make the shards hold its answers
+    /// (shard-aware clients send these straight to the owner).
     fn forward(
         self: &Rc<Self>,
         to: u32,
-        bytes: &[u8],
-        req: &Request,
-        request_id: u64,
-        oneway: bool,
-        peer: SocketAddr,
-        conn: u64,
-        frame_max: u32,
+        at: &Arrival<'_>,
+        timeout_ms: u64,
+        carries_records: bool,
     ) -> Handled {
+        self.stats.forwarded.set(self.stats.forwarded.get() + 1);
         let ctx = self.clone();
-        let frame_bytes = bytes.to_vec();
-        // A forwarded long poll may be held for its whole wait.
-        let timeout_ms = match req {
-            Request::Pull(p) => {
-                MESH_CALL_TIMEOUT_MS.max(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64 + 5_000)
-            }
-            _ => MESH_CALL_TIMEOUT_MS,
-        };
-        // An answer with records is built on the other shard: room for the largest one is
-        // reserved here first, so a client that does not read cannot make the shards hold
-        // its answers (shard-aware clients send these straight to the owner).
-        let carries_records = matches!(
-            req,
-            Request::Pull(_) | Request::MessageById(_) | Request::MessagesByKey(_)
-        );
+        let frame_bytes = at.bytes.to_vec();
+        let &Arrival {
+            request_id,
+            oneway,
+            peer,
+            conn,
+            frame_max,
+            ..
+        } = at;
         let largest = frame_max as usize;
         Handled::Later(Box::pin(async move {
             let mut hold = if carries_records {
@@ -590,6 +602,16 @@ impl ShardCtx {
             })
         }))
     }
+}
+
+/// A request frame as it arrived, and where from.
+pub(super) struct Arrival<'a> {
+    pub bytes: &'a [u8],
+    pub request_id: u64,
+    pub oneway: bool,
+    pub peer: SocketAddr,
+    pub conn: u64,
+    pub frame_max: u32,
 }
 
 /// Counts a request in flight while it lives.

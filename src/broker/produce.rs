@@ -7,16 +7,18 @@
 use std::net::SocketAddr;
 use std::rc::Rc;
 
+use super::mesh::MESH_CALL_TIMEOUT_MS;
 use super::mesh::{MeshReply, MeshRequest};
 use super::transaction::is_half;
-use super::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
+use super::{err, error_frame, response_frame, store_error, Arrival, Handled, ShardCtx};
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{
     Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
 };
 use crate::protocol::{
-    encode_frame, ErrorBody, ErrorCode, Flags, Frame, Kind, MessageId, Response, SendBatch,
-    SendBatchResult, SendMessage, SendResult, QUEUE_OFFSET_HALF,
+    encode_frame, ArchivedBatchItem, ArchivedSendMessage, BatchItem, ErrorBody, ErrorCode, Flags,
+    Frame, Kind, MessageId, Response, SendBatch, SendBatchResult, SendMessage, SendResult,
+    QUEUE_OFFSET_HALF,
 };
 use crate::store::PutResult;
 
@@ -47,6 +49,50 @@ struct OwnedItem {
     born_timestamp_ms: i64,
 }
 
+impl<'a> From<&'a BatchItem> for SendItem<'a> {
+    fn from(i: &'a BatchItem) -> SendItem<'a> {
+        SendItem {
+            flag: i.flag,
+            properties: &i.properties,
+            body: &i.body,
+            born_timestamp_ms: i.born_timestamp_ms,
+        }
+    }
+}
+
+impl<'a> From<&'a ArchivedBatchItem> for SendItem<'a> {
+    fn from(i: &'a ArchivedBatchItem) -> SendItem<'a> {
+        SendItem {
+            flag: i.flag.to_native(),
+            properties: i.properties.as_slice(),
+            body: i.body.as_slice(),
+            born_timestamp_ms: i.born_timestamp_ms.to_native(),
+        }
+    }
+}
+
+impl<'a> From<&'a SendMessage> for SendItem<'a> {
+    fn from(m: &'a SendMessage) -> SendItem<'a> {
+        SendItem {
+            flag: m.flag,
+            properties: &m.properties,
+            body: &m.body,
+            born_timestamp_ms: m.born_timestamp_ms,
+        }
+    }
+}
+
+impl<'a> From<&'a ArchivedSendMessage> for SendItem<'a> {
+    fn from(m: &'a ArchivedSendMessage) -> SendItem<'a> {
+        SendItem {
+            flag: m.flag.to_native(),
+            properties: m.properties.as_slice(),
+            body: m.body.as_slice(),
+            born_timestamp_ms: m.born_timestamp_ms.to_native(),
+        }
+    }
+}
+
 impl OwnedItem {
     fn of(i: &SendItem<'_>) -> OwnedItem {
         OwnedItem {
@@ -67,65 +113,58 @@ impl OwnedItem {
 }
 
 impl ShardCtx {
-    /// A send or batch to a queue of this shard, handled straight from the received frame
-    /// (rkyv's checked access: no message is deserialized into owned buffers). `None`
-    /// leaves the frame to the general path (another shard's queue, a queue left to the
-    /// broker, a payload that does not check, which the general path reports).
+    /// Every send and batch, handled straight from the received frame (rkyv's checked
+    /// access: no message is deserialized into owned buffers, and the payload is validated
+    /// once): appended here, or passed on as it came to the shard that owns its queue.
+    /// `None` leaves the frame to the general path, which reports a payload that does not
+    /// check.
     pub(super) fn send_in_place(
         self: &Rc<Self>,
         frame: &Frame<'_>,
-        request_id: u64,
-        peer: SocketAddr,
-    ) -> Option<(Kind, Handled)> {
+        at: &Arrival<'_>,
+    ) -> Option<Handled> {
         let kind = frame.kind();
         if !matches!(kind, Kind::SendMessage | Kind::SendBatch) {
             return None;
         }
         let meta = frame.aligned_meta();
-        let here = |topic: &str, queue_id: i32| {
+        // The owner of a named queue; a queue left to the broker is chosen here (`send`).
+        let owner = |topic: &str, queue_id: i32| {
             u32::try_from(queue_id)
-                .is_ok_and(|q| crate::protocol::route::owner(topic, q, self.shard_count) == self.id)
+                .ok()
+                .map(|q| crate::protocol::route::owner(topic, q, self.shard_count))
+                .filter(|&to| to != self.id)
         };
-        let handled = if kind == Kind::SendMessage {
+        let (request_id, peer) = (at.request_id, at.peer);
+        if kind == Kind::SendMessage {
             let m = meta.access::<SendMessage>().ok()?;
             let (topic, queue_id) = (m.topic.as_str(), m.queue_id.to_native());
-            if !here(topic, queue_id) {
-                return None;
+            if let Some(to) = owner(topic, queue_id) {
+                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
             }
-            let item = [SendItem {
-                flag: m.flag.to_native(),
-                properties: m.properties.as_slice(),
-                body: m.body.as_slice(),
-                born_timestamp_ms: m.born_timestamp_ms.to_native(),
-            }];
-            self.send(
-                request_id,
-                topic,
-                queue_id,
-                &item,
-                m.wait_durable,
-                peer,
-                false,
-            )
+            let item = [SendItem::from(m)];
+            Some(self.run_request(kind, at.oneway, || {
+                self.send(
+                    request_id,
+                    topic,
+                    queue_id,
+                    &item,
+                    m.wait_durable,
+                    peer,
+                    false,
+                )
+            }))
         } else {
             let b = meta.access::<SendBatch>().ok()?;
             let (topic, queue_id) = (b.topic.as_str(), b.queue_id.to_native());
-            if !here(topic, queue_id) {
-                return None;
+            if let Some(to) = owner(topic, queue_id) {
+                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
             }
-            let items: Vec<SendItem<'_>> = b
-                .messages
-                .iter()
-                .map(|i| SendItem {
-                    flag: i.flag.to_native(),
-                    properties: i.properties.as_slice(),
-                    body: i.body.as_slice(),
-                    born_timestamp_ms: i.born_timestamp_ms.to_native(),
-                })
-                .collect();
-            self.send_items(request_id, topic, queue_id, &items, b.wait_durable, peer)
-        };
-        Some((kind, handled))
+            let items: Vec<SendItem<'_>> = b.messages.iter().map(SendItem::from).collect();
+            Some(self.run_request(kind, at.oneway, || {
+                self.send_items(request_id, topic, queue_id, &items, b.wait_durable, peer)
+            }))
+        }
     }
 
     /// `SendMessage`.
@@ -135,12 +174,7 @@ impl ShardCtx {
         m: SendMessage,
         peer: SocketAddr,
     ) -> Handled {
-        let item = [SendItem {
-            flag: m.flag,
-            properties: &m.properties,
-            body: &m.body,
-            born_timestamp_ms: m.born_timestamp_ms,
-        }];
+        let item = [SendItem::from(&m)];
         self.send(
             request_id,
             &m.topic,
@@ -159,16 +193,7 @@ impl ShardCtx {
         b: SendBatch,
         peer: SocketAddr,
     ) -> Handled {
-        let items: Vec<_> = b
-            .messages
-            .iter()
-            .map(|i| SendItem {
-                flag: i.flag,
-                properties: &i.properties,
-                body: &i.body,
-                born_timestamp_ms: i.born_timestamp_ms,
-            })
-            .collect();
+        let items: Vec<_> = b.messages.iter().map(SendItem::from).collect();
         self.send_items(
             request_id,
             &b.topic,
