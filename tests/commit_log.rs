@@ -340,3 +340,58 @@ fn sync_mode_zeroes_ahead_of_the_writer_in_the_background() {
         check_all(&log, &expected).await;
     });
 }
+
+/// The open flags of the file descriptor this process has on `path`, from /proc.
+fn open_flags(path: &std::path::Path) -> Option<u32> {
+    for fd in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        if std::fs::read_link(fd.path()).ok().as_deref() == Some(path) {
+            let info = std::fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?;
+            return u32::from_str_radix(flags.trim(), 8).ok();
+        }
+    }
+    None
+}
+
+/// Sync mode writes its segments through O_DSYNC (a write completes once durable: no
+/// separate fdatasync on the acknowledgement path); async mode does not. Either way, what
+/// was acknowledged reads back after a reopen.
+#[test]
+fn sync_mode_writes_segments_with_o_dsync() {
+    for flush in [FlushMode::Sync, FlushMode::Async] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = config(1 << 20, flush);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            let kept = append_all(&log, 9, 50, 300).await;
+            let segment = std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.file_name().unwrap().len() == 20)
+                .expect("a segment file");
+            let flags = open_flags(&segment).expect("the log holds its segment open");
+            let dsync = flags & libc::O_DSYNC as u32 != 0;
+            assert_eq!(
+                dsync,
+                flush == FlushMode::Sync,
+                "{flush:?}: flags {flags:o}"
+            );
+            if flush == FlushMode::Sync {
+                assert!(
+                    log.stats().fdatasync.borrow().count() > 0,
+                    "each durable write is counted where fdatasyncs were"
+                );
+            }
+            drop(log);
+            let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+            check_all(&log, &kept).await;
+        });
+    }
+}

@@ -27,7 +27,7 @@ struct Cli {
     #[arg(long)]
     shards: Option<usize>,
     /// async: acknowledge once written, fdatasync in the background; sync: acknowledge
-    /// after fdatasync (group commit) [default: async]
+    /// once durable (O_DSYNC writes, group commit) [default: async]
     #[arg(long)]
     flush: Option<FlushMode>,
     /// Background fdatasync period in async mode [default: 500]

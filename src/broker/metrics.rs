@@ -357,7 +357,7 @@ impl ShardCtx {
         let log = self.store.log();
         s.histograms.push((
             "ringmq_fdatasync_seconds",
-            "fdatasync calls of the commit log (a send in sync mode waits for one; in async mode they run in the background).",
+            "Commit log fdatasyncs: in sync mode its O_DSYNC writes, each durable when it completes (a send waits for one); in async mode the background fdatasyncs.",
             self.id,
             log.stats().fdatasync.borrow().clone(),
         ));

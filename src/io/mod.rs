@@ -72,6 +72,8 @@ pub const IO_ALIGN: usize = 4096;
 pub struct LogFile {
     path: PathBuf,
     inner: Inner,
+    /// Opened with O_DSYNC: every completed write is durable.
+    dsync: bool,
 }
 
 enum Inner {
@@ -107,13 +109,166 @@ impl IoBuf {
     }
 }
 
+/// Log bytes gathered for one write, in aligned memory that direct I/O writes as it is
+/// (records are encoded straight into it: no copy into a separate I/O buffer). Filled from
+/// the start; grows by moving to a larger buffer.
+#[derive(Default)]
+pub struct WriteBuf {
+    mem: Option<glommio::io::DmaBuffer>,
+    len: usize,
+}
+
+impl WriteBuf {
+    /// An empty buffer with room for at least `cap` bytes.
+    pub fn with_capacity(cap: usize) -> WriteBuf {
+        let mut b = WriteBuf::default();
+        b.reserve(cap);
+        b
+    }
+
+    /// A buffer holding a copy of `bytes`, with room for at least `cap` bytes in all.
+    pub fn from_slice(bytes: &[u8], cap: usize) -> WriteBuf {
+        let mut b = WriteBuf::with_capacity(cap.max(bytes.len()));
+        b.extend(bytes.len()).copy_from_slice(bytes);
+        b
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.mem.as_ref().map_or(0, |m| m.len())
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.mem {
+            Some(m) => &m.as_bytes()[..self.len],
+            None => &[],
+        }
+    }
+
+    /// Room for `additional` more bytes (moves to a buffer twice as large, or as large as
+    /// needed, when there is not).
+    fn reserve(&mut self, additional: usize) {
+        let need = self.len + additional;
+        if need <= self.capacity() {
+            return;
+        }
+        let cap = align_up_io(need.max(self.capacity() * 2));
+        let mut mem = glommio::allocate_dma_buffer_global(cap);
+        if let Some(old) = &self.mem {
+            mem.as_bytes_mut()[..self.len].copy_from_slice(&old.as_bytes()[..self.len]);
+        }
+        self.mem = Some(mem);
+    }
+
+    /// Appends `n` bytes and returns them to be filled. Their content is unspecified (the
+    /// memory is not zeroed first, to spare a pass over every byte): the caller writes all
+    /// of them before anything reads them.
+    pub fn extend(&mut self, n: usize) -> &mut [u8] {
+        self.reserve(n);
+        let from = self.len;
+        self.len += n;
+        match &mut self.mem {
+            Some(m) => &mut m.as_bytes_mut()[from..from + n],
+            None => &mut [],
+        }
+    }
+
+    /// Ready to be written: the partial last block is padded with zeros up to the
+    /// alignment, and a buffer much larger than its bytes is swapped for one that fits
+    /// (what the cache of the newest writes keeps is what it counts).
+    pub fn into_written(mut self) -> Written {
+        let len = self.len;
+        let aligned = align_up_io(len);
+        let Some(mut mem) = self.mem.take() else {
+            return Written {
+                mem: None,
+                len: 0,
+                capacity: 0,
+            };
+        };
+        mem.as_bytes_mut()[len..aligned].fill(0);
+        if mem.len() > 2 * aligned && mem.len() - aligned > WRITE_BUF_SLACK_MAX {
+            let mut fit = glommio::allocate_dma_buffer_global(aligned);
+            fit.as_bytes_mut()
+                .copy_from_slice(&mem.as_bytes()[..aligned]);
+            mem = fit;
+        }
+        let capacity = mem.len();
+        mem.trim_to_size(aligned);
+        Written {
+            mem: Some(std::rc::Rc::new(mem)),
+            len,
+            capacity,
+        }
+    }
+}
+
+/// Unused room a written buffer may keep before it is swapped for one that fits.
+const WRITE_BUF_SLACK_MAX: usize = 64 << 10;
+
+fn align_up_io(n: usize) -> usize {
+    n.div_ceil(IO_ALIGN) * IO_ALIGN
+}
+
+/// The bytes of a [`WriteBuf`] once written (or being written): shared, by reference count,
+/// between the write in flight, the cache of the newest writes and the answers that carry
+/// its records.
+#[derive(Clone)]
+pub struct Written {
+    /// Trimmed to `len` aligned up: what is written.
+    mem: Option<std::rc::Rc<glommio::io::DmaBuffer>>,
+    len: usize,
+    /// Memory the buffer holds.
+    capacity: usize,
+}
+
+impl Written {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Memory the buffer holds (at least `len`).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Whether `self` and `other` share one buffer.
+    pub fn same(&self, other: &Written) -> bool {
+        match (&self.mem, &other.mem) {
+            (Some(a), Some(b)) => std::rc::Rc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl std::ops::Deref for Written {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.mem {
+            Some(m) => &m.as_bytes()[..self.len],
+            None => &[],
+        }
+    }
+}
+
 /// Bytes read from a [`LogFile`], or from the log's cache of its newest writes.
 pub enum ReadBuf {
     Dma(glommio::io::ReadResult),
     Plain(Vec<u8>),
     /// `len` bytes at `start` of a buffer shared with the cache (not copied).
     Shared {
-        bytes: std::rc::Rc<Vec<u8>>,
+        bytes: Written,
         start: usize,
         len: usize,
     },
@@ -137,34 +292,44 @@ fn with_context(e: impl Into<io::Error>, op: &str, path: &Path) -> io::Error {
 
 impl LogFile {
     /// Opens (and with `create`, creates) a file for reading and writing. Falls back to
-    /// buffered I/O, with a warning on stderr, when the filesystem refuses O_DIRECT.
-    pub async fn open(path: &Path, create: bool) -> io::Result<LogFile> {
+    /// buffered I/O, with a warning on stderr, when the filesystem refuses O_DIRECT. With
+    /// `dsync` (O_DSYNC), a write completes only once it is durable, as if an fdatasync
+    /// followed it: one operation instead of two, and the kernel issues the cache flush
+    /// from the write's completion (no hand-off of a separate fdatasync to an io_uring
+    /// worker thread).
+    pub async fn open(path: &Path, create: bool, dsync: bool) -> io::Result<LogFile> {
         probe_iopoll_once(path).await;
+        let flags = if dsync { libc::O_DSYNC } else { 0 };
         let dma = glommio::io::OpenOptions::new()
             .read(true)
             .write(true)
             .create(create)
+            .custom_flags(flags)
             .dma_open(path)
             .await;
         match dma {
             Ok(f) => Ok(LogFile {
                 path: path.to_owned(),
                 inner: Inner::Dma(f),
+                dsync,
             }),
             Err(e) => {
                 let e: io::Error = e.into();
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     warn_buffered_once(path);
+                    use std::os::unix::fs::OpenOptionsExt;
                     let f = std::fs::OpenOptions::new()
                         .read(true)
                         .write(true)
                         .create(create)
                         .truncate(false)
+                        .custom_flags(flags)
                         .open(path)
                         .map_err(|e| with_context(e, "open", path))?;
                     Ok(LogFile {
                         path: path.to_owned(),
                         inner: Inner::Buffered(f),
+                        dsync,
                     })
                 } else {
                     Err(with_context(e, "open", path))
@@ -177,27 +342,14 @@ impl LogFile {
         &self.path
     }
 
+    /// True when every completed write to this file is durable (O_DSYNC).
+    pub fn is_dsync(&self) -> bool {
+        self.dsync
+    }
+
     /// True when this file uses direct I/O.
     pub fn is_direct(&self) -> bool {
         matches!(self.inner, Inner::Dma(_))
-    }
-
-    /// A buffer of `len` bytes (a multiple of [`IO_ALIGN`]) to write with. Only the bytes
-    /// from `zero_from` on are zeroed: the caller fills the rest.
-    pub fn alloc_filled_to(&self, len: usize, zero_from: usize) -> IoBuf {
-        debug_assert_eq!(len % IO_ALIGN, 0);
-        match &self.inner {
-            Inner::Dma(f) => {
-                let mut b = f.alloc_dma_buffer(len);
-                b.as_bytes_mut()[zero_from.min(len)..].fill(0);
-                IoBuf {
-                    inner: IoBufInner::Dma(b),
-                }
-            }
-            Inner::Buffered(_) => IoBuf {
-                inner: IoBufInner::Plain(vec![0u8; len]),
-            },
-        }
     }
 
     /// A zeroed buffer of `len` bytes (a multiple of [`IO_ALIGN`]) to write with.
@@ -217,15 +369,59 @@ impl LogFile {
         }
     }
 
-    /// Writes the whole buffer at `pos` (aligned).
-    pub async fn write_at(&self, buf: IoBuf, pos: u64) -> io::Result<()> {
+    /// Fault injection and the slow-disk delay of tests, before a write.
+    async fn before_write(&self, pos: u64) -> io::Result<()> {
         debug_assert_eq!(pos % IO_ALIGN as u64, 0);
         injected(FailPoint::Write, &self.path)?;
         injected(FailPoint::WriteNoSpace, &self.path)?;
+        if self.dsync {
+            // An O_DSYNC write fails where its fdatasync would.
+            injected(FailPoint::Fdatasync, &self.path)?;
+        }
         let delay_us = WRITE_DELAY_US.load(std::sync::atomic::Ordering::Relaxed);
         if delay_us > 0 {
             sleep(Duration::from_micros(delay_us)).await;
         }
+        Ok(())
+    }
+
+    fn check_written(&self, written: usize, want: usize, pos: u64) -> io::Result<()> {
+        if written != want {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!(
+                    "short write {}: {written} of {want} bytes at {pos}",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the bytes of `buf` at `pos` (aligned), its last block padded with zeros; the
+    /// buffer is shared with the write, not copied.
+    pub async fn write_shared(&self, buf: &Written, pos: u64) -> io::Result<()> {
+        self.before_write(pos).await?;
+        let Some(mem) = &buf.mem else { return Ok(()) };
+        let want = mem.len();
+        let written = match &self.inner {
+            Inner::Dma(f) => f
+                .write_rc_at(mem.clone(), pos)
+                .await
+                .map_err(|e| with_context(e, "write", &self.path))?,
+            Inner::Buffered(f) => {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(mem.as_bytes(), pos)
+                    .map_err(|e| with_context(e, "write", &self.path))?;
+                want
+            }
+        };
+        self.check_written(written, want, pos)
+    }
+
+    /// Writes the whole buffer at `pos` (aligned).
+    pub async fn write_at(&self, buf: IoBuf, pos: u64) -> io::Result<()> {
+        self.before_write(pos).await?;
         let want = buf.len();
         let written = match (&self.inner, buf.inner) {
             (Inner::Dma(f), IoBufInner::Dma(b)) => f
@@ -240,16 +436,7 @@ impl LogFile {
             }
             _ => unreachable!("IoBuf allocated by another LogFile"),
         };
-        if written != want {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!(
-                    "short write {}: {written} of {want} bytes at {pos}",
-                    self.path.display()
-                ),
-            ));
-        }
-        Ok(())
+        self.check_written(written, want, pos)
     }
 
     /// Reads up to `len` bytes at `pos`; fewer at the end of the file.
@@ -422,4 +609,51 @@ where
         .expect("spawn executor")
         .join()
         .expect("executor thread panicked")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{WriteBuf, IO_ALIGN};
+
+    #[test]
+    fn a_write_buffer_keeps_its_bytes_as_it_grows_and_pads_its_last_block() {
+        let mut b = WriteBuf::from_slice(b"head", 8);
+        assert_eq!(b.capacity(), IO_ALIGN, "aligned memory, a block at least");
+        assert_eq!(b.as_slice().as_ptr() as usize % IO_ALIGN, 0);
+        let mut want = b"head".to_vec();
+        for i in 0..3000u32 {
+            let bytes = i.to_le_bytes();
+            b.extend(4).copy_from_slice(&bytes);
+            want.extend_from_slice(&bytes);
+        }
+        assert!(b.capacity() >= want.len() && b.capacity() % IO_ALIGN == 0);
+        assert_eq!(b.as_slice(), &want[..], "growing moved every byte");
+        let cap = b.capacity();
+        let w = b.into_written();
+        assert_eq!(&w[..], &want[..]);
+        assert_eq!(w.capacity(), cap, "close to its size: kept as it is");
+        let mem = w.mem.as_ref().expect("memory");
+        let aligned = want.len().div_ceil(IO_ALIGN) * IO_ALIGN;
+        assert_eq!(mem.len(), aligned, "the write covers whole blocks");
+        assert!(
+            mem.as_bytes()[want.len()..].iter().all(|&b| b == 0),
+            "the partial last block is padded with zeros, not stale memory"
+        );
+        assert!(w.same(&w.clone()));
+    }
+
+    #[test]
+    fn a_written_buffer_much_larger_than_its_bytes_is_swapped_for_one_that_fits() {
+        let mut b = WriteBuf::with_capacity(1 << 20);
+        b.extend(100).fill(7);
+        let w = b.into_written();
+        assert_eq!(
+            w.capacity(),
+            IO_ALIGN,
+            "what the cache counts is what it holds"
+        );
+        assert_eq!(&w[..], &[7u8; 100][..]);
+        let empty = WriteBuf::default().into_written();
+        assert!(empty.is_empty() && empty.capacity() == 0);
+    }
 }

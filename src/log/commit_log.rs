@@ -23,7 +23,7 @@ use recovery::*;
 use tail_cache::TailCache;
 use writer::*;
 
-use crate::io::{LogFile, ReadBuf, IO_ALIGN};
+use crate::io::{LogFile, ReadBuf, WriteBuf, IO_ALIGN};
 use crate::protocol::record::{
     encode_blank, peek_frame, Placement, RecordDraft, RecordError, RecordView, BLANK_MAGIC,
     HEADER_BYTES, RECORD_BYTES_MAX, RECORD_MAGIC_V1,
@@ -36,7 +36,8 @@ pub enum FlushMode {
     /// After the write reached the file; an fdatasync runs in the background every
     /// `flush_interval_ms`.
     Async,
-    /// After an fdatasync covers the record; concurrent appends share one fdatasync.
+    /// Once the record is durable: the segment files are written with O_DSYNC (a write
+    /// completes as write + fdatasync would); concurrent appends share one write.
     Sync,
 }
 
@@ -207,8 +208,15 @@ struct Segment {
 struct Chunk {
     seg_base: u64,
     start: u64,
-    bytes: Vec<u8>,
+    bytes: WriteBuf,
 }
+
+/// Room a new chunk starts with at least; a chunk starts with room for what the write
+/// before it took (so steady large writes never grow a buffer by moving it).
+const CHUNK_CAP_MIN: usize = 16 << 10;
+
+/// Room a new chunk starts with at most (more grows it).
+const CHUNK_CAP_MAX: usize = 16 << 20;
 
 struct State {
     segments: BTreeMap<u64, Segment>,
@@ -232,6 +240,21 @@ struct State {
     /// Files written since the last fdatasync.
     unsynced: Vec<Rc<LogFile>>,
     closed: bool,
+    /// Room the next chunk starts with: about the most the recent writes took (it decays
+    /// by 1/16 a write), so steady large writes never grow a buffer by moving its bytes.
+    chunk_cap: usize,
+}
+
+impl State {
+    /// An empty chunk for the segment at `seg_base`, starting at `start`, holding a copy
+    /// of `head` (the partial last block already written).
+    fn new_chunk(&self, seg_base: u64, start: u64, head: &[u8]) -> Chunk {
+        Chunk {
+            seg_base,
+            start,
+            bytes: WriteBuf::from_slice(head, self.chunk_cap),
+        }
+    }
 }
 
 /// An offset that only grows, with tasks waiting for it to pass a target.
@@ -322,7 +345,7 @@ impl CommitLog {
         let mut segments = BTreeMap::new();
         for &base in &bases {
             let path = dir.join(segment_name(base));
-            let file = LogFile::open(&path, false).await?;
+            let file = LogFile::open(&path, false, cfg.flush == FlushMode::Sync).await?;
             segments.insert(
                 base,
                 Segment {
@@ -366,7 +389,7 @@ impl CommitLog {
             active: Chunk {
                 seg_base: active_base,
                 start,
-                bytes: tail_bytes,
+                bytes: WriteBuf::from_slice(&tail_bytes, CHUNK_CAP_MIN),
             },
             writer_running: false,
             poisoned: None,
@@ -376,6 +399,7 @@ impl CommitLog {
             min_offset,
             unsynced: Vec::new(),
             closed: false,
+            chunk_cap: CHUNK_CAP_MIN,
         };
         debug_assert_eq!(st.active.bytes.len() as u64, end - start);
         let inner = Rc::new(Inner {
@@ -473,10 +497,8 @@ impl CommitLog {
             store_timestamp_ms,
         };
         let chunk = &mut st.active;
-        let from = chunk.bytes.len();
-        debug_assert_eq!(chunk.start + from as u64, physical_offset);
-        chunk.bytes.resize(from + len, 0);
-        draft.encode_into(at, &mut chunk.bytes[from..]);
+        debug_assert_eq!(chunk.start + chunk.bytes.len() as u64, physical_offset);
+        draft.encode_into(at, chunk.bytes.extend(len));
         st.write_pos += len as u64;
         if !st.writer_running {
             st.writer_running = true;
@@ -496,24 +518,15 @@ impl CommitLog {
         let seg_bytes = self.inner.cfg.segment_bytes;
         let seg_end = st.active_base + seg_bytes;
         let remaining = (seg_end - st.write_pos) as usize;
+        let rest = st.active.bytes.extend(remaining);
+        rest.fill(0);
         if remaining >= 8 {
-            let from = st.active.bytes.len();
-            st.active.bytes.resize(from + remaining, 0);
-            encode_blank(&mut st.active.bytes[from..]);
-        } else if remaining > 0 {
-            // Too small for a filler: zeros mark the end of a sealed segment.
-            let from = st.active.bytes.len();
-            st.active.bytes.resize(from + remaining, 0);
+            encode_blank(rest);
         }
+        // else too small for a filler: zeros mark the end of a sealed segment.
         let next = seg_end;
-        let old = std::mem::replace(
-            &mut st.active,
-            Chunk {
-                seg_base: next,
-                start: next,
-                bytes: Vec::new(),
-            },
-        );
+        let fresh = st.new_chunk(next, next, &[]);
+        let old = std::mem::replace(&mut st.active, fresh);
         st.sealed.push(old);
         st.active_base = next;
         st.write_pos = next;

@@ -255,15 +255,14 @@ impl QueueRead {
     /// Bytes of the cache buffers this read shares beyond its records' own bytes (each
     /// buffer counted once): what an answer carrying it holds in memory past its size.
     pub fn pinned_beyond(&self) -> usize {
-        let mut last: Option<*const Vec<u8>> = None;
+        let mut last: Option<&crate::io::Written> = None;
         let mut held = 0;
         for b in &self.bufs {
             if let ReadBuf::Shared { bytes, .. } = b {
                 // A read's records are in log order: buffers repeat only next to each other.
-                let p = Rc::as_ptr(bytes);
-                if last != Some(p) {
+                if !last.is_some_and(|l| l.same(bytes)) {
                     held += bytes.capacity();
-                    last = Some(p);
+                    last = Some(bytes);
                 }
             }
         }

@@ -161,8 +161,8 @@ struct Cli {
     /// sends, and the delay counts as latency.
     #[arg(long, default_value_t = 128)]
     in_flight: usize,
-    /// Flush mode of the embedded broker: async (ack after the write) or sync (ack after
-    /// fdatasync, group commit).
+    /// Flush mode of the embedded broker: async (ack after the write) or sync (ack once
+    /// durable: O_DSYNC writes, group commit).
     #[arg(long, default_value = "async")]
     flush: FlushMode,
     /// Shards of the embedded broker [default: one per core].

@@ -2,7 +2,8 @@
 //! the file, and served without a copy.
 
 use std::collections::VecDeque;
-use std::rc::Rc;
+
+use crate::io::Written;
 
 /// The newest written bytes of the log, as the buffers the writer wrote: each write's
 /// buffer is moved in whole (not copied) and shared, by reference count, with the pull
@@ -13,12 +14,12 @@ use std::rc::Rc;
 #[derive(Default)]
 pub(super) struct TailCache {
     /// (log offset, bytes) of each write kept, oldest first; starts and ends increase.
-    writes: VecDeque<(u64, Rc<Vec<u8>>)>,
+    writes: VecDeque<(u64, Written)>,
     /// Memory of the writes kept (their capacities).
     held: usize,
 }
 
-fn end_of((start, bytes): &(u64, Rc<Vec<u8>>)) -> u64 {
+fn end_of((start, bytes): &(u64, Written)) -> u64 {
     start + bytes.len() as u64
 }
 
@@ -30,7 +31,7 @@ impl TailCache {
     }
 
     /// Records that `bytes` were written at `start`, keeping the buffer itself.
-    pub(super) fn push(&mut self, start: u64, bytes: Vec<u8>, cap: usize) {
+    pub(super) fn push(&mut self, start: u64, bytes: Written, cap: usize) {
         if cap == 0 || bytes.is_empty() {
             return;
         }
@@ -45,7 +46,7 @@ impl TailCache {
             }
         }
         self.held += bytes.capacity();
-        self.writes.push_back((start, Rc::new(bytes)));
+        self.writes.push_back((start, bytes));
         while self.held > cap && self.writes.len() > 1 {
             if let Some((_, old)) = self.writes.pop_front() {
                 self.held -= old.capacity();
@@ -64,7 +65,7 @@ impl TailCache {
     }
 
     /// The buffer holding all of `[offset, offset + len)` and where the range starts in it.
-    pub(super) fn shared(&self, offset: u64, len: usize) -> Option<(Rc<Vec<u8>>, usize)> {
+    pub(super) fn shared(&self, offset: u64, len: usize) -> Option<(Written, usize)> {
         let end = offset.checked_add(len as u64)?;
         let w = &self.writes[self.holding(offset)?];
         (end <= end_of(w)).then(|| (w.1.clone(), (offset - w.0) as usize))
@@ -100,6 +101,12 @@ impl TailCache {
 #[cfg(test)]
 mod tests {
     use super::TailCache;
+    use crate::io::{WriteBuf, Written};
+
+    /// `bytes` as the writer hands them over (at least one 4 KiB block of memory each).
+    fn w(bytes: Vec<u8>) -> Written {
+        WriteBuf::from_slice(&bytes, 0).into_written()
+    }
 
     fn get(cache: &TailCache, offset: u64, len: usize) -> Option<Vec<u8>> {
         let one = cache
@@ -122,10 +129,13 @@ mod tests {
     fn check(cap: usize, sizes: &[usize], overlap: u64) {
         let mut cache = TailCache::default();
         let mut pos = 0u64;
+        let mut largest = 0;
         for &n in sizes {
             let start = pos.saturating_sub(overlap);
             let bytes: Vec<u8> = (start..pos + n as u64).map(|i| i as u8).collect();
             let len = bytes.len();
+            let bytes = w(bytes);
+            largest = largest.max(bytes.capacity());
             cache.push(start, bytes, cap);
             pos += n as u64;
             if cap > 0 && len > 0 {
@@ -144,17 +154,17 @@ mod tests {
             }
         }
         assert!(get(&cache, pos, 1).is_none(), "nothing past the end");
-        let largest = sizes.iter().max().copied().unwrap_or(0) + overlap as usize;
         assert!(cache.held <= cap.max(largest), "{} bytes held", cache.held);
     }
 
     #[test]
     fn serves_recent_bytes_and_never_wrong_ones() {
         for overlap in [0, 3] {
-            check(256, &[10; 100], overlap);
-            check(256, &[100, 3, 200, 1, 57, 300, 5], overlap);
+            // Each write holds a 4 KiB block: caps in blocks.
+            check(3 << 12, &[10; 100], overlap);
+            check(3 << 12, &[100, 3, 200, 1, 57, 300, 5, 5000, 9000], overlap);
             check(1, &[4, 4, 4], overlap);
-            check(1000, &[10; 20], overlap);
+            check(10 << 12, &[10; 20], overlap);
             check(0, &[10; 3], overlap);
         }
     }
@@ -162,9 +172,9 @@ mod tests {
     #[test]
     fn a_repeated_partial_block_and_a_jump_are_handled() {
         let mut cache = TailCache::default();
-        cache.push(0, vec![1, 2, 3, 4], 64);
+        cache.push(0, w(vec![1, 2, 3, 4]), 1 << 16);
         // The partial last block is written again with more after it.
-        cache.push(2, vec![3, 4, 5, 6], 64);
+        cache.push(2, w(vec![3, 4, 5, 6]), 1 << 16);
         assert_eq!(cache.copy(0, 6), Some(vec![1, 2, 3, 4, 5, 6]));
         // Within one write: shared, not copied.
         let (buf, at) = cache.shared(3, 3).expect("in the second write");
@@ -173,7 +183,7 @@ mod tests {
         assert_eq!(cache.write_end(1), Some(4));
         assert_eq!(cache.write_end(4), Some(6));
         // A write elsewhere (a new segment after a gap) starts over.
-        cache.push(100, vec![9, 9], 64);
+        cache.push(100, w(vec![9, 9]), 1 << 16);
         assert_eq!(cache.copy(0, 1), None);
         assert_eq!(cache.copy(100, 2), Some(vec![9, 9]));
     }
@@ -181,9 +191,9 @@ mod tests {
     #[test]
     fn a_shared_buffer_outlives_its_eviction() {
         let mut cache = TailCache::default();
-        cache.push(0, vec![7; 8], 8);
+        cache.push(0, w(vec![7; 8]), 4096);
         let (held, _) = cache.shared(0, 8).expect("cached");
-        cache.push(8, vec![8; 8], 8);
+        cache.push(8, w(vec![8; 8]), 4096);
         assert!(cache.shared(0, 8).is_none(), "evicted");
         assert_eq!(
             &held[..],

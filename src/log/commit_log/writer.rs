@@ -9,7 +9,7 @@ use super::*;
 /// readable) is not an integrity event: the log is cut back to its readable end, the appends
 /// waiting past it fail with `DiskFull`, and appends are refused until the space returns.
 /// Anything else poisons the log.
-pub(super) fn write_failed(inner: &Inner, first: &Chunk, e: LogError) {
+pub(super) fn write_failed(inner: &Inner, first: &ReadyChunk, e: LogError) {
     let full = match &e {
         LogError::Io(io) => crate::io::is_disk_full(io),
         _ => false,
@@ -23,17 +23,13 @@ pub(super) fn write_failed(inner: &Inner, first: &Chunk, e: LogError) {
 
 /// Drops everything appended past the readable end: `first` is the first chunk of the
 /// failed round (it starts at or before that end).
-fn cut(inner: &Inner, first: &Chunk, reason: String) {
+fn cut(inner: &Inner, first: &ReadyChunk, reason: String) {
     let at = inner.readable.value.get();
     debug_assert!(first.start <= at);
     let keep = ((at - first.start) as usize).min(first.bytes.len());
     let doomed: Vec<Segment> = {
         let mut st = inner.st.borrow_mut();
-        st.active = Chunk {
-            seg_base: first.seg_base,
-            start: first.start,
-            bytes: first.bytes[..keep].to_vec(),
-        };
+        st.active = st.new_chunk(first.seg_base, first.start, &first.bytes[..keep]);
         st.sealed.clear();
         st.write_pos = at;
         st.active_base = first.seg_base;
@@ -99,7 +95,7 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
     if let Some(f) = existing {
         return Ok(f);
     }
-    let file = LogFile::open(&path, true).await?;
+    let file = LogFile::open(&path, true, inner.cfg.flush == FlushMode::Sync).await?;
     if inner.cfg.preallocate {
         file.preallocate(inner.cfg.segment_bytes).await?;
     }
@@ -111,6 +107,13 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
         s.file = Some(file.clone());
     }
     Ok(file)
+}
+
+/// A chunk ready to be written (or being written).
+pub(super) struct ReadyChunk {
+    seg_base: u64,
+    start: u64,
+    bytes: crate::io::Written,
 }
 
 /// How many extra times the writer yields while appends keep joining a batch.
@@ -284,20 +287,20 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 return;
             }
             let mut chunks = std::mem::take(&mut st.sealed);
-            let active = &mut st.active;
-            let written_to = active.start + active.bytes.len() as u64;
+            let written_to = st.active.start + st.active.bytes.len() as u64;
             if written_to > inner.readable.value.get() || !chunks.is_empty() {
+                // The next chunk starts with room for what this round took.
+                let took =
+                    st.active.bytes.len() + chunks.iter().map(|c| c.bytes.len()).sum::<usize>();
+                let decayed = st.chunk_cap - st.chunk_cap / 16;
+                st.chunk_cap = (took + took / 4)
+                    .max(decayed)
+                    .clamp(CHUNK_CAP_MIN, CHUNK_CAP_MAX);
                 // Keep the partial last block: the next write rewrites it with more data.
                 let keep_from = align_down(written_to);
-                let keep = active.bytes[(keep_from - active.start) as usize..].to_vec();
-                let taken = std::mem::replace(
-                    active,
-                    Chunk {
-                        seg_base: active.seg_base,
-                        start: keep_from,
-                        bytes: keep,
-                    },
-                );
+                let keep = &st.active.bytes.as_slice()[(keep_from - st.active.start) as usize..];
+                let next = st.new_chunk(st.active.seg_base, keep_from, keep);
+                let taken = std::mem::replace(&mut st.active, next);
                 if taken.start + taken.bytes.len() as u64 > inner.readable.value.get() {
                     chunks.push(taken);
                 }
@@ -306,6 +309,15 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 st.writer_running = false;
                 return;
             }
+            // Written as they are: the records were encoded into aligned memory.
+            let chunks: Vec<ReadyChunk> = chunks
+                .into_iter()
+                .map(|c| ReadyChunk {
+                    seg_base: c.seg_base,
+                    start: c.start,
+                    bytes: c.bytes.into_written(),
+                })
+                .collect();
             (chunks, written_to)
         };
         let mut touched: Vec<Rc<LogFile>> = Vec::new();
@@ -320,10 +332,16 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                     return write_failed(&inner, &chunks[0], e);
                 }
             }
-            let mut buf = file.alloc_filled_to(align_up(chunk.bytes.len()), chunk.bytes.len());
-            buf.as_bytes_mut()[..chunk.bytes.len()].copy_from_slice(&chunk.bytes);
-            if let Err(e) = file.write_at(buf, chunk.start - chunk.seg_base).await {
+            let t = std::time::Instant::now();
+            if let Err(e) = file
+                .write_shared(&chunk.bytes, chunk.start - chunk.seg_base)
+                .await
+            {
                 return write_failed(&inner, &chunks[0], e.into());
+            }
+            if file.is_dsync() {
+                // Durable once written: the write is what fdatasync would have been.
+                inner.stats.fdatasync.borrow_mut().record(t.elapsed());
             }
             if !touched.iter().any(|f| Rc::ptr_eq(f, &file)) {
                 touched.push(file);
@@ -337,7 +355,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             }
         }
         if inner.cfg.flush == FlushMode::Sync {
-            for f in &touched {
+            for f in touched.iter().filter(|f| !f.is_dsync()) {
                 let t = std::time::Instant::now();
                 if let Err(e) = f.fdatasync().await {
                     return poison(&inner, e.to_string());
