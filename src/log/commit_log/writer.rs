@@ -216,17 +216,26 @@ pub(super) async fn zeroing_ended(inner: &Inner) {
     }
 }
 
-/// Writes zeros over `[from, to)` of a file (aligned) and makes them durable.
+/// Writes zeros over `[from, to)` of a file (aligned) and makes them durable: in writes of
+/// 1 MiB and an fdatasync, or, on an O_DSYNC file (where each write is durable on its own,
+/// a journal commit and a cache flush each), in one write.
 async fn write_zeros(file: &LogFile, from: u64, to: u64) -> Result<(), LogError> {
     const ZERO_WRITE_BYTES: u64 = 1 << 20;
+    let step = if file.is_dsync() {
+        PREZERO_BYTES
+    } else {
+        ZERO_WRITE_BYTES
+    };
     let mut pos = from;
     while pos < to {
-        let len = (to - pos).min(ZERO_WRITE_BYTES);
+        let len = (to - pos).min(step);
         let buf = file.alloc(align_up(len as usize));
         file.write_at(buf, pos).await?;
         pos += len;
     }
-    file.fdatasync().await?;
+    if !file.is_dsync() {
+        file.fdatasync().await?;
+    }
     Ok(())
 }
 
