@@ -6,7 +6,8 @@
 #   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles,
 #   (d) single sends (batch 1, 2 x 128 in flight) with a push consumer group keeping up,
 #       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
-#       by push consumers pulling 32 at a time (cons/s of that row: the drain rate).
+#       by push consumers pulling 32 at a time (cons/s of that row: the drain rate),
+#   and first the machine's own scheduling jitter (perf/jitter.py), to read the tails against.
 # Broker: SHARDS shards (default 2), 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
 # RINGMQ_BIN=DIR runs the broker (and bench) in DIR instead of building this checkout
 # (perf/compare.sh); RINGMQ_BENCH_BIN=DIR takes ringmq-bench from DIR instead;
@@ -52,6 +53,7 @@ PY
 }
 
 echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues; bench args: ${BENCH_ARGS:-none}"
+python3 perf/jitter.py 3
 printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max
 start_broker async
 bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"

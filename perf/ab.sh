@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One ringmq-bench case, before/after, alternating in one run: revision REV (built once in
+# a temporary worktree) against this checkout, ROUNDS times each, each side with its own
+# broker (fresh data dir) and its own bench. Prints produce/consume msg/s and the send-ack
+# and end-to-end p50/p99/p99.9 (us) of every run. FLUSH=sync runs the brokers with
+# --flush sync; SHARDS sets their shards (default 2).
+# Usage: perf/ab.sh REV ROUNDS SECS -- BENCH_ARGS...
+#   e.g. perf/ab.sh 933fb63 4 5 -- --size 1024 --batch 1000 --producers 2 --consumers 1 \
+#        --pull-batch 1000 --in-flight 4
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REV=${1:?usage: perf/ab.sh REV ROUNDS SECS -- BENCH_ARGS...}
+ROUNDS=${2:?}
+SECS=${3:?}
+shift 3
+[ "${1:-}" = "--" ] && shift
+. perf/lib.sh
+BEFORE=/tmp/ringmq-before-target-$(git rev-parse --short "$REV")
+build_before "$REV" "$BEFORE" ringmq-broker ringmq-bench
+cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
+WORK=$(mktemp -d /tmp/ringmq-ab.XXXX)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+echo "machine: $(nproc) cores, $(uname -r); ${SHARDS:-2} shards, flush ${FLUSH:-async}; before = $REV, after = working tree of $(git rev-parse --short HEAD)"
+echo "bench: --queues 8 --duration $SECS $*"
+printf '%-7s %9s %9s %8s %8s %8s %8s %8s %8s\n' side prod/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999
+for _ in $(seq "$ROUNDS"); do
+  for side in before after; do
+    bin=target/release
+    [ $side = before ] && bin=$BEFORE/release
+    rm -rf "$WORK/data"
+    "$bin"/ringmq-broker --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards "${SHARDS:-2}" \
+      --flush "${FLUSH:-async}" >"$WORK/broker.out" 2>"$WORK/broker.err" &
+    PID=$!
+    for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
+    addr=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
+    "$bin"/ringmq-bench --broker "$addr" --queues 8 --duration "$SECS" --json "$WORK/r.json" "$@" \
+      >"$WORK/bench.log" 2>&1 || { echo "$side: bench failed"; tail -3 "$WORK/bench.log"; }
+    kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+    [ -f "$WORK/r.json" ] && python3 - "$WORK/r.json" "$side" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); p, c, s, e = j["produce"], j["consume"], j["send_latency_us"], j["e2e_latency_us"]
+print(f'{sys.argv[2]:<7} {p["msgs_per_sec"]:>9.0f} {c["msgs_per_sec"]:>9.0f} {s["p50"]:>8} {s["p99"]:>8} {s["p999"]:>8} {e["p50"]:>8} {e["p99"]:>8} {e["p999"]:>8}')
+PY
+    rm -f "$WORK/r.json"
+  done
+done
+rm -rf "$WORK/data"
