@@ -48,6 +48,11 @@ use tokio::time::{sleep, Instant};
 
 use ringmq::client::{Client, ClientConfig, ClientError, Producer, ProducerOptions};
 use ringmq::log::FlushMode;
+
+/// The bench's tokio threads free memory other threads allocated (bodies, frames); with
+/// glibc's arenas that took a lock and often a futex wait per message.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ringmq::protocol::sql::SqlFilter;
 use ringmq::protocol::ErrorCode;
 
