@@ -15,13 +15,8 @@ SECS=${3:?}
 shift 3
 [ "${1:-}" = "--" ] && shift
 . perf/lib.sh
-BEFORE=/tmp/ringmq-before-target-$(git rev-parse --short "$REV")
-build_before "$REV" "$BEFORE" ringmq-broker ringmq-bench
-cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
-WORK=$(mktemp -d /tmp/ringmq-ab.XXXX)
-PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+build_both "$REV"
+setup_work ringmq-ab
 echo "machine: $(nproc) cores, $(uname -r); ${SHARDS:-2} shards, flush ${FLUSH:-async}; before = $REV, after = working tree of $(git rev-parse --short HEAD)"
 echo "bench: --queues 8 --duration $SECS $*"
 printf '%-7s %9s %9s %8s %8s %8s %8s %8s %8s\n' side prod/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999
@@ -32,12 +27,12 @@ for _ in $(seq "$ROUNDS"); do
     rm -rf "$WORK/data"
     "$bin"/ringmq-broker --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards "${SHARDS:-2}" \
       --flush "${FLUSH:-async}" >"$WORK/broker.out" 2>"$WORK/broker.err" &
-    PID=$!
+    BROKER_PID=$!
     for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
     addr=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
     "$bin"/ringmq-bench --broker "$addr" --queues 8 --duration "$SECS" --json "$WORK/r.json" "$@" \
       >"$WORK/bench.log" 2>&1 || { echo "$side: bench failed"; tail -3 "$WORK/bench.log"; }
-    kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+    stop_broker 2>/dev/null
     [ -f "$WORK/r.json" ] && python3 - "$WORK/r.json" "$side" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); p, c, s, e = j["produce"], j["consume"], j["send_latency_us"], j["e2e_latency_us"]

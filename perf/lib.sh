@@ -30,3 +30,19 @@ start_broker() {
   [ -n "$ADDR" ] || { echo "broker did not start"; cat "$work/broker.err"; exit 1; }
 }
 stop_broker() { kill "$BROKER_PID"; wait "$BROKER_PID" || true; BROKER_PID=; }
+
+#   build_both REV                       BEFORE=the release binaries of REV (built once per
+#                                        revision), and this checkout's built
+build_both() {
+  BEFORE=/tmp/ringmq-before-target-$(git rev-parse --short "$1")
+  build_before "$1" "$BEFORE" ringmq-broker ringmq-bench
+  cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
+}
+
+#   setup_work PREFIX                    WORK=a new temp dir; on exit the broker in BROKER_PID
+#                                        (if any) is stopped and WORK removed
+setup_work() {
+  WORK=$(mktemp -d "/tmp/$1.XXXX")
+  BROKER_PID=
+  trap 'if [ -n "$BROKER_PID" ]; then kill "$BROKER_PID" 2>/dev/null; fi; wait 2>/dev/null; rm -rf "$WORK"' EXIT
+}

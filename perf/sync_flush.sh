@@ -11,13 +11,8 @@ SECS=${2:-10}
 ROUNDS=${3:-3}
 command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
 . perf/lib.sh
-BEFORE=/tmp/ringmq-before-target
-build_before "$REV" "$BEFORE" ringmq-broker ringmq-bench
-cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
-WORK=$(mktemp -d /tmp/ringmq-sync.XXXX)
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+build_both "$REV"
+setup_work ringmq-sync
 
 fio_row() {
   fio --name=s --filename="$WORK/fio" --rw=write --bs=1k --size=16m --direct=1 --ioengine=sync \
