@@ -12,11 +12,8 @@ cd "$(dirname "$0")/.."
 SECS=${1:-30}
 DELAY_US=${DELAY_US:-2000}
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
-WORK=$(mktemp -d /tmp/ringmq-overload.XXXX)
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
 . perf/lib.sh
+setup_work ringmq-overload
 echo "machine: $(nproc) cores, $(uname -r); data dir $(df -h "$WORK" | tail -1 | awk '{print $1}')"
 start_broker "$WORK" --flush sync --testing-write-delay-us "$DELAY_US"
 timeout 60 target/release/ringmq-bench --broker "$ADDR" --queues 8 --size 1024 --batch 1 --producers 2 \

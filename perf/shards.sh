@@ -10,11 +10,8 @@ cd "$(dirname "$0")/.."
 SECS=${1:?usage: perf/shards.sh SECS "LABEL|SHARDS|BROKER ARGS"...}
 shift
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
-WORK=$(mktemp -d /tmp/ringmq-shards.XXXX)
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
 . perf/lib.sh
+setup_work ringmq-shards
 echo "machine: $(nproc) cores, $(uname -r); broker and bench on one host, async flush"
 printf '%-22s %-6s %9s %9s %8s %8s %8s\n' config case prod/s cons/s e.p50 e.p99 e.p999
 for round in 1 2; do

@@ -8,11 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-5}
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
-WORK=$(mktemp -d /tmp/ringmq-single.XXXX)
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
 . perf/lib.sh
+setup_work ringmq-single
 echo "machine: $(nproc) cores, $(uname -r); broker (2 shards, async flush) and bench on one host"
 printf '%-6s %-10s %10s %10s %9s %9s %8s\n' round case prod/s cons/s e.p50us e.p99us missing
 for round in 1 2 3; do

@@ -9,11 +9,8 @@ cd "$(dirname "$0")/.."
 SECS=${1:-5}
 FLUSH=${2:-async}
 cargo build --release --bin ringmq-broker --example txn >/dev/null 2>&1
-WORK=$(mktemp -d /tmp/ringmq-txn.XXXX)
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
 . perf/lib.sh
+setup_work ringmq-txn
 echo "machine: $(nproc) cores, $(uname -r); broker (2 shards, $FLUSH flush) and load on one host"
 for round in 1 2 3; do
   for mode in plain txn; do

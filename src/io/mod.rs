@@ -159,7 +159,7 @@ impl WriteBuf {
         if need <= self.capacity() {
             return;
         }
-        let cap = align_up_io(need.max(self.capacity() * 2));
+        let cap = align_up(need.max(self.capacity() * 2));
         let mut mem = glommio::allocate_dma_buffer_global(cap);
         if let Some(old) = &self.mem {
             mem.as_bytes_mut()[..self.len].copy_from_slice(&old.as_bytes()[..self.len]);
@@ -185,7 +185,7 @@ impl WriteBuf {
     /// (what the cache of the newest writes keeps is what it counts).
     pub fn into_written(mut self) -> Written {
         let len = self.len;
-        let aligned = align_up_io(len);
+        let aligned = align_up(len);
         let Some(mut mem) = self.mem.take() else {
             return Written {
                 mem: None,
@@ -213,7 +213,8 @@ impl WriteBuf {
 /// Unused room a written buffer may keep before it is swapped for one that fits.
 const WRITE_BUF_SLACK_MAX: usize = 64 << 10;
 
-fn align_up_io(n: usize) -> usize {
+/// `n` rounded up to a multiple of [`IO_ALIGN`].
+pub fn align_up(n: usize) -> usize {
     n.div_ceil(IO_ALIGN) * IO_ALIGN
 }
 

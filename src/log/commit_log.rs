@@ -23,7 +23,7 @@ use recovery::*;
 use tail_cache::TailCache;
 use writer::*;
 
-use crate::io::{LogFile, ReadBuf, WriteBuf, IO_ALIGN};
+use crate::io::{align_up, LogFile, ReadBuf, WriteBuf, Written, IO_ALIGN};
 use crate::protocol::record::{
     encode_blank, peek_frame, Placement, RecordDraft, RecordError, RecordView, BLANK_MAGIC,
     HEADER_BYTES, RECORD_BYTES_MAX, RECORD_MAGIC_V1,
@@ -188,10 +188,6 @@ fn align_down(v: u64) -> u64 {
     v - v % IO_ALIGN as u64
 }
 
-fn align_up(v: usize) -> usize {
-    v.div_ceil(IO_ALIGN) * IO_ALIGN
-}
-
 struct Segment {
     base: u64,
     path: PathBuf,
@@ -205,10 +201,25 @@ struct Segment {
 
 /// Bytes of one segment waiting to be written: they start at an aligned position, so the
 /// first block may repeat bytes already written (the partial tail block is rewritten).
-struct Chunk {
+struct Chunk<B = WriteBuf> {
     seg_base: u64,
     start: u64,
-    bytes: WriteBuf,
+    bytes: B,
+}
+
+/// A chunk ready to be written (or being written): its bytes padded to whole blocks and
+/// shared with the write and then the tail cache.
+type ReadyChunk = Chunk<Written>;
+
+impl Chunk {
+    /// Written as it is: the records were encoded into aligned memory.
+    fn ready(self) -> ReadyChunk {
+        Chunk {
+            seg_base: self.seg_base,
+            start: self.start,
+            bytes: self.bytes.into_written(),
+        }
+    }
 }
 
 /// Room a new chunk starts with at least; a chunk starts with room for what the write

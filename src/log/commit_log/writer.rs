@@ -109,13 +109,6 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
     Ok(file)
 }
 
-/// A chunk ready to be written (or being written).
-pub(super) struct ReadyChunk {
-    seg_base: u64,
-    start: u64,
-    bytes: crate::io::Written,
-}
-
 /// How many extra times the writer yields while appends keep joining a batch.
 pub(super) const BATCH_SETTLE_YIELDS_MAX: usize = 4;
 
@@ -216,25 +209,14 @@ pub(super) async fn zeroing_ended(inner: &Inner) {
     }
 }
 
-/// Writes zeros over `[from, to)` of a file (aligned) and makes them durable: in writes of
-/// 1 MiB and an fdatasync, or, on an O_DSYNC file (where each write is durable on its own,
-/// a journal commit and a cache flush each), in one write.
+/// Writes zeros over `[from, to)` of a file (aligned), durably: pre-zeroing runs in sync
+/// mode only, whose segments are O_DSYNC, so the one write is durable when it completes
+/// (each durable write is a journal commit and a cache flush: one for the whole stretch).
 async fn write_zeros(file: &LogFile, from: u64, to: u64) -> Result<(), LogError> {
-    const ZERO_WRITE_BYTES: u64 = 1 << 20;
-    let step = if file.is_dsync() {
-        PREZERO_BYTES
-    } else {
-        ZERO_WRITE_BYTES
-    };
-    let mut pos = from;
-    while pos < to {
-        let len = (to - pos).min(step);
-        let buf = file.alloc(align_up(len as usize));
-        file.write_at(buf, pos).await?;
-        pos += len;
-    }
-    if !file.is_dsync() {
-        file.fdatasync().await?;
+    debug_assert!(file.is_dsync());
+    if from < to {
+        let buf = file.alloc(align_up((to - from) as usize));
+        file.write_at(buf, from).await?;
     }
     Ok(())
 }
@@ -318,15 +300,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 st.writer_running = false;
                 return;
             }
-            // Written as they are: the records were encoded into aligned memory.
-            let chunks: Vec<ReadyChunk> = chunks
-                .into_iter()
-                .map(|c| ReadyChunk {
-                    seg_base: c.seg_base,
-                    start: c.start,
-                    bytes: c.bytes.into_written(),
-                })
-                .collect();
+            let chunks: Vec<ReadyChunk> = chunks.into_iter().map(Chunk::ready).collect();
             (chunks, written_to)
         };
         let mut touched: Vec<Rc<LogFile>> = Vec::new();
@@ -348,8 +322,9 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             {
                 return write_failed(&inner, &chunks[0], e.into());
             }
-            if file.is_dsync() {
-                // Durable once written: the write is what fdatasync would have been.
+            if inner.cfg.flush == FlushMode::Sync {
+                // Durable once written (O_DSYNC): the write is what fdatasync would have been.
+                debug_assert!(file.is_dsync());
                 inner.stats.fdatasync.borrow_mut().record(t.elapsed());
             }
             if !touched.iter().any(|f| Rc::ptr_eq(f, &file)) {
@@ -364,13 +339,6 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             }
         }
         if inner.cfg.flush == FlushMode::Sync {
-            for f in touched.iter().filter(|f| !f.is_dsync()) {
-                let t = std::time::Instant::now();
-                if let Err(e) = f.fdatasync().await {
-                    return poison(&inner, e.to_string());
-                }
-                inner.stats.fdatasync.borrow_mut().record(t.elapsed());
-            }
             inner.readable.advance(end);
             inner.durable.advance(end);
         } else {
