@@ -304,6 +304,54 @@ fn a_full_disk_cuts_the_unwritten_appends_and_the_log_goes_on_when_space_returns
     }
 }
 
+/// Appends of one tick that outgrow the write buffer go on in new buffers instead of moving
+/// the bytes to a larger one: the round is written as several writes, in order, each
+/// rewriting the partial last block of the one before. Every record reads back from the
+/// cache of the newest writes and, after a reopen, from the files; both flush modes.
+#[test]
+fn a_round_larger_than_its_buffer_is_written_as_several_writes_in_order() {
+    for flush in [FlushMode::Async, FlushMode::Sync] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = config(16 << 20, flush);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            // A first round sizes the buffers for small writes (one record).
+            let first = append_all(&log, 11, 1, 100).await;
+            let writes_before = log.stats().writes.get();
+            // Then 400 records (~400 KiB) in one tick: no wait between the appends.
+            let mut expected = first;
+            let mut last_end = 0;
+            for n in 1..=400u64 {
+                let m = message(11, n, 4, 3000);
+                let a = log.append(&m.draft(), n).unwrap();
+                let bytes = m.draft().encode(Placement {
+                    queue_offset: n,
+                    physical_offset: a.physical_offset,
+                    store_timestamp_ms: a.store_timestamp_ms,
+                });
+                last_end = a.end();
+                expected.push((a.physical_offset, bytes));
+            }
+            assert!(last_end > 200 << 10, "{last_end} bytes appended");
+            log.wait_acked(last_end).await.unwrap();
+            let writes = log.stats().writes.get() - writes_before;
+            assert!(
+                writes >= 4,
+                "{writes} writes for ~{} KiB appended in one tick into buffers sized for one record",
+                last_end >> 10
+            );
+            check_all(&log, &expected).await;
+            log.close().await.unwrap();
+            let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+            assert_eq!(report.end_offset, last_end);
+            assert_eq!(report.truncated_bytes, 0);
+            check_all(&log, &expected).await;
+        });
+    }
+}
+
 /// Sync mode keeps the blocks ahead of the writer initialized from a background task: the
 /// sends after a segment's first write never wait for zeroing, and no zero ever lands on
 /// a record (the records read back from the files after a reopen are the ones written).

@@ -64,6 +64,69 @@ async fn check_contents(store: &MessageStore, stored: &[Stored]) {
     }
 }
 
+/// A batch append (a run of drafts of one queue shares one look-up of the queue and one
+/// store timestamp) stores what appending the drafts one by one stores: the same queue
+/// offsets, positions and bytes, whether the queue changes from one draft to the next or
+/// stays the same for a run.
+#[test]
+fn a_batch_append_stores_what_single_appends_store() {
+    run_local(|| async {
+        let (dir_one, dir_batch) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (one, _) = MessageStore::open(dir_one.path(), small_config())
+            .await
+            .unwrap();
+        let (batch, _) = MessageStore::open(dir_batch.path(), small_config())
+            .await
+            .unwrap();
+        // 200 messages whose topic and queue change every time, then a run of 100 of one
+        // queue (numbers 0, 8, 16, ...: topic0, queue 0).
+        let messages: Vec<_> = (0..200)
+            .chain((0..100).map(|i| 1000 + 8 * i))
+            .map(|n| common::message(21, n, 4, 3000))
+            .collect();
+        let singles: Vec<_> = messages
+            .iter()
+            .map(|m| one.append(&m.draft()).unwrap())
+            .collect();
+        let drafts: Vec<_> = messages.iter().map(|m| m.draft()).collect();
+        let mut puts = Vec::new();
+        batch.append_batch(&drafts, &mut puts).unwrap();
+        assert_eq!(puts.len(), singles.len());
+        for (b, s) in puts.iter().zip(&singles) {
+            assert_eq!(
+                (b.queue_offset, b.physical_offset, b.size),
+                (s.queue_offset, s.physical_offset, s.size)
+            );
+            assert_eq!(b.store_timestamp_ms, puts[0].store_timestamp_ms);
+        }
+        let end = puts.last().unwrap().end();
+        batch.log().wait_acked(end).await.unwrap();
+        one.log().wait_acked(end).await.unwrap();
+        let stored: Vec<Stored> = messages
+            .iter()
+            .zip(&puts)
+            .enumerate()
+            .map(|(n, (m, r))| Stored {
+                topic: m.topic.clone(),
+                queue_id: m.queue_id,
+                queue_offset: r.queue_offset,
+                store_ts: r.store_timestamp_ms,
+                bytes: m.draft().encode(Placement {
+                    queue_offset: r.queue_offset,
+                    physical_offset: r.physical_offset,
+                    store_timestamp_ms: r.store_timestamp_ms,
+                }),
+                n: n as u64,
+            })
+            .collect();
+        check_contents(&batch, &stored).await;
+        // The run of one queue took consecutive offsets after the queue's earlier 50.
+        let run: Vec<u64> = puts[200..].iter().map(|p| p.queue_offset).collect();
+        assert_eq!(run, (50..150).collect::<Vec<u64>>());
+        assert_eq!(batch.queues().unwrap(), one.queues().unwrap());
+    });
+}
+
 #[test]
 fn queue_offsets_are_dense_per_queue_and_reads_are_byte_identical() {
     run_local(|| async {
@@ -359,10 +422,16 @@ fn a_small_read_of_a_large_cached_write_can_let_it_go() {
         let (store, _) = MessageStore::open(dir.path(), small_config())
             .await
             .unwrap();
-        // Appended together: one write, one buffer in the cache.
+        // A first round of 60 sizes the write buffer for the next; the next 60 appended
+        // together: one write, one buffer in the cache. (Even numbers are topic0's: its
+        // first of the 60 is its offset 30.)
         let mut last = None;
-        let mut first = None;
         for n in 0..60 {
+            last = Some(store.append(&common::message(3, n, 1, 2000).draft()).unwrap());
+        }
+        store.acked(last.unwrap().written()).await.unwrap();
+        let mut first = None;
+        for n in 60..120 {
             let m = common::message(3, n, 1, 2000);
             let r = store.append(&m.draft()).unwrap();
             let bytes = m.draft().encode(Placement {
@@ -376,7 +445,7 @@ fn a_small_read_of_a_large_cached_write_can_let_it_go() {
         store.acked(last.unwrap().written()).await.unwrap();
         let (topic, queue, bytes) = first.unwrap();
         let mut r = store
-            .read_queue(&topic, queue, 0, 1, 1 << 20, &[])
+            .read_queue(&topic, queue, 30, 1, 1 << 20, &[])
             .await
             .unwrap();
         assert_eq!(r.len(), 1);

@@ -412,6 +412,12 @@ impl ShardCtx {
             (sl(), log.stats().segments_deleted.get() as f64),
         );
         s.add(
+            "ringmq_commitlog_writes",
+            "Writes of records to the commit log's files (appends share them).",
+            true,
+            (sl(), log.stats().writes.get() as f64),
+        );
+        s.add(
             "ringmq_commitlog_backlog_bytes",
             "Bytes appended that wait for the disk.",
             false,

@@ -553,8 +553,20 @@ impl ShardCtx {
             }
         }
         let mut puts = Vec::with_capacity(items.len());
-        for item in items {
-            puts.push(self.put_draft(&draft(item))?);
+        let plain = items.iter().all(|i| {
+            let props = Properties::new(i.properties);
+            !is_half(&props) && !asks_for_delay(&props)
+        });
+        if plain {
+            // Neither half nor delayed messages: straight into the queue, as one run.
+            let drafts: Vec<RecordDraft<'_>> = items.iter().map(draft).collect();
+            self.store
+                .append_batch(&drafts, &mut puts)
+                .map_err(super::store_error)?;
+        } else {
+            for item in items {
+                puts.push(self.put_draft(&draft(item))?);
+            }
         }
         Ok(puts)
     }

@@ -483,6 +483,13 @@ impl ConsumeQueue {
             // Allocated before the file was last closed: no need to map it just for this.
             return Ok(());
         }
+        if let Some(open) = segment.open.get() {
+            if end <= open.backing.allocated_to() {
+                // The common case of an append: allocated ahead, nothing to do.
+                segment.used.set(true);
+                return Ok(());
+            }
+        }
         let path = segment.path.clone();
         let open = segment.file_mut(file_bytes)?;
         open.backing.ensure(end, CQ_ALLOC_STEP, &path)

@@ -223,10 +223,10 @@ impl Chunk {
 }
 
 /// Room a new chunk starts with at least; a chunk starts with room for what the write
-/// before it took (so steady large writes never grow a buffer by moving it).
+/// before it took.
 const CHUNK_CAP_MIN: usize = 16 << 10;
 
-/// Room a new chunk starts with at most (more grows it).
+/// Room a new chunk starts with at most (more goes on in another chunk).
 const CHUNK_CAP_MAX: usize = 16 << 20;
 
 struct State {
@@ -234,7 +234,9 @@ struct State {
     active_base: u64,
     /// Position of the next record (absolute).
     write_pos: u64,
-    /// Chunks of sealed segments not yet written, oldest first.
+    /// Chunks not yet written that take no more records (their segment is sealed, or they
+    /// are full), oldest first. The writer writes them in this order, one at a time: a
+    /// chunk may rewrite the partial last block of the one before it.
     sealed: Vec<Chunk>,
     /// The active segment's unwritten bytes, starting at an aligned position.
     active: Chunk,
@@ -251,8 +253,9 @@ struct State {
     /// Files written since the last fdatasync.
     unsynced: Vec<Rc<LogFile>>,
     closed: bool,
-    /// Room the next chunk starts with: about the most the recent writes took (it decays
-    /// by 1/16 a write), so steady large writes never grow a buffer by moving its bytes.
+    /// Room the next chunk starts with: a quarter more than the last write took. A chunk
+    /// that fills up is written as it is and the records go on in a new one, so a buffer
+    /// never grows by moving its bytes.
     chunk_cap: usize,
 }
 
@@ -265,6 +268,21 @@ impl State {
             start,
             bytes: WriteBuf::from_slice(head, self.chunk_cap),
         }
+    }
+
+    /// Replaces the active chunk with a new one, with room for at least `room` more bytes,
+    /// that starts with a copy of its partial last block (the new chunk's write rewrites
+    /// that block with more records), and returns it.
+    fn take_active(&mut self, room: usize) -> Chunk {
+        let end = self.active.start + self.active.bytes.len() as u64;
+        let keep_from = align_down(end);
+        let keep = &self.active.bytes.as_slice()[(keep_from - self.active.start) as usize..];
+        let next = Chunk {
+            seg_base: self.active.seg_base,
+            start: keep_from,
+            bytes: WriteBuf::from_slice(keep, self.chunk_cap.max(keep.len() + room)),
+        };
+        std::mem::replace(&mut self.active, next)
     }
 }
 
@@ -471,6 +489,16 @@ impl CommitLog {
     /// readable until [`wait_readable`](Self::wait_readable) (or `wait_durable`) returns for
     /// its end. All appends of one tick share one write.
     pub fn append(&self, draft: &RecordDraft<'_>, queue_offset: u64) -> Result<Appended, LogError> {
+        self.append_at(draft, queue_offset, now_ms())
+    }
+
+    /// [`append`](Self::append) with the store timestamp given (one for a whole batch).
+    pub fn append_at(
+        &self,
+        draft: &RecordDraft<'_>,
+        queue_offset: u64,
+        store_timestamp_ms: i64,
+    ) -> Result<Appended, LogError> {
         draft.validate()?;
         let len = draft.encoded_len();
         let seg_bytes = self.inner.cfg.segment_bytes;
@@ -500,8 +528,15 @@ impl CommitLog {
         if st.write_pos + len as u64 > seg_end {
             self.roll(&mut st);
         }
+        let active = &st.active.bytes;
+        if active.len() + len > active.capacity() && active.len() >= IO_ALIGN {
+            // Full (and holding more than the block kept from the write before): it is
+            // written as it is, and the records go on in a new chunk, instead of moving
+            // every byte to a larger buffer.
+            let full = st.take_active(len);
+            st.sealed.push(full);
+        }
         let physical_offset = st.write_pos;
-        let store_timestamp_ms = now_ms();
         let at = Placement {
             queue_offset,
             physical_offset,

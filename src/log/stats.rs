@@ -54,6 +54,8 @@ impl LatencyHistogram {
 pub struct LogStats {
     pub fdatasync: RefCell<LatencyHistogram>,
     pub segments_deleted: Cell<u64>,
+    /// Writes of records to the log's files (a round of appends is one write per chunk).
+    pub writes: Cell<u64>,
     /// Sync mode's pre-zeroing of segment files: done by the writer before a write (on the
     /// acknowledgement path), and done in the background ahead of it.
     pub prezero_inline: Cell<u64>,

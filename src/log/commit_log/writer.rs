@@ -280,18 +280,15 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             let mut chunks = std::mem::take(&mut st.sealed);
             let written_to = st.active.start + st.active.bytes.len() as u64;
             if written_to > inner.readable.value.get() || !chunks.is_empty() {
-                // The next chunk starts with room for what this round took.
+                // The next chunk starts with room for what this round took, and a quarter
+                // more: a larger round fills it and goes on in another chunk; a round much
+                // smaller leaves a buffer that is swapped for one that fits (a copy of its
+                // bytes), so the room follows the last round instead of the largest.
                 let took =
                     st.active.bytes.len() + chunks.iter().map(|c| c.bytes.len()).sum::<usize>();
-                let decayed = st.chunk_cap - st.chunk_cap / 16;
-                st.chunk_cap = (took + took / 4)
-                    .max(decayed)
-                    .clamp(CHUNK_CAP_MIN, CHUNK_CAP_MAX);
+                st.chunk_cap = (took + took / 4).clamp(CHUNK_CAP_MIN, CHUNK_CAP_MAX);
                 // Keep the partial last block: the next write rewrites it with more data.
-                let keep_from = align_down(written_to);
-                let keep = &st.active.bytes.as_slice()[(keep_from - st.active.start) as usize..];
-                let next = st.new_chunk(st.active.seg_base, keep_from, keep);
-                let taken = std::mem::replace(&mut st.active, next);
+                let taken = st.take_active(0);
                 if taken.start + taken.bytes.len() as u64 > inner.readable.value.get() {
                     chunks.push(taken);
                 }
@@ -322,6 +319,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             {
                 return write_failed(&inner, &chunks[0], e.into());
             }
+            inner.stats.writes.set(inner.stats.writes.get() + 1);
             if inner.cfg.flush == FlushMode::Sync {
                 // Durable once written (O_DSYNC): the write is what fdatasync would have been.
                 debug_assert!(file.is_dsync());
