@@ -138,6 +138,15 @@ fn commit_and_rollback_and_typed_errors_for_unknown_or_resolved_transactions() {
             let m = &copies[0];
             assert_eq!(m.property("p"), Some("v"));
             assert_eq!(m.tags(), Some("T"));
+            // Every commit carries a unique key (the broker gives one to a message without),
+            // by which a restart finds a commit whose op record a crash lost.
+            let uniq = m.property("UNIQ_KEY").expect("a UNIQ_KEY");
+            let found = client
+                .messages_by_key("tx", uniq, 0, i64::MAX, 8)
+                .await
+                .unwrap();
+            assert_eq!(found.len(), 1, "{body}: found by its unique key");
+            assert_eq!(found[0].body(), m.body());
             assert_eq!(m.keys().collect::<Vec<_>>(), [format!("key{}", &body[1..])]);
             assert!(m.property("TRAN_ID").is_some());
             assert_eq!(m.property("TRAN_MSG"), None);
@@ -415,7 +424,7 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
                 seen.len()
             );
             for (body, copies) in &seen {
-                assert_eq!(copies.len(), 1, "round {round}: {body} committed once");
+                assert_eq!(copies.len(), 1, "round {round}: {body} committed once: {:?}", copies.iter().map(|m| (m.queue_id(), m.queue_offset(), m.physical_offset(), m.store_timestamp_ms(), m.property("TRAN_ID").map(str::to_owned), m.property("UNIQ_KEY").map(str::to_owned))).collect::<Vec<_>>());
                 let i: u32 = body.trim_start_matches('m').parse().unwrap();
                 assert_eq!(decide(i), TransactionOutcome::Commit, "round {round}: {body} was rolled back");
             }

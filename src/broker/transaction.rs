@@ -10,8 +10,9 @@
 //! rollback appends only the op record. The answer waits for the op record (acked or
 //! durable, as for sends). A restart rebuilds the unresolved half messages from the two
 //! topics; a half whose commit reached the log without its op record (a crash between the
-//! two) is found by its unique key in the real topic and its op record written then, so it
-//! is never committed twice.
+//! two, which can be two writes of the log) is found by its unique key (`UNIQ_KEY`, given
+//! to a half message that comes without one) in the real topic and its op record written
+//! then, so it is never committed twice.
 //!
 //! Check-back: a half message older than `--transaction-timeout-ms` is asked about every
 //! `--transaction-check-interval-ms`: a [`CheckTransaction`] is pushed to a live producer
@@ -169,11 +170,20 @@ impl ShardCtx {
             ));
         }
         let queue = draft.queue_id.to_string();
-        let held_props = rebuild_properties(
-            props,
-            &[],
-            &[(prop::REAL_TOPIC, draft.topic), (prop::REAL_QID, &queue)],
-        )?;
+        let mut add = vec![
+            (prop::REAL_TOPIC, draft.topic),
+            (prop::REAL_QID, queue.as_str()),
+        ];
+        // The commit is found again by its unique key after a crash between it and its op
+        // record (`recover_transactions`): a message without one gets one here.
+        let uniq = props
+            .get(prop::UNIQ_KEY)
+            .is_none()
+            .then(|| self.unique_key());
+        if let Some(uniq) = &uniq {
+            add.push((prop::UNIQ_KEY, uniq));
+        }
+        let held_props = rebuild_properties(props, &[], &add)?;
         let held = RecordDraft {
             topic: HALF_TOPIC,
             queue_id: 0,
@@ -262,6 +272,15 @@ impl ShardCtx {
         let put = self.resolve_half(half, e.outcome).await?;
         self.acked(put).await?;
         Ok(crate::protocol::Empty {})
+    }
+
+    /// A `UNIQ_KEY` for a message that came without one: this shard's id and the time in
+    /// nanoseconds, in hex (a commit is matched by this key and its `TRAN_ID` together).
+    fn unique_key(&self) -> String {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        format!("{:04X}{ns:016X}", self.id)
     }
 
     /// Waits until `put` is acknowledged as a send would be (written, or durable in sync
