@@ -427,7 +427,11 @@ fn a_small_read_of_a_large_cached_write_can_let_it_go() {
         // first of the 60 is its offset 30.)
         let mut last = None;
         for n in 0..60 {
-            last = Some(store.append(&common::message(3, n, 1, 2000).draft()).unwrap());
+            last = Some(
+                store
+                    .append(&common::message(3, n, 1, 2000).draft())
+                    .unwrap(),
+            );
         }
         store.acked(last.unwrap().written()).await.unwrap();
         let mut first = None;

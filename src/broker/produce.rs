@@ -559,10 +559,16 @@ impl ShardCtx {
         });
         if plain {
             // Neither half nor delayed messages: straight into the queue, as one run.
-            let drafts: Vec<RecordDraft<'_>> = items.iter().map(draft).collect();
-            self.store
-                .append_batch(&drafts, &mut puts)
-                .map_err(super::store_error)?;
+            let appended = match items {
+                [one] => self
+                    .store
+                    .append_batch(std::slice::from_ref(&draft(one)), &mut puts),
+                _ => {
+                    let drafts: Vec<RecordDraft<'_>> = items.iter().map(draft).collect();
+                    self.store.append_batch(&drafts, &mut puts)
+                }
+            };
+            appended.map_err(super::store_error)?;
         } else {
             for item in items {
                 puts.push(self.put_draft(&draft(item))?);

@@ -197,6 +197,9 @@ struct Segment {
     zeroed_to: u64,
     /// Zeros are being written past `zeroed_to` in the background.
     zeroing: bool,
+    /// The file's size is known to be at least this (async mode sets it ahead of the
+    /// writer, so that writes never extend the file).
+    sized_to: u64,
 }
 
 /// Bytes of one segment waiting to be written: they start at an aligned position, so the
@@ -383,6 +386,7 @@ impl CommitLog {
                     file: Some(Rc::new(file)),
                     zeroed_to: 0,
                     zeroing: false,
+                    sized_to: 0,
                 },
             );
         }
@@ -408,6 +412,7 @@ impl CommitLog {
             file: None,
             zeroed_to: 0,
             zeroing: false,
+            sized_to: 0,
         });
         let start = align_down(end);
         let st = State {
@@ -585,6 +590,7 @@ impl CommitLog {
                 file: None,
                 zeroed_to: 0,
                 zeroing: false,
+                sized_to: 0,
             },
         );
     }

@@ -205,44 +205,23 @@ async fn write_parts(
     writer: &mut (impl futures_lite::AsyncWrite + Unpin),
     answers: &[Answer],
 ) -> io::Result<()> {
-    let parts: Vec<&[u8]> = answers
+    let mut iov: Vec<IoSlice<'_>> = answers
         .iter()
         .flat_map(|a| a.parts())
         .filter(|p| !p.is_empty())
+        .map(IoSlice::new)
         .collect();
-    let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len().min(SEND_PARTS_MAX));
-    // The first part not wholly written, and how much of it is.
-    let (mut at, mut done) = (0usize, 0usize);
-    while at < parts.len() {
-        iov.clear();
-        iov.push(IoSlice::new(&parts[at][done..]));
-        iov.extend(
-            parts[at + 1..]
-                .iter()
-                .take(SEND_PARTS_MAX - 1)
-                .map(|p| IoSlice::new(p)),
-        );
-        let mut n = match send_now(fd, &iov) {
+    let mut rest = &mut iov[..];
+    while let Some(first) = rest.first() {
+        let n = match send_now(fd, rest) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                writer.write(&parts[at][done..]).await?
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writer.write(first).await?,
             Err(e) => return Err(e),
         };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        while n > 0 && at < parts.len() {
-            let left = parts[at].len() - done;
-            if n >= left {
-                n -= left;
-                at += 1;
-                done = 0;
-            } else {
-                done += n;
-                n = 0;
-            }
-        }
+        IoSlice::advance_slices(&mut rest, n);
     }
     Ok(())
 }
