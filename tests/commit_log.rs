@@ -352,46 +352,6 @@ fn a_round_larger_than_its_buffer_is_written_as_several_writes_in_order() {
     }
 }
 
-/// Async mode gives a segment's file its size ahead of the data, so that no write extends
-/// the file; the files as a crash leaves them (copied while the log is open) recover every
-/// record, and recovery cuts the file back to its last record without counting the zeros
-/// past it as a torn tail.
-#[test]
-fn async_mode_sizes_the_file_ahead_and_recovery_cuts_it_back() {
-    run_local(|| async {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = config(64 << 20, FlushMode::Async);
-        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
-            .await
-            .unwrap();
-        let expected = append_all(&log, 13, 500, 3000).await;
-        let end = log.readable_end();
-        let segment = dir.path().join(format!("{:020}", 0));
-        let size = std::fs::metadata(&segment).unwrap().len();
-        assert!(
-            size >= end + (4 << 20) && size <= end + (8 << 20) + 4096,
-            "file size {size} for data ending at {end}"
-        );
-        let crashed = tempfile::tempdir().unwrap();
-        std::fs::copy(&segment, crashed.path().join(format!("{:020}", 0))).unwrap();
-        log.close().await.unwrap();
-        let (log, report) = CommitLog::open(crashed.path(), cfg, 0, |_| {})
-            .await
-            .unwrap();
-        assert_eq!(report.end_offset, end);
-        assert_eq!(report.truncated_bytes, 0, "zeros are not a torn tail");
-        let recovered = crashed.path().join(format!("{:020}", 0));
-        assert_eq!(std::fs::metadata(&recovered).unwrap().len(), end);
-        check_all(&log, &expected).await;
-        // Appends go on after the last record, and the file is sized ahead again.
-        let m = message(13, 9999, 4, 10);
-        let a = log.append(&m.draft(), 500).unwrap();
-        assert_eq!(a.physical_offset, end);
-        log.wait_acked(a.end()).await.unwrap();
-        assert!(std::fs::metadata(&recovered).unwrap().len() > a.end() + (4 << 20));
-    });
-}
-
 /// Sync mode keeps the blocks ahead of the writer initialized from a background task: the
 /// sends after a segment's first write never wait for zeroing, and no zero ever lands on
 /// a record (the records read back from the files after a reopen are the ones written).

@@ -197,9 +197,6 @@ struct Segment {
     zeroed_to: u64,
     /// Zeros are being written past `zeroed_to` in the background.
     zeroing: bool,
-    /// The file's size is known to be at least this (async mode sets it ahead of the
-    /// writer, so that writes never extend the file).
-    sized_to: u64,
 }
 
 /// Bytes of one segment waiting to be written: they start at an aligned position, so the
@@ -225,8 +222,8 @@ impl Chunk {
     }
 }
 
-/// Room a new chunk starts with at least; a chunk starts with room for what the write
-/// before it took.
+/// Room a new chunk starts with at least; a chunk starts with room for about the most the
+/// recent writes took.
 const CHUNK_CAP_MIN: usize = 16 << 10;
 
 /// Room a new chunk starts with at most (more goes on in another chunk).
@@ -256,9 +253,9 @@ struct State {
     /// Files written since the last fdatasync.
     unsynced: Vec<Rc<LogFile>>,
     closed: bool,
-    /// Room the next chunk starts with: a quarter more than the last write took. A chunk
-    /// that fills up is written as it is and the records go on in a new one, so a buffer
-    /// never grows by moving its bytes.
+    /// Room the next chunk starts with: about the most the recent rounds took (decaying by
+    /// 1/16 a round). A chunk that fills up is written as it is and the records go on in a
+    /// new one, so a buffer never grows by moving its bytes.
     chunk_cap: usize,
 }
 
@@ -386,7 +383,6 @@ impl CommitLog {
                     file: Some(Rc::new(file)),
                     zeroed_to: 0,
                     zeroing: false,
-                    sized_to: 0,
                 },
             );
         }
@@ -412,7 +408,6 @@ impl CommitLog {
             file: None,
             zeroed_to: 0,
             zeroing: false,
-            sized_to: 0,
         });
         let start = align_down(end);
         let st = State {
@@ -590,7 +585,6 @@ impl CommitLog {
                 file: None,
                 zeroed_to: 0,
                 zeroing: false,
-                sized_to: 0,
             },
         );
     }

@@ -165,42 +165,6 @@ pub(super) async fn zeroed_ahead(
     }
 }
 
-/// In async mode, bytes of a segment's file that are given a size ahead of the data (read
-/// as zeros: the blocks stay preallocated, not written).
-const SIZE_AHEAD_BYTES: u64 = 8 << 20;
-
-/// Async mode, before the writer writes a segment's file up to `need` (a file position):
-/// the file must be at least that long already. A direct write past a file's end extends
-/// it, and ext4 then waits for the write in the kernel (an io_uring worker thread blocks on
-/// it) and journals the new size on every write; within the size, the write only fills
-/// preallocated blocks. So the size is set (ftruncate, once per few MiB) up to
-/// [`SIZE_AHEAD_BYTES`] past `need`. Recovery cuts a file back to its last record, as it
-/// does sync mode's zeros ahead.
-async fn sized_ahead(
-    inner: &Inner,
-    seg_base: u64,
-    file: &LogFile,
-    need: u64,
-) -> Result<(), LogError> {
-    let sized_to = match inner.st.borrow().segments.get(&seg_base) {
-        Some(s) => s.sized_to,
-        None => return Ok(()),
-    };
-    if need <= sized_to {
-        return Ok(());
-    }
-    let target = (need + SIZE_AHEAD_BYTES).min(inner.cfg.segment_bytes);
-    // Never shorter: a file may be longer than this log knows (zeros of an earlier run).
-    let size = file.size().await?;
-    if size < target {
-        file.truncate(target).await?;
-    }
-    if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
-        s.sized_to = size.max(target);
-    }
-    Ok(())
-}
-
 /// Zeros the [`PREZERO_BYTES`] of a segment's file from `from` (initialized up to there)
 /// in a task of its own; the writer writes below `from` meanwhile.
 fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from: u64) {
@@ -316,13 +280,15 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             let mut chunks = std::mem::take(&mut st.sealed);
             let written_to = st.active.start + st.active.bytes.len() as u64;
             if written_to > inner.readable.value.get() || !chunks.is_empty() {
-                // The next chunk starts with room for what this round took, and a quarter
-                // more: a larger round fills it and goes on in another chunk; a round much
-                // smaller leaves a buffer that is swapped for one that fits (a copy of its
-                // bytes), so the room follows the last round instead of the largest.
+                // The next chunk starts with room for about the most the recent rounds
+                // took (decaying by 1/16 a round), so a round is one write: a round larger
+                // still fills its chunk and goes on in another (a second write).
                 let took =
                     st.active.bytes.len() + chunks.iter().map(|c| c.bytes.len()).sum::<usize>();
-                st.chunk_cap = (took + took / 4).clamp(CHUNK_CAP_MIN, CHUNK_CAP_MAX);
+                let decayed = st.chunk_cap - st.chunk_cap / 16;
+                st.chunk_cap = (took + took / 4)
+                    .max(decayed)
+                    .clamp(CHUNK_CAP_MIN, CHUNK_CAP_MAX);
                 // Keep the partial last block: the next write rewrites it with more data.
                 let taken = st.take_active(0);
                 if taken.start + taken.bytes.len() as u64 > inner.readable.value.get() {
@@ -342,16 +308,11 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 Ok(f) => f,
                 Err(e) => return write_failed(&inner, &chunks[0], e),
             };
-            let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
-            let ready = match inner.cfg.flush {
-                FlushMode::Sync if inner.cfg.preallocate => {
-                    zeroed_ahead(&inner, chunk.seg_base, &file, chunk_end).await
+            if inner.cfg.flush == FlushMode::Sync && inner.cfg.preallocate {
+                let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
+                if let Err(e) = zeroed_ahead(&inner, chunk.seg_base, &file, chunk_end).await {
+                    return write_failed(&inner, &chunks[0], e);
                 }
-                FlushMode::Sync => Ok(()),
-                FlushMode::Async => sized_ahead(&inner, chunk.seg_base, &file, chunk_end).await,
-            };
-            if let Err(e) = ready {
-                return write_failed(&inner, &chunks[0], e);
             }
             let t = std::time::Instant::now();
             if let Err(e) = file
