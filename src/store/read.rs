@@ -2,7 +2,153 @@
 //! the records with one log read, verify them), reads by physical offset, offsets by time
 //! and lookups by key.
 
+use super::append::index_key;
 use super::*;
+use crate::io::ReadBuf;
+use crate::protocol::record::{prop, RecordView, HEADER_BYTES};
+
+/// The records a queue read will take (see [`MessageStore::plan_queue_read`]).
+pub struct QueuePlan {
+    topic: String,
+    queue_id: u32,
+    picked: Vec<(u64, CqEntry)>,
+    bytes: usize,
+    /// The queue offset to read next.
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+}
+
+impl QueuePlan {
+    pub fn len(&self) -> usize {
+        self.picked.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.picked.is_empty()
+    }
+    /// Bytes of the records it takes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Records read for one pull: a few large reads, and the byte ranges of the records in them.
+pub struct QueueRead {
+    bufs: Vec<ReadBuf>,
+    /// (buffer index, start, length) of each record, in queue order.
+    slices: Vec<(u32, u32, u32)>,
+    /// Queue offset of each record.
+    offsets: Vec<u64>,
+    /// The queue offset to read next.
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+}
+
+impl QueueRead {
+    pub fn len(&self) -> usize {
+        self.slices.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty()
+    }
+    pub fn bytes_len(&self) -> usize {
+        self.slices.iter().map(|s| s.2 as usize).sum()
+    }
+    /// The stored bytes of each record, exactly as in the log.
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.slices
+            .iter()
+            .map(|&(b, s, l)| &self.bufs[b as usize][s as usize..(s + l) as usize])
+    }
+    pub fn queue_offsets(&self) -> &[u64] {
+        &self.offsets
+    }
+    /// Bytes of the records that share the buffers of the log's cache of its newest writes
+    /// (read without a copy).
+    pub fn shared_bytes(&self) -> usize {
+        self.slices
+            .iter()
+            .filter(|s| matches!(self.bufs[s.0 as usize], ReadBuf::Shared { .. }))
+            .map(|s| s.2 as usize)
+            .sum()
+    }
+    /// Bytes of the cache buffers this read shares beyond its records' own bytes (each
+    /// buffer counted once): what an answer carrying it holds in memory past its size.
+    pub fn pinned_beyond(&self) -> usize {
+        let mut last: Option<&crate::io::Written> = None;
+        let mut held = 0;
+        for b in &self.bufs {
+            if let ReadBuf::Shared { bytes, .. } = b {
+                // A read's records are in log order: buffers repeat only next to each other.
+                if !last.is_some_and(|l| l.same(bytes)) {
+                    held += bytes.capacity();
+                    last = Some(bytes);
+                }
+            }
+        }
+        held.saturating_sub(self.shared_bytes())
+    }
+    /// Copies the records out of the cache buffers they share, so the read no longer holds
+    /// those buffers.
+    pub fn unshare(&mut self) {
+        if self.shared_bytes() == 0 {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.bytes_len());
+        let mut slices = Vec::with_capacity(self.slices.len());
+        for r in self.records() {
+            slices.push((0u32, out.len() as u32, r.len() as u32));
+            out.extend_from_slice(r);
+        }
+        self.bufs = vec![ReadBuf::Plain(out)];
+        self.slices = slices;
+    }
+    /// Keeps only the records `keep` says yes to (a filter evaluated over the bytes in
+    /// place), in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        let kept: Vec<bool> = self.records().map(&mut keep).collect();
+        let mut i = 0;
+        self.slices.retain(|_| {
+            i += 1;
+            kept[i - 1]
+        });
+        let mut i = 0;
+        self.offsets.retain(|_| {
+            i += 1;
+            kept[i - 1]
+        });
+    }
+    /// The records' bytes in order as runs: records that follow each other in one read
+    /// buffer come as one run (what a vectored write sends, from where the store read it).
+    pub fn runs(&self) -> Runs<'_> {
+        Runs { read: self, at: 0 }
+    }
+}
+
+/// The runs of [`QueueRead::runs`].
+pub struct Runs<'a> {
+    read: &'a QueueRead,
+    at: usize,
+}
+
+impl<'a> Iterator for Runs<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let slices = &self.read.slices;
+        let &(buf, start, len) = slices.get(self.at)?;
+        let mut end = start + len;
+        self.at += 1;
+        while let Some(&(b, s, l)) = slices.get(self.at) {
+            if b != buf || s != end {
+                break;
+            }
+            end += l;
+            self.at += 1;
+        }
+        Some(&self.read.bufs[buf as usize][start as usize..end as usize])
+    }
+}
 
 impl MessageStore {
     /// Up to `max` consume-queue entries of a queue from `from` (recovery scans of the
@@ -283,4 +429,10 @@ impl MessageStore {
         }
         Ok(out)
     }
+}
+
+pub(super) fn store_timestamp_of_header(head: &[u8]) -> i64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&head[48..56]);
+    i64::from_le_bytes(b)
 }
