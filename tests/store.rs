@@ -88,9 +88,10 @@ fn a_batch_append_stores_what_single_appends_store() {
             .iter()
             .map(|m| one.append(&m.draft()).unwrap())
             .collect();
-        let drafts: Vec<_> = messages.iter().map(|m| m.draft()).collect();
         let mut puts = Vec::new();
-        batch.append_batch(&drafts, &mut puts).unwrap();
+        batch
+            .append_batch(messages.iter().map(|m| m.draft()), &mut puts)
+            .unwrap();
         assert_eq!(puts.len(), singles.len());
         for (b, s) in puts.iter().zip(&singles) {
             assert_eq!(

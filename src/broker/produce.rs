@@ -9,6 +9,7 @@ use std::rc::Rc;
 
 use super::mesh::MESH_CALL_TIMEOUT_MS;
 use super::mesh::{MeshReply, MeshRequest};
+use super::schedule::goes_straight;
 use super::transaction::is_half;
 use super::{err, error_frame, response_frame, store_error, Arrival, Handled, ShardCtx};
 use crate::protocol::delay::asks_for_delay;
@@ -553,22 +554,14 @@ impl ShardCtx {
             }
         }
         let mut puts = Vec::with_capacity(items.len());
-        let plain = items.iter().all(|i| {
-            let props = Properties::new(i.properties);
-            !is_half(&props) && !asks_for_delay(&props)
-        });
-        if plain {
-            // Neither half nor delayed messages: straight into the queue, as one run.
-            let appended = match items {
-                [one] => self
-                    .store
-                    .append_batch(std::slice::from_ref(&draft(one)), &mut puts),
-                _ => {
-                    let drafts: Vec<RecordDraft<'_>> = items.iter().map(draft).collect();
-                    self.store.append_batch(&drafts, &mut puts)
-                }
-            };
-            appended.map_err(super::store_error)?;
+        if items
+            .iter()
+            .all(|i| goes_straight(&Properties::new(i.properties)))
+        {
+            // Neither half nor delayed messages: into the queue as one run.
+            self.store
+                .append_batch(items.iter().map(draft), &mut puts)
+                .map_err(super::store_error)?;
         } else {
             for item in items {
                 puts.push(self.put_draft(&draft(item))?);

@@ -365,17 +365,23 @@ fn write_snapshot(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// A message that is neither a transaction's half nor delayed: [`ShardCtx::put_draft`]
+/// appends it to its queue as it is.
+pub(super) fn goes_straight(props: &Properties<'_>) -> bool {
+    !super::transaction::is_half(props) && !asks_for_delay(props)
+}
+
 impl ShardCtx {
     /// Stores a message, holding it in the schedule when it asks for a delay still to come
     /// (a time already past is stored at once, without its delay properties). Runs now, in
     /// arrival order. A scheduled message's result carries `QUEUE_OFFSET_SCHEDULED`.
     pub(super) fn put_draft(&self, draft: &RecordDraft<'_>) -> Result<PutResult, ErrorBody> {
         let props = Properties::new(draft.properties);
+        if goes_straight(&props) {
+            return self.store.append(draft).map_err(super::store_error);
+        }
         if super::transaction::is_half(&props) {
             return self.half_append(draft);
-        }
-        if !asks_for_delay(&props) {
-            return self.store.append(draft).map_err(super::store_error);
         }
         let now = now_ms() as i64;
         let at = self

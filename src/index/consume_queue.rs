@@ -162,11 +162,18 @@ impl Segment {
     }
 
     fn file_mut(&mut self, file_bytes: u64) -> Result<&mut OpenFile, IndexError> {
+        self.file_and_path_mut(file_bytes).map(|(open, _)| open)
+    }
+
+    /// The mapping, and the file's path borrowed beside it (not copied).
+    fn file_and_path_mut(&mut self, file_bytes: u64) -> Result<(&mut OpenFile, &Path), IndexError> {
         self.file(file_bytes)?;
-        self.open.get_mut().ok_or_else(|| IndexError::Corrupt {
-            path: self.path.clone(),
+        let Segment { open, path, .. } = self;
+        let open = open.get_mut().ok_or_else(|| IndexError::Corrupt {
+            path: path.clone(),
             reason: "mapping vanished".into(),
-        })
+        })?;
+        Ok((open, path))
     }
 
     /// The entry at index `i` of the file; `None` for an empty slot.
@@ -483,16 +490,8 @@ impl ConsumeQueue {
             // Allocated before the file was last closed: no need to map it just for this.
             return Ok(());
         }
-        if let Some(open) = segment.open.get() {
-            if end <= open.backing.allocated_to() {
-                // The common case of an append: allocated ahead, nothing to do.
-                segment.used.set(true);
-                return Ok(());
-            }
-        }
-        let path = segment.path.clone();
-        let open = segment.file_mut(file_bytes)?;
-        open.backing.ensure(end, CQ_ALLOC_STEP, &path)
+        let (open, path) = segment.file_and_path_mut(file_bytes)?;
+        open.backing.ensure(end, CQ_ALLOC_STEP, path)
     }
 
     /// Drops every entry whose record does not end within `log_end`, the recovered end of the

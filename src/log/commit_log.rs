@@ -260,13 +260,13 @@ struct State {
 }
 
 impl State {
-    /// An empty chunk for the segment at `seg_base`, starting at `start`, holding a copy
-    /// of `head` (the partial last block already written).
-    fn new_chunk(&self, seg_base: u64, start: u64, head: &[u8]) -> Chunk {
+    /// A chunk for the segment at `seg_base`, starting at `start`, holding a copy of `head`
+    /// (the partial last block already written), with room for `room` more bytes at least.
+    fn new_chunk(&self, seg_base: u64, start: u64, head: &[u8], room: usize) -> Chunk {
         Chunk {
             seg_base,
             start,
-            bytes: WriteBuf::from_slice(head, self.chunk_cap),
+            bytes: WriteBuf::from_slice(head, self.chunk_cap.max(head.len() + room)),
         }
     }
 
@@ -277,11 +277,7 @@ impl State {
         let end = self.active.start + self.active.bytes.len() as u64;
         let keep_from = align_down(end);
         let keep = &self.active.bytes.as_slice()[(keep_from - self.active.start) as usize..];
-        let next = Chunk {
-            seg_base: self.active.seg_base,
-            start: keep_from,
-            bytes: WriteBuf::from_slice(keep, self.chunk_cap.max(keep.len() + room)),
-        };
+        let next = self.new_chunk(self.active.seg_base, keep_from, keep, room);
         std::mem::replace(&mut self.active, next)
     }
 }
@@ -571,7 +567,7 @@ impl CommitLog {
         }
         // else too small for a filler: zeros mark the end of a sealed segment.
         let next = seg_end;
-        let fresh = st.new_chunk(next, next, &[]);
+        let fresh = st.new_chunk(next, next, &[], 0);
         let old = std::mem::replace(&mut st.active, fresh);
         st.sealed.push(old);
         st.active_base = next;

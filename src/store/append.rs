@@ -9,32 +9,64 @@ impl MessageStore {
     /// Assigns the next queue offset, appends the record and indexes it. The record becomes
     /// readable once the log's write completes: await [`acked`](Self::acked).
     pub fn append(&self, draft: &RecordDraft<'_>) -> Result<PutResult, StoreError> {
-        let mut put = None;
-        self.append_each(std::slice::from_ref(draft), |p| put = Some(p))?;
-        put.ok_or_else(|| StoreError::Recovery("an append stored nothing".into()))
+        let store_timestamp_ms = self.before_append()?;
+        validate_topic(draft.topic)?;
+        let mut queues = self.inner.queues.borrow_mut();
+        let q = queue_state(
+            &mut queues,
+            &self.inner.dir,
+            &self.inner.cfg,
+            draft.topic,
+            draft.queue_id,
+        )?;
+        self.append_one(
+            q,
+            &mut self.inner.keys.borrow_mut(),
+            draft,
+            store_timestamp_ms,
+        )
     }
 
     /// Appends `drafts` in order, as [`append`](Self::append) does each, pushing where each
     /// went onto `puts`. A run of drafts of one queue (a batch) shares one look-up of the
-    /// queue and one store timestamp. Stops at the first error: the drafts before it are
-    /// stored (and in `puts`), the rest are not.
-    pub fn append_batch(
+    /// queue, and all share one store timestamp. Stops at the first error: the drafts before
+    /// it are stored (and in `puts`), the rest are not.
+    pub fn append_batch<'a>(
         &self,
-        drafts: &[RecordDraft<'_>],
+        drafts: impl IntoIterator<Item = RecordDraft<'a>>,
         puts: &mut Vec<PutResult>,
     ) -> Result<(), StoreError> {
-        puts.reserve(drafts.len());
-        self.append_each(drafts, |p| puts.push(p))
+        let store_timestamp_ms = self.before_append()?;
+        let mut queues = self.inner.queues.borrow_mut();
+        let mut keys = self.inner.keys.borrow_mut();
+        let mut current: Option<(&'a str, u32, &mut QueueState)> = None;
+        for draft in drafts {
+            let q = match current.take() {
+                Some((topic, queue_id, q))
+                    if topic == draft.topic && queue_id == draft.queue_id =>
+                {
+                    q
+                }
+                _ => {
+                    validate_topic(draft.topic)?;
+                    queue_state(
+                        &mut queues,
+                        &self.inner.dir,
+                        &self.inner.cfg,
+                        draft.topic,
+                        draft.queue_id,
+                    )?
+                }
+            };
+            puts.push(self.append_one(q, &mut keys, &draft, store_timestamp_ms)?);
+            current = Some((draft.topic, draft.queue_id, q));
+        }
+        Ok(())
     }
 
-    fn append_each(
-        &self,
-        drafts: &[RecordDraft<'_>],
-        mut each: impl FnMut(PutResult),
-    ) -> Result<(), StoreError> {
-        let Some(first) = drafts.first() else {
-            return Ok(());
-        };
+    /// What every append checks first (free space, a cut of the log to catch up with);
+    /// returns the store timestamp of what it appends.
+    fn before_append(&self) -> Result<i64, StoreError> {
         if let Some(reason) = &*self.inner.space_low.borrow() {
             return Err(LogError::DiskFull {
                 reason: reason.clone(),
@@ -44,64 +76,46 @@ impl MessageStore {
         if self.inner.log.epoch() != self.inner.seen_epoch.get() {
             self.forget_cut()?;
         }
-        let store_timestamp_ms = crate::log::now_ms();
-        let mut queues = self.inner.queues.borrow_mut();
-        let mut keys = self.inner.keys.borrow_mut();
-        let mut key = (String::new(), first.queue_id);
-        let mut q: Option<&mut QueueState> = None;
-        for draft in drafts {
-            if q.is_none() || key.0 != draft.topic || key.1 != draft.queue_id {
-                validate_topic(draft.topic)?;
-                key = (draft.topic.to_owned(), draft.queue_id);
-                q = None;
-                if !queues.contains_key(&key) {
-                    let qdir = queue_dir(
-                        &self.inner.dir.join("consumequeue"),
-                        draft.topic,
-                        draft.queue_id,
-                    );
-                    let cq = ConsumeQueue::open(&qdir, self.inner.cfg.consume_queue)?;
-                    queues.insert(key.clone(), QueueState { cq });
-                }
-            }
-            let props = crate::protocol::record::Properties::new(draft.properties);
-            keys.reserve(key_count(props))?;
-            let state = match q.take() {
-                Some(state) => state,
-                None => queues
-                    .get_mut(&key)
-                    .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?,
-            };
-            let queue_offset = state.cq.max_offset();
-            // Index space first: a full disk fails before the record is in the log.
-            state.cq.reserve_next()?;
-            let appended = self
-                .inner
-                .log
-                .append_at(draft, queue_offset, store_timestamp_ms)?;
-            let entry = CqEntry {
-                physical_offset: appended.physical_offset,
-                size: appended.size,
-                tag_hash: cq_tag_slot(draft.topic, props),
-            };
-            state.cq.put(queue_offset, entry)?;
-            index_keys(
-                &mut keys,
-                draft.topic,
-                props,
-                appended.physical_offset,
-                appended.store_timestamp_ms,
-            )?;
-            each(PutResult {
-                queue_offset,
-                physical_offset: appended.physical_offset,
-                size: appended.size,
-                store_timestamp_ms: appended.store_timestamp_ms,
-                epoch: appended.epoch,
-            });
-            q = Some(state);
-        }
-        Ok(())
+        Ok(crate::log::now_ms())
+    }
+
+    /// One record into the log, its entry into its queue `q`, its keys into the key index.
+    fn append_one(
+        &self,
+        q: &mut QueueState,
+        keys: &mut KeyIndex,
+        draft: &RecordDraft<'_>,
+        store_timestamp_ms: i64,
+    ) -> Result<PutResult, StoreError> {
+        let props = crate::protocol::record::Properties::new(draft.properties);
+        keys.reserve(key_count(props))?;
+        let queue_offset = q.cq.max_offset();
+        // Index space first: a full disk fails before the record is in the log.
+        q.cq.reserve_next()?;
+        let appended = self
+            .inner
+            .log
+            .append_at(draft, queue_offset, store_timestamp_ms)?;
+        let entry = CqEntry {
+            physical_offset: appended.physical_offset,
+            size: appended.size,
+            tag_hash: cq_tag_slot(draft.topic, props),
+        };
+        q.cq.put(queue_offset, entry)?;
+        index_keys(
+            keys,
+            draft.topic,
+            props,
+            appended.physical_offset,
+            appended.store_timestamp_ms,
+        )?;
+        Ok(PutResult {
+            queue_offset,
+            physical_offset: appended.physical_offset,
+            size: appended.size,
+            store_timestamp_ms: appended.store_timestamp_ms,
+            epoch: appended.epoch,
+        })
     }
 
     /// The log was cut (a write found the disk full): index entries of the dropped records

@@ -25,6 +25,7 @@ mod recovery;
 mod space;
 
 use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -197,6 +198,25 @@ pub const SCHEDULE_DONE_TOPIC: &str = "%SYS_SCHEDULE_DONE%";
 
 /// Prefix of a deleted topic's consume-queue directory while it is removed.
 const DELETED_PREFIX: &str = "deleted~";
+
+/// The state of queue `queue_id` of `topic`, its consume queue (under the store directory
+/// `dir`) opened, or created, on its first use.
+fn queue_state<'q>(
+    queues: &'q mut HashMap<(String, u32), QueueState>,
+    dir: &Path,
+    cfg: &StoreConfig,
+    topic: &str,
+    queue_id: u32,
+) -> Result<&'q mut QueueState, StoreError> {
+    match queues.entry((topic.to_owned(), queue_id)) {
+        Entry::Occupied(e) => Ok(e.into_mut()),
+        Entry::Vacant(e) => {
+            let qdir = queue_dir(&dir.join("consumequeue"), topic, queue_id);
+            let cq = ConsumeQueue::open(&qdir, cfg.consume_queue)?;
+            Ok(e.insert(QueueState { cq }))
+        }
+    }
+}
 
 fn io_err(op: &str, path: &Path, e: std::io::Error) -> StoreError {
     StoreError::Io(std::io::Error::new(

@@ -68,15 +68,12 @@ impl MessageStore {
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
         let (log, log_report) = {
-            let cq_cfg = cfg.consume_queue;
-            let cq_root = dir.join("consumequeue");
             let dispatch = |view: RecordView<'_>| {
                 if failure.is_some() {
                     return;
                 }
                 dispatched += 1;
-                if let Err(e) =
-                    dispatch_record(&mut queues, &mut keys, keys_last, &cq_root, &cq_cfg, view)
+                if let Err(e) = dispatch_record(&mut queues, &mut keys, keys_last, dir, &cfg, view)
                 {
                     failure = Some(e);
                 }
@@ -169,18 +166,11 @@ fn dispatch_record(
     queues: &mut HashMap<(String, u32), QueueState>,
     keys: &mut KeyIndex,
     keys_last: Option<u64>,
-    cq_root: &Path,
-    cq_cfg: &ConsumeQueueConfig,
+    dir: &Path,
+    cfg: &StoreConfig,
     view: RecordView<'_>,
 ) -> Result<(), StoreError> {
-    let key = (view.topic().to_owned(), view.queue_id());
-    if !queues.contains_key(&key) {
-        let cq = ConsumeQueue::open(&queue_dir(cq_root, &key.0, key.1), *cq_cfg)?;
-        queues.insert(key.clone(), QueueState { cq });
-    }
-    let q = queues
-        .get_mut(&key)
-        .ok_or_else(|| StoreError::Recovery("queue vanished".into()))?;
+    let q = queue_state(queues, dir, cfg, view.topic(), view.queue_id())?;
     let entry = CqEntry {
         physical_offset: view.physical_offset(),
         size: view.total_len(),
@@ -191,8 +181,8 @@ fn dispatch_record(
         return Err(StoreError::Recovery(format!(
             "record at log offset {} has queue offset {qo} of {}:{}, but the consume queue ends at {}",
             view.physical_offset(),
-            key.0,
-            key.1,
+            view.topic(),
+            view.queue_id(),
             q.cq.max_offset()
         )));
     }

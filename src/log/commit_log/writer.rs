@@ -29,7 +29,7 @@ fn cut(inner: &Inner, first: &ReadyChunk, reason: String) {
     let keep = ((at - first.start) as usize).min(first.bytes.len());
     let doomed: Vec<Segment> = {
         let mut st = inner.st.borrow_mut();
-        st.active = st.new_chunk(first.seg_base, first.start, &first.bytes[..keep]);
+        st.active = st.new_chunk(first.seg_base, first.start, &first.bytes[..keep], 0);
         st.sealed.clear();
         st.write_pos = at;
         st.active_base = first.seg_base;
