@@ -29,7 +29,7 @@ fn cut(inner: &Inner, first: &ReadyChunk, reason: String) {
     let keep = ((at - first.start) as usize).min(first.bytes.len());
     let doomed: Vec<Segment> = {
         let mut st = inner.st.borrow_mut();
-        st.active = st.new_chunk(first.seg_base, first.start, &first.bytes[..keep], 0);
+        st.active = st.new_chunk(first.seg_base, first.start, &first.bytes[..keep]);
         st.sealed.clear();
         st.write_pos = at;
         st.active_base = first.seg_base;
@@ -281,8 +281,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
             let written_to = st.active.start + st.active.bytes.len() as u64;
             if written_to > inner.readable.value.get() || !chunks.is_empty() {
                 // The next chunk starts with room for about the most the recent rounds
-                // took (decaying by 1/16 a round), so a round is one write: a round larger
-                // still fills its chunk and goes on in another (a second write).
+                // took (decaying by 1/16 a round), so a round rarely grows its chunk.
                 let took =
                     st.active.bytes.len() + chunks.iter().map(|c| c.bytes.len()).sum::<usize>();
                 let decayed = st.chunk_cap - st.chunk_cap / 16;
@@ -290,7 +289,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                     .max(decayed)
                     .clamp(CHUNK_CAP_MIN, CHUNK_CAP_MAX);
                 // Keep the partial last block: the next write rewrites it with more data.
-                let taken = st.take_active(0);
+                let taken = st.take_active();
                 if taken.start + taken.bytes.len() as u64 > inner.readable.value.get() {
                     chunks.push(taken);
                 }
