@@ -657,4 +657,37 @@ mod tests {
         let empty = WriteBuf::default().into_written();
         assert!(empty.is_empty() && empty.capacity() == 0);
     }
+
+    /// The executor never parks with runnable work when preemption is due as it looks for
+    /// work (glommio 0.9.0 did: vendor/glommio/RINGMQ.md). A preempt timer of 1 ns makes
+    /// preemption due almost always: each `run` of an empty future needs the executor to run
+    /// its task; 0.9.0 hung here within the first few.
+    #[test]
+    fn an_executor_always_preempted_still_runs_its_tasks_and_never_sleeps_on_them() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .preempt_timer(std::time::Duration::from_nanos(1))
+                .make()
+                .expect("executor");
+            for i in 0..2_000u32 {
+                assert_eq!(ex.run(async move { i }), i);
+            }
+            // Tasks that wait for each other and for a blocking thread, preempted throughout.
+            let sum = ex.run(async {
+                let mut sum = 0u64;
+                for i in 0..200u64 {
+                    let t = glommio::spawn_local(async move { i }).detach();
+                    sum += t.await.unwrap_or(0);
+                    sum += super::blocking(move || i).await;
+                }
+                sum
+            });
+            let _ = tx.send(sum);
+        });
+        let sum = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the executor slept with a runnable task");
+        assert_eq!(sum, 2 * (0..200u64).sum::<u64>());
+    }
 }
