@@ -139,7 +139,7 @@ fn malformed_and_oversized_requests_get_typed_errors_and_change_nothing() {
     let good = BatchItem {
         flag: 0,
         properties: Vec::new(),
-        body: b"ok".to_vec(),
+        body: b"ok".to_vec().into(),
         born_timestamp_ms: 0,
     };
     let bad = BatchItem {

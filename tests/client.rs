@@ -222,20 +222,126 @@ async fn check_client(addr: String, shard_aware: bool) {
     ));
 }
 
-#[test]
-fn client_against_a_real_broker() {
+/// Runs `test` on a two-thread tokio runtime against a broker of its own (its address).
+fn against_a_broker<F: std::future::Future<Output = ()>>(test: impl FnOnce(String) -> F) {
     let dir = tempfile::tempdir().unwrap();
     let broker = start_broker(dir.path());
-    let addr = broker.addr().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        check_client(addr.clone(), true).await;
-        check_client(addr.clone(), false).await;
-    });
+    runtime.block_on(test(broker.addr().to_string()));
     drop(runtime);
     broker.shutdown().unwrap();
+}
+
+#[test]
+fn client_against_a_real_broker() {
+    against_a_broker(|addr| async move {
+        check_client(addr.clone(), true).await;
+        check_client(addr, false).await;
+    });
+}
+
+/// Batches go out with their bodies written from the caller's buffers (a vectored write of
+/// the frame's pieces, more than one write's worth of pieces for the largest batch): the
+/// largest batch, several batches at once on one connection, and a batch whose queue a
+/// selector picks from the first message's body all arrive byte for byte, in order.
+#[test]
+fn batches_written_from_the_callers_buffers_arrive_byte_for_byte() {
+    use ringmq::client::{QueueSelector, BATCH_MESSAGES_MAX};
+    use std::sync::Arc;
+
+    /// The queue named by the first byte of the body.
+    struct FirstByte;
+    impl QueueSelector for FirstByte {
+        fn select(&self, _: &str, m: &OutgoingMessage, count: u32, _: u32) -> u32 {
+            u32::from(m.body[0]) % count
+        }
+    }
+    // Bodies of 0 to 700 bytes, each different: index, then a pattern.
+    fn body(batch: usize, i: usize) -> Vec<u8> {
+        let len = (i * 37 + batch * 11) % 701;
+        let mut b = format!("{batch}:{i}:").into_bytes();
+        b.extend((0..len).map(|k| (k * 7 + i) as u8));
+        b
+    }
+
+    against_a_broker(|addr| async move {
+        let producer = Producer::connect(ClientConfig::new(addr.clone()))
+            .await
+            .unwrap();
+        let client = producer.client().clone();
+        client.create_topic("parts", 4).await.unwrap();
+        // Batch 0 alone at the largest size, then batches 1..=4 in flight together.
+        let sizes = [BATCH_MESSAGES_MAX, 1000, 1, 2500, 300];
+        let first = producer
+            .send_batch(
+                "parts",
+                (0..sizes[0])
+                    .map(|i| OutgoingMessage::new(body(0, i)))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        let mut results = vec![first];
+        let sends = (1..sizes.len()).map(|b| {
+            let producer = &producer;
+            async move {
+                let batch = (0..sizes[b])
+                    .map(|i| OutgoingMessage::new(body(b, i)))
+                    .collect();
+                producer.send_batch("parts", batch).await.unwrap()
+            }
+        });
+        results.extend(futures_util::future::join_all(sends).await);
+        // A selector: the queue comes from the first body's first byte.
+        let selecting = Producer::connect_with(
+            ClientConfig::new(addr.clone()),
+            ProducerOptions {
+                selector: Some(Arc::new(FirstByte)),
+                ..ProducerOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let picked = selecting
+            .send_batch(
+                "parts",
+                vec![
+                    OutgoingMessage::new(vec![3u8, 1, 2]),
+                    OutgoingMessage::new(vec![0u8]),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(picked.queue_id, 3);
+
+        for (b, r) in results.iter().enumerate() {
+            assert_eq!(r.count as usize, sizes[b]);
+            let mut offset = r.first_queue_offset;
+            let mut i = 0;
+            while i < sizes[b] {
+                let pulled = client
+                    .pull("parts", r.queue_id, offset, 32, WAIT, &[])
+                    .await
+                    .unwrap();
+                assert!(!pulled.messages.is_empty(), "batch {b}: stopped at {i}");
+                for m in &pulled.messages {
+                    if i < sizes[b] {
+                        assert_eq!(m.body(), &body(b, i)[..], "batch {b} message {i}");
+                    }
+                    i += 1;
+                }
+                offset = pulled.next_offset;
+            }
+        }
+        let last = client
+            .pull("parts", 3, picked.first_queue_offset, 32, WAIT, &[])
+            .await
+            .unwrap();
+        let bodies: Vec<&[u8]> = last.messages.iter().map(|m| m.body()).collect();
+        assert_eq!(bodies[..2], [&[3u8, 1, 2][..], &[0u8][..]]);
+    });
 }

@@ -651,7 +651,7 @@ fn reencode_send(
                 .map(|i| crate::protocol::BatchItem {
                     flag: i.flag,
                     properties: i.properties.to_vec(),
-                    body: i.body.to_vec(),
+                    body: bytes::Bytes::copy_from_slice(i.body),
                     born_timestamp_ms: i.born_timestamp_ms,
                 })
                 .collect(),

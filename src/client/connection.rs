@@ -30,8 +30,8 @@ use tokio::time::{timeout_at, Instant};
 
 use crate::protocol::kind::{KIND_PUSH_END, KIND_PUSH_FIRST};
 use crate::protocol::{
-    encode_frame, Flags, Frame, FrameDecoder, FrameLimits, Kind, KindClass, Message, ProtocolError,
-    Response, FRAME_BYTES_CEILING, FRAME_HEADER_BYTES,
+    encode_frame_parts, Flags, Frame, FrameDecoder, FrameLimits, FrameParts, Kind, KindClass,
+    Message, ProtocolError, Response, FRAME_BYTES_CEILING, FRAME_HEADER_BYTES,
 };
 
 use super::error::{ClientError, Result};
@@ -201,7 +201,7 @@ pub(crate) struct ConnectionLimits {
 /// A pipelined connection to one broker address. Dropping the last handle closes it.
 pub(crate) struct Connection {
     shared: Arc<Shared>,
-    frames: mpsc::Sender<Vec<u8>>,
+    frames: mpsc::Sender<FrameParts>,
     permits: Arc<Semaphore>,
     next_request_id: AtomicU64,
     frame_bytes_max: u32,
@@ -347,9 +347,13 @@ impl Connection {
         }
     }
 
-    fn encode<M: Message>(&self, request_id: u64, flags: Flags, meta: &M) -> Result<Vec<u8>> {
-        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + meta.meta_len_hint());
-        let len = encode_frame(request_id, flags, meta, &[], &mut frame)?;
+    /// The request's frame, with message bodies kept by reference (not copied into it).
+    fn encode<M: Message>(&self, request_id: u64, flags: Flags, meta: &M) -> Result<FrameParts> {
+        let mut frame = FrameParts {
+            bytes: Vec::with_capacity(FRAME_HEADER_BYTES + meta.meta_len_hint()),
+            shared: Vec::new(),
+        };
+        let len = encode_frame_parts(request_id, flags, meta, &mut frame)?;
         if len > self.frame_bytes_max as usize {
             return Err(ClientError::InvalidArgument(format!(
                 "a {} request of {len} bytes is larger than the frame limit of {} bytes",
@@ -362,12 +366,12 @@ impl Connection {
 }
 
 async fn write_loop(
-    mut frames: mpsc::Receiver<Vec<u8>>,
+    mut frames: mpsc::Receiver<FrameParts>,
     mut out: OwnedWriteHalf,
     shared: Arc<Shared>,
 ) {
     // Frames ready together go out in one vectored write, without copying them together.
-    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH_FRAMES_MAX);
+    let mut batch: Vec<FrameParts> = Vec::with_capacity(WRITE_BATCH_FRAMES_MAX);
     while let Some(first) = frames.recv().await {
         let mut bytes = first.len();
         batch.push(first);
@@ -394,9 +398,13 @@ async fn write_loop(
     let _ = out.shutdown().await;
 }
 
-/// Writes every frame, in order, with as few (vectored) writes as the socket allows.
-async fn write_frames(out: &mut OwnedWriteHalf, frames: &[Vec<u8>]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = frames.iter().map(|f| IoSlice::new(f)).collect();
+/// Writes every frame, in order, with as few (vectored) writes as the socket allows (a
+/// write takes up to the system's `IOV_MAX` pieces; the rest go in the next).
+async fn write_frames(out: &mut OwnedWriteHalf, frames: &[FrameParts]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len());
+    for f in frames {
+        f.for_each_slice(|s| slices.push(IoSlice::new(s)));
+    }
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         let n = out.write_vectored(rest).await?;

@@ -106,13 +106,19 @@ impl OutgoingMessage {
 
     /// Checks the limits the broker would check, so a bad message fails before any I/O.
     pub fn validate(&self) -> Result<()> {
+        self.checked_properties().map(|_| ())
+    }
+
+    /// [`validate`](Self::validate), returning the property block it encoded
+    /// ([`encode_properties`](Self::encode_properties)): a send encodes it once.
+    pub fn checked_properties(&self) -> Result<Vec<u8>> {
         if self.body.len() > BODY_BYTES_MAX {
             return Err(ClientError::BodyTooLarge {
                 len: self.body.len(),
                 max: BODY_BYTES_MAX,
             });
         }
-        self.encode_properties().map(|_| ())
+        self.encode_properties()
     }
 
     /// The property block the record will carry: `TAGS`, `KEYS`, then user properties.

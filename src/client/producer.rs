@@ -301,8 +301,7 @@ impl ProducerInner {
     /// moved out of `message`.
     fn prepare(&self, topic: &str, message: &mut OutgoingMessage) -> Result<SendMessage> {
         check_topic(topic)?;
-        message.validate()?;
-        let properties = message.encode_properties()?;
+        let properties = message.checked_properties()?;
         Ok(SendMessage {
             topic: topic.to_owned(),
             queue_id: QUEUE_ID_ANY,
@@ -374,7 +373,7 @@ impl ProducerInner {
                     BatchItem {
                         flag: request.flag,
                         properties: std::mem::take(&mut request.properties),
-                        body: std::mem::take(&mut request.body),
+                        body: std::mem::take(&mut request.body).into(),
                         born_timestamp_ms: request.born_timestamp_ms,
                     },
                     tx,
@@ -487,14 +486,16 @@ impl ProducerInner {
         let born_timestamp_ms = now_ms();
         let mut items = Vec::with_capacity(messages.len());
         for message in &mut messages {
-            message.validate()?;
             items.push(BatchItem {
                 flag: message.flag,
-                properties: message.encode_properties()?,
-                body: std::mem::take(&mut message.body),
+                properties: message.checked_properties()?,
+                // Moved, not copied: the request frame is written from this buffer.
+                body: std::mem::take(&mut message.body).into(),
                 born_timestamp_ms,
             });
         }
+        // A selector sees the first message whole: a copy of its body, made once.
+        let mut first_body: Option<Vec<u8>> = None;
         let mut request = SendBatch {
             topic: topic.to_owned(),
             queue_id: QUEUE_ID_ANY,
@@ -509,8 +510,11 @@ impl ProducerInner {
                 if let (Some(first), Some(item)) =
                     (messages.first_mut(), request.messages.first_mut())
                 {
-                    request.queue_id =
-                        self.choose(topic, first, &mut item.body, queue_count, attempt);
+                    let body = match &self.options.selector {
+                        Some(_) => first_body.get_or_insert_with(|| item.body.to_vec()),
+                        None => &mut Vec::new(),
+                    };
+                    request.queue_id = self.choose(topic, first, body, queue_count, attempt);
                 }
                 request.queue_id
             },

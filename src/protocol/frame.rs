@@ -16,9 +16,13 @@
 //! part is read with rkyv's checked access: garbage gives a [`ProtocolError`], never a panic
 //! or undefined behaviour. Nothing here does I/O: a reader (glommio or tokio) hands in bytes.
 
+use bytes::Bytes;
 use rkyv::rancor;
 use rkyv::ser::{Positional, Writer};
 use rkyv::util::AlignedVec;
+use rkyv::vec::{ArchivedVec, VecResolver};
+use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
+use rkyv::Place;
 
 use crate::protocol::record::RECORD_BYTES_MAX;
 
@@ -518,6 +522,14 @@ pub trait Message: rkyv::Archive + Sized {
     const KIND: Kind;
     /// Appends the rkyv form to `out`, with positions relative to where it starts.
     fn write_meta(&self, out: &mut Vec<u8>) -> Result<(), rancor::Error>;
+    /// Like [`write_meta`](Self::write_meta), but [`SharedBytes`] fields (message bodies)
+    /// are not copied: each is recorded in `shared` with the index in `out` where it
+    /// belongs ([`FrameParts`]).
+    fn write_meta_parts(
+        &self,
+        out: &mut Vec<u8>,
+        shared: &mut Vec<(usize, Bytes)>,
+    ) -> Result<(), rancor::Error>;
     /// Validates `bytes` (aligned to [`META_ALIGN`]) and returns the archived value.
     fn access_meta(bytes: &[u8]) -> Result<&Self::Archived, rancor::Error>;
     /// Validates and deserializes `bytes` (aligned to [`META_ALIGN`]).
@@ -535,21 +547,42 @@ pub trait Message: rkyv::Archive + Sized {
 /// An rkyv writer appending to a vector that may already hold other bytes (the frame header,
 /// earlier frames). Positions count from where the meta part starts, so alignment padding is
 /// right for a reader that sees the meta part alone.
+/// [`SharedBytes`] fields are copied in, or, for [`Message::write_meta_parts`], kept aside in
+/// `shared` (positions count them as if they were in `out`).
 pub(crate) struct MetaWriter<'a> {
     out: &'a mut Vec<u8>,
     start: usize,
+    shared: Option<&'a mut Vec<(usize, Bytes)>>,
+    shared_len: usize,
 }
 
 impl<'a> MetaWriter<'a> {
     pub(crate) fn new(out: &'a mut Vec<u8>) -> MetaWriter<'a> {
         let start = out.len();
-        MetaWriter { out, start }
+        MetaWriter {
+            out,
+            start,
+            shared: None,
+            shared_len: 0,
+        }
+    }
+
+    /// A writer that keeps shared bytes aside in `shared`, with the index in `out` where
+    /// each belongs.
+    pub(crate) fn with_parts(
+        out: &'a mut Vec<u8>,
+        shared: &'a mut Vec<(usize, Bytes)>,
+    ) -> MetaWriter<'a> {
+        MetaWriter {
+            shared: Some(shared),
+            ..MetaWriter::new(out)
+        }
     }
 }
 
 impl Positional for MetaWriter<'_> {
     fn pos(&self) -> usize {
-        self.out.len() - self.start
+        self.out.len() - self.start + self.shared_len
     }
 }
 
@@ -558,6 +591,117 @@ impl<E> Writer<E> for MetaWriter<'_> {
         self.out.extend_from_slice(bytes);
         Ok(())
     }
+}
+
+impl ShareBytes for MetaWriter<'_> {
+    fn share(&mut self, bytes: &Bytes) {
+        match &mut self.shared {
+            None => self.out.extend_from_slice(bytes),
+            Some(_) if bytes.is_empty() => {}
+            Some(shared) => {
+                self.shared_len += bytes.len();
+                shared.push((self.out.len(), bytes.clone()));
+            }
+        }
+    }
+}
+
+/// A writer that can take bytes by reference (a clone of their [`Bytes`]) instead of
+/// copying them: what [`SharedBytes`] fields are serialized through.
+pub trait ShareBytes {
+    /// Appends `bytes` at the current position.
+    fn share(&mut self, bytes: &Bytes);
+}
+
+impl<W: ShareBytes, A, S, E> ShareBytes for rancor::Strategy<rkyv::ser::Serializer<W, A, S>, E> {
+    fn share(&mut self, bytes: &Bytes) {
+        self.writer.share(bytes);
+    }
+}
+
+/// An rkyv `with` wrapper: a [`Bytes`] field archived exactly as a `Vec<u8>` is (the wire
+/// does not change), which [`Message::write_meta_parts`] keeps by reference: a batch's bodies go from
+/// the caller's buffers to the socket without being copied into the frame.
+pub struct SharedBytes;
+
+impl ArchiveWith<Bytes> for SharedBytes {
+    type Archived = ArchivedVec<u8>;
+    type Resolver = VecResolver;
+
+    fn resolve_with(field: &Bytes, resolver: VecResolver, out: Place<ArchivedVec<u8>>) {
+        ArchivedVec::resolve_from_len(field.len(), resolver, out);
+    }
+}
+
+impl<S> SerializeWith<Bytes, S> for SharedBytes
+where
+    S: rancor::Fallible + Writer + ShareBytes + ?Sized,
+{
+    fn serialize_with(field: &Bytes, serializer: &mut S) -> Result<VecResolver, S::Error> {
+        // As `[u8]::serialize_unsized`: bytes need no alignment, the vector points at them.
+        let pos = serializer.pos();
+        serializer.share(field);
+        Ok(VecResolver::from_pos(pos))
+    }
+}
+
+impl<D: rancor::Fallible + ?Sized> DeserializeWith<ArchivedVec<u8>, Bytes, D> for SharedBytes {
+    fn deserialize_with(field: &ArchivedVec<u8>, _: &mut D) -> Result<Bytes, D::Error> {
+        Ok(Bytes::copy_from_slice(field.as_slice()))
+    }
+}
+
+/// A frame in pieces: its own bytes, with shared bytes (message bodies, by reference) to be
+/// inserted at their indexes. Written with one vectored write, it is byte for byte the frame
+/// [`encode_frame`] makes.
+#[derive(Debug, Default)]
+pub struct FrameParts {
+    pub bytes: Vec<u8>,
+    /// (index in `bytes` the shared bytes go before, the bytes), indexes in order.
+    pub shared: Vec<(usize, Bytes)>,
+}
+
+impl FrameParts {
+    /// The whole frame's length.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.shared.iter().map(|(_, b)| b.len()).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `f` with the frame's non-empty pieces in order (for a vectored write).
+    pub fn for_each_slice<'a>(&'a self, mut f: impl FnMut(&'a [u8])) {
+        let mut from = 0;
+        for (at, b) in &self.shared {
+            if *at > from {
+                f(&self.bytes[from..*at]);
+            }
+            from = *at;
+            f(b);
+        }
+        if from < self.bytes.len() {
+            f(&self.bytes[from..]);
+        }
+    }
+}
+
+/// Encodes a frame of no raw tail into `FrameParts`: [`SharedBytes`] fields are kept by
+/// reference instead of copied. Returns the frame's length.
+pub fn encode_frame_parts<M: Message>(
+    request_id: u64,
+    flags: Flags,
+    meta: &M,
+    out: &mut FrameParts,
+) -> Result<usize, ProtocolError> {
+    let FrameParts { bytes, shared } = out;
+    let before = shared.len();
+    encode_head_with(M::KIND, request_id, flags, 0, bytes, |bytes| {
+        meta.write_meta_parts(bytes, shared)?;
+        Ok(shared[before..].iter().map(|(_, b)| b.len()).sum())
+    })
+    .inspect_err(|_| shared.truncate(before))
 }
 
 /// Appends to `out` the header and meta part of a frame whose raw tail of `tail_len` bytes
@@ -573,7 +717,22 @@ pub fn encode_frame_head<M: Message>(
     tail_len: usize,
     out: &mut Vec<u8>,
 ) -> Result<usize, ProtocolError> {
-    let kind = M::KIND;
+    encode_head_with(M::KIND, request_id, flags, tail_len, out, |out| {
+        meta.write_meta(out)?;
+        Ok(0)
+    })
+}
+
+/// [`encode_frame_head`] with the meta part written by `write_meta`, which returns how many
+/// of its bytes it kept aside (shared, not in `out`).
+fn encode_head_with(
+    kind: Kind,
+    request_id: u64,
+    flags: Flags,
+    tail_len: usize,
+    out: &mut Vec<u8>,
+    write_meta: impl FnOnce(&mut Vec<u8>) -> Result<usize, rancor::Error>,
+) -> Result<usize, ProtocolError> {
     let flags = check_flags(kind, (flags | Flags::required_for(kind)).0)?;
     if tail_len > 0 && !kind.carries_records() {
         return Err(ProtocolError::UnexpectedTail { kind, tail_len });
@@ -581,14 +740,17 @@ pub fn encode_frame_head<M: Message>(
     let start = out.len();
     out.resize(start + FRAME_HEADER_BYTES, 0);
     let meta_start = out.len();
-    if let Err(e) = meta.write_meta(out) {
-        out.truncate(start);
-        return Err(ProtocolError::Encode {
-            kind,
-            reason: e.to_string(),
-        });
-    }
-    let meta_len = out.len() - meta_start;
+    let kept_aside = match write_meta(out) {
+        Ok(n) => n,
+        Err(e) => {
+            out.truncate(start);
+            return Err(ProtocolError::Encode {
+                kind,
+                reason: e.to_string(),
+            });
+        }
+    };
+    let meta_len = out.len() - meta_start + kept_aside;
     let frame_len = (FRAME_HEADER_BYTES + meta_len) as u64 + tail_len as u64;
     if frame_len > u32::MAX as u64 {
         out.truncate(start);
@@ -954,6 +1116,32 @@ mod tests {
         let f = FrameDecoder::default().decode(&whole).unwrap().unwrap();
         assert_eq!(f.tail(), b"first recordsecond");
         assert_eq!(f.decode_meta::<PullResult>().unwrap(), pr);
+    }
+
+    #[test]
+    fn a_frame_without_shared_bytes_is_one_part_equal_to_the_whole_frame() {
+        let hb = Heartbeat {
+            client_id: "client-1".into(),
+        };
+        let whole = heartbeat_frame(7);
+        let mut parts = FrameParts::default();
+        let len = encode_frame_parts(7, Flags::NONE, &hb, &mut parts).unwrap();
+        assert_eq!(len, whole.len());
+        assert!(parts.shared.is_empty());
+        let mut pieces = Vec::new();
+        parts.for_each_slice(|s| pieces.push(s));
+        assert_eq!(pieces, [&whole[..]]);
+        // A refused frame leaves the parts as they were.
+        let before = parts.bytes.len();
+        let oneway_answer = PullResult {
+            status: PullStatus::Found,
+            next_offset: 0,
+            min_offset: 0,
+            max_offset: 0,
+            count: 0,
+        };
+        assert!(encode_frame_parts(8, Flags::ONEWAY, &oneway_answer, &mut parts).is_err());
+        assert_eq!(parts.bytes.len(), before);
     }
 
     #[test]

@@ -204,7 +204,10 @@ wire_type! {
     pub struct BatchItem {
         pub flag: i32,
         pub properties: Vec<u8>,
-        pub body: Vec<u8>,
+        /// Archived as a `Vec<u8>`; a client's encoder writes it from the caller's buffer,
+        /// without copying it into the frame ([`FrameParts`](super::FrameParts)).
+        #[rkyv(with = super::frame::SharedBytes)]
+        pub body: bytes::Bytes,
         pub born_timestamp_ms: i64,
     }
 }
@@ -787,11 +790,12 @@ pub(super) fn send_message_len_hint(m: &SendMessage) -> usize {
     m.topic.len() + m.properties.len() + m.body.len() + 2 * ITEM_OVERHEAD_HINT
 }
 
+/// Without the bodies: the client's encoder keeps them by reference ([`FrameParts`](super::FrameParts)).
 pub(super) fn send_batch_len_hint(m: &SendBatch) -> usize {
     let items: usize = m
         .messages
         .iter()
-        .map(|i| i.properties.len() + i.body.len() + ITEM_OVERHEAD_HINT)
+        .map(|i| i.properties.len() + ITEM_OVERHEAD_HINT)
         .sum();
     m.topic.len() + items + ITEM_OVERHEAD_HINT
 }

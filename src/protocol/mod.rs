@@ -36,10 +36,10 @@ pub mod tag_filter;
 
 pub use error::{ErrorCode, ProtocolError};
 pub use frame::{
-    encode_frame, encode_frame_head, AlignedMeta, Flags, Frame, FrameDecoder, FrameHeader,
-    FrameLimits, Message, FRAME_BYTES_CEILING, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MIN,
-    FRAME_HEADER_BYTES, FRAME_MAGIC, FRAME_SLACK_BYTES, META_ALIGN, META_BYTES_RESERVE,
-    PROTOCOL_VERSION,
+    encode_frame, encode_frame_head, encode_frame_parts, AlignedMeta, Flags, Frame, FrameDecoder,
+    FrameHeader, FrameLimits, FrameParts, Message, SharedBytes, FRAME_BYTES_CEILING,
+    FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MIN, FRAME_HEADER_BYTES, FRAME_MAGIC, FRAME_SLACK_BYTES,
+    META_ALIGN, META_BYTES_RESERVE, PROTOCOL_VERSION,
 };
 pub use kind::{Kind, KindClass};
 pub use messages::*;

@@ -83,6 +83,17 @@ macro_rules! impl_message {
                 rkyv::api::high::to_bytes_in::<_, rancor::Error>(self, MetaWriter::new(out))
                     .map(|_| ())
             }
+            fn write_meta_parts(
+                &self,
+                out: &mut Vec<u8>,
+                shared: &mut Vec<(usize, bytes::Bytes)>,
+            ) -> Result<(), rancor::Error> {
+                rkyv::api::high::to_bytes_in::<_, rancor::Error>(
+                    self,
+                    MetaWriter::with_parts(out, shared),
+                )
+                .map(|_| ())
+            }
             fn access_meta(bytes: &[u8]) -> Result<&Self::Archived, rancor::Error> {
                 rkyv::access::<<Self as rkyv::Archive>::Archived, rancor::Error>(bytes)
             }

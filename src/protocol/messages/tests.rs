@@ -147,13 +147,13 @@ fn sample_requests() -> Vec<Request> {
                 BatchItem {
                     flag: 1,
                     properties: properties(),
-                    body: b"a".to_vec(),
+                    body: b"a".to_vec().into(),
                     born_timestamp_ms: 5,
                 },
                 BatchItem {
                     flag: 2,
                     properties: Vec::new(),
-                    body: Vec::new(),
+                    body: Default::default(),
                     born_timestamp_ms: 6,
                 },
             ],
@@ -730,7 +730,7 @@ prop_compose! {
         body in arb_bytes(64),
         born_timestamp_ms: i64,
     ) -> BatchItem {
-        BatchItem { flag, properties, body, born_timestamp_ms }
+        BatchItem { flag, properties, body: body.into(), born_timestamp_ms }
     }
 }
 
@@ -828,7 +828,40 @@ fn header_for(kind: Kind, meta_len: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A frame written from its parts, as a vectored write would.
+fn joined(parts: &crate::protocol::FrameParts) -> Vec<u8> {
+    let mut out = Vec::new();
+    parts.for_each_slice(|s| {
+        assert!(!s.is_empty());
+        out.extend_from_slice(s)
+    });
+    assert_eq!(out.len(), parts.len());
+    out
+}
+
 proptest! {
+    /// A batch's bodies kept by reference make the very bytes of the copying encoder, so
+    /// the broker reads them as before; only the bodies are kept aside.
+    #[test]
+    fn batches_encoded_in_parts_are_the_same_bytes(batch in arb_send_batch(), request_id: u64) {
+        let mut whole = Vec::new();
+        let len = encode_frame(request_id, Flags::NONE, &batch, &[], &mut whole).unwrap();
+        let mut parts = crate::protocol::FrameParts::default();
+        let parts_len =
+            crate::protocol::encode_frame_parts(request_id, Flags::NONE, &batch, &mut parts)
+                .unwrap();
+        prop_assert_eq!(len, parts_len);
+        prop_assert_eq!(joined(&parts), whole);
+        let bodies: Vec<&[u8]> =
+            batch.messages.iter().map(|m| &m.body[..]).filter(|b| !b.is_empty()).collect();
+        let shared: Vec<&[u8]> = parts.shared.iter().map(|(_, b)| &b[..]).collect();
+        prop_assert_eq!(shared, bodies);
+        // Kept by reference: the very buffers of the request.
+        for ((_, b), m) in parts.shared.iter().zip(batch.messages.iter().filter(|m| !m.body.is_empty())) {
+            prop_assert_eq!(b.as_ptr(), m.body.as_ptr());
+        }
+    }
+
     #[test]
     fn requests_round_trip(request in arb_request(), shift in 0usize..16) {
         let out = encoded(&request);
