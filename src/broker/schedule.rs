@@ -377,11 +377,12 @@ impl ShardCtx {
     /// arrival order. A scheduled message's result carries `QUEUE_OFFSET_SCHEDULED`.
     pub(super) fn put_draft(&self, draft: &RecordDraft<'_>) -> Result<PutResult, ErrorBody> {
         let props = Properties::new(draft.properties);
-        if goes_straight(&props) {
-            return self.store.append(draft).map_err(super::store_error);
-        }
+        // `goes_straight`, with each property looked up once.
         if super::transaction::is_half(&props) {
             return self.half_append(draft);
+        }
+        if !asks_for_delay(&props) {
+            return self.store.append(draft).map_err(super::store_error);
         }
         let now = now_ms() as i64;
         let at = self
