@@ -690,4 +690,52 @@ mod tests {
             .expect("the executor slept with a runnable task");
         assert_eq!(sum, 2 * (0..200u64).sum::<u64>());
     }
+
+    /// An executor that parks waiting for another thread is always woken by it (the sleep
+    /// protocol of vendor/glommio/RINGMQ.md: a fence on each side instead of a membarrier).
+    /// Two executors play ping-pong over channels of one slot, each parking between balls,
+    /// while a third thread's blocking jobs wake one of them too; a lost wake-up hangs.
+    #[test]
+    fn executors_parked_on_each_other_are_always_woken() {
+        use glommio::channels::shared_channel;
+        const ROUNDS: u64 = 20_000;
+        let (ping_tx, ping_rx) = shared_channel::new_bounded::<u64>(1);
+        let (pong_tx, pong_rx) = shared_channel::new_bounded::<u64>(1);
+        let (done, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .make()
+                .expect("executor");
+            let sum = ex.run(async move {
+                let (tx, rx) = (ping_tx.connect().await, pong_rx.connect().await);
+                let mut sum = 0;
+                for i in 0..ROUNDS {
+                    tx.send(i).await.expect("ping");
+                    sum += rx.recv().await.expect("pong");
+                    if i % 64 == 0 {
+                        sum += super::blocking(move || i).await - i;
+                    }
+                }
+                sum
+            });
+            let _ = done.send(sum);
+        });
+        std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .make()
+                .expect("executor");
+            ex.run(async move {
+                let (rx, tx) = (ping_rx.connect().await, pong_tx.connect().await);
+                while let Some(i) = rx.recv().await {
+                    if tx.send(i + 1).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        });
+        let sum = done_rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("an executor slept through a wake-up from another thread");
+        assert_eq!(sum, (1..=ROUNDS).sum::<u64>());
+    }
 }

@@ -306,6 +306,10 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // ringmq patch: what the caller queued (a waker, a channel's item) is visible
+        // before we read whether the executor sleeps; pairs with the fence the executor
+        // issues between `prepare_to_sleep` and its last sweep (see `Reactor::react`).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self
             .should_notify
             .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)

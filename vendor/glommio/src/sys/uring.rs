@@ -37,7 +37,7 @@ use crate::{
         self,
         blocking::{BlockingThreadOp, BlockingThreadPool},
         dma_buffer::{BufferStorage, DmaBuffer},
-        membarrier, DirectIo, EnqueuedSource, EnqueuedStatus, InnerSource, IoBuffer,
+        DirectIo, EnqueuedSource, EnqueuedStatus, InnerSource, IoBuffer,
         PollableStatus, Source, SourceType, Statx, TimeSpec64,
     },
     uring_sys::{self, IoRingOp},
@@ -1861,9 +1861,13 @@ impl Reactor {
             // that opened up room. If it did we bail on sleep and go process it.
             self.notifier.prepare_to_sleep();
             // See https://www.scylladb.com/2018/02/15/memory-barriers-seastar-linux/ for
-            // details. This translates to `sys_membarrier()` /
-            // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
-            membarrier::heavy();
+            // details. ringmq patch: a full fence here and one in `SleepNotifier::notify`
+            // (before it reads `should_notify`) instead of `membarrier::heavy()`: either
+            // this sweep sees what a remote thread queued, or that thread sees that we
+            // sleep and writes our eventfd. The membarrier interrupted every core running
+            // one of the process's threads at each park (an IPI, and a VM exit on a
+            // virtual machine); a notifying thread now pays one fence instead.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
