@@ -24,8 +24,8 @@ impl<W: ShareBytes, A, S, E> ShareBytes for rancor::Strategy<rkyv::ser::Serializ
 }
 
 /// An rkyv `with` wrapper: a [`Bytes`] field archived exactly as a `Vec<u8>` is (the wire
-/// does not change), which [`Message::write_meta_parts`] keeps by reference: a batch's bodies go from
-/// the caller's buffers to the socket without being copied into the frame.
+/// does not change), which [`Message::write_meta_parts`] keeps by reference: a batch's
+/// bodies go from the caller's buffers to the socket without being copied into the frame.
 pub struct SharedBytes;
 
 impl ArchiveWith<Bytes> for SharedBytes {
@@ -57,7 +57,7 @@ impl<D: rancor::Fallible + ?Sized> DeserializeWith<ArchivedVec<u8>, Bytes, D> fo
 
 /// A frame in pieces: its own bytes, with shared bytes (message bodies, by reference) to be
 /// inserted at their indexes. Written with one vectored write, it is byte for byte the frame
-/// [`encode_frame`] makes.
+/// [`encode_frame`](super::encode_frame) makes.
 #[derive(Debug, Default)]
 pub struct FrameParts {
     pub bytes: Vec<u8>,
