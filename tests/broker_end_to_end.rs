@@ -278,6 +278,68 @@ async fn restart_clean_and_after_sigkill_keeps_acknowledged_data() {
     assert_eq!(client.query_offset("g1", "dur", 0).await.unwrap(), Some(3));
 }
 
+/// A shard that panics (here on purpose: the hidden `--testing-panic-topic`) must not leave
+/// a broker that looks alive while that shard's connections are refused: the other shards
+/// stop cleanly, the process exits with status 1 and says on stdout which shard died and
+/// where it panicked, and after a restart every acknowledged message is there, in order,
+/// nothing else (async flush: acknowledged means written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_panics_stops_the_broker_which_says_why_and_keeps_acknowledged_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--testing-panic-topic", "boom"],
+    );
+    let addr = broker.addr_string();
+    let client = Client::connect(config(&addr, true)).await.unwrap();
+    client.create_topic("kept", 4).await.unwrap();
+    let producer = Producer::connect(config(&addr, true)).await.unwrap();
+    let mut acked = Vec::new();
+    for i in 0..200 {
+        let body = format!("kept-{i}").into_bytes();
+        let r = producer
+            .send("kept", OutgoingMessage::new(body.clone()))
+            .await
+            .unwrap();
+        acked.push((r.queue_id, r.queue_offset, body));
+    }
+    let panicking = Client::connect(config(&addr, false)).await.unwrap();
+    assert!(
+        panicking.create_topic("boom", 1).await.is_err(),
+        "the shard asked died before it answered"
+    );
+    let status = tokio::task::block_in_place(|| broker.wait_exit(Duration::from_secs(60)));
+    let out = broker.stdout();
+    let status = status.unwrap_or_else(|| panic!("the broker kept running; stdout:\n{out}"));
+    assert_eq!(status.code(), Some(1), "stdout:\n{out}");
+    assert!(
+        out.contains("panicked at") && out.contains("--testing-panic-topic, shard"),
+        "the panic's place and message on stdout:\n{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains("died (panicked: testing: topic boom")
+                && l.contains("the broker stopped")),
+        "why the broker stopped, on stdout:\n{out}"
+    );
+    broker.restart();
+    let client = Client::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    let all = drain(&client, "kept", 4).await;
+    for (q, off, body) in &acked {
+        let m = &all[q][*off as usize];
+        assert_eq!(m.body(), &body[..], "acknowledged message {q}:{off}");
+    }
+    let total: usize = all.values().map(Vec::len).sum();
+    assert_eq!(total, acked.len(), "nothing invented");
+    assert!(
+        client.describe_topic("boom").await.is_err(),
+        "the topic whose creation panicked was not created"
+    );
+}
+
 fn raw_request(req: &Request, id: u64) -> Vec<u8> {
     let mut out = Vec::new();
     encode_request(req, id, &mut out).unwrap();

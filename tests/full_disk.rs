@@ -150,8 +150,10 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
                     assert_eq!(
                         e.code(),
                         Some(ErrorCode::DiskFull),
-                        "{e}; broker running {}; its log: {}",
+                        "{e}; broker running {}; its stdout (a panic's report, why it \
+                         stopped): {}; its stderr log: {}",
                         alive(&broker),
+                        broker.stdout(),
                         broker.stderr()
                     );
                     assert!(e.is_retriable(), "{e}");
@@ -174,7 +176,12 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
             match send_next(&producer, &topics, &mut acked, n).await {
                 Ok(()) => resumed += 1,
                 Err(e) => {
-                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                    assert_eq!(
+                        e.code(),
+                        Some(ErrorCode::DiskFull),
+                        "{e}; the broker's stdout: {}",
+                        broker.stdout()
+                    );
                     assert!(
                         started.elapsed() < Duration::from_secs(20),
                         "sends not taken again after space returned: {e}"

@@ -130,6 +130,9 @@ struct Cli {
     /// Testing: make every log write wait this long first, as a slow disk would, in µs
     #[arg(long, value_name = "US", hide = true)]
     testing_write_delay_us: Option<u64>,
+    /// Testing: the shard asked to create a topic of this name panics
+    #[arg(long, value_name = "TOPIC", hide = true)]
+    testing_panic_topic: Option<String>,
     /// Checks before an unresolved half message is discarded (kept in the
     /// %SYS_TXN_DISCARDED% topic and counted by `ringmq transaction list`) [default: 15]
     #[arg(long, value_name = "N")]
@@ -249,6 +252,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     if let Some(v) = cli.testing_write_delay_us {
         cfg.testing_write_delay_us = v;
     }
+    if let Some(v) = &cli.testing_panic_topic {
+        cfg.testing_panic_topic = Some(v.clone());
+    }
     if let Some(v) = cli.metrics_listen {
         cfg.metrics_listen = Some(v);
     }
@@ -303,9 +309,34 @@ fn init_logs(level: Option<&str>) {
         .init();
 }
 
+/// Writes one line to stdout, where the ready line goes; a failed write is ignored.
+fn say_on_stdout(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// A panic's place and message go to stdout too, as one line, after the default hook's
+/// report on stderr: the stderr log may sit on the disk that just filled, and a shard's
+/// panic stops the broker (`Broker::wait`), so its reason must be seen.
+fn report_panics_on_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let thread = std::thread::current();
+        let what = info.to_string().replace('\n', " ");
+        say_on_stdout(&format!(
+            "ringmq-broker: thread '{}' {what}",
+            thread.name().unwrap_or("unnamed")
+        ));
+    }));
+}
+
 fn main() {
     let cli = Cli::parse();
     init_logs(cli.log_level.as_deref());
+    report_panics_on_stdout();
     let cfg = match load(&cli) {
         Ok(c) => c,
         Err(e) => {
@@ -320,6 +351,7 @@ fn main() {
         Ok(b) => b,
         Err(e) => {
             ringmq::error!("ringmq-broker: {e}");
+            say_on_stdout(&format!("ringmq-broker: {e}"));
             std::process::exit(1);
         }
     };
@@ -347,6 +379,7 @@ fn main() {
         Ok(()) => ringmq::say!("ringmq-broker: stopped cleanly"),
         Err(e) => {
             ringmq::error!("ringmq-broker: {e}");
+            say_on_stdout(&format!("ringmq-broker: {e}"));
             std::process::exit(1);
         }
     }

@@ -103,6 +103,9 @@ pub struct ServiceConfig {
     /// Flow control: sends are refused with `BrokerBusy` while more than this many bytes
     /// appended on this shard wait for the disk.
     pub send_backlog_bytes_max: u64,
+    /// Testing: the shard asked to create a topic of this name panics (to test what a
+    /// shard's death does to the broker).
+    pub testing_panic_topic: Option<String>,
 }
 
 /// Everything one shard owns.

@@ -347,6 +347,12 @@ impl ShardCtx {
 
     /// `CreateTopic`: an existing topic is an error.
     pub(super) async fn create_topic(self: Rc<Self>, m: CreateTopic) -> Result<Empty, ErrorBody> {
+        if self.cfg.testing_panic_topic.as_deref() == Some(m.topic.as_str()) {
+            panic!(
+                "testing: topic {} is --testing-panic-topic, shard {} panics",
+                m.topic, self.id
+            );
+        }
         if !self
             .set_topic(&m.topic, Some(m.queue_count), true, NewTopic::Admin)
             .await?

@@ -55,6 +55,9 @@ const LOCK_EXPIRY_MARGIN_MS: u64 = 5_000;
 const LOCK_EXPIRY_MS_MAX: u64 = 3_600_000;
 /// How long a clean stop waits for requests in flight.
 const STOP_DRAIN_MS: u64 = 10_000;
+/// After a shard dies, how long the others get to stop cleanly beyond `STOP_DRAIN_MS`
+/// (closing the store, syncing offsets) before [`Broker::wait`] gives up on them.
+const STOP_AFTER_DEATH_MARGIN_MS: u64 = 20_000;
 
 /// Options of a broker; the same keys work in the TOML file (`--config`).
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -127,6 +130,8 @@ pub struct BrokerConfig {
     pub send_backlog_max_mb: u64,
     /// Testing: every log write waits this long first (a slow disk), in µs.
     pub testing_write_delay_us: u64,
+    /// Testing: the shard asked to create a topic of this name panics.
+    pub testing_panic_topic: Option<String>,
     /// A shard with nothing to do polls this long before it parks its thread, in µs (0:
     /// park at once). Spinning saves the park/wake cost under load but keeps the core busy.
     pub spin_before_park_us: u64,
@@ -171,6 +176,7 @@ impl Default for BrokerConfig {
             send_wait_max_ms: crate::broker::SEND_WAIT_MAX_MS_DEFAULT,
             send_backlog_max_mb: crate::broker::SEND_BACKLOG_BYTES_MAX_DEFAULT >> 20,
             testing_write_delay_us: 0,
+            testing_panic_topic: None,
             spin_before_park_us: 0,
             metrics_listen: None,
         }
@@ -187,6 +193,9 @@ pub enum BrokerError {
     ShardStart { shard: usize, reason: String },
     #[error("shard {shard} stopped with an error: {reason}")]
     ShardStop { shard: usize, reason: String },
+    /// A shard ended without being asked to (a panic, an error); the others were stopped.
+    #[error("shard {shard} died ({reason}); the broker stopped")]
+    ShardDied { shard: usize, reason: String },
 }
 
 /// A running broker. Dropping it without [`shutdown`](Broker::shutdown) leaves the shards
@@ -196,6 +205,8 @@ pub struct Broker {
     shard_addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
     threads: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
+    /// What the shards report; after start-up, only `Exited`.
+    events: mpsc::Receiver<BootMsg>,
     /// Held while the broker runs.
     _dir_lock: std::fs::File,
 }
@@ -211,6 +222,45 @@ enum BootMsg {
         shard: usize,
         reason: String,
     },
+    /// The shard's thread ended, however it ended.
+    Exited {
+        shard: usize,
+    },
+}
+
+/// Sends `BootMsg::Exited` when dropped. Kept in a thread-local of the shard's thread, so it
+/// is dropped as the thread ends even when a panic unwinds out of the executor (a panic in
+/// any task of a glommio executor ends its thread).
+struct ExitNotice {
+    shard: usize,
+    tx: mpsc::Sender<BootMsg>,
+}
+
+impl Drop for ExitNotice {
+    fn drop(&mut self) {
+        let _ = self.tx.send(BootMsg::Exited { shard: self.shard });
+    }
+}
+
+thread_local! {
+    static EXIT_NOTICE: std::cell::RefCell<Option<ExitNotice>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// What a shard thread's join says, as a result whose error names a panic's message.
+fn how_it_ended(joined: glommio::Result<Result<(), String>, ()>) -> Result<(), String> {
+    match joined {
+        Ok(r) => r,
+        Err(glommio::GlommioError::BuilderError(glommio::BuilderErrorKind::ThreadPanic(p))) => {
+            let text = p
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("a panic without a message");
+            Err(format!("panicked: {text}"))
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 struct Boot {
@@ -432,6 +482,12 @@ impl Broker {
             }
             let handle = builder
                 .spawn(move || async move {
+                    EXIT_NOTICE.with(|n| {
+                        *n.borrow_mut() = Some(ExitNotice {
+                            shard: i,
+                            tx: tx.clone(),
+                        })
+                    });
                     let tx2 = tx.clone();
                     let r = shard_main(i, shards, cfg, limits, mesh, boot, tx, stop, cap).await;
                     if let Err(reason) = &r {
@@ -449,14 +505,22 @@ impl Broker {
             threads.push(handle);
         }
         drop(tx);
+        // `reason: None`: what the shard's thread ended with (a panic).
         let fail = |threads: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
                     stop: &AtomicBool,
                     shard,
-                    reason| {
+                    reason: Option<String>| {
             stop.store(true, Ordering::SeqCst);
-            for t in threads {
-                let _ = t.join();
+            let mut ended = None;
+            for (i, t) in threads.into_iter().enumerate() {
+                let r = how_it_ended(t.join());
+                if i == shard {
+                    ended = r.err();
+                }
             }
+            let reason = reason
+                .or(ended)
+                .unwrap_or_else(|| "the shard ended during start-up".into());
             BrokerError::ShardStart { shard, reason }
         };
         let mut direct = vec![None; shards];
@@ -478,14 +542,16 @@ impl Broker {
                 }
                 Ok(BootMsg::Ready) => ready += 1,
                 Ok(BootMsg::Failed { shard, reason }) => {
-                    return Err(fail(threads, &stop, shard, reason))
+                    return Err(fail(threads, &stop, shard, Some(reason)))
                 }
+                // After `Failed` when a shard's start-up failed; alone when it panicked.
+                Ok(BootMsg::Exited { shard }) => return Err(fail(threads, &stop, shard, None)),
                 Err(_) => {
                     return Err(fail(
                         threads,
                         &stop,
                         0,
-                        "a shard exited during start-up".into(),
+                        Some("a shard exited during start-up".into()),
                     ))
                 }
             }
@@ -502,6 +568,7 @@ impl Broker {
             shard_addrs: direct.into_iter().flatten().collect(),
             stop,
             threads,
+            events: rx,
             _dir_lock: dir_lock,
         })
     }
@@ -521,21 +588,74 @@ impl Broker {
         self.stop.clone()
     }
 
-    /// Waits until the broker stops (after the stop flag is set).
+    /// Waits until the broker stops: after the stop flag is set, or as soon as a shard
+    /// ends without being asked to (a panic, an error). A broker missing a shard would
+    /// refuse that shard's connections and queues while looking alive, so the death of one
+    /// stops the others cleanly (their requests in flight finish, their logs are flushed)
+    /// and is returned as [`BrokerError::ShardDied`]: the process should exit and be
+    /// restarted, and recovery runs as after any stop. Shards that have not stopped
+    /// `STOP_DRAIN_MS + STOP_AFTER_DEATH_MARGIN_MS` after the death are left running
+    /// (the error says so); exiting the process ends them.
     pub fn wait(self) -> Result<(), BrokerError> {
-        let mut first_err = None;
-        for (shard, t) in self.threads.into_iter().enumerate() {
-            let r = match t.join() {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(reason)) => Err(BrokerError::ShardStop { shard, reason }),
-                Err(e) => Err(BrokerError::ShardStop {
-                    shard,
-                    reason: format!("panicked: {e}"),
-                }),
+        let Broker {
+            threads,
+            events,
+            stop,
+            ..
+        } = self;
+        let mut ended = vec![false; threads.len()];
+        let mut died = None;
+        let mut deadline: Option<Instant> = None;
+        while ended.contains(&false) {
+            let event = match deadline {
+                None => events.recv().ok(),
+                Some(d) => events
+                    .recv_timeout(d.saturating_duration_since(Instant::now()))
+                    .ok(),
             };
-            if let (Err(e), None) = (r, &first_err) {
-                first_err = Some(e);
+            match event {
+                Some(BootMsg::Exited { shard }) => {
+                    ended[shard] = true;
+                    // Shards end on their own only when the stop flag is set.
+                    if !stop.swap(true, Ordering::SeqCst) {
+                        died = Some(shard);
+                        deadline = Some(
+                            Instant::now()
+                                + Duration::from_millis(STOP_DRAIN_MS + STOP_AFTER_DEATH_MARGIN_MS),
+                        );
+                    }
+                }
+                Some(_) => {}
+                // Timed out, or every shard's thread is gone.
+                None => break,
             }
+        }
+        let mut first_err = None;
+        let mut dead_reason = None;
+        let mut stuck = Vec::new();
+        for (shard, t) in threads.into_iter().enumerate() {
+            if !ended[shard] {
+                stuck.push(shard);
+                continue;
+            }
+            let r = how_it_ended(t.join());
+            if Some(shard) == died {
+                dead_reason = Some(
+                    r.err()
+                        .unwrap_or_else(|| "ended without an error, unasked".into()),
+                );
+            } else if let (Err(reason), None) = (r, &first_err) {
+                first_err = Some(BrokerError::ShardStop { shard, reason });
+            }
+        }
+        if let (Some(shard), Some(mut reason)) = (died, dead_reason) {
+            if !stuck.is_empty() {
+                reason.push_str(&format!(
+                    "; shards {stuck:?} had not stopped {} s later",
+                    (STOP_DRAIN_MS + STOP_AFTER_DEATH_MARGIN_MS) / 1000
+                ));
+            }
+            return Err(BrokerError::ShardDied { shard, reason });
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -679,6 +799,7 @@ async fn shard_main(
         transaction_check_max: cfg.transaction_check_max,
         send_wait_max_ms: cfg.send_wait_max_ms,
         send_backlog_bytes_max: cfg.send_backlog_max_mb.saturating_mul(1 << 20),
+        testing_panic_topic: cfg.testing_panic_topic.clone(),
     };
     let peers = Box::new(MeshPeers {
         senders,

@@ -4,7 +4,8 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// `--segment-bytes` of test brokers (64 MiB) unless a test passes its own.
@@ -18,6 +19,9 @@ pub struct BrokerProcess {
     pub shards: usize,
     extra: Vec<String>,
     stderr_log: PathBuf,
+    /// Every line the running broker wrote to stdout (the ready line and any later ones: a
+    /// panic's report, why it stopped); stdout is a pipe, so it survives a full disk.
+    stdout_lines: Arc<Mutex<Vec<String>>>,
     /// The open-file limit (soft and hard) the broker runs with, if set.
     pub file_limit: Option<u64>,
 }
@@ -44,6 +48,7 @@ impl BrokerProcess {
             shards,
             extra,
             stderr_log: data_dir.with_extension("stderr.log"),
+            stdout_lines: Arc::default(),
             file_limit: None,
         };
         b.spawn();
@@ -65,6 +70,7 @@ impl BrokerProcess {
             shards,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             stderr_log: data_dir.with_extension("stderr.log"),
+            stdout_lines: Arc::default(),
             file_limit: Some(limit),
         };
         b.spawn();
@@ -105,9 +111,12 @@ impl BrokerProcess {
         let mut child = cmd.spawn().expect("spawn ringmq-broker");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        self.stdout_lines = Arc::default();
+        let lines = self.stdout_lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line.clone());
                 let _ = tx.send(line);
             }
         });
@@ -185,6 +194,27 @@ impl BrokerProcess {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// What the broker process wrote to stdout so far, one line per line.
+    pub fn stdout(&self) -> String {
+        self.stdout_lines.lock().unwrap().join("\n")
+    }
+
+    /// Waits up to `timeout` for the broker to exit on its own; its exit status if it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
