@@ -5,8 +5,10 @@
 //! the client compile.
 
 /// An event worth a line in the log (start, stop, recovery), through `tracing` at INFO. The
-/// broker's subscriber writes to stderr and never panics on a failed write: a broker whose
-/// stderr is a file on a full disk (or a closed pipe) keeps running.
+/// broker's subscriber writes to stderr and drops a line it cannot write, without a word
+/// (tracing-subscriber's report of the failure is switched off: it is an `eprintln!`, which
+/// panics when stderr fails): a broker whose stderr is a file on a full disk (or a closed
+/// pipe) keeps running. Tested with stderr on `/dev/full` (tests/full_disk.rs).
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {

@@ -210,11 +210,13 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
 #[test]
 fn below_the_free_space_floor_sends_get_disk_full_and_pulls_go_on() {
     let dir = tempfile::tempdir().unwrap();
-    // A floor above any disk's size: sends are refused from the first check on.
-    let broker = BrokerProcess::start(
+    // A floor above any disk's size: sends are refused from the first check on. Its
+    // warning goes to a stderr that takes no writes, as a log on the full disk would.
+    let mut broker = BrokerProcess::start_with_stderr(
         &dir.path().join("data"),
         1,
         &["--disk-free-min-mb", "1000000000"],
+        Path::new("/dev/full"),
     );
     let addr = broker.addr_string();
     runtime().block_on(async {
@@ -243,4 +245,44 @@ fn below_the_free_space_floor_sends_get_disk_full_and_pulls_go_on() {
             .unwrap();
         assert!(r.max_offset <= 1, "pulls are answered");
     });
+    let status = broker.stop_within(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a clean stop: {status:?}; stdout:\n{}",
+        broker.stdout()
+    );
+}
+
+/// A broker whose log lines cannot be written (stderr is `/dev/full`: every write fails
+/// with ENOSPC, as a log file on a full disk does) starts, serves and stops cleanly: a
+/// failed log line is dropped, it never panics the thread that wrote it (tracing's own
+/// report of the failure, an `eprintln!` to the same stderr, would). No root needed.
+#[test]
+fn a_broker_whose_stderr_takes_no_writes_serves_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker =
+        BrokerProcess::start_with_stderr(&dir.path().join("data"), 2, &[], Path::new("/dev/full"));
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client();
+        client.create_topic("logless", 2).await.unwrap();
+        let mut sent = vec![Vec::new(); 2];
+        for i in 0..50u64 {
+            let r = producer
+                .send("logless", OutgoingMessage::new(body(i)))
+                .await
+                .unwrap();
+            sent[r.queue_id as usize].push(i);
+        }
+        for (q, want) in sent.iter().enumerate() {
+            assert_eq!(&read_queue(client, "logless", q as u32).await, want);
+        }
+    });
+    let status = broker.stop_within(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a clean stop: {status:?}; stdout:\n{}",
+        broker.stdout()
+    );
 }

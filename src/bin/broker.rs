@@ -288,7 +288,10 @@ fn block_stop_signals() -> libc::sigset_t {
 }
 
 /// Log lines go to stderr through `tracing`, filtered by --log-level, else RINGMQ_LOG,
-/// else `info`. A failed write to stderr is ignored (a full disk must not stop the broker).
+/// else `info`. A failed write to stderr is ignored (a full disk must not stop the broker):
+/// tracing-subscriber's own report of a failed write is off, because it is an `eprintln!`
+/// to the same stderr, which panics when that write fails too (the thread that logged, a
+/// shard, would die of a log line).
 fn init_logs(level: Option<&str>) {
     let directive = level
         .map(str::to_owned)
@@ -297,7 +300,11 @@ fn init_logs(level: Option<&str>) {
     let filter = match tracing_subscriber::EnvFilter::try_new(&directive) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("ringmq-broker: log level {directive:?}: {e}; using info");
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "ringmq-broker: log level {directive:?}: {e}; using info"
+            );
             tracing_subscriber::EnvFilter::new("info")
         }
     };
@@ -306,6 +313,7 @@ fn init_logs(level: Option<&str>) {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_target(false)
+        .log_internal_errors(false)
         .init();
 }
 
@@ -356,14 +364,14 @@ fn main() {
         }
     };
     let direct: Vec<String> = broker.shard_addrs().iter().map(|a| a.to_string()).collect();
-    println!(
+    say_on_stdout(&format!(
         "ringmq-broker ready: listening on {} ({} shards, direct {}), data {}, flush {:?}",
         broker.addr(),
         direct.len(),
         direct.join(","),
         data_dir.display(),
         flush
-    );
+    ));
     let stop = broker.stop_flag();
     std::thread::spawn(move || {
         let mut sig: libc::c_int = 0;

@@ -19,6 +19,8 @@ pub struct BrokerProcess {
     pub shards: usize,
     extra: Vec<String>,
     stderr_log: PathBuf,
+    /// The stderr log is a file of the test's (removed on drop), not a given path.
+    own_stderr_log: bool,
     /// Every line the running broker wrote to stdout (the ready line and any later ones: a
     /// panic's report, why it stopped); stdout is a pipe, so it survives a full disk.
     stdout_lines: Arc<Mutex<Vec<String>>>,
@@ -48,6 +50,31 @@ impl BrokerProcess {
             shards,
             extra,
             stderr_log: data_dir.with_extension("stderr.log"),
+            own_stderr_log: true,
+            stdout_lines: Arc::default(),
+            file_limit: None,
+        };
+        b.spawn();
+        b
+    }
+
+    /// Starts a broker whose stderr is `stderr` (opened for writing; for example
+    /// `/dev/full`, where every write fails as on a full disk).
+    pub fn start_with_stderr(
+        data_dir: &Path,
+        shards: usize,
+        extra: &[&str],
+        stderr: &Path,
+    ) -> BrokerProcess {
+        let mut b = BrokerProcess {
+            child: None,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.to_owned(),
+            shards,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            stderr_log: stderr.to_owned(),
+            own_stderr_log: false,
             stdout_lines: Arc::default(),
             file_limit: None,
         };
@@ -70,6 +97,7 @@ impl BrokerProcess {
             shards,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             stderr_log: data_dir.with_extension("stderr.log"),
+            own_stderr_log: true,
             stdout_lines: Arc::default(),
             file_limit: Some(limit),
         };
@@ -78,7 +106,14 @@ impl BrokerProcess {
     }
 
     fn spawn(&mut self) {
-        let stderr = std::fs::File::create(&self.stderr_log).unwrap();
+        let stderr = if self.own_stderr_log {
+            std::fs::File::create(&self.stderr_log).unwrap()
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&self.stderr_log)
+                .unwrap()
+        };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringmq-broker"));
         // Small segments unless a test sets its own: each segment file is preallocated, and
         // a 1 GiB default per shard of every broker running at once fills a small disk.
@@ -135,8 +170,11 @@ impl BrokerProcess {
                 Ok(_) => continue,
                 Err(_) => {
                     let _ = child.kill();
-                    let log = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
-                    panic!("broker did not become ready; stderr:\n{log}");
+                    panic!(
+                        "broker did not become ready; stdout:\n{}\nstderr:\n{}",
+                        self.stdout(),
+                        self.stderr()
+                    );
                 }
             }
         }
@@ -176,6 +214,15 @@ impl BrokerProcess {
         child.wait().map(|s| s.success()).unwrap_or(false)
     }
 
+    /// SIGTERM, then waits up to `timeout` for the exit: the exit status if it came.
+    pub fn stop_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let pid = self.pid()?;
+        unsafe {
+            libc::kill(pid as i32, libc::SIGTERM);
+        }
+        self.wait_exit(timeout)
+    }
+
     /// SIGKILL: a crash.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -192,7 +239,12 @@ impl BrokerProcess {
         self.spawn();
     }
 
+    /// The broker's stderr log (not read when stderr is a given path such as `/dev/full`,
+    /// which reads as endless zeros).
     pub fn stderr(&self) -> String {
+        if !self.own_stderr_log {
+            return format!("(stderr went to {})", self.stderr_log.display());
+        }
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
     }
 
@@ -221,6 +273,8 @@ impl BrokerProcess {
 impl Drop for BrokerProcess {
     fn drop(&mut self) {
         self.kill();
-        let _ = std::fs::remove_file(&self.stderr_log);
+        if self.own_stderr_log {
+            let _ = std::fs::remove_file(&self.stderr_log);
+        }
     }
 }
