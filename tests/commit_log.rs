@@ -353,6 +353,83 @@ fn a_round_larger_than_its_buffer_grows_it_and_is_one_write() {
     }
 }
 
+/// A round that ends exactly at a segment's end leaves an empty chunk there, which the next
+/// append's roll seals. With the write buffers grown past 64 KiB by large rounds, that empty
+/// chunk once panicked the writer (it asked for a zero-byte buffer to shrink into). Both
+/// flush modes; every record reads back, from the cache and after a reopen.
+#[test]
+fn a_round_that_ends_exactly_at_a_segment_end_then_a_roll() {
+    for flush in [FlushMode::Async, FlushMode::Sync] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let seg = 1u64 << 20;
+            let cfg = config(seg, flush);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            let mut expected = Vec::new();
+            let mut append = |m: &common::TestMessage, n: u64| {
+                let a = log.append(&m.draft(), n).unwrap();
+                let bytes = m.draft().encode(Placement {
+                    queue_offset: n,
+                    physical_offset: a.physical_offset,
+                    store_timestamp_ms: a.store_timestamp_ms,
+                });
+                assert_eq!(bytes.len(), a.size as usize);
+                expected.push((a.physical_offset, bytes));
+                a.end()
+            };
+            // What a record costs beyond its body.
+            let mut probe = message(13, 0, 4, 0);
+            probe.body.clear();
+            let overhead = probe
+                .draft()
+                .encode(Placement {
+                    queue_offset: 0,
+                    physical_offset: 0,
+                    store_timestamp_ms: 0,
+                })
+                .len() as u64;
+            // Rounds of ~256 KiB (the chunks then start with room past 64 KiB), the last
+            // one ending exactly at the segment's end.
+            let mut n = 0;
+            let mut end = 0;
+            while end < seg {
+                let round_end = (end + (256 << 10)).min(seg);
+                while end < round_end {
+                    let mut m = probe.clone();
+                    let left = seg - end;
+                    let body = if left < 2 * (4096 + overhead) {
+                        left - overhead
+                    } else {
+                        4096
+                    };
+                    m.body = vec![(n % 251) as u8; body as usize];
+                    end = append(&m, n);
+                    n += 1;
+                }
+                log.wait_acked(end).await.unwrap();
+            }
+            assert_eq!(end, seg, "the last record ends at the segment's end");
+            let mut m = probe.clone();
+            m.body = vec![7; 100];
+            let after = append(&m, n);
+            log.wait_acked(after).await.unwrap();
+            assert_eq!(
+                expected.last().unwrap().0,
+                seg,
+                "the next record opens segment 2"
+            );
+            check_all(&log, &expected).await;
+            log.close().await.unwrap();
+            drop(log);
+            let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+            assert_eq!(report.end_offset, after);
+            check_all(&log, &expected).await;
+        });
+    }
+}
+
 /// Sync mode keeps the blocks ahead of the writer initialized from a background task: the
 /// sends after a segment's first write never wait for zeroing, and no zero ever lands on
 /// a record (the records read back from the files after a reopen are the ones written).

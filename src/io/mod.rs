@@ -186,7 +186,9 @@ impl WriteBuf {
     pub fn into_written(mut self) -> Written {
         let len = self.len;
         let aligned = align_up(len);
-        let Some(mut mem) = self.mem.take() else {
+        // Nothing to write (a chunk left empty at a segment's end and sealed by a roll):
+        // no memory is kept, and there is no zero-byte buffer to shrink into.
+        let Some(mut mem) = self.mem.take().filter(|_| aligned > 0) else {
             return Written {
                 mem: None,
                 len: 0,
@@ -656,6 +658,10 @@ mod tests {
         assert_eq!(&w[..], &[7u8; 100][..]);
         let empty = WriteBuf::default().into_written();
         assert!(empty.is_empty() && empty.capacity() == 0);
+        // Empty with room to spare (a chunk left empty at a segment's end): nothing kept,
+        // and no zero-byte buffer asked for (that panicked).
+        let empty = WriteBuf::with_capacity(1 << 20).into_written();
+        assert!(empty.is_empty() && empty.capacity() == 0 && empty.mem.is_none());
     }
 
     /// The executor never parks with runnable work when preemption is due as it looks for

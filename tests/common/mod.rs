@@ -18,6 +18,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// A message the tests can rebuild from its number alone, so that recovered data can be
 /// checked against what was appended.
+#[derive(Clone)]
 pub struct TestMessage {
     pub topic: String,
     pub queue_id: u32,
