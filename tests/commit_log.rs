@@ -304,6 +304,91 @@ fn a_full_disk_cuts_the_unwritten_appends_and_the_log_goes_on_when_space_returns
     }
 }
 
+/// A round that rolls into a new segment and finds the disk full there (the first segment's
+/// write went through, the new file was created, its write failed): the new file is removed
+/// before appends are taken again, so the next roll cannot open it just before it is
+/// unlinked (acknowledged records would go to a file without a name), and nothing of the
+/// failed rounds is read back after a reopen. The removal runs on another thread and is
+/// quick, so the check is made on 16 such cuts in a row (without the rule, 8 runs of 8 saw a
+/// file still there, at the 2nd to the 9th cut).
+#[test]
+fn files_past_a_cut_are_gone_before_appends_are_taken_again() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = 64 * 1024;
+        let cfg = config(seg, FlushMode::Async);
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let mut kept = append_all(&log, 9, 20, 100).await;
+        for cycle in 0..16u64 {
+            let next_base = (log.write_offset() / seg + 1) * seg;
+            let next = dir.path().join(format!("{next_base:020}"));
+            assert!(!next.exists());
+            // The round's first write passes; the second (the next segment's) finds the
+            // disk full.
+            ringmq::io::inject_failure_after(ringmq::io::FailPoint::WriteNoSpace, 1);
+            let mut round = Vec::new();
+            for n in 0..30 {
+                let mut m = message(9, 1000 + n, 4, 0);
+                m.body = vec![n as u8; 3000];
+                let q = cycle * 1000 + n;
+                let a = log.append(&m.draft(), q).unwrap();
+                let bytes = m.draft().encode(Placement {
+                    queue_offset: q,
+                    physical_offset: a.physical_offset,
+                    store_timestamp_ms: a.store_timestamp_ms,
+                });
+                round.push((a, bytes));
+            }
+            let (last, _) = round.last().unwrap();
+            assert!(last.end() > next_base, "the round rolls");
+            let err = log
+                .wait_acked_since(last.end(), last.epoch)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, LogError::DiskFull { .. }), "{err}");
+            // Space is back at once: appends are taken again only once the file is gone.
+            loop {
+                log.space_returned();
+                if log.full().is_none() {
+                    break;
+                }
+                ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            assert!(
+                !next.exists(),
+                "cut {cycle}: appends taken again while {} was still being removed",
+                next.display()
+            );
+            // What went out in an earlier round is acknowledged (never past the next
+            // segment's start); the failed round is cut.
+            for (a, bytes) in round {
+                match log.wait_acked_since(a.end(), a.epoch).await {
+                    Ok(()) => {
+                        assert!(a.end() <= next_base, "acknowledged past the failed write");
+                        kept.push((a.physical_offset, bytes));
+                    }
+                    Err(e) => assert!(matches!(e, LogError::DiskFull { .. }), "{e}"),
+                }
+            }
+            let more = append_all(&log, 10 + cycle, 100, 3000).await;
+            assert!(
+                more.last().unwrap().0 > next_base,
+                "the new appends roll into the next segment"
+            );
+            kept.extend(more);
+        }
+        check_all(&log, &kept).await;
+        log.close().await.unwrap();
+        drop(log);
+        let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+        check_all(&log, &kept).await;
+        let (last_phys, last_bytes) = kept.last().unwrap();
+        assert_eq!(report.end_offset, last_phys + last_bytes.len() as u64);
+    });
+}
+
 /// Appends of one tick that outgrow the write buffer (sized by a first, one-record round)
 /// grow it: the round is still one write (two writes one after the other cost the tail
 /// latency of large batches). Every record reads back from the cache of the newest writes

@@ -26,12 +26,21 @@ pub fn is_disk_full(e: &io::Error) -> bool {
 
 thread_local! {
     static FAIL_NEXT: std::cell::Cell<Option<FailPoint>> = const { std::cell::Cell::new(None) };
+    /// Occurrences of the armed point that pass before one fails.
+    static FAIL_SKIP: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Fault injection: the next `point` on a [`LogFile`] of this thread fails with EIO. For tests
 /// of the error paths (a failed write or fdatasync poisons the log); costs one thread-local
 /// read per operation otherwise.
 pub fn inject_failure(point: FailPoint) {
+    inject_failure_after(point, 0);
+}
+
+/// Fault injection: `point` on a [`LogFile`] of this thread succeeds `skip` more times, then
+/// fails once (for example the second write of a round, the first one into a new segment).
+pub fn inject_failure_after(point: FailPoint, skip: u32) {
+    FAIL_SKIP.with(|s| s.set(skip));
     FAIL_NEXT.with(|f| f.set(Some(point)));
 }
 
@@ -48,6 +57,11 @@ pub fn set_write_delay(d: Duration) {
 
 fn injected(point: FailPoint, path: &Path) -> io::Result<()> {
     if FAIL_NEXT.with(|f| f.get()) == Some(point) {
+        let skip = FAIL_SKIP.with(|s| s.get());
+        if skip > 0 {
+            FAIL_SKIP.with(|s| s.set(skip - 1));
+            return Ok(());
+        }
         FAIL_NEXT.with(|f| f.set(None));
         if point == FailPoint::WriteNoSpace {
             let e = io::Error::from_raw_os_error(libc::ENOSPC);

@@ -243,6 +243,9 @@ struct State {
     /// Set when a write found the disk full: appends are refused with `DiskFull` until
     /// [`CommitLog::space_returned`] clears it.
     full: Option<String>,
+    /// Removals of segment files past a cut still running (off the shard thread): `full`
+    /// is not cleared until they end.
+    removing: usize,
     /// Cuts made so far (each drops what was appended but not written when the disk was
     /// full), and the recent ones as (epoch after the cut, log offset cut at), oldest first.
     epoch: u64,
@@ -323,7 +326,7 @@ struct Inner {
     durable: Watermark,
     /// Wakes the background flusher early (close).
     flusher_stop: Cell<bool>,
-    /// A background pre-zeroing ended.
+    /// A background pre-zeroing, or the removal of files past a cut, ended.
     zeroed: tokio::sync::Notify,
     stats: crate::log::stats::LogStats,
 }
@@ -419,6 +422,7 @@ impl CommitLog {
             writer_running: false,
             poisoned: None,
             full: None,
+            removing: 0,
             epoch: 0,
             cuts: VecDeque::new(),
             min_offset,
@@ -633,9 +637,16 @@ impl CommitLog {
     }
 
     /// The disk has room again: appends are taken again (a write that still finds the disk
-    /// full cuts again).
+    /// full cuts again), once the segment files past the last cut are removed (until then
+    /// this does nothing: the caller asks again later).
     pub fn space_returned(&self) {
-        let was = self.inner.st.borrow_mut().full.take();
+        let was = {
+            let mut st = self.inner.st.borrow_mut();
+            if st.removing > 0 {
+                return;
+            }
+            st.full.take()
+        };
         if was.is_some() {
             crate::say!(
                 "ringmq: commit log {}: disk space is back, taking writes again",

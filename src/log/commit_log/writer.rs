@@ -9,7 +9,7 @@ use super::*;
 /// readable) is not an integrity event: the log is cut back to its readable end, the appends
 /// waiting past it fail with `DiskFull`, and appends are refused until the space returns.
 /// Anything else poisons the log.
-pub(super) fn write_failed(inner: &Inner, first: &ReadyChunk, e: LogError) {
+pub(super) fn write_failed(inner: &Rc<Inner>, first: &ReadyChunk, e: LogError) {
     let full = match &e {
         LogError::Io(io) => crate::io::is_disk_full(io),
         _ => false,
@@ -23,7 +23,7 @@ pub(super) fn write_failed(inner: &Inner, first: &ReadyChunk, e: LogError) {
 
 /// Drops everything appended past the readable end: `first` is the first chunk of the
 /// failed round (it starts at or before that end).
-fn cut(inner: &Inner, first: &ReadyChunk, reason: String) {
+fn cut(inner: &Rc<Inner>, first: &ReadyChunk, reason: String) {
     let at = inner.readable.value.get();
     debug_assert!(first.start <= at);
     let keep = ((at - first.start) as usize).min(first.bytes.len());
@@ -60,9 +60,15 @@ fn cut(inner: &Inner, first: &ReadyChunk, reason: String) {
     inner.readable.wake_all();
     inner.durable.wake_all();
     // Segments past the cut hold nothing kept (a failed creation may have allocated some
-    // of the space): remove them off the shard thread.
+    // of the space): remove them off the shard thread. Until they are gone the disk stays
+    // full for appends (`CommitLog::space_returned`) and a close waits: a roll must never
+    // open one of these files just before it is unlinked (acknowledged records would go to
+    // a file without a name), and a restart must not read what the failed round left in
+    // them.
     let paths: Vec<PathBuf> = doomed.into_iter().map(|s| s.path).collect();
     if !paths.is_empty() {
+        inner.st.borrow_mut().removing += 1;
+        let weak = Rc::downgrade(inner);
         crate::io::spawn(async move {
             let _ = crate::io::blocking(move || {
                 for p in paths {
@@ -70,6 +76,9 @@ fn cut(inner: &Inner, first: &ReadyChunk, reason: String) {
                 }
             })
             .await;
+            let Some(inner) = weak.upgrade() else { return };
+            inner.st.borrow_mut().removing -= 1;
+            inner.zeroed.notify_waiters();
         });
     }
 }
@@ -196,14 +205,18 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
     });
 }
 
-/// Waits until no segment is being zeroed in the background (the log is closing).
+/// Waits until no segment is being zeroed and no file past a cut is being removed in the
+/// background (the log is closing).
 pub(super) async fn zeroing_ended(inner: &Inner) {
     loop {
         let ended = inner.zeroed.notified();
         let mut ended = std::pin::pin!(ended);
         ended.as_mut().enable();
-        if !inner.st.borrow().segments.values().any(|s| s.zeroing) {
-            return;
+        {
+            let st = inner.st.borrow();
+            if st.removing == 0 && !st.segments.values().any(|s| s.zeroing) {
+                return;
+            }
         }
         ended.await;
     }
