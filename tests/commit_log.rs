@@ -56,6 +56,27 @@ async fn check_all(log: &CommitLog, expected: &[(u64, Vec<u8>)]) {
     }
 }
 
+/// Every record of `kept` reads back, and after a close and a reopen too, and the reopened
+/// log ends where the last one does (nothing else was kept).
+async fn check_closed_and_reopened(
+    log: CommitLog,
+    dir: &std::path::Path,
+    cfg: LogConfig,
+    kept: &[(u64, Vec<u8>)],
+) {
+    check_all(&log, kept).await;
+    log.close().await.unwrap();
+    drop(log);
+    let (log, report) = CommitLog::open(dir, cfg, 0, |_| {}).await.unwrap();
+    check_all(&log, kept).await;
+    let (last_phys, last_bytes) = kept.last().unwrap();
+    assert_eq!(
+        report.end_offset,
+        last_phys + last_bytes.len() as u64,
+        "nothing else was kept"
+    );
+}
+
 #[test]
 fn round_trip_random_sizes_up_to_4_mib() {
     run_local(|| async {
@@ -289,17 +310,7 @@ fn a_full_disk_cuts_the_unwritten_appends_and_the_log_goes_on_when_space_returns
                 assert!(matches!(err, LogError::DiskFull { .. }));
             }
             kept.extend(more);
-            check_all(&log, &kept).await;
-            log.close().await.unwrap();
-            drop(log);
-            let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
-            check_all(&log, &kept).await;
-            let (last_phys, last_bytes) = kept.last().unwrap();
-            assert_eq!(
-                report.end_offset,
-                last_phys + last_bytes.len() as u64,
-                "nothing else was kept"
-            );
+            check_closed_and_reopened(log, dir.path(), cfg, &kept).await;
         });
     }
 }
@@ -379,13 +390,7 @@ fn files_past_a_cut_are_gone_before_appends_are_taken_again() {
             );
             kept.extend(more);
         }
-        check_all(&log, &kept).await;
-        log.close().await.unwrap();
-        drop(log);
-        let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
-        check_all(&log, &kept).await;
-        let (last_phys, last_bytes) = kept.last().unwrap();
-        assert_eq!(report.end_offset, last_phys + last_bytes.len() as u64);
+        check_closed_and_reopened(log, dir.path(), cfg, &kept).await;
     });
 }
 
