@@ -600,9 +600,19 @@ pub fn spawn_joinable<T: 'static>(
     glommio::spawn_local(fut).detach()
 }
 
-/// Runs a blocking function (file deletion, directory scans) off the shard's thread.
+/// Runs a blocking function (file deletion, directory scans) off the shard's thread. A
+/// panic in `f` is resumed here, on the caller's thread: glommio's pool thread would die of
+/// it without an answer, leaving the caller (and every later blocking call of the executor,
+/// whose pool has one thread) waiting forever; a shard that panics instead stops the broker
+/// (`Broker::wait`).
 pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    glommio::executor().spawn_blocking(f).await
+    let caught = glommio::executor()
+        .spawn_blocking(move || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
+        .await;
+    match caught {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
 }
 
 pub async fn sleep(d: Duration) {
@@ -657,6 +667,29 @@ mod tests {
             "the partial last block is padded with zeros, not stale memory"
         );
         assert!(w.same(&w.clone()));
+    }
+
+    /// A panic in a blocking function reaches the task that awaited it (and its executor's
+    /// thread, which ends) instead of killing the pool thread without an answer, which left
+    /// the caller waiting forever.
+    #[test]
+    fn a_panic_in_a_blocking_function_reaches_its_caller() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(|| {
+                super::run_local(|| async {
+                    let before = super::blocking(|| 7).await;
+                    let never: u32 = super::blocking(|| panic!("in the blocking pool")).await;
+                    before + never
+                })
+            });
+            let _ = tx.send(r.is_err());
+        });
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(60)),
+            Ok(true),
+            "the executor's thread ended with the blocking function's panic"
+        );
     }
 
     #[test]
