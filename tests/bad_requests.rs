@@ -8,7 +8,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::broker::BrokerProcess;
 use common::runtime;
@@ -204,19 +204,45 @@ fn malformed_and_oversized_requests_get_typed_errors_and_change_nothing() {
 #[test]
 fn bad_timings_and_a_bad_topic_table_stop_the_broker_at_start_naming_the_problem() {
     let dir = tempfile::tempdir().unwrap();
+    // Runs the broker, which must refuse to start: a broker that starts is killed after
+    // 30 s and fails the test (instead of hanging it).
     let start = |data: &std::path::Path, extra: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
-            .output()
-            .unwrap()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the broker started with {extra:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
     };
     for (flags, named) in [
         (&["--session-timeout-ms", "0"][..], "session-timeout-ms"),
         (
             &["--session-timeout-ms", "10000", "--lock-expiry-ms", "12000"][..],
             "lock-expiry-ms",
+        ),
+        // "Forever" as a huge number: refused (it once read as a negative retention).
+        (
+            &["--retention-hours", "18446744073709551615"][..],
+            "retention-hours names more than a century",
+        ),
+        (
+            &["--conn-timeout-ms", "18446744073709551615"][..],
+            "conn-timeout-ms",
+        ),
+        (
+            &["--transaction-timeout-ms", "9223372036854775807"][..],
+            "transaction-timeout-ms",
         ),
     ] {
         let out = start(&dir.path().join("a"), flags);

@@ -42,7 +42,8 @@ struct Cli {
     /// Commit log segment size in bytes [default: 1073741824]
     #[arg(long)]
     segment_bytes: Option<u64>,
-    /// Delete log segments older than this [default: 72]
+    /// Delete log segments older than this, in hours; at most 876000 (a century: every
+    /// duration option is capped there) [default: 72]
     #[arg(long)]
     retention_hours: Option<u64>,
     /// Delete the oldest segments of a shard's log beyond this size (0: no limit) [default: 0]

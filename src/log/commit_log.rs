@@ -831,7 +831,9 @@ impl CommitLog {
         let mut cut = 0;
         for (base, _, age_ms) in aged {
             let too_big = cfg.retention_bytes_max > 0 && remaining_bytes > cfg.retention_bytes_max;
-            let too_old = *age_ms > cfg.retention_ms as i64;
+            // A retention past i64 milliseconds is "never" (the broker refuses one that
+            // long; a log opened on its own must not read it as negative).
+            let too_old = *age_ms > i64::try_from(cfg.retention_ms).unwrap_or(i64::MAX);
             if !(too_big || too_old) || base + cfg.segment_bytes > keep_from {
                 break;
             }

@@ -271,6 +271,44 @@ struct Boot {
     table: OnceLock<(Vec<String>, Vec<usize>)>,
 }
 
+/// The longest duration any option may name: a century. Past it, clock arithmetic breaks (a
+/// deadline past the end of `Instant` panics; a retention past `i64` milliseconds reads as
+/// negative, and every segment would be old enough to delete).
+const DURATION_MS_MAX: u64 = 100 * 365 * 24 * 3_600_000;
+
+fn check_durations(cfg: &BrokerConfig) -> Result<(), BrokerError> {
+    for (name, ms) in [
+        (
+            "retention-hours",
+            cfg.retention_hours.saturating_mul(3_600_000),
+        ),
+        ("flush-interval-ms", cfg.flush_interval_ms),
+        ("conn-timeout-ms", cfg.conn_timeout_ms),
+        (
+            "retention-check-interval-ms",
+            cfg.retention_check_interval_ms,
+        ),
+        ("schedule-park-max-ms", cfg.schedule_park_max_ms),
+        ("index-idle-close-ms", cfg.index_idle_close_ms),
+        ("transaction-timeout-ms", cfg.transaction_timeout_ms),
+        (
+            "transaction-check-interval-ms",
+            cfg.transaction_check_interval_ms,
+        ),
+        ("send-wait-max-ms", cfg.send_wait_max_ms),
+        ("delay-max-ms", cfg.delay_max_ms),
+    ] {
+        if ms > DURATION_MS_MAX {
+            return Err(BrokerError::Config(format!(
+                "{name} names more than a century ({} days); at most {} days",
+                ms / 86_400_000,
+                DURATION_MS_MAX / 86_400_000
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {
     let dd = |reason: String| BrokerError::DataDir {
         path: data_dir.to_owned(),
@@ -409,6 +447,7 @@ impl Broker {
                 "schedule-pending-max must be at least 1".into(),
             ));
         }
+        check_durations(&cfg)?;
         check_shard_count(&cfg.data_dir, shards)?;
         let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_ports_free(&cfg.listen, shards)?;
