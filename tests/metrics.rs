@@ -195,6 +195,23 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
     let mut text = String::new();
     conn.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+
+    // A deleted topic's counters go with it (topics created and deleted over and over
+    // must not add up in the shards' memory).
+    runtime().block_on(async {
+        let client = ringmq::client::Client::connect(ClientConfig::new(&addr))
+            .await
+            .unwrap();
+        client.delete_topic("m").await.unwrap();
+    });
+    // (A topic the shard counts but does not know is shown as "_other".)
+    eventually("the deleted topic's stored counters are gone", || {
+        let s = scrape(&metrics);
+        !s.samples.iter().any(|x| {
+            matches!(x.labels.get("topic"), Some("m") | Some("_other"))
+                && x.metric.contains("stored")
+        })
+    });
 }
 
 #[test]

@@ -141,6 +141,15 @@ impl ShardCtx {
         self.topics.borrow_mut().set(topic, queues);
         self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
+            // What the shard keeps per topic goes with it (topics created and deleted over
+            // and over must not add up): its long polls answer now, its counters go.
+            self.polls.borrow_mut().retain(|(t, _), n| {
+                if t == topic {
+                    n.notify_waiters();
+                }
+                t != topic
+            });
+            self.stats.stored.borrow_mut().remove(topic);
             if let Err(e) = self.store.delete_topic(topic).await {
                 crate::warn!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
             }
