@@ -394,6 +394,52 @@ fn files_past_a_cut_are_gone_before_appends_are_taken_again() {
     });
 }
 
+/// A round whose first write (into the segment it started in) went through and whose second
+/// (into the next segment) found the disk full: the records the first write put past the
+/// readable end were answered `DiskFull`, so a close and reopen right away (no append after
+/// the cut to overwrite them) must not bring them back. Both flush modes.
+#[test]
+fn records_a_cut_dropped_do_not_come_back_after_a_reopen() {
+    for flush in [FlushMode::Async, FlushMode::Sync] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let seg = 64 * 1024;
+            let cfg = config(seg, flush);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            let kept = append_all(&log, 21, 20, 100).await;
+            let at = log.readable_end();
+            // In sync mode the pre-zeroing writes count too: fail the data write into the
+            // next segment, whatever comes before it.
+            let skip = if flush == FlushMode::Sync { 2 } else { 1 };
+            ringmq::io::inject_failure_after(ringmq::io::FailPoint::WriteNoSpace, skip);
+            let mut last = None;
+            for n in 0..30u64 {
+                let mut m = message(21, 1000 + n, 4, 0);
+                m.body = vec![n as u8; 3000];
+                last = Some(log.append(&m.draft(), 100 + n).unwrap());
+            }
+            let last = last.unwrap();
+            assert!(last.end() > seg, "the round rolls");
+            let err = log
+                .wait_acked_since(last.end(), last.epoch)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, LogError::DiskFull { .. }), "{flush:?}: {err}");
+            assert_eq!(log.write_offset(), at, "cut back to the readable end");
+            loop {
+                log.space_returned();
+                if log.full().is_none() {
+                    break;
+                }
+                ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            check_closed_and_reopened(log, dir.path(), cfg, &kept).await;
+        });
+    }
+}
+
 /// Appends of one tick that outgrow the write buffer (sized by a first, one-record round)
 /// grow it: the round is still one write (two writes one after the other cost the tail
 /// latency of large batches). Every record reads back from the cache of the newest writes

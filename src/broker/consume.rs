@@ -213,6 +213,9 @@ impl ShardCtx {
                     }
                     let wait = crate::io::sleep(deadline - now);
                     futures_lite::future::or(notified, wait).await;
+                    // Woken by the topic's deletion (its notifier is gone): say so now rather
+                    // than park again on a notifier nothing wakes.
+                    self.known_queue(&p.topic, p.queue_id)?;
                 }
                 Err(StoreError::OffsetTooSmall { min, .. }) => {
                     let (_, max) = self

@@ -130,7 +130,9 @@ pub struct BrokerConfig {
     pub send_backlog_max_mb: u64,
     /// Testing: every log write waits this long first (a slow disk), in µs.
     pub testing_write_delay_us: u64,
-    /// Testing: the shard asked to create a topic of this name panics.
+    /// Testing: the shard asked to create a topic of this name panics (a flag only, not a
+    /// key of the TOML file).
+    #[serde(skip)]
     pub testing_panic_topic: Option<String>,
     /// A shard with nothing to do polls this long before it parks its thread, in µs (0:
     /// park at once). Spinning saves the park/wake cost under load but keeps the core busy.
@@ -297,6 +299,8 @@ fn check_durations(cfg: &BrokerConfig) -> Result<(), BrokerError> {
         ),
         ("send-wait-max-ms", cfg.send_wait_max_ms),
         ("delay-max-ms", cfg.delay_max_ms),
+        ("spin-before-park-us", cfg.spin_before_park_us / 1000),
+        ("testing-write-delay-us", cfg.testing_write_delay_us / 1000),
     ] {
         if ms > DURATION_MS_MAX {
             return Err(BrokerError::Config(format!(
@@ -640,6 +644,7 @@ impl Broker {
             threads,
             events,
             stop,
+            _dir_lock: dir_lock,
             ..
         } = self;
         let mut ended = vec![false; threads.len()];
@@ -686,6 +691,11 @@ impl Broker {
             } else if let (Err(reason), None) = (r, &first_err) {
                 first_err = Some(BrokerError::ShardStop { shard, reason });
             }
+        }
+        if !stuck.is_empty() {
+            // Shards still run on the data directory: it stays locked (until the process
+            // exits).
+            std::mem::forget(dir_lock);
         }
         if let (Some(shard), Some(mut reason)) = (died, dead_reason) {
             if !stuck.is_empty() {

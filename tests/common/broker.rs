@@ -24,6 +24,8 @@ pub struct BrokerProcess {
     /// Every line the running broker wrote to stdout (the ready line and any later ones: a
     /// panic's report, why it stopped); stdout is a pipe, so it survives a full disk.
     stdout_lines: Arc<Mutex<Vec<String>>>,
+    /// The thread reading the running broker's stdout (it ends at the broker's exit).
+    stdout_reader: Option<std::thread::JoinHandle<()>>,
     /// The open-file limit (soft and hard) the broker runs with, if set.
     pub file_limit: Option<u64>,
 }
@@ -52,6 +54,7 @@ impl BrokerProcess {
             stderr_log: data_dir.with_extension("stderr.log"),
             own_stderr_log: true,
             stdout_lines: Arc::default(),
+            stdout_reader: None,
             file_limit: None,
         };
         b.spawn();
@@ -76,6 +79,7 @@ impl BrokerProcess {
             stderr_log: stderr.to_owned(),
             own_stderr_log: false,
             stdout_lines: Arc::default(),
+            stdout_reader: None,
             file_limit: None,
         };
         b.spawn();
@@ -99,6 +103,7 @@ impl BrokerProcess {
             stderr_log: data_dir.with_extension("stderr.log"),
             own_stderr_log: true,
             stdout_lines: Arc::default(),
+            stdout_reader: None,
             file_limit: Some(limit),
         };
         b.spawn();
@@ -148,13 +153,13 @@ impl BrokerProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         self.stdout_lines = Arc::default();
         let lines = self.stdout_lines.clone();
-        std::thread::spawn(move || {
+        self.stdout_reader = Some(std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 lines.lock().unwrap().push(line.clone());
                 let _ = tx.send(line);
             }
-        });
+        }));
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -260,6 +265,10 @@ impl BrokerProcess {
             let child = self.child.as_mut()?;
             if let Some(status) = child.try_wait().unwrap() {
                 self.child = None;
+                // Everything it wrote is read once the pipe ends.
+                if let Some(reader) = self.stdout_reader.take() {
+                    let _ = reader.join();
+                }
                 return Some(status);
             }
             if Instant::now() >= deadline {

@@ -8,22 +8,29 @@ use super::*;
 /// A write or an allocation failed. A full disk (nothing acknowledged past what is
 /// readable) is not an integrity event: the log is cut back to its readable end, the appends
 /// waiting past it fail with `DiskFull`, and appends are refused until the space returns.
-/// Anything else poisons the log.
-pub(super) fn write_failed(inner: &Rc<Inner>, first: &ReadyChunk, e: LogError) {
+/// Anything else poisons the log. `first_written`: the file of `first` when its write went
+/// through (a later chunk of the round failed).
+pub(super) fn write_failed(
+    inner: &Rc<Inner>,
+    first: &ReadyChunk,
+    first_written: Option<Rc<LogFile>>,
+    e: LogError,
+) {
     let full = match &e {
         LogError::Io(io) => crate::io::is_disk_full(io),
         _ => false,
     };
     if full {
-        cut(inner, first, e.to_string());
+        cut(inner, first, first_written, e.to_string());
     } else {
         poison(inner, e.to_string());
     }
 }
 
 /// Drops everything appended past the readable end: `first` is the first chunk of the
-/// failed round (it starts at or before that end).
-fn cut(inner: &Rc<Inner>, first: &ReadyChunk, reason: String) {
+/// failed round (it starts at or before that end), `first_written` its file when its write
+/// went through.
+fn cut(inner: &Rc<Inner>, first: &ReadyChunk, first_written: Option<Rc<LogFile>>, reason: String) {
     let at = inner.readable.value.get();
     debug_assert!(first.start <= at);
     let keep = ((at - first.start) as usize).min(first.bytes.len());
@@ -66,18 +73,53 @@ fn cut(inner: &Rc<Inner>, first: &ReadyChunk, reason: String) {
     // a file without a name), and a restart must not read what the failed round left in
     // them.
     let paths: Vec<PathBuf> = doomed.into_iter().map(|s| s.path).collect();
-    if !paths.is_empty() {
+    // Records the first chunk's write put past the cut are whole and valid: answered
+    // `DiskFull`, they would come back at the next start. Its blocks are written over with
+    // what is kept and zeros after (an overwrite needs no new disk space), durably, before
+    // appends are taken again.
+    let wipe = first_written.map(|file| {
+        let mut buf = file.alloc(align_up(first.bytes.len()));
+        buf.as_bytes_mut()[..keep].copy_from_slice(&first.bytes[..keep]);
+        (file, buf, first.start - first.seg_base)
+    });
+    if !paths.is_empty() || wipe.is_some() {
         inner.st.borrow_mut().removing += 1;
         let weak = Rc::downgrade(inner);
         crate::io::spawn(async move {
-            let _ = crate::io::blocking(move || {
+            let wiped = match wipe {
+                Some((file, buf, pos)) => match file.write_at(buf, pos).await {
+                    Ok(()) => file.fdatasync().await,
+                    Err(e) => Err(e),
+                },
+                None => Ok(()),
+            };
+            let failed = crate::io::blocking(move || {
+                let mut failed = Vec::new();
                 for p in paths {
-                    let _ = std::fs::remove_file(p);
+                    match std::fs::remove_file(&p) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => failed.push((p, e)),
+                        _ => {}
+                    }
                 }
+                failed
             })
             .await;
             let Some(inner) = weak.upgrade() else { return };
             inner.st.borrow_mut().removing -= 1;
+            if let Err(e) = wiped {
+                poison(
+                    &inner,
+                    format!("writing over the records past a disk-full cut failed: {e}"),
+                );
+            }
+            // A file left there would be reused by the next roll, records and all: the log
+            // takes no more appends until a restart (whose recovery deals with it).
+            if let Some((p, e)) = failed.first() {
+                poison(
+                    &inner,
+                    format!("removing {} after a disk-full cut failed: {e}", p.display()),
+                );
+            }
             inner.zeroed.notify_waiters();
         });
     }
@@ -318,12 +360,12 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
         for chunk in &chunks {
             let file = match ensure_file(&inner, chunk.seg_base).await {
                 Ok(f) => f,
-                Err(e) => return write_failed(&inner, &chunks[0], e),
+                Err(e) => return write_failed(&inner, &chunks[0], touched.first().cloned(), e),
             };
             if inner.cfg.flush == FlushMode::Sync && inner.cfg.preallocate {
                 let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
                 if let Err(e) = zeroed_ahead(&inner, chunk.seg_base, &file, chunk_end).await {
-                    return write_failed(&inner, &chunks[0], e);
+                    return write_failed(&inner, &chunks[0], touched.first().cloned(), e);
                 }
             }
             let t = std::time::Instant::now();
@@ -331,7 +373,7 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 .write_shared(&chunk.bytes, chunk.start - chunk.seg_base)
                 .await
             {
-                return write_failed(&inner, &chunks[0], e.into());
+                return write_failed(&inner, &chunks[0], touched.first().cloned(), e.into());
             }
             inner.stats.writes.set(inner.stats.writes.get() + 1);
             if inner.cfg.flush == FlushMode::Sync {
