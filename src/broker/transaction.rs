@@ -306,7 +306,13 @@ impl ShardCtx {
         let result = self.write_outcome(half, &h, outcome).await;
         match result {
             Ok((copy, put)) => {
-                if let (OUTCOME_DISCARDED, Some(copy)) = (outcome, copy) {
+                // A discard is listed once its copy can be read (by the id the list gives);
+                // a copy a full disk dropped is not listed (a restart finds the half again).
+                let listed = match (outcome, copy) {
+                    (OUTCOME_DISCARDED, Some(copy)) => self.acked(copy).await.ok().map(|_| copy),
+                    _ => None,
+                };
+                if let Some(copy) = listed {
                     let mut txn = self.txn.borrow_mut();
                     txn.discarded += 1;
                     txn.discarded_recent.push_back(HalfMessageInfo {
@@ -641,8 +647,6 @@ impl ShardCtx {
         h: ProducerHeartbeat,
         conn: u64,
     ) -> Result<crate::protocol::Empty, ErrorBody> {
-        crate::protocol::names::check_group_name(&h.group)
-            .map_err(|e| err(ErrorCode::InvalidMessage, e))?;
         let mut producers = self.producers.borrow_mut();
         if !producers.groups.contains_key(&h.group) && producers.groups.len() >= self.cfg.groups_max
         {
