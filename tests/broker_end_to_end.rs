@@ -216,15 +216,20 @@ async fn produce_and_commit(addr: &str, topic: &str, n: usize) -> Vec<(u32, u64,
     acked
 }
 
-async fn check_after_restart(addr: &str, topic: &str, acked: &[(u32, u64, Vec<u8>)]) {
-    let client = Client::connect(config(addr, true)).await.unwrap();
-    let all = drain(&client, topic, 4).await;
+/// Every acknowledged (queue, offset, body) of `topic`'s 4 queues is there, nothing else.
+async fn check_acknowledged(client: &Client, topic: &str, acked: &[(u32, u64, Vec<u8>)]) {
+    let all = drain(client, topic, 4).await;
     for (q, off, body) in acked {
         let m = &all[q][*off as usize];
         assert_eq!(m.body(), &body[..], "acknowledged message {q}:{off}");
     }
     let total: usize = all.values().map(Vec::len).sum();
     assert_eq!(total, acked.len(), "nothing invented");
+}
+
+async fn check_after_restart(addr: &str, topic: &str, acked: &[(u32, u64, Vec<u8>)]) {
+    let client = Client::connect(config(addr, true)).await.unwrap();
+    check_acknowledged(&client, topic, acked).await;
     for q in 0..4u32 {
         assert_eq!(
             client.query_offset("g1", topic, q).await.unwrap(),
@@ -327,13 +332,7 @@ async fn a_shard_that_panics_stops_the_broker_which_says_why_and_keeps_acknowled
     let client = Client::connect(config(&broker.addr_string(), true))
         .await
         .unwrap();
-    let all = drain(&client, "kept", 4).await;
-    for (q, off, body) in &acked {
-        let m = &all[q][*off as usize];
-        assert_eq!(m.body(), &body[..], "acknowledged message {q}:{off}");
-    }
-    let total: usize = all.values().map(Vec::len).sum();
-    assert_eq!(total, acked.len(), "nothing invented");
+    check_acknowledged(&client, "kept", &acked).await;
     assert!(
         client.describe_topic("boom").await.is_err(),
         "the topic whose creation panicked was not created"

@@ -315,6 +315,54 @@ fn a_full_disk_cuts_the_unwritten_appends_and_the_log_goes_on_when_space_returns
     }
 }
 
+/// Appends 30 records of 3,000-byte bodies in one tick (queue offsets from `first_offset`),
+/// whose round is armed to fail, and waits for the last one: it must fail with `DiskFull`.
+/// Returns each append with the bytes it encodes.
+async fn append_round(
+    log: &CommitLog,
+    seed: u64,
+    first_offset: u64,
+) -> Vec<(ringmq::log::Appended, Vec<u8>)> {
+    let mut round = Vec::new();
+    for n in 0..30 {
+        let mut m = message(seed, 1000 + n, 4, 0);
+        m.body = vec![n as u8; 3000];
+        let q = first_offset + n;
+        let a = log.append(&m.draft(), q).unwrap();
+        let bytes = m.draft().encode(Placement {
+            queue_offset: q,
+            physical_offset: a.physical_offset,
+            store_timestamp_ms: a.store_timestamp_ms,
+        });
+        round.push((a, bytes));
+    }
+    let (last, _) = round.last().unwrap();
+    let err = log
+        .wait_acked_since(last.end(), last.epoch)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LogError::DiskFull { .. }), "{err}");
+    round
+}
+
+/// Tells the log its disk has room again until it takes appends (once the cleanup of its
+/// last cut is done), for 10 s at most.
+async fn space_back(log: &CommitLog) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        log.space_returned();
+        if log.full().is_none() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "appends still refused 10 s after space returned: {:?}",
+            log.full()
+        );
+        ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// A round that rolls into a new segment and finds the disk full there (the first segment's
 /// write went through, the new file was created, its write failed): the new file is removed
 /// before appends are taken again, so the next roll cannot open it just before it is
@@ -339,34 +387,11 @@ fn files_past_a_cut_are_gone_before_appends_are_taken_again() {
             // The round's first write passes; the second (the next segment's) finds the
             // disk full.
             ringmq::io::inject_failure_after(ringmq::io::FailPoint::WriteNoSpace, 1);
-            let mut round = Vec::new();
-            for n in 0..30 {
-                let mut m = message(9, 1000 + n, 4, 0);
-                m.body = vec![n as u8; 3000];
-                let q = cycle * 1000 + n;
-                let a = log.append(&m.draft(), q).unwrap();
-                let bytes = m.draft().encode(Placement {
-                    queue_offset: q,
-                    physical_offset: a.physical_offset,
-                    store_timestamp_ms: a.store_timestamp_ms,
-                });
-                round.push((a, bytes));
-            }
+            let round = append_round(&log, 9, cycle * 1000).await;
             let (last, _) = round.last().unwrap();
             assert!(last.end() > next_base, "the round rolls");
-            let err = log
-                .wait_acked_since(last.end(), last.epoch)
-                .await
-                .unwrap_err();
-            assert!(matches!(err, LogError::DiskFull { .. }), "{err}");
             // Space is back at once: appends are taken again only once the file is gone.
-            loop {
-                log.space_returned();
-                if log.full().is_none() {
-                    break;
-                }
-                ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
-            }
+            space_back(&log).await;
             assert!(
                 !next.exists(),
                 "cut {cycle}: appends taken again while {} was still being removed",
@@ -414,27 +439,10 @@ fn records_a_cut_dropped_do_not_come_back_after_a_reopen() {
             // next segment, whatever comes before it.
             let skip = if flush == FlushMode::Sync { 2 } else { 1 };
             ringmq::io::inject_failure_after(ringmq::io::FailPoint::WriteNoSpace, skip);
-            let mut last = None;
-            for n in 0..30u64 {
-                let mut m = message(21, 1000 + n, 4, 0);
-                m.body = vec![n as u8; 3000];
-                last = Some(log.append(&m.draft(), 100 + n).unwrap());
-            }
-            let last = last.unwrap();
-            assert!(last.end() > seg, "the round rolls");
-            let err = log
-                .wait_acked_since(last.end(), last.epoch)
-                .await
-                .unwrap_err();
-            assert!(matches!(err, LogError::DiskFull { .. }), "{flush:?}: {err}");
+            let round = append_round(&log, 21, 100).await;
+            assert!(round.last().unwrap().0.end() > seg, "the round rolls");
             assert_eq!(log.write_offset(), at, "cut back to the readable end");
-            loop {
-                log.space_returned();
-                if log.full().is_none() {
-                    break;
-                }
-                ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
-            }
+            space_back(&log).await;
             check_closed_and_reopened(log, dir.path(), cfg, &kept).await;
         });
     }

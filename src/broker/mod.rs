@@ -488,11 +488,6 @@ impl ShardCtx {
             _ => None,
         };
         if let Some(group) = group_on_conn {
-            // Checked before the connection keeps it: a refused name must not be held
-            // (`ProducerHeartbeat` is not a `group()` request, checked above).
-            if let Err(e) = validate_group(group) {
-                return refuse(e);
-            }
             // Only the shard that carries the connection hears of its close.
             if conn >> CONN_SHARD_SHIFT == self.id as u64 {
                 if let Err(e) = self.note_group_connection(group, conn) {

@@ -242,7 +242,8 @@ macro_rules! registry {
                 }
             }
 
-            /// The consumer group this request names, for the checks every group name gets.
+            /// The consumer or producer group this request names, for the checks every group
+            /// name gets (before anything is kept of it).
             pub fn group(&self) -> Option<&str> {
                 match self {
                     $(Request::$req(r) => group_of!(r $(; $gm => $group)?),)*
@@ -358,7 +359,7 @@ registry! {
             route(m) Route::queue_or_local(&m.topic, m.queue_id), hint send_batch_len_hint;
         // Transactions.
         ProducerHeartbeat = 12 => Empty, producer_heartbeat,
-            route(m) Route::Coordinator(&m.group), client(m) &m.client_id;
+            route(m) Route::Coordinator(&m.group), group(m) &m.group, client(m) &m.client_id;
         EndTransaction = 13 => Empty, end_transaction,
             route(m) Route::queue(&m.topic, m.queue_id);
         // Consume.

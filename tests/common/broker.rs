@@ -43,20 +43,7 @@ impl BrokerProcess {
         shards: usize,
         extra: &[&str],
     ) -> BrokerProcess {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let mut b = BrokerProcess {
-            child: None,
-            listen,
-            addr: listen,
-            data_dir: data_dir.to_owned(),
-            shards,
-            extra,
-            stderr_log: data_dir.with_extension("stderr.log"),
-            own_stderr_log: true,
-            stdout_lines: Arc::default(),
-            stdout_reader: None,
-            file_limit: None,
-        };
+        let mut b = Self::unstarted(listen, data_dir, shards, extra);
         b.spawn();
         b
     }
@@ -69,19 +56,9 @@ impl BrokerProcess {
         extra: &[&str],
         stderr: &Path,
     ) -> BrokerProcess {
-        let mut b = BrokerProcess {
-            child: None,
-            listen: "127.0.0.1:0".parse().unwrap(),
-            addr: "127.0.0.1:0".parse().unwrap(),
-            data_dir: data_dir.to_owned(),
-            shards,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            stderr_log: stderr.to_owned(),
-            own_stderr_log: false,
-            stdout_lines: Arc::default(),
-            stdout_reader: None,
-            file_limit: None,
-        };
+        let mut b = Self::unstarted("127.0.0.1:0".parse().unwrap(), data_dir, shards, extra);
+        b.stderr_log = stderr.to_owned();
+        b.own_stderr_log = false;
         b.spawn();
         b
     }
@@ -93,10 +70,23 @@ impl BrokerProcess {
         extra: &[&str],
         limit: u64,
     ) -> BrokerProcess {
-        let mut b = BrokerProcess {
+        let mut b = Self::unstarted("127.0.0.1:0".parse().unwrap(), data_dir, shards, extra);
+        b.file_limit = Some(limit);
+        b.spawn();
+        b
+    }
+
+    /// A broker to start on `listen`: stderr to a log file beside `data_dir`, no limits.
+    fn unstarted(
+        listen: SocketAddr,
+        data_dir: &Path,
+        shards: usize,
+        extra: &[&str],
+    ) -> BrokerProcess {
+        BrokerProcess {
             child: None,
-            listen: "127.0.0.1:0".parse().unwrap(),
-            addr: "127.0.0.1:0".parse().unwrap(),
+            listen,
+            addr: listen,
             data_dir: data_dir.to_owned(),
             shards,
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -104,10 +94,8 @@ impl BrokerProcess {
             own_stderr_log: true,
             stdout_lines: Arc::default(),
             stdout_reader: None,
-            file_limit: Some(limit),
-        };
-        b.spawn();
-        b
+            file_limit: None,
+        }
     }
 
     fn spawn(&mut self) {
