@@ -587,6 +587,174 @@ async fn a_deleted_topic_stays_deleted_after_a_crash() {
     assert_eq!(bodies.len(), 3);
 }
 
+/// A body can hold the bytes of a whole, valid record, placed so that the physical offset
+/// inside it names the body's own place in the log. Read by that offset it would be a
+/// message with a topic and properties the sender chose (here a topic it never sent to);
+/// neither a lookup by id nor a send-back takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_forged_inside_a_body_is_not_a_message() {
+    use ringmq::protocol::record::{Placement, RecordDraft};
+    use ringmq::protocol::MessageId;
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let producer = Producer::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    let client = producer.client().clone();
+    client.create_topic("forge", 1).await.unwrap();
+    client.create_topic("victim", 1).await.unwrap();
+    let forged = |physical_offset| {
+        RecordDraft {
+            topic: "victim",
+            queue_id: 0,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp_ms: 0,
+            born_host: "127.0.0.1:1".parse().unwrap(),
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: &[],
+            body: b"not sent to victim",
+        }
+        .encode(Placement {
+            queue_offset: 0,
+            physical_offset,
+            store_timestamp_ms: 0,
+        })
+    };
+    let size = forged(0).len();
+    // Records of a body this size are `stride` apart; the forging one comes next.
+    let mut offsets = Vec::new();
+    for _ in 0..3 {
+        let r = producer
+            .send("forge", OutgoingMessage::new(vec![0u8; size]))
+            .await
+            .unwrap();
+        offsets.push(r.physical_offset);
+    }
+    let stride = offsets[1] - offsets[0];
+    assert_eq!(
+        offsets[2] - offsets[1],
+        stride,
+        "records of one size: {offsets:?}"
+    );
+    let at = offsets[2] + stride;
+    let inside = at + stride - size as u64;
+    let body = forged(inside);
+    let sent = producer
+        .send("forge", OutgoingMessage::new(body.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        sent.physical_offset, at,
+        "the forging record's place was predicted"
+    );
+    let real = client.message_by_id(&sent.msg_id).await.unwrap().unwrap();
+    assert_eq!(real.body(), &body[..]);
+    assert_eq!(real.topic(), "forge");
+
+    let id = MessageId::parse(&sent.msg_id).unwrap();
+    let id_at = |physical_offset| {
+        MessageId {
+            physical_offset,
+            ..id
+        }
+        .encode()
+    };
+    let no_message_at = |msg_id: String| {
+        let client = client.clone();
+        async move {
+            match client.message_by_id(&msg_id).await {
+                Ok(None) => {}
+                Err(e) => assert_eq!(e.code(), Some(ErrorCode::OffsetNotFound), "{e}"),
+                Ok(Some(m)) => panic!("a forged record read as a message of {}", m.topic()),
+            }
+        }
+    };
+    let forged_id = id_at(inside);
+    no_message_at(forged_id.clone()).await;
+    let err = client.send_back("g", &forged_id, 0, 16).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::OffsetNotFound), "{err}");
+    // One whose CRC does not match reads as no message either, not as a damaged store.
+    let at = at + stride;
+    let mut body = forged(at + stride - size as u64);
+    *body.last_mut().unwrap() ^= 1;
+    let sent_bad = producer
+        .send("forge", OutgoingMessage::new(body))
+        .await
+        .unwrap();
+    assert_eq!(sent_bad.physical_offset, at);
+    no_message_at(id_at(at + stride - size as u64)).await;
+    // The real one is still sent back, and nothing reached the forged topic.
+    client.send_back("g", &sent.msg_id, 0, 16).await.unwrap();
+    assert_eq!(client.max_offset("victim", 0).await.unwrap(), 0);
+    assert!(!broker.stderr().contains("panicked"), "{}", broker.stderr());
+}
+
+/// A machine that stops can lose the records an async-flush log had not synced, after a
+/// consumer read them and committed past them. At the next start the committed offset is
+/// lowered to the queue's recovered end: the messages stored there next are consumed, not
+/// skipped. (The loss is played by cutting the log after a SIGKILL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let producer = Producer::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    producer.client().create_topic("lost", 1).await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..20 {
+        let m = OutgoingMessage::new(format!("old-{i}"));
+        sent.push(producer.send("lost", m).await.unwrap());
+    }
+    producer
+        .client()
+        .commit_offset("g", "lost", 0, 20)
+        .await
+        .unwrap();
+    drop(producer);
+    broker.kill();
+    let log = data
+        .join("shard-0")
+        .join("commitlog")
+        .join(format!("{:020}", 0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(sent[15].physical_offset)
+        .unwrap();
+    broker.restart();
+    let producer = Producer::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    let client = producer.client().clone();
+    assert_eq!(client.max_offset("lost", 0).await.unwrap(), 15);
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
+    // New messages take offsets 15..; the group reads them from its committed offset.
+    for i in 0..5 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        producer.send("lost", m).await.unwrap();
+    }
+    let pulled = client
+        .pull("lost", 0, 15, 32, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    let bodies: Vec<_> = pulled.messages.iter().map(|m| m.body().to_vec()).collect();
+    let want: Vec<_> = (0..5).map(|i| format!("new-{i}").into_bytes()).collect();
+    assert_eq!(bodies, want);
+    assert!(
+        broker
+            .stderr()
+            .contains("committed offsets were past their queue's end"),
+        "{}",
+        broker.stderr()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_ids_and_names_get_typed_errors() {
     let dir = tempfile::tempdir().unwrap();

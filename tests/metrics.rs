@@ -214,6 +214,80 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
     });
 }
 
+/// A send whose write is still in flight when its topic is deleted: once both are answered,
+/// the shard holds no counter for the deleted topic (the send's acknowledgement used to add
+/// it back after the deletion had removed it).
+#[test]
+fn a_send_in_flight_at_a_deletion_leaves_no_counter_of_the_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &[
+            "--metrics-listen",
+            &metrics,
+            "--testing-write-delay-us",
+            "2000000",
+            "--send-wait-max-ms",
+            "10000",
+        ],
+    );
+    let addr = broker.addr_string();
+    let sends = {
+        let metrics = metrics.clone();
+        move || {
+            sum(
+                &scrape(&metrics),
+                "ringmq_requests_total",
+                &[("kind", "SendMessage")],
+            )
+        }
+    };
+    runtime().block_on(async {
+        let mut config = ClientConfig::new(&addr);
+        config.request_timeout_ms = 20_000;
+        let producer = Producer::connect(config).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("d", 1).await.unwrap();
+        let before = tokio::task::spawn_blocking(sends.clone()).await.unwrap();
+        let send = tokio::spawn(async move {
+            producer
+                .send("d", OutgoingMessage::new("in flight"))
+                .await
+                .map(|_| ())
+        });
+        // The send has reached the shard (its write takes 2 s; snapshots come every second):
+        // delete the topic.
+        tokio::task::spawn_blocking(move || {
+            eventually("the send reaches the broker", || sends() > before)
+        })
+        .await
+        .unwrap();
+        client.delete_topic("d").await.unwrap();
+        // Written before the deletion finished (it waits for the log's end): acknowledged.
+        send.await.unwrap().unwrap();
+        client.list_topics().await.unwrap();
+    });
+    // Snapshots are published every second: wait for one taken after both answers.
+    eventually("a snapshot after the answers", || {
+        sum(
+            &scrape(&metrics),
+            "ringmq_requests_total",
+            &[("kind", "ListTopics")],
+        ) > 0.0
+    });
+    let s = scrape(&metrics);
+    let left: Vec<_> = s
+        .samples
+        .iter()
+        .filter(|x| x.metric.contains("stored"))
+        .filter(|x| matches!(x.labels.get("topic"), Some("d") | Some("_other")))
+        .map(|x| format!("{} {:?}", x.metric, x.labels))
+        .collect();
+    assert!(left.is_empty(), "counters of the deleted topic: {left:?}");
+}
+
 #[test]
 fn a_metrics_address_in_use_stops_the_broker_at_start_naming_it() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -470,6 +470,42 @@ fn a_new_group_starts_from_the_first_the_last_or_a_timestamp() {
     });
 }
 
+/// Where a new group starts is committed before it consumes: a member that stops before
+/// its first periodic commit does not leave the next owner to start from its own (later)
+/// end of the queue, skipping what came in between.
+#[test]
+fn a_new_group_commits_where_it_starts_before_consuming() {
+    with_broker(|addr| async move {
+        let topic = "start";
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 1).await.unwrap();
+        send_all(&producer, topic, bodies("old", 5)).await;
+        let log: Log = Arc::default();
+        let options = PushConsumerOptions {
+            consume_from: ConsumeFrom::LastOffset,
+            // No periodic commit during the test.
+            commit_interval_ms: 3_600_000,
+            ..options()
+        };
+        let first = concurrent(&addr, "g-start", topic, "*", options.clone(), &log, 0).await;
+        settled(&[&first], 1).await;
+        assert_eq!(
+            client.query_offset("g-start", topic, 0).await.unwrap(),
+            Some(5),
+            "the start is committed before the first message"
+        );
+        // Gone without a commit (dropped: its tasks stop, nothing is committed), and
+        // messages come in meanwhile: the next member starts where the first did.
+        drop(first);
+        send_all(&producer, topic, bodies("meanwhile", 5)).await;
+        let second = concurrent(&addr, "g-start", topic, "*", options, &log, 1).await;
+        eventually("the messages sent meanwhile", || counts(&log).len() >= 5).await;
+        check_exactly_once(&log, &names("meanwhile", 5));
+        second.shutdown().await.unwrap();
+    });
+}
+
 /// Key → sequence numbers in delivery order.
 type OrderLog = Arc<Mutex<BTreeMap<String, Vec<u32>>>>;
 

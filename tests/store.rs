@@ -128,6 +128,86 @@ fn a_batch_append_stores_what_single_appends_store() {
     });
 }
 
+/// A batch whose indexing fails half-way (here the key index cannot create its next file;
+/// on a real disk: a full one) is answered with the error and stores none of its messages:
+/// the ones appended before the failure are taken back from the log, the consume queue and
+/// the key index, so the sender's retry stores each message once. After a reopen the queue
+/// holds every message once, in order.
+#[test]
+fn a_batch_whose_indexing_fails_half_way_stores_none_of_it() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        // Two keys per message, 200 entries per key file: 90 messages fill 180.
+        let messages: Vec<_> = (0..110)
+            .map(|n| {
+                let mut m = common::message(31, n, 1, 3000);
+                m.topic = "t".into();
+                m
+            })
+            .collect();
+        for m in &messages[..90] {
+            store.put(&m.draft()).await.unwrap();
+        }
+        let log_end = store.log().write_offset();
+        let blocker = dir.path().join("index").join(format!("{:020}", 1));
+        std::fs::create_dir(&blocker).unwrap();
+        let mut puts = Vec::new();
+        let batch = || messages[90..].iter().map(|m| m.draft());
+        let err = store.append_batch(batch(), &mut puts).unwrap_err();
+        assert!(puts.is_empty(), "{} puts kept after {err}", puts.len());
+        assert_eq!(
+            store.log().write_offset(),
+            log_end,
+            "records left in the log"
+        );
+        // (Entries are visible once their records are written.)
+        store.log().wait_readable(log_end).await.unwrap();
+        assert_eq!(
+            store.queue_range("t", 0).unwrap(),
+            (0, 90),
+            "entries left in the queue"
+        );
+        // Single appends: the ten that fit the key file are stored; the next fails and
+        // stores nothing either.
+        for m in &messages[90..100] {
+            store.append(&m.draft()).unwrap();
+        }
+        let log_end = store.log().write_offset();
+        assert!(store.append(&messages[100].draft()).is_err());
+        assert_eq!(store.log().write_offset(), log_end);
+        store.log().wait_readable(log_end).await.unwrap();
+        assert_eq!(store.queue_range("t", 0).unwrap(), (0, 100));
+        // The retry, once the index can grow, stores each message once.
+        std::fs::remove_dir(&blocker).unwrap();
+        store
+            .append_batch(messages[100..].iter().map(|m| m.draft()), &mut puts)
+            .unwrap();
+        assert_eq!(puts[0].physical_offset, log_end);
+        assert_eq!(puts[0].queue_offset, 100);
+        store.acked(puts.last().unwrap().written()).await.unwrap();
+        store.close().await.unwrap();
+        drop(store);
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        assert_eq!(store.queue_range("t", 0).unwrap(), (0, 110));
+        for (n, m) in messages.iter().enumerate() {
+            let got = store.read_at("t", 0, n as u64).await.unwrap();
+            let view = RecordView::parse(&got).unwrap();
+            assert_eq!(view.body(), &m.body[..], "message {n}");
+        }
+        // Keys of the retried batch find their message once.
+        let found = store
+            .messages_by_key("t", "key-95", 0, i64::MAX, 10)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 1);
+    });
+}
+
 #[test]
 fn queue_offsets_are_dense_per_queue_and_reads_are_byte_identical() {
     run_local(|| async {

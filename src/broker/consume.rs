@@ -238,15 +238,16 @@ impl ShardCtx {
 }
 
 /// Whether a stored record matches an SQL92 filter, evaluated over its property block in
-/// place.
+/// place, or must go to the consumer anyway: a damaged record is never skipped unseen. The
+/// store checked the structure of what it read, not the CRC (the consumer checks it); a
+/// record the filter would skip has its CRC checked here, and a damaged one is answered
+/// so that the consumer's check reports it.
 fn matches_sql(bytes: &[u8], filter: &SqlFilter) -> bool {
-    // The store checked the structure of what it read; were it bad, the consumer's check
-    // reports it (never skipped here unseen).
     let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
         return true;
     };
     let props = view.properties();
-    filter.matches(&|name| props.get(name))
+    filter.matches(&|name| props.get(name)) || RecordView::parse(bytes).is_err()
 }
 
 /// An answer whose meta part is followed by stored records, copied straight from where
@@ -283,4 +284,47 @@ fn records_head<M: crate::protocol::Message>(
 
 fn pull_frame(request_id: u64, meta: &PullResult, parts: &[&[u8]]) -> Vec<u8> {
     with_records_frame(request_id, meta, parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::record::{Placement, PropertiesBuilder, RecordDraft};
+
+    #[test]
+    fn a_damaged_record_the_filter_would_skip_goes_to_the_consumer() {
+        let mut props = PropertiesBuilder::new();
+        props.put("a", "1").unwrap();
+        let props = props.into_bytes();
+        let draft = RecordDraft {
+            topic: "t",
+            queue_id: 0,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp_ms: 0,
+            born_host: "127.0.0.1:1".parse().unwrap(),
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: &props,
+            body: b"body",
+        };
+        let mut record = draft.encode(Placement {
+            queue_offset: 0,
+            physical_offset: 0,
+            store_timestamp_ms: 0,
+        });
+        let (keep, skip) = (
+            SqlFilter::parse("a = 1").unwrap(),
+            SqlFilter::parse("a = 2").unwrap(),
+        );
+        assert!(matches_sql(&record, &keep));
+        assert!(!matches_sql(&record, &skip));
+        // One bit of the body flipped: the CRC no longer matches.
+        *record.last_mut().unwrap() ^= 1;
+        assert!(matches_sql(&record, &keep));
+        assert!(
+            matches_sql(&record, &skip),
+            "a damaged record was filtered out"
+        );
+    }
 }

@@ -321,6 +321,26 @@ impl OffsetStore {
         self.synced_gen >= generation
     }
 
+    /// Lowers every offset past its queue's end (`end_of`; `None`: leave it) to that end,
+    /// and returns how many it lowered. A crash can lose records the log had not synced
+    /// (async flush, a machine that stopped) after a consumer read them and committed past
+    /// them: new messages then take those queue offsets, and an offset left past them would
+    /// skip them.
+    pub fn lower_past_ends(&mut self, mut end_of: impl FnMut(&str, u32) -> Option<u64>) -> usize {
+        let past: Vec<(String, String, u32, u64)> = self
+            .iter()
+            .filter_map(|(g, t, q, o)| {
+                end_of(t, q)
+                    .filter(|&end| o > end)
+                    .map(|end| (g.to_owned(), t.to_owned(), q, end))
+            })
+            .collect();
+        for (g, t, q, end) in &past {
+            self.reset(g, t, *q, *end);
+        }
+        past.len()
+    }
+
     /// Every committed offset: (group, topic, queue, offset), in no order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str, u32, u64)> + '_ {
         self.offsets

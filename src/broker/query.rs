@@ -116,7 +116,7 @@ impl ShardCtx {
         };
         let buf = self
             .store
-            .read_physical(id.physical_offset)
+            .read_message_at(id.physical_offset)
             .await
             .map_err(|e| match e {
                 // No record starts there: a wrong id. A damaged one is a storage error.

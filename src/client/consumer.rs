@@ -50,10 +50,15 @@
 //!
 //! Delivery is at least once. The commit point of a queue is the smallest offset still in
 //! flight, so a crash or a rebalance re-delivers what was being consumed and never skips.
-//! Until the retry topic and the dead-letter queue exist, a message that keeps failing is
-//! retried locally: concurrent mode re-delivers it after `reconsume_delay_ms`, orderly
-//! mode suspends the queue for `suspend_ms`; after `max_reconsume_times` retries the
-//! message is given up (skipped, logged on stderr, counted in [`ConsumerStats`]).
+//! A message that fails is never skipped. In clustering mode, concurrent consumption sends
+//! it back to the broker, which stores it on the group's retry topic (delivered again after
+//! the delay of its attempt) or, after `max_reconsume_times` retries, on the group's
+//! dead-letter topic (`%DLQ%<group>`; counted in [`ConsumerStats`]); orderly consumption
+//! suspends the queue for `suspend_ms` and retries in place, then sends the batch to the
+//! dead-letter topic after `max_reconsume_times` retries. What the broker does not take (a
+//! failed send-back), and every failure in broadcasting mode (no shared retry topic), is
+//! consumed again here after `reconsume_delay_ms` (orderly: `suspend_ms`), for as long as it
+//! fails, the committed offset staying below it.
 //!
 //! Ordered consumption never runs a listener on a queue without a valid lock: the lock was
 //! confirmed within `lock_valid_ms`, on the bootstrap connection that is still open (the

@@ -194,6 +194,11 @@ impl WriteBuf {
         }
     }
 
+    /// Drops the bytes past the first `len` (no-op when it holds no more).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Ready to be written: the partial last block is padded with zeros up to the
     /// alignment, and a buffer much larger than its bytes is swapped for one that fits
     /// (what the cache of the newest writes keeps is what it counts).

@@ -480,6 +480,12 @@ impl CommitLog {
         self.inner.durable.value.get()
     }
 
+    /// Refuses every later append until a restart (whose recovery reads the log as it is
+    /// on disk): for a caller whose indexes no longer agree with the log.
+    pub fn poison(&self, reason: String) {
+        writer::poison(&self.inner, reason);
+    }
+
     /// The reason the log refuses writes, if it does.
     pub fn poisoned(&self) -> Option<String> {
         self.inner.st.borrow().poisoned.clone()
@@ -549,6 +555,28 @@ impl CommitLog {
             store_timestamp_ms,
             epoch: st.epoch,
         })
+    }
+
+    /// Whether the records appended from log offset `from` on can still be taken back
+    /// ([`take_back`](Self::take_back)): they all sit in the active segment's chunk, which no
+    /// write has taken yet (true only within the tick that appended them).
+    pub fn can_take_back(&self, from: u64) -> bool {
+        let st = self.inner.st.borrow();
+        st.poisoned.is_none()
+            && from >= st.active_base
+            && from >= st.active.start
+            && from <= st.write_pos
+    }
+
+    /// Takes back the records appended from `from` on, as if never appended: the caller
+    /// checked [`can_take_back`](Self::can_take_back) in the same tick (a batch whose
+    /// indexing failed half-way is answered with an error and stores none of its records).
+    pub fn take_back(&self, from: u64) {
+        let mut st = self.inner.st.borrow_mut();
+        debug_assert!(from >= st.active.start && from >= st.active_base && from <= st.write_pos);
+        let keep = (from - st.active.start) as usize;
+        st.active.bytes.truncate(keep);
+        st.write_pos = from;
     }
 
     /// Closes the active segment with a blank filler and starts the next one.

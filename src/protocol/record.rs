@@ -266,6 +266,20 @@ pub fn peek_frame(bytes: &[u8]) -> Option<(u32, u32)> {
     Some((get_u32(bytes, OFF_TOTAL_LEN), get_u32(bytes, OFF_MAGIC)))
 }
 
+/// Where the record starting at `bytes` (its header at least) says it belongs: (queue id,
+/// queue offset, topic length). `None` when the bytes are too few or not a record's magic.
+/// Nothing else is checked: a lookup by physical offset asks the index first.
+pub fn peek_place(bytes: &[u8]) -> Option<(u32, u64, usize)> {
+    if bytes.len() < HEADER_BYTES || get_u32(bytes, OFF_MAGIC) != RECORD_MAGIC_V1 {
+        return None;
+    }
+    Some((
+        get_u32(bytes, OFF_QUEUE_ID),
+        get_u64(bytes, OFF_QUEUE_OFFSET),
+        usize::from(get_u16(bytes, OFF_TOPIC_LEN)),
+    ))
+}
+
 /// Writes a blank filler of `len` bytes (at least 8) that closes a segment.
 pub fn encode_blank(out: &mut [u8]) {
     assert!(out.len() >= 8);

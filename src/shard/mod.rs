@@ -793,8 +793,16 @@ async fn shard_main(
     let schedule = Schedule::recover(&store)
         .await
         .map_err(|e| format!("recovering the schedule in {}: {e}", shard_dir.display()))?;
-    let offsets = OffsetStore::open(&shard_dir)
+    let mut offsets = OffsetStore::open(&shard_dir)
         .map_err(|e| format!("opening offsets in {}: {e}", shard_dir.display()))?;
+    let lowered = offsets.lower_past_ends(|topic, queue_id| {
+        store.queue_range(topic, queue_id).ok().map(|(_, end)| end)
+    });
+    if lowered > 0 {
+        crate::warn!(
+            "ringmq-broker: shard {i}: {lowered} committed offsets were past their queue's end (the last crash lost records not yet synced): lowered to it, so the messages stored there next are consumed"
+        );
+    }
     let topics = TopicTable::load(&cfg.data_dir).map_err(|e| e.to_string())?;
     let (main_listener, main_stop) = if i == 0 {
         let (l, stop) = bind(cfg.listen)?;

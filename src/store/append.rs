@@ -8,9 +8,11 @@ use crate::protocol::record::{prop, RecordDraft};
 impl MessageStore {
     /// Assigns the next queue offset, appends the record and indexes it. The record becomes
     /// readable once the log's write completes: await [`acked`](Self::acked).
+    /// On an error nothing is stored (see [`append_batch`](Self::append_batch)).
     pub fn append(&self, draft: &RecordDraft<'_>) -> Result<PutResult, StoreError> {
         let store_timestamp_ms = self.before_append()?;
         validate_topic(draft.topic)?;
+        let log_from = self.inner.log.write_offset();
         let mut queues = self.inner.queues.borrow_mut();
         let q = queue_state(
             &mut queues,
@@ -19,24 +21,53 @@ impl MessageStore {
             draft.topic,
             draft.queue_id,
         )?;
-        self.append_one(
+        let run = [(draft.topic, draft.queue_id, q.cq.max_offset())];
+        let put = self.append_one(
             q,
             &mut self.inner.keys.borrow_mut(),
             draft,
             store_timestamp_ms,
-        )
+        );
+        drop(queues);
+        if put.is_err() {
+            self.take_back(log_from, &run);
+        }
+        put
     }
 
     /// Appends `drafts` in order, as [`append`](Self::append) does each, pushing where each
     /// went onto `puts`. A run of drafts of one queue (a batch) shares one look-up of the
-    /// queue, and all share one store timestamp. Stops at the first error: the drafts before
-    /// it are stored (and in `puts`), the rest are not.
+    /// queue, and all share one store timestamp. All or nothing: at the first error (an
+    /// index that cannot grow on a full disk) the records appended before it are taken back
+    /// (log, consume queues, keys) and none is in `puts`, so a send retried after the error
+    /// stores no duplicates. Only if they cannot be (a roll came in between, or a consume
+    /// queue fails to shrink, which poisons the log) do they stay, in `puts`, the rest not
+    /// appended.
     pub fn append_batch<'a>(
         &self,
         drafts: impl IntoIterator<Item = RecordDraft<'a>>,
         puts: &mut Vec<PutResult>,
     ) -> Result<(), StoreError> {
         let store_timestamp_ms = self.before_append()?;
+        let (log_from, puts_from) = (self.inner.log.write_offset(), puts.len());
+        // Where each run of one queue started: what a failure takes back.
+        let mut runs: Vec<(&'a str, u32, u64)> = Vec::new();
+        let appended = self.append_runs(drafts, puts, store_timestamp_ms, &mut runs);
+        if appended.is_err() && self.take_back(log_from, &runs) {
+            puts.truncate(puts_from);
+        }
+        appended
+    }
+
+    /// [`append_batch`](Self::append_batch)'s appends, noting in `runs` where each run of
+    /// one queue started.
+    fn append_runs<'a>(
+        &self,
+        drafts: impl IntoIterator<Item = RecordDraft<'a>>,
+        puts: &mut Vec<PutResult>,
+        store_timestamp_ms: i64,
+        runs: &mut Vec<(&'a str, u32, u64)>,
+    ) -> Result<(), StoreError> {
         let mut queues = self.inner.queues.borrow_mut();
         let mut keys = self.inner.keys.borrow_mut();
         let mut current: Option<(&'a str, u32, &mut QueueState)> = None;
@@ -49,19 +80,52 @@ impl MessageStore {
                 }
                 _ => {
                     validate_topic(draft.topic)?;
-                    queue_state(
+                    let q = queue_state(
                         &mut queues,
                         &self.inner.dir,
                         &self.inner.cfg,
                         draft.topic,
                         draft.queue_id,
-                    )?
+                    )?;
+                    runs.push((draft.topic, draft.queue_id, q.cq.max_offset()));
+                    q
                 }
             };
             puts.push(self.append_one(q, &mut keys, &draft, store_timestamp_ms)?);
             current = Some((draft.topic, draft.queue_id, q));
         }
         Ok(())
+    }
+
+    /// Takes back what appends made since the log's write offset was `log_from`, in the
+    /// queues of `runs` (each from the queue offset it had): true when done, false when it
+    /// cannot be (the log keeps the records; if a consume queue was changed by then, the
+    /// log is poisoned).
+    fn take_back(&self, log_from: u64, runs: &[(&str, u32, u64)]) -> bool {
+        if self.inner.log.write_offset() == log_from {
+            return true;
+        }
+        if !self.inner.log.can_take_back(log_from) {
+            return false;
+        }
+        let mut queues = self.inner.queues.borrow_mut();
+        for &(topic, queue_id, from) in runs.iter().rev() {
+            if let Some(q) = queues.get_mut(&(topic.to_owned(), queue_id)) {
+                if let Err(e) = q.cq.truncate_to(from) {
+                    // Queues taken back (this one perhaps in part) while the log keeps the
+                    // records: the next append would reuse their queue offsets. No more
+                    // appends until a restart, whose recovery indexes the log again (the
+                    // records, never acknowledged, come back: a duplicate, never a loss).
+                    self.inner.log.poison(format!(
+                        "taking back a failed append from {topic}:{queue_id}: {e}"
+                    ));
+                    return false;
+                }
+            }
+        }
+        self.inner.keys.borrow_mut().forget_from_physical(log_from);
+        self.inner.log.take_back(log_from);
+        true
     }
 
     /// What every append checks first (free space, a cut of the log to catch up with);

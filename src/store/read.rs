@@ -199,6 +199,40 @@ impl MessageStore {
         Ok(self.inner.log.read_record_at(physical_offset).await?)
     }
 
+    /// Reads the message stored at a physical offset (a message id's): a record there that
+    /// its queue's index names. The bytes of a record can also lie inside another record's
+    /// body (a client chooses its bodies); read as a message they would be a forgery with
+    /// any topic and properties, and a damaged one would read as a damaged store. So the
+    /// index is asked before anything is checked: its entry at the queue offset the header
+    /// names must point back at this offset. [`LogError::NoRecord`] when not (also for a
+    /// deleted topic's records, still in the log until retention); then the record is read
+    /// and checked as any other.
+    pub async fn read_message_at(&self, physical_offset: u64) -> Result<ReadBuf, StoreError> {
+        let no_record = || {
+            StoreError::Log(LogError::NoRecord {
+                offset: physical_offset,
+            })
+        };
+        let head = self.inner.log.read(physical_offset, HEADER_BYTES).await?;
+        let (queue_id, queue_offset, topic_len) =
+            crate::protocol::record::peek_place(&head).ok_or_else(no_record)?;
+        let named = self
+            .inner
+            .log
+            .read(physical_offset, HEADER_BYTES + topic_len)
+            .await?;
+        let topic = std::str::from_utf8(&named[HEADER_BYTES..]).map_err(|_| no_record())?;
+        match self.entry(topic, queue_id, queue_offset) {
+            Ok(e) if e.physical_offset == physical_offset => {
+                Ok(self.inner.log.read_record(physical_offset, e.size).await?)
+            }
+            Ok(_) | Err(StoreError::OffsetTooSmall { .. } | StoreError::OffsetTooBig { .. }) => {
+                Err(no_record())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads up to `max_messages` (and about `max_bytes`) records of a queue from `offset`,
     /// skipping records whose tag hash is not in `tag_hashes` (empty: all). Records that lie
     /// close together in the log are fetched with one read.

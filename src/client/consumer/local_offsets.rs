@@ -181,13 +181,27 @@ impl LocalOffsets {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
         }
-        let tmp = self.path.with_extension("json.tmp");
-        let mut file = std::fs::File::create(&tmp).map_err(|e| io_error("creating", &tmp, e))?;
-        file.write_all(&text)
-            .map_err(|e| io_error("writing", &tmp, e))?;
-        file.sync_all().map_err(|e| io_error("syncing", &tmp, e))?;
-        drop(file);
-        std::fs::rename(&tmp, &self.path).map_err(|e| io_error("renaming to", &self.path, e))
+        // A file of its own per write: the committer and a rebalance may write at once.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .path
+            .with_extension(format!("json.{}.{n}.tmp", std::process::id()));
+        let written = std::fs::File::create(&tmp)
+            .map_err(|e| io_error("creating", &tmp, e))
+            .and_then(|mut file| {
+                file.write_all(&text)
+                    .map_err(|e| io_error("writing", &tmp, e))?;
+                file.sync_all().map_err(|e| io_error("syncing", &tmp, e))
+            })
+            .and_then(|()| {
+                std::fs::rename(&tmp, &self.path)
+                    .map_err(|e| io_error("renaming to", &self.path, e))
+            });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<MessageQueue, u64>> {

@@ -101,13 +101,14 @@ pub struct PushConsumerOptions {
     /// Orderly: period of attempts to lock assigned queues held by someone else.
     pub lock_retry_ms: u64,
     pub commit_interval_ms: u64,
-    /// Retries of a failing message before it is given up (no DLQ yet: skipped and
-    /// logged).
+    /// Clustering: retries of a failing message before the broker puts it on the group's
+    /// dead-letter topic (`%DLQ%<group>`) instead of its retry topic. Broadcasting retries
+    /// locally without end.
     pub max_reconsume_times: u32,
     /// Orderly: how long a queue waits after `SuspendCurrentQueueAMoment`.
     pub suspend_ms: u64,
-    /// Concurrent: delay before a `ReconsumeLater` batch is delivered again (locally;
-    /// the retry topic comes later).
+    /// Concurrent: delay before a failed message the broker did not take back (and, in
+    /// broadcasting mode, any failed message) is delivered again locally.
     pub reconsume_delay_ms: u64,
     /// Shutdown waits this long for running listeners before committing what finished.
     pub shutdown_timeout_ms: u64,

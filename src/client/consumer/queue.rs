@@ -182,23 +182,34 @@ impl Drop for InFlight {
     }
 }
 
-/// The pull loop of one queue: start position, then long-polled batches (pipelined while
-/// the queue is known to hold more, see [`PullPipeline`]), cached and handed to the
-/// listener (concurrent) or to the queue's orderly task.
-pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
-    let stopped = |pq: &ProcessQueue| pq.is_dropped() || shared.is_stopping();
+/// Runs `attempt` until it succeeds (`Some`) or the queue is dropped or the consumer stops
+/// (`None`), pausing `pull_error_backoff_ms` after each failure; the first failure of a run
+/// is logged as "{what} <queue> starts failed" (and counted as a pull error if `pull_error`).
+async fn until_done<T, F, Fut>(
+    shared: &Shared,
+    pq: &ProcessQueue,
+    what: &str,
+    pull_error: bool,
+    mut attempt: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
     let mut failing = false;
-    let start = loop {
-        if stopped(&pq) {
-            return;
+    loop {
+        if pq.is_dropped() || shared.is_stopping() {
+            return None;
         }
-        match start_offset(&shared, &pq.mq).await {
-            Ok(start) => break start,
+        match attempt().await {
+            Ok(done) => return Some(done),
             Err(e) => {
-                add(&shared.counters.pull_errors, 1);
+                if pull_error {
+                    add(&shared.counters.pull_errors, 1);
+                }
                 if !failing {
                     shared.log(format_args!(
-                        "finding where {}[{}] starts failed: {e}; retrying",
+                        "{what} {}[{}] starts failed: {e}; retrying",
                         pq.mq.topic, pq.mq.queue_id
                     ));
                     failing = true;
@@ -206,6 +217,20 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                 sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
             }
         }
+    }
+}
+
+/// The pull loop of one queue: start position, then long-polled batches (pipelined while
+/// the queue is known to hold more, see [`PullPipeline`]), cached and handed to the
+/// listener (concurrent) or to the queue's orderly task.
+pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
+    let stopped = |pq: &ProcessQueue| pq.is_dropped() || shared.is_stopping();
+    let Some(start) = until_done(&shared, &pq, "finding where", true, || {
+        start_offset(&shared, &pq.mq)
+    })
+    .await
+    else {
+        return;
     };
     {
         let mut state = pq.state();
@@ -214,7 +239,22 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             state.committed = Some(start.0);
         }
     }
+    // A start taken from `consume_from` is committed before the first pull: a member that
+    // stopped before its first commit would leave the next owner to start from its own
+    // `consume_from` (the end of the queue, by default), skipping what came in between.
+    // Until it is, the queue waits (a group whose offsets the broker refuses is not
+    // consumed unrecorded).
+    if !start.1
+        && until_done(&shared, &pq, "committing where", false, || {
+            commit_queue(&shared, &pq)
+        })
+        .await
+        .is_none()
+    {
+        return;
+    }
     pq.started.store(true, Ordering::SeqCst);
+    let mut failing = false;
     let limits = shared.options.flow_limits(shared.mode);
     let wait = Duration::from_millis(shared.options.pull_wait_ms);
     let mut pipeline = PullPipeline::new(
@@ -254,6 +294,15 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         };
         let pulled = match pull.await {
             Ok(pulled) => pulled,
+            // A bug in the client: the queue stops here and says so (nothing past the
+            // commit point is committed: consumed again when the queue changes hands).
+            Err(e) if e.is_panic() => {
+                shared.log(format_args!(
+                    "a pull of {}[{}] panicked; the queue stops being consumed: {e}",
+                    pq.mq.topic, pq.mq.queue_id
+                ));
+                return;
+            }
             // Cancelled: the runtime is shutting down.
             Err(_) => return,
         };

@@ -228,7 +228,16 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
     crate::io::spawn(async move {
         let result = write_zeros(&file, from, target).await;
         let Some(inner) = weak.upgrade() else { return };
-        if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
+        // Only the file this task zeroed: a disk-full cut may have removed its segment,
+        // and a later roll created another at the same base (whose own zeroing this must
+        // not end, nor claim its bytes zeroed).
+        if let Some(s) = inner
+            .st
+            .borrow_mut()
+            .segments
+            .get_mut(&seg_base)
+            .filter(|s| s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, &file)))
+        {
             s.zeroing = false;
             match &result {
                 Ok(()) => s.zeroed_to = s.zeroed_to.max(target),
