@@ -10,18 +10,7 @@ use ringmq::log::{CommitLog, FlushMode, LogConfig};
 use ringmq::protocol::record::RecordDraft;
 
 fn draft(body: &[u8]) -> RecordDraft<'_> {
-    RecordDraft {
-        topic: "bench",
-        queue_id: 0,
-        flag: 0,
-        sys_flag: 0,
-        born_timestamp_ms: 0,
-        born_host: "127.0.0.1:1".parse().unwrap(),
-        reconsume_times: 0,
-        transaction_offset: 0,
-        properties: b"",
-        body,
-    }
+    RecordDraft::plain("bench", 0, b"", body)
 }
 
 fn cfg(flush: FlushMode) -> LogConfig {

@@ -605,19 +605,7 @@ async fn a_record_forged_inside_a_body_is_not_a_message() {
     client.create_topic("forge", 1).await.unwrap();
     client.create_topic("victim", 1).await.unwrap();
     let forged = |physical_offset| {
-        RecordDraft {
-            topic: "victim",
-            queue_id: 0,
-            flag: 0,
-            sys_flag: 0,
-            born_timestamp_ms: 0,
-            born_host: "127.0.0.1:1".parse().unwrap(),
-            reconsume_times: 0,
-            transaction_offset: 0,
-            properties: &[],
-            body: b"not sent to victim",
-        }
-        .encode(Placement {
+        RecordDraft::plain("victim", 0, &[], b"not sent to victim").encode(Placement {
             queue_offset: 0,
             physical_offset,
             store_timestamp_ms: 0,

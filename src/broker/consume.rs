@@ -296,18 +296,7 @@ mod tests {
         let mut props = PropertiesBuilder::new();
         props.put("a", "1").unwrap();
         let props = props.into_bytes();
-        let draft = RecordDraft {
-            topic: "t",
-            queue_id: 0,
-            flag: 0,
-            sys_flag: 0,
-            born_timestamp_ms: 0,
-            born_host: "127.0.0.1:1".parse().unwrap(),
-            reconsume_times: 0,
-            transaction_offset: 0,
-            properties: &props,
-            body: b"body",
-        };
+        let draft = RecordDraft::plain("t", 0, &props, b"body");
         let mut record = draft.encode(Placement {
             queue_offset: 0,
             physical_offset: 0,

@@ -169,7 +169,24 @@ pub struct Placement {
     pub store_timestamp_ms: i64,
 }
 
-impl RecordDraft<'_> {
+impl<'a> RecordDraft<'a> {
+    /// A draft of a plain message: no flags, born at time 0 on an unnamed host
+    /// (`127.0.0.1:1`), never consumed, outside any transaction (tools, tests, benches).
+    pub fn plain(topic: &'a str, queue_id: u32, properties: &'a [u8], body: &'a [u8]) -> Self {
+        RecordDraft {
+            topic,
+            queue_id,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp_ms: 0,
+            born_host: SocketAddr::from(([127, 0, 0, 1], 1)),
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties,
+            body,
+        }
+    }
+
     /// Bytes the encoded record takes.
     pub fn encoded_len(&self) -> usize {
         HEADER_BYTES + self.topic.len() + self.properties.len() + self.body.len()
