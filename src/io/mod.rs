@@ -200,8 +200,11 @@ impl WriteBuf {
     }
 
     /// Ready to be written: the partial last block is padded with zeros up to the
-    /// alignment, and a buffer much larger than its bytes is swapped for one that fits
-    /// (what the cache of the newest writes keeps is what it counts).
+    /// alignment, and a buffer much larger than its bytes (more than
+    /// `WRITE_BUF_FIT_RATIO` times, and by more than `WRITE_BUF_SLACK_MAX`) is swapped for
+    /// one that fits (the cache of the newest writes counts capacity). The swap is a copy
+    /// of every byte: at twice, rounds of varying size (batches) copied ~40% of their bytes
+    /// again.
     pub fn into_written(mut self) -> Written {
         let len = self.len;
         let aligned = align_up(len);
@@ -215,7 +218,7 @@ impl WriteBuf {
             };
         };
         mem.as_bytes_mut()[len..aligned].fill(0);
-        if mem.len() > 2 * aligned && mem.len() - aligned > WRITE_BUF_SLACK_MAX {
+        if mem.len() > WRITE_BUF_FIT_RATIO * aligned && mem.len() - aligned > WRITE_BUF_SLACK_MAX {
             let mut fit = glommio::allocate_dma_buffer_global(aligned);
             fit.as_bytes_mut()
                 .copy_from_slice(&mem.as_bytes()[..aligned]);
@@ -233,6 +236,9 @@ impl WriteBuf {
 
 /// Unused room a written buffer may keep before it is swapped for one that fits.
 const WRITE_BUF_SLACK_MAX: usize = 64 << 10;
+
+/// A written buffer is swapped for one that fits only past this many times its bytes.
+const WRITE_BUF_FIT_RATIO: usize = 4;
 
 /// `n` rounded up to a multiple of [`IO_ALIGN`].
 pub fn align_up(n: usize) -> usize {
@@ -708,6 +714,21 @@ mod tests {
             "what the cache counts is what it holds"
         );
         assert_eq!(&w[..], &[7u8; 100][..]);
+        // Up to four times its bytes, a buffer is kept as it is (swapping copies every byte).
+        let mut b = WriteBuf::with_capacity(1 << 20);
+        b.extend(300 << 10).fill(8);
+        let w = b.into_written();
+        assert_eq!(w.capacity(), 1 << 20, "under four times its bytes, no copy");
+        assert_eq!(w.len(), 300 << 10);
+        let mut b = WriteBuf::with_capacity(1 << 20);
+        b.extend(200 << 10).fill(9);
+        let w = b.into_written();
+        assert_eq!(
+            w.capacity(),
+            200 << 10,
+            "past four times its bytes it is swapped"
+        );
+        assert!(w.iter().all(|&x| x == 9));
         let empty = WriteBuf::default().into_written();
         assert!(empty.is_empty() && empty.capacity() == 0);
         // Empty with room to spare (a chunk left empty at a segment's end): nothing kept,
