@@ -71,6 +71,39 @@ fn file_component(name: &str) -> String {
     }
 }
 
+/// One write of local offsets at a time in this process (see [`LocalOffsets::flush`]).
+static ONE_WRITER: Mutex<()> = Mutex::new(());
+
+/// The file a write of `path` by process `pid` goes through before it is renamed.
+fn temp_path(path: &Path, pid: u32) -> PathBuf {
+    path.with_extension(format!("json.{pid}.tmp"))
+}
+
+/// Removes what writes of `path` left when their process died between creating the
+/// temporary file and renaming it (best effort: a file that cannot be removed stays).
+fn remove_dead_writers_files(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let pid = file_name
+            .to_str()
+            .and_then(|f| f.strip_prefix(name))
+            .and_then(|f| f.strip_prefix('.'))
+            .and_then(|f| f.strip_suffix(".tmp"))
+            .and_then(|f| f.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> ClientError {
     ClientError::OffsetStore(format!("{what} {}: {e}", path.display()))
 }
@@ -90,6 +123,7 @@ impl LocalOffsets {
         let path = dir
             .join(file_component(client_id))
             .join(format!("{}.offsets.json", file_component(group)));
+        remove_dead_writers_files(&path);
         let mut offsets = BTreeMap::new();
         match std::fs::metadata(&path) {
             Ok(meta) if meta.len() > FILE_BYTES_MAX => {
@@ -150,6 +184,10 @@ impl LocalOffsets {
 
     /// Writes the file when a position changed since the last write.
     pub(crate) fn flush(&self) -> Result<()> {
+        // The positions are taken and written under it: the last file renamed into place
+        // holds the newest (the committer and a rebalance may flush at once, and two
+        // consumers of one group and client id in one process share the file).
+        let _one_writer = ONE_WRITER.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.dirty.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
@@ -181,12 +219,8 @@ impl LocalOffsets {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
         }
-        // A file of its own per write: the committer and a rebalance may write at once.
-        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = WRITES.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .path
-            .with_extension(format!("json.{}.{n}.tmp", std::process::id()));
+        // One write at a time in this process (`ONE_WRITER`); other processes use their own.
+        let tmp = temp_path(&self.path, std::process::id());
         let written = std::fs::File::create(&tmp)
             .map_err(|e| io_error("creating", &tmp, e))
             .and_then(|mut file| {
@@ -238,6 +272,27 @@ mod tests {
             file_component(".."),
             format!("..-{:016x}", super::super::super::route::fnv1a_64(b".."))
         );
+    }
+
+    #[test]
+    fn a_dead_writers_temporary_file_is_removed_at_open_and_a_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        store.set(&MessageQueue::new("t", 0), 4);
+        store.flush().unwrap();
+        // No process has this id (above any pid_max); this test's process is alive.
+        let dead = temp_path(store.path(), 999_999_999);
+        let live = temp_path(store.path(), std::process::id());
+        std::fs::write(&dead, b"{").unwrap();
+        std::fs::write(&live, b"{").unwrap();
+        let again = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        assert_eq!(again.get(&MessageQueue::new("t", 0)), Some(4));
+        assert!(
+            !dead.exists(),
+            "a dead writer's file stays: {}",
+            dead.display()
+        );
+        assert!(live.exists(), "a live writer's file was removed");
     }
 
     #[test]
