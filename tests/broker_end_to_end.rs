@@ -593,7 +593,7 @@ async fn a_deleted_topic_stays_deleted_after_a_crash() {
 /// neither a lookup by id nor a send-back takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_forged_inside_a_body_is_not_a_message() {
-    use ringmq::protocol::record::{Placement, RecordDraft};
+    use ringmq::protocol::record::{Placement, RecordDraft, HEADER_BYTES};
     use ringmq::protocol::MessageId;
 
     let dir = tempfile::tempdir().unwrap();
@@ -674,6 +674,26 @@ async fn a_record_forged_inside_a_body_is_not_a_message() {
         .unwrap();
     assert_eq!(sent_bad.physical_offset, at);
     no_message_at(id_at(at + stride - size as u64)).await;
+    // A header at the log's end naming a topic longer than what follows: no message either
+    // (reading its topic would pass the end of the log).
+    let long_topic = "t".repeat(127);
+    let head = RecordDraft::plain(&long_topic, 0, &[], b"").encode(Placement {
+        queue_offset: 0,
+        physical_offset: 0,
+        store_timestamp_ms: 0,
+    });
+    let mut tail_body = vec![0u8; 64];
+    tail_body.extend_from_slice(&head[..HEADER_BYTES]);
+    let first = producer
+        .send("forge", OutgoingMessage::new(tail_body.clone()))
+        .await
+        .unwrap();
+    let last = producer
+        .send("forge", OutgoingMessage::new(tail_body))
+        .await
+        .unwrap();
+    let len = last.physical_offset - first.physical_offset;
+    no_message_at(id_at(last.physical_offset + len - HEADER_BYTES as u64)).await;
     // The real one is still sent back, and nothing reached the forged topic.
     client.send_back("g", &sent.msg_id, 0, 16).await.unwrap();
     assert_eq!(client.max_offset("victim", 0).await.unwrap(), 0);

@@ -194,7 +194,8 @@ impl MessageStore {
             .await?)
     }
 
-    /// Reads the message at a physical offset (message by id).
+    /// Reads the record at a physical offset the store itself knows a record starts at (for
+    /// a message id, which a client chooses, see [`read_message_at`](Self::read_message_at)).
     pub async fn read_physical(&self, physical_offset: u64) -> Result<ReadBuf, StoreError> {
         Ok(self.inner.log.read_record_at(physical_offset).await?)
     }
@@ -216,11 +217,21 @@ impl MessageStore {
         let head = self.inner.log.read(physical_offset, HEADER_BYTES).await?;
         let (queue_id, queue_offset, topic_len) =
             crate::protocol::record::peek_place(&head).ok_or_else(no_record)?;
-        let named = self
+        if topic_len == 0 || topic_len > crate::protocol::names::TOPIC_NAME_BYTES_MAX {
+            return Err(no_record());
+        }
+        // The header was there: a topic that runs past the log's end or the segment's is
+        // not a record's.
+        let named = match self
             .inner
             .log
             .read(physical_offset, HEADER_BYTES + topic_len)
-            .await?;
+            .await
+        {
+            Ok(named) => named,
+            Err(LogError::OffsetTooBig { .. }) => return Err(no_record()),
+            Err(e) => return Err(e.into()),
+        };
         let topic = std::str::from_utf8(&named[HEADER_BYTES..]).map_err(|_| no_record())?;
         match self.entry(topic, queue_id, queue_offset) {
             Ok(e) if e.physical_offset == physical_offset => {

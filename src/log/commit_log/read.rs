@@ -80,8 +80,9 @@ impl CommitLog {
         Ok(buf)
     }
 
-    /// Reads the record at `offset` without knowing its size (message by id):
-    /// [`LogError::NoRecord`] when no record starts there, [`LogError::Corrupt`] when one
+    /// Reads the record at `offset` without knowing its size (the key index's candidates, the
+    /// oldest record's time; a message id, which a client chooses, goes through
+    /// `MessageStore::read_message_at`): [`LogError::NoRecord`] when no record starts there, [`LogError::Corrupt`] when one
     /// does but is damaged.
     pub async fn read_record_at(&self, offset: u64) -> Result<ReadBuf, LogError> {
         let head = self.read(offset, HEADER_BYTES).await?;
