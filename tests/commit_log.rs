@@ -665,3 +665,40 @@ fn sync_mode_writes_segments_with_o_dsync() {
         });
     }
 }
+
+/// Records appended across rolls in one tick are taken back whole: the segments the rolls
+/// opened go (no file is made for them), appends go on from where the first one started,
+/// and a reopen finds exactly what was kept. Once a write took them, they cannot be.
+#[test]
+fn appends_across_rolls_in_one_tick_are_taken_back_whole() {
+    for flush in [FlushMode::Async, FlushMode::Sync] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = config(16 * 1024, flush);
+            let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+                .await
+                .unwrap();
+            let mut kept = append_all(&log, 5, 10, 3000).await;
+            let from = log.write_offset();
+            let segments = log.segment_count();
+            // 40 KiB in one tick: two rolls at least.
+            let mut n = 0;
+            while log.write_offset() < from + 40 * 1024 {
+                let m = message(6, n, 4, 3000);
+                log.append(&m.draft(), 1_000 + n).unwrap();
+                n += 1;
+            }
+            assert!(log.segment_count() >= segments + 2, "no two rolls");
+            assert!(log.can_take_back(from));
+            log.take_back(from);
+            assert_eq!(log.write_offset(), from);
+            assert_eq!(log.segment_count(), segments, "the rolled-to segments stay");
+            let more = append_all(&log, 7, 30, 3000).await;
+            assert_eq!(more[0].0, from, "appends go on where the taken back began");
+            let last_kept = kept.last().unwrap().0;
+            assert!(!log.can_take_back(last_kept), "a written record taken back");
+            kept.extend(more);
+            check_closed_and_reopened(log, dir.path(), cfg, &kept).await;
+        });
+    }
+}

@@ -40,9 +40,9 @@ impl MessageStore {
     /// queue, and all share one store timestamp. All or nothing: at the first error (an
     /// index that cannot grow on a full disk) the records appended before it are taken back
     /// (log, consume queues, keys) and none is in `puts`, so a send retried after the error
-    /// stores no duplicates. Only if they cannot be (a roll came in between, or a consume
-    /// queue fails to shrink, which poisons the log) do they stay, in `puts`, the rest not
-    /// appended.
+    /// stores no duplicates (rolls of the log in between are undone too). Only if they
+    /// cannot be (a consume queue fails to shrink, which poisons the log: nothing more is
+    /// appended until a restart) do they stay, in `puts`, the rest not appended.
     pub fn append_batch<'a>(
         &self,
         drafts: impl IntoIterator<Item = RecordDraft<'a>>,

@@ -71,22 +71,59 @@ impl CommitLog {
     }
 
     /// Whether the records appended from log offset `from` on can still be taken back
-    /// ([`take_back`](Self::take_back)): they all sit in the active segment's chunk, which no
-    /// write has taken yet (true only within the tick that appended them).
+    /// ([`take_back`](Self::take_back)): they all sit in chunks no write has taken yet (true
+    /// only within the tick that appended them): the active segment's, and, when a roll
+    /// came in between, the chunks of the segments it sealed, whose successors have no file
+    /// yet.
     pub fn can_take_back(&self, from: u64) -> bool {
         let st = self.inner.st.borrow();
-        st.poisoned.is_none()
-            && from >= st.active_base
-            && from >= st.active.start
-            && from <= st.write_pos
+        if st.poisoned.is_some() || from > st.write_pos {
+            return false;
+        }
+        let seg_bytes = self.inner.cfg.segment_bytes;
+        let (mut base, mut start) = (st.active_base, st.active.start);
+        let mut sealed = st.sealed.iter().rev();
+        while from < start {
+            if from >= base {
+                return false; // in this segment, but already taken by a write
+            }
+            let Some(prev) = sealed.next() else {
+                return false;
+            };
+            let untouched = st
+                .segments
+                .get(&base)
+                .is_some_and(|s| s.file.is_none() && !s.zeroing);
+            if prev.seg_base + seg_bytes != base || !untouched {
+                return false;
+            }
+            (base, start) = (prev.seg_base, prev.start);
+        }
+        true
     }
 
-    /// Takes back the records appended from `from` on, as if never appended: the caller
-    /// checked [`can_take_back`](Self::can_take_back) in the same tick (a batch whose
-    /// indexing failed half-way is answered with an error and stores none of its records).
+    /// Takes back the records appended from `from` on, as if never appended (undoing the
+    /// rolls in between): the caller checked [`can_take_back`](Self::can_take_back) in the
+    /// same tick (a batch whose indexing failed half-way is answered with an error and
+    /// stores none of its records).
     pub fn take_back(&self, from: u64) {
+        if !self.can_take_back(from) {
+            // A caller's bug: what it takes back is in a write already. Its indexes no
+            // longer agree with the log.
+            debug_assert!(false, "take_back({from}) past what can_take_back allows");
+            self.poison(format!("records from {from} taken back after their write"));
+            return;
+        }
         let mut st = self.inner.st.borrow_mut();
-        debug_assert!(from >= st.active.start && from >= st.active_base && from <= st.write_pos);
+        let st = &mut *st;
+        while from < st.active_base {
+            let Some(prev) = st.sealed.pop() else {
+                break; // can_take_back saw a sealed chunk for every roll
+            };
+            st.segments.remove(&st.active_base);
+            st.active_base = prev.seg_base;
+            st.active = prev;
+        }
         let keep = (from - st.active.start) as usize;
         st.active.bytes.truncate(keep);
         st.write_pos = from;
