@@ -260,18 +260,7 @@ async fn bench_append(
         let body = body.clone();
         let flush = cli.flush;
         tasks.push(ringmq::io::spawn_joinable(async move {
-            let draft = RecordDraft {
-                topic: "bench",
-                queue_id: 0,
-                flag: 0,
-                sys_flag: 0,
-                born_timestamp_ms: 0,
-                born_host: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
-                reconsume_times: 0,
-                transaction_offset: 0,
-                properties: b"",
-                body: &body,
-            };
+            let draft = RecordDraft::plain("bench", 0, b"", &body);
             let pipelined = appenders == 1 && flush == FlushMode::Async;
             let (mut end, mut epoch) = (0, 0);
             for i in 0..per {

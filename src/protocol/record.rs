@@ -765,11 +765,7 @@ mod proptests {
             at in any::<proptest::sample::Index>(),
             bit in 0u8..8,
         ) {
-            let d = RecordDraft {
-                topic: "t", queue_id: 1, flag: 0, sys_flag: 0, born_timestamp_ms: 0,
-                born_host: SocketAddr::from(([127, 0, 0, 1], 1)), reconsume_times: 0,
-                transaction_offset: 0, properties: b"", body: &body,
-            };
+            let d = RecordDraft::plain("t", 1, b"", &body);
             let mut bytes = d.encode(Placement { queue_offset: 0, physical_offset: 0, store_timestamp_ms: 0 });
             let i = at.index(bytes.len());
             bytes[i] ^= 1 << bit;
