@@ -700,6 +700,23 @@ async fn a_record_forged_inside_a_body_is_not_a_message() {
     assert!(!broker.stderr().contains("panicked"), "{}", broker.stderr());
 }
 
+/// SIGKILLs the (one-shard) broker, cuts its first log segment at `physical_offset` (what a
+/// machine crash does to an async log's unsynced tail) and starts it again.
+fn crash_losing_from(broker: &mut BrokerProcess, data: &std::path::Path, physical_offset: u64) {
+    broker.kill();
+    let log = data
+        .join("shard-0")
+        .join("commitlog")
+        .join(format!("{:020}", 0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(physical_offset)
+        .unwrap();
+    broker.restart();
+}
+
 /// A machine that stops can lose the records an async-flush log had not synced, after a
 /// consumer read them and committed past them. At the next start the committed offset is
 /// lowered to the queue's recovered end: the messages stored there next are consumed, not
@@ -724,18 +741,7 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
         .await
         .unwrap();
     drop(producer);
-    broker.kill();
-    let log = data
-        .join("shard-0")
-        .join("commitlog")
-        .join(format!("{:020}", 0));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(sent[15].physical_offset)
-        .unwrap();
-    broker.restart();
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
     let producer = Producer::connect(config(&broker.addr_string(), true))
         .await
         .unwrap();
@@ -761,6 +767,100 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
         "{}",
         broker.stderr()
     );
+}
+
+/// The same loss, seen by a consumer that stays up through the broker's restart: its
+/// position (20) is past the recovered end (15), and producers refill the queue past it
+/// before its next pull. The broker tells it by the run its last answer came from: it goes
+/// back to 15 and consumes every new message (before, it went on from 20 and skipped the
+/// five stored at 15..19).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_the_loss() {
+    use ringmq::client::{ConsumeStatus, PushConsumer, PushConsumerOptions};
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // A port whose direct port (port + 1, the one shard's) is free too.
+    let port = loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        drop(l);
+        if p < 60_000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            break p;
+        }
+    };
+    let listen = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut broker = BrokerProcess::start_on(listen, &data, 1, &["--flush", "sync"]);
+    let addr = broker.addr_string();
+    let producer = Producer::connect(config(&addr, true)).await.unwrap();
+    producer.client().create_topic("lost", 1).await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..20 {
+        let m = OutgoingMessage::new(format!("old-{i}"));
+        sent.push(producer.send("lost", m).await.unwrap());
+    }
+    drop(producer);
+    let bodies: Arc<Mutex<Vec<String>>> = Arc::default();
+    let consumer = PushConsumer::new(
+        config(&addr, true),
+        "g",
+        PushConsumerOptions {
+            consume_from: ringmq::client::ConsumeFrom::FirstOffset,
+            pull_wait_ms: 500,
+            // Long enough for the restart and the refill below to come first.
+            pull_error_backoff_ms: 3_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    consumer.subscribe("lost", "*").unwrap();
+    let log = bodies.clone();
+    consumer
+        .register_concurrent(move |messages| {
+            let mut log = log.lock().unwrap();
+            log.extend(
+                messages
+                    .iter()
+                    .map(|m| String::from_utf8_lossy(m.body()).into_owned()),
+            );
+            ConsumeStatus::Success
+        })
+        .unwrap();
+    consumer.start().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bodies.lock().unwrap().len() < 20 {
+        assert!(Instant::now() < deadline, "the first 20 were not consumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    assert_eq!(broker.addr_string(), addr);
+    let producer = Producer::connect(config(&addr, true)).await.unwrap();
+    for i in 0..10 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        let r = producer.send("lost", m).await.unwrap();
+        assert_eq!(r.queue_offset, 15 + i);
+    }
+    let want: Vec<String> = (0..10).map(|i| format!("new-{i}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got: Vec<String> = bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|b| b.starts_with("new-"))
+            .cloned()
+            .collect();
+        if want.iter().all(|w| got.contains(w)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "new messages not consumed: got {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    consumer.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

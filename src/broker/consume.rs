@@ -126,21 +126,37 @@ impl ShardCtx {
         let started = Instant::now();
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
+        let incarnation = self.incarnation;
+        let status = |status, next_offset, min_offset, max_offset| {
+            let r = PullResult {
+                status,
+                next_offset,
+                min_offset,
+                max_offset,
+                count: 0,
+                incarnation,
+            };
+            Ok(Answer::from(pull_frame(request_id, &r, &[])))
+        };
+        // A position read under an earlier run of this shard, past where the queue ended
+        // when this run started: what the puller read there, a crash lost (an async log's
+        // unsynced tail), and those offsets hold other messages now. Back to that end, even
+        // if the queue has grown past the position since.
+        if p.incarnation != 0 && p.incarnation != incarnation {
+            let started_end = self.store.started_end(&p.topic, p.queue_id);
+            if p.offset > started_end {
+                let (min, max) = self
+                    .store
+                    .queue_range(&p.topic, p.queue_id)
+                    .map_err(store_error)?;
+                return status(PullStatus::OffsetTooBig, started_end.max(min), min, max);
+            }
+        }
         let notify = self.poll_notify(&p.topic, p.queue_id);
         loop {
             let notified = notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            let status = |status, next_offset, min_offset, max_offset| {
-                let r = PullResult {
-                    status,
-                    next_offset,
-                    min_offset,
-                    max_offset,
-                    count: 0,
-                };
-                Ok(Answer::from(pull_frame(request_id, &r, &[])))
-            };
             let plan = self.store.plan_queue_read(
                 &p.topic,
                 p.queue_id,
@@ -188,6 +204,7 @@ impl ShardCtx {
                         min_offset: r.min_offset,
                         max_offset: r.max_offset,
                         count: r.len() as u32,
+                        incarnation: self.incarnation,
                     };
                     // The records follow the head from where the store read them.
                     let head = records_head(request_id, &meta, bytes)?;

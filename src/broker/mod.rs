@@ -112,6 +112,8 @@ pub struct ServiceConfig {
 pub struct ShardCtx {
     pub id: u32,
     pub shard_count: u32,
+    /// This run of the shard: new at every start, never 0 (`PullResult::incarnation`).
+    incarnation: u64,
     pub cfg: ServiceConfig,
     pub store: MessageStore,
     topics: RefCell<TopicTable>,
@@ -264,9 +266,16 @@ impl ShardCtx {
     ) -> Rc<ShardCtx> {
         let cfg_lock_expiry_ms = cfg.lock_expiry_ms;
         let cfg_frame_bytes_max = cfg.frame_limits.frame_bytes_max() as usize;
+        // Nanoseconds since the epoch at start: a later start has another (the clock would
+        // have to go back to the very nanosecond).
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            .max(1);
         Rc::new(ShardCtx {
             id,
             shard_count,
+            incarnation,
             cfg,
             store,
             topics: RefCell::new(topics),

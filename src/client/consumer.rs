@@ -686,6 +686,9 @@ struct ProcessQueue {
     no_commit: AtomicBool,
     /// The start position is known and pulls run.
     started: AtomicBool,
+    /// The broker run (`PullResult::incarnation`) of the last answer the pull loop
+    /// followed (0: none yet); sent with each pull.
+    incarnation: AtomicU64,
     /// Wakes the orderly task (new messages, or drop). Only that task waits on it, so a
     /// `notify_one` always reaches it: no other waiter can take the wake-up.
     wake: Notify,

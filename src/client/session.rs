@@ -67,6 +67,10 @@ pub struct PullResult {
     pub min_offset: u64,
     /// One past the last message of the queue.
     pub max_offset: u64,
+    /// The run of the queue's shard that answered (new at every broker start): a consumer
+    /// passes the last it read with its next pull, so that a broker that lost the records
+    /// it read in a crash sends it back to where the queue ended (`Pull::incarnation`).
+    pub incarnation: u64,
 }
 
 /// What the bootstrap handshake said about the broker.
@@ -238,7 +242,7 @@ impl Client {
         max_wait: Duration,
         tags: &[&str],
     ) -> Result<PullResult> {
-        self.pull_with(topic, queue_id, offset, max_messages, max_wait, tags, "")
+        self.pull_with(topic, queue_id, offset, max_messages, max_wait, tags, "", 0)
             .await
     }
 
@@ -273,11 +277,21 @@ impl Client {
     ) -> Result<PullResult> {
         let tags: Vec<&str> = selector.tags().iter().map(String::as_str).collect();
         let sql = selector.sql();
-        self.pull_with(topic, queue_id, offset, max_messages, max_wait, &tags, sql)
-            .await
+        self.pull_with(
+            topic,
+            queue_id,
+            offset,
+            max_messages,
+            max_wait,
+            &tags,
+            sql,
+            0,
+        )
+        .await
     }
 
-    /// A pull with a tag filter, an SQL92 filter (empty: none), or both.
+    /// A pull with a tag filter, an SQL92 filter (empty: none), or both; `incarnation`: the
+    /// [`PullResult::incarnation`] of the last answer about this queue read (0: none).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn pull_with(
         &self,
@@ -288,6 +302,7 @@ impl Client {
         max_wait: Duration,
         tags: &[&str],
         sql: &str,
+        incarnation: u64,
     ) -> Result<PullResult> {
         check_topic(topic)?;
         let wait_ms = u64::try_from(max_wait.as_millis())
@@ -309,6 +324,7 @@ impl Client {
             max_wait_ms: wait_ms as u32,
             tag_hashes,
             sql: sql.to_owned(),
+            incarnation,
         };
         let timeout = Duration::from_millis(wait_ms) + self.inner.config.request_timeout();
         let reply = self
@@ -330,6 +346,7 @@ impl Client {
             next_offset: meta.next_offset,
             min_offset: meta.min_offset,
             max_offset: meta.max_offset,
+            incarnation: meta.incarnation,
         })
     }
 

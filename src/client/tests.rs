@@ -591,6 +591,7 @@ async fn pull_answers_are_read_in_place_and_tags_rechecked() {
                 min_offset: 0,
                 max_offset: 100,
                 count: 3,
+                incarnation: 7,
             };
             vec![Out::Frame(answer(
                 id,
@@ -922,6 +923,7 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
                 min_offset: 0,
                 max_offset: p.offset,
                 count: 0,
+                incarnation: 7,
             };
             vec![Out::Later(
                 Duration::from_millis(20),

@@ -278,6 +278,11 @@ wire_type! {
         /// The broker evaluates it on the records it reads: a pull whose whole window is
         /// filtered out answers `NoMatchedMessage` with the offset past the window.
         pub sql: String,
+        /// The [`PullResult::incarnation`] of the last answer about this queue the puller
+        /// read (0: none). From an earlier incarnation, a position past where the queue
+        /// ended when the broker started is answered `OffsetTooBig` with that end: a crash
+        /// lost the records the puller read there, and the offsets hold other messages now.
+        pub incarnation: u64,
     }
 }
 
@@ -292,6 +297,7 @@ impl Pull {
             max_wait_ms: PULL_WAIT_MS_DEFAULT,
             tag_hashes: Vec::new(),
             sql: String::new(),
+            incarnation: 0,
         }
     }
 }
@@ -324,6 +330,9 @@ wire_type! {
         /// One past the last message of the queue.
         pub max_offset: u64,
         pub count: u32,
+        /// The run of the queue's shard that answered (new at every start; never 0): see
+        /// [`Pull::incarnation`].
+        pub incarnation: u64,
     }
 }
 

@@ -156,6 +156,10 @@ impl Written {
 
 struct QueueState {
     cq: ConsumeQueue,
+    /// The queue's end when the store opened (after recovery), or 0 for a queue made since.
+    /// A consumer that read past it before a crash read records the crash lost: the
+    /// offsets past it now hold other messages.
+    started_end: u64,
 }
 
 struct Inner {
@@ -213,7 +217,7 @@ fn queue_state<'q>(
         Entry::Vacant(e) => {
             let qdir = queue_dir(&dir.join("consumequeue"), topic, queue_id);
             let cq = ConsumeQueue::open(&qdir, cfg.consume_queue)?;
-            Ok(e.insert(QueueState { cq }))
+            Ok(e.insert(QueueState { cq, started_end: 0 }))
         }
     }
 }
@@ -260,6 +264,16 @@ impl MessageStore {
             Some(q) => Ok((q.cq.min_offset(), self.visible_max(&q.cq)?)),
             None => Ok((0, 0)),
         }
+    }
+
+    /// The queue's end when the store opened (see `QueueState::started_end`); 0 for a queue
+    /// made since, or unknown.
+    pub fn started_end(&self, topic: &str, queue_id: u32) -> u64 {
+        self.inner
+            .queues
+            .borrow()
+            .get(&(topic.to_owned(), queue_id))
+            .map_or(0, |q| q.started_end)
     }
 
     fn entry(&self, topic: &str, queue_id: u32, offset: u64) -> Result<CqEntry, StoreError> {

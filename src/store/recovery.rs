@@ -94,6 +94,7 @@ impl MessageStore {
         for q in queues.values_mut() {
             q.cq.truncate_after_log_end(end)?;
             q.cq.delete_before_physical(log.min_offset())?;
+            q.started_end = q.cq.readable_max(log.readable_end())?;
         }
         let trimmed_to = log.min_offset();
         std::fs::write(&abort_path, b"ringmq store open\n")
@@ -154,7 +155,7 @@ fn open_queues(
                 continue;
             };
             let cq = ConsumeQueue::open(&q.path(), *cfg)?;
-            out.insert((name.clone(), qid), QueueState { cq });
+            out.insert((name.clone(), qid), QueueState { cq, started_end: 0 });
         }
     }
     Ok(out)

@@ -154,6 +154,7 @@ fn spawn_pull(
                 wait,
                 &tags,
                 &pq.sql,
+                pq.incarnation.load(Ordering::SeqCst),
             )
             .await
     })
@@ -345,13 +346,20 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             pulled.status,
             PullStatus::Found | PullStatus::NoMatchedMessage
         );
-        if !found && verdict == Verdict::Behind {
+        let seen = pq.incarnation.load(Ordering::SeqCst);
+        let new_run = seen != 0 && seen != pulled.incarnation;
+        if verdict == Verdict::Behind && (!found || new_run) {
             // A status about a position already passed (say, offset too small after a
-            // retention run): not ours to follow. Pull again from the position.
+            // retention run): not ours to follow. Or the first answer of a restarted broker,
+            // to a pull that started below the position: the broker checked that pull's
+            // offset, not the position (`Pull::incarnation`). Pull again from the position.
             in_flight.discard(&shared);
             pipeline.restart(next);
             continue;
         }
+        // Followed from here on: the next pulls name this broker run. (An answer thrown
+        // away above must not: a position it did not check would pass as checked.)
+        pq.incarnation.store(pulled.incarnation, Ordering::SeqCst);
         // `Client::pull` already re-checked the tag strings. Offsets below the position
         // were delivered by an earlier answer (a tag filter's answer can reach past where
         // the next pull started).

@@ -278,6 +278,7 @@ fn encoder_refuses_flags_and_tails_the_kind_forbids() {
         min_offset: 0,
         max_offset: 0,
         count: 0,
+        incarnation: 7,
     };
     let err = encode_frame(1, Flags::ONEWAY, &pr, &[], &mut out).unwrap_err();
     assert!(matches!(err, ProtocolError::BadFlags { .. }), "{err}");
@@ -293,6 +294,7 @@ fn encoder_adds_the_bits_the_kind_requires() {
         min_offset: 0,
         max_offset: 1,
         count: 0,
+        incarnation: 7,
     };
     let mut out = Vec::new();
     encode_frame(3, Flags::NONE, &pr, &[], &mut out).unwrap();
@@ -308,6 +310,7 @@ fn head_then_tail_equals_whole_frame() {
         min_offset: 0,
         max_offset: 10,
         count: 2,
+        incarnation: 7,
     };
     let parts: [&[u8]; 2] = [b"first record", b"second"];
     let mut whole = Vec::new();
@@ -345,6 +348,7 @@ fn a_frame_without_shared_bytes_is_one_part_equal_to_the_whole_frame() {
         min_offset: 0,
         max_offset: 0,
         count: 0,
+        incarnation: 7,
     };
     assert!(encode_frame_parts(8, Flags::ONEWAY, &oneway_answer, &mut parts).is_err());
     assert_eq!(parts.bytes.len(), before);

@@ -346,6 +346,7 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
                 min_offset: 0,
                 max_offset: 20,
                 count: 3,
+                incarnation: 7,
             },
             raw,
         )),
@@ -356,6 +357,7 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
                 min_offset: 0,
                 max_offset: 20,
                 count: 0,
+                incarnation: 7,
             },
             &[],
         )),
@@ -509,6 +511,7 @@ fn pull_records_are_read_in_place() {
             min_offset: 0,
             max_offset: 13,
             count: 3,
+            incarnation: 7,
         },
         &raw,
     ));
@@ -576,6 +579,7 @@ fn check_records_catches_a_wrong_count_and_a_bad_crc() {
             min_offset: 0,
             max_offset: 0,
             count: 4,
+            incarnation: 7,
         },
         &raw,
     );
@@ -690,6 +694,7 @@ fn record_answers_meta_fits_the_reserve() {
         min_offset: u64::MAX,
         max_offset: u64::MAX,
         count: u32::MAX,
+        incarnation: 7,
     };
     let mut out = Vec::new();
     let len = encode_frame_head(1, Flags::NONE, &pull, 0, &mut out).unwrap();

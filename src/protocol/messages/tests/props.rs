@@ -55,8 +55,9 @@ prop_compose! {
         max_wait_ms: u32,
         tag_hashes in proptest::collection::vec(any::<u64>(), 0..8),
         sql in arb_text(),
+        incarnation: u64,
     ) -> Pull {
-        Pull { topic, queue_id, offset, max_messages, max_wait_ms, tag_hashes, sql }
+        Pull { topic, queue_id, offset, max_messages, max_wait_ms, tag_hashes, sql, incarnation }
     }
 }
 
@@ -303,6 +304,7 @@ proptest! {
                 min_offset: 0,
                 max_offset: 13,
                 count: take as u32,
+                incarnation: 7,
             },
             &all[..end],
         ));
