@@ -32,8 +32,8 @@ fn header_layout_is_as_documented() {
     assert_eq!(get_u32(&frame, 0) as usize, frame.len());
     assert_eq!(frame[4], b'R');
     assert_eq!(
-        frame[5], 2,
-        "version 2: batch results carry offsets, not id strings"
+        frame[5], 3,
+        "version 3: pulls and their answers name the broker run (incarnation)"
     );
     assert_eq!(get_u16(&frame, 6), Kind::Heartbeat as u16);
     assert_eq!(get_u64(&frame, 8), 0x0102_0304_0506_0708);
