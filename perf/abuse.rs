@@ -228,6 +228,7 @@ fn main() {
                     topic: topic.clone(),
                     queue_id: (i % u64::from(queues)) as u32,
                     offset: 0,
+                    incarnation: 0,
                 };
                 batch.extend_from_slice(&frame(commit.into(), i));
                 if rate > 0 && (i + 1) % (rate / 100).max(1) == 0 {

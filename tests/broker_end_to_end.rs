@@ -740,6 +740,13 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
         .commit_offset("g", "lost", 0, 20)
         .await
         .unwrap();
+    // The run a position read before the crash comes from.
+    let old_run = producer
+        .client()
+        .pull("lost", 0, 19, 1, Duration::ZERO, &[])
+        .await
+        .unwrap()
+        .incarnation;
     drop(producer);
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
     let producer = Producer::connect(config(&broker.addr_string(), true))
@@ -760,6 +767,36 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
     let bodies: Vec<_> = pulled.messages.iter().map(|m| m.body().to_vec()).collect();
     let want: Vec<_> = (0..5).map(|i| format!("new-{i}").into_bytes()).collect();
     assert_eq!(bodies, want);
+    let new_run = pulled.incarnation;
+    assert_ne!(new_run, old_run, "a restart is a new run");
+    // A position read before the crash, committed or pulled now that the queue holds new
+    // messages there: the committed offset stays at the recovered end, the pull is sent
+    // back to it. The same position from the new run (or from no known run) is taken.
+    client
+        .commit_offset_from("g", "lost", 0, 20, old_run)
+        .await
+        .unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
+    let stale = client
+        .pull_with("lost", 0, 18, 32, Duration::ZERO, &[], "", old_run)
+        .await
+        .unwrap();
+    assert_eq!(
+        (stale.status, stale.next_offset, stale.messages.len()),
+        (PullStatus::OffsetTooBig, 15, 0)
+    );
+    let at_end = client
+        .pull_with("lost", 0, 15, 32, Duration::ZERO, &[], "", old_run)
+        .await
+        .unwrap();
+    assert_eq!(at_end.messages.len(), 5, "from the recovered end: served");
+    client
+        .commit_offset_from("g", "lost", 0, 18, new_run)
+        .await
+        .unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(18));
+    client.commit_offset("g", "lost", 0, 20).await.unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(20));
     assert!(
         broker
             .stderr()

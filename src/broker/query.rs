@@ -22,8 +22,17 @@ pub const KEY_LOOKUP_MESSAGES_MAX: u32 = 1024;
 impl ShardCtx {
     /// `CommitOffset`: kept in memory and appended to the offsets file; fdatasynced before
     /// the answer in sync flush mode.
-    pub(super) async fn commit_offset(self: Rc<Self>, m: CommitOffset) -> Result<Empty, ErrorBody> {
+    pub(super) async fn commit_offset(
+        self: Rc<Self>,
+        mut m: CommitOffset,
+    ) -> Result<Empty, ErrorBody> {
         self.known_queue(&m.topic, m.queue_id)?;
+        // A position from an earlier run, past where the queue ended at this run's start:
+        // what the committer read past that end, a crash lost, and the offsets hold other
+        // messages now (see `pull`). Stored as that end, or the group would skip them.
+        if m.incarnation != 0 && m.incarnation != self.incarnation {
+            m.offset = m.offset.min(self.store.started_end(&m.topic, m.queue_id));
+        }
         // Past the queue's end, a commit would make the group skip what is stored next.
         let (_, max) = self
             .store

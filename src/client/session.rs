@@ -291,9 +291,12 @@ impl Client {
     }
 
     /// A pull with a tag filter, an SQL92 filter (empty: none), or both; `incarnation`: the
-    /// [`PullResult::incarnation`] of the last answer about this queue read (0: none).
+    /// [`PullResult::incarnation`] of the last answer about this queue whose position the
+    /// caller follows (0: none). A caller that keeps its own positions passes it, so that a
+    /// broker that lost (in a crash) records the caller read sends it back to where the
+    /// queue ended (`OffsetTooBig`) instead of serving other messages at those offsets.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn pull_with(
+    pub async fn pull_with(
         &self,
         topic: &str,
         queue_id: u32,
@@ -358,12 +361,28 @@ impl Client {
         queue_id: u32,
         offset: u64,
     ) -> Result<()> {
+        self.commit_offset_from(group, topic, queue_id, offset, 0)
+            .await
+    }
+
+    /// [`commit_offset`](Self::commit_offset) of a position that comes from broker run
+    /// `incarnation` ([`PullResult::incarnation`]; 0: unknown): from an earlier run, an
+    /// offset past where the queue ended at the broker's start is stored as that end.
+    pub async fn commit_offset_from(
+        &self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        incarnation: u64,
+    ) -> Result<()> {
         check_topic(topic)?;
         let request = CommitOffset {
             group: group.to_owned(),
             topic: topic.to_owned(),
             queue_id,
             offset,
+            incarnation,
         };
         let reply = self
             .call(Route::Queue { topic, queue_id }, &request)

@@ -377,6 +377,10 @@ wire_type! {
         pub topic: String,
         pub queue_id: u32,
         pub offset: u64,
+        /// As [`Pull::incarnation`]: the broker run the committer's position comes from (0:
+        /// unknown). From an earlier run, an offset past the queue's end at this run's start
+        /// is stored as that end (what the committer read past it, a crash lost).
+        pub incarnation: u64,
     }
 }
 

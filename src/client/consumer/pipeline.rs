@@ -107,6 +107,14 @@ impl PullPipeline {
         self.in_flight.clear();
         self.ahead = position;
     }
+
+    /// A pull failed: as [`restart`](Self::restart), and the queue's end is no longer
+    /// known (the broker may have restarted with a shorter queue): one pull at a time
+    /// until an answer says where the queue ends.
+    pub(crate) fn restart_after_error(&mut self, position: u64) {
+        self.restart(position);
+        self.known_end = 0;
+    }
 }
 
 #[cfg(test)]
@@ -133,6 +141,16 @@ mod tests {
             p.sent(start);
         }
         assert_eq!(p.next_pull(0, 1000), None, "depth 4 reached");
+        // After a failed pull, the end is unknown again: one pull at a time.
+        let mut e = p.clone();
+        e.restart_after_error(132);
+        assert_eq!(e.next_pull(0, 1000), Some(132));
+        e.sent(132);
+        assert_eq!(
+            e.next_pull(0, 1000),
+            None,
+            "pulled ahead past an end not known"
+        );
         assert_eq!(p.in_flight(), 4);
         // Answers in order move the position; the next pulls follow.
         assert_eq!(p.answered(132), Verdict::Use);

@@ -42,7 +42,13 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
         None => {
             shared
                 .client
-                .commit_offset(&shared.group, &pq.mq.topic, pq.mq.queue_id, point)
+                .commit_offset_from(
+                    &shared.group,
+                    &pq.mq.topic,
+                    pq.mq.queue_id,
+                    point,
+                    pq.incarnation.load(Ordering::SeqCst),
+                )
                 .await?
         }
     }
@@ -330,7 +336,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                     failing = true;
                 }
                 in_flight.cancel_all();
-                pipeline.restart(next);
+                pipeline.restart_after_error(next);
                 sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
                 continue;
             }

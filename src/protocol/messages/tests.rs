@@ -205,6 +205,7 @@ fn sample_requests() -> Vec<Request> {
             topic: "orders".into(),
             queue_id: 7,
             offset: u64::MAX,
+            incarnation: 9,
         }
         .into(),
         QueryOffset {

@@ -67,8 +67,9 @@ prop_compose! {
         topic in arb_text(),
         queue_id: u32,
         offset: u64,
+        incarnation: u64,
     ) -> CommitOffset {
-        CommitOffset { group, topic, queue_id, offset }
+        CommitOffset { group, topic, queue_id, offset, incarnation }
     }
 }
 
