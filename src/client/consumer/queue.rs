@@ -376,10 +376,17 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             .collect();
         {
             let mut state = pq.state();
+            // Concurrent: each message goes to a listener now, and each is counted until done
+            // (two at one offset after the broker moved the position back). Orderly: the
+            // queue's task consumes from the cache, one message per offset.
+            let to_listener_now = matches!(shared.listener, Listener::Concurrent(_));
             for m in &messages {
-                state
-                    .tracker
-                    .insert(m.queue_offset(), m.as_bytes().len() as u64, m.clone());
+                let (offset, bytes) = (m.queue_offset(), m.as_bytes().len() as u64);
+                if to_listener_now {
+                    state.tracker.insert_in_flight(offset, bytes, m.clone());
+                } else {
+                    state.tracker.insert(offset, bytes, m.clone());
+                }
             }
             let after_last = messages.last().map_or(0, |m| m.queue_offset() + 1);
             let position = match pulled.status {

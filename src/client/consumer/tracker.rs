@@ -22,6 +22,8 @@ pub(crate) struct OffsetTracker<T> {
 struct Entry<T> {
     item: T,
     bytes: u64,
+    /// Messages at this offset in flight besides `item` ([`OffsetTracker::insert_in_flight`]).
+    more: u32,
 }
 
 impl<T> Default for OffsetTracker<T> {
@@ -49,16 +51,43 @@ impl<T: Clone> OffsetTracker<T> {
         if self.entries.contains_key(&offset) {
             return false;
         }
-        self.entries.insert(offset, Entry { item, bytes });
+        self.entries.insert(
+            offset,
+            Entry {
+                item,
+                bytes,
+                more: 0,
+            },
+        );
         self.bytes += bytes;
         true
     }
 
+    /// Caches a pulled message that goes to a listener at once (concurrent mode). A second
+    /// message at a cached offset comes after the broker moved the position back over
+    /// messages still in flight (a crash lost them, and their offsets hold others now): it
+    /// is counted, and the offset stays cached (holding the commit point) until each
+    /// message there is done.
+    pub(crate) fn insert_in_flight(&mut self, offset: u64, bytes: u64, item: T) {
+        match self.entries.get_mut(&offset) {
+            Some(entry) => entry.more += 1,
+            None => {
+                self.insert(offset, bytes, item);
+            }
+        }
+    }
+
     /// Marks a message done (consumed, or given up). False when it was not cached.
     pub(crate) fn remove(&mut self, offset: u64) -> bool {
-        match self.entries.remove(&offset) {
-            Some(entry) => {
-                self.bytes -= entry.bytes;
+        match self.entries.get_mut(&offset) {
+            Some(entry) if entry.more > 0 => {
+                entry.more -= 1;
+                true
+            }
+            Some(_) => {
+                if let Some(entry) = self.entries.remove(&offset) {
+                    self.bytes -= entry.bytes;
+                }
                 true
             }
             None => false,
@@ -178,6 +207,25 @@ mod tests {
         assert_eq!(OffsetTracker::<u64>::default().commit_point(), None);
         // A pull position moved back below cached messages never lets the commit pass it.
         assert_eq!(tracker(7, &[10, 11]).commit_point(), Some(7));
+    }
+
+    #[test]
+    fn a_second_message_at_a_cached_offset_holds_the_commit_point_until_both_are_done() {
+        let mut t = OffsetTracker::default();
+        t.set_next_pull(15);
+        t.insert_in_flight(15, 10, "lost, still being consumed");
+        t.set_next_pull(20);
+        // The broker sends the position back to 15: another message is stored there now.
+        t.set_next_pull(15);
+        t.insert_in_flight(15, 10, "new");
+        t.set_next_pull(16);
+        assert_eq!(t.len(), 1);
+        assert!(t.remove(15), "the first of the two is done");
+        assert_eq!(t.commit_point(), Some(15), "the other is still in flight");
+        assert!(t.remove(15));
+        assert_eq!(t.commit_point(), Some(16));
+        assert_eq!((t.len(), t.bytes()), (0, 0));
+        assert!(!t.remove(15));
     }
 
     #[test]
