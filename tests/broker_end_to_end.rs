@@ -839,6 +839,23 @@ async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_t
     }
     drop(producer);
     let bodies: Arc<Mutex<Vec<String>>> = Arc::default();
+    // Signalled after each delivery (a permit is kept when nobody waits: no wake-up lost).
+    let delivered = Arc::new(tokio::sync::Notify::new());
+    // Waits, woken by deliveries, until what was consumed passes `done`; 30 s at most.
+    let consumed = |what: &'static str, done: fn(&[String]) -> bool| {
+        let (bodies, delivered) = (bodies.clone(), delivered.clone());
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !done(&bodies.lock().unwrap()) {
+                let woken = tokio::time::timeout_at(deadline, delivered.notified()).await;
+                assert!(
+                    woken.is_ok(),
+                    "gave up waiting: {what}; consumed {:?}",
+                    bodies.lock().unwrap()
+                );
+            }
+        }
+    };
     let consumer = PushConsumer::new(
         config(&addr, true),
         "g",
@@ -852,24 +869,20 @@ async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_t
     )
     .unwrap();
     consumer.subscribe("lost", "*").unwrap();
-    let log = bodies.clone();
+    let (log, wake) = (bodies.clone(), delivered.clone());
     consumer
         .register_concurrent(move |messages| {
-            let mut log = log.lock().unwrap();
-            log.extend(
+            log.lock().unwrap().extend(
                 messages
                     .iter()
                     .map(|m| String::from_utf8_lossy(m.body()).into_owned()),
             );
+            wake.notify_one();
             ConsumeStatus::Success
         })
         .unwrap();
     consumer.start().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while bodies.lock().unwrap().len() < 20 {
-        assert!(Instant::now() < deadline, "the first 20 were not consumed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    consumed("the first 20", |b| b.len() >= 20).await;
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
     assert_eq!(broker.addr_string(), addr);
     let producer = Producer::connect(config(&addr, true)).await.unwrap();
@@ -878,25 +891,11 @@ async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_t
         let r = producer.send("lost", m).await.unwrap();
         assert_eq!(r.queue_offset, 15 + i);
     }
-    let want: Vec<String> = (0..10).map(|i| format!("new-{i}")).collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got: Vec<String> = bodies
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|b| b.starts_with("new-"))
-            .cloned()
-            .collect();
-        if want.iter().all(|w| got.contains(w)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "new messages not consumed: got {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Every new message, new-0..new-9 (stored at 15..24).
+    consumed("the ten new messages", |b| {
+        (0..10).all(|i| b.iter().any(|m| *m == format!("new-{i}")))
+    })
+    .await;
     consumer.shutdown().await.unwrap();
 }
 

@@ -204,7 +204,7 @@ impl ShardCtx {
                         min_offset: r.min_offset,
                         max_offset: r.max_offset,
                         count: r.len() as u32,
-                        incarnation: self.incarnation,
+                        incarnation,
                     };
                     // The records follow the head from where the store read them.
                     let head = records_head(request_id, &meta, bytes)?;

@@ -7,6 +7,7 @@
 //! or the next offset to pull when nothing is cached. Everything below it is done, so a
 //! crash after the commit re-delivers what was in flight and never skips a message.
 
+use std::collections::btree_map::Entry as Slot;
 use std::collections::BTreeMap;
 
 /// Pulled messages of one queue, by queue offset, with their total size.
@@ -79,19 +80,15 @@ impl<T: Clone> OffsetTracker<T> {
 
     /// Marks a message done (consumed, or given up). False when it was not cached.
     pub(crate) fn remove(&mut self, offset: u64) -> bool {
-        match self.entries.get_mut(&offset) {
-            Some(entry) if entry.more > 0 => {
-                entry.more -= 1;
-                true
-            }
-            Some(_) => {
-                if let Some(entry) = self.entries.remove(&offset) {
-                    self.bytes -= entry.bytes;
-                }
-                true
-            }
-            None => false,
+        let Slot::Occupied(mut slot) = self.entries.entry(offset) else {
+            return false;
+        };
+        if slot.get().more > 0 {
+            slot.get_mut().more -= 1;
+        } else {
+            self.bytes -= slot.remove().bytes;
         }
+        true
     }
 
     /// The offset the group may commit: the smallest offset still cached, else the next
