@@ -35,6 +35,21 @@ struct FileEntry {
     topic: String,
     queue_id: u32,
     offset: u64,
+    /// The broker run the offset was read under ([`Position::incarnation`]); absent in
+    /// files written before it was kept (0: unknown).
+    #[serde(default)]
+    incarnation: u64,
+}
+
+/// A queue's position as kept in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub offset: u64,
+    /// The broker run (`PullResult::incarnation`) the offset was read under, 0 when
+    /// unknown. A consumer that starts from it names that run in its pulls, so a broker
+    /// that lost records past the offset in a crash sends it back to where the queue ended
+    /// (the local twin of what the broker does to committed offsets at its start).
+    pub incarnation: u64,
 }
 
 /// The local offsets of one (client id, group).
@@ -43,7 +58,7 @@ pub(crate) struct LocalOffsets {
     path: PathBuf,
     group: String,
     client_id: String,
-    offsets: Mutex<BTreeMap<MessageQueue, u64>>,
+    offsets: Mutex<BTreeMap<MessageQueue, Position>>,
     dirty: AtomicBool,
 }
 
@@ -149,7 +164,11 @@ impl LocalOffsets {
                     )));
                 }
                 for e in body.offsets {
-                    offsets.insert(MessageQueue::new(e.topic, e.queue_id), e.offset);
+                    let position = Position {
+                        offset: e.offset,
+                        incarnation: e.incarnation,
+                    };
+                    offsets.insert(MessageQueue::new(e.topic, e.queue_id), position);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -169,15 +188,15 @@ impl LocalOffsets {
         &self.path
     }
 
-    pub(crate) fn get(&self, queue: &MessageQueue) -> Option<u64> {
+    pub(crate) fn get(&self, queue: &MessageQueue) -> Option<Position> {
         self.lock().get(queue).copied()
     }
 
     /// Records a queue's position; written to disk by the next [`flush`](Self::flush).
-    pub(crate) fn set(&self, queue: &MessageQueue, offset: u64) {
+    pub(crate) fn set(&self, queue: &MessageQueue, position: Position) {
         let mut offsets = self.lock();
-        if offsets.get(queue) != Some(&offset) {
-            offsets.insert(queue.clone(), offset);
+        if offsets.get(queue) != Some(&position) {
+            offsets.insert(queue.clone(), position);
             self.dirty.store(true, Ordering::SeqCst);
         }
     }
@@ -198,10 +217,11 @@ impl LocalOffsets {
             offsets: self
                 .lock()
                 .iter()
-                .map(|(q, offset)| FileEntry {
+                .map(|(q, position)| FileEntry {
                     topic: q.topic.clone(),
                     queue_id: q.queue_id,
-                    offset: *offset,
+                    offset: position.offset,
+                    incarnation: position.incarnation,
                 })
                 .collect(),
         };
@@ -238,7 +258,7 @@ impl LocalOffsets {
         written
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<MessageQueue, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<MessageQueue, Position>> {
         // Nothing panics while holding it; a poisoned map still holds valid offsets.
         self.offsets.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -248,22 +268,33 @@ impl LocalOffsets {
 mod tests {
     use super::*;
 
+    fn at(offset: u64) -> Position {
+        Position {
+            offset,
+            incarnation: 0,
+        }
+    }
+
     #[test]
     fn offsets_survive_a_reopen_and_names_stay_apart() {
         let dir = tempfile::tempdir().unwrap();
         let q = |t: &str, n| MessageQueue::new(t, n);
         let store = LocalOffsets::open(dir.path(), "client/1", "group a").unwrap();
         assert_eq!(store.get(&q("t", 0)), None);
-        store.set(&q("t", 0), 5);
-        store.set(&q("t", 3), 7);
+        store.set(&q("t", 0), at(5));
+        let read_under_run_9 = Position {
+            offset: 7,
+            incarnation: 9,
+        };
+        store.set(&q("t", 3), read_under_run_9);
         store.flush().unwrap();
-        store.set(&q("t", 0), 6);
+        store.set(&q("t", 0), at(6));
         store.flush().unwrap();
         assert!(store.path().starts_with(dir.path()));
 
         let again = LocalOffsets::open(dir.path(), "client/1", "group a").unwrap();
-        assert_eq!(again.get(&q("t", 0)), Some(6));
-        assert_eq!(again.get(&q("t", 3)), Some(7));
+        assert_eq!(again.get(&q("t", 0)), Some(at(6)));
+        assert_eq!(again.get(&q("t", 3)), Some(read_under_run_9));
         // Another client id or group: another file.
         let other = LocalOffsets::open(dir.path(), "client_1", "group a").unwrap();
         assert_eq!(other.get(&q("t", 0)), None);
@@ -278,7 +309,7 @@ mod tests {
     fn a_dead_writers_temporary_file_is_removed_at_open_and_a_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
-        store.set(&MessageQueue::new("t", 0), 4);
+        store.set(&MessageQueue::new("t", 0), at(4));
         store.flush().unwrap();
         // No process has this id (above any pid_max); this test's process is alive.
         let dead = temp_path(store.path(), 999_999_999);
@@ -286,7 +317,7 @@ mod tests {
         std::fs::write(&dead, b"{").unwrap();
         std::fs::write(&live, b"{").unwrap();
         let again = LocalOffsets::open(dir.path(), "c", "g").unwrap();
-        assert_eq!(again.get(&MessageQueue::new("t", 0)), Some(4));
+        assert_eq!(again.get(&MessageQueue::new("t", 0)), Some(at(4)));
         assert!(
             !dead.exists(),
             "a dead writer's file stays: {}",
@@ -299,12 +330,27 @@ mod tests {
     fn a_damaged_file_is_refused_with_its_path() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
-        store.set(&MessageQueue::new("t", 0), 1);
+        store.set(&MessageQueue::new("t", 0), at(1));
         store.flush().unwrap();
         std::fs::write(store.path(), b"{not json").unwrap();
         match LocalOffsets::open(dir.path(), "c", "g") {
             Err(ClientError::OffsetStore(why)) => assert!(why.contains("offsets.json"), "{why}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_file_written_before_runs_were_kept_reads_with_an_unknown_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = LocalOffsets::open(dir.path(), "c", "g")
+            .unwrap()
+            .path()
+            .to_owned();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let old = r#"{"version":1,"group":"g","client_id":"c",
+            "offsets":[{"topic":"t","queue_id":2,"offset":11}]}"#;
+        std::fs::write(&path, old).unwrap();
+        let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        assert_eq!(store.get(&MessageQueue::new("t", 2)), Some(at(11)));
     }
 }

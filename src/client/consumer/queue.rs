@@ -17,6 +17,7 @@ use crate::protocol::PullStatus;
 use super::super::error::Result;
 use super::super::message::Message;
 use super::super::session::PullResult;
+use super::local_offsets::Position;
 use super::pipeline::{PullPipeline, Verdict};
 use super::{
     add, AnyListener, ConcurrentListener, ConsumeFrom, ConsumeStatus, Listener, MessageQueue,
@@ -38,7 +39,13 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
         }
     };
     match &shared.local {
-        Some(local) => local.set(&pq.mq, point),
+        Some(local) => local.set(
+            &pq.mq,
+            Position {
+                offset: point,
+                incarnation: pq.incarnation.load(Ordering::SeqCst),
+            },
+        ),
         None => {
             shared
                 .client
@@ -101,20 +108,40 @@ fn describe(mq: &MessageQueue, offsets: &[u64]) -> String {
     }
 }
 
+/// Where a queue starts.
+struct Start {
+    offset: u64,
+    /// From a commit (else from `consume_from`).
+    committed: bool,
+    /// The broker run the offset was read under, when known (broadcasting's local
+    /// offsets; the broker lowers its own committed offsets at its start instead).
+    incarnation: u64,
+}
+
 /// Where a queue starts: the committed offset (the broker's, or the local file's in
-/// broadcasting), else `consume_from`. The second value says it came from a commit.
-async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<(u64, bool)> {
+/// broadcasting), else `consume_from`.
+async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
     let committed = match &shared.local {
         Some(local) => local.get(mq),
-        None => {
-            shared
-                .client
-                .query_offset(&shared.group, &mq.topic, mq.queue_id)
-                .await?
-        }
+        None => shared
+            .client
+            .query_offset(&shared.group, &mq.topic, mq.queue_id)
+            .await?
+            .map(|offset| Position {
+                offset,
+                incarnation: 0,
+            }),
     };
-    if let Some(offset) = committed {
-        return Ok((offset, true));
+    if let Some(Position {
+        offset,
+        incarnation,
+    }) = committed
+    {
+        return Ok(Start {
+            offset,
+            committed: true,
+            incarnation,
+        });
     }
     let client = &shared.client;
     // A retry topic always starts at its first message: what waits there was sent back
@@ -136,7 +163,11 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<(u64, bool)>
                 .await?
         }
     };
-    Ok((offset, false))
+    Ok(Start {
+        offset,
+        committed: false,
+        incarnation: 0,
+    })
 }
 
 /// One pull of `pq` at `offset`, running on its own task so that several can be in
@@ -239,11 +270,14 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     else {
         return;
     };
+    // The first pull names the run the position was read under: a broker that lost what
+    // lay past it in a crash answers with where the queue ended instead.
+    pq.incarnation.store(start.incarnation, Ordering::SeqCst);
     {
         let mut state = pq.state();
-        state.tracker.set_next_pull(start.0);
-        if start.1 {
-            state.committed = Some(start.0);
+        state.tracker.set_next_pull(start.offset);
+        if start.committed {
+            state.committed = Some(start.offset);
         }
     }
     // A start taken from `consume_from` is committed before the first pull: a member that
@@ -251,7 +285,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     // `consume_from` (the end of the queue, by default), skipping what came in between.
     // Until it is, the queue waits (a group whose offsets the broker refuses is not
     // consumed unrecorded).
-    if !start.1
+    if !start.committed
         && until_done(&shared, &pq, "committing where", false, || {
             commit_queue(&shared, &pq)
         })
@@ -267,7 +301,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     let mut pipeline = PullPipeline::new(
         shared.options.pulls_in_flight_max,
         shared.options.pull_batch_max,
-        start.0,
+        start.offset,
     );
     let mut in_flight = InFlight(VecDeque::new());
     loop {
@@ -376,17 +410,12 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             .collect();
         {
             let mut state = pq.state();
-            // Concurrent: each message goes to a listener now, and each is counted until done
-            // (two at one offset after the broker moved the position back). Orderly: the
-            // queue's task consumes from the cache, one message per offset.
-            let to_listener_now = matches!(shared.listener, Listener::Concurrent(_));
+            // Each is counted until done (concurrent: it goes to a listener now; orderly: the
+            // queue's task consumes from the cache), two at one offset after the broker moved
+            // the position back each in turn.
             for m in &messages {
                 let (offset, bytes) = (m.queue_offset(), m.as_bytes().len() as u64);
-                if to_listener_now {
-                    state.tracker.insert_in_flight(offset, bytes, m.clone());
-                } else {
-                    state.tracker.insert(offset, bytes, m.clone());
-                }
+                state.tracker.insert(offset, bytes, m.clone());
             }
             let after_last = messages.last().map_or(0, |m| m.queue_offset() + 1);
             let position = match pulled.status {

@@ -23,8 +23,10 @@ pub(crate) struct OffsetTracker<T> {
 struct Entry<T> {
     item: T,
     bytes: u64,
-    /// Messages at this offset in flight besides `item` ([`OffsetTracker::insert_in_flight`]).
-    more: u32,
+    /// Messages pulled at this offset after `item`, oldest first, with their sizes: the
+    /// broker moved the position back over cached messages (a crash lost them, and their
+    /// offsets hold other messages now). Each is done after the ones before it.
+    later: Vec<(T, u64)>,
 }
 
 impl<T> Default for OffsetTracker<T> {
@@ -46,47 +48,36 @@ impl<T: Clone> OffsetTracker<T> {
         self.next_pull = Some(offset);
     }
 
-    /// Caches a pulled message. A second insert of a cached offset is ignored (false): a
-    /// message is in flight at most once per consumer.
-    pub(crate) fn insert(&mut self, offset: u64, bytes: u64, item: T) -> bool {
-        if self.entries.contains_key(&offset) {
-            return false;
-        }
-        self.entries.insert(
-            offset,
-            Entry {
-                item,
-                bytes,
-                more: 0,
-            },
-        );
-        self.bytes += bytes;
-        true
-    }
-
-    /// Caches a pulled message that goes to a listener at once (concurrent mode). A second
-    /// message at a cached offset comes after the broker moved the position back over
-    /// messages still in flight (a crash lost them, and their offsets hold others now): it
-    /// is counted, and the offset stays cached (holding the commit point) until each
-    /// message there is done.
-    pub(crate) fn insert_in_flight(&mut self, offset: u64, bytes: u64, item: T) {
-        match self.entries.get_mut(&offset) {
-            Some(entry) => entry.more += 1,
-            None => {
-                self.insert(offset, bytes, item);
+    /// Caches a pulled message. A second message at a cached offset comes after the broker
+    /// moved the position back over messages still cached (a crash lost them, and their
+    /// offsets hold others now): it is queued behind the first, and the offset stays cached
+    /// (holding the commit point) until each message there is done, in the order pulled.
+    pub(crate) fn insert(&mut self, offset: u64, bytes: u64, item: T) {
+        match self.entries.entry(offset) {
+            Slot::Occupied(mut slot) => slot.get_mut().later.push((item, bytes)),
+            Slot::Vacant(slot) => {
+                slot.insert(Entry {
+                    item,
+                    bytes,
+                    later: Vec::new(),
+                });
             }
         }
+        self.bytes += bytes;
     }
 
-    /// Marks a message done (consumed, or given up). False when it was not cached.
+    /// Marks the first message cached at `offset` done (consumed, or given up); the next one
+    /// there, if any, comes first now. False when nothing was cached there.
     pub(crate) fn remove(&mut self, offset: u64) -> bool {
         let Slot::Occupied(mut slot) = self.entries.entry(offset) else {
             return false;
         };
-        if slot.get().more > 0 {
-            slot.get_mut().more -= 1;
+        let entry = slot.get_mut();
+        self.bytes -= entry.bytes;
+        if entry.later.is_empty() {
+            slot.remove();
         } else {
-            self.bytes -= slot.remove().bytes;
+            (entry.item, entry.bytes) = entry.later.remove(0);
         }
         true
     }
@@ -121,7 +112,8 @@ impl<T: Clone> OffsetTracker<T> {
         }
     }
 
-    /// The first `n` cached messages, in offset order (what an orderly queue consumes next).
+    /// The first `n` cached messages, in offset order, the first pulled of each offset (what
+    /// an orderly queue consumes next).
     pub(crate) fn first(&self, n: usize) -> Vec<(u64, T)> {
         self.entries
             .iter()
@@ -174,7 +166,7 @@ mod tests {
     fn tracker(next: u64, offsets: &[u64]) -> OffsetTracker<u64> {
         let mut t = OffsetTracker::default();
         for &o in offsets {
-            assert!(t.insert(o, 10, o));
+            t.insert(o, 10, o);
         }
         t.set_next_pull(next);
         t
@@ -210,19 +202,52 @@ mod tests {
     fn a_second_message_at_a_cached_offset_holds_the_commit_point_until_both_are_done() {
         let mut t = OffsetTracker::default();
         t.set_next_pull(15);
-        t.insert_in_flight(15, 10, "lost, still being consumed");
+        t.insert(15, 10, "lost, still being consumed");
         t.set_next_pull(20);
         // The broker sends the position back to 15: another message is stored there now.
         t.set_next_pull(15);
-        t.insert_in_flight(15, 10, "new");
+        t.insert(15, 7, "new");
         t.set_next_pull(16);
-        assert_eq!(t.len(), 1);
+        assert_eq!((t.len(), t.bytes()), (1, 17));
         assert!(t.remove(15), "the first of the two is done");
         assert_eq!(t.commit_point(), Some(15), "the other is still in flight");
         assert!(t.remove(15));
         assert_eq!(t.commit_point(), Some(16));
         assert_eq!((t.len(), t.bytes()), (0, 0));
         assert!(!t.remove(15));
+    }
+
+    /// Orderly: messages cached, not yet consumed, at offsets the broker then moved the
+    /// position back over. The new messages pulled at those offsets are consumed after them
+    /// (before, the new ones were dropped as duplicates and the queue moved past them).
+    #[test]
+    fn messages_pulled_again_at_cached_offsets_are_consumed_after_the_cached_ones() {
+        let mut t = OffsetTracker::default();
+        for o in 15..18 {
+            t.insert(o, 10, format!("lost-{o}"));
+        }
+        t.set_next_pull(15);
+        for o in 15..18 {
+            t.insert(o, 10, format!("new-{o}"));
+        }
+        t.set_next_pull(18);
+        let names = |batch: Vec<(u64, String)>| batch.into_iter().map(|(_, m)| m).collect();
+        let firsts: Vec<String> = names(t.first(10));
+        assert_eq!(firsts, ["lost-15", "lost-16", "lost-17"]);
+        for o in 15..18 {
+            assert!(t.remove(o));
+        }
+        assert_eq!(
+            t.commit_point(),
+            Some(15),
+            "the new ones are not consumed yet"
+        );
+        let firsts: Vec<String> = names(t.first(10));
+        assert_eq!(firsts, ["new-15", "new-16", "new-17"]);
+        for o in 15..18 {
+            assert!(t.remove(o));
+        }
+        assert_eq!((t.commit_point(), t.len(), t.bytes()), (Some(18), 0, 0));
     }
 
     #[test]
@@ -243,8 +268,6 @@ mod tests {
     fn size_and_span_follow_inserts_and_removals() {
         let mut t = tracker(0, &[5, 9, 2000]);
         assert_eq!((t.len(), t.bytes(), t.span()), (3, 30, 1995));
-        assert!(!t.insert(9, 10, 9), "an offset is cached once");
-        assert_eq!(t.bytes(), 30);
         assert!(!t.remove(6));
         t.remove(5);
         assert_eq!((t.len(), t.bytes(), t.span()), (2, 20, 1991));

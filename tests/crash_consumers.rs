@@ -1,0 +1,286 @@
+//! Consumers across a broker crash that lost the unsynced tail of an async log (played by
+//! cutting the log after a SIGKILL): committed offsets, consumers that stay up, and
+//! broadcasting consumers' local offsets past the loss are moved back to where the queue
+//! ended, so the messages stored there next are consumed, never skipped.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::broker::BrokerProcess;
+use ringmq::client::{
+    ClientConfig, ConsumeFrom, ConsumeStatus, MessageModel, OutgoingMessage, Producer, PullStatus,
+    PushConsumer, PushConsumerOptions,
+};
+use tokio::sync::Notify;
+
+fn config(addr: &str, shard_aware: bool) -> ClientConfig {
+    let mut c = ClientConfig::new(addr.to_owned());
+    c.shard_aware = shard_aware;
+    c.request_timeout_ms = 10_000;
+    c
+}
+
+/// SIGKILLs the (one-shard) broker, cuts its first log segment at `physical_offset` (what a
+/// machine crash does to an async log's unsynced tail) and starts it again.
+fn crash_losing_from(broker: &mut BrokerProcess, data: &std::path::Path, physical_offset: u64) {
+    broker.kill();
+    let log = data
+        .join("shard-0")
+        .join("commitlog")
+        .join(format!("{:020}", 0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(physical_offset)
+        .unwrap();
+    broker.restart();
+}
+
+/// A machine that stops can lose the records an async-flush log had not synced, after a
+/// consumer read them and committed past them. At the next start the committed offset is
+/// lowered to the queue's recovered end: the messages stored there next are consumed, not
+/// skipped. (The loss is played by cutting the log after a SIGKILL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let sent = send_old(&broker.addr_string(), 20).await;
+    let producer = Producer::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    producer
+        .client()
+        .commit_offset("g", "lost", 0, 20)
+        .await
+        .unwrap();
+    // The run a position read before the crash comes from.
+    let old_run = producer
+        .client()
+        .pull("lost", 0, 19, 1, Duration::ZERO, &[])
+        .await
+        .unwrap()
+        .incarnation;
+    drop(producer);
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    let producer = Producer::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    let client = producer.client().clone();
+    assert_eq!(client.max_offset("lost", 0).await.unwrap(), 15);
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
+    // New messages take offsets 15..; the group reads them from its committed offset.
+    for i in 0..5 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        producer.send("lost", m).await.unwrap();
+    }
+    let pulled = client
+        .pull("lost", 0, 15, 32, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    let bodies: Vec<_> = pulled.messages.iter().map(|m| m.body().to_vec()).collect();
+    let want: Vec<_> = (0..5).map(|i| format!("new-{i}").into_bytes()).collect();
+    assert_eq!(bodies, want);
+    let new_run = pulled.incarnation;
+    assert_ne!(new_run, old_run, "a restart is a new run");
+    // A position read before the crash, committed or pulled now that the queue holds new
+    // messages there: the committed offset stays at the recovered end, the pull is sent
+    // back to it. The same position from the new run (or from no known run) is taken.
+    client
+        .commit_offset_from("g", "lost", 0, 20, old_run)
+        .await
+        .unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
+    let stale = client
+        .pull_with("lost", 0, 18, 32, Duration::ZERO, &[], "", old_run)
+        .await
+        .unwrap();
+    assert_eq!(
+        (stale.status, stale.next_offset, stale.messages.len()),
+        (PullStatus::OffsetTooBig, 15, 0)
+    );
+    let at_end = client
+        .pull_with("lost", 0, 15, 32, Duration::ZERO, &[], "", old_run)
+        .await
+        .unwrap();
+    assert_eq!(at_end.messages.len(), 5, "from the recovered end: served");
+    client
+        .commit_offset_from("g", "lost", 0, 18, new_run)
+        .await
+        .unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(18));
+    client.commit_offset("g", "lost", 0, 20).await.unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(20));
+    assert!(
+        broker
+            .stderr()
+            .contains("committed offsets were past their queue's end"),
+        "{}",
+        broker.stderr()
+    );
+}
+
+/// The same loss, seen by a consumer that stays up through the broker's restart: its
+/// position (20) is past the recovered end (15), and producers refill the queue past it
+/// before its next pull. The broker tells it by the run its last answer came from: it goes
+/// back to 15 and consumes every new message (before, it went on from 20 and skipped the
+/// five stored at 15..19).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // A port whose direct port (port + 1, the one shard's) is free too.
+    let port = loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        drop(l);
+        if p < 60_000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            break p;
+        }
+    };
+    let listen = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut broker = BrokerProcess::start_on(listen, &data, 1, &["--flush", "sync"]);
+    let addr = broker.addr_string();
+    let sent = send_old(&addr, 20).await;
+    let consumer = Collector::default().start(&addr, clustering()).await;
+    consumer.wait_for("the first 20", |b| b.len() >= 20).await;
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    assert_eq!(broker.addr_string(), addr);
+    let producer = Producer::connect(config(&addr, true)).await.unwrap();
+    for i in 0..10 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        let r = producer.send("lost", m).await.unwrap();
+        assert_eq!(r.queue_offset, 15 + i);
+    }
+    // Every new message, new-0..new-9 (stored at 15..24).
+    consumer.wait_for("the ten new messages", all_new).await;
+    consumer.consumer.shutdown().await.unwrap();
+}
+
+/// The loss seen by a broadcasting consumer: it read the 20 first messages, kept its
+/// position (20) in its local offsets file and stopped; the broker lost 15..19 in a crash
+/// and producers refilled the queue past 20. Restarted, it names the broker run its
+/// position was read under, goes back to 15 and consumes every new message (before, it
+/// went on from 20 and skipped the five stored at 15..19).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcasting_consumer_restarted_after_a_crash_consumes_what_is_stored_past_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let sent = send_old(&broker.addr_string(), 20).await;
+    let options = PushConsumerOptions {
+        message_model: MessageModel::Broadcasting,
+        offsets_dir: Some(dir.path().join("offsets")),
+        ..clustering()
+    };
+    let first = Collector::default()
+        .start(&broker.addr_string(), options.clone())
+        .await;
+    first.wait_for("the first 20", |b| b.len() >= 20).await;
+    // Stopping writes the position (20) to the local offsets file.
+    first.consumer.shutdown().await.unwrap();
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    let producer = Producer::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        assert_eq!(producer.send("lost", m).await.unwrap().queue_offset, 15 + i);
+    }
+    let again = Collector::default()
+        .start(&broker.addr_string(), options)
+        .await;
+    again.wait_for("the ten new messages", all_new).await;
+    let bodies = again.bodies.lock().unwrap().clone();
+    assert!(
+        bodies.iter().all(|b| b.starts_with("new-")),
+        "from the recovered end, not from the start: {bodies:?}"
+    );
+    again.consumer.shutdown().await.unwrap();
+}
+
+/// Creates the one-queue topic `lost` and sends `old-0..old-{n-1}` to it.
+async fn send_old(addr: &str, n: usize) -> Vec<ringmq::client::SendResult> {
+    let producer = Producer::connect(config(addr, true)).await.unwrap();
+    producer.client().create_topic("lost", 1).await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..n {
+        let m = OutgoingMessage::new(format!("old-{i}"));
+        sent.push(producer.send("lost", m).await.unwrap());
+    }
+    sent
+}
+
+fn all_new(bodies: &[String]) -> bool {
+    (0..10).all(|i| bodies.iter().any(|m| *m == format!("new-{i}")))
+}
+
+fn clustering() -> PushConsumerOptions {
+    PushConsumerOptions {
+        consume_from: ConsumeFrom::FirstOffset,
+        pull_wait_ms: 500,
+        // Long enough for a restart and a refill to come before the next pull.
+        pull_error_backoff_ms: 3_000,
+        ..Default::default()
+    }
+}
+
+/// A push consumer of `lost` in group `g` that keeps the bodies it is given.
+#[derive(Default)]
+struct Collector {
+    bodies: Arc<Mutex<Vec<String>>>,
+    /// Signalled after each delivery (a permit is kept when nobody waits: no wake-up lost).
+    delivered: Arc<Notify>,
+}
+
+struct Started {
+    consumer: PushConsumer,
+    bodies: Arc<Mutex<Vec<String>>>,
+    delivered: Arc<Notify>,
+}
+
+impl Collector {
+    async fn start(self, addr: &str, options: PushConsumerOptions) -> Started {
+        let mut cfg = config(addr, true);
+        // One id across restarts: a broadcasting consumer's local offsets file is its.
+        cfg.client_id = format!("crash-consumer-{}", std::process::id());
+        let consumer = PushConsumer::new(cfg, "g", options).unwrap();
+        consumer.subscribe("lost", "*").unwrap();
+        let (log, wake) = (self.bodies.clone(), self.delivered.clone());
+        consumer
+            .register_concurrent(move |messages| {
+                log.lock().unwrap().extend(
+                    messages
+                        .iter()
+                        .map(|m| String::from_utf8_lossy(m.body()).into_owned()),
+                );
+                wake.notify_one();
+                ConsumeStatus::Success
+            })
+            .unwrap();
+        consumer.start().await.unwrap();
+        Started {
+            consumer,
+            bodies: self.bodies,
+            delivered: self.delivered,
+        }
+    }
+}
+
+impl Started {
+    /// Waits, woken by deliveries, until what was consumed passes `done`; 30 s at most.
+    async fn wait_for(&self, what: &str, done: fn(&[String]) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(&self.bodies.lock().unwrap()) {
+            let woken = tokio::time::timeout_at(deadline, self.delivered.notified()).await;
+            assert!(
+                woken.is_ok(),
+                "gave up waiting: {what}; consumed {:?}",
+                self.bodies.lock().unwrap()
+            );
+        }
+    }
+}
