@@ -123,6 +123,69 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
     );
 }
 
+/// A position read before two restarts: the first lost 15..19 (a crash), producers stored
+/// five messages there, and the second kept everything. The position (20) is within what
+/// the second start found, but past what the first kept: it goes back to 15, not on from
+/// 20 over the five stored in between (before, only the latest start was checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_from_before_two_restarts_is_checked_against_each_start_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let sent = send_old(&broker.addr_string(), 20).await;
+    let run_of = |client: ringmq::client::Client| async move {
+        let pulled = client.pull("lost", 0, 0, 1, Duration::ZERO, &[]).await;
+        pulled.unwrap().incarnation
+    };
+    let connect = |broker: &BrokerProcess| {
+        let addr = broker.addr_string();
+        async move { Producer::connect(config(&addr, true)).await.unwrap() }
+    };
+    let first_run = run_of(connect(&broker).await.client().clone()).await;
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    let producer = connect(&broker).await;
+    let second_run = run_of(producer.client().clone()).await;
+    for i in 0..5 {
+        let m = OutgoingMessage::new(format!("mid-{i}"));
+        assert_eq!(producer.send("lost", m).await.unwrap().queue_offset, 15 + i);
+    }
+    drop(producer);
+    broker.kill();
+    broker.restart();
+    let producer = connect(&broker).await;
+    for i in 0..5 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        assert_eq!(producer.send("lost", m).await.unwrap().queue_offset, 20 + i);
+    }
+    let client = producer.client();
+    let third_run = run_of(client.clone()).await;
+    assert!(first_run < second_run && second_run < third_run);
+    let pull_at =
+        |offset, run| client.pull_with("lost", 0, offset, 32, Duration::ZERO, &[], "", run);
+    let stale = pull_at(20, first_run).await.unwrap();
+    assert_eq!(
+        (stale.status, stale.next_offset, stale.messages.len()),
+        (PullStatus::OffsetTooBig, 15, 0),
+        "a position from the first run goes back to what the first crash kept"
+    );
+    let from_second = pull_at(20, second_run).await.unwrap();
+    assert_eq!(
+        from_second.status,
+        PullStatus::Found,
+        "the second run's 20 was kept"
+    );
+    let from_second = pull_at(22, second_run).await.unwrap();
+    assert_eq!(
+        (from_second.status, from_second.next_offset),
+        (PullStatus::OffsetTooBig, 20)
+    );
+    client
+        .commit_offset_from("g", "lost", 0, 22, first_run)
+        .await
+        .unwrap();
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
+}
+
 /// The same loss, seen by a consumer that stays up through the broker's restart: its
 /// position (20) is past the recovered end (15), and producers refill the queue past it
 /// before its next pull. The broker tells it by the run its last answer came from: it goes

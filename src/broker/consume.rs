@@ -139,18 +139,19 @@ impl ShardCtx {
             Ok(Answer::from(pull_frame(request_id, &r, &[])))
         };
         // A position read under an earlier run of this shard, past where the queue ended
-        // when this run started: what the puller read there, a crash lost (an async log's
-        // unsynced tail), and those offsets hold other messages now. Back to that end, even
-        // if the queue has grown past the position since.
-        if p.incarnation != 0 && p.incarnation != incarnation {
-            let started_end = self.store.started_end(&p.topic, p.queue_id);
-            if p.offset > started_end {
-                let (min, max) = self
-                    .store
-                    .queue_range(&p.topic, p.queue_id)
-                    .map_err(store_error)?;
-                return status(PullStatus::OffsetTooBig, started_end.max(min), min, max);
-            }
+        // when a later run started: what the puller read there, a crash lost (an async
+        // log's unsynced tail), and those offsets hold other messages now. Back to that
+        // end, even if the queue has grown past the position since.
+        let kept = self
+            .store
+            .end_since_run(&p.topic, p.queue_id, p.incarnation)
+            .map_err(store_error)?;
+        if let Some(kept) = kept.filter(|&kept| p.offset > kept) {
+            let (min, max) = self
+                .store
+                .queue_range(&p.topic, p.queue_id)
+                .map_err(store_error)?;
+            return status(PullStatus::OffsetTooBig, kept.max(min), min, max);
         }
         let notify = self.poll_notify(&p.topic, p.queue_id);
         loop {

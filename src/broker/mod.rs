@@ -266,12 +266,7 @@ impl ShardCtx {
     ) -> Rc<ShardCtx> {
         let cfg_lock_expiry_ms = cfg.lock_expiry_ms;
         let cfg_frame_bytes_max = cfg.frame_limits.frame_bytes_max() as usize;
-        // Nanoseconds since the epoch at start: a later start has another (the clock would
-        // have to go back to the very nanosecond).
-        let incarnation = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            .max(1);
+        let incarnation = store.incarnation();
         Rc::new(ShardCtx {
             id,
             shard_count,

@@ -27,11 +27,15 @@ impl ShardCtx {
         mut m: CommitOffset,
     ) -> Result<Empty, ErrorBody> {
         self.known_queue(&m.topic, m.queue_id)?;
-        // A position from an earlier run, past where the queue ended at this run's start:
+        // A position from an earlier run, past where the queue ended at a later run's start:
         // what the committer read past that end, a crash lost, and the offsets hold other
         // messages now (see `pull`). Stored as that end, or the group would skip them.
-        if m.incarnation != 0 && m.incarnation != self.incarnation {
-            m.offset = m.offset.min(self.store.started_end(&m.topic, m.queue_id));
+        let kept = self
+            .store
+            .end_since_run(&m.topic, m.queue_id, m.incarnation)
+            .map_err(store_error)?;
+        if let Some(kept) = kept {
+            m.offset = m.offset.min(kept);
         }
         // Past the queue's end, a commit would make the group skip what is stored next.
         let (_, max) = self

@@ -388,6 +388,16 @@ impl ConsumeQueue {
         Ok(max)
     }
 
+    /// One past the last entry whose record ends within `log_end`: where the queue ended
+    /// when the log ended there (entries increase in physical offset). `min_offset` when
+    /// that is below every entry still kept.
+    pub fn end_within(&self, log_end: u64) -> Result<u64, IndexError> {
+        if self.last.is_none_or(|e| e.end() <= log_end) {
+            return Ok(self.max_offset);
+        }
+        self.partition_point(self.min_offset, self.max_offset, |e| e.end() <= log_end)
+    }
+
     /// Re-reads the last entry after the end moved back.
     fn reload_last(&mut self) -> Result<(), IndexError> {
         self.last = match self.max_offset.checked_sub(1) {

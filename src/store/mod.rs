@@ -10,18 +10,20 @@
 //! checkpoint                     log offset below which every index entry is on disk
 //! abort                          present while the store is open: its presence at start
 //!                                means the last shutdown was not clean
+//! runs                           the last 64 starts (runs) and where the log ended at each
 //! ```
 //!
 //! By role: `append` (the write side), `read` (pulls, reads by offset, time and key),
 //! `recovery` (opening: re-indexing the log past the checkpoint), `housekeeping`
 //! (checkpoints, retention, idle index files, close), `space` (the free-space floor),
-//! `checkpoint` (its file); here the types, the queue map and the queue ranges.
+//! `checkpoint` and `runs` (their files); here the types, the queue map and the queue ranges.
 
 mod append;
 mod checkpoint;
 mod housekeeping;
 mod read;
 mod recovery;
+mod runs;
 mod space;
 
 use std::cell::RefCell;
@@ -156,16 +158,14 @@ impl Written {
 
 struct QueueState {
     cq: ConsumeQueue,
-    /// The queue's end when the store opened (after recovery), or 0 for a queue made since.
-    /// A consumer that read past it before a crash read records the crash lost: the
-    /// offsets past it now hold other messages.
-    started_end: u64,
 }
 
 struct Inner {
     dir: PathBuf,
     cfg: StoreConfig,
     log: CommitLog,
+    /// This start and the earlier ones, with where the log ended at each.
+    runs: runs::Runs,
     queues: RefCell<HashMap<(String, u32), QueueState>>,
     keys: RefCell<KeyIndex>,
     stopped: std::cell::Cell<bool>,
@@ -217,7 +217,7 @@ fn queue_state<'q>(
         Entry::Vacant(e) => {
             let qdir = queue_dir(&dir.join("consumequeue"), topic, queue_id);
             let cq = ConsumeQueue::open(&qdir, cfg.consume_queue)?;
-            Ok(e.insert(QueueState { cq, started_end: 0 }))
+            Ok(e.insert(QueueState { cq }))
         }
     }
 }
@@ -266,14 +266,31 @@ impl MessageStore {
         }
     }
 
-    /// The queue's end when the store opened (see `QueueState::started_end`); 0 for a queue
-    /// made since, or unknown.
-    pub fn started_end(&self, topic: &str, queue_id: u32) -> u64 {
-        self.inner
-            .queues
-            .borrow()
-            .get(&(topic.to_owned(), queue_id))
-            .map_or(0, |q| q.started_end)
+    /// This start of the store (its run): never 0, later than every earlier start's. A
+    /// consumer's position read under it is named by it (`PullResult::incarnation`).
+    pub fn incarnation(&self) -> u64 {
+        self.inner.runs.current()
+    }
+
+    /// For a position in the queue read under the run `incarnation`: the queue's end at
+    /// the lowest point any later start found the log at. A consumer that read past it
+    /// read records a crash lost (an async log's unsynced tail); the offsets past it hold
+    /// other messages now. `None` for this run's positions, or 0 (unknown run). Fails only
+    /// when an index file cannot be mapped.
+    pub fn end_since_run(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        incarnation: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(log_end) = self.inner.runs.log_end_since(incarnation) else {
+            return Ok(None);
+        };
+        let queues = self.inner.queues.borrow();
+        match queues.get(&(topic.to_owned(), queue_id)) {
+            Some(q) => Ok(Some(q.cq.end_within(log_end)?)),
+            None => Ok(Some(0)),
+        }
     }
 
     fn entry(&self, topic: &str, queue_id: u32, offset: u64) -> Result<CqEntry, StoreError> {

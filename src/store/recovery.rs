@@ -94,8 +94,11 @@ impl MessageStore {
         for q in queues.values_mut() {
             q.cq.truncate_after_log_end(end)?;
             q.cq.delete_before_physical(log.min_offset())?;
-            q.started_end = q.cq.readable_max(log.readable_end())?;
         }
+        let now_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let runs = runs::Runs::start(dir, log.readable_end(), now_nanos).map_err(StoreError::Io)?;
         let trimmed_to = log.min_offset();
         std::fs::write(&abort_path, b"ringmq store open\n")
             .map_err(|e| io_err("create", &abort_path, e))?;
@@ -111,6 +114,7 @@ impl MessageStore {
                 dir: dir.to_owned(),
                 cfg,
                 log,
+                runs,
                 queues: RefCell::new(queues),
                 keys: RefCell::new(keys),
                 stopped: std::cell::Cell::new(false),
@@ -155,7 +159,7 @@ fn open_queues(
                 continue;
             };
             let cq = ConsumeQueue::open(&q.path(), *cfg)?;
-            out.insert((name.clone(), qid), QueueState { cq, started_end: 0 });
+            out.insert((name.clone(), qid), QueueState { cq });
         }
     }
     Ok(out)
