@@ -265,6 +265,31 @@ async fn a_broadcasting_consumer_restarted_after_a_crash_consumes_what_is_stored
     again.consumer.shutdown().await.unwrap();
 }
 
+/// A commit that fails is reported and counted: the broker dies after the consumer took
+/// the 20 messages and before any periodic commit, so the commit its shutdown makes fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_commits_are_reported_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--flush", "sync"]);
+    send_old(&broker.addr_string(), 20).await;
+    let options = PushConsumerOptions {
+        commit_interval_ms: 3_600_000,
+        ..clustering()
+    };
+    let consumer = Collector::default()
+        .start(&broker.addr_string(), options)
+        .await;
+    consumer.wait_for("the 20", |b| b.len() >= 20).await;
+    assert_eq!(consumer.consumer.stats().commit_errors, 0);
+    broker.kill();
+    let stopped = consumer.consumer.shutdown().await;
+    assert!(
+        stopped.is_err(),
+        "the failed commit is the shutdown's error"
+    );
+    assert_eq!(consumer.consumer.stats().commit_errors, 1);
+}
+
 /// Creates the one-queue topic `lost` and sends `old-0..old-{n-1}` to it.
 async fn send_old(addr: &str, n: usize) -> Vec<ringmq::client::SendResult> {
     let producer = Producer::connect(config(addr, true)).await.unwrap();

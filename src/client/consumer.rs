@@ -181,6 +181,11 @@ pub struct ConsumerStats {
     /// Answers of pulls sent ahead that were thrown away because an earlier answer
     /// ended short of where they started.
     pub pulls_discarded: u64,
+    /// Commits of a queue's position that failed (to the broker, or writes of the local
+    /// offsets file in broadcasting). The position stays uncommitted and is committed by
+    /// the next try; a consumer that stops meanwhile leaves its queues to be consumed again
+    /// from the older position (at least once).
+    pub commit_errors: u64,
 }
 
 #[derive(Default)]
@@ -193,6 +198,7 @@ struct Counters {
     pull_errors: AtomicU64,
     pulls_ahead: AtomicU64,
     pulls_discarded: AtomicU64,
+    commit_errors: AtomicU64,
 }
 
 fn add(counter: &AtomicU64, n: usize) {
@@ -511,6 +517,7 @@ impl PushConsumer {
                     pull_errors: get(&c.pull_errors),
                     pulls_ahead: get(&c.pulls_ahead),
                     pulls_discarded: get(&c.pulls_discarded),
+                    commit_errors: get(&c.commit_errors),
                 }
             }
             None => ConsumerStats::default(),
@@ -635,12 +642,16 @@ impl Shared {
         let Some(local) = self.local.clone() else {
             return Ok(());
         };
-        match tokio::task::spawn_blocking(move || local.flush()).await {
+        let flushed = match tokio::task::spawn_blocking(move || local.flush()).await {
             Ok(flushed) => flushed,
             Err(e) => Err(ClientError::OffsetStore(format!(
                 "the offsets write did not finish: {e}"
             ))),
+        };
+        if flushed.is_err() {
+            add(&self.counters.commit_errors, 1);
         }
+        flushed
     }
 
     /// Whether the broker surely still counts this client as a member: its last

@@ -47,7 +47,7 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
             },
         ),
         None => {
-            shared
+            let committed = shared
                 .client
                 .commit_offset_from(
                     &shared.group,
@@ -56,7 +56,11 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
                     point,
                     pq.incarnation.load(Ordering::SeqCst),
                 )
-                .await?
+                .await;
+            if committed.is_err() {
+                add(&shared.counters.commit_errors, 1);
+            }
+            committed?
         }
     }
     pq.state().committed = Some(point);
