@@ -2,7 +2,7 @@
 # End-to-end figures with ringmq-bench against a real broker process on this host, in one
 # run, printed as one table (and JSON files under perf/out/):
 #   (a) produce throughput with a consumer draining concurrently (1 KiB and 4 KiB; batches
-#       of 1, 32 and 1000), (b) end-to-end latency at 1,000 and 20,000 msg/s open loop,
+#       of 1, 32 and 1000), and producers alone in batches of 1000 (p-1k-b1000), (b) end-to-end latency at 1,000 and 20,000 msg/s open loop,
 #   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles,
 #   (d) single sends (batch 1, 2 x 128 in flight) with a push consumer group keeping up,
 #       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
@@ -59,6 +59,9 @@ start_broker async
 bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"
 bench t-1k-b32       --size 1024 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
 bench t-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 1 --duration "$SECS" --pull-batch 1000 --in-flight 4
+# Producers alone (no consumer sharing the 2 cores): how producer-side batch figures, such
+# as the Iggy reference, are usually taken.
+bench p-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 0 --duration "$SECS" --in-flight 4
 bench t-4k-b32       --size 4096 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
 bench lat-1k-1000ps  --size 1024 --rate 1000  --producers 2 --consumers 1 --duration "$SECS"
 bench lat-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"

@@ -544,25 +544,38 @@ impl<'a> Properties<'a> {
         Ok(())
     }
     /// Iterates (name, value) pairs; malformed tails are skipped.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
+    /// The (name, value) pairs as bytes, up to the first malformed one.
+    fn pairs(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
         let mut rest = self.bytes;
-        std::iter::from_fn(move || loop {
+        std::iter::from_fn(move || {
             if rest.is_empty() {
                 return None;
             }
             let name_end = rest.iter().position(|&b| b == PROPERTY_NAME_END)?;
             let after = &rest[name_end + 1..];
             let value_end = after.iter().position(|&b| b == PROPERTY_VALUE_END)?;
-            let name = std::str::from_utf8(&rest[..name_end]);
-            let value = std::str::from_utf8(&after[..value_end]);
+            let pair = (&rest[..name_end], &after[..value_end]);
             rest = &after[value_end + 1..];
-            if let (Ok(n), Ok(v)) = (name, value) {
-                return Some((n, v));
-            }
+            Some(pair)
         })
     }
+
+    /// The pairs whose name and value are UTF-8.
+    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
+        self.pairs().filter_map(|(name, value)| {
+            Some((
+                std::str::from_utf8(name).ok()?,
+                std::str::from_utf8(value).ok()?,
+            ))
+        })
+    }
+
+    /// The value of the first pair named `name` whose value is UTF-8 (as [`iter`](Self::iter)
+    /// finds it; only the values of pairs so named are checked).
     pub fn get(&self, name: &str) -> Option<&'a str> {
-        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+        self.pairs()
+            .filter(|(n, _)| *n == name.as_bytes())
+            .find_map(|(_, value)| std::str::from_utf8(value).ok())
     }
 }
 
@@ -701,6 +714,18 @@ mod proptests {
             }
             let _ = Properties::new(&bytes).validate();
             let _ = Properties::new(&bytes).iter().count();
+        }
+
+        #[test]
+        fn fuzz_property_get_finds_what_iter_finds(
+            bytes in proptest::collection::vec(prop_oneof![Just(1u8), Just(2u8), Just(b'A'), Just(0xff), any::<u8>()], 0..256)
+        ) {
+            let props = Properties::new(&bytes);
+            let names: Vec<&str> = props.iter().map(|(n, _)| n).chain(["A", "TAGS"]).collect();
+            for name in names {
+                let by_iter = props.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+                prop_assert_eq!(props.get(name), by_iter, "{}", name);
+            }
         }
     }
 
