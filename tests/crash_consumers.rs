@@ -287,7 +287,7 @@ async fn failed_commits_are_reported_and_counted() {
         stopped.is_err(),
         "the failed commit is the shutdown's error"
     );
-    assert_eq!(consumer.consumer.stats().commit_errors, 1);
+    assert!(consumer.consumer.stats().commit_errors >= 1);
 }
 
 /// Creates the one-queue topic `lost` and sends `old-0..old-{n-1}` to it.

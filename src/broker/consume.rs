@@ -142,11 +142,11 @@ impl ShardCtx {
         // when a later run started: what the puller read there, a crash lost (an async
         // log's unsynced tail), and those offsets hold other messages now. Back to that
         // end, even if the queue has grown past the position since.
-        let kept = self
+        let lost_past = self
             .store
-            .end_since_run(&p.topic, p.queue_id, p.incarnation)
+            .lost_past(&p.topic, p.queue_id, p.offset, p.incarnation)
             .map_err(store_error)?;
-        if let Some(kept) = kept.filter(|&kept| p.offset > kept) {
+        if let Some(kept) = lost_past {
             let (min, max) = self
                 .store
                 .queue_range(&p.topic, p.queue_id)

@@ -30,12 +30,12 @@ impl ShardCtx {
         // A position from an earlier run, past where the queue ended at a later run's start:
         // what the committer read past that end, a crash lost, and the offsets hold other
         // messages now (see `pull`). Stored as that end, or the group would skip them.
-        let kept = self
+        let lost_past = self
             .store
-            .end_since_run(&m.topic, m.queue_id, m.incarnation)
+            .lost_past(&m.topic, m.queue_id, m.offset, m.incarnation)
             .map_err(store_error)?;
-        if let Some(kept) = kept {
-            m.offset = m.offset.min(kept);
+        if let Some(kept) = lost_past {
+            m.offset = kept;
         }
         // Past the queue's end, a commit would make the group skip what is stored next.
         let (_, max) = self

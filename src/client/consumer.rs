@@ -697,9 +697,6 @@ struct ProcessQueue {
     no_commit: AtomicBool,
     /// The start position is known and pulls run.
     started: AtomicBool,
-    /// The broker run (`PullResult::incarnation`) of the last answer the pull loop
-    /// followed (0: none yet); sent with each pull.
-    incarnation: AtomicU64,
     /// Wakes the orderly task (new messages, or drop). Only that task waits on it, so a
     /// `notify_one` always reaches it: no other waiter can take the wake-up.
     wake: Notify,
@@ -711,6 +708,10 @@ struct QueueState {
     tracker: OffsetTracker<Message>,
     /// The offset last committed (or read as committed at start).
     committed: Option<u64>,
+    /// The broker run (`PullResult::incarnation`) the tracker's position was read under
+    /// (0: unknown); sent with each pull and commit. Changed with the position, under one
+    /// lock: a commit never pairs a position with a run that did not check it.
+    incarnation: u64,
 }
 
 impl ProcessQueue {

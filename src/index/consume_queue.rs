@@ -74,7 +74,7 @@ impl CqEntry {
     }
 
     /// The first byte after the record.
-    fn end(&self) -> u64 {
+    pub fn end(&self) -> u64 {
         self.physical_offset.saturating_add(u64::from(self.size))
     }
 }

@@ -543,8 +543,9 @@ impl<'a> Properties<'a> {
         }
         Ok(())
     }
-    /// Iterates (name, value) pairs; malformed tails are skipped.
-    /// The (name, value) pairs as bytes, up to the first malformed one.
+
+    /// The (name, value) pairs as bytes, up to the first malformed one (a malformed tail is
+    /// skipped).
     fn pairs(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
         let mut rest = self.bytes;
         std::iter::from_fn(move || {

@@ -272,25 +272,39 @@ impl MessageStore {
         self.inner.runs.current()
     }
 
-    /// For a position in the queue read under the run `incarnation`: the queue's end at
-    /// the lowest point any later start found the log at. A consumer that read past it
-    /// read records a crash lost (an async log's unsynced tail); the offsets past it hold
-    /// other messages now. `None` for this run's positions, or 0 (unknown run). Fails only
-    /// when an index file cannot be mapped.
-    pub fn end_since_run(
+    /// Where a position in the queue read under the run `incarnation` must go back to:
+    /// the queue's end at the lowest point any later start found the log at, when
+    /// `offset` is past it. A consumer that read past that end read records a crash lost
+    /// (an async log's unsynced tail); the offsets there hold other messages now. `None`
+    /// when the position stands: read under this run, or under an unknown one (0), or
+    /// within what every later start kept (one index entry looked at; the search for the
+    /// end only when the position must move). Fails only when an index file cannot be
+    /// mapped.
+    pub fn lost_past(
         &self,
         topic: &str,
         queue_id: u32,
+        offset: u64,
         incarnation: u64,
     ) -> Result<Option<u64>, StoreError> {
         let Some(log_end) = self.inner.runs.log_end_since(incarnation) else {
             return Ok(None);
         };
         let queues = self.inner.queues.borrow();
-        match queues.get(&(topic.to_owned(), queue_id)) {
-            Some(q) => Ok(Some(q.cq.end_within(log_end)?)),
-            None => Ok(Some(0)),
+        let Some(q) = queues.get(&(topic.to_owned(), queue_id)) else {
+            return Ok((offset > 0).then_some(0));
+        };
+        if offset <= q.cq.min_offset() {
+            return Ok(None);
         }
+        // The message before the position: kept, so is everything below it.
+        if let Some(before) = q.cq.get(offset - 1)? {
+            if before.end() <= log_end {
+                return Ok(None);
+            }
+        }
+        let end = q.cq.end_within(log_end)?;
+        Ok((offset > end).then_some(end))
     }
 
     fn entry(&self, topic: &str, queue_id: u32, offset: u64) -> Result<CqEntry, StoreError> {

@@ -7,7 +7,10 @@
 //! each of them, not only the latest.
 //!
 //! Written whole (temp file, fsync, rename, fsync of the directory) with a CRC before the
-//! store serves, so every run named in an answer is on disk.
+//! store serves, so every run named in an answer is on disk. Every open of the store counts
+//! as a start (a tool's recovery can cut the log too). The checks only ever move a
+//! position back (messages delivered again, never skipped): a run not of this store is
+//! checked against this start, one older than every start kept against all of them.
 
 use std::io::Write;
 use std::path::Path;

@@ -31,10 +31,10 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
     if pq.no_commit.load(Ordering::SeqCst) {
         return Ok(());
     }
-    let point = {
+    let (point, incarnation) = {
         let state = pq.state();
         match state.tracker.commit_point() {
-            Some(point) if state.committed != Some(point) => point,
+            Some(point) if state.committed != Some(point) => (point, state.incarnation),
             _ => return Ok(()),
         }
     };
@@ -43,7 +43,7 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
             &pq.mq,
             Position {
                 offset: point,
-                incarnation: pq.incarnation.load(Ordering::SeqCst),
+                incarnation,
             },
         ),
         None => {
@@ -54,7 +54,7 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
                     &pq.mq.topic,
                     pq.mq.queue_id,
                     point,
-                    pq.incarnation.load(Ordering::SeqCst),
+                    incarnation,
                 )
                 .await;
             if committed.is_err() {
@@ -183,6 +183,7 @@ fn spawn_pull(
     wait: Duration,
 ) -> JoinHandle<Result<PullResult>> {
     let (shared, pq) = (shared.clone(), pq.clone());
+    let incarnation = pq.state().incarnation;
     tokio::spawn(async move {
         let tags: Vec<&str> = pq.tags.iter().map(String::as_str).collect();
         shared
@@ -195,7 +196,7 @@ fn spawn_pull(
                 wait,
                 &tags,
                 &pq.sql,
-                pq.incarnation.load(Ordering::SeqCst),
+                incarnation,
             )
             .await
     })
@@ -274,12 +275,12 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     else {
         return;
     };
-    // The first pull names the run the position was read under: a broker that lost what
-    // lay past it in a crash answers with where the queue ended instead.
-    pq.incarnation.store(start.incarnation, Ordering::SeqCst);
     {
         let mut state = pq.state();
         state.tracker.set_next_pull(start.offset);
+        // The first pull names the run the position was read under: a broker that lost
+        // what lay past it in a crash answers with where the queue ended instead.
+        state.incarnation = start.incarnation;
         if start.committed {
             state.committed = Some(start.offset);
         }
@@ -390,7 +391,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             pulled.status,
             PullStatus::Found | PullStatus::NoMatchedMessage
         );
-        let seen = pq.incarnation.load(Ordering::SeqCst);
+        let seen = pq.state().incarnation;
         let new_run = seen != 0 && seen != pulled.incarnation;
         if verdict == Verdict::Behind && (!found || new_run) {
             // A status about a position already passed (say, offset too small after a
@@ -401,9 +402,6 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             pipeline.restart(next);
             continue;
         }
-        // Followed from here on: the next pulls name this broker run. (An answer thrown
-        // away above must not: a position it did not check would pass as checked.)
-        pq.incarnation.store(pulled.incarnation, Ordering::SeqCst);
         // `Client::pull` already re-checked the tag strings. Offsets below the position
         // were delivered by an earlier answer (a tag filter's answer can reach past where
         // the next pull started).
@@ -437,6 +435,10 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                 PullStatus::NoNewMessage => pulled.next_offset,
             };
             state.tracker.set_next_pull(position);
+            // Followed from here on: the next pulls and commits name this broker run. (An
+            // answer thrown away above must not: a position it did not check would pass as
+            // checked.)
+            state.incarnation = pulled.incarnation;
             match pulled.status {
                 PullStatus::Found | PullStatus::NoMatchedMessage => {
                     pipeline.used(position, pulled.max_offset)

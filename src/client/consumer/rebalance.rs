@@ -312,7 +312,6 @@ impl Controller {
             dropped: AtomicBool::new(false),
             no_commit: AtomicBool::new(false),
             started: AtomicBool::new(false),
-            incarnation: AtomicU64::new(0),
             wake: Notify::new(),
             lease,
         });

@@ -15,18 +15,31 @@ use std::collections::BTreeMap;
 pub(crate) struct OffsetTracker<T> {
     entries: BTreeMap<u64, Entry<T>>,
     bytes: u64,
+    messages: usize,
     /// Where the next pull starts; `None` until the start position is known.
     next_pull: Option<u64>,
+    /// Raised each time the next pull moves back (the broker sent the position back over
+    /// messages a crash lost): what is pulled from then on is consumed after everything
+    /// pulled before, in orderly mode.
+    era: u64,
+    /// Cached messages per era, oldest era first.
+    per_era: BTreeMap<u64, usize>,
 }
 
 #[derive(Debug, Clone)]
 struct Entry<T> {
+    first: Cached<T>,
+    /// Messages pulled at this offset after `first`, oldest first: the broker moved the
+    /// position back over cached messages (a crash lost them, and their offsets hold other
+    /// messages now). Each is done after the ones before it.
+    later: Vec<Cached<T>>,
+}
+
+#[derive(Debug, Clone)]
+struct Cached<T> {
     item: T,
     bytes: u64,
-    /// Messages pulled at this offset after `item`, oldest first, with their sizes: the
-    /// broker moved the position back over cached messages (a crash lost them, and their
-    /// offsets hold other messages now). Each is done after the ones before it.
-    later: Vec<(T, u64)>,
+    era: u64,
 }
 
 impl<T> Default for OffsetTracker<T> {
@@ -34,7 +47,10 @@ impl<T> Default for OffsetTracker<T> {
         OffsetTracker {
             entries: BTreeMap::new(),
             bytes: 0,
+            messages: 0,
             next_pull: None,
+            era: 0,
+            per_era: BTreeMap::new(),
         }
     }
 }
@@ -45,6 +61,9 @@ impl<T: Clone> OffsetTracker<T> {
     }
 
     pub(crate) fn set_next_pull(&mut self, offset: u64) {
+        if self.next_pull.is_some_and(|next| offset < next) {
+            self.era += 1;
+        }
         self.next_pull = Some(offset);
     }
 
@@ -53,17 +72,23 @@ impl<T: Clone> OffsetTracker<T> {
     /// offsets hold others now): it is queued behind the first, and the offset stays cached
     /// (holding the commit point) until each message there is done, in the order pulled.
     pub(crate) fn insert(&mut self, offset: u64, bytes: u64, item: T) {
+        let cached = Cached {
+            item,
+            bytes,
+            era: self.era,
+        };
         match self.entries.entry(offset) {
-            Slot::Occupied(mut slot) => slot.get_mut().later.push((item, bytes)),
+            Slot::Occupied(mut slot) => slot.get_mut().later.push(cached),
             Slot::Vacant(slot) => {
                 slot.insert(Entry {
-                    item,
-                    bytes,
+                    first: cached,
                     later: Vec::new(),
                 });
             }
         }
         self.bytes += bytes;
+        self.messages += 1;
+        *self.per_era.entry(self.era).or_default() += 1;
     }
 
     /// Marks the first message cached at `offset` done (consumed, or given up); the next one
@@ -73,11 +98,18 @@ impl<T: Clone> OffsetTracker<T> {
             return false;
         };
         let entry = slot.get_mut();
-        self.bytes -= entry.bytes;
-        if entry.later.is_empty() {
-            slot.remove();
+        let done = if entry.later.is_empty() {
+            slot.remove().first
         } else {
-            (entry.item, entry.bytes) = entry.later.remove(0);
+            std::mem::replace(&mut entry.first, entry.later.remove(0))
+        };
+        self.bytes -= done.bytes;
+        self.messages -= 1;
+        if let Slot::Occupied(mut count) = self.per_era.entry(done.era) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
         }
         true
     }
@@ -96,8 +128,9 @@ impl<T: Clone> OffsetTracker<T> {
         }
     }
 
+    /// Messages cached (two at one offset count twice).
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.messages
     }
 
     pub(crate) fn bytes(&self) -> u64 {
@@ -112,13 +145,18 @@ impl<T: Clone> OffsetTracker<T> {
         }
     }
 
-    /// The first `n` cached messages, in offset order, the first pulled of each offset (what
-    /// an orderly queue consumes next).
+    /// What an orderly queue consumes next: the first `n` cached messages in pull order.
+    /// That is offset order within the oldest era still cached; messages pulled after the
+    /// position moved back wait until every one pulled before is done.
     pub(crate) fn first(&self, n: usize) -> Vec<(u64, T)> {
+        let Some(&oldest) = self.per_era.keys().next() else {
+            return Vec::new();
+        };
         self.entries
             .iter()
+            .filter(|(_, e)| e.first.era == oldest)
             .take(n)
-            .map(|(offset, e)| (*offset, e.item.clone()))
+            .map(|(offset, e)| (*offset, e.first.item.clone()))
             .collect()
     }
 }
@@ -208,7 +246,7 @@ mod tests {
         t.set_next_pull(15);
         t.insert(15, 7, "new");
         t.set_next_pull(16);
-        assert_eq!((t.len(), t.bytes()), (1, 17));
+        assert_eq!((t.len(), t.bytes()), (2, 17));
         assert!(t.remove(15), "the first of the two is done");
         assert_eq!(t.commit_point(), Some(15), "the other is still in flight");
         assert!(t.remove(15));
@@ -218,23 +256,34 @@ mod tests {
     }
 
     /// Orderly: messages cached, not yet consumed, at offsets the broker then moved the
-    /// position back over. The new messages pulled at those offsets are consumed after them
-    /// (before, the new ones were dropped as duplicates and the queue moved past them).
+    /// position back over. The new messages pulled from there are consumed after them, in
+    /// pull order (before, the new ones at cached offsets were dropped as duplicates and the
+    /// queue moved past them; and a new one alone at its offset must not overtake them).
     #[test]
-    fn messages_pulled_again_at_cached_offsets_are_consumed_after_the_cached_ones() {
+    fn messages_pulled_after_the_position_moved_back_are_consumed_after_the_cached_ones() {
         let mut t = OffsetTracker::default();
-        for o in 15..18 {
+        t.set_next_pull(12);
+        for o in 12..18 {
             t.insert(o, 10, format!("lost-{o}"));
         }
+        t.set_next_pull(18);
+        // The broker sends the position back to 15; new messages are stored at 15.. now.
         t.set_next_pull(15);
-        for o in 15..18 {
+        for o in 15..20 {
             t.insert(o, 10, format!("new-{o}"));
         }
-        t.set_next_pull(18);
+        t.set_next_pull(20);
+        assert_eq!((t.len(), t.bytes()), (11, 110));
         let names = |batch: Vec<(u64, String)>| batch.into_iter().map(|(_, m)| m).collect();
+        let firsts: Vec<String> = names(t.first(4));
+        assert_eq!(firsts, ["lost-12", "lost-13", "lost-14", "lost-15"]);
+        for o in 12..16 {
+            assert!(t.remove(o));
+        }
+        // In pull order: new-18 and new-19 (alone at their offsets) wait for the lost ones.
         let firsts: Vec<String> = names(t.first(10));
-        assert_eq!(firsts, ["lost-15", "lost-16", "lost-17"]);
-        for o in 15..18 {
+        assert_eq!(firsts, ["lost-16", "lost-17"]);
+        for o in 16..18 {
             assert!(t.remove(o));
         }
         assert_eq!(
@@ -243,11 +292,11 @@ mod tests {
             "the new ones are not consumed yet"
         );
         let firsts: Vec<String> = names(t.first(10));
-        assert_eq!(firsts, ["new-15", "new-16", "new-17"]);
-        for o in 15..18 {
+        assert_eq!(firsts, ["new-15", "new-16", "new-17", "new-18", "new-19"]);
+        for o in 15..20 {
             assert!(t.remove(o));
         }
-        assert_eq!((t.commit_point(), t.len(), t.bytes()), (Some(18), 0, 0));
+        assert_eq!((t.commit_point(), t.len(), t.bytes()), (Some(20), 0, 0));
     }
 
     #[test]
