@@ -45,13 +45,9 @@ fn crash_losing_from(broker: &mut BrokerProcess, data: &std::path::Path, physica
 /// skipped. (The loss is played by cutting the log after a SIGKILL.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let (_dir, data, mut broker) = sync_broker();
     let sent = send_old(&broker.addr_string(), 20).await;
-    let producer = Producer::connect(config(&broker.addr_string(), true))
-        .await
-        .unwrap();
+    let producer = connect(&broker.addr_string()).await;
     producer
         .client()
         .commit_offset("g", "lost", 0, 20)
@@ -66,9 +62,7 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
         .incarnation;
     drop(producer);
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
-    let producer = Producer::connect(config(&broker.addr_string(), true))
-        .await
-        .unwrap();
+    let producer = connect(&broker.addr_string()).await;
     let client = producer.client().clone();
     assert_eq!(client.max_offset("lost", 0).await.unwrap(), 15);
     assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
@@ -129,21 +123,15 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
 /// 20 over the five stored in between (before, only the latest start was checked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_position_from_before_two_restarts_is_checked_against_each_start_since() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let (_dir, data, mut broker) = sync_broker();
     let sent = send_old(&broker.addr_string(), 20).await;
     let run_of = |client: ringmq::client::Client| async move {
         let pulled = client.pull("lost", 0, 0, 1, Duration::ZERO, &[]).await;
         pulled.unwrap().incarnation
     };
-    let connect = |broker: &BrokerProcess| {
-        let addr = broker.addr_string();
-        async move { Producer::connect(config(&addr, true)).await.unwrap() }
-    };
-    let first_run = run_of(connect(&broker).await.client().clone()).await;
+    let first_run = run_of(connect(&broker.addr_string()).await.client().clone()).await;
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
-    let producer = connect(&broker).await;
+    let producer = connect(&broker.addr_string()).await;
     let second_run = run_of(producer.client().clone()).await;
     for i in 0..5 {
         let m = OutgoingMessage::new(format!("mid-{i}"));
@@ -152,7 +140,7 @@ async fn a_position_from_before_two_restarts_is_checked_against_each_start_since
     drop(producer);
     broker.kill();
     broker.restart();
-    let producer = connect(&broker).await;
+    let producer = connect(&broker.addr_string()).await;
     for i in 0..5 {
         let m = OutgoingMessage::new(format!("new-{i}"));
         assert_eq!(producer.send("lost", m).await.unwrap().queue_offset, 20 + i);
@@ -212,7 +200,7 @@ async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_t
     consumer.wait_for("the first 20", |b| b.len() >= 20).await;
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
     assert_eq!(broker.addr_string(), addr);
-    let producer = Producer::connect(config(&addr, true)).await.unwrap();
+    let producer = connect(&addr).await;
     for i in 0..10 {
         let m = OutgoingMessage::new(format!("new-{i}"));
         let r = producer.send("lost", m).await.unwrap();
@@ -230,9 +218,7 @@ async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_t
 /// went on from 20 and skipped the five stored at 15..19).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcasting_consumer_restarted_after_a_crash_consumes_what_is_stored_past_the_loss() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    let (dir, data, mut broker) = sync_broker();
     let sent = send_old(&broker.addr_string(), 20).await;
     let options = PushConsumerOptions {
         message_model: MessageModel::Broadcasting,
@@ -246,9 +232,7 @@ async fn a_broadcasting_consumer_restarted_after_a_crash_consumes_what_is_stored
     // Stopping writes the position (20) to the local offsets file.
     first.consumer.shutdown().await.unwrap();
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
-    let producer = Producer::connect(config(&broker.addr_string(), true))
-        .await
-        .unwrap();
+    let producer = connect(&broker.addr_string()).await;
     for i in 0..10 {
         let m = OutgoingMessage::new(format!("new-{i}"));
         assert_eq!(producer.send("lost", m).await.unwrap().queue_offset, 15 + i);
@@ -269,8 +253,7 @@ async fn a_broadcasting_consumer_restarted_after_a_crash_consumes_what_is_stored
 /// the 20 messages and before any periodic commit, so the commit its shutdown makes fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_commits_are_reported_and_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--flush", "sync"]);
+    let (_dir, _, mut broker) = sync_broker();
     send_old(&broker.addr_string(), 20).await;
     let options = PushConsumerOptions {
         commit_interval_ms: 3_600_000,
@@ -290,9 +273,21 @@ async fn failed_commits_are_reported_and_counted() {
     assert!(consumer.consumer.stats().commit_errors >= 1);
 }
 
+/// A one-shard sync-flush broker on a new data directory (in the returned temp dir).
+fn sync_broker() -> (tempfile::TempDir, std::path::PathBuf, BrokerProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
+    (dir, data, broker)
+}
+
+async fn connect(addr: &str) -> Producer {
+    Producer::connect(config(addr, true)).await.unwrap()
+}
+
 /// Creates the one-queue topic `lost` and sends `old-0..old-{n-1}` to it.
 async fn send_old(addr: &str, n: usize) -> Vec<ringmq::client::SendResult> {
-    let producer = Producer::connect(config(addr, true)).await.unwrap();
+    let producer = connect(addr).await;
     producer.client().create_topic("lost", 1).await.unwrap();
     let mut sent = Vec::new();
     for i in 0..n {

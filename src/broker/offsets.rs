@@ -62,14 +62,7 @@ impl OffsetsIo {
                 Ok(None)
             }
             OffsetsIo::Rewrite { path, snapshot } => {
-                let tmp = path.with_extension("tmp");
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(snapshot)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, path)?;
-                if let Some(dir) = path.parent() {
-                    std::fs::File::open(dir)?.sync_all()?;
-                }
+                crate::io::replace_file(path, snapshot)?;
                 let file = std::fs::OpenOptions::new().append(true).open(path)?;
                 Ok(Some(Arc::new(file)))
             }

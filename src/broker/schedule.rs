@@ -27,7 +27,7 @@
 //! from the oldest undelivered scheduled message on (the store's retention floor).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -356,13 +356,7 @@ fn read_snapshot(path: &Path) -> Result<Option<Snapshot>, String> {
 
 /// Writes the snapshot atomically: a temporary file, fsync, rename, directory fsync.
 fn write_snapshot(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp: PathBuf = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()?;
-    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+    crate::io::replace_file(&dir.join(SNAPSHOT_FILE), bytes)
 }
 
 /// A message that is neither a transaction's half nor delayed: [`ShardCtx::put_draft`]

@@ -80,15 +80,8 @@ impl TopicTable {
     }
 
     pub fn save(&self, data_dir: &Path) -> std::io::Result<()> {
-        use std::io::Write;
-        let path = Self::path(data_dir);
-        let tmp = data_dir.join("topics.json.tmp");
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(data_dir)?.sync_all()
+        crate::io::replace_file(&Self::path(data_dir), &bytes)
     }
 
     pub fn get(&self, topic: &str) -> Option<u32> {

@@ -371,31 +371,29 @@ impl ConsumeQueue {
         Some((self.max_offset.checked_sub(1)?, self.last?))
     }
 
-    /// One past the last entry whose record ends within `readable_end` (the commit log's
-    /// readable end): entries of records not written yet are not served. Reads files only
-    /// when the newest entry is beyond `readable_end`.
-    pub fn readable_max(&self, readable_end: u64) -> Result<u64, IndexError> {
-        if self.last.is_none_or(|e| e.end() <= readable_end) {
-            return Ok(self.max_offset);
-        }
-        let mut max = self.max_offset - 1;
-        while max > self.min_offset {
-            match self.get(max - 1)? {
-                Some(e) if e.end() > readable_end => max -= 1,
-                _ => break,
-            }
-        }
-        Ok(max)
-    }
-
-    /// One past the last entry whose record ends within `log_end`: where the queue ended
-    /// when the log ended there (entries increase in physical offset). `min_offset` when
-    /// that is below every entry still kept.
+    /// One past the last entry whose record ends within `log_end` (entries increase in
+    /// physical offset): where the queue ends for reads while the commit log is readable up
+    /// to `log_end` (entries of records not written yet are not served), or where it ended
+    /// when the log ended there. `min_offset` when that is below every entry kept. Reads
+    /// files only when the newest entry is beyond `log_end`: the few newest first (records
+    /// being written), then a binary search over the rest.
     pub fn end_within(&self, log_end: u64) -> Result<u64, IndexError> {
+        const TAIL_WALK: u64 = 8;
         if self.last.is_none_or(|e| e.end() <= log_end) {
             return Ok(self.max_offset);
         }
-        self.partition_point(self.min_offset, self.max_offset, |e| e.end() <= log_end)
+        let walk_to = self
+            .max_offset
+            .saturating_sub(TAIL_WALK)
+            .max(self.min_offset);
+        let mut end = self.max_offset - 1;
+        while end > walk_to {
+            match self.get(end - 1)? {
+                Some(e) if e.end() > log_end => end -= 1,
+                _ => return Ok(end),
+            }
+        }
+        self.partition_point(self.min_offset, end, |e| e.end() <= log_end)
     }
 
     /// Re-reads the last entry after the end moved back.

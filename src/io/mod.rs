@@ -24,6 +24,31 @@ pub fn is_disk_full(e: &io::Error) -> bool {
     ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
+/// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new
+/// one, never a mix: writes `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the
+/// directory. Blocking (call it off a shard's thread, or at start-up). Errors name the
+/// operation and the file.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let ctx = |op: &str, p: &Path, e: io::Error| {
+        io::Error::new(e.kind(), format!("{op} {}: {e}", p.display()))
+    };
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = PathBuf::from(tmp_name);
+    let mut f = std::fs::File::create(&tmp).map_err(|e| ctx("create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| ctx("write", &tmp, e))?;
+    f.sync_all().map_err(|e| ctx("fsync", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| ctx("rename", path, e))?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ctx("fsync", dir, e))
+}
+
 thread_local! {
     static FAIL_NEXT: std::cell::Cell<Option<FailPoint>> = const { std::cell::Cell::new(None) };
     /// Occurrences of the armed point that pass before one fails.

@@ -2,7 +2,6 @@
 //! atomically (temp file, fsync, rename, fsync of the directory) with a CRC, so a torn
 //! checkpoint is never trusted.
 
-use std::io::Write;
 use std::path::Path;
 
 const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"RMQC");
@@ -72,19 +71,7 @@ impl Checkpoint {
 
     /// Writes the checkpoint atomically.
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
-        let tmp = dir.join("checkpoint.tmp");
-        let path = dir.join("checkpoint");
-        let ctx = |op: &str, p: &Path, e: std::io::Error| {
-            std::io::Error::new(e.kind(), format!("{op} {}: {e}", p.display()))
-        };
-        let mut f = std::fs::File::create(&tmp).map_err(|e| ctx("create", &tmp, e))?;
-        f.write_all(&self.encode())
-            .map_err(|e| ctx("write", &tmp, e))?;
-        f.sync_all().map_err(|e| ctx("fsync", &tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| ctx("rename", &path, e))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| ctx("fsync", dir, e))
+        crate::io::replace_file(&dir.join("checkpoint"), &self.encode())
     }
 }
 

@@ -253,7 +253,7 @@ impl MessageStore {
 
     /// The readable end of a queue: entries whose record is not written yet are not visible.
     fn visible_max(&self, cq: &ConsumeQueue) -> Result<u64, StoreError> {
-        Ok(cq.readable_max(self.inner.log.readable_end())?)
+        Ok(cq.end_within(self.inner.log.readable_end())?)
     }
 
     /// (min, max) queue offsets; max is the offset the next message will get. An unknown

@@ -12,7 +12,6 @@
 //! position back (messages delivered again, never skipped): a run not of this store is
 //! checked against this start, one older than every start kept against all of them.
 
-use std::io::Write;
 use std::path::Path;
 
 const RUNS_MAGIC: u32 = u32::from_le_bytes(*b"RMQR");
@@ -73,10 +72,6 @@ fn decode(b: &[u8]) -> Option<Vec<Run>> {
     Some(runs)
 }
 
-fn ctx(op: &str, p: &Path, e: std::io::Error) -> std::io::Error {
-    std::io::Error::new(e.kind(), format!("{op} {}: {e}", p.display()))
-}
-
 impl Runs {
     /// Reads the runs file in `dir`, adds this run starting at `log_end` with an
     /// incarnation later than every earlier one (`now_nanos`, or one past the last run's if
@@ -93,7 +88,10 @@ impl Runs {
                 Vec::new()
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(ctx("read", &path, e)),
+            Err(e) => {
+                let why = format!("read {}: {e}", path.display());
+                return Err(std::io::Error::new(e.kind(), why));
+            }
         };
         let after = runs.last().map_or(0, |r| r.incarnation);
         let incarnation = now_nanos.max(after.saturating_add(1)).max(1);
@@ -103,16 +101,7 @@ impl Runs {
         });
         let drop = runs.len().saturating_sub(RUNS_KEPT);
         runs.drain(..drop);
-
-        let tmp = dir.join("runs.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| ctx("create", &tmp, e))?;
-        f.write_all(&encode(&runs))
-            .map_err(|e| ctx("write", &tmp, e))?;
-        f.sync_all().map_err(|e| ctx("fsync", &tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| ctx("rename", &path, e))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| ctx("fsync", dir, e))?;
+        crate::io::replace_file(&path, &encode(&runs))?;
         Ok(Runs { runs })
     }
 

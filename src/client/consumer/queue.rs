@@ -114,12 +114,11 @@ fn describe(mq: &MessageQueue, offsets: &[u64]) -> String {
 
 /// Where a queue starts.
 struct Start {
-    offset: u64,
+    /// The run is known for broadcasting's local offsets only (the broker lowers its own
+    /// committed offsets at its start instead).
+    at: Position,
     /// From a commit (else from `consume_from`).
     committed: bool,
-    /// The broker run the offset was read under, when known (broadcasting's local
-    /// offsets; the broker lowers its own committed offsets at its start instead).
-    incarnation: u64,
 }
 
 /// Where a queue starts: the committed offset (the broker's, or the local file's in
@@ -136,15 +135,10 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
                 incarnation: 0,
             }),
     };
-    if let Some(Position {
-        offset,
-        incarnation,
-    }) = committed
-    {
+    if let Some(at) = committed {
         return Ok(Start {
-            offset,
+            at,
             committed: true,
-            incarnation,
         });
     }
     let client = &shared.client;
@@ -168,9 +162,11 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
         }
     };
     Ok(Start {
-        offset,
+        at: Position {
+            offset,
+            incarnation: 0,
+        },
         committed: false,
-        incarnation: 0,
     })
 }
 
@@ -277,12 +273,12 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     };
     {
         let mut state = pq.state();
-        state.tracker.set_next_pull(start.offset);
+        state.tracker.set_next_pull(start.at.offset);
         // The first pull names the run the position was read under: a broker that lost
         // what lay past it in a crash answers with where the queue ended instead.
-        state.incarnation = start.incarnation;
+        state.incarnation = start.at.incarnation;
         if start.committed {
-            state.committed = Some(start.offset);
+            state.committed = Some(start.at.offset);
         }
     }
     // A start taken from `consume_from` is committed before the first pull: a member that
@@ -306,7 +302,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     let mut pipeline = PullPipeline::new(
         shared.options.pulls_in_flight_max,
         shared.options.pull_batch_max,
-        start.offset,
+        start.at.offset,
     );
     let mut in_flight = InFlight(VecDeque::new());
     loop {

@@ -85,7 +85,7 @@ fn files_are_mapped_on_use_and_closed_when_idle() {
     assert_eq!(queue.mapped_files(), 0);
     assert_eq!(queue.max_offset(), 10);
     assert_eq!(queue.last_entry(), Some((9, entry(9))));
-    assert_eq!(queue.readable_max(u64::MAX).unwrap(), 10);
+    assert_eq!(queue.end_within(u64::MAX).unwrap(), 10);
     assert_eq!(
         queue.mapped_files(),
         0,
@@ -539,6 +539,30 @@ proptest! {
                 }
             }
             model.check(&queue);
+        }
+    }
+}
+
+/// `end_within` agrees with counting the entries whose record ends within the log end, for
+/// every log end around every entry: found by the walk over the newest entries or by the
+/// search over older ones, and at `min_offset` when nothing kept ends within it.
+#[test]
+fn end_within_counts_the_entries_a_log_end_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 4);
+    append(&mut queue, 0..30);
+    queue
+        .delete_before_physical(entry(3).physical_offset)
+        .unwrap();
+    let min = queue.min_offset();
+    for q in 0..31u64 {
+        for log_end in [q * 103, q * 103 + 99, q * 103 + 100] {
+            let covered = (min..30).filter(|&o| entry(o).end() <= log_end).count() as u64;
+            assert_eq!(
+                queue.end_within(log_end).unwrap(),
+                min + covered,
+                "log end {log_end}"
+            );
         }
     }
 }
