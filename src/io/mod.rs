@@ -842,4 +842,114 @@ mod tests {
             .expect("an executor slept through a wake-up from another thread");
         assert_eq!(sum, (1..=ROUNDS).sum::<u64>());
     }
+
+    /// A task queue that runs past its time slice yields to another (vendor/glommio/RINGMQ.md:
+    /// the slice is a deadline `need_preempt` checks, not a kernel timeout re-armed per loop).
+    /// The first queue's task spins, calling `yield_if_needed`, until the second queue's task
+    /// has run; without preemption it would spin until its own 20 s limit.
+    #[test]
+    fn a_task_queue_past_its_time_slice_lets_another_run() {
+        use glommio::{Latency, Shares};
+        use std::time::{Duration, Instant};
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .preempt_timer(Duration::from_millis(5))
+                .make()
+                .expect("executor");
+            let spun_for = ex.run(async {
+                let queue = |name| {
+                    glommio::executor().create_task_queue(
+                        Shares::default(),
+                        Latency::NotImportant,
+                        name,
+                    )
+                };
+                let (a, b) = (queue("spinner"), queue("other"));
+                let ran = std::rc::Rc::new(std::cell::Cell::new(false));
+                let flag = ran.clone();
+                let spinner = glommio::spawn_local_into(
+                    async move {
+                        let start = Instant::now();
+                        while !flag.get() && start.elapsed() < Duration::from_secs(20) {
+                            glommio::yield_if_needed().await;
+                        }
+                        start.elapsed()
+                    },
+                    a,
+                )
+                .expect("spawn")
+                .detach();
+                let other = glommio::spawn_local_into(async move { ran.set(true) }, b)
+                    .expect("spawn")
+                    .detach();
+                let spun_for = spinner.await;
+                other.await;
+                spun_for
+            });
+            let _ = tx.send(spun_for);
+        });
+        let spun_for = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the executor ended")
+            .expect("the spinner ran");
+        assert!(
+            spun_for < Duration::from_secs(5),
+            "the other queue waited {spun_for:?} for a 5 ms time slice to end"
+        );
+    }
+
+    /// An executor that parks with a far timer armed, woken by another thread, then parks
+    /// for a nearer timer, wakes for the nearer one (vendor/glommio/RINGMQ.md: the armed
+    /// wake-up is kept across sleeps only while it fires no later than needed). Repeated,
+    /// with the nearer timers also firing while the far one stays armed.
+    #[test]
+    fn a_parked_executor_wakes_for_a_timer_nearer_than_the_one_armed() {
+        use glommio::channels::shared_channel;
+        use std::time::{Duration, Instant};
+        let (ping_tx, ping_rx) = shared_channel::new_bounded::<u32>(1);
+        let (done, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .make()
+                .expect("executor");
+            let slept = ex.run(async move {
+                let rx = ping_rx.connect().await;
+                // Armed at every park below: the earliest timer but for the short sleeps.
+                let far =
+                    glommio::spawn_local(glommio::timer::sleep(Duration::from_secs(60))).detach();
+                let mut longest = Duration::ZERO;
+                while let Some(i) = rx.recv().await {
+                    let start = Instant::now();
+                    glommio::timer::sleep(Duration::from_millis(2 + u64::from(i % 5))).await;
+                    longest = longest.max(start.elapsed());
+                }
+                drop(far);
+                longest
+            });
+            let _ = done.send(slept);
+        });
+        let sender = std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .make()
+                .expect("executor");
+            ex.run(async move {
+                let tx = ping_tx.connect().await;
+                for i in 0..20u32 {
+                    glommio::timer::sleep(Duration::from_millis(20)).await;
+                    if tx.send(i).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        });
+        let longest = done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a short sleep waited for the 60 s timer armed before it");
+        let _ = sender.join();
+        assert!(
+            longest < Duration::from_secs(5),
+            "a sleep of a few ms took {longest:?}"
+        );
+    }
 }

@@ -206,7 +206,11 @@ impl Reactor {
 
     #[inline(always)]
     pub(crate) fn need_preempt(&self) -> bool {
-        unsafe { *self.preempt_ptr_head != (*self.preempt_ptr_tail).load(Ordering::Acquire) }
+        // ringmq patch: the time slice is a deadline checked here rather than a kernel
+        // timeout re-armed (and cancelled) on the latency ring at every loop.
+        let completions =
+            unsafe { *self.preempt_ptr_head != (*self.preempt_ptr_tail).load(Ordering::Acquire) };
+        completions || self.sys.preempt_due()
     }
 
     pub(crate) fn id(&self) -> usize {

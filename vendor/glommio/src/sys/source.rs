@@ -224,6 +224,13 @@ impl Source {
         })
     }
 
+    /// ringmq patch: whether the request is still in the reactor's hands (queued, or
+    /// in the kernel with its completion not yet consumed). The reactor keeps its own
+    /// timers and the rings' link armed across loops while this holds.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.inner.borrow().enqueued.is_some()
+    }
+
     pub(crate) fn result(&self) -> Option<io::Result<usize>> {
         let mut inner = self.inner.borrow_mut();
         let ret = inner

@@ -1044,66 +1044,70 @@ impl SleepableRing {
         }
     }
 
-    fn sleep(&mut self, link: &Source) -> io::Result<usize> {
+    /// ringmq patch: `arm` prepares the poll that links the rings (false while the one
+    /// armed by an earlier sleep has not fired: it links them still), and the
+    /// submission and the wait are one system call (0.9.0 made two, and armed a new
+    /// link every time).
+    fn sleep(&mut self, link: &Source, arm: bool) -> io::Result<usize> {
         assert_eq!(
             self.waiting_kernel_submission(),
             0,
             "sleeping with pending SQEs"
         );
-        if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
-            let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
-            let op = UringDescriptor {
-                fd: link.raw(),
-                flags: SubmissionFlags::empty(),
-                user_data: to_user_data(
-                    self.source_map
-                        .borrow_mut()
-                        .add_source(link, self.submission_queue.clone()),
-                ),
-                args: UringOpDescriptor::PollAdd(common_flags() | read_flags()),
-            };
-            fill_sqe(
-                &mut sqe,
-                &op,
-                DmaBuffer::new,
-                &mut self.source_map.borrow_mut(),
-            );
-
-            // We have now prepared the SQE that links the two rings. We now need to submit
-            // it successfully to be able to safely sleep.
-
-            if self
-                .submit_sqes()
-                .or_else(Reactor::busy_ok)
-                .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)?
-                != 1
-            {
-                // We failed to submit the `SQE` that links the rings. Just can't sleep.
-                // Waiting here is unsafe because we could end up waiting much longer than
-                // needed.
-                // We make the SQE a no-op and return
-                unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
-                Err(io::Error::from_raw_os_error(libc::EBUSY))
+        let mut sqe_ptr = None;
+        if arm {
+            if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
+                sqe_ptr = Some(unsafe { sqe.raw_mut() as *mut _ });
+                let op = UringDescriptor {
+                    fd: link.raw(),
+                    flags: SubmissionFlags::empty(),
+                    user_data: to_user_data(
+                        self.source_map
+                            .borrow_mut()
+                            .add_source(link, self.submission_queue.clone()),
+                    ),
+                    args: UringOpDescriptor::PollAdd(common_flags() | read_flags()),
+                };
+                fill_sqe(
+                    &mut sqe,
+                    &op,
+                    DmaBuffer::new,
+                    &mut self.source_map.borrow_mut(),
+                );
             } else {
-                // The rings are linked. Goodnight!
-                self.ring
-                    .cq()
-                    .wait(1)
-                    .map(|_| 1)
+                // Can't link rings because we ran out of `SQE`s. Just can't sleep.
+                // Submit what we have, once we're out of here we'll consume them
+                // and at some point will be able to sleep again.
+                return self
+                    .submit_sqes()
                     .or_else(Reactor::busy_ok)
                     .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)
+                    .or_else(Reactor::intr_ok);
             }
-        } else {
-            // Can't link rings because we ran out of `CQE`s. Just can't sleep.
-            // Submit what we have, once we're out of here we'll consume them
-            // and at some point will be able to sleep again.
-            self.submit_sqes()
-                .or_else(Reactor::busy_ok)
-                .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)
         }
+
+        // Submit the link (when armed now) and wait for a completion. The kernel waits
+        // only when it took every submission; an interrupted wait returns early.
+        match self.ring.submit_sqes_and_wait(1) {
+            Ok(submitted) => {
+                self.in_kernel += submitted as usize;
+                Ok(1)
+            }
+            Err(e) => {
+                if let Some(sqe_ptr) = sqe_ptr {
+                    if self.waiting_kernel_submission() > 0 {
+                        // The kernel did not take the `SQE` that links the rings, so we
+                        // did not sleep. Make it a no-op: it completes harmlessly when
+                        // submitted later, and the next sleep links the rings anew.
+                        unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
+                    }
+                }
+                Err(e)
+            }
+        }
+        .or_else(Reactor::busy_ok)
+        .or_else(Reactor::again_ok)
+        .or_else(Reactor::intr_ok)
     }
 }
 
@@ -1221,8 +1225,19 @@ pub(crate) struct Reactor {
     latency_ring: RefCell<SleepableRing>,
     poll_ring: RefCell<PollRing>,
 
-    latency_preemption_timeout_src: Cell<Option<Source>>,
+    // ringmq patch: the end of the running time slice, checked by `need_preempt`
+    // (0.9.0 armed a latency-ring timeout for it, then cancelled it, at every loop).
+    preempt_deadline: Cell<Option<Instant>>,
+    // ringmq patch: the latency-ring timeout that wakes a sleeping executor for its next
+    // user timer, with the time it fires; kept armed across loops while no earlier
+    // wake-up is needed (0.9.0 cancelled it at every loop and armed it again per sleep).
+    sleep_timer_src: Cell<Option<(Source, Instant)>>,
+    // Kept armed until it fires (ringmq patch: 0.9.0 cancelled and re-armed it per loop).
     throughput_preemption_timeout_src: Cell<Option<Source>>,
+    // ringmq patch: the main ring's poll of the latency ring's fd, through which a
+    // sleeping executor wakes for a latency-ring completion; kept armed until it fires
+    // (0.9.0 armed it per sleep and cancelled it after every wake-up it did not cause).
+    link_rings_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
 
@@ -1352,8 +1367,10 @@ impl Reactor {
             main_ring: RefCell::new(main_ring),
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
-            latency_preemption_timeout_src: Cell::new(None),
+            preempt_deadline: Cell::new(None),
+            sleep_timer_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
+            link_rings_src: Cell::new(None),
             blocking_thread,
             link_fd,
             notifier,
@@ -1725,15 +1742,26 @@ impl Reactor {
     ///
     /// We may not be able to register an `SQE` at this point, so we return an
     /// Error and will just not sleep.
+    ///
+    /// ringmq patch: the link is kept armed across sleeps until it fires (a poll that
+    /// has not fired still links the rings); a new one is armed only when needed.
     fn link_rings_and_sleep(&self, ring: &mut SleepableRing) -> io::Result<()> {
-        let link_rings = Source::new(
-            IoRequirements::default(),
-            self.link_fd,
-            SourceType::LinkRings,
-            None,
-            None,
-        );
-        ring.sleep(&link_rings).or_else(Self::busy_ok).map(|_| {})
+        let (link_rings, arm) = match self.link_rings_src.take() {
+            Some(src) if src.is_pending() => (src, false),
+            _ => (
+                Source::new(
+                    IoRequirements::default(),
+                    self.link_fd,
+                    SourceType::LinkRings,
+                    None,
+                    None,
+                ),
+                true,
+            ),
+        };
+        let slept = ring.sleep(&link_rings, arm).or_else(Self::busy_ok).map(|_| {});
+        self.link_rings_src.set(Some(link_rings));
+        slept
     }
 
     pub(crate) fn poll_io(&self, woke: &mut usize) -> io::Result<()> {
@@ -1814,22 +1842,20 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
-        //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
+        // ringmq patch: no time slice runs while we are in here; one starts below when
+        // the caller asks for a preempt timer.
+        self.preempt_deadline.set(None);
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // up sleeping. ringmq patch: only once the one armed has fired; 0.9.0 cancelled
+        // and replaced it at every loop (a cancel, a timeout and a linked write, and a
+        // system call to submit them, each time).
+        let throughput_timer = match self.throughput_preemption_timeout_src.take() {
+            Some(src) if src.is_pending() => src,
+            _ => main_ring
+                .prepare_throughput_preemption_timer(self.ring_depth() as u32, self.eventfd_src.raw()),
+        };
+        self.throughput_preemption_timeout_src.set(Some(throughput_timer));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1850,10 +1876,33 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
+            // ringmq patch: a timeout still armed that fires no later than needed is
+            // kept (at worst it wakes us early, and we sleep again); one that would fire
+            // too late is cancelled and replaced. One that is no longer needed is kept
+            // too: it costs one early wake-up, where cancelling costs a system call.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                let fire_at = Instant::now() + dur;
+                match self.sleep_timer_src.take() {
+                    Some((src, at)) if src.is_pending() && at <= fire_at => {
+                        self.sleep_timer_src.set(Some((src, at)));
+                    }
+                    armed => {
+                        // Dropping a pending timeout queues its cancellation, which
+                        // `consume_cancellation_queue` places beside the new timeout
+                        // (without consuming completions: we have decided to sleep).
+                        drop(armed);
+                        lat_ring
+                            .consume_cancellation_queue()
+                            .or_else(Self::busy_ok)
+                            .or_else(Self::again_ok)
+                            .or_else(Self::intr_ok)?;
+                        self.sleep_timer_src.set(Some((
+                            lat_ring.prepare_latency_preemption_timer(dur),
+                            fire_at,
+                        )));
+                        assert!(flush_rings!(lat_ring)? > 0);
+                    }
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1884,9 +1933,7 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-            flush_rings!(lat_ring, main_ring)?;
+            self.preempt_deadline.set(Some(Instant::now() + preempt));
         }
 
         // A Note about `need_preempt`:
@@ -1901,6 +1948,14 @@ impl Reactor {
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
         self.blocking_thread.flush()
+    }
+
+    /// ringmq patch: whether the running time slice (set by `wait` when the caller asks
+    /// for a preempt timer) has ended.
+    pub(crate) fn preempt_due(&self) -> bool {
+        self.preempt_deadline
+            .get()
+            .is_some_and(|deadline| Instant::now() >= deadline)
     }
 
     pub(crate) fn preempt_pointers(&self) -> (*const u32, *const u32) {
