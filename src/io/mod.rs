@@ -593,12 +593,19 @@ async fn probe_iopoll_once(near: &Path) {
     }
     let Some(dir) = near.parent() else { return };
     let probe = dir.join(format!(".ringmq-iopoll-probe-{}", std::process::id()));
-    let written = std::fs::write(&probe, vec![0xa5u8; IO_ALIGN]).and_then(|_| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&probe)
-            .and_then(|f| f.sync_all())
-    });
+    // The scratch file is written, synced and removed in the blocking pool: an fsync, and
+    // an unlink that may discard blocks on the device, would stall the shard for
+    // milliseconds (this runs at the first append of a fresh store).
+    let path = probe.clone();
+    let written = blocking(move || {
+        std::fs::write(&path, vec![0xa5u8; IO_ALIGN]).and_then(|_| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.sync_all())
+        })
+    })
+    .await;
     if written.is_ok() {
         if let Ok(f) = glommio::io::OpenOptions::new()
             .read(true)
@@ -608,7 +615,10 @@ async fn probe_iopoll_once(near: &Path) {
             let _ = f.close().await;
         }
     }
-    let _ = std::fs::remove_file(&probe);
+    blocking(move || {
+        let _ = std::fs::remove_file(&probe);
+    })
+    .await;
 }
 
 fn warn_buffered_once(path: &Path) {

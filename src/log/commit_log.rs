@@ -419,6 +419,11 @@ impl CommitLog {
         inner.readable.value.set(end);
         inner.durable.value.set(end);
         let log = CommitLog { inner };
+        // Create (or open) the segment appends go to now rather than in the first append's
+        // write: creating and preallocating a segment and syncing its directory take
+        // milliseconds. A failure here (a full disk) is left to that write, which reports
+        // it to the appends as it would have.
+        let _ = writer::ensure_file(&log.inner, active_base).await;
         if log.inner.cfg.flush == FlushMode::Async {
             let weak = Rc::downgrade(&log.inner);
             crate::io::spawn(async move { flusher(weak).await });
