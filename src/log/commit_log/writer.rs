@@ -173,6 +173,11 @@ pub(super) const PREZERO_BYTES: u64 = 8 << 20;
 /// [`PREZERO_BYTES`] are zeroed in the background.
 const PREZERO_AHEAD_MIN: u64 = PREZERO_BYTES / 2;
 
+/// Background zeroing writes this much at a time: the device serves writes in order, and a
+/// data write (an acknowledgement waits on it) queued behind one 8 MiB write of zeros waited
+/// milliseconds for it; behind a piece this size it waits a fraction of one.
+const PREZERO_PIECE_BYTES: u64 = 256 << 10;
+
 /// Sync mode, before the writer writes a segment's file up to `need` (a file position): the
 /// blocks there must be initialized. Normally they are, zeroed in the background ahead of
 /// the writer (started here once less than [`PREZERO_AHEAD_MIN`] is left), so sends do not
@@ -217,7 +222,8 @@ pub(super) async fn zeroed_ahead(
 }
 
 /// Zeros the [`PREZERO_BYTES`] of a segment's file from `from` (initialized up to there)
-/// in a task of its own; the writer writes below `from` meanwhile.
+/// in a task of its own, [`PREZERO_PIECE_BYTES`] at a time, each piece counted as zeroed
+/// once written; the writer writes below what is zeroed meanwhile.
 fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from: u64) {
     let target = (from + PREZERO_BYTES).min(inner.cfg.segment_bytes);
     match inner.st.borrow_mut().segments.get_mut(&seg_base) {
@@ -226,24 +232,34 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
     }
     let weak = Rc::downgrade(inner);
     crate::io::spawn(async move {
-        let result = write_zeros(&file, from, target).await;
+        let mut piece_from = from;
+        let result = loop {
+            if piece_from >= target {
+                break Ok(());
+            }
+            let piece_to = (piece_from + PREZERO_PIECE_BYTES).min(target);
+            let written = write_zeros(&file, piece_from, piece_to).await;
+            let Some(inner) = weak.upgrade() else { return };
+            if written.is_err() {
+                break written;
+            }
+            // Only the file this task zeroed: a disk-full cut may have removed its segment,
+            // and a later roll created another at the same base (whose own zeroing this
+            // must not end, nor claim its bytes zeroed).
+            match zeroing_segment(&inner, seg_base, &file) {
+                Some(mut s) => s.zeroed_to = s.zeroed_to.max(piece_to),
+                None => break Ok(()),
+            }
+            inner.zeroed.notify_waiters();
+            piece_from = piece_to;
+        };
         let Some(inner) = weak.upgrade() else { return };
-        // Only the file this task zeroed: a disk-full cut may have removed its segment,
-        // and a later roll created another at the same base (whose own zeroing this must
-        // not end, nor claim its bytes zeroed).
-        if let Some(s) = inner
-            .st
-            .borrow_mut()
-            .segments
-            .get_mut(&seg_base)
-            .filter(|s| s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, &file)))
-        {
+        if let Some(mut s) = zeroing_segment(&inner, seg_base, &file) {
             s.zeroing = false;
-            match &result {
-                Ok(()) => s.zeroed_to = s.zeroed_to.max(target),
-                // Left to the writer: it zeroes inline when it gets there, and a failure
-                // there fails its write.
-                Err(e) => crate::warn!("pre-zeroing {}: {e}", file.path().display()),
+            // Left to the writer: it zeroes inline when it gets there, and a failure there
+            // fails its write.
+            if let Err(e) = &result {
+                crate::warn!("pre-zeroing {}: {e}", file.path().display());
             }
         }
         if result.is_ok() {
@@ -254,6 +270,20 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
         }
         inner.zeroed.notify_waiters();
     });
+}
+
+/// The segment at `seg_base` if `file` is still its file.
+fn zeroing_segment<'a>(
+    inner: &'a Inner,
+    seg_base: u64,
+    file: &Rc<LogFile>,
+) -> Option<std::cell::RefMut<'a, Segment>> {
+    std::cell::RefMut::filter_map(inner.st.borrow_mut(), |st| {
+        st.segments
+            .get_mut(&seg_base)
+            .filter(|s| s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, file)))
+    })
+    .ok()
 }
 
 /// Waits until no segment is being zeroed and no file past a cut is being removed in the
