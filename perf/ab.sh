@@ -5,7 +5,8 @@
 # and end-to-end p50/p99/p99.9 (us) of every run, and the CPU time the broker and the bench
 # each spent per message produced (b.us/m, c.us/m: user + system, all threads; less noisy
 # than the rates on a shared VM). FLUSH=sync runs the brokers with --flush sync; SHARDS sets
-# their shards (default 2).
+# their shards (default 2). BENCH=after runs this tree's ringmq-bench on both sides (a
+# broker change measured with bench options REV's bench lacks, such as --warmup).
 # Usage: perf/ab.sh REV ROUNDS SECS -- BENCH_ARGS...
 #   e.g. perf/ab.sh 933fb63 4 5 -- --size 1024 --batch 1000 --producers 2 --consumers 1 \
 #        --pull-batch 1000 --in-flight 4
@@ -34,7 +35,9 @@ for _ in $(seq "$ROUNDS"); do
     for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
     addr=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
     # The bench's CPU (user, system seconds) from bash's `time`, on fd 3's file.
-    { time "$bin"/ringmq-bench --broker "$addr" --queues 8 --duration "$SECS" --json "$WORK/r.json" "$@" \
+    bench_bin=$bin
+    [ "${BENCH:-}" = after ] && bench_bin=target/release
+    { time "$bench_bin"/ringmq-bench --broker "$addr" --queues 8 --duration "$SECS" --json "$WORK/r.json" "$@" \
       >"$WORK/bench.log" 2>&1 || { echo "$side: bench failed"; tail -3 "$WORK/bench.log"; }; } 2>"$WORK/bench.cpu"
     # The broker's CPU: utime + stime of all its threads, in clock ticks, before it stops.
     broker_ticks=$(awk '{print $14 + $15}' "/proc/$BROKER_PID/stat")

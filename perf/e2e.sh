@@ -7,7 +7,10 @@
 #   (d) single sends (batch 1, 2 x 128 in flight) with a push consumer group keeping up,
 #       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
 #       by push consumers pulling 32 at a time (cons/s of that row: the drain rate),
+#   (e) the 20,000 msg/s rows again (async and sync) with the broker on one shard (-1sh),
 #   and first the machine's own scheduling jitter (perf/jitter.py), to read the tails against.
+# The open-loop rows (lat-*, sync-*) measure after a 1 s warm-up (ringmq-bench --warmup 1,
+# when the bench has it): the load generator's own start stays out of the tails.
 # Broker: SHARDS shards (default 2), 8 queues. Usage: perf/e2e.sh [SECONDS_PER_CASE]
 # RINGMQ_BIN=DIR runs the broker (and bench) in DIR instead of building this checkout
 # (perf/compare.sh); RINGMQ_BENCH_BIN=DIR takes ringmq-bench from DIR instead;
@@ -27,9 +30,9 @@ BROKER_PID=
 cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-start_broker() { # flush
+start_broker() { # flush [shards]
   rm -rf "$WORK/data"
-  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards "$SHARDS" --flush "$1" \
+  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards "${2:-$SHARDS}" --flush "$1" \
     >"$WORK/broker.out" 2>"$WORK/broker.err" &
   BROKER_PID=$!
   for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && return; sleep 0.1; done
@@ -52,6 +55,8 @@ print(f'{sys.argv[2]:<28} {p["msgs_per_sec"]:>10.0f} {p["mb_per_sec"]:>8.1f} {c[
 PY
 }
 
+WARMUP=()
+"$BENCH_BIN"/ringmq-bench --help | grep -q -- --warmup && WARMUP=(--warmup 1)
 echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues; bench args: ${BENCH_ARGS:-none}"
 python3 perf/jitter.py 3
 printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max
@@ -63,16 +68,23 @@ bench t-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 1 --dura
 # as the issue's Iggy reference, are usually taken.
 bench p-1k-b1000     --size 1024 --batch 1000 --producers 2 --consumers 0 --duration "$SECS" --in-flight 4
 bench t-4k-b32       --size 4096 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
-bench lat-1k-1000ps  --size 1024 --rate 1000  --producers 2 --consumers 1 --duration "$SECS"
-bench lat-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
-bench lat-4k-20000ps --size 4096 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
+bench lat-1k-1000ps  --size 1024 --rate 1000  --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
+bench lat-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
+bench lat-4k-20000ps --size 4096 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
 GROUP=(--group g --consumers 2 --consume-batch 32 --non-blocking-listener)
 bench t-1k-b1-group    --size 1024 --batch 1  --producers 2 --in-flight 128 --duration "$SECS" "${GROUP[@]}"
 bench t-1k-b1-coalesce --size 1024 --batch 1  --producers 2 --in-flight 128 --duration "$SECS" "${GROUP[@]}" --coalesce
 bench drain-1k-b32     --size 1024 --batch 32 --producers 2 --messages 1000000 --consume-after-produce "${GROUP[@]}"
 stop_broker
 start_broker sync
-bench sync-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS"
+bench sync-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
+stop_broker
+# One shard: on 2 cores shared with the load generator, a second shard mostly adds wake-ups.
+start_broker async 1
+bench lat-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
+stop_broker
+start_broker sync 1
+bench sync-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
 stop_broker
 fio --name=s --filename="$WORK/fio" --rw=write --bs=1k --size=16m --direct=1 --ioengine=sync --fdatasync=1 \
     --output-format=json 2>/dev/null |

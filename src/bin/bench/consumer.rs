@@ -229,8 +229,8 @@ pub(crate) async fn start_push_consumers(
     Ok(push)
 }
 
-/// Counts the messages of this run seen for the first time, recording their end-to-end
-/// latency; returns (new, duplicates). Messages of other runs are ignored.
+/// Counts the messages of this run seen for the first time, recording the end-to-end
+/// latency of those due after the warm-up; returns (new, duplicates). Messages of other runs are ignored.
 fn count_new(
     run: &Run,
     messages: &[ringmq::client::Message],
@@ -268,6 +268,10 @@ fn count_new(
         }
         seen[word_at] |= bit;
         drop(seen);
+        counted += 1;
+        if sent_at_ns < run.measure_from_ns {
+            continue; // due in the warm-up
+        }
         let e2e_ns = now_ns.saturating_sub(sent_at_ns);
         record_us(&mut latencies.e2e, Duration::from_nanos(e2e_ns));
         if delay_ns > 0 {
@@ -276,7 +280,6 @@ fn count_new(
                 Duration::from_nanos(e2e_ns.saturating_sub(delay_ns)),
             );
         }
-        counted += 1;
     }
     (counted, duplicates)
 }

@@ -154,6 +154,13 @@ struct Cli {
     /// Seconds to produce for [default: 10, unless --messages is given].
     #[arg(long)]
     duration: Option<u64>,
+    /// Seconds to send before the measured run (at --rate, or closed loop), added to
+    /// --duration: the latencies of messages due in the warm-up are left out of the
+    /// histograms (those messages are still received and checked, and the rates count
+    /// them). Keeps the load generator's own start (threads, connections' first
+    /// requests, first allocations) out of the tails.
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    warmup: u64,
     /// Target rate in messages per second over all producers, open loop (latency counts
     /// from each send's scheduled time); 0: as fast as --in-flight allows.
     #[arg(long, default_value_t = 0)]
@@ -280,6 +287,12 @@ impl Cli {
             (None, None) => Some(Duration::from_secs(10)),
         }
     }
+
+    /// How long producers send in all: the warm-up, then the measured duration.
+    fn send_period(&self) -> Option<Duration> {
+        self.duration()
+            .map(|d| d + Duration::from_secs(self.warmup))
+    }
 }
 
 /// Nanoseconds since the UNIX epoch, from a monotonic clock: the wall clock is read once,
@@ -339,6 +352,10 @@ struct Run {
     seen: Vec<Mutex<Vec<u64>>>,
     queue_count: u32,
     start: Instant,
+    /// The end of the warm-up (`start` + --warmup): latencies count for messages due
+    /// from here; `measure_from_ns` is the same instant in epoch nanoseconds.
+    measure_from: Instant,
+    measure_from_ns: u64,
     stats: Stats,
     stop_consumers: AtomicBool,
     /// The parsed --sql filter.
@@ -411,12 +428,16 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         }
     }
 
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs(cli.warmup);
     let run = Arc::new(Run {
         cli: cli.clone(),
         tag: rand::random::<u16>(),
         seen: (0..cli.producers).map(|_| Mutex::new(Vec::new())).collect(),
         queue_count,
-        start: Instant::now(),
+        start,
+        measure_from,
+        measure_from_ns: epoch_ns(measure_from),
         stats: Stats::default(),
         stop_consumers: AtomicBool::new(false),
         sql: match &cli.sql {

@@ -133,10 +133,12 @@ impl Sender {
             };
             match outcome {
                 Ok(()) => {
-                    record_us(
-                        &mut latencies.lock().unwrap_or_else(PoisonError::into_inner),
-                        scheduled.elapsed(),
-                    );
+                    if scheduled >= run.measure_from {
+                        record_us(
+                            &mut latencies.lock().unwrap_or_else(PoisonError::into_inner),
+                            scheduled.elapsed(),
+                        );
+                    }
                     run.stats.sent.fetch_add(count as u64, Ordering::Relaxed);
                     run.stats.expected.fetch_add(expected, Ordering::Relaxed);
                 }
@@ -172,7 +174,7 @@ impl Sender {
 /// per send), as an application keeping a window of sends would.
 async fn produce_closed(mut sender: Sender) -> Histogram<u64> {
     use futures_util::stream::{FuturesUnordered, StreamExt};
-    let deadline = sender.run.cli.duration().map(|d| sender.run.start + d);
+    let deadline = sender.run.cli.send_period().map(|d| sender.run.start + d);
     let window = sender.run.cli.in_flight.max(1);
     let mut in_flight = FuturesUnordered::new();
     loop {
@@ -196,7 +198,7 @@ async fn produce_closed(mut sender: Sender) -> Histogram<u64> {
 /// room included). The thread sleeps with the OS timer (tens of microseconds of slack)
 /// rather than tokio's 1 ms timer wheel, whose rounding would otherwise show up as latency.
 fn produce_open(mut sender: Sender, handle: tokio::runtime::Handle, interval: Duration) -> Sender {
-    let deadline = sender.run.cli.duration().map(|d| sender.run.start + d);
+    let deadline = sender.run.cli.send_period().map(|d| sender.run.start + d);
     let mut sends: u32 = 0;
     loop {
         let count = sender.next_count();

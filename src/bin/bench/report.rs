@@ -156,6 +156,7 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
             "batch": cli.batch,
             "messages": cli.messages,
             "duration_s": cli.duration().map(|d| d.as_secs()),
+            "warmup_s": cli.warmup,
             "rate": cli.rate,
             "delay_ms": cli.delay_ms,
             "in_flight": cli.in_flight,
@@ -215,7 +216,7 @@ pub(crate) fn print_report(cli: &Cli, r: &Report) {
 /// The line `main` prints before a run: what is measured, against which broker.
 pub(crate) fn banner(cli: &Cli, broker: &str, embedded: bool) -> String {
     format!(
-        "ringmq-bench: {} on {broker}{}: {} producers, {} consumers{}, {} B messages, batch {}, {}",
+        "ringmq-bench: {} on {broker}{}: {} producers, {} consumers{}, {} B messages, batch {}, {}{}",
         cli.topic,
         if embedded { " (embedded)" } else { "" },
         cli.producers,
@@ -232,6 +233,11 @@ pub(crate) fn banner(cli: &Cli, broker: &str, embedded: bool) -> String {
             (None, Some(d), 0) => format!("{} s, closed loop", d.as_secs()),
             (None, Some(d), r) => format!("{} s at {r} msg/s", d.as_secs()),
             (None, None, _) => String::new(),
+        },
+        if cli.warmup > 0 {
+            format!(" after a {} s warm-up", cli.warmup)
+        } else {
+            String::new()
         }
     )
 }
