@@ -3,7 +3,9 @@
 # temporary worktree and this checkout, then runs perf/e2e.sh for each, alternating
 # (before, after, before, after), so both see the same machine on the same day. Each runs
 # its own ringmq-bench (the protocol version may differ). SHARDS and TOKIO_WORKER_THREADS
-# (the bench's threads) pass through to perf/e2e.sh.
+# (the bench's threads) pass through to perf/e2e.sh. BENCH=after runs this tree's bench for
+# both sides (when the protocol is unchanged: the same load generator, options REV's bench
+# lacks such as --warmup).
 # Usage: perf/compare.sh REV [SECONDS_PER_CASE] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +20,9 @@ echo "building $REV (before) and the working tree (after)..."
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
 for round in $(seq "$ROUNDS"); do
   echo "=== round $round: before ($(git rev-parse --short "$REV"))"
-  RINGMQ_BIN=/tmp/ringmq-before-target/release RINGMQ_OUT=perf/out/before perf/e2e.sh "$SECS"
+  before_bench=/tmp/ringmq-before-target/release
+  [ "${BENCH:-}" = after ] && before_bench=target/release
+  RINGMQ_BIN=/tmp/ringmq-before-target/release RINGMQ_BENCH_BIN=$before_bench RINGMQ_OUT=perf/out/before perf/e2e.sh "$SECS"
   echo "=== round $round: after (working tree of $(git rev-parse --short HEAD))"
   RINGMQ_BIN=target/release RINGMQ_OUT=perf/out/after perf/e2e.sh "$SECS"
 done

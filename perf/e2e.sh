@@ -3,7 +3,8 @@
 # run, printed as one table (and JSON files under perf/out/):
 #   (a) produce throughput with a consumer draining concurrently (1 KiB and 4 KiB; batches
 #       of 1, 32 and 1000), and producers alone in batches of 1000 (p-1k-b1000), (b) end-to-end latency at 1,000 and 20,000 msg/s open loop,
-#   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles,
+#   (c) sync flush: send-ack latency at 20,000 msg/s beside fio's fdatasync percentiles
+#       (run first: see below),
 #   (d) single sends (batch 1, 2 x 128 in flight) with a push consumer group keeping up,
 #       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
 #       by push consumers pulling 32 at a time (cons/s of that row: the drain rate),
@@ -60,6 +61,19 @@ WARMUP=()
 echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues; bench args: ${BENCH_ARGS:-none}"
 python3 perf/jitter.py 3
 printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max
+# Sync flush first, beside fio, while the device is quiet: the async rows write (and the
+# broker restarts between cases remove) gigabytes, and on a discard-mounted file system the
+# device is busy with those discards for a while after (a sync row run after them measured
+# a send p99 of 33 ms where it measured 2 ms before them).
+start_broker sync
+bench sync-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
+stop_broker
+start_broker sync 1
+bench sync-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
+stop_broker
+fio --name=s --filename="$WORK/fio" --rw=write --bs=1k --size=16m --direct=1 --ioengine=sync --fdatasync=1 \
+    --output-format=json 2>/dev/null |
+  python3 -c "import json,sys; p=json.load(sys.stdin)['jobs'][0]['sync']['lat_ns']['percentile']; print('fio fdatasync after 1 KiB O_DIRECT writes (us): p50', round(p['50.000000']/1000), 'p99', round(p['99.000000']/1000), 'p99.9', round(p['99.900000']/1000))"
 start_broker async
 bench t-1k-b1        --size 1024 --batch 1    --producers 2 --consumers 1 --duration "$SECS"
 bench t-1k-b32       --size 1024 --batch 32   --producers 2 --consumers 1 --duration "$SECS"
@@ -76,17 +90,8 @@ bench t-1k-b1-group    --size 1024 --batch 1  --producers 2 --in-flight 128 --du
 bench t-1k-b1-coalesce --size 1024 --batch 1  --producers 2 --in-flight 128 --duration "$SECS" "${GROUP[@]}" --coalesce
 bench drain-1k-b32     --size 1024 --batch 32 --producers 2 --messages 1000000 --consume-after-produce "${GROUP[@]}"
 stop_broker
-start_broker sync
-bench sync-1k-20000ps --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
-stop_broker
 # One shard: on 2 cores shared with the load generator, a second shard mostly adds wake-ups.
 start_broker async 1
 bench lat-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
 stop_broker
-start_broker sync 1
-bench sync-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
-stop_broker
-fio --name=s --filename="$WORK/fio" --rw=write --bs=1k --size=16m --direct=1 --ioengine=sync --fdatasync=1 \
-    --output-format=json 2>/dev/null |
-  python3 -c "import json,sys; p=json.load(sys.stdin)['jobs'][0]['sync']['lat_ns']['percentile']; print('fio fdatasync after 1 KiB O_DIRECT writes (us): p50', round(p['50.000000']/1000), 'p99', round(p['99.000000']/1000), 'p99.9', round(p['99.900000']/1000))"
 echo "latencies in microseconds; s = send-ack, e = end-to-end; JSON in $OUT/"
