@@ -31,7 +31,7 @@ use memmap2::MmapMut;
 
 use super::{
     create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
-    read_u32, read_u64, remove_file, write_u32, write_u64, Backing, IndexError,
+    read_u32, read_u64, remove_file, write_u32, write_u64, AllocAhead, Backing, IndexError,
 };
 
 /// Bytes of one consume-queue entry on disk.
@@ -500,6 +500,36 @@ impl ConsumeQueue {
         }
         let (open, path) = segment.file_and_path_mut(file_bytes)?;
         open.backing.ensure(end, CQ_ALLOC_STEP, path)
+    }
+
+    /// The next stretch of the newest file to allocate, once appends come within
+    /// [`CQ_ALLOC_STEP`] of what is allocated (the file mapped and grown to whole steps),
+    /// for the caller to allocate off its thread and report with
+    /// [`allocated_ahead`](Self::allocated_ahead). Appends past what is allocated still
+    /// allocate it themselves ([`reserve_next`](Self::reserve_next)), so a late or failed
+    /// one costs only that.
+    pub fn allocate_ahead(&mut self) -> Option<AllocAhead> {
+        let (max, entries_per_file) = (self.max_offset, self.entries_per_file);
+        let segment = self.segments.back_mut()?;
+        let next = max
+            .checked_sub(segment.base)
+            .filter(|&i| i < entries_per_file)?;
+        let next_end = entry_at(next) as u64 + CQ_ENTRY_BYTES;
+        let Segment { open, path, .. } = segment;
+        open.get_mut()?.backing.ahead(next_end, CQ_ALLOC_STEP, path)
+    }
+
+    /// How an [`AllocAhead`] of this queue went (`allocated`: it succeeded). One for a file
+    /// no longer mapped, or mapped again since, is ignored.
+    pub fn allocated_ahead(&mut self, ahead: &AllocAhead, allocated: bool) {
+        for segment in self.segments.iter_mut().rev() {
+            if segment.path == ahead.path {
+                if let Some(open) = segment.open.get_mut() {
+                    open.backing.ahead_done(ahead, allocated);
+                }
+                return;
+            }
+        }
     }
 
     /// Drops every entry whose record does not end within `log_end`, the recovered end of the

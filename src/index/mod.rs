@@ -20,6 +20,54 @@ pub mod timing_wheel;
 use std::path::{Path, PathBuf};
 
 pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
+
+/// A stretch of a mapped index file to allocate ahead of its appends, away from the thread
+/// that appends ([`ConsumeQueue::allocate_ahead`]): `allocate` it (it blocks on the file
+/// system), then report how it went to the index it came from.
+#[derive(Debug)]
+pub struct AllocAhead {
+    pub path: PathBuf,
+    /// The [`Backing`] it was asked for: a file mapped again (or another file made at the
+    /// same path) has another, and ignores the result.
+    backing: u64,
+    from: u64,
+    to: u64,
+}
+
+impl AllocAhead {
+    /// Allocates the stretch (opens the file, `fallocate`, closes it). Blocks.
+    pub fn allocate(&self) -> Result<(), IndexError> {
+        fallocate_range(&self.path, self.from, self.to).map(|_| ())
+    }
+}
+
+/// Allocates `[from, to)` of the file at `path` (mode 0: blocks only, the size stays).
+/// `Ok(false)`: a file system without `fallocate`, where nothing better can be done.
+fn fallocate_range(path: &Path, from: u64, to: u64) -> Result<bool, IndexError> {
+    use std::os::fd::AsRawFd;
+    let (file, _) = open_existing(path)?;
+    // SAFETY: fallocate on a descriptor owned here, with a range inside the file: it only
+    // allocates blocks (mode 0 keeps the size, which is already the file's length).
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            0,
+            from as libc::off_t,
+            (to - from) as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Err(IndexError::DiskFull {
+            path: path.to_owned(),
+        }),
+        Some(libc::EOPNOTSUPP) => Ok(false),
+        _ => Err(io_err("fallocate", path)(e)),
+    }
+}
 pub use key_index::{KeyIndex, KeyIndexConfig};
 pub use tag::{tag_hash, TAG_HASH_NONE};
 pub use timing_wheel::TimingWheel;
@@ -53,6 +101,10 @@ pub(crate) struct Backing {
     len: u64,
     /// Bytes from the start known to be allocated (or written).
     allocated_to: u64,
+    /// Tells this backing apart from any other (an [`AllocAhead`]'s result is for one).
+    id: u64,
+    /// An [`AllocAhead`] is out for this file.
+    ahead_out: bool,
 }
 
 impl Backing {
@@ -63,7 +115,45 @@ impl Backing {
 
     /// A file opened again, whose first `allocated_to` bytes are known to be allocated.
     fn reopened(len: u64, allocated_to: u64) -> Backing {
-        Backing { len, allocated_to }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Backing {
+            len,
+            allocated_to,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ahead_out: false,
+        }
+    }
+
+    /// The next `step` bytes past what is allocated, once appends (up to `next_end`) come
+    /// within `step` of its end and the file has grown to whole steps; `None` while one is
+    /// out, or when the file is allocated to its end.
+    fn ahead(&mut self, next_end: u64, step: u64, path: &Path) -> Option<AllocAhead> {
+        if self.ahead_out
+            || self.allocated_to < step
+            || self.allocated_to >= self.len
+            || self.allocated_to.saturating_sub(next_end) >= step
+        {
+            return None;
+        }
+        self.ahead_out = true;
+        Some(AllocAhead {
+            path: path.to_owned(),
+            backing: self.id,
+            from: self.allocated_to,
+            to: self.allocated_to.saturating_add(step).min(self.len),
+        })
+    }
+
+    /// Takes the result of an [`AllocAhead`] of this backing (others are ignored): what it
+    /// allocated joins what is known allocated when the two touch.
+    fn ahead_done(&mut self, ahead: &AllocAhead, allocated: bool) {
+        if ahead.backing != self.id {
+            return;
+        }
+        self.ahead_out = false;
+        if allocated && self.allocated_to >= ahead.from {
+            self.allocated_to = self.allocated_to.max(ahead.to);
+        }
     }
 
     pub(crate) fn allocated_to(&self) -> u64 {
@@ -108,35 +198,11 @@ impl Backing {
         if to <= from {
             return Ok(());
         }
-        use std::os::fd::AsRawFd;
-        let (file, _) = open_existing(path)?;
-        // SAFETY: fallocate on a descriptor owned here, with a range inside the file: it
-        // only allocates blocks (mode 0 keeps the size, which is already `len`).
-        let rc = unsafe {
-            libc::fallocate(
-                file.as_raw_fd(),
-                0,
-                from as libc::off_t,
-                (to - from) as libc::off_t,
-            )
+        self.allocated_to = if fallocate_range(path, from, to)? {
+            to
+        } else {
+            self.len // nothing better to do than the old way
         };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                    return Err(IndexError::DiskFull {
-                        path: path.to_owned(),
-                    })
-                }
-                // A filesystem without fallocate: nothing better to do than the old way.
-                Some(libc::EOPNOTSUPP) => {
-                    self.allocated_to = self.len;
-                    return Ok(());
-                }
-                _ => return Err(io_err("fallocate", path)(e)),
-            }
-        }
-        self.allocated_to = to;
         Ok(())
     }
 }

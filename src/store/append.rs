@@ -2,7 +2,7 @@
 //! its keys), and the waits for them to be acknowledged or durable.
 
 use super::*;
-use crate::index::{tag_hash, TAG_HASH_NONE};
+use crate::index::{tag_hash, AllocAhead, TAG_HASH_NONE};
 use crate::protocol::record::{prop, RecordDraft};
 
 impl MessageStore {
@@ -28,11 +28,35 @@ impl MessageStore {
             draft,
             store_timestamp_ms,
         );
+        let ahead = q.cq.allocate_ahead();
         drop(queues);
         if put.is_err() {
             self.take_back(log_from, &run);
         }
+        if let Some(ahead) = ahead {
+            self.allocate_ahead(draft.topic, draft.queue_id, ahead);
+        }
         put
+    }
+
+    /// Allocates the next stretch of a queue's index file in the blocking pool, so that its
+    /// appends rarely allocate (an `fallocate` that may read block bitmaps from the disk)
+    /// on the shard's thread, and tells the queue how it went.
+    fn allocate_ahead(&self, topic: &str, queue_id: u32, ahead: AllocAhead) {
+        let weak = Rc::downgrade(&self.inner);
+        let key = (topic.to_owned(), queue_id);
+        crate::io::spawn(async move {
+            let (ahead, allocated) = crate::io::blocking(move || {
+                let allocated = ahead.allocate().is_ok();
+                (ahead, allocated)
+            })
+            .await;
+            let Some(inner) = weak.upgrade() else { return };
+            let mut queues = inner.queues.borrow_mut();
+            if let Some(q) = queues.get_mut(&key) {
+                q.cq.allocated_ahead(&ahead, allocated);
+            }
+        });
     }
 
     /// Appends `drafts` in order, as [`append`](Self::append) does each, pushing where each
@@ -55,6 +79,18 @@ impl MessageStore {
         let appended = self.append_runs(drafts, puts, store_timestamp_ms, &mut runs);
         if appended.is_err() && self.take_back(log_from, &runs) {
             puts.truncate(puts_from);
+        }
+        let aheads: Vec<_> = {
+            let mut queues = self.inner.queues.borrow_mut();
+            runs.iter()
+                .filter_map(|&(topic, queue_id, _)| {
+                    let q = queues.get_mut(&(topic.to_owned(), queue_id))?;
+                    Some((topic, queue_id, q.cq.allocate_ahead()?))
+                })
+                .collect()
+        };
+        for (topic, queue_id, ahead) in aheads {
+            self.allocate_ahead(topic, queue_id, ahead);
         }
         appended
     }

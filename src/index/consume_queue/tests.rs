@@ -566,3 +566,91 @@ fn end_within_counts_the_entries_a_log_end_covers() {
         }
     }
 }
+
+/// What the newest file has allocated, if it is mapped.
+fn allocated_to(queue: &ConsumeQueue) -> Option<u64> {
+    let segment = queue.segments.back()?;
+    Some(segment.open.get()?.backing.allocated_to())
+}
+
+/// With each stretch asked for ahead allocated (as the store does in its blocking pool),
+/// appends allocate on their own thread only while the file grows to whole steps: a queue
+/// of 60,000 entries (1.2 MB: 18 and a bit steps of 64 KiB) allocates ahead 19 times (one
+/// step ahead of its end) and by itself 5 times (4 KiB to
+/// 64 KiB), where every step was the appending thread's (23 allocations) before.
+#[test]
+fn appends_with_stretches_allocated_ahead_rarely_allocate_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100_000);
+    let (mut by_appends, mut ahead_done) = (0, 0);
+    for queue_offset in 0..60_000 {
+        let before = allocated_to(&queue);
+        queue.reserve_next().unwrap();
+        if allocated_to(&queue) != before {
+            by_appends += 1;
+        }
+        queue.put(queue_offset, entry(queue_offset)).unwrap();
+        if let Some(ahead) = queue.allocate_ahead() {
+            assert!(
+                queue.allocate_ahead().is_none(),
+                "one stretch out at a time"
+            );
+            ahead.allocate().unwrap();
+            queue.allocated_ahead(&ahead, true);
+            ahead_done += 1;
+        }
+    }
+    check(&queue, 0, 60_000);
+    assert_eq!(by_appends, 5, "4, 8, 16, 32 and 64 KiB, then only ahead");
+    assert_eq!(ahead_done, 19);
+    let end = allocated_to(&queue).unwrap();
+    assert!(end >= entry_at(60_000) as u64 + CQ_ENTRY_BYTES);
+    let meta = std::fs::metadata(dir.path().join(numbered_file_name(0))).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        meta.blocks() * 512 >= end,
+        "the blocks are there: {}",
+        meta.blocks()
+    );
+}
+
+/// The result of a stretch asked for before the file was closed and mapped again is
+/// ignored: the mapping's record of what is allocated starts from what was known at the
+/// close, and a failed stretch adds nothing.
+#[test]
+fn a_stretch_allocated_ahead_counts_only_for_the_mapping_that_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100_000);
+    let mut n = 0;
+    let ahead = loop {
+        append(&mut queue, n..n + 1);
+        n += 1;
+        if let Some(ahead) = queue.allocate_ahead() {
+            break ahead;
+        }
+        assert!(
+            n < 10_000,
+            "a stretch is asked for once the file has grown to a step"
+        );
+    };
+    let known = allocated_to(&queue).unwrap();
+    queue.allocated_ahead(&ahead, false);
+    assert_eq!(
+        allocated_to(&queue),
+        Some(known),
+        "a failed stretch adds nothing"
+    );
+    let again = queue
+        .allocate_ahead()
+        .expect("asked again once the last one failed");
+    assert_eq!(queue.close_idle(), 0);
+    assert_eq!(queue.close_idle(), 1, "closed idle");
+    append(&mut queue, n..n + 1);
+    again.allocate().unwrap();
+    queue.allocated_ahead(&again, true);
+    assert_eq!(
+        allocated_to(&queue),
+        Some(known),
+        "mapped again since: the old mapping's stretch is not counted"
+    );
+}
