@@ -912,7 +912,9 @@ mod tests {
     /// An executor that parks with a far timer armed, woken by another thread, then parks
     /// for a nearer timer, wakes for the nearer one (vendor/glommio/RINGMQ.md: the armed
     /// wake-up is kept across sleeps only while it fires no later than needed). Repeated,
-    /// with the nearer timers also firing while the far one stays armed.
+    /// with the nearer timers also firing while the far one stays armed. The sleeps here are
+    /// the timers under test (the sender's spaces its pings so the receiver parks between
+    /// them), not waits for another thread's work.
     #[test]
     fn a_parked_executor_wakes_for_a_timer_nearer_than_the_one_armed() {
         use glommio::channels::shared_channel;
