@@ -18,6 +18,11 @@ git worktree add --detach "$WT" "$REV" >/dev/null 2>&1
 echo "building $REV (before) and the working tree (after)..."
 (cd "$WT" && CARGO_TARGET_DIR=/tmp/ringmq-before-target cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1)
 cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
+# Both sides measure alike: without BENCH=after, a REV whose bench has no --warmup means
+# no warm-up for either side.
+if [ "${BENCH:-}" != after ] && ! /tmp/ringmq-before-target/release/ringmq-bench --help | grep -q -- --warmup; then
+  export RINGMQ_NO_WARMUP=1
+fi
 for round in $(seq "$ROUNDS"); do
   echo "=== round $round: before ($(git rev-parse --short "$REV"))"
   before_bench=/tmp/ringmq-before-target/release

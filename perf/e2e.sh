@@ -56,8 +56,9 @@ print(f'{sys.argv[2]:<28} {p["msgs_per_sec"]:>10.0f} {p["mb_per_sec"]:>8.1f} {c[
 PY
 }
 
+# RINGMQ_NO_WARMUP=1 leaves it out (perf/compare.sh, when one side's bench lacks it).
 WARMUP=()
-"$BENCH_BIN"/ringmq-bench --help | grep -q -- --warmup && WARMUP=(--warmup 1)
+[ -z "${RINGMQ_NO_WARMUP:-}" ] && "$BENCH_BIN"/ringmq-bench --help | grep -q -- --warmup && WARMUP=(--warmup 1)
 echo "machine: $(nproc) cores, $(uname -r); broker and bench on the same host; $SHARDS shards, 8 queues; bench args: ${BENCH_ARGS:-none}"
 python3 perf/jitter.py 3
 printf '%-28s %10s %8s %10s %7s %7s %7s %7s %7s %7s %8s\n' case prod/s MB/s cons/s s.p50 s.p99 s.p999 e.p50 e.p99 e.p999 e.max

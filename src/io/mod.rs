@@ -580,17 +580,21 @@ impl LogFile {
 }
 
 thread_local! {
-    static IOPOLL_PROBED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static IOPOLL_PROBED: std::rc::Rc<tokio::sync::OnceCell<()>> = std::rc::Rc::default();
 }
 
 /// glommio decides per device whether its polled ring works by reading the first DMA file
 /// it opens; on an empty file that read succeeds without touching the device, the device is
 /// wrongly marked pollable, and every later read fails with EOPNOTSUPP. So the first open
-/// of each executor thread opens a scratch file that holds real data.
+/// of each executor thread opens a scratch file that holds real data, and other opens on
+/// that thread wait until it has (the probe yields to other tasks while its file is
+/// written in the blocking pool).
 async fn probe_iopoll_once(near: &Path) {
-    if IOPOLL_PROBED.with(|p| p.replace(true)) {
-        return;
-    }
+    let probed = IOPOLL_PROBED.with(|p| p.clone());
+    probed.get_or_init(|| probe_iopoll(near)).await;
+}
+
+async fn probe_iopoll(near: &Path) {
     let Some(dir) = near.parent() else { return };
     let probe = dir.join(format!(".ringmq-iopoll-probe-{}", std::process::id()));
     // The scratch file is written, synced and removed in the blocking pool: an fsync, and

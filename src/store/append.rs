@@ -28,7 +28,8 @@ impl MessageStore {
             draft,
             store_timestamp_ms,
         );
-        let ahead = q.cq.allocate_ahead();
+        // Nothing asked ahead after a failure (a full disk among them).
+        let ahead = put.as_ref().ok().and_then(|_| q.cq.allocate_ahead());
         drop(queues);
         if put.is_err() {
             self.take_back(log_from, &run);
@@ -80,7 +81,9 @@ impl MessageStore {
         if appended.is_err() && self.take_back(log_from, &runs) {
             puts.truncate(puts_from);
         }
-        let aheads: Vec<_> = {
+        let aheads: Vec<_> = if appended.is_err() {
+            Vec::new() // nothing asked ahead after a failure (a full disk among them)
+        } else {
             let mut queues = self.inner.queues.borrow_mut();
             runs.iter()
                 .filter_map(|&(topic, queue_id, _)| {

@@ -158,8 +158,13 @@ struct Cli {
     /// --duration: the latencies of messages due in the warm-up are left out of the
     /// histograms (those messages are still received and checked, and the rates count
     /// them). Keeps the load generator's own start (threads, connections' first
-    /// requests, first allocations) out of the tails.
-    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    /// requests, first allocations) out of the tails. Not with --messages.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "SECS",
+        conflicts_with = "messages"
+    )]
     warmup: u64,
     /// Target rate in messages per second over all producers, open loop (latency counts
     /// from each send's scheduled time); 0: as fast as --in-flight allows.
@@ -641,5 +646,11 @@ mod tests {
         assert!(check(&["--size", "15"]).is_err());
         assert!(check(&["--group", "g", "--consumers", "0"]).is_err());
         assert!(check(&["--broker", "127.0.0.1:1", "--shards", "2"]).is_err());
+        assert_eq!(check(&["--warmup", "1", "--duration", "2"]), Ok(()));
+        let both = ["ringmq-bench", "--warmup", "1", "--messages", "100"];
+        assert!(
+            Cli::try_parse_from(both).is_err(),
+            "a warm-up is time added to --duration"
+        );
     }
 }

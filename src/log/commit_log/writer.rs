@@ -232,23 +232,24 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
     }
     let weak = Rc::downgrade(inner);
     crate::io::spawn(async move {
+        // Ok(true): every piece zeroed; Ok(false): the segment went away first.
         let mut piece_from = from;
         let result = loop {
             if piece_from >= target {
-                break Ok(());
+                break Ok(true);
             }
             let piece_to = (piece_from + PREZERO_PIECE_BYTES).min(target);
             let written = write_zeros(&file, piece_from, piece_to).await;
             let Some(inner) = weak.upgrade() else { return };
-            if written.is_err() {
-                break written;
+            if let Err(e) = written {
+                break Err(e);
             }
             // Only the file this task zeroed: a disk-full cut may have removed its segment,
             // and a later roll created another at the same base (whose own zeroing this
             // must not end, nor claim its bytes zeroed).
             match zeroing_segment(&inner, seg_base, &file) {
                 Some(mut s) => s.zeroed_to = s.zeroed_to.max(piece_to),
-                None => break Ok(()),
+                None => break Ok(false),
             }
             inner.zeroed.notify_waiters();
             piece_from = piece_to;
@@ -262,7 +263,7 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
                 crate::warn!("pre-zeroing {}: {e}", file.path().display());
             }
         }
-        if result.is_ok() {
+        if let Ok(true) = result {
             inner
                 .stats
                 .prezero_background

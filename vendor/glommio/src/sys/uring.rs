@@ -1054,10 +1054,8 @@ impl SleepableRing {
             0,
             "sleeping with pending SQEs"
         );
-        let mut sqe_ptr = None;
         if arm {
             if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
-                sqe_ptr = Some(unsafe { sqe.raw_mut() as *mut _ });
                 let op = UringDescriptor {
                     fd: link.raw(),
                     flags: SubmissionFlags::empty(),
@@ -1087,27 +1085,21 @@ impl SleepableRing {
         }
 
         // Submit the link (when armed now) and wait for a completion. The kernel waits
-        // only when it took every submission; an interrupted wait returns early.
-        match self.ring.submit_sqes_and_wait(1) {
-            Ok(submitted) => {
+        // only when it took every submission; an interrupted wait returns early. If it
+        // took nothing (EBUSY, EAGAIN), the link's `SQE` stays queued as it is: the next
+        // flush submits it, and until then the executor does not sleep (a ring with
+        // `SQE`s waiting cannot). Its source stays pending until its completion, as the
+        // caller expects of a link it keeps. (0.9.0 turned it into a NOP here, whose
+        // completion, carrying no user data, never released the source.)
+        self.ring
+            .submit_sqes_and_wait(1)
+            .map(|submitted| {
                 self.in_kernel += submitted as usize;
-                Ok(1)
-            }
-            Err(e) => {
-                if let Some(sqe_ptr) = sqe_ptr {
-                    if self.waiting_kernel_submission() > 0 {
-                        // The kernel did not take the `SQE` that links the rings, so we
-                        // did not sleep. Make it a no-op: it completes harmlessly when
-                        // submitted later, and the next sleep links the rings anew.
-                        unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
-                    }
-                }
-                Err(e)
-            }
-        }
-        .or_else(Reactor::busy_ok)
-        .or_else(Reactor::again_ok)
-        .or_else(Reactor::intr_ok)
+                1
+            })
+            .or_else(Reactor::busy_ok)
+            .or_else(Reactor::again_ok)
+            .or_else(Reactor::intr_ok)
     }
 }
 
@@ -1236,7 +1228,8 @@ pub(crate) struct Reactor {
     throughput_preemption_timeout_src: Cell<Option<Source>>,
     // ringmq patch: the main ring's poll of the latency ring's fd, through which a
     // sleeping executor wakes for a latency-ring completion; kept armed until it fires
-    // (0.9.0 armed it per sleep and cancelled it after every wake-up it did not cause).
+    // (0.9.0 armed a new one for every sleep, the earlier ones left pending in the kernel
+    // until the next latency-ring completion).
     link_rings_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1785,6 +1778,11 @@ impl Reactor {
     /// roles we keep them separate instead of overloading the same
     /// parameter.
     ///
+    /// ringmq patch: the preempt timer is no longer a latency-ring timeout but a deadline
+    /// (`preempt_deadline`) that `need_preempt` checks; the notes below about it describe
+    /// 0.9.0. The user timer's timeout is kept armed across loops while it fires no later
+    /// than needed (see the sleep path below).
+    ///
     /// * The first is the preempt timer. It is designed to take the current
     ///   task queue out of the cpu. If nothing else fires in the latency ring
     ///   the preempt timer will, making need_preempt return true. Currently, we
@@ -1942,7 +1940,8 @@ impl Reactor {
         // head would have moved to match. So it does not matter that events were
         // generated after we registered the timer: since we consumed them here,
         // need_preempt() should be false at this point. As soon as the next event
-        // in the preempt ring completes, though, then it will be true.
+        // in the preempt ring completes, though, then it will be true (ringmq patch: or
+        // once the time slice's deadline, set just above, has passed).
         Ok(should_sleep)
     }
 
