@@ -20,6 +20,27 @@ pub mod timing_wheel;
 use std::path::{Path, PathBuf};
 
 pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
+pub use key_index::{KeyIndex, KeyIndexConfig};
+pub use tag::{tag_hash, TAG_HASH_NONE};
+pub use timing_wheel::TimingWheel;
+
+/// The one error type of the index layer.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("index I/O: {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("corrupt index file {path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("consume queue hole: put at {offset}, max is {max}")]
+    Hole { offset: u64, max: u64 },
+    #[error("disk full: cannot allocate index space in {path}")]
+    DiskFull { path: PathBuf },
+}
 
 /// A stretch of a mapped index file to allocate ahead of its appends, away from the thread
 /// that appends ([`ConsumeQueue::allocate_ahead`]): `allocate` it (it blocks on the file
@@ -67,27 +88,6 @@ fn fallocate_range(path: &Path, from: u64, to: u64) -> Result<bool, IndexError> 
         Some(libc::EOPNOTSUPP) => Ok(false),
         _ => Err(io_err("fallocate", path)(e)),
     }
-}
-pub use key_index::{KeyIndex, KeyIndexConfig};
-pub use tag::{tag_hash, TAG_HASH_NONE};
-pub use timing_wheel::TimingWheel;
-
-/// The one error type of the index layer.
-#[derive(Debug, thiserror::Error)]
-pub enum IndexError {
-    #[error("index I/O: {op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("corrupt index file {path}: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("consume queue hole: put at {offset}, max is {max}")]
-    Hole { offset: u64, max: u64 },
-    #[error("disk full: cannot allocate index space in {path}")]
-    DiskFull { path: PathBuf },
 }
 
 /// A mapped index file's disk blocks, allocated for real (`fallocate`) ahead of the stores

@@ -776,6 +776,17 @@ mod tests {
         assert!(empty.is_empty() && empty.capacity() == 0 && empty.mem.is_none());
     }
 
+    /// An executor for a test's own thread, with glommio's preempt timer or `preempt`.
+    fn test_executor(preempt: Option<std::time::Duration>) -> glommio::LocalExecutor {
+        let builder = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound);
+        match preempt {
+            Some(d) => builder.preempt_timer(d),
+            None => builder,
+        }
+        .make()
+        .expect("executor")
+    }
+
     /// The executor never parks with runnable work when preemption is due as it looks for
     /// work (glommio 0.9.0 did: vendor/glommio/RINGMQ.md). A preempt timer of 1 ns makes
     /// preemption due almost always: each `run` of an empty future needs the executor to run
@@ -784,10 +795,7 @@ mod tests {
     fn an_executor_always_preempted_still_runs_its_tasks_and_never_sleeps_on_them() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .preempt_timer(std::time::Duration::from_nanos(1))
-                .make()
-                .expect("executor");
+            let ex = test_executor(Some(std::time::Duration::from_nanos(1)));
             for i in 0..2_000u32 {
                 assert_eq!(ex.run(async move { i }), i);
             }
@@ -821,9 +829,7 @@ mod tests {
         let (pong_tx, pong_rx) = shared_channel::new_bounded::<u64>(1);
         let (done, done_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .make()
-                .expect("executor");
+            let ex = test_executor(None);
             let sum = ex.run(async move {
                 let (tx, rx) = (ping_tx.connect().await, pong_rx.connect().await);
                 let mut sum = 0;
@@ -839,9 +845,7 @@ mod tests {
             let _ = done.send(sum);
         });
         std::thread::spawn(move || {
-            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .make()
-                .expect("executor");
+            let ex = test_executor(None);
             ex.run(async move {
                 let (rx, tx) = (ping_rx.connect().await, pong_tx.connect().await);
                 while let Some(i) = rx.recv().await {
@@ -867,10 +871,7 @@ mod tests {
         use std::time::{Duration, Instant};
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .preempt_timer(Duration::from_millis(5))
-                .make()
-                .expect("executor");
+            let ex = test_executor(Some(Duration::from_millis(5)));
             let spun_for = ex.run(async {
                 let queue = |name| {
                     glommio::executor().create_task_queue(
@@ -926,9 +927,7 @@ mod tests {
         let (ping_tx, ping_rx) = shared_channel::new_bounded::<u32>(1);
         let (done, done_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .make()
-                .expect("executor");
+            let ex = test_executor(None);
             let slept = ex.run(async move {
                 let rx = ping_rx.connect().await;
                 // Armed at every park below: the earliest timer but for the short sleeps.
@@ -946,9 +945,7 @@ mod tests {
             let _ = done.send(slept);
         });
         let sender = std::thread::spawn(move || {
-            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .make()
-                .expect("executor");
+            let ex = test_executor(None);
             ex.run(async move {
                 let tx = ping_tx.connect().await;
                 for i in 0..20u32 {

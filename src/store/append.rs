@@ -77,21 +77,13 @@ impl MessageStore {
         let (log_from, puts_from) = (self.inner.log.write_offset(), puts.len());
         // Where each run of one queue started: what a failure takes back.
         let mut runs: Vec<(&'a str, u32, u64)> = Vec::new();
-        let appended = self.append_runs(drafts, puts, store_timestamp_ms, &mut runs);
+        let mut aheads = Vec::new();
+        let appended = self.append_runs(drafts, puts, store_timestamp_ms, &mut runs, &mut aheads);
         if appended.is_err() && self.take_back(log_from, &runs) {
             puts.truncate(puts_from);
         }
-        let aheads: Vec<_> = if appended.is_err() {
-            Vec::new() // nothing asked ahead after a failure (a full disk among them)
-        } else {
-            let mut queues = self.inner.queues.borrow_mut();
-            runs.iter()
-                .filter_map(|&(topic, queue_id, _)| {
-                    let q = queues.get_mut(&(topic.to_owned(), queue_id))?;
-                    Some((topic, queue_id, q.cq.allocate_ahead()?))
-                })
-                .collect()
-        };
+        // Only runs appended whole asked (not the one that failed); each stretch asked for
+        // must be answered, or its queue would not ask again.
         for (topic, queue_id, ahead) in aheads {
             self.allocate_ahead(topic, queue_id, ahead);
         }
@@ -99,14 +91,23 @@ impl MessageStore {
     }
 
     /// [`append_batch`](Self::append_batch)'s appends, noting in `runs` where each run of
-    /// one queue started.
+    /// one queue started, and in `aheads` the index stretches its queues ask for once each
+    /// run is appended.
     fn append_runs<'a>(
         &self,
         drafts: impl IntoIterator<Item = RecordDraft<'a>>,
         puts: &mut Vec<PutResult>,
         store_timestamp_ms: i64,
         runs: &mut Vec<(&'a str, u32, u64)>,
+        aheads: &mut Vec<(&'a str, u32, AllocAhead)>,
     ) -> Result<(), StoreError> {
+        let mut ask_ahead = |run: Option<(&'a str, u32, &mut QueueState)>| {
+            if let Some((topic, queue_id, q)) = run {
+                if let Some(ahead) = q.cq.allocate_ahead() {
+                    aheads.push((topic, queue_id, ahead));
+                }
+            }
+        };
         let mut queues = self.inner.queues.borrow_mut();
         let mut keys = self.inner.keys.borrow_mut();
         let mut current: Option<(&'a str, u32, &mut QueueState)> = None;
@@ -117,7 +118,8 @@ impl MessageStore {
                 {
                     q
                 }
-                _ => {
+                finished => {
+                    ask_ahead(finished);
                     validate_topic(draft.topic)?;
                     let q = queue_state(
                         &mut queues,
@@ -133,6 +135,7 @@ impl MessageStore {
             puts.push(self.append_one(q, &mut keys, &draft, store_timestamp_ms)?);
             current = Some((draft.topic, draft.queue_id, q));
         }
+        ask_ahead(current);
         Ok(())
     }
 
