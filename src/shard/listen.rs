@@ -223,6 +223,9 @@ pub async fn accept_loop(
                 })
                 .detach();
             }
+            // A clean stop shuts the listener down: its accept fails (EINVAL), and that is
+            // the end of this loop, not a failure to report.
+            Err(_) if ctx.is_stopping() => return,
             Err(e) => {
                 // Out of descriptors (or another transient failure): back off, say so now
                 // and then, not thousands of times a second.
