@@ -375,7 +375,11 @@ fn files_past_a_cut_are_gone_before_appends_are_taken_again() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
         let seg = 64 * 1024;
-        let cfg = config(seg, FlushMode::Async);
+        // The failure is armed by counting writes: no background zeros among them.
+        let cfg = LogConfig {
+            async_prezero_rate_max: 0,
+            ..config(seg, FlushMode::Async)
+        };
         let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
             .await
             .unwrap();
@@ -429,7 +433,11 @@ fn records_a_cut_dropped_do_not_come_back_after_a_reopen() {
         run_local(move || async move {
             let dir = tempfile::tempdir().unwrap();
             let seg = 64 * 1024;
-            let cfg = config(seg, flush);
+            // The failure is armed by counting writes: no background zeros in async mode.
+            let cfg = LogConfig {
+                async_prezero_rate_max: 0,
+                ..config(seg, flush)
+            };
             let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
                 .await
                 .unwrap();
@@ -574,6 +582,19 @@ fn a_round_that_ends_exactly_at_a_segment_end_then_a_roll() {
     }
 }
 
+/// Opens a log of 64 MiB segments in `dir` and appends more than 20 MiB to it; returns the
+/// log and what it holds.
+async fn log_of_20_mib(dir: &std::path::Path, cfg: &LogConfig) -> (CommitLog, Vec<(u64, Vec<u8>)>) {
+    let (log, _) = CommitLog::open(dir, cfg.clone(), 0, |_| {}).await.unwrap();
+    let expected = append_all(&log, 9, 12_000, 32 * 1024).await;
+    assert!(
+        log.write_offset() > 20 << 20,
+        "{} bytes",
+        log.write_offset()
+    );
+    (log, expected)
+}
+
 /// Sync mode keeps the blocks ahead of the writer initialized from a background task: the
 /// sends after a segment's first write never wait for zeroing, and no zero ever lands on
 /// a record (the records read back from the files after a reopen are the ones written).
@@ -582,15 +603,7 @@ fn sync_mode_zeroes_ahead_of_the_writer_in_the_background() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
         let cfg = config(64 << 20, FlushMode::Sync);
-        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
-            .await
-            .unwrap();
-        let expected = append_all(&log, 9, 12_000, 32 * 1024).await;
-        assert!(
-            log.write_offset() > 20 << 20,
-            "{} bytes",
-            log.write_offset()
-        );
+        let (log, expected) = log_of_20_mib(dir.path(), &cfg).await;
         let stats = log.stats();
         assert_eq!(
             stats.prezero_inline.get(),
@@ -602,12 +615,69 @@ fn sync_mode_zeroes_ahead_of_the_writer_in_the_background() {
             "{} background zeroings",
             stats.prezero_background.get()
         );
-        let end = log.readable_end();
-        log.close().await.unwrap();
         // Read from the files (a new log has nothing cached).
-        let (log, report) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
-        assert_eq!(report.end_offset, end);
-        check_all(&log, &expected).await;
+        check_closed_and_reopened(log, dir.path(), cfg, &expected).await;
+    });
+}
+
+/// Async mode zeroes ahead in the background (never on the acknowledgement path) while the
+/// log writes slowly, and not at all when told not to; either way every record reads back
+/// after a reopen (no zeros landed on data).
+#[test]
+fn async_mode_zeroes_ahead_while_the_log_writes_slowly() {
+    for (rate_max, zeroes) in [(u64::MAX, true), (0, false)] {
+        run_local(move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = LogConfig {
+                async_prezero_rate_max: rate_max,
+                ..config(64 << 20, FlushMode::Async)
+            };
+            let (log, expected) = log_of_20_mib(dir.path(), &cfg).await;
+            let stats = log.stats();
+            assert_eq!(
+                stats.prezero_inline.get(),
+                0,
+                "async mode never zeroes inline"
+            );
+            let background = stats.prezero_background.get();
+            assert_eq!(
+                background >= 2,
+                zeroes,
+                "rate max {rate_max}: {background} zeroings"
+            );
+            check_closed_and_reopened(log, dir.path(), cfg, &expected).await;
+        });
+    }
+}
+
+/// Async mode stops zeroing ahead once the log writes faster than the rate given: here 1
+/// byte a second, which the first measured window exceeds.
+#[test]
+fn async_mode_stops_zeroing_ahead_when_the_log_writes_fast() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = LogConfig {
+            async_prezero_rate_max: 1,
+            ..config(64 << 20, FlushMode::Async)
+        };
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let mut expected = append_all(&log, 12, 200, 4 * 1024).await;
+        // The rate is measured over windows of 100 ms: let the first one end.
+        ringmq::io::sleep(std::time::Duration::from_millis(150)).await;
+        expected.extend(append_all(&log, 13, 12_000, 32 * 1024).await);
+        assert!(
+            log.write_offset() > 20 << 20,
+            "{} bytes",
+            log.write_offset()
+        );
+        let background = log.stats().prezero_background.get();
+        assert!(
+            background <= 1,
+            "{background} zeroings after the first window"
+        );
+        check_closed_and_reopened(log, dir.path(), cfg, &expected).await;
     });
 }
 

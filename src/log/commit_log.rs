@@ -60,6 +60,9 @@ impl std::str::FromStr for FlushMode {
     }
 }
 
+/// Default of [`LogConfig::async_prezero_rate_max`]: 64 MiB a second.
+pub const ASYNC_PREZERO_RATE_MAX_DEFAULT: u64 = 64 << 20;
+
 /// Options of a commit log.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
@@ -88,6 +91,12 @@ pub struct LogConfig {
     /// were in flight: the log ends there and the bytes from it on are moved to a
     /// quarantine file. `u64::MAX`: everything counts as durable.
     pub known_durable: u64,
+    /// Async mode (with `preallocate`) zeroes segment files in the background ahead of the
+    /// writer while the log writes fewer bytes a second than this (0: never): a write into
+    /// zeroed blocks is a plain overwrite, where a write into the preallocated (unwritten)
+    /// blocks went through an io_uring worker and an extent conversion. Faster logs write
+    /// straight into the preallocated blocks (the zeros would take the disk's bandwidth).
+    pub async_prezero_rate_max: u64,
 }
 
 impl Default for LogConfig {
@@ -103,6 +112,7 @@ impl Default for LogConfig {
             read_chunk_bytes: 8 << 20,
             tail_cache_bytes: 64 << 20,
             known_durable: u64::MAX,
+            async_prezero_rate_max: ASYNC_PREZERO_RATE_MAX_DEFAULT,
         }
     }
 }
@@ -199,7 +209,8 @@ struct Segment {
     path: PathBuf,
     /// None until the writer creates the file.
     file: Option<Rc<LogFile>>,
-    /// File bytes known to be initialized (written), for sync mode's pre-zeroing.
+    /// Sync mode: file bytes known to be initialized (written), for the pre-zeroing. Async
+    /// mode: below this no zeros will be written (the writer never waits there).
     zeroed_to: u64,
     /// Zeros are being written past `zeroed_to` in the background.
     zeroing: bool,
@@ -302,6 +313,10 @@ struct Inner {
     flusher_stop: Cell<bool>,
     /// A background pre-zeroing, or the removal of files past a cut, ended.
     zeroed: tokio::sync::Notify,
+    /// Async mode's measure of how fast the log writes: (when, log offset) at the start of
+    /// the current window, and whether the last window was slow enough to zero ahead.
+    rate_mark: Cell<(std::time::Instant, u64)>,
+    writes_slowly: Cell<bool>,
     stats: crate::log::stats::LogStats,
 }
 
@@ -414,6 +429,8 @@ impl CommitLog {
             durable: Watermark::default(),
             flusher_stop: Cell::new(false),
             zeroed: tokio::sync::Notify::new(),
+            rate_mark: Cell::new((std::time::Instant::now(), end)),
+            writes_slowly: Cell::new(true),
             stats: Default::default(),
         });
         inner.readable.value.set(end);

@@ -56,8 +56,10 @@ pub struct LogStats {
     pub segments_deleted: Cell<u64>,
     /// Writes of records to the log's files (a round of appends is one write per chunk).
     pub writes: Cell<u64>,
-    /// Sync mode's pre-zeroing of segment files: done by the writer before a write (on the
-    /// acknowledgement path), and done in the background ahead of it.
+    /// Pre-zeroing of segment files: done by the writer before a write (on the
+    /// acknowledgement path: sync mode only, at a segment's first write), and stretches
+    /// zeroed in the background ahead of it (sync mode, and async mode while the log writes
+    /// slowly).
     pub prezero_inline: Cell<u64>,
     pub prezero_background: Cell<u64>,
 }

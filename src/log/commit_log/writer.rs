@@ -163,11 +163,21 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
 /// How many extra times the writer yields while appends keep joining a batch.
 pub(super) const BATCH_SETTLE_YIELDS_MAX: usize = 4;
 
-/// In sync mode, bytes of a segment written with zeros ahead of the data. Overwriting
-/// initialized blocks lets fdatasync skip the metadata journal commit that extending a file
-/// (or converting unwritten extents) needs: on ext4 that is the difference between a ~50 µs
-/// and a ~800 µs fdatasync.
+/// Bytes of a segment written with zeros ahead of the data at a time. In sync mode,
+/// overwriting initialized blocks lets fdatasync skip the metadata journal commit that
+/// extending a file (or converting unwritten extents) needs: on ext4 that is the difference
+/// between a ~50 µs and a ~800 µs fdatasync. In async mode (while the log writes slowly:
+/// [`LogConfig::async_prezero_rate_max`]) a write over zeroed blocks completes without the
+/// io_uring worker and the extent conversion a write into preallocated blocks takes.
 pub(super) const PREZERO_BYTES: u64 = 8 << 20;
+
+/// Async mode, when the writer gets past what is zeroed (a segment's first write): the
+/// stretch after its write left to the writes that follow, where the zeros ahead start
+/// after it.
+const ASYNC_PREZERO_GAP: u64 = 1 << 20;
+
+/// Async mode measures how fast the log writes over windows of this length.
+const WRITE_RATE_WINDOW: Duration = Duration::from_millis(100);
 
 /// Once fewer initialized bytes than this are left ahead of the writer, the next
 /// [`PREZERO_BYTES`] are zeroed in the background.
@@ -178,12 +188,14 @@ const PREZERO_AHEAD_MIN: u64 = PREZERO_BYTES / 2;
 /// milliseconds for it; behind a piece this size it waits a fraction of one.
 const PREZERO_PIECE_BYTES: u64 = 256 << 10;
 
-/// Sync mode, before the writer writes a segment's file up to `need` (a file position): the
+/// Before the writer writes a segment's file up to `need` (a file position). Sync mode: the
 /// blocks there must be initialized. Normally they are, zeroed in the background ahead of
 /// the writer (started here once less than [`PREZERO_AHEAD_MIN`] is left), so sends do not
 /// wait for zeroing. The writer zeroes inline only when it has caught up (the first write
 /// of a segment after a start), and waits when it reaches a stretch still being zeroed:
-/// zeros never land where data is or will be written.
+/// zeros never land where data is or will be written. Async mode zeroes ahead the same way
+/// while the log writes slowly, but never inline: past what is zeroed it writes into the
+/// preallocated blocks (waiting only for a stretch being zeroed there).
 pub(super) async fn zeroed_ahead(
     inner: &Rc<Inner>,
     seg_base: u64,
@@ -200,10 +212,12 @@ pub(super) async fn zeroed_ahead(
             .segments
             .get(&seg_base)
             .map_or((0, false), |s| (s.zeroed_to, s.zeroing));
+        let sync = inner.cfg.flush == FlushMode::Sync;
         if need <= zeroed_to {
             if !zeroing
                 && zeroed_to < inner.cfg.segment_bytes
                 && zeroed_to - need < PREZERO_AHEAD_MIN
+                && (sync || writes_slowly(inner, seg_base + need))
             {
                 zero_in_background(inner, seg_base, file.clone(), zeroed_to);
             }
@@ -211,6 +225,15 @@ pub(super) async fn zeroed_ahead(
         }
         if zeroing {
             ended.await;
+            continue;
+        }
+        if !sync {
+            // Zeros never land where this write goes, nor on a stretch after it: the writes
+            // right after this one go there (into the preallocated blocks) rather than wait
+            // for zeros the background only now starts writing.
+            if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
+                s.zeroed_to = (need + ASYNC_PREZERO_GAP).min(inner.cfg.segment_bytes);
+            }
             continue;
         }
         prezero(inner, seg_base, file, need).await?;
@@ -273,6 +296,24 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
     });
 }
 
+/// Async mode: whether the log wrote fewer than [`LogConfig::async_prezero_rate_max`] bytes
+/// a second over the last window ending at or before log offset `pos` (measured at most
+/// once per [`WRITE_RATE_WINDOW`]).
+fn writes_slowly(inner: &Inner, pos: u64) -> bool {
+    let max = inner.cfg.async_prezero_rate_max;
+    if max == 0 {
+        return false;
+    }
+    let (since, from) = inner.rate_mark.get();
+    let elapsed = since.elapsed();
+    if elapsed >= WRITE_RATE_WINDOW {
+        let rate = pos.saturating_sub(from) as f64 / elapsed.as_secs_f64();
+        inner.writes_slowly.set(rate < max as f64);
+        inner.rate_mark.set((std::time::Instant::now(), pos));
+    }
+    inner.writes_slowly.get()
+}
+
 /// The segment at `seg_base` if `file` is still its file.
 fn zeroing_segment<'a>(
     inner: &'a Inner,
@@ -304,11 +345,11 @@ pub(super) async fn zeroing_ended(inner: &Inner) {
     }
 }
 
-/// Writes zeros over `[from, to)` of a file (aligned), durably: pre-zeroing runs in sync
-/// mode only, whose segments are O_DSYNC, so the one write is durable when it completes
-/// (each durable write is a journal commit and a cache flush: one for the whole stretch).
+/// Writes zeros over `[from, to)` of a file (aligned); in sync mode, whose segments are
+/// O_DSYNC, durably when the one write completes (each durable write is a journal commit
+/// and a cache flush: one for the whole stretch). Async mode's zeros become durable with
+/// the data written over them.
 async fn write_zeros(file: &LogFile, from: u64, to: u64) -> Result<(), LogError> {
-    debug_assert!(file.is_dsync());
     if from < to {
         let buf = file.alloc(align_up((to - from) as usize));
         file.write_at(buf, from).await?;
@@ -402,7 +443,9 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 Ok(f) => f,
                 Err(e) => return write_failed(&inner, &chunks[0], touched.first().cloned(), e),
             };
-            if inner.cfg.flush == FlushMode::Sync && inner.cfg.preallocate {
+            if inner.cfg.preallocate
+                && (inner.cfg.flush == FlushMode::Sync || inner.cfg.async_prezero_rate_max > 0)
+            {
                 let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
                 if let Err(e) = zeroed_ahead(&inner, chunk.seg_base, &file, chunk_end).await {
                     return write_failed(&inner, &chunks[0], touched.first().cloned(), e);
