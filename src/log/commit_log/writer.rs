@@ -280,8 +280,9 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
         let Some(inner) = weak.upgrade() else { return };
         if let Some(mut s) = zeroing_segment(&inner, seg_base, &file) {
             s.zeroing = false;
-            // Left to the writer: it zeroes inline when it gets there, and a failure there
-            // fails its write.
+            // Left to the writer: in sync mode it zeroes inline when it gets there, and a
+            // failure there fails its write; in async mode it writes into the preallocated
+            // blocks.
             if let Err(e) = &result {
                 crate::warn!("pre-zeroing {}: {e}", file.path().display());
             }
