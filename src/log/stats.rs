@@ -57,11 +57,13 @@ pub struct LogStats {
     /// Writes of records to the log's files (a round of appends is one write per chunk).
     pub writes: Cell<u64>,
     /// Pre-zeroing of segment files: done by the writer before a write (on the
-    /// acknowledgement path: sync mode only, at a segment's first write), and stretches
-    /// zeroed in the background ahead of it (sync mode, and async mode while the log writes
-    /// slowly).
+    /// acknowledgement path: sync mode only, at a segment's first write or after a failed
+    /// background zeroing), and whole stretches zeroed in the background ahead of it (sync
+    /// mode, and async mode while the log writes slowly).
     pub prezero_inline: Cell<u64>,
     pub prezero_background: Cell<u64>,
+    /// Async mode: writes that caught up with a stretch being zeroed and waited for it.
+    pub prezero_caught_up: Cell<u64>,
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The writer side of the log: the one writer task that turns everything appended so far
-//! into aligned direct writes (one per touched segment), pre-zeroing in sync mode, group
+//! into aligned direct writes (one per touched segment), pre-zeroing (sync mode, and async
+//! mode while the log writes slowly), group
 //! fdatasync, the background flusher of async mode, and poisoning after a failed write or
 //! sync.
 
@@ -171,6 +172,11 @@ pub(super) const BATCH_SETTLE_YIELDS_MAX: usize = 4;
 /// io_uring worker and the extent conversion a write into preallocated blocks takes.
 pub(super) const PREZERO_BYTES: u64 = 8 << 20;
 
+/// Async mode zeroes this much at a time, once less than this is zeroed ahead of the
+/// writer: a writer that catches up with a stretch (the log turned fast, or a roll) waits
+/// for what is left of it, a few milliseconds at most.
+const ASYNC_PREZERO_BYTES: u64 = 2 << 20;
+
 /// Async mode, when the writer gets past what is zeroed (a segment's first write): the
 /// stretch after its write left to the writes that follow, where the zeros ahead start
 /// after it.
@@ -193,37 +199,61 @@ const PREZERO_PIECE_BYTES: u64 = 256 << 10;
 /// the writer (started here once less than [`PREZERO_AHEAD_MIN`] is left), so sends do not
 /// wait for zeroing. The writer zeroes inline only when it has caught up (the first write
 /// of a segment after a start), and waits when it reaches a stretch still being zeroed:
-/// zeros never land where data is or will be written. Async mode zeroes ahead the same way
-/// while the log writes slowly, but never inline: past what is zeroed it writes into the
-/// preallocated blocks (waiting only for a stretch being zeroed there).
+/// zeros never land where data is or will be written. Async mode zeroes ahead in shorter
+/// stretches ([`ASYNC_PREZERO_BYTES`]) while the log writes slowly, never inline: past what
+/// is zeroed it writes into the preallocated blocks, and it waits only when it reaches a
+/// stretch still being zeroed (then the log counts as writing fast: no new stretch starts
+/// until a window says otherwise).
 pub(super) async fn zeroed_ahead(
     inner: &Rc<Inner>,
     seg_base: u64,
     file: &Rc<LogFile>,
     need: u64,
 ) -> Result<(), LogError> {
+    let sync = inner.cfg.flush == FlushMode::Sync;
+    let (stretch, ahead_min) = if sync {
+        (PREZERO_BYTES, PREZERO_AHEAD_MIN)
+    } else {
+        (ASYNC_PREZERO_BYTES, ASYNC_PREZERO_BYTES)
+    };
+    if !sync {
+        measure_write_rate(inner, seg_base + need);
+    }
+    let mut caught_up = false;
     loop {
         let ended = inner.zeroed.notified();
         let mut ended = std::pin::pin!(ended);
         ended.as_mut().enable();
-        let (zeroed_to, zeroing) = inner
+        let Some((zeroed_to, zeroing)) = inner
             .st
             .borrow()
             .segments
             .get(&seg_base)
-            .map_or((0, false), |s| (s.zeroed_to, s.zeroing));
-        let sync = inner.cfg.flush == FlushMode::Sync;
+            .map(|s| (s.zeroed_to, s.zeroing))
+        else {
+            // The segment is gone (a cut): its write fails or goes nowhere anyway.
+            return Ok(());
+        };
         if need <= zeroed_to {
             if !zeroing
                 && zeroed_to < inner.cfg.segment_bytes
-                && zeroed_to - need < PREZERO_AHEAD_MIN
-                && (sync || writes_slowly(inner, seg_base + need))
+                && zeroed_to - need < ahead_min
+                && (sync || inner.writes_slowly.get())
             {
-                zero_in_background(inner, seg_base, file.clone(), zeroed_to);
+                zero_in_background(inner, seg_base, file.clone(), zeroed_to, stretch);
             }
             return Ok(());
         }
         if zeroing {
+            if !sync && !caught_up {
+                // Caught up with the zeros: the log writes too fast for them.
+                caught_up = true;
+                inner.writes_slowly.set(false);
+                inner
+                    .stats
+                    .prezero_caught_up
+                    .set(inner.stats.prezero_caught_up.get() + 1);
+            }
             ended.await;
             continue;
         }
@@ -244,11 +274,17 @@ pub(super) async fn zeroed_ahead(
     }
 }
 
-/// Zeros the [`PREZERO_BYTES`] of a segment's file from `from` (initialized up to there)
+/// Zeros `stretch` bytes of a segment's file from `from` (no zeros are written below it)
 /// in a task of its own, [`PREZERO_PIECE_BYTES`] at a time, each piece counted as zeroed
 /// once written; the writer writes below what is zeroed meanwhile.
-fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from: u64) {
-    let target = (from + PREZERO_BYTES).min(inner.cfg.segment_bytes);
+fn zero_in_background(
+    inner: &Rc<Inner>,
+    seg_base: u64,
+    file: Rc<LogFile>,
+    from: u64,
+    stretch: u64,
+) {
+    let target = (from + stretch).min(inner.cfg.segment_bytes);
     match inner.st.borrow_mut().segments.get_mut(&seg_base) {
         Some(s) => s.zeroing = true,
         None => return,
@@ -297,22 +333,23 @@ fn zero_in_background(inner: &Rc<Inner>, seg_base: u64, file: Rc<LogFile>, from:
     });
 }
 
-/// Async mode: whether the log wrote fewer than [`LogConfig::async_prezero_rate_max`] bytes
-/// a second over the last window ending at or before log offset `pos` (measured at most
-/// once per [`WRITE_RATE_WINDOW`]).
-fn writes_slowly(inner: &Inner, pos: u64) -> bool {
-    let max = inner.cfg.async_prezero_rate_max;
-    if max == 0 {
-        return false;
-    }
+/// Async mode, at every write: once a [`WRITE_RATE_WINDOW`] has passed, decides from the
+/// bytes written in it (up to log offset `pos`) whether the log writes slowly enough
+/// (under [`LogConfig::async_prezero_rate_max`]) to zero ahead. A window much longer than
+/// that (the log was idle) says nothing about the rate: the decision stands.
+fn measure_write_rate(inner: &Inner, pos: u64) {
     let (since, from) = inner.rate_mark.get();
     let elapsed = since.elapsed();
-    if elapsed >= WRITE_RATE_WINDOW {
-        let rate = pos.saturating_sub(from) as f64 / elapsed.as_secs_f64();
-        inner.writes_slowly.set(rate < max as f64);
-        inner.rate_mark.set((std::time::Instant::now(), pos));
+    if elapsed < WRITE_RATE_WINDOW {
+        return;
     }
-    inner.writes_slowly.get()
+    if elapsed <= 4 * WRITE_RATE_WINDOW {
+        let rate = pos.saturating_sub(from) as f64 / elapsed.as_secs_f64();
+        inner
+            .writes_slowly
+            .set(rate < inner.cfg.async_prezero_rate_max as f64);
+    }
+    inner.rate_mark.set((std::time::Instant::now(), pos));
 }
 
 /// The segment at `seg_base` if `file` is still its file.
@@ -348,8 +385,9 @@ pub(super) async fn zeroing_ended(inner: &Inner) {
 
 /// Writes zeros over `[from, to)` of a file (aligned); in sync mode, whose segments are
 /// O_DSYNC, durably when the one write completes (each durable write is a journal commit
-/// and a cache flush: one for the whole stretch). Async mode's zeros become durable with
-/// the data written over them.
+/// and a cache flush: one for the whole stretch). In async mode the fdatasync after data
+/// written over them makes that data's blocks durable (zeros past the data may never be
+/// synced: they read back as zeros either way).
 async fn write_zeros(file: &LogFile, from: u64, to: u64) -> Result<(), LogError> {
     if from < to {
         let buf = file.alloc(align_up((to - from) as usize));
@@ -444,8 +482,11 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
                 Ok(f) => f,
                 Err(e) => return write_failed(&inner, &chunks[0], touched.first().cloned(), e),
             };
+            // (Async mode: only with direct I/O, where a write into preallocated blocks is
+            // the slow one.)
             if inner.cfg.preallocate
-                && (inner.cfg.flush == FlushMode::Sync || inner.cfg.async_prezero_rate_max > 0)
+                && (inner.cfg.flush == FlushMode::Sync
+                    || (inner.cfg.async_prezero_rate_max > 0 && file.is_direct()))
             {
                 let chunk_end = chunk.start - chunk.seg_base + align_up(chunk.bytes.len()) as u64;
                 if let Err(e) = zeroed_ahead(&inner, chunk.seg_base, &file, chunk_end).await {
