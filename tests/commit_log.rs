@@ -620,10 +620,7 @@ fn async_mode_zeroes_ahead_while_the_log_writes_slowly() {
     for (rate_max, zeroes) in [(u64::MAX, true), (0, false)] {
         run_local(move || async move {
             let dir = tempfile::tempdir().unwrap();
-            let cfg = LogConfig {
-                async_prezero_rate_max: rate_max,
-                ..config(64 << 20, FlushMode::Async)
-            };
+            let cfg = async_config(rate_max);
             let (log, expected) = log_of_20_mib(dir.path(), &cfg).await;
             let stats = log.stats();
             assert_eq!(
@@ -642,22 +639,39 @@ fn async_mode_zeroes_ahead_while_the_log_writes_slowly() {
     }
 }
 
+/// A log config of 64 MiB segments in async mode, zeroing ahead below `rate_max` bytes a
+/// second.
+fn async_config(rate_max: u64) -> LogConfig {
+    LogConfig {
+        async_prezero_rate_max: rate_max,
+        ..config(64 << 20, FlushMode::Async)
+    }
+}
+
+/// Opens a log in `dir` with [`async_config`]; returns it and its config.
+async fn open_async_log(dir: &std::path::Path, rate_max: u64) -> (CommitLog, LogConfig) {
+    let cfg = async_config(rate_max);
+    let (log, _) = CommitLog::open(dir, cfg.clone(), 0, |_| {}).await.unwrap();
+    (log, cfg)
+}
+
 /// Async mode stops zeroing ahead once the log writes faster than the rate given: here 1
 /// byte a second, which the first measured window exceeds.
 #[test]
 fn async_mode_stops_zeroing_ahead_when_the_log_writes_fast() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = LogConfig {
-            async_prezero_rate_max: 1,
-            ..config(64 << 20, FlushMode::Async)
-        };
-        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
-            .await
-            .unwrap();
+        let (log, cfg) = open_async_log(dir.path(), 1).await;
         let mut expected = append_all(&log, 12, 200, 4 * 1024).await;
-        // The rate is measured over windows of 100 ms: let the first one end.
-        ringmq::io::sleep(std::time::Duration::from_millis(150)).await;
+        // The rate is measured over windows of 100 ms of writing: write small records
+        // through the first one (too little to need a second stretch meanwhile).
+        let started = std::time::Instant::now();
+        for seed in 100.. {
+            if started.elapsed() >= std::time::Duration::from_millis(150) {
+                break;
+            }
+            expected.extend(append_all(&log, seed, 1, 100).await);
+        }
         expected.extend(append_all(&log, 13, 12_000, 32 * 1024).await);
         assert!(
             log.write_offset() > 20 << 20,
@@ -680,13 +694,7 @@ fn async_mode_stops_zeroing_ahead_when_the_log_writes_fast() {
 fn async_mode_writes_wait_for_zeros_only_where_they_catch_up() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = LogConfig {
-            async_prezero_rate_max: u64::MAX,
-            ..config(64 << 20, FlushMode::Async)
-        };
-        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
-            .await
-            .unwrap();
+        let (log, cfg) = open_async_log(dir.path(), u64::MAX).await;
         let mut expected = append_all(&log, 14, 1, 100).await;
         assert_eq!(log.stats().prezero_caught_up.get(), 0);
         let mut last_end = 0;
