@@ -6,63 +6,18 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::broker::BrokerProcess;
+use common::raw::{call, error_of, read_answer};
 use common::runtime;
 use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer};
 use ringmq::protocol::{
-    encode_request, BatchItem, ErrorCode, FrameDecoder, GroupHeartbeat, Heartbeat, LockBatch, Pull,
-    Request, Response, SendBatch, SendMessage, SubscriptionData, EXPRESSION_SQL92,
-    FRAME_HEADER_BYTES,
+    encode_request, BatchItem, ErrorCode, GroupHeartbeat, Heartbeat, LockBatch, Pull, Request,
+    Response, SendBatch, SendMessage, SubscriptionData, EXPRESSION_SQL92, FRAME_HEADER_BYTES,
 };
-
-/// Sends one request on a new connection and returns the answer.
-fn call(addr: &str, request: Request) -> Response<'static> {
-    let mut conn = TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut out = Vec::new();
-    encode_request(&request, 9, &mut out).unwrap();
-    conn.write_all(&out).unwrap();
-    read_answer(&mut conn)
-}
-
-fn read_answer(conn: &mut TcpStream) -> Response<'static> {
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 1 << 16];
-    loop {
-        if let Some(frame) = FrameDecoder::new(
-            ringmq::protocol::FrameLimits::new(ringmq::protocol::FRAME_BYTES_CEILING).unwrap(),
-        )
-        .decode(&buf)
-        .unwrap()
-        {
-            let len = frame.frame_len();
-            let owned: &'static [u8] = Box::leak(buf[..len].to_vec().into_boxed_slice());
-            let frame = FrameDecoder::new(
-                ringmq::protocol::FrameLimits::new(ringmq::protocol::FRAME_BYTES_CEILING).unwrap(),
-            )
-            .decode(owned)
-            .unwrap()
-            .unwrap();
-            return frame.decode_response().unwrap();
-        }
-        let n = conn.read(&mut chunk).unwrap();
-        assert!(n > 0, "the broker closed the connection without an answer");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// The error code and message of an error answer.
-fn error_of(answer: Response<'_>) -> (ErrorCode, String) {
-    match answer {
-        Response::Error(e) => (e.error_code().unwrap(), e.message),
-        other => panic!("not an error: {other:?}"),
-    }
-}
 
 fn send(topic: &str, queue_id: i32, properties: Vec<u8>, body: &[u8]) -> Request {
     SendMessage {

@@ -745,6 +745,10 @@ impl Handlers for Req<'_> {
         self.ctx.send_batch(self.request_id, m, self.peer)
     }
 
+    fn send_multi(&self, m: SendMulti) -> Handled {
+        self.ctx.send_multi(self.request_id, m, self.peer)
+    }
+
     fn pull(&self, m: Pull) -> Handled {
         self.later_frame(
             self.ctx

@@ -18,10 +18,12 @@ use crate::protocol::record::{
 };
 use crate::protocol::{
     encode_frame, ArchivedBatchItem, ArchivedSendMessage, BatchItem, ErrorBody, ErrorCode, Flags,
-    Frame, Kind, MessageId, Response, SendBatch, SendBatchResult, SendMessage, SendResult,
-    QUEUE_OFFSET_HALF,
+    Frame, Kind, MessageId, Response, SendBatch, SendBatchResult, SendMessage, SendMulti,
+    SendResult, QUEUE_OFFSET_HALF,
 };
 use crate::store::PutResult;
+
+mod multi;
 
 /// Most messages in one batch send.
 pub const BATCH_MESSAGES_MAX: usize = 4096;
@@ -94,6 +96,24 @@ impl<'a> From<&'a ArchivedSendMessage> for SendItem<'a> {
     }
 }
 
+impl<'a> SendItem<'a> {
+    /// The record a client's message becomes in `queue_id` of `topic`.
+    fn draft(&self, topic: &'a str, queue_id: u32, peer: SocketAddr) -> RecordDraft<'a> {
+        RecordDraft {
+            topic,
+            queue_id,
+            flag: self.flag,
+            sys_flag: 0,
+            born_timestamp_ms: self.born_timestamp_ms,
+            born_host: peer,
+            reconsume_times: 0,
+            transaction_offset: 0,
+            properties: self.properties,
+            body: self.body,
+        }
+    }
+}
+
 impl OwnedItem {
     fn of(i: &SendItem<'_>) -> OwnedItem {
         OwnedItem {
@@ -125,7 +145,7 @@ impl ShardCtx {
         at: &Arrival<'_>,
     ) -> Option<Handled> {
         let kind = frame.kind();
-        if !matches!(kind, Kind::SendMessage | Kind::SendBatch) {
+        if !matches!(kind, Kind::SendMessage | Kind::SendBatch | Kind::SendMulti) {
             return None;
         }
         let meta = frame.aligned_meta();
@@ -154,6 +174,23 @@ impl ShardCtx {
                     peer,
                     false,
                 )
+            }))
+        } else if kind == Kind::SendMulti {
+            let m = meta.access::<SendMulti>().ok()?;
+            let topic = m.topic.as_str();
+            // Every queue is on one shard: the first one's owner stores them all.
+            if let Some(to) = m
+                .queue_ids
+                .first()
+                .and_then(|q| i32::try_from(q.to_native()).ok())
+                .and_then(|q| owner(topic, q))
+            {
+                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
+            }
+            let queue_ids: Vec<u32> = m.queue_ids.iter().map(|q| q.to_native()).collect();
+            let items: Vec<SendItem<'_>> = m.messages.iter().map(SendItem::from).collect();
+            Some(self.run_request(kind, at.oneway, || {
+                self.send_multi_items(request_id, topic, &queue_ids, &items, m.wait_durable, peer)
             }))
         } else {
             let b = meta.access::<SendBatch>().ok()?;
@@ -247,36 +284,8 @@ impl ShardCtx {
         peer: SocketAddr,
         batch: bool,
     ) -> Handled {
-        for &SendItem {
-            properties: props,
-            body,
-            ..
-        } in items
-        {
-            if body.len() > BODY_BYTES_MAX {
-                let e = err(
-                    ErrorCode::BodyTooLarge,
-                    format!(
-                        "message body of {} bytes exceeds the {} byte limit",
-                        body.len(),
-                        BODY_BYTES_MAX
-                    ),
-                );
-                return self.refuse(request_id, e);
-            }
-            if props.len() > CLIENT_PROPERTIES_BYTES_MAX {
-                let e = err(
-                    ErrorCode::InvalidMessage,
-                    format!(
-                        "properties of {} bytes exceed the {CLIENT_PROPERTIES_BYTES_MAX} byte limit",
-                        props.len()
-                    ),
-                );
-                return self.refuse(request_id, e);
-            }
-            if let Err(e) = Properties::new(props).validate() {
-                return self.refuse(request_id, err(ErrorCode::InvalidMessage, e.to_string()));
-            }
+        if let Err(e) = check_items(topic, items, batch) {
+            return self.refuse(request_id, e);
         }
         if queue_id < 0 && queue_id != crate::protocol::QUEUE_ID_ANY {
             let e = err(
@@ -285,35 +294,6 @@ impl ShardCtx {
                     "queue id {queue_id} is not a queue ({} lets the broker choose)",
                     crate::protocol::QUEUE_ID_ANY
                 ),
-            );
-            return self.refuse(request_id, e);
-        }
-        if crate::protocol::names::is_system_topic(topic) {
-            let e = err(
-                ErrorCode::InvalidTopic,
-                format!("topic {topic} is reserved for the broker"),
-            );
-            return self.refuse(request_id, e);
-        }
-        if batch
-            && items
-                .iter()
-                .any(|i| is_half(&Properties::new(i.properties)))
-        {
-            let e = err(
-                ErrorCode::InvalidMessage,
-                "transactional messages cannot be sent in a batch; send them one by one",
-            );
-            return self.refuse(request_id, e);
-        }
-        if batch
-            && items
-                .iter()
-                .any(|i| asks_for_delay(&Properties::new(i.properties)))
-        {
-            let e = err(
-                ErrorCode::InvalidDelay,
-                "delayed messages cannot be sent in a batch; send them one by one",
             );
             return self.refuse(request_id, e);
         }
@@ -517,29 +497,14 @@ impl ShardCtx {
         }
     }
 
-    fn append_all<'a>(
+    /// Every record of a send checked before the first is appended: valid, and within one
+    /// log segment.
+    fn check_drafts<'a>(
         &self,
-        topic: &'a str,
-        queue_id: u32,
-        items: &[SendItem<'a>],
-        peer: SocketAddr,
-    ) -> Result<Vec<PutResult>, ErrorBody> {
-        let draft = |i: &SendItem<'a>| RecordDraft {
-            topic,
-            queue_id,
-            flag: i.flag,
-            sys_flag: 0,
-            born_timestamp_ms: i.born_timestamp_ms,
-            born_host: peer,
-            reconsume_times: 0,
-            transaction_offset: 0,
-            properties: i.properties,
-            body: i.body,
-        };
-        // All or nothing: every message is checked before the first is appended.
+        drafts: impl Iterator<Item = RecordDraft<'a>>,
+    ) -> Result<(), ErrorBody> {
         let seg = self.store.log().config().segment_bytes as usize;
-        for item in items {
-            let draft = draft(item);
+        for draft in drafts {
             draft
                 .validate()
                 .map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
@@ -553,6 +518,19 @@ impl ShardCtx {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn append_all<'a>(
+        &self,
+        topic: &'a str,
+        queue_id: u32,
+        items: &[SendItem<'a>],
+        peer: SocketAddr,
+    ) -> Result<Vec<PutResult>, ErrorBody> {
+        let draft = |i: &SendItem<'a>| i.draft(topic, queue_id, peer);
+        // All or nothing: every message is checked before the first is appended.
+        self.check_drafts(items.iter().map(draft))?;
         let mut puts = Vec::with_capacity(items.len());
         if items
             .iter()
@@ -570,22 +548,20 @@ impl ShardCtx {
         Ok(puts)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn finish_send(
+    /// Waits until the appended `puts` are acknowledged as the flush mode (or
+    /// `wait_durable`) asks, and counts them stored: the last of them, or the error answer.
+    async fn acknowledged(
         &self,
         request_id: u64,
         topic: &str,
-        queue_id: u32,
-        puts: Vec<PutResult>,
+        puts: &[PutResult],
         wait_durable: bool,
-        batch: bool,
-        half: bool,
-    ) -> Vec<u8> {
-        let Some(last) = puts.last() else {
-            return error_frame(
+    ) -> Result<PutResult, Vec<u8>> {
+        let Some(&last) = puts.last() else {
+            return Err(error_frame(
                 request_id,
                 &err(ErrorCode::InvalidMessage, "nothing to send"),
-            );
+            ));
         };
         let appended_at = std::time::Instant::now();
         let acked = if wait_durable {
@@ -596,7 +572,7 @@ impl ShardCtx {
         if let Err(e) = acked {
             let e = store_error(e);
             self.count_error(&e);
-            return error_frame(request_id, &e);
+            return Err(error_frame(request_id, &e));
         }
         self.stats
             .send_ack
@@ -608,6 +584,27 @@ impl ShardCtx {
             let bytes: u64 = puts.iter().map(|p| u64::from(p.size)).sum();
             self.stats.stored(topic, puts.len() as u64, bytes);
         }
+        Ok(last)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_send(
+        &self,
+        request_id: u64,
+        topic: &str,
+        queue_id: u32,
+        puts: Vec<PutResult>,
+        wait_durable: bool,
+        batch: bool,
+        half: bool,
+    ) -> Vec<u8> {
+        let last = match self
+            .acknowledged(request_id, topic, &puts, wait_durable)
+            .await
+        {
+            Ok(last) => last,
+            Err(answer) => return answer,
+        };
         self.wake_pollers(topic, queue_id);
         if batch {
             let r = SendBatchResult {
@@ -635,6 +632,68 @@ impl ShardCtx {
             response_frame(request_id, &Response::SendResult(r))
         }
     }
+}
+
+/// What every send checks of its messages before anything is stored: sizes, properties,
+/// the topic not reserved, and in a batch (`batch`) neither transactional nor delayed
+/// messages.
+fn check_items(topic: &str, items: &[SendItem<'_>], batch: bool) -> Result<(), ErrorBody> {
+    for &SendItem {
+        properties: props,
+        body,
+        ..
+    } in items
+    {
+        if body.len() > BODY_BYTES_MAX {
+            return Err(err(
+                ErrorCode::BodyTooLarge,
+                format!(
+                    "message body of {} bytes exceeds the {} byte limit",
+                    body.len(),
+                    BODY_BYTES_MAX
+                ),
+            ));
+        }
+        if props.len() > CLIENT_PROPERTIES_BYTES_MAX {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                format!(
+                    "properties of {} bytes exceed the {CLIENT_PROPERTIES_BYTES_MAX} byte limit",
+                    props.len()
+                ),
+            ));
+        }
+        if let Err(e) = Properties::new(props).validate() {
+            return Err(err(ErrorCode::InvalidMessage, e.to_string()));
+        }
+    }
+    if crate::protocol::names::is_system_topic(topic) {
+        return Err(err(
+            ErrorCode::InvalidTopic,
+            format!("topic {topic} is reserved for the broker"),
+        ));
+    }
+    if batch
+        && items
+            .iter()
+            .any(|i| is_half(&Properties::new(i.properties)))
+    {
+        return Err(err(
+            ErrorCode::InvalidMessage,
+            "transactional messages cannot be sent in a batch; send them one by one",
+        ));
+    }
+    if batch
+        && items
+            .iter()
+            .any(|i| asks_for_delay(&Properties::new(i.properties)))
+    {
+        return Err(err(
+            ErrorCode::InvalidDelay,
+            "delayed messages cannot be sent in a batch; send them one by one",
+        ));
+    }
+    Ok(())
 }
 
 fn reencode_send(

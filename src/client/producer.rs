@@ -22,7 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::protocol::{
-    BatchItem, ErrorCode, Kind, ProtocolError, Response, SendBatch, SendMessage, QUEUE_ID_ANY,
+    BatchItem, ErrorCode, Kind, ProtocolError, Response, SendBatch, SendMessage, SendMulti,
+    QUEUE_ID_ANY,
 };
 
 pub use crate::protocol::{SendBatchResult, SendResult};
@@ -61,10 +62,11 @@ pub struct ProducerOptions {
     pub route_refresh_ms: u64,
     /// Overrides the built-in choice (sharding key, then round-robin).
     pub selector: Option<Arc<dyn QueueSelector>>,
-    /// Packs single sends to a queue that are made while a send to that queue is in
-    /// flight into one batch request (per-message results as for single sends), sent as
-    /// soon as that send is answered: no timer, so nothing waits when the pipe is idle.
-    /// Delayed and transactional messages are always sent alone.
+    /// Packs single sends made while a send to the same shard of the broker is in flight
+    /// into one request (`SendMulti`: each message to its own queue, each queue's messages
+    /// in send order, per-message results as for single sends), sent as soon as that send
+    /// is answered: no timer, so nothing waits when the pipe is idle. Delayed and
+    /// transactional messages, and sends with a custom selector, are always sent alone.
     pub coalesce: bool,
 }
 
@@ -109,12 +111,13 @@ impl std::fmt::Debug for Producer {
 
 struct ProducerInner {
     client: Client,
-    /// Per (topic, queue): single sends waiting for the send in flight (`coalesce`).
-    coalescers: Mutex<HashMap<(String, i32), SharedCoalescer>>,
+    /// Per (topic, shard): single sends waiting for the send in flight (`coalesce`).
+    coalescers: Mutex<HashMap<(String, u32), SharedCoalescer>>,
     /// `BrokerBusy` answers so far (flow control), each followed by a pause and a resend.
     busy_answers: AtomicU64,
-    /// Batch requests that carried coalesced single sends.
+    /// Requests that carried coalesced single sends, and the sends they carried.
     coalesced_batches: AtomicU64,
+    coalesced_sends: AtomicU64,
     options: ProducerOptions,
     routes: Mutex<HashMap<String, TopicRoute>>,
     next_queue: AtomicU32,
@@ -129,15 +132,23 @@ struct TopicRoute {
 
 type SharedCoalescer = Arc<Mutex<Coalescer>>;
 
-/// A queued send and where its result goes.
-type Waiting = (BatchItem, tokio::sync::oneshot::Sender<Result<SendResult>>);
+/// A queued send: its queue, the message, and where its result goes.
+type Waiting = (
+    u32,
+    BatchItem,
+    tokio::sync::oneshot::Sender<Result<SendResult>>,
+);
 
-/// Single sends queued for one queue while a send to it is in flight (`coalesce`).
+/// Single sends queued for the queues of one shard while a send to it is in flight
+/// (`coalesce`).
 #[derive(Default)]
 struct Coalescer {
     in_flight: bool,
     waiting: Vec<Waiting>,
 }
+
+/// How many times in a row a coalescer yields while sends keep queuing.
+const COALESCE_SETTLE_YIELDS_MAX: usize = 4;
 
 /// Most bytes of bodies and properties one coalesced batch carries (well within a frame).
 const COALESCED_BATCH_BYTES_MAX: usize = 1 << 20;
@@ -146,7 +157,7 @@ const COALESCED_BATCH_BYTES_MAX: usize = 1 << 20;
 fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
     let mut bytes = 0;
     let mut n = 0;
-    for (item, _) in waiting.iter() {
+    for (_, item, _) in waiting.iter() {
         let size = item.body.len() + item.properties.len() + 64;
         if n > 0 && (n == BATCH_MESSAGES_MAX || bytes + size > COALESCED_BATCH_BYTES_MAX) {
             break;
@@ -184,6 +195,7 @@ impl Producer {
                 coalescers: Mutex::new(HashMap::new()),
                 busy_answers: AtomicU64::new(0),
                 coalesced_batches: AtomicU64::new(0),
+                coalesced_sends: AtomicU64::new(0),
                 // Producers started together should not all hit queue 0 first.
                 next_queue: AtomicU32::new(rand::random::<u32>()),
             }),
@@ -206,9 +218,14 @@ impl Producer {
         self.inner.busy_answers.load(Ordering::Relaxed)
     }
 
-    /// Batch requests that carried single sends packed together (`coalesce`).
+    /// Requests that carried single sends packed together (`coalesce`).
     pub fn coalesced_batches(&self) -> u64 {
         self.inner.coalesced_batches.load(Ordering::Relaxed)
+    }
+
+    /// Single sends those requests carried (`coalesce`); the others went alone.
+    pub fn coalesced_sends(&self) -> u64 {
+        self.inner.coalesced_sends.load(Ordering::Relaxed)
     }
 
     /// Sends one message and waits for the broker's answer: where it was stored.
@@ -349,20 +366,23 @@ impl ProducerInner {
         .await
     }
 
-    /// A single send under `coalesce`: sent at once if no send to its queue is in flight;
-    /// else queued, and sent with the others queued meanwhile as one batch as soon as the
-    /// one in flight is answered.
+    /// A single send under `coalesce`: sent at once if no send to its queue's shard is in
+    /// flight; else queued, and sent with the others queued meanwhile (to any queue of that
+    /// shard) as one request as soon as the one in flight is answered.
     async fn send_coalesced(
         self: &Arc<Self>,
         topic: &str,
         mut request: SendMessage,
     ) -> Result<SendResult> {
         let queue = request.queue_id;
+        // Chosen by `choose`: a queue id, never `QUEUE_ID_ANY`.
+        let queue_u32 = u32::try_from(queue).unwrap_or(0);
+        let shard = super::route::owner(topic, queue_u32, self.client.shard_count());
         let co = self
             .coalescers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry((topic.to_owned(), queue))
+            .entry((topic.to_owned(), shard))
             .or_default()
             .clone();
         let waiter = {
@@ -370,6 +390,7 @@ impl ProducerInner {
             if st.in_flight {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 st.waiting.push((
+                    queue_u32,
                     BatchItem {
                         flag: request.flag,
                         properties: std::mem::take(&mut request.properties),
@@ -413,15 +434,35 @@ impl ProducerInner {
         }
         let inner = self.clone();
         let topic = topic.to_owned();
-        tokio::spawn(async move { inner.flush_coalesced(&topic, queue, co).await });
+        tokio::spawn(async move { inner.flush_coalesced(&topic, co).await });
         result
     }
 
-    /// Sends what is queued for one queue as batches until nothing is, then marks the
-    /// queue idle.
-    async fn flush_coalesced(self: &Arc<Self>, topic: &str, queue: i32, co: SharedCoalescer) {
+    /// Sends what is queued for one shard's queues as `SendMulti` requests until nothing
+    /// is, then marks the shard idle.
+    async fn flush_coalesced(self: &Arc<Self>, topic: &str, co: SharedCoalescer) {
         loop {
-            let waiting = {
+            // The senders just answered often send again at once (a window of sends in
+            // flight): let them queue before the shard counts as idle, yielding while the
+            // queue grows, a bounded number of times. Otherwise the first of them would go
+            // alone and the rest wait a round trip for it.
+            for _ in 0..COALESCE_SETTLE_YIELDS_MAX {
+                let before = co
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .waiting
+                    .len();
+                tokio::task::yield_now().await;
+                let after = co
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .waiting
+                    .len();
+                if after == before {
+                    break;
+                }
+            }
+            let mut waiting = {
                 let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
                 if st.waiting.is_empty() {
                     st.in_flight = false;
@@ -429,11 +470,25 @@ impl ProducerInner {
                 }
                 take_batch(&mut st.waiting)
             };
-            let (items, senders): (Vec<BatchItem>, Vec<_>) = waiting.into_iter().unzip();
+            // Each queue's sends in one run, in the order they were made (a stable sort):
+            // the broker looks each queue up once per run.
+            waiting.sort_by_key(|w| w.0);
+            let mut queue_ids = Vec::with_capacity(waiting.len());
+            let mut items = Vec::with_capacity(waiting.len());
+            let mut senders = Vec::with_capacity(waiting.len());
+            for (queue, item, tx) in waiting {
+                queue_ids.push(queue);
+                items.push(item);
+                senders.push(tx);
+            }
             self.coalesced_batches.fetch_add(1, Ordering::Relaxed);
-            let mut request = SendBatch {
+            self.coalesced_sends
+                .fetch_add(queue_ids.len() as u64, Ordering::Relaxed);
+            // All on one shard: the first queue routes the request.
+            let first = i32::try_from(queue_ids[0]).unwrap_or(QUEUE_ID_ANY);
+            let mut request = SendMulti {
                 topic: topic.to_owned(),
-                queue_id: queue,
+                queue_ids,
                 messages: items,
                 wait_durable: self.options.wait_durable,
             };
@@ -441,23 +496,34 @@ impl ProducerInner {
                 .with_retries(
                     topic,
                     &mut request,
-                    |_, _, _| queue,
+                    |_, _, _| first,
                     |response| match response {
-                        Response::SendBatchResult(result) => Ok(result),
-                        other => Err(unexpected(Kind::SendBatchResult, &other)),
+                        Response::SendMultiResult(result) => Ok(result),
+                        other => Err(unexpected(Kind::SendMultiResult, &other)),
                     },
                 )
-                .await;
+                .await
+                .and_then(|r| {
+                    // One place per message, or the answer is not for this request.
+                    let n = request.queue_ids.len();
+                    for found in [r.queue_offsets.len(), r.physical_offsets.len()] {
+                        if found != n {
+                            return Err(ClientError::Protocol(ProtocolError::BadPayload {
+                                kind: Kind::SendMultiResult,
+                                reason: format!("{found} places for {n} messages"),
+                            }));
+                        }
+                    }
+                    Ok(r)
+                });
             match result {
                 Ok(r) => {
                     for (i, tx) in senders.into_iter().enumerate() {
-                        let msg_id = r.msg_id(i).unwrap_or_default();
-                        let physical_offset = r.physical_offsets.get(i).copied().unwrap_or(0);
                         let _ = tx.send(Ok(SendResult {
-                            msg_id,
-                            queue_id: r.queue_id,
-                            queue_offset: r.first_queue_offset + i as u64,
-                            physical_offset,
+                            msg_id: r.msg_id(i).unwrap_or_default(),
+                            queue_id: request.queue_ids[i],
+                            queue_offset: r.queue_offsets[i],
+                            physical_offset: r.physical_offsets[i],
                             transaction_id: 0,
                         }));
                     }

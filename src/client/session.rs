@@ -180,6 +180,11 @@ impl Client {
     }
 
     /// What the latest bootstrap handshake said.
+    /// The broker's shard count (1 before the first handshake, which `connect` makes).
+    pub(crate) fn shard_count(&self) -> u32 {
+        self.inner.topology().map_or(1, |t| t.info.shard_count)
+    }
+
     pub fn broker_info(&self) -> BrokerInfo {
         match self.inner.topology() {
             Some(t) => t.info.clone(),

@@ -225,6 +225,51 @@ wire_type! {
 }
 
 wire_type! {
+    /// Single sends to several queues of one topic, packed together by a producer
+    /// (`ProducerOptions::coalesce`): message `i` goes to queue `queue_ids[i]`. Every queue
+    /// belongs to one shard (the one the request goes to); each queue's messages are stored
+    /// in the order they come. All or nothing, as a batch. Delayed and transactional
+    /// messages are refused (sent alone). Answered by [`SendMultiResult`].
+    pub struct SendMulti {
+        pub topic: String,
+        pub queue_ids: Vec<u32>,
+        pub messages: Vec<BatchItem>,
+        pub wait_durable: bool,
+    }
+}
+
+wire_type! {
+    /// Where each message of a [`SendMulti`] was stored, in the request's order.
+    pub struct SendMultiResult {
+        /// The broker and the store (shard) that hold the messages: with a message's
+        /// physical offset, its message id ([`SendMultiResult::msg_id`]).
+        pub broker_id: u32,
+        pub store_id: u32,
+        pub queue_offsets: Vec<u64>,
+        pub physical_offsets: Vec<u64>,
+    }
+}
+
+impl SendMultiResult {
+    /// The message id of the `i`-th message.
+    pub fn msg_id(&self, i: usize) -> Option<String> {
+        nth_msg_id(self.broker_id, self.store_id, &self.physical_offsets, i)
+    }
+}
+
+/// The id of the message stored `i`-th of `physical_offsets` by `store_id` of `broker_id`.
+fn nth_msg_id(broker_id: u32, store_id: u32, physical_offsets: &[u64], i: usize) -> Option<String> {
+    physical_offsets.get(i).map(|&physical_offset| {
+        super::MessageId {
+            broker_id,
+            store_id,
+            physical_offset,
+        }
+        .to_string()
+    })
+}
+
+wire_type! {
     /// Where a batch was stored: consecutive queue offsets from `first_queue_offset`.
     pub struct SendBatchResult {
         pub queue_id: u32,
@@ -243,14 +288,7 @@ wire_type! {
 impl SendBatchResult {
     /// The message id of the `i`-th message of the batch.
     pub fn msg_id(&self, i: usize) -> Option<String> {
-        self.physical_offsets.get(i).map(|&physical_offset| {
-            super::MessageId {
-                broker_id: self.broker_id,
-                store_id: self.store_id,
-                physical_offset,
-            }
-            .to_string()
-        })
+        nth_msg_id(self.broker_id, self.store_id, &self.physical_offsets, i)
     }
 
     /// The message ids of the batch, in order.
@@ -811,6 +849,24 @@ pub(super) fn send_batch_len_hint(m: &SendBatch) -> usize {
         .map(|i| i.properties.len() + ITEM_OVERHEAD_HINT)
         .sum();
     m.topic.len() + items + ITEM_OVERHEAD_HINT
+}
+
+/// Without the bodies, as [`send_batch_len_hint`].
+pub(super) fn send_multi_len_hint(m: &SendMulti) -> usize {
+    let items: usize = m
+        .messages
+        .iter()
+        .map(|i| i.properties.len() + 4 + ITEM_OVERHEAD_HINT)
+        .sum();
+    m.topic.len() + items + ITEM_OVERHEAD_HINT
+}
+
+/// The queue a [`SendMulti`] is routed by: its first message's (all are on one shard).
+pub(super) fn send_multi_queue(m: &SendMulti) -> i32 {
+    m.queue_ids
+        .first()
+        .and_then(|&q| i32::try_from(q).ok())
+        .unwrap_or(QUEUE_ID_ANY)
 }
 
 // Types that are only ever nested inside a meta part.

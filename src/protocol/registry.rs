@@ -362,6 +362,10 @@ registry! {
             route(m) Route::Coordinator(&m.group), group(m) &m.group, client(m) &m.client_id;
         EndTransaction = 13 => Empty, end_transaction,
             route(m) Route::queue(&m.topic, m.queue_id);
+        /// Single sends to several queues of one shard, packed by a producer.
+        SendMulti = 14 => SendMultiResult, send_multi,
+            route(m) Route::queue_or_local(&m.topic, send_multi_queue(m)),
+            hint send_multi_len_hint;
         // Consume.
         Pull = 20 => PullResult, pull, route(m) Route::queue(&m.topic, m.queue_id);
         GetMinOffset = 21 => Offset, get_min_offset, route(m) Route::queue(&m.topic, m.queue_id);
@@ -426,6 +430,7 @@ registry! {
         ScheduleInfo = 1015 => ScheduleInfo(ScheduleInfo);
         HandshakeOk2 = 1016 => HandshakeOk2(HandshakeOk2);
         TransactionList = 1017 => TransactionList(TransactionList);
+        SendMultiResult = 1018 => SendMultiResult(SendMultiResult);
     }
     pushes {
         RebalanceNotify = 2000;

@@ -174,6 +174,20 @@ fn sample_requests() -> Vec<Request> {
             from_check: true,
         }
         .into(),
+        SendMulti {
+            topic: "orders".into(),
+            queue_ids: vec![3, 5, 3],
+            messages: (0..3)
+                .map(|i| BatchItem {
+                    flag: i,
+                    properties: if i == 1 { properties() } else { Vec::new() },
+                    body: vec![b'x'; i as usize].into(),
+                    born_timestamp_ms: 5 + i64::from(i),
+                })
+                .collect(),
+            wait_durable: true,
+        }
+        .into(),
         Pull {
             tag_hashes: vec![1, u64::MAX],
             ..Pull::new("orders", 3, 100)
@@ -456,6 +470,12 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
             }],
             discarded: 3,
             recently_discarded: Vec::new(),
+        }),
+        Response::SendMultiResult(SendMultiResult {
+            broker_id: 1,
+            store_id: 2,
+            queue_offsets: vec![13, 0, 14],
+            physical_offsets: vec![0x10, 0x20, 0x30],
         }),
     ]
 }

@@ -1,0 +1,176 @@
+//! `SendMulti`: single sends to several queues of one topic, packed into one request by a
+//! producer (`ProducerOptions::coalesce`), every queue owned by the shard that stores them.
+//! Checked as a batch is, appended now in the request's order (each queue's messages in
+//! the order they came; a run of one queue shares one look-up), all or nothing, and
+//! answered with where each message went once the flush mode's acknowledgement holds.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use super::{check_items, SendItem, BATCH_MESSAGES_MAX};
+use crate::broker::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
+use crate::protocol::{ErrorBody, ErrorCode, Response, SendMulti, SendMultiResult};
+use crate::store::PutResult;
+
+impl ShardCtx {
+    /// `SendMulti`, decoded.
+    pub(in crate::broker) fn send_multi(
+        self: &Rc<Self>,
+        request_id: u64,
+        m: SendMulti,
+        peer: SocketAddr,
+    ) -> Handled {
+        let items: Vec<SendItem<'_>> = m.messages.iter().map(SendItem::from).collect();
+        self.send_multi_items(
+            request_id,
+            &m.topic,
+            &m.queue_ids,
+            &items,
+            m.wait_durable,
+            peer,
+        )
+    }
+
+    /// A `SendMulti`'s messages, however they were read (`queue_ids[i]` is message `i`'s
+    /// queue).
+    pub(in crate::broker) fn send_multi_items(
+        self: &Rc<Self>,
+        request_id: u64,
+        topic: &str,
+        queue_ids: &[u32],
+        items: &[SendItem<'_>],
+        wait_durable: bool,
+        peer: SocketAddr,
+    ) -> Handled {
+        let checked = self
+            .check_multi(topic, queue_ids, items)
+            .and_then(|()| self.admit_send());
+        if let Err(e) = checked {
+            return self.refuse(request_id, e);
+        }
+        let appended = self.append_multi(topic, queue_ids, items, peer);
+        if let Ok(puts) = &appended {
+            self.note_waiting(puts);
+        }
+        let ctx = self.clone();
+        let topic = topic.to_owned();
+        let queue_ids = queue_ids.to_vec();
+        Handled::later(async move {
+            Some(match appended {
+                Ok(puts) => {
+                    ctx.finish_multi(request_id, &topic, &queue_ids, puts, wait_durable)
+                        .await
+                }
+                Err(e) => {
+                    ctx.count_error(&e);
+                    error_frame(request_id, &e)
+                }
+            })
+        })
+    }
+
+    /// Everything checkable before an append: the counts, the messages (as a batch's), the
+    /// topic known here, and every queue one of its queues owned by this shard.
+    fn check_multi(
+        &self,
+        topic: &str,
+        queue_ids: &[u32],
+        items: &[SendItem<'_>],
+    ) -> Result<(), ErrorBody> {
+        if items.is_empty() || items.len() > BATCH_MESSAGES_MAX {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                format!("a multi-queue send holds 1..={BATCH_MESSAGES_MAX} messages"),
+            ));
+        }
+        if queue_ids.len() != items.len() {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                format!(
+                    "a multi-queue send names {} queues for {} messages (one each)",
+                    queue_ids.len(),
+                    items.len()
+                ),
+            ));
+        }
+        check_items(topic, items, true)?;
+        let Some(count) = self.topics.borrow().get(topic) else {
+            return Err(err(
+                ErrorCode::TopicNotFound,
+                format!("topic {topic} does not exist"),
+            ));
+        };
+        for &q in queue_ids {
+            if q >= count {
+                return Err(err(
+                    ErrorCode::QueueNotFound,
+                    format!("topic {topic} has {count} queues; no queue {q}"),
+                ));
+            }
+            let owner = self.owner_of(topic, q);
+            if owner != self.id {
+                return Err(err(
+                    ErrorCode::QueueNotFound,
+                    format!(
+                        "queue {q} of topic {topic} is on shard {owner}, not on shard {}: \
+                         a multi-queue send names queues of one shard",
+                        self.id
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends every message, in order, into its queue (all or nothing).
+    fn append_multi<'a>(
+        &self,
+        topic: &'a str,
+        queue_ids: &[u32],
+        items: &[SendItem<'a>],
+        peer: SocketAddr,
+    ) -> Result<Vec<PutResult>, ErrorBody> {
+        let drafts = || {
+            items
+                .iter()
+                .zip(queue_ids)
+                .map(move |(i, &queue_id)| i.draft(topic, queue_id, peer))
+        };
+        self.check_drafts(drafts())?;
+        let mut puts = Vec::with_capacity(items.len());
+        self.store
+            .append_batch(drafts(), &mut puts)
+            .map_err(store_error)?;
+        Ok(puts)
+    }
+
+    async fn finish_multi(
+        &self,
+        request_id: u64,
+        topic: &str,
+        queue_ids: &[u32],
+        puts: Vec<PutResult>,
+        wait_durable: bool,
+    ) -> Vec<u8> {
+        if let Err(answer) = self
+            .acknowledged(request_id, topic, &puts, wait_durable)
+            .await
+        {
+            return answer;
+        }
+        // Each queue's long polls, once.
+        let mut queues = queue_ids.to_vec();
+        queues.sort_unstable();
+        queues.dedup();
+        for q in queues {
+            self.wake_pollers(topic, q);
+        }
+        let r = SendMultiResult {
+            broker_id: self.cfg.broker_id,
+            store_id: self.id,
+            queue_offsets: puts.iter().map(|p| p.queue_offset).collect(),
+            physical_offsets: puts.iter().map(|p| p.physical_offset).collect(),
+        };
+        response_frame(request_id, &Response::SendMultiResult(r))
+    }
+}
