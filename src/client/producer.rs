@@ -341,7 +341,13 @@ impl ProducerInner {
             let alone = crate::protocol::delay::asks_for_delay(&props)
                 || props.get(crate::protocol::record::prop::TRAN_MSG).is_some();
             if !alone {
-                if let Some(count) = self.queue_count(topic).await? {
+                // The queue count is cached but for a topic's first sends: the future of a
+                // send stays small (many are kept in flight) with the look-up boxed.
+                let count = match self.cached_queue_count(topic) {
+                    Some(count) => Some(count),
+                    None => Box::pin(self.queue_count(topic)).await?,
+                };
+                if let Some(count) = count {
                     let queue = self.choose(topic, &mut message, &mut request.body, Some(count), 0);
                     if queue != QUEUE_ID_ANY {
                         request.queue_id = queue;
@@ -350,6 +356,16 @@ impl ProducerInner {
                 }
             }
         }
+        Box::pin(self.send_alone(topic, message, request)).await
+    }
+
+    /// A single send as its own request, with retries.
+    async fn send_alone(
+        self: &Arc<Self>,
+        topic: &str,
+        mut message: OutgoingMessage,
+        mut request: SendMessage,
+    ) -> Result<SendResult> {
         self.with_retries(
             topic,
             &mut request,
@@ -412,17 +428,17 @@ impl ProducerInner {
                 )))
             });
         }
-        let result = self
-            .with_retries(
-                topic,
-                &mut request,
-                |_, _, _| queue,
-                |response| match response {
-                    Response::SendResult(result) => Ok(result),
-                    other => Err(unexpected(Kind::SendResult, &other)),
-                },
-            )
-            .await;
+        // Boxed: the future of a queued send (most of them) stays small.
+        let result = Box::pin(self.with_retries(
+            topic,
+            &mut request,
+            |_, _, _| queue,
+            |response| match response {
+                Response::SendResult(result) => Ok(result),
+                other => Err(unexpected(Kind::SendResult, &other)),
+            },
+        ))
+        .await;
         // Whatever queued meanwhile goes now, on its own task: this send's answer is not
         // held back for theirs. Nothing queued: the queue is idle again, no task needed.
         {
@@ -682,6 +698,14 @@ impl ProducerInner {
         };
         // Queue counts are bounded far below i32::MAX by the broker; stay total anyway.
         i32::try_from(queue).unwrap_or(QUEUE_ID_ANY)
+    }
+
+    /// The topic's cached queue count, without refreshing it.
+    fn cached_queue_count(&self, topic: &str) -> Option<u32> {
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        let route = routes.get(topic)?;
+        let refresh_after = Duration::from_millis(self.options.route_refresh_ms);
+        (route.fetched_at.elapsed() < refresh_after).then_some(route.queue_count)
     }
 
     /// The topic's queue count: cached, or described now. `None`: the broker does not
