@@ -276,3 +276,99 @@ fn a_full_window_of_sends_goes_out_packed_round_after_round() {
         );
     });
 }
+
+/// Polls each future once (so each takes its place: the first the shard's request slot,
+/// the rest the queue behind it).
+async fn poll_once<F: Future + Unpin>(futures: &mut [F]) {
+    std::future::poll_fn(|cx| {
+        for f in futures.iter_mut() {
+            let _ = std::pin::Pin::new(f).poll(cx);
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// The send that holds a shard's request slot is dropped before its answer (a caller's
+/// timeout): the sends queued behind it still go, and are answered.
+#[test]
+fn sends_queued_behind_a_dropped_send_still_go() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every log write waits 300 ms: the first send is still unanswered when it is dropped.
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &["--testing-write-delay-us", "300000"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = coalescing_producer(&addr).await;
+        producer.client().create_topic("drop", 2).await.unwrap();
+        producer
+            .send("drop", OutgoingMessage::new("first"))
+            .await
+            .unwrap();
+        let mut lead = vec![Box::pin(
+            producer.send_async("drop", OutgoingMessage::new("lead")),
+        )];
+        let mut queued: Vec<_> = (0..10)
+            .map(|i| Box::pin(producer.send_async("drop", OutgoingMessage::new(format!("m{i}")))))
+            .collect();
+        poll_once(&mut lead).await;
+        poll_once(&mut queued).await;
+        drop(lead);
+        let answered = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            futures_util::future::join_all(queued),
+        )
+        .await
+        .expect("the sends queued behind a dropped send were never sent");
+        let mut places = std::collections::BTreeSet::new();
+        for r in answered {
+            let r = r.unwrap();
+            assert!(places.insert((r.queue_id, r.queue_offset)), "{r:?}");
+        }
+        assert_eq!(producer.coalesced_sends(), 10);
+    });
+}
+
+/// A topic is made again with fewer queues under a producer that still sends to its old
+/// ones (its cached count): the packed request is refused for the queues that are gone, and
+/// its messages go again one by one, so the sends to queues that remain are stored and only
+/// the others fail.
+#[test]
+fn a_refused_packed_request_fails_only_the_sends_at_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = coalescing_producer(&addr).await;
+        let client = producer.client().clone();
+        client.create_topic("shrink", 4).await.unwrap();
+        producer
+            .send("shrink", OutgoingMessage::new("first"))
+            .await
+            .unwrap();
+        client.delete_topic("shrink").await.unwrap();
+        client.create_topic("shrink", 2).await.unwrap();
+        // The producer still counts 4 queues (cached): round-robin over all of them.
+        let mut sends: Vec<_> = (0..20)
+            .map(|i| Box::pin(producer.send_async("shrink", OutgoingMessage::new(format!("m{i}")))))
+            .collect();
+        poll_once(&mut sends).await;
+        let results = futures_util::future::join_all(sends).await;
+        let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(ok.iter().all(|r| r.queue_id < 2), "{ok:?}");
+        assert!(ok.len() >= 8, "{} stored, {failed:?}", ok.len());
+        assert!(
+            failed
+                .iter()
+                .all(|e| e.code() == Some(ErrorCode::QueueNotFound)),
+            "{failed:?}"
+        );
+        assert!(producer.coalesced_sends() > 0);
+        // What was answered stored is there, and nothing else.
+        assert_eq!(stored(&client, "shrink").await, ok.len() as u64);
+    });
+}

@@ -187,8 +187,16 @@ impl ShardCtx {
             {
                 return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
             }
-            let queue_ids: Vec<u32> = m.queue_ids.iter().map(|q| q.to_native()).collect();
-            let items: Vec<SendItem<'_>> = m.messages.iter().map(SendItem::from).collect();
+            // One past the limit is enough to refuse a request over it.
+            let limit = BATCH_MESSAGES_MAX + 1;
+            let queue_ids: Vec<u32> = m
+                .queue_ids
+                .iter()
+                .take(limit)
+                .map(|q| q.to_native())
+                .collect();
+            let items: Vec<SendItem<'_>> =
+                m.messages.iter().take(limit).map(SendItem::from).collect();
             Some(self.run_request(kind, at.oneway, || {
                 self.send_multi_items(request_id, topic, &queue_ids, &items, m.wait_durable, peer)
             }))

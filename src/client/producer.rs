@@ -62,11 +62,13 @@ pub struct ProducerOptions {
     pub route_refresh_ms: u64,
     /// Overrides the built-in choice (sharding key, then round-robin).
     pub selector: Option<Arc<dyn QueueSelector>>,
-    /// Packs single sends made while a send to the same shard of the broker is in flight
-    /// into one request (`SendMulti`: each message to its own queue, each queue's messages
-    /// in send order, per-message results as for single sends), sent as soon as that send
-    /// is answered: no timer, so nothing waits when the pipe is idle. Delayed and
-    /// transactional messages, and sends with a custom selector, are always sent alone.
+    /// Packs single sends to a topic made while a send of that topic to the same broker
+    /// shard is in flight into one request (`SendMulti`: each message to its own queue,
+    /// each queue's messages in send order, per-message results as for single sends), sent
+    /// as soon as that send is answered: no timer, so nothing waits when the pipe is idle.
+    /// Delayed and transactional messages, and sends with a custom selector, are always
+    /// sent alone. A packed request the broker refuses for one message or queue (a queue
+    /// gone, a message only the broker checks) is sent again message by message.
     pub coalesce: bool,
 }
 
@@ -145,6 +147,74 @@ type Waiting = (
 struct Coalescer {
     in_flight: bool,
     waiting: Vec<Waiting>,
+}
+
+fn lock(co: &SharedCoalescer) -> std::sync::MutexGuard<'_, Coalescer> {
+    co.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A coalescer's one request slot, held by the send that took it (the leader, sent alone)
+/// or by the task sending what queued behind it. Passed on when its request is answered
+/// (`pass_on`: to a task for what queued meanwhile, or back to idle); dropped before that
+/// (its caller gave up on the leader, or the runtime stopped under the task), it passes on
+/// all the same, so sends queued behind it never wait for a request that will not come.
+struct Slot {
+    inner: Arc<ProducerInner>,
+    topic: String,
+    co: SharedCoalescer,
+    leader: bool,
+    released: bool,
+}
+
+impl Slot {
+    /// The request is done: what queued meanwhile goes now, on its own task (the leader's
+    /// answer is not held back for theirs); nothing queued, the shard is idle again.
+    fn pass_on(&mut self) {
+        if self.released {
+            return;
+        }
+        self.released = true;
+        let mut st = lock(&self.co);
+        if st.waiting.is_empty() {
+            st.in_flight = false;
+            return;
+        }
+        drop(st);
+        // A task holding the slot, unless there is no runtime to run one (or the slot is
+        // a task's, dropped with its runtime: spawning again could go on forever): then the
+        // queued sends fail rather than wait.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if self.leader => {
+                let next = Slot {
+                    inner: self.inner.clone(),
+                    topic: self.topic.clone(),
+                    co: self.co.clone(),
+                    leader: false,
+                    released: false,
+                };
+                let inner = self.inner.clone();
+                runtime.spawn(async move { inner.flush_coalesced(next).await });
+            }
+            _ => {
+                let mut st = lock(&self.co);
+                st.in_flight = false;
+                let waiting = std::mem::take(&mut st.waiting);
+                drop(st);
+                for (_, _, tx) in waiting {
+                    let _ = tx.send(Err(ClientError::Connection(format!(
+                        "a send to {} queued behind one that was dropped with its runtime; send it again",
+                        self.topic
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.pass_on();
+    }
 }
 
 /// How many times in a row a coalescer yields while sends keep queuing.
@@ -402,7 +472,7 @@ impl ProducerInner {
             .or_default()
             .clone();
         let waiter = {
-            let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut st = lock(&co);
             if st.in_flight {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 st.waiting.push((
@@ -428,6 +498,15 @@ impl ProducerInner {
                 )))
             });
         }
+        // This send holds the shard's one request slot until it is answered, or until its
+        // caller drops it: either way the sends that queued meanwhile then go.
+        let mut slot = Slot {
+            inner: self.clone(),
+            topic: topic.to_owned(),
+            co,
+            leader: true,
+            released: false,
+        };
         // Boxed: the future of a queued send (most of them) stays small.
         let result = Box::pin(self.with_retries(
             topic,
@@ -439,49 +518,32 @@ impl ProducerInner {
             },
         ))
         .await;
-        // Whatever queued meanwhile goes now, on its own task: this send's answer is not
-        // held back for theirs. Nothing queued: the queue is idle again, no task needed.
-        {
-            let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
-            if st.waiting.is_empty() {
-                st.in_flight = false;
-                return result;
-            }
-        }
-        let inner = self.clone();
-        let topic = topic.to_owned();
-        tokio::spawn(async move { inner.flush_coalesced(&topic, co).await });
+        slot.pass_on();
         result
     }
 
     /// Sends what is queued for one shard's queues as `SendMulti` requests until nothing
-    /// is, then marks the shard idle.
-    async fn flush_coalesced(self: &Arc<Self>, topic: &str, co: SharedCoalescer) {
+    /// is, then marks the shard idle. Holds the shard's request slot (`slot`).
+    async fn flush_coalesced(self: &Arc<Self>, mut slot: Slot) {
+        let (topic, co) = (slot.topic.clone(), slot.co.clone());
+        let topic = topic.as_str();
         loop {
             // The senders just answered often send again at once (a window of sends in
             // flight): let them queue before the shard counts as idle, yielding while the
             // queue grows, a bounded number of times. Otherwise the first of them would go
             // alone and the rest wait a round trip for it.
             for _ in 0..COALESCE_SETTLE_YIELDS_MAX {
-                let before = co
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .waiting
-                    .len();
+                let before = lock(&co).waiting.len();
                 tokio::task::yield_now().await;
-                let after = co
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .waiting
-                    .len();
-                if after == before {
+                if lock(&co).waiting.len() == before {
                     break;
                 }
             }
             let mut waiting = {
-                let mut st = co.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut st = lock(&co);
                 if st.waiting.is_empty() {
                     st.in_flight = false;
+                    slot.released = true;
                     return;
                 }
                 take_batch(&mut st.waiting)
@@ -544,6 +606,28 @@ impl ProducerInner {
                         }));
                     }
                 }
+                // The broker refused the request for what one message or queue is (a queue
+                // gone with a topic that shrank, a message only the broker checks): each
+                // message goes again alone, so only those at fault fail, in queue order.
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(
+                            ErrorCode::QueueNotFound
+                                | ErrorCode::InvalidMessage
+                                | ErrorCode::BodyTooLarge
+                        )
+                    ) =>
+                {
+                    let SendMulti {
+                        queue_ids,
+                        messages,
+                        ..
+                    } = request;
+                    for ((queue, item), tx) in queue_ids.into_iter().zip(messages).zip(senders) {
+                        let _ = tx.send(self.resend_alone(topic, queue, item).await);
+                    }
+                }
                 Err(e) => {
                     for tx in senders {
                         let _ = tx.send(Err(e.clone()));
@@ -551,6 +635,35 @@ impl ProducerInner {
                 }
             }
         }
+    }
+
+    /// One message of a refused `SendMulti`, sent alone to its queue.
+    async fn resend_alone(
+        self: &Arc<Self>,
+        topic: &str,
+        queue: u32,
+        item: BatchItem,
+    ) -> Result<SendResult> {
+        let queue = i32::try_from(queue).unwrap_or(QUEUE_ID_ANY);
+        let mut request = SendMessage {
+            topic: topic.to_owned(),
+            queue_id: queue,
+            flag: item.flag,
+            properties: item.properties,
+            body: item.body.to_vec(),
+            born_timestamp_ms: item.born_timestamp_ms,
+            wait_durable: self.options.wait_durable,
+        };
+        Box::pin(self.with_retries(
+            topic,
+            &mut request,
+            |_, _, _| queue,
+            |response| match response {
+                Response::SendResult(result) => Ok(result),
+                other => Err(unexpected(Kind::SendResult, &other)),
+            },
+        ))
+        .await
     }
 
     async fn send_batch(

@@ -179,12 +179,12 @@ impl Client {
         &self.inner.config
     }
 
-    /// What the latest bootstrap handshake said.
     /// The broker's shard count (1 before the first handshake, which `connect` makes).
     pub(crate) fn shard_count(&self) -> u32 {
         self.inner.topology().map_or(1, |t| t.info.shard_count)
     }
 
+    /// What the latest bootstrap handshake said.
     pub fn broker_info(&self) -> BrokerInfo {
         match self.inner.topology() {
             Some(t) => t.info.clone(),

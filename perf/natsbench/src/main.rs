@@ -149,7 +149,9 @@ fn produce_open(js: jetstream::Context, run: Arc<Run>, index: u64, handle: tokio
     let mut n: u32 = 0;
     loop {
         let due = run.start + interval.saturating_mul(n);
-        if due >= run.deadline {
+        // Behind schedule at the end: stop on time, as ringmq-bench does, rather than
+        // send the backlog after the deadline.
+        if due >= run.deadline || Instant::now() >= run.deadline {
             break;
         }
         let wait = due.saturating_duration_since(Instant::now());

@@ -70,7 +70,7 @@ impl ShardCtx {
     }
 
     /// Everything checkable before an append: the counts, the messages (as a batch's), the
-    /// topic known here, and every queue one of its queues owned by this shard.
+    /// topic known here, and every queue one of the topic's, owned by this shard.
     fn check_multi(
         &self,
         topic: &str,
