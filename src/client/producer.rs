@@ -507,17 +507,7 @@ impl ProducerInner {
             leader: true,
             released: false,
         };
-        // Boxed: the future of a queued send (most of them) stays small.
-        let result = Box::pin(self.with_retries(
-            topic,
-            &mut request,
-            |_, _, _| queue,
-            |response| match response {
-                Response::SendResult(result) => Ok(result),
-                other => Err(unexpected(Kind::SendResult, &other)),
-            },
-        ))
-        .await;
+        let result = self.send_to_queue(topic, &mut request, queue).await;
         slot.pass_on();
         result
     }
@@ -654,9 +644,20 @@ impl ProducerInner {
             born_timestamp_ms: item.born_timestamp_ms,
             wait_durable: self.options.wait_durable,
         };
+        self.send_to_queue(topic, &mut request, queue).await
+    }
+
+    /// A single send to a queue already chosen, with retries (boxed: the futures of the
+    /// sends that call it stay small).
+    async fn send_to_queue(
+        self: &Arc<Self>,
+        topic: &str,
+        request: &mut SendMessage,
+        queue: QueueChoice,
+    ) -> Result<SendResult> {
         Box::pin(self.with_retries(
             topic,
-            &mut request,
+            request,
             |_, _, _| queue,
             |response| match response {
                 Response::SendResult(result) => Ok(result),
