@@ -1,0 +1,317 @@
+//! Coalescing (`ProducerOptions::coalesce`): single sends made while a send of their topic
+//! to the same shard is in flight wait in that shard's `Coalescer` and go out together as
+//! one `SendMulti` when it is answered; one request in flight per (topic, shard).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{unexpected, ProducerInner, BATCH_MESSAGES_MAX};
+use crate::client::error::{ClientError, Result};
+use crate::protocol::{
+    BatchItem, ErrorCode, Kind, ProtocolError, Response, SendMessage, SendMulti, SendResult,
+    QUEUE_ID_ANY,
+};
+
+pub(super) type SharedCoalescer = Arc<Mutex<Coalescer>>;
+
+/// A queued send: its queue, the message, and where its result goes.
+type Waiting = (
+    u32,
+    BatchItem,
+    tokio::sync::oneshot::Sender<Result<SendResult>>,
+);
+
+/// Single sends queued for the queues of one shard while a send to it is in flight
+/// (`coalesce`).
+#[derive(Default)]
+pub(super) struct Coalescer {
+    in_flight: bool,
+    waiting: Vec<Waiting>,
+}
+
+fn lock(co: &SharedCoalescer) -> std::sync::MutexGuard<'_, Coalescer> {
+    co.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A coalescer's one request slot, held by the send that took it (the leader, sent alone)
+/// or by the task sending what queued behind it. Passed on when its request is answered
+/// (`pass_on`: to a task for what queued meanwhile, or back to idle); dropped before that
+/// (its caller gave up on the leader, or the runtime stopped under the task), it passes on
+/// all the same, so sends queued behind it never wait for a request that will not come.
+struct Slot {
+    inner: Arc<ProducerInner>,
+    topic: String,
+    co: SharedCoalescer,
+    leader: bool,
+    released: bool,
+}
+
+impl Slot {
+    /// The request is done: what queued meanwhile goes now, on its own task (the leader's
+    /// answer is not held back for theirs); nothing queued, the shard is idle again.
+    fn pass_on(&mut self) {
+        if self.released {
+            return;
+        }
+        self.released = true;
+        let mut st = lock(&self.co);
+        if st.waiting.is_empty() {
+            st.in_flight = false;
+            return;
+        }
+        drop(st);
+        // A task holding the slot, unless there is no runtime to run one (or the slot is
+        // a task's, dropped with its runtime: spawning again could go on forever): then the
+        // queued sends fail rather than wait.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if self.leader => {
+                let next = Slot {
+                    inner: self.inner.clone(),
+                    topic: self.topic.clone(),
+                    co: self.co.clone(),
+                    leader: false,
+                    released: false,
+                };
+                let inner = self.inner.clone();
+                runtime.spawn(async move { inner.flush_coalesced(next).await });
+            }
+            _ => {
+                let mut st = lock(&self.co);
+                st.in_flight = false;
+                let waiting = std::mem::take(&mut st.waiting);
+                drop(st);
+                for (_, _, tx) in waiting {
+                    let _ = tx.send(Err(ClientError::Connection(format!(
+                        "a send to {} queued behind one that was dropped with its runtime; send it again",
+                        self.topic
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.pass_on();
+    }
+}
+
+/// How many times in a row a coalescer yields while sends keep queuing.
+const COALESCE_SETTLE_YIELDS_MAX: usize = 4;
+
+/// Most bytes of bodies and properties one coalesced batch carries (well within a frame).
+const COALESCED_BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// The next batch of queued sends: the oldest ones, up to the batch limits.
+fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
+    let mut bytes = 0;
+    let mut n = 0;
+    for (_, item, _) in waiting.iter() {
+        let size = item.body.len() + item.properties.len() + 64;
+        if n > 0 && (n == BATCH_MESSAGES_MAX || bytes + size > COALESCED_BATCH_BYTES_MAX) {
+            break;
+        }
+        bytes += size;
+        n += 1;
+    }
+    let rest = waiting.split_off(n);
+    std::mem::replace(waiting, rest)
+}
+
+impl ProducerInner {
+    /// A single send under `coalesce`: sent at once if no send to its queue's shard is in
+    /// flight; else queued, and sent with the others queued meanwhile (to any queue of that
+    /// shard) as one request as soon as the one in flight is answered.
+    pub(super) async fn send_coalesced(
+        self: &Arc<Self>,
+        topic: &str,
+        mut request: SendMessage,
+    ) -> Result<SendResult> {
+        let queue = request.queue_id;
+        // Chosen by `choose`: a queue id, never `QUEUE_ID_ANY`.
+        let queue_u32 = u32::try_from(queue).unwrap_or(0);
+        let shard = crate::client::route::owner(topic, queue_u32, self.client.shard_count());
+        let co = self
+            .coalescers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((topic.to_owned(), shard))
+            .or_default()
+            .clone();
+        let waiter = {
+            let mut st = lock(&co);
+            if st.in_flight {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                st.waiting.push((
+                    queue_u32,
+                    BatchItem {
+                        flag: request.flag,
+                        properties: std::mem::take(&mut request.properties),
+                        body: std::mem::take(&mut request.body).into(),
+                        born_timestamp_ms: request.born_timestamp_ms,
+                    },
+                    tx,
+                ));
+                Some(rx)
+            } else {
+                st.in_flight = true;
+                None
+            }
+        };
+        if let Some(rx) = waiter {
+            return rx.await.unwrap_or_else(|_| {
+                Err(ClientError::Connection(format!(
+                    "the batch carrying a send to {topic} was dropped"
+                )))
+            });
+        }
+        // This send holds the shard's one request slot until it is answered, or until its
+        // caller drops it: either way the sends that queued meanwhile then go.
+        let mut slot = Slot {
+            inner: self.clone(),
+            topic: topic.to_owned(),
+            co,
+            leader: true,
+            released: false,
+        };
+        let result = self.send_to_queue(topic, &mut request, queue).await;
+        slot.pass_on();
+        result
+    }
+
+    /// Sends what is queued for one shard's queues as `SendMulti` requests until nothing
+    /// is, then marks the shard idle. Holds the shard's request slot (`slot`).
+    async fn flush_coalesced(self: &Arc<Self>, mut slot: Slot) {
+        let (topic, co) = (slot.topic.clone(), slot.co.clone());
+        let topic = topic.as_str();
+        loop {
+            // The senders just answered often send again at once (a window of sends in
+            // flight): let them queue before the shard counts as idle, yielding while the
+            // queue grows, a bounded number of times. Otherwise the first of them would go
+            // alone and the rest wait a round trip for it.
+            for _ in 0..COALESCE_SETTLE_YIELDS_MAX {
+                let before = lock(&co).waiting.len();
+                tokio::task::yield_now().await;
+                if lock(&co).waiting.len() == before {
+                    break;
+                }
+            }
+            let mut waiting = {
+                let mut st = lock(&co);
+                if st.waiting.is_empty() {
+                    st.in_flight = false;
+                    slot.released = true;
+                    return;
+                }
+                take_batch(&mut st.waiting)
+            };
+            // Each queue's sends in one run, in the order they were made (a stable sort):
+            // the broker looks each queue up once per run.
+            waiting.sort_by_key(|w| w.0);
+            let mut queue_ids = Vec::with_capacity(waiting.len());
+            let mut items = Vec::with_capacity(waiting.len());
+            let mut senders = Vec::with_capacity(waiting.len());
+            for (queue, item, tx) in waiting {
+                queue_ids.push(queue);
+                items.push(item);
+                senders.push(tx);
+            }
+            self.coalesced_batches.fetch_add(1, Ordering::Relaxed);
+            self.coalesced_sends
+                .fetch_add(queue_ids.len() as u64, Ordering::Relaxed);
+            // All on one shard: the first queue routes the request.
+            let first = i32::try_from(queue_ids[0]).unwrap_or(QUEUE_ID_ANY);
+            let mut request = SendMulti {
+                topic: topic.to_owned(),
+                queue_ids,
+                messages: items,
+                wait_durable: self.options.wait_durable,
+            };
+            let result = self
+                .with_retries(
+                    topic,
+                    &mut request,
+                    |_, _, _| first,
+                    |response| match response {
+                        Response::SendMultiResult(result) => Ok(result),
+                        other => Err(unexpected(Kind::SendMultiResult, &other)),
+                    },
+                )
+                .await
+                .and_then(|r| {
+                    // One place per message, or the answer is not for this request.
+                    let n = request.queue_ids.len();
+                    for found in [r.queue_offsets.len(), r.physical_offsets.len()] {
+                        if found != n {
+                            return Err(ClientError::Protocol(ProtocolError::BadPayload {
+                                kind: Kind::SendMultiResult,
+                                reason: format!("{found} places for {n} messages"),
+                            }));
+                        }
+                    }
+                    Ok(r)
+                });
+            match result {
+                Ok(r) => {
+                    for (i, tx) in senders.into_iter().enumerate() {
+                        let _ = tx.send(Ok(SendResult {
+                            msg_id: r.msg_id(i).unwrap_or_default(),
+                            queue_id: request.queue_ids[i],
+                            queue_offset: r.queue_offsets[i],
+                            physical_offset: r.physical_offsets[i],
+                            transaction_id: 0,
+                        }));
+                    }
+                }
+                // The broker refused the request for what one message or queue is (a queue
+                // gone with a topic that shrank, a message only the broker checks): each
+                // message goes again alone, so only those at fault fail, in queue order.
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(
+                            ErrorCode::QueueNotFound
+                                | ErrorCode::InvalidMessage
+                                | ErrorCode::BodyTooLarge
+                        )
+                    ) =>
+                {
+                    let SendMulti {
+                        queue_ids,
+                        messages,
+                        ..
+                    } = request;
+                    for ((queue, item), tx) in queue_ids.into_iter().zip(messages).zip(senders) {
+                        let _ = tx.send(self.resend_alone(topic, queue, item).await);
+                    }
+                }
+                Err(e) => {
+                    for tx in senders {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One message of a refused `SendMulti`, sent alone to its queue.
+    async fn resend_alone(
+        self: &Arc<Self>,
+        topic: &str,
+        queue: u32,
+        item: BatchItem,
+    ) -> Result<SendResult> {
+        let queue = i32::try_from(queue).unwrap_or(QUEUE_ID_ANY);
+        let mut request = SendMessage {
+            topic: topic.to_owned(),
+            queue_id: queue,
+            flag: item.flag,
+            properties: item.properties,
+            body: item.body.to_vec(),
+            born_timestamp_ms: item.born_timestamp_ms,
+            wait_durable: self.options.wait_durable,
+        };
+        self.send_to_queue(topic, &mut request, queue).await
+    }
+}
