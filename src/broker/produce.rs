@@ -198,7 +198,7 @@ impl ShardCtx {
             let items: Vec<SendItem<'_>> =
                 m.messages.iter().take(limit).map(SendItem::from).collect();
             Some(self.run_request(kind, at.oneway, || {
-                self.send_multi_items(request_id, topic, &queue_ids, &items, m.wait_durable, peer)
+                self.send_multi_items(request_id, topic, queue_ids, &items, m.wait_durable, peer)
             }))
         } else {
             let b = meta.access::<SendBatch>().ok()?;
@@ -325,22 +325,10 @@ impl ShardCtx {
                     return self.refuse(request_id, e);
                 }
                 let appended = self.append_all(topic, q, items, peer);
-                if let Ok(puts) = &appended {
-                    self.note_waiting(puts);
-                }
-                let ctx = self.clone();
                 let topic = topic.to_owned();
-                Handled::later(async move {
-                    Some(match appended {
-                        Ok(puts) => {
-                            ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch, half)
-                                .await
-                        }
-                        Err(e) => {
-                            ctx.count_error(&e);
-                            error_frame(request_id, &e)
-                        }
-                    })
+                self.answer_appended(request_id, appended, move |ctx, puts| async move {
+                    ctx.finish_send(request_id, &topic, q, puts, wait_durable, batch, half)
+                        .await
                 })
             }
             _ => {
@@ -505,14 +493,16 @@ impl ShardCtx {
         }
     }
 
-    /// Every record of a send checked before the first is appended: valid, and within one
-    /// log segment.
-    fn check_drafts<'a>(
+    /// Appends a send's records (`drafts` yields them, in order, each time it is called),
+    /// all or nothing: every one is checked (valid, within one log segment) before the
+    /// first is appended; neither half nor delayed messages go in as one append (a run per
+    /// queue), else one by one.
+    fn append_drafts<'a, I: Iterator<Item = RecordDraft<'a>>>(
         &self,
-        drafts: impl Iterator<Item = RecordDraft<'a>>,
-    ) -> Result<(), ErrorBody> {
+        drafts: impl Fn() -> I,
+    ) -> Result<Vec<PutResult>, ErrorBody> {
         let seg = self.store.log().config().segment_bytes as usize;
-        for draft in drafts {
+        for draft in drafts() {
             draft
                 .validate()
                 .map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
@@ -526,9 +516,21 @@ impl ShardCtx {
                 ));
             }
         }
-        Ok(())
+        // The drafts come from slices: their count is known.
+        let mut puts = Vec::with_capacity(drafts().size_hint().0);
+        if drafts().all(|d| goes_straight(&Properties::new(d.properties))) {
+            self.store
+                .append_batch(drafts(), &mut puts)
+                .map_err(store_error)?;
+        } else {
+            for draft in drafts() {
+                puts.push(self.put_draft(&draft)?);
+            }
+        }
+        Ok(puts)
     }
 
+    /// A send's messages into `queue_id` of `topic` ([`append_drafts`](Self::append_drafts)).
     fn append_all<'a>(
         &self,
         topic: &'a str,
@@ -536,24 +538,25 @@ impl ShardCtx {
         items: &[SendItem<'a>],
         peer: SocketAddr,
     ) -> Result<Vec<PutResult>, ErrorBody> {
-        let draft = |i: &SendItem<'a>| i.draft(topic, queue_id, peer);
-        // All or nothing: every message is checked before the first is appended.
-        self.check_drafts(items.iter().map(draft))?;
-        let mut puts = Vec::with_capacity(items.len());
-        if items
-            .iter()
-            .all(|i| goes_straight(&Properties::new(i.properties)))
-        {
-            // Neither half nor delayed messages: into the queue as one run.
-            self.store
-                .append_batch(items.iter().map(draft), &mut puts)
-                .map_err(super::store_error)?;
-        } else {
-            for item in items {
-                puts.push(self.put_draft(&draft(item))?);
-            }
-        }
-        Ok(puts)
+        self.append_drafts(|| items.iter().map(|i| i.draft(topic, queue_id, peer)))
+    }
+
+    /// The answer to a send appended now: the append's error at once, or once the appends
+    /// are acknowledged, what `finish` answers (meanwhile they count as waiting for the
+    /// disk, for flow control).
+    fn answer_appended<F: std::future::Future<Output = Vec<u8>> + 'static>(
+        self: &Rc<Self>,
+        request_id: u64,
+        appended: Result<Vec<PutResult>, ErrorBody>,
+        finish: impl FnOnce(Rc<Self>, Vec<PutResult>) -> F,
+    ) -> Handled {
+        let puts = match appended {
+            Ok(puts) => puts,
+            Err(e) => return self.refuse(request_id, e),
+        };
+        self.note_waiting(&puts);
+        let answer = finish(self.clone(), puts);
+        Handled::later(async move { Some(answer.await) })
     }
 
     /// Waits until the appended `puts` are acknowledged as the flush mode (or

@@ -94,6 +94,12 @@ async fn publish(js: &jetstream::Context, run: &Run, seq: u64, at: Instant) -> b
         Ok(ack) => ack.await.is_ok(),
         Err(_) => false,
     };
+    settle(run, at, acked);
+    acked
+}
+
+/// Counts a publish answered (`acked`) or failed; its latency from `at`.
+fn settle(run: &Run, at: Instant, acked: bool) {
     if acked {
         run.sent.fetch_add(1, Ordering::Relaxed);
         if at >= run.measure_from {
@@ -102,7 +108,6 @@ async fn publish(js: &jetstream::Context, run: &Run, seq: u64, at: Instant) -> b
     } else {
         run.errors.fetch_add(1, Ordering::Relaxed);
     }
-    acked
 }
 
 /// Closed loop: up to --in-flight publishes of this producer wait for their acks.
@@ -126,16 +131,7 @@ async fn produce_closed(js: jetstream::Context, run: Arc<Run>, index: u64) {
             }
         }
         match in_flight.next().await {
-            Some((at, ok, run)) => {
-                if ok {
-                    run.sent.fetch_add(1, Ordering::Relaxed);
-                    if at >= run.measure_from {
-                        record(&run.send_latency, at.elapsed());
-                    }
-                } else {
-                    run.errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            Some((at, ok, run)) => settle(&run, at, ok),
             None => break,
         }
     }

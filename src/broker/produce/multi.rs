@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 
 use super::{check_items, SendItem, BATCH_MESSAGES_MAX};
-use crate::broker::{err, error_frame, response_frame, store_error, Handled, ShardCtx};
+use crate::broker::{err, response_frame, Handled, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode, Response, SendMulti, SendMultiResult};
 use crate::store::PutResult;
 
@@ -20,15 +20,14 @@ impl ShardCtx {
         m: SendMulti,
         peer: SocketAddr,
     ) -> Handled {
-        let items: Vec<SendItem<'_>> = m.messages.iter().map(SendItem::from).collect();
-        self.send_multi_items(
-            request_id,
-            &m.topic,
-            &m.queue_ids,
-            &items,
-            m.wait_durable,
-            peer,
-        )
+        let SendMulti {
+            topic,
+            queue_ids,
+            messages,
+            wait_durable,
+        } = m;
+        let items: Vec<SendItem<'_>> = messages.iter().map(SendItem::from).collect();
+        self.send_multi_items(request_id, &topic, queue_ids, &items, wait_durable, peer)
     }
 
     /// A `SendMulti`'s messages, however they were read (`queue_ids[i]` is message `i`'s
@@ -37,35 +36,27 @@ impl ShardCtx {
         self: &Rc<Self>,
         request_id: u64,
         topic: &str,
-        queue_ids: &[u32],
+        queue_ids: Vec<u32>,
         items: &[SendItem<'_>],
         wait_durable: bool,
         peer: SocketAddr,
     ) -> Handled {
         let checked = self
-            .check_multi(topic, queue_ids, items)
+            .check_multi(topic, &queue_ids, items)
             .and_then(|()| self.admit_send());
         if let Err(e) = checked {
             return self.refuse(request_id, e);
         }
-        let appended = self.append_multi(topic, queue_ids, items, peer);
-        if let Ok(puts) = &appended {
-            self.note_waiting(puts);
-        }
-        let ctx = self.clone();
+        let appended = self.append_drafts(|| {
+            items
+                .iter()
+                .zip(&queue_ids)
+                .map(|(i, &queue_id)| i.draft(topic, queue_id, peer))
+        });
         let topic = topic.to_owned();
-        let queue_ids = queue_ids.to_vec();
-        Handled::later(async move {
-            Some(match appended {
-                Ok(puts) => {
-                    ctx.finish_multi(request_id, &topic, &queue_ids, puts, wait_durable)
-                        .await
-                }
-                Err(e) => {
-                    ctx.count_error(&e);
-                    error_frame(request_id, &e)
-                }
-            })
+        self.answer_appended(request_id, appended, move |ctx, puts| async move {
+            ctx.finish_multi(request_id, &topic, queue_ids, puts, wait_durable)
+                .await
         })
     }
 
@@ -100,7 +91,12 @@ impl ShardCtx {
                 format!("topic {topic} does not exist"),
             ));
         };
+        // A run of one queue is checked once (the producer sends each queue's in one run).
+        let mut checked = None;
         for &q in queue_ids {
+            if checked.replace(q) == Some(q) {
+                continue;
+            }
             if q >= count {
                 return Err(err(
                     ErrorCode::QueueNotFound,
@@ -122,33 +118,11 @@ impl ShardCtx {
         Ok(())
     }
 
-    /// Appends every message, in order, into its queue (all or nothing).
-    fn append_multi<'a>(
-        &self,
-        topic: &'a str,
-        queue_ids: &[u32],
-        items: &[SendItem<'a>],
-        peer: SocketAddr,
-    ) -> Result<Vec<PutResult>, ErrorBody> {
-        let drafts = || {
-            items
-                .iter()
-                .zip(queue_ids)
-                .map(move |(i, &queue_id)| i.draft(topic, queue_id, peer))
-        };
-        self.check_drafts(drafts())?;
-        let mut puts = Vec::with_capacity(items.len());
-        self.store
-            .append_batch(drafts(), &mut puts)
-            .map_err(store_error)?;
-        Ok(puts)
-    }
-
     async fn finish_multi(
         &self,
         request_id: u64,
         topic: &str,
-        queue_ids: &[u32],
+        mut queue_ids: Vec<u32>,
         puts: Vec<PutResult>,
         wait_durable: bool,
     ) -> Vec<u8> {
@@ -159,10 +133,9 @@ impl ShardCtx {
             return answer;
         }
         // Each queue's long polls, once.
-        let mut queues = queue_ids.to_vec();
-        queues.sort_unstable();
-        queues.dedup();
-        for q in queues {
+        queue_ids.sort_unstable();
+        queue_ids.dedup();
+        for q in queue_ids {
             self.wake_pollers(topic, q);
         }
         let r = SendMultiResult {
