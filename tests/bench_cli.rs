@@ -49,3 +49,39 @@ fn a_warm_up_is_sent_and_checked_but_left_out_of_the_latencies() {
     }
     assert_eq!(j["config"]["warmup_s"].as_u64(), Some(1));
 }
+
+/// The open loop schedules all producers on one thread: quotas that differ by one (1,001
+/// messages over 2 producers) are each sent in full, and every message arrives once.
+#[test]
+fn an_open_loop_sends_every_producers_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ringmq-bench"))
+        .current_dir(dir.path())
+        .args([
+            "--rate",
+            "4000",
+            "--messages",
+            "1001",
+            "--producers",
+            "2",
+            "--shards",
+            "1",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let count = |key: &str| j[key].as_u64().unwrap();
+    assert_eq!(count("messages_sent"), 1001, "{text}");
+    assert_eq!(count("messages_received"), 1001, "{text}");
+    assert_eq!(count("messages_missing"), 0);
+    assert_eq!(j["send_latency_us"]["samples"].as_u64(), Some(1001));
+}

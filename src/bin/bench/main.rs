@@ -14,7 +14,8 @@
 //! With `--rate`, producers run open loop: each send is scheduled at a fixed time whether
 //! or not earlier sends were answered, and latency counts from the scheduled time, so a
 //! stalled broker shows up as latency rather than as fewer samples (no coordinated
-//! omission). Without it, each producer keeps `--in-flight` sends outstanding.
+//! omission); one thread schedules every producer's sends. Without it, each producer keeps
+//! `--in-flight` sends outstanding.
 //!
 //! Consumers are pull loops over their share of the queues by default. With `--group`,
 //! they are push consumers (concurrent mode) of that consumer group instead: the broker
@@ -58,8 +59,8 @@ use ringmq::protocol::ErrorCode;
 
 use crate::consumer::{consume_queue, start_push_consumers};
 use crate::embedded::{start_embedded, stop_embedded};
-use crate::producer::produce;
-use crate::report::{banner, histogram, print_report, progress, to_json, Latencies, Report};
+use crate::producer::produce_all;
+use crate::report::{banner, print_report, progress, to_json, Latencies, Report};
 
 /// Bytes at the start of every body: send time (u64 LE) and sequence (u64 LE).
 const BODY_HEADER_BYTES: usize = 16;
@@ -467,23 +468,18 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         }
     }
 
-    let mut producing = Vec::with_capacity(cli.producers);
-    for (p, producer) in producers.into_iter().enumerate() {
-        let quota = cli.messages.map(|n| {
-            let per = n / cli.producers as u64;
-            per + u64::from((p as u64) < n % cli.producers as u64)
-        });
-        producing.push(tokio::spawn(produce(run.clone(), producer, p, quota)));
-    }
-    let mut send_latency = histogram();
-    for (p, producer) in producing.into_iter().enumerate() {
-        let h = producer
-            .await
-            .map_err(|e| format!("producer {p} task: {e}"))?;
-        send_latency
-            .add(&h)
-            .map_err(|e| format!("merging histograms: {e}"))?;
-    }
+    let producers = producers
+        .into_iter()
+        .enumerate()
+        .map(|(p, producer)| {
+            let quota = cli.messages.map(|n| {
+                let per = n / cli.producers as u64;
+                per + u64::from((p as u64) < n % cli.producers as u64)
+            });
+            (producer, quota)
+        })
+        .collect();
+    let send_latency = produce_all(run.clone(), producers).await?;
     let produce_s = run.start.elapsed().as_secs_f64();
     let sent = run.stats.sent.load(Ordering::Relaxed);
     let expected = run.stats.expected.load(Ordering::Relaxed);

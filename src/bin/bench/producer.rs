@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use ringmq::client::{OutgoingMessage, Producer};
@@ -60,22 +60,6 @@ impl Sender {
                 .min(usize::try_from(q.saturating_sub(self.scheduled_messages)).unwrap_or(batch)),
             None => batch,
         }
-    }
-
-    /// Starts one send of `count` messages stamped with `scheduled` as a task of its own,
-    /// holding `permit` until it is answered; its latency counts from `scheduled`.
-    fn launch(
-        &mut self,
-        handle: &tokio::runtime::Handle,
-        scheduled: Instant,
-        count: usize,
-        permit: OwnedSemaphorePermit,
-    ) {
-        let send = self.send(scheduled, count);
-        handle.spawn(async move {
-            send.await;
-            drop(permit);
-        });
     }
 
     /// One send of `count` messages stamped with `scheduled`, counted when answered.
@@ -193,30 +177,36 @@ async fn produce_closed(mut sender: Sender) -> Histogram<u64> {
     sender.finish().await
 }
 
-/// Open loop, on its own thread: send `n` is due at `start + n * interval`, whatever
-/// happened to earlier sends, and its latency counts from that time (waiting for window
-/// room included). The thread sleeps with the OS timer (tens of microseconds of slack)
-/// rather than tokio's 1 ms timer wheel, whose rounding would otherwise show up as latency.
-fn produce_open(mut sender: Sender, handle: tokio::runtime::Handle, interval: Duration) -> Sender {
-    let deadline = sender.run.cli.send_period().map(|d| sender.run.start + d);
+/// Open loop, on one thread for all producers: each producer's send `n` is due at `start +
+/// n * interval`, whatever happened to earlier sends, and its latency counts from that time
+/// (waiting for window room included). The producers' sends fall due together, so the
+/// thread wakes once per interval and starts them with one task (one cross-thread wake-up
+/// of the runtime per interval, not one per send). It sleeps with the OS timer (tens of
+/// microseconds of slack) rather than tokio's 1 ms timer wheel, whose rounding would
+/// otherwise show up as latency.
+fn produce_open(
+    mut senders: Vec<Sender>,
+    handle: tokio::runtime::Handle,
+    interval: Duration,
+) -> Vec<Sender> {
+    let Some(run) = senders.first().map(|s| s.run.clone()) else {
+        return senders;
+    };
+    let deadline = run.cli.send_period().map(|d| run.start + d);
     let mut sends: u32 = 0;
     loop {
-        let count = sender.next_count();
-        if count == 0 {
-            break;
-        }
-        let due = sender.run.start + interval.saturating_mul(sends);
+        let due = run.start + interval.saturating_mul(sends);
         if let Some(deadline) = deadline {
             if due >= deadline {
                 break;
             }
             // Behind schedule at the end: stop on time rather than issue the backlog.
             if Instant::now() >= deadline {
-                let due_total = deadline.duration_since(sender.run.start).as_secs_f64()
-                    / interval.as_secs_f64();
+                let due_total =
+                    deadline.duration_since(run.start).as_secs_f64() / interval.as_secs_f64();
                 eprintln!(
-                    "ringmq-bench: a producer started {sends} of the {due_total:.0} sends due: \
-                     the target rate is above what was sustained"
+                    "ringmq-bench: the producers started {sends} of the {due_total:.0} sends \
+                     each was due: the target rate is above what was sustained"
                 );
                 break;
             }
@@ -225,40 +215,74 @@ fn produce_open(mut sender: Sender, handle: tokio::runtime::Handle, interval: Du
         if !wait.is_zero() {
             std::thread::sleep(wait);
         }
-        let permit = match sender.window.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => match handle.block_on(sender.window.clone().acquire_owned()) {
+        let mut due_sends = Vec::with_capacity(senders.len());
+        for sender in &mut senders {
+            let count = sender.next_count();
+            if count == 0 {
+                continue;
+            }
+            let permit = match sender.window.clone().try_acquire_owned() {
                 Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        sender.launch(&handle, due, count, permit);
+                Err(_) => match handle.block_on(sender.window.clone().acquire_owned()) {
+                    Ok(permit) => permit,
+                    Err(_) => continue,
+                },
+            };
+            let send = sender.send(due, count);
+            due_sends.push(async move {
+                send.await;
+                drop(permit);
+            });
+        }
+        if due_sends.is_empty() {
+            // Every quota is spent.
+            break;
+        }
+        handle.spawn(futures_util::future::join_all(due_sends));
         sends = sends.saturating_add(1);
     }
-    sender
+    senders
 }
 
-/// One producer, closed or open loop; returns its send-latency histogram.
-pub(crate) async fn produce(
+/// The producers, closed or open loop; returns their send-latency histograms merged.
+pub(crate) async fn produce_all(
     run: Arc<Run>,
-    producer: Producer,
-    index: usize,
-    quota: Option<u64>,
-) -> Histogram<u64> {
-    let cli = &run.cli;
-    let sender = Sender::new(run.clone(), producer, index, quota);
-    if cli.rate == 0 {
-        return produce_closed(sender).await;
+    producers: Vec<(Producer, Option<u64>)>,
+) -> Result<Histogram<u64>, String> {
+    let senders: Vec<Sender> = producers
+        .into_iter()
+        .enumerate()
+        .map(|(index, (producer, quota))| Sender::new(run.clone(), producer, index, quota))
+        .collect();
+    let mut merged = histogram();
+    if run.cli.rate == 0 {
+        let producing: Vec<_> = senders
+            .into_iter()
+            .map(|sender| tokio::spawn(produce_closed(sender)))
+            .collect();
+        for (p, producing) in producing.into_iter().enumerate() {
+            let h = producing
+                .await
+                .map_err(|e| format!("producer {p} task: {e}"))?;
+            merged
+                .add(&h)
+                .map_err(|e| format!("merging histograms: {e}"))?;
+        }
+        return Ok(merged);
     }
     // One send (of `batch` messages) per interval, per producer.
+    let cli = &run.cli;
     let interval =
         Duration::from_secs_f64(cli.batch as f64 * cli.producers as f64 / cli.rate as f64);
     let handle = tokio::runtime::Handle::current();
-    match tokio::task::spawn_blocking(move || produce_open(sender, handle, interval)).await {
-        Ok(sender) => sender.finish().await,
-        Err(e) => {
-            eprintln!("ringmq-bench: producer {index} scheduler: {e}");
-            histogram()
-        }
+    let senders = tokio::task::spawn_blocking(move || produce_open(senders, handle, interval))
+        .await
+        .map_err(|e| format!("the producers' scheduler: {e}"))?;
+    for sender in senders {
+        let h = sender.finish().await;
+        merged
+            .add(&h)
+            .map_err(|e| format!("merging histograms: {e}"))?;
     }
+    Ok(merged)
 }
