@@ -545,6 +545,113 @@ fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
     assert!(err.contains("created with 2 shards"), "{err}");
 }
 
+/// The CPUs this test may run on, from /proc/self/status (`0-1`, `0,2-3`).
+fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+/// The CPU list each of a broker's shard threads may run on, by shard thread name.
+fn shard_affinities(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if !comm.starts_with("ringmq-shard-") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        if let Some(list) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        {
+            out.push((comm.trim().to_owned(), list.trim().to_owned()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_run_on_the_cpus_listed_and_bad_lists_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // The last CPU this process may use (not CPU 0, where shard 0 goes by default, when
+    // there is more than one).
+    let cpu = *allowed_cpus().last().unwrap();
+    let cpu_arg = cpu.to_string();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--cpus", &cpu_arg]);
+    let pinned = shard_affinities(broker.pid().unwrap());
+    let main_threads: Vec<_> = pinned
+        .iter()
+        .filter(|(name, _)| name.starts_with("ringmq-shard-0"))
+        .collect();
+    assert!(!main_threads.is_empty(), "no shard thread in {pinned:?}");
+    for (name, list) in &main_threads {
+        assert_eq!(
+            list, &cpu_arg,
+            "{name} may run on {list}, not only CPU {cpu}"
+        );
+    }
+    // It serves on that CPU.
+    let client = Client::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    let producer = Producer::from_client(client.clone(), Default::default());
+    let sent = producer
+        .send("pinned", OutgoingMessage::new("on the listed cpu"))
+        .await
+        .unwrap();
+    let r = client
+        .pull(
+            "pinned",
+            sent.queue_id,
+            sent.queue_offset,
+            1,
+            Duration::ZERO,
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.messages[0].body(), b"on the listed cpu");
+    drop(broker);
+
+    let run = |args: &[&str]| {
+        let data = dir.path().join("refused");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--cpus", &cpu_arg, "--shards", "2"]);
+    assert!(err.contains("cpus lists 1 CPU for 2 shards"), "{err}");
+    let err = run(&["--cpus", "4000"]);
+    assert!(
+        err.contains("CPU 4000 is not one this process may run on"),
+        "{err}"
+    );
+    let err = run(&["--cpus", "0,0"]);
+    assert!(err.contains("CPU 0 is listed twice"), "{err}");
+    let err = run(&["--cpus", "one"]);
+    assert!(err.contains("is not a CPU id"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_topic_stays_deleted_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();

@@ -128,6 +128,12 @@ struct Cli {
     /// has its cores to itself) [default: 0, park at once]
     #[arg(long, value_name = "US")]
     spin_before_park_us: Option<u64>,
+    /// CPUs for the shards, shard i on the i-th listed (for example 1, or 0-3,8); without
+    /// --shards, one shard per CPU listed. On a disk whose completion interrupts land on one
+    /// CPU (see /proc/interrupts), a shard there is not woken from another CPU for every
+    /// write [default: shard i on CPU i when the cores suffice, unpinned otherwise]
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
     /// Testing: make every log write wait this long first, as a slow disk would, in µs
     #[arg(long, value_name = "US", hide = true)]
     testing_write_delay_us: Option<u64>,
@@ -249,6 +255,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.spin_before_park_us {
         cfg.spin_before_park_us = v;
+    }
+    if let Some(v) = &cli.cpus {
+        cfg.cpus = v.clone();
     }
     if let Some(v) = cli.testing_write_delay_us {
         cfg.testing_write_delay_us = v;

@@ -19,9 +19,10 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::LocalExecutorBuilder;
 
 mod conn;
+mod cpus;
 mod listen;
 
 use crate::broker::offsets::OffsetStore;
@@ -137,6 +138,10 @@ pub struct BrokerConfig {
     /// A shard with nothing to do polls this long before it parks its thread, in µs (0:
     /// park at once). Spinning saves the park/wake cost under load but keeps the core busy.
     pub spin_before_park_us: u64,
+    /// CPUs for the shards, shard i on the i-th listed (`"1"`, `"0-3,8"`); with no
+    /// `shards`, one shard per CPU listed. Empty: shard i on CPU i when there are at least
+    /// as many cores as shards, unpinned otherwise.
+    pub cpus: String,
     /// Serve `GET /metrics` (Prometheus text format) here; off when `None`.
     pub metrics_listen: Option<SocketAddr>,
 }
@@ -180,6 +185,7 @@ impl Default for BrokerConfig {
             testing_write_delay_us: 0,
             testing_panic_topic: None,
             spin_before_park_us: 0,
+            cpus: String::new(),
             metrics_listen: None,
         }
     }
@@ -384,12 +390,21 @@ impl Broker {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let shards = if cfg.shards == 0 { cores } else { cfg.shards };
+        let allowed = cpus::allowed_cpus().unwrap_or_else(|| (0..cores).collect());
+        let cpu_list = cpus::parse_cpu_list(&cfg.cpus, &allowed).map_err(BrokerError::Config)?;
+        let shards = match (cfg.shards, cpu_list.len()) {
+            (0, 0) => cores,
+            (0, listed) => listed,
+            (n, _) => n,
+        };
         if shards > 256 {
             return Err(BrokerError::Config(format!(
                 "{shards} shards is more than the 256 supported"
             )));
         }
+        // Pin a shard to a core when there are enough cores (or to the CPU listed for it);
+        // share them otherwise.
+        let placements = cpus::placements(&cpu_list, shards, cores).map_err(BrokerError::Config)?;
         if cfg.default_queues == 0
             || cfg.default_queues > crate::broker::topics::QUEUES_PER_TOPIC_MAX
         {
@@ -503,13 +518,7 @@ impl Broker {
         let mesh: MeshBuilder<MeshMsg, Full> = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::with_capacity(shards);
-        for i in 0..shards {
-            // Pin a shard to a core when there are enough cores; share them otherwise.
-            let placement = if shards <= cores {
-                Placement::Fixed(i)
-            } else {
-                Placement::Unbound
-            };
+        for (i, placement) in placements.into_iter().enumerate() {
             let (cfg, boot, stop, mesh, tx, cap) = (
                 cfg.clone(),
                 boot.clone(),
