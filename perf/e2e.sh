@@ -8,9 +8,8 @@
 #   (d) single sends (batch 1, 2 x 128 in flight) with a push consumer group keeping up,
 #       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
 #       by push consumers pulling 32 at a time (cons/s of that row: the drain rate),
-#   (e) the 20,000 msg/s rows again (async and sync) with the broker on one shard (-1sh),
-#       and on one shard pinned to the CPU that takes the disk's completion interrupts
-#       (-1sh-irqcpu: --cpus from perf/disk_irq_cpu.sh, when the broker has --cpus),
+#   (e) the 20,000 msg/s rows again (async and sync) with the broker on one shard (-1sh;
+#       since c9a5dce its CPU is by default the one taking the data disk's interrupts),
 #   and first the machine's own scheduling jitter (perf/jitter.py), to read the tails against.
 # The open-loop rows (lat-*, sync-*) measure after a 1 s warm-up (ringmq-bench --warmup 1,
 # when the bench has it): the load generator's own start stays out of the tails.
@@ -33,11 +32,9 @@ BROKER_PID=
 cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-start_broker() { # flush [shards [broker args...]]
+start_broker() { # flush [shards]
   rm -rf "$WORK/data"
-  local flush=$1 shards=${2:-$SHARDS}
-  shift; [ $# -gt 0 ] && shift
-  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards "$shards" --flush "$flush" "$@" \
+  "$BIN"/ringmq-broker --listen 127.0.0.1:17800 --data-dir "$WORK/data" --shards "${2:-$SHARDS}" --flush "$1" \
     >"$WORK/broker.out" 2>"$WORK/broker.err" &
   BROKER_PID=$!
   for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && return; sleep 0.1; done
@@ -76,13 +73,6 @@ stop_broker
 start_broker sync 1
 bench sync-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
 stop_broker
-IRQ_CPU=$(perf/disk_irq_cpu.sh "$WORK")
-"$BIN"/ringmq-broker --help | grep -q -- --cpus || IRQ_CPU=
-if [ -n "$IRQ_CPU" ]; then
-  start_broker sync 1 --cpus "$IRQ_CPU"
-  bench sync-1k-20000ps-1sh-irqcpu --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
-  stop_broker
-fi
 fio --name=s --filename="$WORK/fio" --rw=write --bs=1k --size=16m --direct=1 --ioengine=sync --fdatasync=1 \
     --output-format=json 2>/dev/null |
   python3 -c "import json,sys; p=json.load(sys.stdin)['jobs'][0]['sync']['lat_ns']['percentile']; print('fio fdatasync after 1 KiB O_DIRECT writes (us): p50', round(p['50.000000']/1000), 'p99', round(p['99.000000']/1000), 'p99.9', round(p['99.900000']/1000))"
@@ -106,9 +96,4 @@ stop_broker
 start_broker async 1
 bench lat-1k-20000ps-1sh --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
 stop_broker
-if [ -n "$IRQ_CPU" ]; then
-  start_broker async 1 --cpus "$IRQ_CPU"
-  bench lat-1k-20000ps-1sh-irqcpu --size 1024 --rate 20000 --producers 2 --consumers 1 --duration "$SECS" "${WARMUP[@]}"
-  stop_broker
-fi
 echo "latencies in microseconds; s = send-ack, e = end-to-end; JSON in $OUT/"

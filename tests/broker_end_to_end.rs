@@ -588,23 +588,38 @@ fn shard_affinities(pid: u32) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_run_on_the_cpus_listed_and_bad_lists_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    // The last CPU this process may use (not CPU 0, where shard 0 goes by default, when
-    // there is more than one).
-    let cpu = *allowed_cpus().last().unwrap();
+    let allowed = allowed_cpus();
+    // The CPU shard 0's threads may run on (all of them on the same one).
+    let shard_cpu = |broker: &BrokerProcess| {
+        let pinned = shard_affinities(broker.pid().unwrap());
+        let lists: Vec<&String> = pinned
+            .iter()
+            .filter(|(name, _)| name.starts_with("ringmq-shard-0"))
+            .map(|(_, list)| list)
+            .collect();
+        assert!(!lists.is_empty(), "no shard thread in {pinned:?}");
+        assert!(lists.iter().all(|l| *l == lists[0]), "{pinned:?}");
+        lists[0]
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("shard 0 may run on {}, not on one CPU", lists[0]))
+    };
+    // By default one shard (fewer than the CPUs, on this 2-core machine) is pinned to one
+    // CPU the process may use.
+    let broker = BrokerProcess::start(&dir.path().join("default"), 1, &[]);
+    let by_default = shard_cpu(&broker);
+    assert!(
+        allowed.contains(&by_default),
+        "{by_default} not in {allowed:?}"
+    );
+    drop(broker);
+    // Listed: another CPU than the default one, when there is one.
+    let cpu = *allowed
+        .iter()
+        .find(|&&c| c != by_default)
+        .unwrap_or(&by_default);
     let cpu_arg = cpu.to_string();
     let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--cpus", &cpu_arg]);
-    let pinned = shard_affinities(broker.pid().unwrap());
-    let main_threads: Vec<_> = pinned
-        .iter()
-        .filter(|(name, _)| name.starts_with("ringmq-shard-0"))
-        .collect();
-    assert!(!main_threads.is_empty(), "no shard thread in {pinned:?}");
-    for (name, list) in &main_threads {
-        assert_eq!(
-            list, &cpu_arg,
-            "{name} may run on {list}, not only CPU {cpu}"
-        );
-    }
+    assert_eq!(shard_cpu(&broker), cpu);
     // It serves on that CPU.
     let client = Client::connect(config(&broker.addr_string(), true))
         .await

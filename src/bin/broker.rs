@@ -129,9 +129,10 @@ struct Cli {
     #[arg(long, value_name = "US")]
     spin_before_park_us: Option<u64>,
     /// CPUs for the shards, shard i on the i-th listed (for example 1, or 0-3,8); without
-    /// --shards, one shard per CPU listed. On a disk whose completion interrupts land on one
-    /// CPU (see /proc/interrupts), a shard there is not woken from another CPU for every
-    /// write [default: shard i on CPU i when the cores suffice, unpinned otherwise]
+    /// --shards, one shard per CPU listed [default: one shard per CPU when the cores
+    /// suffice; with fewer shards than CPUs, first those taking the data disk's completion
+    /// interrupts (a shard there is not woken from another CPU for every write); unpinned
+    /// when shards outnumber the cores]
     #[arg(long, value_name = "LIST")]
     cpus: Option<String>,
     /// Testing: make every log write wait this long first, as a slow disk would, in µs

@@ -1,11 +1,14 @@
-//! Where the shards run (`cpus`): an explicit list of CPUs, shard i on the i-th, or by
-//! default shard i on CPU i when there are at least as many cores as shards, unpinned
-//! otherwise.
+//! Where the shards run (`cpus`): an explicit list of CPUs, shard i on the i-th; by
+//! default one shard per CPU the process may use when there are enough of them (the CPUs
+//! that take the data disk's completion interrupts first, when there are more CPUs than
+//! shards), unpinned otherwise.
 //!
-//! The list is for placing shards where their I/O completes: a disk whose completion
-//! interrupts all land on one CPU (one hardware queue, as a virtio disk) wakes a shard on
-//! another CPU with an inter-processor interrupt for every write, where a shard on that CPU
-//! is interrupted in place (measured in perf/README, thirteenth session).
+//! Why the interrupts: a disk whose completions all land on one CPU (one hardware queue,
+//! as a virtio disk) wakes a shard on another CPU with an inter-processor interrupt for
+//! every write, where a shard on that CPU is interrupted in place (measured in perf/README,
+//! thirteenth session).
+
+use std::path::Path;
 
 use glommio::Placement;
 
@@ -72,35 +75,124 @@ pub(crate) fn allowed_cpus() -> Option<Vec<usize>> {
     }
 }
 
-/// Each shard's placement: the listed CPUs in order (at least one per shard), else shard
-/// i on CPU i when the cores suffice, else unpinned.
-pub(crate) fn placements(
-    cpus: &[usize],
-    shards: usize,
-    cores: usize,
-) -> Result<Vec<Placement>, String> {
-    if !cpus.is_empty() {
-        if cpus.len() < shards {
-            return Err(format!(
-                "cpus lists {} CPU{} for {shards} shards: list one per shard",
-                cpus.len(),
-                if cpus.len() == 1 { "" } else { "s" }
-            ));
-        }
-        return Ok(cpus[..shards]
-            .iter()
-            .map(|&c| Placement::Fixed(c))
-            .collect());
+/// Checks that an explicit list has a CPU for every shard.
+pub(crate) fn check_listed(cpus: &[usize], shards: usize) -> Result<(), String> {
+    if !cpus.is_empty() && cpus.len() < shards {
+        return Err(format!(
+            "cpus lists {} CPU{} for {shards} shards: list one per shard",
+            cpus.len(),
+            if cpus.len() == 1 { "" } else { "s" }
+        ));
     }
-    Ok((0..shards)
-        .map(|i| {
-            if shards <= cores {
-                Placement::Fixed(i)
-            } else {
-                Placement::Unbound
+    Ok(())
+}
+
+/// Each shard's placement: the listed CPUs in order (`listed`, at least one per shard,
+/// see [`check_listed`]); else, when there are at least as many `allowed` CPUs as shards,
+/// one each: the CPUs with the most of the data disk's completion interrupts
+/// (`disk_interrupts`, per CPU) first, the others in order; else unpinned.
+pub(crate) fn placements(
+    listed: &[usize],
+    shards: usize,
+    allowed: &[usize],
+    disk_interrupts: &[(usize, u64)],
+) -> Vec<Placement> {
+    if !listed.is_empty() {
+        return listed
+            .iter()
+            .take(shards)
+            .map(|&c| Placement::Fixed(c))
+            .collect();
+    }
+    if shards > allowed.len() {
+        return (0..shards).map(|_| Placement::Unbound).collect();
+    }
+    let mut order: Vec<usize> = allowed.to_vec();
+    if shards < allowed.len() {
+        let taken = |cpu: usize| {
+            disk_interrupts
+                .iter()
+                .find(|(c, _)| *c == cpu)
+                .map_or(0, |(_, n)| *n)
+        };
+        // Stable: CPUs that took as many interrupts (none, for most) keep their order.
+        order.sort_by_key(|&cpu| std::cmp::Reverse(taken(cpu)));
+    }
+    order
+        .into_iter()
+        .take(shards)
+        .map(Placement::Fixed)
+        .collect()
+}
+
+/// How many completion interrupts of the disk holding `dir` each CPU has taken, from
+/// /proc/interrupts; empty when that cannot be told (not a block device, interrupts
+/// named otherwise than virtio's `virtioN-req.Q`, NVMe's `nvmeNqQ` or the disk's name).
+pub(crate) fn disk_interrupts(dir: &Path) -> Vec<(usize, u64)> {
+    let Some(pattern) = disk_interrupt_name(dir) else {
+        return Vec::new();
+    };
+    match std::fs::read_to_string("/proc/interrupts") {
+        Ok(text) => parse_interrupts(&text, &pattern),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// What the interrupts of the disk holding `dir` are named after.
+fn disk_interrupt_name(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let mut block = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    if block.join("partition").exists() {
+        block = block.parent()?.to_owned();
+    }
+    let disk = block.file_name()?.to_str()?.to_owned();
+    let controller = std::fs::canonicalize(block.join("device")).ok();
+    let controller = controller
+        .as_deref()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    Some(if controller.starts_with("virtio") {
+        format!("{controller}-req")
+    } else if disk.starts_with("nvme") && controller.starts_with("nvme") {
+        format!("{controller}q")
+    } else {
+        disk
+    })
+}
+
+/// Sums, per CPU, the counts of /proc/interrupts lines whose description names `pattern`.
+fn parse_interrupts(text: &str, pattern: &str) -> Vec<(usize, u64)> {
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let cpus: Vec<usize> = header
+        .split_whitespace()
+        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
+        .collect();
+    let mut sums = vec![0u64; cpus.len()];
+    for line in lines {
+        let mut fields = line.split_whitespace();
+        // "NN:", a count per CPU, then the chip and the description.
+        if fields.next().is_none() {
+            continue;
+        }
+        let counts: Vec<u64> = fields
+            .by_ref()
+            .take(cpus.len())
+            .map_while(|f| f.parse().ok())
+            .collect();
+        let named = fields.any(|f| f.starts_with(pattern));
+        if named && counts.len() == cpus.len() {
+            for (sum, n) in sums.iter_mut().zip(counts) {
+                *sum += n;
             }
-        })
-        .collect())
+        }
+    }
+    cpus.into_iter().zip(sums).collect()
 }
 
 #[cfg(test)]
@@ -135,30 +227,69 @@ mod tests {
         }
     }
 
+    fn fixed(placements: &[Placement]) -> Vec<Option<usize>> {
+        placements
+            .iter()
+            .map(|p| match p {
+                Placement::Fixed(c) => Some(*c),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
-    fn placements_follow_the_list_else_the_core_count() {
-        let fixed = |p: &Placement| match p {
-            Placement::Fixed(c) => Some(*c),
-            _ => None,
-        };
-        let listed = placements(&[1, 0], 2, 2).unwrap();
+    fn placements_follow_the_list_else_the_disk_interrupts_else_the_cpu_order() {
+        let allowed = [0, 1];
+        let irqs = [(0, 5), (1, 9000)];
+        // Listed: as listed, whatever the interrupts.
         assert_eq!(
-            listed.iter().map(fixed).collect::<Vec<_>>(),
-            [Some(1), Some(0)]
-        );
-        let one = placements(&[1, 0], 1, 2).unwrap();
-        assert_eq!(one.iter().map(fixed).collect::<Vec<_>>(), [Some(1)]);
-        let e = placements(&[1], 2, 2).unwrap_err();
-        assert!(e.contains("1 CPU for 2 shards"), "{e}");
-        let default = placements(&[], 2, 2).unwrap();
-        assert_eq!(
-            default.iter().map(fixed).collect::<Vec<_>>(),
+            fixed(&placements(&[0, 1], 2, &allowed, &irqs)),
             [Some(0), Some(1)]
         );
-        let short = placements(&[], 3, 2).unwrap();
+        assert_eq!(fixed(&placements(&[0, 1], 1, &allowed, &irqs)), [Some(0)]);
+        assert!(check_listed(&[1], 1).is_ok());
+        let e = check_listed(&[1], 2).unwrap_err();
+        assert!(e.contains("1 CPU for 2 shards"), "{e}");
+        // Fewer shards than CPUs: the one taking the disk's interrupts first.
+        assert_eq!(fixed(&placements(&[], 1, &allowed, &irqs)), [Some(1)]);
+        assert_eq!(fixed(&placements(&[], 1, &allowed, &[])), [Some(0)]);
+        let four = [2, 3, 4, 5];
+        let irqs4 = [(2, 0), (3, 0), (4, 70), (5, 0)];
         assert_eq!(
-            short.iter().map(fixed).collect::<Vec<_>>(),
+            fixed(&placements(&[], 2, &four, &irqs4)),
+            [Some(4), Some(2)]
+        );
+        // As many shards as CPUs: one each, in order (the CPUs the process may use).
+        assert_eq!(
+            fixed(&placements(&[], 2, &allowed, &irqs)),
+            [Some(0), Some(1)]
+        );
+        assert_eq!(
+            fixed(&placements(&[], 4, &four, &irqs4)),
+            [Some(2), Some(3), Some(4), Some(5)]
+        );
+        // More shards than CPUs: unpinned.
+        assert_eq!(
+            fixed(&placements(&[], 3, &allowed, &irqs)),
             [None, None, None]
         );
+    }
+
+    #[test]
+    fn a_disks_interrupts_are_summed_per_cpu() {
+        let text = "           CPU0       CPU1       \n\
+             31:          0       6532 PCI-MSIX-0000:00:01.0   3-edge      virtio0-stats\n\
+             35:          0          1 PCI-MSIX-0000:00:02.0   0-edge      virtio1-config\n\
+             36:          7   28468326 PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0\n\
+             37:          3         10 PCI-MSIX-0000:00:02.0   2-edge      virtio1-req.1\n\
+             38:          4          0 PCI-MSIX-0000:00:03.0   1-edge      virtio11-req.0\n\
+            NMI:          0          0   Non-maskable interrupts\n\
+            ERR:          0\n";
+        assert_eq!(
+            parse_interrupts(text, "virtio1-req"),
+            [(0, 10), (1, 28468336)]
+        );
+        assert_eq!(parse_interrupts(text, "nvme0q"), [(0, 0), (1, 0)]);
+        assert_eq!(parse_interrupts("", "virtio1-req"), []);
     }
 }

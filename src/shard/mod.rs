@@ -139,8 +139,9 @@ pub struct BrokerConfig {
     /// park at once). Spinning saves the park/wake cost under load but keeps the core busy.
     pub spin_before_park_us: u64,
     /// CPUs for the shards, shard i on the i-th listed (`"1"`, `"0-3,8"`); with no
-    /// `shards`, one shard per CPU listed. Empty: shard i on CPU i when there are at least
-    /// as many cores as shards, unpinned otherwise.
+    /// `shards`, one shard per CPU listed. Empty: one shard per CPU the process may use
+    /// when there are enough (with fewer shards than CPUs, those taking the data disk's
+    /// completion interrupts first), unpinned otherwise.
     pub cpus: String,
     /// Serve `GET /metrics` (Prometheus text format) here; off when `None`.
     pub metrics_listen: Option<SocketAddr>,
@@ -402,9 +403,7 @@ impl Broker {
                 "{shards} shards is more than the 256 supported"
             )));
         }
-        // Pin a shard to a core when there are enough cores (or to the CPU listed for it);
-        // share them otherwise.
-        let placements = cpus::placements(&cpu_list, shards, cores).map_err(BrokerError::Config)?;
+        cpus::check_listed(&cpu_list, shards).map_err(BrokerError::Config)?;
         if cfg.default_queues == 0
             || cfg.default_queues > crate::broker::topics::QUEUES_PER_TOPIC_MAX
         {
@@ -468,6 +467,16 @@ impl Broker {
         }
         check_durations(&cfg)?;
         check_shard_count(&cfg.data_dir, shards)?;
+        // A shard per core when there are enough cores (or on the CPU listed for it); the
+        // cores shared otherwise (more shards than the CPUs the process may use, or than
+        // its CPU quota allows: no CPU to pin to).
+        let pin_to: &[usize] = if shards <= cores { &allowed } else { &[] };
+        let placements = cpus::placements(
+            &cpu_list,
+            shards,
+            pin_to,
+            &cpus::disk_interrupts(&cfg.data_dir),
+        );
         let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_ports_free(&cfg.listen, shards)?;
         let (file_limit, _) = listen::raise_file_limit();
