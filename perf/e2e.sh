@@ -9,7 +9,7 @@
 #       plain and with the producer's coalescing, and a 1,000,000-message backlog drained
 #       by push consumers pulling 32 at a time (cons/s of that row: the drain rate),
 #   (e) the 20,000 msg/s rows again (async and sync) with the broker on one shard (-1sh;
-#       since c9a5dce its CPU is by default the one taking the data disk's interrupts),
+#       since de94bb0 its CPU is by default the one taking the data disk's interrupts),
 #   and first the machine's own scheduling jitter (perf/jitter.py), to read the tails against.
 # The open-loop rows (lat-*, sync-*) measure after a 1 s warm-up (ringmq-bench --warmup 1,
 # when the bench has it): the load generator's own start stays out of the tails.

@@ -23,7 +23,8 @@ struct Cli {
     /// Data directory [default: ./data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Number of shards, any N >= 1 [default: one per core]. Fixed for a data directory.
+    /// Number of shards, any N >= 1 [default: one per CPU listed in --cpus, else one per
+    /// core]. Fixed for a data directory.
     #[arg(long)]
     shards: Option<usize>,
     /// async: acknowledge once written, fdatasync in the background; sync: acknowledge

@@ -6,18 +6,21 @@
 //! Why the interrupts: a disk whose completions all land on one CPU (one hardware queue,
 //! as a virtio disk) wakes a shard on another CPU with an inter-processor interrupt for
 //! every write, where a shard on that CPU is interrupted in place (measured in perf/README,
-//! thirteenth session).
+//! thirteenth session). The disk is found for plain disks and partitions, device-mapper
+//! and md devices (through the disks under them); on file systems without one block device
+//! (btrfs, tmpfs, overlayfs) or interrupts named otherwise (NVMe native multipath) the
+//! CPUs keep their order.
 
 use std::path::Path;
 
 use glommio::Placement;
 
-/// Most CPU ids a list may name (well past any machine this runs on).
-const CPU_ID_MAX: usize = 4095;
+/// Most CPU ids a list may name (the kernel's largest NR_CPUS).
+const CPU_ID_MAX: usize = 8191;
 
-/// Parses a CPU list (`"1"`, `"0-3,8"`; empty: none), in the order given, without
-/// duplicates, every CPU one the process may run on (`allowed`).
-pub(crate) fn parse_cpu_list(text: &str, allowed: &[usize]) -> Result<Vec<usize>, String> {
+/// The CPU ids of a list in the kernel's syntax (`"1"`, `"0-3,8"`; empty: none), in the
+/// order given.
+fn parse_ranges(text: &str) -> Result<Vec<usize>, String> {
     let mut cpus: Vec<usize> = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (first, last) = match part.split_once('-') {
@@ -30,17 +33,24 @@ pub(crate) fn parse_cpu_list(text: &str, allowed: &[usize]) -> Result<Vec<usize>
         if first > last {
             return Err(format!("cpus: the range {part} runs backwards"));
         }
-        for cpu in first..=last {
-            if cpus.contains(&cpu) {
-                return Err(format!("cpus: CPU {cpu} is listed twice"));
-            }
-            if !allowed.contains(&cpu) {
-                return Err(format!(
-                    "cpus: CPU {cpu} is not one this process may run on ({})",
-                    format_cpus(allowed)
-                ));
-            }
-            cpus.push(cpu);
+        cpus.extend(first..=last);
+    }
+    Ok(cpus)
+}
+
+/// Parses a CPU list (`"1"`, `"0-3,8"`; empty: none), in the order given, without
+/// duplicates, every CPU one the process may run on (`allowed`).
+pub(crate) fn parse_cpu_list(text: &str, allowed: &[usize]) -> Result<Vec<usize>, String> {
+    let cpus = parse_ranges(text)?;
+    for (i, cpu) in cpus.iter().enumerate() {
+        if cpus[..i].contains(cpu) {
+            return Err(format!("cpus: CPU {cpu} is listed twice"));
+        }
+        if !allowed.contains(cpu) {
+            return Err(format!(
+                "cpus: CPU {cpu} is not one this process may run on ({})",
+                format_cpus(allowed)
+            ));
         }
     }
     Ok(cpus)
@@ -60,28 +70,25 @@ fn format_cpus(cpus: &[usize]) -> String {
     format!("CPUs {}", list.join(","))
 }
 
-/// The CPUs this process may run on (its affinity mask), in order; `None` if the kernel
-/// does not say.
+/// The CPUs this process may run on (its main thread's affinity, `Cpus_allowed_list` of
+/// /proc/self/status: any number of CPUs), in order; `None` if that cannot be read.
 pub(crate) fn allowed_cpus() -> Option<Vec<usize>> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it and
-    // CPU_ISSET only reads it, both within its size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return None;
-        }
-        let max = (CPU_ID_MAX + 1).min(libc::CPU_SETSIZE as usize);
-        Some((0..max).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect())
-    }
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    parse_ranges(list).ok().filter(|cpus| !cpus.is_empty())
 }
 
-/// Checks that an explicit list has a CPU for every shard.
+/// Checks that an explicit list has one CPU per shard.
 pub(crate) fn check_listed(cpus: &[usize], shards: usize) -> Result<(), String> {
-    if !cpus.is_empty() && cpus.len() < shards {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    if !cpus.is_empty() && cpus.len() != shards {
         return Err(format!(
-            "cpus lists {} CPU{} for {shards} shards: list one per shard",
+            "cpus lists {} CPU{} for {shards} shard{}: list one per shard",
             cpus.len(),
-            if cpus.len() == 1 { "" } else { "s" }
+            plural(cpus.len()),
+            plural(shards)
         ));
     }
     Ok(())
@@ -90,12 +97,13 @@ pub(crate) fn check_listed(cpus: &[usize], shards: usize) -> Result<(), String> 
 /// Each shard's placement: the listed CPUs in order (`listed`, at least one per shard,
 /// see [`check_listed`]); else, when there are at least as many `allowed` CPUs as shards,
 /// one each: the CPUs with the most of the data disk's completion interrupts
-/// (`disk_interrupts`, per CPU) first, the others in order; else unpinned.
+/// (`disk_interrupts`, per CPU, asked only then) first, the others in order; else
+/// unpinned.
 pub(crate) fn placements(
     listed: &[usize],
     shards: usize,
     allowed: &[usize],
-    disk_interrupts: &[(usize, u64)],
+    disk_interrupts: impl FnOnce() -> Vec<(usize, u64)>,
 ) -> Vec<Placement> {
     if !listed.is_empty() {
         return listed
@@ -109,6 +117,7 @@ pub(crate) fn placements(
     }
     let mut order: Vec<usize> = allowed.to_vec();
     if shards < allowed.len() {
+        let disk_interrupts = disk_interrupts();
         let taken = |cpu: usize| {
             disk_interrupts
                 .iter()
@@ -144,8 +153,21 @@ fn disk_interrupt_name(dir: &Path) -> Option<String> {
     let dev = std::fs::metadata(dir).ok()?.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let mut block = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
-    if block.join("partition").exists() {
-        block = block.parent()?.to_owned();
+    // A partition's disk; a device-mapper or md device's first disk under it (a few levels
+    // at most: LVM on LUKS on a partition).
+    for _ in 0..8 {
+        if block.join("partition").exists() {
+            block = block.parent()?.to_owned();
+        }
+        let mut under: Vec<_> = match std::fs::read_dir(block.join("slaves")) {
+            Ok(entries) => entries.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Err(_) => break,
+        };
+        under.sort();
+        match under.first().and_then(|p| std::fs::canonicalize(p).ok()) {
+            Some(next) => block = next,
+            None => break,
+        }
     }
     let disk = block.file_name()?.to_str()?.to_owned();
     let controller = std::fs::canonicalize(block.join("device")).ok();
@@ -188,7 +210,7 @@ fn parse_interrupts(text: &str, pattern: &str) -> Vec<(usize, u64)> {
         let named = fields.any(|f| f.starts_with(pattern));
         if named && counts.len() == cpus.len() {
             for (sum, n) in sums.iter_mut().zip(counts) {
-                *sum += n;
+                *sum = sum.saturating_add(n);
             }
         }
     }
@@ -243,34 +265,42 @@ mod tests {
         let irqs = [(0, 5), (1, 9000)];
         // Listed: as listed, whatever the interrupts.
         assert_eq!(
-            fixed(&placements(&[0, 1], 2, &allowed, &irqs)),
+            fixed(&placements(&[0, 1], 2, &allowed, || irqs.to_vec())),
             [Some(0), Some(1)]
         );
-        assert_eq!(fixed(&placements(&[0, 1], 1, &allowed, &irqs)), [Some(0)]);
+        assert_eq!(
+            fixed(&placements(&[0, 1], 1, &allowed, || irqs.to_vec())),
+            [Some(0)]
+        );
         assert!(check_listed(&[1], 1).is_ok());
         let e = check_listed(&[1], 2).unwrap_err();
         assert!(e.contains("1 CPU for 2 shards"), "{e}");
+        let e = check_listed(&[0, 1], 1).unwrap_err();
+        assert!(e.contains("2 CPUs for 1 shard: list one per shard"), "{e}");
         // Fewer shards than CPUs: the one taking the disk's interrupts first.
-        assert_eq!(fixed(&placements(&[], 1, &allowed, &irqs)), [Some(1)]);
-        assert_eq!(fixed(&placements(&[], 1, &allowed, &[])), [Some(0)]);
+        assert_eq!(
+            fixed(&placements(&[], 1, &allowed, || irqs.to_vec())),
+            [Some(1)]
+        );
+        assert_eq!(fixed(&placements(&[], 1, &allowed, Vec::new)), [Some(0)]);
         let four = [2, 3, 4, 5];
         let irqs4 = [(2, 0), (3, 0), (4, 70), (5, 0)];
         assert_eq!(
-            fixed(&placements(&[], 2, &four, &irqs4)),
+            fixed(&placements(&[], 2, &four, || irqs4.to_vec())),
             [Some(4), Some(2)]
         );
         // As many shards as CPUs: one each, in order (the CPUs the process may use).
         assert_eq!(
-            fixed(&placements(&[], 2, &allowed, &irqs)),
+            fixed(&placements(&[], 2, &allowed, || irqs.to_vec())),
             [Some(0), Some(1)]
         );
         assert_eq!(
-            fixed(&placements(&[], 4, &four, &irqs4)),
+            fixed(&placements(&[], 4, &four, || irqs4.to_vec())),
             [Some(2), Some(3), Some(4), Some(5)]
         );
         // More shards than CPUs: unpinned.
         assert_eq!(
-            fixed(&placements(&[], 3, &allowed, &irqs)),
+            fixed(&placements(&[], 3, &allowed, || irqs.to_vec())),
             [None, None, None]
         );
     }

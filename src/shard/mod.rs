@@ -67,7 +67,7 @@ pub struct BrokerConfig {
     /// Address of the shared native port.
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
-    /// Number of shards (0: one per core).
+    /// Number of shards (0: one per CPU listed in `cpus`, else one per core).
     pub shards: usize,
     pub flush: FlushMode,
     pub flush_interval_ms: u64,
@@ -468,15 +468,17 @@ impl Broker {
         check_durations(&cfg)?;
         check_shard_count(&cfg.data_dir, shards)?;
         // A shard per core when there are enough cores (or on the CPU listed for it); the
-        // cores shared otherwise (more shards than the CPUs the process may use, or than
-        // its CPU quota allows: no CPU to pin to).
-        let pin_to: &[usize] = if shards <= cores { &allowed } else { &[] };
-        let placements = cpus::placements(
-            &cpu_list,
-            shards,
-            pin_to,
-            &cpus::disk_interrupts(&cfg.data_dir),
-        );
+        // cores shared otherwise: more shards than cores, or a CPU quota smaller than the
+        // CPUs the process may use (containers sharing a host would all pick the same
+        // CPUs).
+        let pin_to: &[usize] = if shards <= cores && cores >= allowed.len() {
+            &allowed
+        } else {
+            &[]
+        };
+        let placements = cpus::placements(&cpu_list, shards, pin_to, || {
+            cpus::disk_interrupts(&cfg.data_dir)
+        });
         let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_ports_free(&cfg.listen, shards)?;
         let (file_limit, _) = listen::raise_file_limit();

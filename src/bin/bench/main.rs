@@ -176,7 +176,8 @@ struct Cli {
     #[arg(long, value_name = "MS")]
     delay_ms: Option<u64>,
     /// Sends (or batches) outstanding per producer; in --rate mode a full window delays
-    /// sends, and the delay counts as latency.
+    /// sends (one thread schedules every producer's: the later ones too), and the delay
+    /// counts as latency.
     #[arg(long, default_value_t = 128)]
     in_flight: usize,
     /// Flush mode of the embedded broker: async (ack after the write) or sync (ack once
