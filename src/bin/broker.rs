@@ -133,7 +133,7 @@ struct Cli {
     /// --shards, one shard per CPU listed [default: one shard per CPU when the cores
     /// suffice; with fewer shards than CPUs, first those taking the data disk's completion
     /// interrupts (a shard there is not woken from another CPU for every write); unpinned
-    /// when shards outnumber the cores]
+    /// when shards outnumber the cores or a CPU quota is smaller than the affinity]
     #[arg(long, value_name = "LIST")]
     cpus: Option<String>,
     /// Testing: make every log write wait this long first, as a slow disk would, in µs

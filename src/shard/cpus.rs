@@ -1,7 +1,8 @@
 //! Where the shards run (`cpus`): an explicit list of CPUs, shard i on the i-th; by
 //! default one shard per CPU the process may use when there are enough of them (the CPUs
 //! that take the data disk's completion interrupts first, when there are more CPUs than
-//! shards), unpinned otherwise.
+//! shards), unpinned otherwise (more shards than cores, or a CPU quota smaller than the
+//! affinity: `Broker::start` passes no CPUs then).
 //!
 //! Why the interrupts: a disk whose completions all land on one CPU (one hardware queue,
 //! as a virtio disk) wakes a shard on another CPU with an inter-processor interrupt for

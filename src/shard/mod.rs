@@ -141,7 +141,8 @@ pub struct BrokerConfig {
     /// CPUs for the shards, shard i on the i-th listed (`"1"`, `"0-3,8"`); with no
     /// `shards`, one shard per CPU listed. Empty: one shard per CPU the process may use
     /// when there are enough (with fewer shards than CPUs, those taking the data disk's
-    /// completion interrupts first), unpinned otherwise.
+    /// completion interrupts first), unpinned otherwise (also under a CPU quota smaller
+    /// than the affinity).
     pub cpus: String,
     /// Serve `GET /metrics` (Prometheus text format) here; off when `None`.
     pub metrics_listen: Option<SocketAddr>,
