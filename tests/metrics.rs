@@ -189,6 +189,31 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
         assert!(names.contains(histogram), "{histogram}");
     }
 
+    // Every queue the sends reached was opened when its topic was made, not by a send on
+    // the shard's thread: the created topic's, and an auto-created one's (sent to twice,
+    // so both shards' queues take a message).
+    assert_eq!(sum(&s, "ringmq_queue_opens_inline_total", &[]), 0.0);
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        for i in 0..8 {
+            producer
+                .send("auto-made", OutgoingMessage::new(format!("a{i}")))
+                .await
+                .unwrap();
+        }
+    });
+    eventually("the auto-created topic's messages are counted", || {
+        sum(
+            &scrape(&metrics),
+            "ringmq_messages_stored_total",
+            &[("topic", "auto-made")],
+        ) == 8.0
+    });
+    assert_eq!(
+        sum(&scrape(&metrics), "ringmq_queue_opens_inline_total", &[]),
+        0.0
+    );
+
     // Anything but /metrics is not found.
     let mut conn = TcpStream::connect(&metrics).unwrap();
     conn.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();

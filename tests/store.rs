@@ -547,3 +547,63 @@ fn a_small_read_of_a_large_cached_write_can_let_it_go() {
         assert!(got == bytes, "the same bytes, copied");
     });
 }
+
+/// Queues opened ahead (`open_queues`: what the broker does when a topic is created or
+/// grown, and at a start) have their first index file before any append, and appends to
+/// them open nothing on the shard's thread; an append while they are being opened is
+/// refused with `QueueOpening` and stores nothing; a queue nobody opened ahead is opened by
+/// its first append, and counted.
+#[test]
+fn queues_opened_ahead_take_appends_without_opening_anything() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let mut m = common::message(7, 1, 1, 10);
+        m.topic = "ahead".to_owned();
+        m.queue_id = 1;
+        let opening = store.open_queues("ahead", [0, 1]);
+        let mut opening = std::pin::pin!(opening);
+        // The first poll hands the opening to the blocking pool and waits for it.
+        assert!(futures_lite::future::poll_once(&mut opening)
+            .await
+            .is_none());
+        assert!(
+            matches!(
+                store.append(&m.draft()),
+                Err(StoreError::QueueOpening { ref topic, queue_id: 1 }) if topic == "ahead"
+            ),
+            "an append to a queue being opened is refused"
+        );
+        assert_eq!(opening.await.unwrap(), 2);
+        for q in [0, 1] {
+            let first = dir
+                .path()
+                .join(format!("consumequeue/ahead/{q}/00000000000000000000"));
+            assert!(first.exists(), "{} made ahead", first.display());
+        }
+        assert_eq!(store.open_queues("ahead", [0, 1]).await.unwrap(), 0);
+        for q in [0, 1] {
+            m.queue_id = q;
+            assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, 0);
+        }
+        assert_eq!(
+            store.queue_range("ahead", 1).unwrap(),
+            (0, 1),
+            "the refused append stored nothing"
+        );
+        assert_eq!(store.inline_queue_opens(), 0);
+        m.queue_id = 2;
+        store.put(&m.draft()).await.unwrap();
+        assert_eq!(
+            store.inline_queue_opens(),
+            1,
+            "queue 2 was not opened ahead"
+        );
+        assert!(matches!(
+            store.open_queues("../up", [0]).await,
+            Err(StoreError::InvalidTopic(_))
+        ));
+    });
+}

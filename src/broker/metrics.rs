@@ -418,6 +418,12 @@ impl ShardCtx {
             (sl(), log.stats().writes.get() as f64),
         );
         s.add(
+            "ringmq_queue_opens_inline",
+            "Queues whose index a send opened on the shard's thread (file I/O there); queues are opened ahead when their topic is created or grown and at a start, so this stays 0.",
+            true,
+            (sl(), self.store.inline_queue_opens() as f64),
+        );
+        s.add(
             "ringmq_commitlog_backlog_bytes",
             "Bytes appended that wait for the disk.",
             false,

@@ -183,6 +183,7 @@ pub(crate) fn store_error(e: StoreError) -> ErrorBody {
         StoreError::InvalidTopic(_) => err(ErrorCode::InvalidTopic, e.to_string()),
         StoreError::OffsetTooSmall { .. } => err(ErrorCode::OffsetTooSmall, e.to_string()),
         StoreError::OffsetTooBig { .. } => err(ErrorCode::OffsetTooBig, e.to_string()),
+        StoreError::QueueOpening { .. } => err(ErrorCode::BrokerBusy, e.to_string()),
         StoreError::Log(LogError::DiskFull { .. })
         | StoreError::Index(crate::index::IndexError::DiskFull { .. }) => {
             err(ErrorCode::DiskFull, e.to_string())

@@ -130,7 +130,52 @@ impl TopicTable {
 }
 
 impl ShardCtx {
+    /// Opens the indexes of this shard's queues of `topic` among its first `queues` off the
+    /// shard's thread ([`MessageStore::open_queues`]): done before sends can name them (a
+    /// topic created or grown, a start), so no send waits for an index file's creation.
+    pub(super) async fn open_local_queues(
+        &self,
+        topic: &str,
+        queues: u32,
+    ) -> Result<usize, crate::store::StoreError> {
+        let local: Vec<u32> = (0..queues)
+            .filter(|&q| self.owner_of(topic, q) == self.id)
+            .collect();
+        self.store.open_queues(topic, local).await
+    }
+
+    /// At a start: the queues of every topic opened ahead (those recovery did not open: a
+    /// topic's queues that never held a message). A failure is left to the first send to
+    /// the queue, which opens it itself and answers with the error.
+    pub async fn open_all_local_queues(&self) {
+        let topics: Vec<(String, u32)> = {
+            let table = self.topics.borrow();
+            table
+                .names()
+                .into_iter()
+                .filter_map(|t| table.get(&t).map(|q| (t, q)))
+                .collect()
+        };
+        for (topic, queues) in topics {
+            if let Err(e) = self.open_local_queues(&topic, queues).await {
+                crate::warn!(
+                    "ringmq: shard {}: opening the queues of {topic}: {e}",
+                    self.id
+                );
+            }
+        }
+    }
+
     pub(super) async fn apply_topic_change(self: &Rc<Self>, topic: &str, queues: Option<u32>) {
+        if let Some(count) = queues {
+            // Before the table names them: a send to a queue being opened is refused.
+            if let Err(e) = self.open_local_queues(topic, count).await {
+                crate::warn!(
+                    "ringmq: shard {}: opening the queues of {topic}: {e} (the first send to each opens it)",
+                    self.id
+                );
+            }
+        }
         self.topics.borrow_mut().set(topic, queues);
         self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
@@ -271,6 +316,15 @@ impl ShardCtx {
                     self.cfg.queues_max
                 ),
             ));
+        }
+        if let Some(count) = queues {
+            // This shard's queues first: a failure here refuses the change, saved nowhere.
+            self.open_local_queues(topic, count).await.map_err(|e| {
+                err(
+                    ErrorCode::StoreIo,
+                    format!("opening the queues of topic {topic}: {e}"),
+                )
+            })?;
         }
         table.set(topic, queues);
         let dir = self.cfg.data_dir.clone();

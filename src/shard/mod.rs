@@ -894,6 +894,8 @@ async fn shard_main(
         peers,
     );
     ctx.set_shard_addrs(addrs);
+    // Before any send or topic change can reach a queue.
+    ctx.open_all_local_queues().await;
     let receivers = Rc::new(receivers);
     for (shard, &peer) in peer_of_shard.iter().enumerate() {
         if shard != i {

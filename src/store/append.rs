@@ -16,6 +16,8 @@ impl MessageStore {
         let mut queues = self.inner.queues.borrow_mut();
         let q = queue_state(
             &mut queues,
+            &self.inner.opening.borrow(),
+            &self.inner.inline_opens,
             &self.inner.dir,
             &self.inner.cfg,
             draft.topic,
@@ -123,6 +125,8 @@ impl MessageStore {
                     validate_topic(draft.topic)?;
                     let q = queue_state(
                         &mut queues,
+                        &self.inner.opening.borrow(),
+                        &self.inner.inline_opens,
                         &self.inner.dir,
                         &self.inner.cfg,
                         draft.topic,

@@ -28,7 +28,7 @@ mod space;
 
 use std::cell::RefCell;
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -111,6 +111,10 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("recovery failed: {0}")]
     Recovery(String),
+    /// The queue's index is being opened off the shard's thread (its topic is being created
+    /// or grown): nothing was stored; the same append a moment later goes through.
+    #[error("queue {topic}:{queue_id} is being opened; try again")]
+    QueueOpening { topic: String, queue_id: u32 },
 }
 
 /// Where a stored message went.
@@ -167,6 +171,14 @@ struct Inner {
     /// This start and the earlier ones, with where the log ended at each.
     runs: runs::Runs,
     queues: RefCell<HashMap<(String, u32), QueueState>>,
+    /// Queues [`MessageStore::open_queues`] is opening off the shard's thread: an append to
+    /// one fails with [`StoreError::QueueOpening`] meanwhile (two openers would both create
+    /// its first file).
+    opening: RefCell<HashSet<(String, u32)>>,
+    /// An [`MessageStore::open_queues`] ended.
+    opened: tokio::sync::Notify,
+    /// Queues opened on the shard's thread by an append (none had opened them ahead).
+    inline_opens: std::cell::Cell<u64>,
     keys: RefCell<KeyIndex>,
     stopped: std::cell::Cell<bool>,
     /// Retention never deletes the segment holding this log offset or later ones.
@@ -204,9 +216,13 @@ pub const SCHEDULE_DONE_TOPIC: &str = "%SYS_SCHEDULE_DONE%";
 const DELETED_PREFIX: &str = "deleted~";
 
 /// The state of queue `queue_id` of `topic`, its consume queue (under the store directory
-/// `dir`) opened, or created, on its first use.
+/// `dir`) opened, or created, on its first use here unless
+/// [`open_queues`](MessageStore::open_queues) opened it ahead (`inline_opens` counts the
+/// others), and refused while that is opening it (`opening`).
 fn queue_state<'q>(
     queues: &'q mut HashMap<(String, u32), QueueState>,
+    opening: &HashSet<(String, u32)>,
+    inline_opens: &std::cell::Cell<u64>,
     dir: &Path,
     cfg: &StoreConfig,
     topic: &str,
@@ -215,8 +231,15 @@ fn queue_state<'q>(
     match queues.entry((topic.to_owned(), queue_id)) {
         Entry::Occupied(e) => Ok(e.into_mut()),
         Entry::Vacant(e) => {
+            if opening.contains(e.key()) {
+                return Err(StoreError::QueueOpening {
+                    topic: topic.to_owned(),
+                    queue_id,
+                });
+            }
             let qdir = queue_dir(&dir.join("consumequeue"), topic, queue_id);
             let cq = ConsumeQueue::open(&qdir, cfg.consume_queue)?;
+            inline_opens.set(inline_opens.get() + 1);
             Ok(e.insert(QueueState { cq }))
         }
     }
@@ -236,6 +259,102 @@ impl MessageStore {
 
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// Opens the consume queues `queue_ids` of `topic` that are not open yet, off the shard's
+    /// thread: their directories made and listed, a new queue's first file created and the
+    /// room for its first entry allocated, so the first append to each does no file I/O on
+    /// the shard's thread. Appends to them are refused with [`StoreError::QueueOpening`]
+    /// until this returns (callers open a topic's queues before sends can name them). Waits
+    /// for an opening of the same queues already running. Returns how many it opened.
+    pub async fn open_queues(
+        &self,
+        topic: &str,
+        queue_ids: impl IntoIterator<Item = u32>,
+    ) -> Result<usize, StoreError> {
+        validate_topic(topic)?;
+        let mut wanted: Vec<u32> = queue_ids.into_iter().collect();
+        let mut opened = 0;
+        loop {
+            let ended = self.inner.opened.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            let (mine, theirs) = {
+                let queues = self.inner.queues.borrow();
+                let mut opening = self.inner.opening.borrow_mut();
+                wanted.retain(|&q| !queues.contains_key(&(topic.to_owned(), q)));
+                let (theirs, mine): (Vec<u32>, Vec<u32>) = wanted
+                    .iter()
+                    .partition(|&&q| opening.contains(&(topic.to_owned(), q)));
+                for &q in &mine {
+                    opening.insert((topic.to_owned(), q));
+                }
+                (mine, theirs)
+            };
+            if !mine.is_empty() {
+                let result = self.open_off_thread(topic, &mine).await;
+                {
+                    let mut opening = self.inner.opening.borrow_mut();
+                    for &q in &mine {
+                        opening.remove(&(topic.to_owned(), q));
+                    }
+                }
+                self.inner.opened.notify_waiters();
+                opened += result?;
+            }
+            if theirs.is_empty() {
+                return Ok(opened);
+            }
+            wanted = theirs;
+            ended.await;
+        }
+    }
+
+    /// The blocking part of [`open_queues`](Self::open_queues): each queue opened and its
+    /// first entry's room reserved in the blocking pool, then put in the map (those that
+    /// opened, when another failed: the first failure is returned).
+    async fn open_off_thread(&self, topic: &str, queue_ids: &[u32]) -> Result<usize, StoreError> {
+        let root = self.inner.dir.join("consumequeue");
+        let cfg = self.inner.cfg.consume_queue;
+        let (owned_topic, ids) = (topic.to_owned(), queue_ids.to_vec());
+        let results: Vec<(u32, Result<ConsumeQueue, IndexError>)> =
+            crate::io::blocking(move || {
+                ids.into_iter()
+                    .map(|q| {
+                        let opened = ConsumeQueue::open(&queue_dir(&root, &owned_topic, q), cfg)
+                            .and_then(|mut cq| {
+                                cq.reserve_next()?;
+                                Ok(cq)
+                            });
+                        (q, opened)
+                    })
+                    .collect()
+            })
+            .await;
+        let mut queues = self.inner.queues.borrow_mut();
+        let mut first_error = None;
+        let mut opened = 0;
+        for (q, result) in results {
+            match result {
+                Ok(cq) => {
+                    queues.insert((topic.to_owned(), q), QueueState { cq });
+                    opened += 1;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(opened),
+        }
+    }
+
+    /// Queues opened on the shard's thread by their first append since the store opened
+    /// (not ahead by [`open_queues`](Self::open_queues) nor by recovery).
+    pub fn inline_queue_opens(&self) -> u64 {
+        self.inner.inline_opens.get()
     }
 
     /// The queues this store has, with (min, max) offsets.

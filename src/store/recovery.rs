@@ -116,6 +116,9 @@ impl MessageStore {
                 log,
                 runs,
                 queues: RefCell::new(queues),
+                opening: RefCell::default(),
+                opened: tokio::sync::Notify::new(),
+                inline_opens: std::cell::Cell::new(0),
                 keys: RefCell::new(keys),
                 stopped: std::cell::Cell::new(false),
                 retention_floor: std::cell::Cell::new(u64::MAX),
@@ -175,7 +178,17 @@ fn dispatch_record(
     cfg: &StoreConfig,
     view: RecordView<'_>,
 ) -> Result<(), StoreError> {
-    let q = queue_state(queues, dir, cfg, view.topic(), view.queue_id())?;
+    let none_opening = HashSet::new();
+    let not_counted = std::cell::Cell::new(0);
+    let q = queue_state(
+        queues,
+        &none_opening,
+        &not_counted,
+        dir,
+        cfg,
+        view.topic(),
+        view.queue_id(),
+    )?;
     let entry = CqEntry {
         physical_offset: view.physical_offset(),
         size: view.total_len(),
