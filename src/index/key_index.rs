@@ -35,8 +35,8 @@ use super::consume_queue::DirtyFile;
 use super::tag::fnv1a64;
 use super::{
     create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
-    read_i64, read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, Backing,
-    IndexError,
+    read_i64, read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, AllocAhead,
+    Backing, IndexError,
 };
 
 const KI_MAGIC: u32 = u32::from_le_bytes(*b"RMKI");
@@ -520,6 +520,27 @@ impl KeyIndex {
                 self.files.push_back(file);
                 Ok(())
             }
+        }
+    }
+
+    /// The next stretch of the newest file to allocate, once its entries come within
+    /// [`KI_ALLOC_STEP`] of what is allocated, for the caller to allocate off its thread and
+    /// report with [`allocated_ahead`](Self::allocated_ahead) (one out at a time).
+    /// [`reserve`](Self::reserve) still allocates whatever entries reach first.
+    pub fn allocate_ahead(&mut self) -> Option<AllocAhead> {
+        let last = self.files.back_mut()?;
+        if last.is_full() {
+            return None;
+        }
+        let next_end = (last.entry_at(last.entry_count() + 1) + KI_ENTRY_BYTES) as u64;
+        last.backing.ahead(next_end, KI_ALLOC_STEP, &last.path)
+    }
+
+    /// How an [`AllocAhead`] of this index went (`allocated`: it succeeded). One for a file
+    /// gone or created again since is ignored.
+    pub fn allocated_ahead(&mut self, ahead: &AllocAhead, allocated: bool) {
+        if let Some(file) = self.files.iter_mut().rev().find(|f| f.path == ahead.path) {
+            file.backing.ahead_done(ahead, allocated);
         }
     }
 

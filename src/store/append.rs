@@ -5,6 +5,12 @@ use super::*;
 use crate::index::{tag_hash, AllocAhead, TAG_HASH_NONE};
 use crate::protocol::record::{prop, RecordDraft};
 
+/// Whose index file an [`AllocAhead`] stretch is for.
+enum AheadFor {
+    Queue(String, u32),
+    Keys,
+}
+
 impl MessageStore {
     /// Assigns the next queue offset, appends the record and indexes it. The record becomes
     /// readable once the log's write completes: await [`acked`](Self::acked).
@@ -37,17 +43,22 @@ impl MessageStore {
             self.take_back(log_from, &run);
         }
         if let Some(ahead) = ahead {
-            self.allocate_ahead(draft.topic, draft.queue_id, ahead);
+            self.allocate_ahead(
+                AheadFor::Queue(draft.topic.to_owned(), draft.queue_id),
+                ahead,
+            );
+        }
+        if put.is_ok() {
+            self.keys_ahead();
         }
         put
     }
 
-    /// Allocates the next stretch of a queue's index file in the blocking pool, so that its
-    /// appends rarely allocate (an `fallocate` that may read block bitmaps from the disk)
-    /// on the shard's thread, and tells the queue how it went.
-    fn allocate_ahead(&self, topic: &str, queue_id: u32, ahead: AllocAhead) {
+    /// Allocates the next stretch of an index file (a queue's, or the key index's) in the
+    /// blocking pool, so that appends rarely allocate (an `fallocate` that may read block
+    /// bitmaps from the disk) on the shard's thread, and tells the index how it went.
+    fn allocate_ahead(&self, of: AheadFor, ahead: AllocAhead) {
         let weak = Rc::downgrade(&self.inner);
-        let key = (topic.to_owned(), queue_id);
         crate::io::spawn(async move {
             let (ahead, allocated) = crate::io::blocking(move || {
                 let allocated = ahead.allocate().is_ok();
@@ -55,11 +66,24 @@ impl MessageStore {
             })
             .await;
             let Some(inner) = weak.upgrade() else { return };
-            let mut queues = inner.queues.borrow_mut();
-            if let Some(q) = queues.get_mut(&key) {
-                q.cq.allocated_ahead(&ahead, allocated);
+            match of {
+                AheadFor::Queue(topic, queue_id) => {
+                    let mut queues = inner.queues.borrow_mut();
+                    if let Some(q) = queues.get_mut(&(topic, queue_id)) {
+                        q.cq.allocated_ahead(&ahead, allocated);
+                    }
+                }
+                AheadFor::Keys => inner.keys.borrow_mut().allocated_ahead(&ahead, allocated),
             }
         });
+    }
+
+    /// After appends that went through: the key index's next stretch, if it asks for one.
+    fn keys_ahead(&self) {
+        let ahead = self.inner.keys.borrow_mut().allocate_ahead();
+        if let Some(ahead) = ahead {
+            self.allocate_ahead(AheadFor::Keys, ahead);
+        }
     }
 
     /// Appends `drafts` in order, as [`append`](Self::append) does each, pushing where each
@@ -87,7 +111,10 @@ impl MessageStore {
         // Only runs appended whole asked (not the one that failed); each stretch asked for
         // must be answered, or its queue would not ask again.
         for (topic, queue_id, ahead) in aheads {
-            self.allocate_ahead(topic, queue_id, ahead);
+            self.allocate_ahead(AheadFor::Queue(topic.to_owned(), queue_id), ahead);
+        }
+        if appended.is_ok() {
+            self.keys_ahead();
         }
         appended
     }

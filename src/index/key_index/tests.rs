@@ -360,3 +360,47 @@ fn default_config() {
     );
     assert!(file_bytes(cfg.slots_per_file, cfg.entries_per_file).is_some());
 }
+
+/// With the next stretch allocated ahead (what the store does in the blocking pool), puts
+/// past the file's first step never allocate on the putting thread; before, every MiB of
+/// entries was an `fallocate` there. What was put is all found.
+#[test]
+fn puts_with_stretches_allocated_ahead_never_allocate_past_the_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), cfg(1_000, 200_000)).unwrap();
+    let allocated = |index: &KeyIndex| index.files.back().map_or(0, |f| f.backing.allocated_to());
+    let (mut by_puts_past_first_step, mut ahead_done) = (0, 0);
+    const PUTS: u64 = 150_000;
+    for n in 0..PUTS {
+        let before = allocated(&index);
+        index
+            .put(&format!("k{}", n % 5_000), n * 100, 1_000 + n as i64)
+            .unwrap();
+        if allocated(&index) != before && before >= KI_ALLOC_STEP {
+            by_puts_past_first_step += 1;
+        }
+        if let Some(ahead) = index.allocate_ahead() {
+            assert!(
+                index.allocate_ahead().is_none(),
+                "one stretch out at a time"
+            );
+            ahead.allocate().unwrap();
+            index.allocated_ahead(&ahead, true);
+            ahead_done += 1;
+        }
+    }
+    assert_eq!(by_puts_past_first_step, 0);
+    assert!(ahead_done >= 2, "{ahead_done} stretches ahead");
+    let end = allocated(&index);
+    let last = index.files.back().unwrap();
+    assert!(end >= (last.entry_at(last.entry_count()) + KI_ENTRY_BYTES) as u64);
+    let meta = std::fs::metadata(dir.path().join(numbered_file_name(0))).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(meta.blocks() * 512 >= end, "the blocks are there");
+    let expected: Vec<u64> = (0..PUTS)
+        .rev()
+        .filter(|n| n % 5_000 == 7)
+        .map(|n| n * 100)
+        .collect();
+    check(&index, "k7", 0, i64::MAX, 100, &expected);
+}
