@@ -654,3 +654,95 @@ fn a_stretch_allocated_ahead_counts_only_for_the_mapping_that_asked() {
         "mapped again since: the old mapping's stretch is not counted"
     );
 }
+
+/// Appends until the queue asks for its next file ahead; returns that request and the
+/// queue offset appended when it asked.
+fn append_until_next_file_asked(queue: &mut ConsumeQueue, from: u64) -> (NextFile, u64) {
+    for n in from..from + 1_000_000 {
+        append(queue, n..n + 1);
+        if let Some(next) = queue.next_file_ahead() {
+            assert!(queue.next_file_ahead().is_none(), "one out at a time");
+            return (next, n);
+        }
+    }
+    panic!("never asked for the next file");
+}
+
+/// The next file, made off the appending thread once appends come within a step of the
+/// last file's end, is the file the roll takes (its mapping, not a file made by the roll);
+/// everything reads back, and again after a reopen.
+#[test]
+fn the_roll_takes_the_next_file_made_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 5_000);
+    let (mut next, asked_at) = append_until_next_file_asked(&mut queue, 0);
+    assert_eq!(5_000 - (asked_at + 1), NEXT_FILE_AHEAD_ENTRIES);
+    next.make().unwrap();
+    let made = next.made.as_ref().map(|f| f.mmap.as_ptr()).unwrap();
+    queue.next_file_made(next);
+    assert_eq!(file_bases(dir.path()), [0, 5_000], "made before the roll");
+    assert!(queue.next_file_ahead().is_none(), "one made is enough");
+    append(&mut queue, asked_at + 1..5_010);
+    let rolled = queue.segments.back().unwrap().open.get().unwrap();
+    assert_eq!(
+        rolled.mmap.as_ptr(),
+        made,
+        "the roll took the file made ahead"
+    );
+    assert!(queue.prepared.is_none());
+    check(&queue, 0, 5_010);
+    drop(queue);
+    check(&open(dir.path(), 5_000), 0, 5_010);
+}
+
+/// When the queue rolls before the next file is made or taken back, the queue's own file
+/// is left alone: made after the roll, the file exists and is not touched; made before
+/// the roll but taken back after it, its mapping goes. No entry is lost either way.
+#[test]
+fn a_next_file_late_for_the_roll_leaves_the_queues_file_alone() {
+    for make_before_roll in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut queue = open(dir.path(), 5_000);
+        let (mut next, asked_at) = append_until_next_file_asked(&mut queue, 0);
+        if make_before_roll {
+            next.make().unwrap();
+            assert!(next.made.is_some());
+        }
+        append(&mut queue, asked_at + 1..5_010);
+        if !make_before_roll {
+            next.make().unwrap();
+            assert!(next.made.is_none(), "the queue made that file itself");
+        }
+        queue.next_file_made(next);
+        assert!(queue.prepared.is_none(), "not kept: the queue rolled");
+        append(&mut queue, 5_010..5_020);
+        check(&queue, 0, 5_020);
+        drop(queue);
+        check(&open(dir.path(), 5_000), 0, 5_020);
+    }
+}
+
+/// A next file made but never rolled to holds nothing: a reopen drops it; an idle queue
+/// unmaps it.
+#[test]
+fn a_next_file_never_rolled_to_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 5_000);
+    let (mut next, asked_at) = append_until_next_file_asked(&mut queue, 0);
+    next.make().unwrap();
+    queue.next_file_made(next);
+    assert!(queue.prepared.is_some());
+    queue.close_idle();
+    queue.close_idle();
+    assert!(
+        queue.prepared.is_none(),
+        "an idle queue keeps no second mapping"
+    );
+    drop(queue);
+    assert_eq!(file_bases(dir.path()), [0, 5_000]);
+    let mut queue = open(dir.path(), 5_000);
+    assert_eq!(file_bases(dir.path()), [0], "past the end: dropped");
+    check(&queue, 0, asked_at + 1);
+    append(&mut queue, asked_at + 1..5_001);
+    check(&queue, 0, 5_001);
+}
