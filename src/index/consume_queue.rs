@@ -218,53 +218,6 @@ pub struct ConsumeQueue {
     /// The entry at `max_offset - 1` while the queue is not empty, so that the end of a
     /// queue is known without mapping its last file.
     last: Option<CqEntry>,
-    /// The next file, made and mapped off the appending thread ([`NextFile`]) before the
-    /// last one filled: the roll to it takes it instead of creating a file.
-    prepared: Option<Segment>,
-    /// A [`NextFile`] is out.
-    next_out: bool,
-}
-
-/// Appends this close to the end of the last file ask for the next file to be made ahead
-/// ([`ConsumeQueue::next_file_ahead`]): about the appends of a 64 KiB allocation step.
-const NEXT_FILE_AHEAD_ENTRIES: u64 = CQ_ALLOC_STEP / CQ_ENTRY_BYTES;
-
-/// A consume queue's next file, to make off the appending thread
-/// ([`ConsumeQueue::next_file_ahead`], then [`make`](Self::make) in the blocking pool, then
-/// [`ConsumeQueue::next_file_made`]): the roll to it then creates, sizes, maps and allocates
-/// nothing on the appending thread.
-pub struct NextFile {
-    path: PathBuf,
-    base: u64,
-    file_bytes: u64,
-    made: Option<OpenFile>,
-}
-
-impl NextFile {
-    /// Creates the file, only if none of that name exists (the queue may have rolled to it
-    /// meanwhile and made it itself: that one is left alone), sizes and maps it, and
-    /// allocates its first entry's room. Blocks. A failure leaves at most an empty or
-    /// unused file past the queue's end: the roll to it makes it again (recovery drops a
-    /// file past the end). Never removes a file: the queue may use that name by now.
-    pub fn make(&mut self) -> Result<(), IndexError> {
-        let created = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&self.path);
-        let file = match created {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-            Err(e) => return Err(io_err("create", &self.path)(e)),
-        };
-        file.set_len(self.file_bytes)
-            .map_err(io_err("set_len", &self.path))?;
-        let mmap = map_file(&file, &self.path)?;
-        let mut backing = Backing::new(self.file_bytes);
-        backing.ensure(CQ_ENTRY_BYTES, CQ_ALLOC_STEP, &self.path)?;
-        self.made = Some(OpenFile { mmap, backing });
-        Ok(())
-    }
 }
 
 impl ConsumeQueue {
@@ -349,8 +302,6 @@ impl ConsumeQueue {
             segments,
             first_physical: None,
             last: None,
-            prepared: None,
-            next_out: false,
         };
         (queue.max_offset, queue.last) = queue.scan_max_offset()?;
         if queue.max_offset == queue.min_offset {
@@ -469,51 +420,7 @@ impl ConsumeQueue {
                 closed += 1;
             }
         }
-        // A queue gone idle near a roll keeps no second mapping: the roll makes the file.
-        if self.prepared.is_some() && self.segments.back().is_none_or(|s| !s.is_open()) {
-            self.prepared = None;
-            closed += 1;
-        }
         closed
-    }
-
-    /// The next file to make off the appending thread, once appends come within
-    /// [`NEXT_FILE_AHEAD_ENTRIES`] of the last file's end; `None` while one is out or
-    /// made. Answer it with [`next_file_made`](Self::next_file_made) whatever happens.
-    pub fn next_file_ahead(&mut self) -> Option<NextFile> {
-        if self.next_out || self.prepared.is_some() {
-            return None;
-        }
-        let last = self.segments.back()?;
-        let left = (last.base + self.entries_per_file).checked_sub(self.max_offset)?;
-        if left == 0 || left > NEXT_FILE_AHEAD_ENTRIES {
-            return None;
-        }
-        let base = last.base + self.entries_per_file;
-        self.next_out = true;
-        Some(NextFile {
-            path: self.dir.join(numbered_file_name(base)),
-            base,
-            file_bytes: self.file_bytes,
-            made: None,
-        })
-    }
-
-    /// Takes back a [`NextFile`]: kept for the roll to it when made, unless the queue
-    /// rolled (or was cut back) meanwhile, when its mapping goes (the file, past the end or
-    /// the queue's own by now, stays).
-    pub fn next_file_made(&mut self, next: NextFile) {
-        self.next_out = false;
-        let Some(open) = next.made else { return };
-        let expected = self.segments.back().map(|s| s.base + self.entries_per_file);
-        if expected != Some(next.base) || self.max_offset > next.base {
-            return;
-        }
-        let segment = Segment::closed(next.base, next.path);
-        if segment.open.set(open).is_err() {
-            unreachable!("a new segment is not open");
-        }
-        self.prepared = Some(segment);
     }
 
     /// Writes `entry` at `queue_offset`.
@@ -817,21 +724,14 @@ impl ConsumeQueue {
             Some(last) if last.base + self.entries_per_file == self.max_offset => self.max_offset,
             Some(_) => return Ok(()),
         };
-        let mut segment = match self.prepared.take() {
-            Some(made) if made.base == base => made,
-            // Made for a roll the queue no longer goes to (cut back since): not this one.
-            _ => {
-                let path = self.dir.join(numbered_file_name(base));
-                let (backing, mmap) = create_mapped(&path, self.file_bytes)?;
-                let segment = Segment::closed(base, path);
-                if segment.open.set(OpenFile { mmap, backing }).is_err() {
-                    unreachable!("a new segment is not open");
-                }
-                segment
-            }
-        };
+        let path = self.dir.join(numbered_file_name(base));
+        let (backing, mmap) = create_mapped(&path, self.file_bytes)?;
+        let mut segment = Segment::closed(base, path);
         segment.dirty_gen = 1;
         segment.used.set(true);
+        if segment.open.set(OpenFile { mmap, backing }).is_err() {
+            unreachable!("a new segment is not open");
+        }
         self.segments.push_back(segment);
         Ok(())
     }

@@ -19,9 +19,7 @@ pub mod timing_wheel;
 
 use std::path::{Path, PathBuf};
 
-pub use consume_queue::{
-    ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, NextFile, CQ_ENTRY_BYTES,
-};
+pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
 pub use key_index::{KeyIndex, KeyIndexConfig};
 pub use tag::{tag_hash, TAG_HASH_NONE};
 pub use timing_wheel::TimingWheel;

@@ -2,28 +2,13 @@
 //! its keys), and the waits for them to be acknowledged or durable.
 
 use super::*;
-use crate::index::{tag_hash, AllocAhead, NextFile, TAG_HASH_NONE};
+use crate::index::{tag_hash, AllocAhead, TAG_HASH_NONE};
 use crate::protocol::record::{prop, RecordDraft};
 
-/// Work an index asks to have done in the blocking pool after appends, so that appends
-/// rarely do file I/O on the shard's thread.
-enum Ahead {
-    /// The next stretch of a queue's last file ([`ConsumeQueue::allocate_ahead`]).
-    Stretch(String, u32, AllocAhead),
-    /// A queue's next file ([`ConsumeQueue::next_file_ahead`]).
-    NextFile(String, u32, NextFile),
-    /// The next stretch of the key index's last file.
-    Keys(AllocAhead),
-}
-
-/// What queue `q` of `topic` asks for once appends to it went through.
-fn queue_aheads(topic: &str, queue_id: u32, q: &mut QueueState, out: &mut Vec<Ahead>) {
-    if let Some(ahead) = q.cq.allocate_ahead() {
-        out.push(Ahead::Stretch(topic.to_owned(), queue_id, ahead));
-    }
-    if let Some(next) = q.cq.next_file_ahead() {
-        out.push(Ahead::NextFile(topic.to_owned(), queue_id, next));
-    }
+/// Whose index file an [`AllocAhead`] stretch is for.
+enum AheadFor {
+    Queue(String, u32),
+    Keys,
 }
 
 impl MessageStore {
@@ -52,58 +37,52 @@ impl MessageStore {
             store_timestamp_ms,
         );
         // Nothing asked ahead after a failure (a full disk among them).
-        let mut aheads = Vec::new();
-        if put.is_ok() {
-            queue_aheads(draft.topic, draft.queue_id, q, &mut aheads);
-        }
+        let ahead = put.as_ref().ok().and_then(|_| q.cq.allocate_ahead());
         drop(queues);
         if put.is_err() {
             self.take_back(log_from, &run);
-        } else {
-            self.keys_ahead(&mut aheads);
         }
-        aheads.into_iter().for_each(|a| self.run_ahead(a));
+        if let Some(ahead) = ahead {
+            self.allocate_ahead(
+                AheadFor::Queue(draft.topic.to_owned(), draft.queue_id),
+                ahead,
+            );
+        }
+        if put.is_ok() {
+            self.keys_ahead();
+        }
         put
     }
 
-    /// Does an index's [`Ahead`] work in the blocking pool (an index file's next stretch
-    /// allocated: an `fallocate` that may read block bitmaps from the disk; a queue's next
-    /// file created and mapped) and tells the index how it went: every one asked for is
-    /// answered, or its index would not ask again.
-    fn run_ahead(&self, work: Ahead) {
+    /// Allocates the next stretch of an index file (a queue's, or the key index's) in the
+    /// blocking pool, so that appends rarely allocate (an `fallocate` that may read block
+    /// bitmaps from the disk) on the shard's thread, and tells the index how it went.
+    fn allocate_ahead(&self, of: AheadFor, ahead: AllocAhead) {
         let weak = Rc::downgrade(&self.inner);
         crate::io::spawn(async move {
-            let (work, allocated) = crate::io::blocking(move || {
-                let mut work = work;
-                let allocated = match &mut work {
-                    Ahead::Stretch(_, _, ahead) | Ahead::Keys(ahead) => ahead.allocate().is_ok(),
-                    // A failure leaves the roll to make the file itself.
-                    Ahead::NextFile(_, _, next) => next.make().is_ok(),
-                };
-                (work, allocated)
+            let (ahead, allocated) = crate::io::blocking(move || {
+                let allocated = ahead.allocate().is_ok();
+                (ahead, allocated)
             })
             .await;
             let Some(inner) = weak.upgrade() else { return };
-            match work {
-                Ahead::Stretch(topic, queue_id, ahead) => {
-                    if let Some(q) = inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
+            match of {
+                AheadFor::Queue(topic, queue_id) => {
+                    let mut queues = inner.queues.borrow_mut();
+                    if let Some(q) = queues.get_mut(&(topic, queue_id)) {
                         q.cq.allocated_ahead(&ahead, allocated);
                     }
                 }
-                Ahead::NextFile(topic, queue_id, next) => {
-                    if let Some(q) = inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
-                        q.cq.next_file_made(next);
-                    }
-                }
-                Ahead::Keys(ahead) => inner.keys.borrow_mut().allocated_ahead(&ahead, allocated),
+                AheadFor::Keys => inner.keys.borrow_mut().allocated_ahead(&ahead, allocated),
             }
         });
     }
 
     /// After appends that went through: the key index's next stretch, if it asks for one.
-    fn keys_ahead(&self, out: &mut Vec<Ahead>) {
-        if let Some(ahead) = self.inner.keys.borrow_mut().allocate_ahead() {
-            out.push(Ahead::Keys(ahead));
+    fn keys_ahead(&self) {
+        let ahead = self.inner.keys.borrow_mut().allocate_ahead();
+        if let Some(ahead) = ahead {
+            self.allocate_ahead(AheadFor::Keys, ahead);
         }
     }
 
@@ -129,29 +108,33 @@ impl MessageStore {
         if appended.is_err() && self.take_back(log_from, &runs) {
             puts.truncate(puts_from);
         }
-        // Only runs appended whole asked (not the one that failed); each asked for must be
-        // answered, or its index would not ask again.
-        if appended.is_ok() {
-            self.keys_ahead(&mut aheads);
+        // Only runs appended whole asked (not the one that failed); each stretch asked for
+        // must be answered, or its queue would not ask again.
+        for (topic, queue_id, ahead) in aheads {
+            self.allocate_ahead(AheadFor::Queue(topic.to_owned(), queue_id), ahead);
         }
-        aheads.into_iter().for_each(|a| self.run_ahead(a));
+        if appended.is_ok() {
+            self.keys_ahead();
+        }
         appended
     }
 
     /// [`append_batch`](Self::append_batch)'s appends, noting in `runs` where each run of
-    /// one queue started, and in `aheads` what its queues ask for ([`Ahead`]) once each run
-    /// is appended.
+    /// one queue started, and in `aheads` the index stretches its queues ask for once each
+    /// run is appended.
     fn append_runs<'a>(
         &self,
         drafts: impl IntoIterator<Item = RecordDraft<'a>>,
         puts: &mut Vec<PutResult>,
         store_timestamp_ms: i64,
         runs: &mut Vec<(&'a str, u32, u64)>,
-        aheads: &mut Vec<Ahead>,
+        aheads: &mut Vec<(&'a str, u32, AllocAhead)>,
     ) -> Result<(), StoreError> {
         let mut ask_ahead = |run: Option<(&'a str, u32, &mut QueueState)>| {
             if let Some((topic, queue_id, q)) = run {
-                queue_aheads(topic, queue_id, q, aheads);
+                if let Some(ahead) = q.cq.allocate_ahead() {
+                    aheads.push((topic, queue_id, ahead));
+                }
             }
         };
         let mut queues = self.inner.queues.borrow_mut();
