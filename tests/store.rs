@@ -607,3 +607,30 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
         ));
     });
 }
+
+/// An opening given up half way (its future dropped, as at a shutdown) leaves no queue
+/// marked as opening: appends to it go through instead of being refused for ever.
+#[test]
+fn an_opening_dropped_half_way_refuses_nothing_after() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let mut m = common::message(8, 1, 1, 10);
+        m.topic = "dropped".to_owned();
+        m.queue_id = 0;
+        {
+            let opening = store.open_queues("dropped", [0]);
+            let mut opening = std::pin::pin!(opening);
+            assert!(futures_lite::future::poll_once(&mut opening)
+                .await
+                .is_none());
+            assert!(matches!(
+                store.append(&m.draft()),
+                Err(StoreError::QueueOpening { .. })
+            ));
+        }
+        assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, 0);
+    });
+}

@@ -252,6 +252,24 @@ fn io_err(op: &str, path: &Path, e: std::io::Error) -> StoreError {
     ))
 }
 
+/// Takes queues out of [`Inner::opening`] and wakes those waiting for them, when dropped.
+struct OpeningEnds<'a> {
+    inner: &'a Inner,
+    topic: &'a str,
+    queue_ids: &'a [u32],
+}
+
+impl Drop for OpeningEnds<'_> {
+    fn drop(&mut self) {
+        let mut opening = self.inner.opening.borrow_mut();
+        for &q in self.queue_ids {
+            opening.remove(&(self.topic.to_owned(), q));
+        }
+        drop(opening);
+        self.inner.opened.notify_waiters();
+    }
+}
+
 impl MessageStore {
     pub fn log(&self) -> &CommitLog {
         &self.inner.log
@@ -292,15 +310,14 @@ impl MessageStore {
                 (mine, theirs)
             };
             if !mine.is_empty() {
-                let result = self.open_off_thread(topic, &mine).await;
-                {
-                    let mut opening = self.inner.opening.borrow_mut();
-                    for &q in &mine {
-                        opening.remove(&(topic.to_owned(), q));
-                    }
-                }
-                self.inner.opened.notify_waiters();
-                opened += result?;
+                // Ends the opening however this ends: returned, failed, panicked or dropped
+                // (a queue left in `opening` would refuse every append to it).
+                let _ended = OpeningEnds {
+                    inner: &self.inner,
+                    topic,
+                    queue_ids: &mine,
+                };
+                opened += self.open_off_thread(topic, &mine).await?;
             }
             if theirs.is_empty() {
                 return Ok(opened);
