@@ -271,3 +271,48 @@ fn idle_queues_hold_no_mapped_files_or_descriptors() {
     assert_eq!(index_files_held(&broker, "idle"), (0, 0));
     assert_eq!(read_all(broker.addr_string()), expected);
 }
+
+#[test]
+fn a_creation_refused_part_way_leaves_no_queues_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = BrokerProcess::start(&data, 1, &[]);
+    // Queue 2's directory cannot be made: queues 0, 1 and 3 open, then the creation fails.
+    let topic_dir = data.join("shard-0").join("consumequeue").join("blocked");
+    std::fs::create_dir_all(&topic_dir).unwrap();
+    std::fs::write(topic_dir.join("2"), b"not a directory").unwrap();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let (c, m) = code(client.create_topic("blocked", 4).await);
+        assert_eq!(c, ErrorCode::StoreIo, "{m}");
+        assert!(m.contains("blocked"), "{m}");
+        assert!(
+            !topic_dir.exists(),
+            "the queues opened before the failure are removed: {:?}",
+            std::fs::read_dir(&topic_dir).map(|d| d.count())
+        );
+        assert!(!client
+            .list_topics()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t == "blocked"));
+        // Nothing is left in the way of creating it again.
+        client.create_topic("blocked", 4).await.unwrap();
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer
+            .send("blocked", OutgoingMessage::new(b"after".to_vec()))
+            .await
+            .unwrap();
+        let mut bodies = Vec::new();
+        for q in 0..4 {
+            let pulled = client
+                .pull("blocked", q, 0, 32, std::time::Duration::ZERO, &[])
+                .await
+                .unwrap();
+            bodies.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
+        }
+        assert_eq!(bodies, vec![b"after".to_vec()]);
+    });
+}

@@ -225,6 +225,17 @@ impl ShardCtx {
                             MeshReply::Frame(f.await.map(Answer::into_bytes).unwrap_or_default())
                         }),
                     },
+                    // Applied in arrival order even though each awaits (opening queues,
+                    // syncing): a creation whose call timed out on shard 0 must not finish
+                    // after the deletion sent next, bringing the topic back here alone.
+                    MeshRequest::TopicChanged { topic, queues } => {
+                        let turn = ctx.topic_turns.take();
+                        Box::pin(async move {
+                            turn.wait().await;
+                            ctx.apply_topic_change(&topic, queues).await;
+                            MeshReply::Ack
+                        })
+                    }
                     other => Box::pin(async move { ctx.mesh_request(other).await }),
                 };
                 let ctx = self.clone();
@@ -241,9 +252,8 @@ impl ShardCtx {
             MeshRequest::Frame { .. } => {
                 MeshReply::Failed(ErrorCode::Internal, "frame routed wrongly".into())
             }
-            MeshRequest::TopicChanged { topic, queues } => {
-                self.apply_topic_change(&topic, queues).await;
-                MeshReply::Ack
+            MeshRequest::TopicChanged { .. } => {
+                MeshReply::Failed(ErrorCode::Internal, "topic change routed wrongly".into())
             }
             MeshRequest::EnsureTopic {
                 topic,

@@ -27,6 +27,7 @@ mod retry;
 pub mod schedule;
 pub mod topics;
 pub mod transaction;
+mod turns;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -138,6 +139,8 @@ pub struct ShardCtx {
     next_conn: Cell<u64>,
     /// Serializes topic table changes on shard 0.
     topic_changes: tokio::sync::Mutex<()>,
+    /// Applies the topic changes shard 0 sends, one at a time in arrival order.
+    topic_turns: Rc<turns::Turns>,
     /// Per-peer FIFO of outgoing requests.
     outboxes: RefCell<HashMap<u32, tokio::sync::mpsc::Sender<MeshMsg>>>,
     /// Delayed messages held for this shard's queues.
@@ -291,6 +294,7 @@ impl ShardCtx {
             conn_groups: RefCell::new(HashMap::new()),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
+            topic_turns: Rc::default(),
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),
             schedule_wake: Notify::new(),

@@ -319,19 +319,29 @@ impl ShardCtx {
         }
         if let Some(count) = queues {
             // This shard's queues first: a failure here refuses the change, saved nowhere.
-            self.open_local_queues(topic, count).await.map_err(|e| {
+            let opened = self.open_local_queues(topic, count).await.map_err(|e| {
                 err(
                     ErrorCode::StoreIo,
                     format!("opening the queues of topic {topic}: {e}"),
                 )
-            })?;
+            });
+            if let Err(e) = opened {
+                self.undo_creation(topic, current).await;
+                return Err(e);
+            }
         }
         table.set(topic, queues);
         let dir = self.cfg.data_dir.clone();
         let saved = table.clone();
-        crate::io::blocking(move || saved.save(&dir))
+        let saved = crate::io::blocking(move || saved.save(&dir))
             .await
-            .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")))?;
+            .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")));
+        if let Err(e) = saved {
+            if queues.is_some() {
+                self.undo_creation(topic, current).await;
+            }
+            return Err(e);
+        }
         *self.topics.borrow_mut() = table;
         self.apply_topic_change(topic, queues).await;
         for to in 1..self.shard_count {
@@ -345,6 +355,22 @@ impl ShardCtx {
             .await?;
         }
         Ok(true)
+    }
+
+    /// A creation refused after this shard opened some of the new topic's queues: they go
+    /// (directories and files), or they would hold files and maps outside every cap with no
+    /// topic to delete them by. A grown topic keeps its new queues: empty, and the table
+    /// names them once the growth is tried again.
+    async fn undo_creation(&self, topic: &str, current: Option<u32>) {
+        if current.is_some() {
+            return;
+        }
+        if let Err(e) = self.store.delete_topic(topic).await {
+            crate::warn!(
+                "ringmq: shard {}: removing the queues of {topic}, whose creation failed: {e}",
+                self.id
+            );
+        }
     }
 
     /// The topic's queue count, creating the topic if allowed.

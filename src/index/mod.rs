@@ -124,14 +124,21 @@ impl Backing {
         }
     }
 
-    /// The next `step` bytes past what is allocated, once appends (up to `next_end`) come
-    /// within `step` of its end and the file has grown to whole steps; `None` while one is
-    /// out, or when the file is allocated to its end.
+    /// The next chunk past what is allocated, for the caller to allocate off its thread:
+    /// chunks double from one page up to `step`, as appends' own do ([`ensure`]), so a
+    /// file's growth is all ahead once its first page is there. Asked once appends (up to
+    /// `next_end`) come within a step of the end (within half a chunk while the file grows:
+    /// a queue of a few messages keeps one page); `None` while one is out, before the
+    /// first page, or when the file is allocated to its end.
+    ///
+    /// [`ensure`]: Self::ensure
     fn ahead(&mut self, next_end: u64, step: u64, path: &Path) -> Option<AllocAhead> {
+        let chunk = self.allocated_to.min(step.max(ALLOC_ALIGN));
+        let margin = if chunk >= step { chunk } else { chunk / 2 };
         if self.ahead_out
-            || self.allocated_to < step
+            || self.allocated_to < ALLOC_ALIGN
             || self.allocated_to >= self.len
-            || self.allocated_to.saturating_sub(next_end) >= step
+            || self.allocated_to.saturating_sub(next_end) >= margin
         {
             return None;
         }
@@ -140,7 +147,7 @@ impl Backing {
             path: path.to_owned(),
             backing: self.id,
             from: self.allocated_to,
-            to: self.allocated_to.saturating_add(step).min(self.len),
+            to: self.allocated_to.saturating_add(chunk).min(self.len),
         })
     }
 

@@ -1,0 +1,141 @@
+//! A first-come, first-served turnstile: work that awaits part-way and must still run one
+//! piece at a time in the order the pieces arrived (topic changes shard 0 sends to the other
+//! shards: a creation still opening its queues must not be overtaken by the deletion sent
+//! after it). A number is taken synchronously on arrival; a lock taken inside each spawned
+//! task would order them by their first poll instead.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+use tokio::sync::Notify;
+
+#[derive(Default)]
+pub(crate) struct Turns {
+    /// The number the next arrival takes.
+    next: Cell<u64>,
+    /// The number whose turn it is.
+    serving: Cell<u64>,
+    /// Numbers dropped before their turn came: skipped when it does.
+    abandoned: RefCell<BTreeSet<u64>>,
+    moved: Notify,
+}
+
+/// One place in the line; the turn ends when this is dropped (done, failed or cancelled).
+pub(crate) struct Turn {
+    turns: Rc<Turns>,
+    number: u64,
+}
+
+impl Turns {
+    /// Takes the next place in the line: the order of these calls is the order of turns.
+    pub(crate) fn take(self: &Rc<Self>) -> Turn {
+        let number = self.next.get();
+        self.next.set(number + 1);
+        Turn {
+            turns: self.clone(),
+            number,
+        }
+    }
+
+    /// Passes the turn on from `number`, past any places abandoned meanwhile.
+    fn end(&self, number: u64) {
+        let mut next = number + 1;
+        let mut abandoned = self.abandoned.borrow_mut();
+        while abandoned.remove(&next) {
+            next += 1;
+        }
+        self.serving.set(next);
+        self.moved.notify_waiters();
+    }
+}
+
+impl Turn {
+    /// Waits until every earlier place's turn has ended.
+    pub(crate) async fn wait(&self) {
+        loop {
+            let moved = self.turns.moved.notified();
+            let mut moved = std::pin::pin!(moved);
+            moved.as_mut().enable();
+            if self.turns.serving.get() == self.number {
+                return;
+            }
+            moved.await;
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if self.turns.serving.get() == self.number {
+            self.turns.end(self.number);
+        } else {
+            self.turns.abandoned.borrow_mut().insert(self.number);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_local(fut: impl std::future::Future<Output = ()>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, fut);
+    }
+
+    #[test]
+    fn turns_run_in_the_order_taken_whatever_order_they_start_in() {
+        run_local(async {
+            let turns = Rc::new(Turns::default());
+            let done = Rc::new(RefCell::new(Vec::new()));
+            let taken: Vec<(usize, Turn)> = (0..4).map(|i| (i, turns.take())).collect();
+            let mut tasks = Vec::new();
+            // Started last to first; the first holds its turn across several awaits.
+            for (i, turn) in taken.into_iter().rev() {
+                let done = done.clone();
+                tasks.push(tokio::task::spawn_local(async move {
+                    turn.wait().await;
+                    done.borrow_mut().push((i, "start"));
+                    for _ in 0..3 {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    done.borrow_mut().push((i, "end"));
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let expected: Vec<(usize, &str)> =
+                (0..4).flat_map(|i| [(i, "start"), (i, "end")]).collect();
+            assert_eq!(*done.borrow(), expected);
+        });
+    }
+
+    #[test]
+    fn a_place_dropped_before_its_turn_is_skipped() {
+        run_local(async {
+            let turns = Rc::new(Turns::default());
+            let (first, second, third) = (turns.take(), turns.take(), turns.take());
+            drop(second);
+            let later = tokio::task::spawn_local(async move {
+                third.wait().await;
+            });
+            first.wait().await;
+            tokio::task::yield_now().await;
+            assert!(!later.is_finished(), "the third waits for the first");
+            drop(first);
+            tokio::time::timeout(std::time::Duration::from_secs(5), later)
+                .await
+                .expect("the third's turn comes once the first ends")
+                .unwrap();
+            // A place taken now has its turn at once.
+            tokio::time::timeout(std::time::Duration::from_secs(5), turns.take().wait())
+                .await
+                .expect("nobody is ahead");
+        });
+    }
+}
