@@ -316,3 +316,55 @@ fn a_creation_refused_part_way_leaves_no_queues_behind() {
         assert_eq!(bodies, vec![b"after".to_vec()]);
     });
 }
+
+/// Queues recovery found on disk for a topic the table does not name (its table lost) are
+/// not a refused creation's to remove: their messages stay readable once it is created.
+#[test]
+fn a_refused_creation_keeps_the_queues_recovery_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("kept", 2).await.unwrap();
+        for i in 0..4 {
+            producer
+                .send("kept", OutgoingMessage::new(format!("m{i}")))
+                .await
+                .unwrap();
+        }
+    });
+    assert!(broker.stop());
+    std::fs::remove_file(data.join("topics.json")).unwrap();
+    let topic_dir = data.join("shard-0").join("consumequeue").join("kept");
+    broker.restart();
+    std::fs::write(topic_dir.join("3"), b"not a directory").unwrap();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        assert!(!client
+            .list_topics()
+            .await
+            .unwrap()
+            .contains(&"kept".to_owned()));
+        let (c, m) = code(client.create_topic("kept", 4).await);
+        assert_eq!(c, ErrorCode::StoreIo, "{m}");
+        for q in ["0", "1"] {
+            assert!(topic_dir.join(q).is_dir(), "queue {q} is kept");
+        }
+        std::fs::remove_file(topic_dir.join("3")).unwrap();
+        client.create_topic("kept", 4).await.unwrap();
+        let mut bodies = Vec::new();
+        for q in 0..4 {
+            let pulled = client
+                .pull("kept", q, 0, 32, std::time::Duration::ZERO, &[])
+                .await
+                .unwrap();
+            bodies.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
+        }
+        bodies.sort();
+        let expected: Vec<Vec<u8>> = (0..4).map(|i| format!("m{i}").into_bytes()).collect();
+        assert_eq!(bodies, expected);
+    });
+}

@@ -317,6 +317,10 @@ impl ShardCtx {
                 ),
             ));
         }
+        // What a refused creation removes: none of the topic's queues was here before (a
+        // topic missing from the table can still have queues recovery found on disk, with
+        // records: those stay).
+        let undo = current.is_none() && !self.store.holds_topic(topic);
         if let Some(count) = queues {
             // This shard's queues first: a failure here refuses the change, saved nowhere.
             let opened = self.open_local_queues(topic, count).await.map_err(|e| {
@@ -326,7 +330,9 @@ impl ShardCtx {
                 )
             });
             if let Err(e) = opened {
-                self.undo_creation(topic, current).await;
+                if undo {
+                    self.undo_creation(topic).await;
+                }
                 return Err(e);
             }
         }
@@ -337,14 +343,16 @@ impl ShardCtx {
             .await
             .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")));
         if let Err(e) = saved {
-            if queues.is_some() {
-                self.undo_creation(topic, current).await;
+            if undo && queues.is_some() {
+                self.undo_creation(topic).await;
             }
             return Err(e);
         }
         *self.topics.borrow_mut() = table;
         self.apply_topic_change(topic, queues).await;
-        for to in 1..self.shard_count {
+        // Every shard is told, all at once: one slow or unreachable shard must not keep the
+        // change from the others (the first failure is the answer).
+        let told = futures_util::future::join_all((1..self.shard_count).map(|to| {
             self.call(
                 to,
                 MeshRequest::TopicChanged {
@@ -352,19 +360,20 @@ impl ShardCtx {
                     queues,
                 },
             )
-            .await?;
+        }))
+        .await;
+        for result in told {
+            result?;
         }
         Ok(true)
     }
 
     /// A creation refused after this shard opened some of the new topic's queues: they go
     /// (directories and files), or they would hold files and maps outside every cap with no
-    /// topic to delete them by. A grown topic keeps its new queues: empty, and the table
-    /// names them once the growth is tried again.
-    async fn undo_creation(&self, topic: &str, current: Option<u32>) {
-        if current.is_some() {
-            return;
-        }
+    /// topic to delete them by. Only for a topic none of whose queues was here before; a
+    /// grown topic keeps its new queues: empty, and the table names them once the growth is
+    /// tried again.
+    async fn undo_creation(&self, topic: &str) {
         if let Err(e) = self.store.delete_topic(topic).await {
             crate::warn!(
                 "ringmq: shard {}: removing the queues of {topic}, whose creation failed: {e}",

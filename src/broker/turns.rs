@@ -41,9 +41,11 @@ impl Turns {
     /// Passes the turn on from `number`, past any places abandoned meanwhile.
     fn end(&self, number: u64) {
         let mut next = number + 1;
-        let mut abandoned = self.abandoned.borrow_mut();
-        while abandoned.remove(&next) {
-            next += 1;
+        {
+            let mut abandoned = self.abandoned.borrow_mut();
+            while abandoned.remove(&next) {
+                next += 1;
+            }
         }
         self.serving.set(next);
         self.moved.notify_waiters();

@@ -392,6 +392,12 @@ impl MessageStore {
         Ok(cq.end_within(self.inner.log.readable_end())?)
     }
 
+    /// Whether any queue of `topic` is open here (recovery opens every queue found on disk,
+    /// named in the topic table or not).
+    pub fn holds_topic(&self, topic: &str) -> bool {
+        self.inner.queues.borrow().keys().any(|(t, _)| t == topic)
+    }
+
     /// (min, max) queue offsets; max is the offset the next message will get. An unknown
     /// queue is empty: (0, 0). Fails only when an index file cannot be mapped.
     pub fn queue_range(&self, topic: &str, queue_id: u32) -> Result<(u64, u64), StoreError> {
