@@ -305,14 +305,7 @@ fn a_creation_refused_part_way_leaves_no_queues_behind() {
             .send("blocked", OutgoingMessage::new(b"after".to_vec()))
             .await
             .unwrap();
-        let mut bodies = Vec::new();
-        for q in 0..4 {
-            let pulled = client
-                .pull("blocked", q, 0, 32, std::time::Duration::ZERO, &[])
-                .await
-                .unwrap();
-            bodies.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
-        }
+        let bodies = bodies_of(&client, "blocked", 4).await;
         assert_eq!(bodies, vec![b"after".to_vec()]);
     });
 }
@@ -355,16 +348,23 @@ fn a_refused_creation_keeps_the_queues_recovery_found() {
         }
         std::fs::remove_file(topic_dir.join("3")).unwrap();
         client.create_topic("kept", 4).await.unwrap();
-        let mut bodies = Vec::new();
-        for q in 0..4 {
-            let pulled = client
-                .pull("kept", q, 0, 32, std::time::Duration::ZERO, &[])
-                .await
-                .unwrap();
-            bodies.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
-        }
+        let mut bodies = bodies_of(&client, "kept", 4).await;
         bodies.sort();
         let expected: Vec<Vec<u8>> = (0..4).map(|i| format!("m{i}").into_bytes()).collect();
         assert_eq!(bodies, expected);
     });
+}
+
+/// The bodies of the first 32 messages of each of `topic`'s first `queues` queues, queue by
+/// queue.
+async fn bodies_of(client: &Client, topic: &str, queues: u32) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    for q in 0..queues {
+        let pulled = client
+            .pull(topic, q, 0, 32, std::time::Duration::ZERO, &[])
+            .await
+            .unwrap();
+        bodies.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
+    }
+    bodies
 }
