@@ -321,29 +321,24 @@ impl ShardCtx {
         // topic missing from the table can still have queues recovery found on disk, with
         // records: those stay).
         let undo = current.is_none() && !self.store.holds_topic(topic);
-        if let Some(count) = queues {
-            // This shard's queues first: a failure here refuses the change, saved nowhere.
-            let opened = self.open_local_queues(topic, count).await.map_err(|e| {
-                err(
-                    ErrorCode::StoreIo,
-                    format!("opening the queues of topic {topic}: {e}"),
-                )
-            });
-            if let Err(e) = opened {
-                if undo {
-                    self.undo_creation(topic).await;
-                }
-                return Err(e);
-            }
-        }
         table.set(topic, queues);
-        let dir = self.cfg.data_dir.clone();
-        let saved = table.clone();
-        let saved = crate::io::blocking(move || saved.save(&dir))
-            .await
-            .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")));
-        if let Err(e) = saved {
-            if undo && queues.is_some() {
+        // This shard's queues first, then the table saved: a failure refuses the change.
+        let made = async {
+            if let Some(count) = queues {
+                self.open_local_queues(topic, count).await.map_err(|e| {
+                    err(
+                        ErrorCode::StoreIo,
+                        format!("opening the queues of topic {topic}: {e}"),
+                    )
+                })?;
+            }
+            let (dir, saved) = (self.cfg.data_dir.clone(), table.clone());
+            crate::io::blocking(move || saved.save(&dir))
+                .await
+                .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")))
+        };
+        if let Err(e) = made.await {
+            if undo {
                 self.undo_creation(topic).await;
             }
             return Err(e);

@@ -133,7 +133,7 @@ impl Backing {
     ///
     /// [`ensure`]: Self::ensure
     fn ahead(&mut self, next_end: u64, step: u64, path: &Path) -> Option<AllocAhead> {
-        let chunk = self.allocated_to.min(step.max(ALLOC_ALIGN));
+        let chunk = self.chunk(step);
         let margin = if chunk >= step { chunk } else { chunk / 2 };
         if self.ahead_out
             || self.allocated_to < ALLOC_ALIGN
@@ -182,6 +182,12 @@ impl Backing {
     /// up to `step` (then one call per `step` bytes of appends; a no-op where blocks exist
     /// already). Blocks before the first position asked for on a reopened file were
     /// written before, so they exist.
+    /// The size of the next allocation: it grows with the file (doubling from one page) up
+    /// to `step`, so a queue with one message holds one page.
+    fn chunk(&self, step: u64) -> u64 {
+        self.allocated_to.clamp(ALLOC_ALIGN, step.max(ALLOC_ALIGN))
+    }
+
     fn ensure(&mut self, end: u64, step: u64, path: &Path) -> Result<(), IndexError> {
         if end <= self.allocated_to {
             return Ok(());
@@ -199,9 +205,7 @@ impl Backing {
         step: u64,
         path: &Path,
     ) -> Result<(), IndexError> {
-        // Grows with the file, up to `step`: a queue with one message holds one page.
-        let chunk = self.allocated_to.clamp(ALLOC_ALIGN, step.max(ALLOC_ALIGN));
-        let to = from.saturating_add(chunk).max(end).min(self.len);
+        let to = from.saturating_add(self.chunk(step)).max(end).min(self.len);
         if to <= from {
             return Ok(());
         }
