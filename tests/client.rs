@@ -10,7 +10,7 @@ use ringmq::client::{
 };
 use ringmq::log::FlushMode;
 use ringmq::protocol::ErrorCode;
-use ringmq::shard::{Broker, BrokerConfig};
+use ringmq::shard::{Broker, BrokerConfig, TopicChangeFault};
 
 const WAIT: Duration = Duration::from_millis(200);
 
@@ -344,4 +344,126 @@ fn batches_written_from_the_callers_buffers_arrive_byte_for_byte() {
         let bodies: Vec<&[u8]> = last.messages.iter().map(|m| m.body()).collect();
         assert_eq!(bodies[..2], [&[3u8, 1, 2][..], &[0u8][..]]);
     });
+}
+
+/// A two-shard broker whose shard 1 mishandles the changes to `topic` shard 0 tells it of
+/// as `fault` says, and two clients, not shard aware: one whose requests shard 0 handles
+/// (or forwards), one whose requests shard 1 does (its table is what `list_topics` shows).
+fn with_a_topic_change_fault<F: std::future::Future<Output = ()>>(
+    topic: &str,
+    fault: TopicChangeFault,
+    auto_create_topics: bool,
+    test: impl FnOnce(Producer, Producer) -> F,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_owned(),
+        shards: 2,
+        auto_create_topics,
+        segment_bytes: 64 << 20,
+        testing_topic_change_fault: Some((topic.to_owned(), fault)),
+        ..Default::default()
+    })
+    .unwrap();
+    let on_shard = |i: usize| {
+        let mut config = ClientConfig::new(broker.shard_addrs()[i].to_string());
+        config.shard_aware = false;
+        Producer::connect(config)
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (zero, one) = (on_shard(0).await.unwrap(), on_shard(1).await.unwrap());
+        test(zero, one).await;
+    });
+    drop(runtime);
+    broker.shutdown().unwrap();
+}
+
+/// A shard that missed a topic's creation (shard 0's call to it failed) is told again the
+/// first time it needs the topic, with auto-create on or off: sends through it are stored,
+/// not refused until a restart.
+#[test]
+fn a_shard_that_missed_a_topics_creation_is_told_again_when_it_needs_the_topic() {
+    for auto_create in [false, true] {
+        with_a_topic_change_fault(
+            "missed",
+            TopicChangeFault::DropFirst,
+            auto_create,
+            |zero, one| async move {
+                let err = zero.client().create_topic("missed", 4).await.unwrap_err();
+                assert!(err.to_string().contains("dropped"), "{err}");
+                assert!(zero
+                    .client()
+                    .list_topics()
+                    .await
+                    .unwrap()
+                    .contains(&"missed".into()));
+                assert!(!one
+                    .client()
+                    .list_topics()
+                    .await
+                    .unwrap()
+                    .contains(&"missed".into()));
+                for i in 0..8 {
+                    one.send("missed", OutgoingMessage::new(format!("m{i}")))
+                        .await
+                        .unwrap_or_else(|e| panic!("auto-create {auto_create}: send {i}: {e}"));
+                }
+                assert!(one
+                    .client()
+                    .list_topics()
+                    .await
+                    .unwrap()
+                    .contains(&"missed".into()));
+                let info = zero.client().describe_topic("missed").await.unwrap();
+                let stored: u64 = info.queues.iter().map(|q| q.max_offset).sum();
+                assert_eq!(stored, 8, "auto-create {auto_create}: {info:?}");
+            },
+        );
+    }
+}
+
+/// Another shard applies topic changes in the order shard 0 sent them, even when a
+/// creation finishes after shard 0 stopped waiting for it (here: acknowledged at once,
+/// applied later): the deletion sent next waits for it, and the topic does not come back on
+/// that shard alone.
+#[test]
+fn a_late_creation_does_not_outlive_the_deletion_sent_after_it() {
+    const LATE_MS: u64 = 500;
+    with_a_topic_change_fault(
+        "flip",
+        TopicChangeFault::LateCreation(LATE_MS),
+        false,
+        |zero, one| async move {
+            zero.client().create_topic("flip", 2).await.unwrap();
+            zero.client().delete_topic("flip").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3 * LATE_MS)).await;
+            // The creation has been applied by now; the deletion after it (closing queues,
+            // syncing) within a few seconds even on a loaded machine.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while one
+                .client()
+                .list_topics()
+                .await
+                .unwrap()
+                .contains(&"flip".into())
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the deleted topic is back on shard 1"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let err = one
+                .send("flip", OutgoingMessage::new(b"x".to_vec()))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), Some(ErrorCode::TopicNotFound), "{err}");
+        },
+    );
 }

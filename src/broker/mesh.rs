@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use super::answer::Answer;
 use super::group_service::LockOp;
 use super::schedule::OwnedDraft;
+use super::topics::TopicChangeFault;
 use super::{err, Handled, LocalBoxFuture, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode};
 
@@ -32,11 +33,14 @@ pub enum MeshRequest {
     },
     /// Shard 0 tells the others of a topic change (None: deleted).
     TopicChanged { topic: String, queues: Option<u32> },
-    /// Ask shard 0 to create a topic if it does not exist (auto-create).
+    /// Shard 0 is asked about a topic the asking shard's table lacks: to create it if it
+    /// does not exist (`create`: auto-create), and, if it does, to tell the asking shard
+    /// again (a change it missed: its call failed or timed out).
     EnsureTopic {
         topic: String,
         queues: u32,
         origin: super::topics::NewTopic,
+        create: bool,
     },
     /// (queue, min, max) of the topic's queues this shard owns.
     QueueRanges { topic: String },
@@ -230,12 +234,45 @@ impl ShardCtx {
                     // after the deletion sent next, bringing the topic back here alone.
                     MeshRequest::TopicChanged { topic, queues } => {
                         let turn = ctx.topic_turns.take();
-                        Box::pin(async move {
-                            turn.wait().await;
-                            ctx.apply_topic_change(&topic, queues).await;
-                            MeshReply::Ack
-                        })
+                        match ctx.testing_fault(&topic, queues) {
+                            None => Box::pin(async move {
+                                turn.wait().await;
+                                ctx.apply_topic_change(&topic, queues).await;
+                                MeshReply::Ack
+                            }),
+                            // The turn is dropped unused: the changes after it go on.
+                            Some(TopicChangeFault::DropFirst) => Box::pin(async move {
+                                MeshReply::Failed(
+                                    ErrorCode::Internal,
+                                    format!("testing: the change to {topic} was dropped"),
+                                )
+                            }),
+                            Some(TopicChangeFault::LateCreation(ms)) => {
+                                crate::io::spawn(async move {
+                                    turn.wait().await;
+                                    crate::io::sleep(Duration::from_millis(ms)).await;
+                                    ctx.apply_topic_change(&topic, queues).await;
+                                });
+                                Box::pin(async { MeshReply::Ack })
+                            }
+                        }
                     }
+                    // From the shard that asked: it may be told of the topic again.
+                    MeshRequest::EnsureTopic {
+                        topic,
+                        queues,
+                        origin,
+                        create,
+                    } => Box::pin(async move {
+                        let create = create.then_some((queues, origin));
+                        match ctx.ensure_topic_for(from, &topic, create).await {
+                            Ok(()) => MeshReply::Ack,
+                            Err(e) => MeshReply::Failed(
+                                e.error_code().unwrap_or(ErrorCode::Internal),
+                                e.message,
+                            ),
+                        }
+                    }),
                     other => Box::pin(async move { ctx.mesh_request(other).await }),
                 };
                 let ctx = self.clone();
@@ -252,19 +289,9 @@ impl ShardCtx {
             MeshRequest::Frame { .. } => {
                 MeshReply::Failed(ErrorCode::Internal, "frame routed wrongly".into())
             }
-            MeshRequest::TopicChanged { .. } => {
-                MeshReply::Failed(ErrorCode::Internal, "topic change routed wrongly".into())
+            MeshRequest::TopicChanged { .. } | MeshRequest::EnsureTopic { .. } => {
+                MeshReply::Failed(ErrorCode::Internal, "topic request routed wrongly".into())
             }
-            MeshRequest::EnsureTopic {
-                topic,
-                queues,
-                origin,
-            } => match self.set_topic(&topic, Some(queues), true, origin).await {
-                Ok(_) => MeshReply::Ack,
-                Err(e) => {
-                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
-                }
-            },
             MeshRequest::QueueRanges { topic } => match self.local_ranges(&topic) {
                 Ok(ranges) => MeshReply::Ranges(ranges),
                 Err(e) => {

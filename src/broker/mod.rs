@@ -107,6 +107,8 @@ pub struct ServiceConfig {
     /// Testing: the shard asked to create a topic of this name panics (to test what a
     /// shard's death does to the broker).
     pub testing_panic_topic: Option<String>,
+    /// Testing: the shards other than 0 mishandle the changes to this topic this way.
+    pub testing_topic_change_fault: Option<(String, topics::TopicChangeFault)>,
 }
 
 /// Everything one shard owns.
@@ -141,6 +143,8 @@ pub struct ShardCtx {
     topic_changes: tokio::sync::Mutex<()>,
     /// Applies the topic changes shard 0 sends, one at a time in arrival order.
     topic_turns: Rc<turns::Turns>,
+    /// Testing: the first change to the faulted topic was dropped.
+    testing_change_dropped: Cell<bool>,
     /// Per-peer FIFO of outgoing requests.
     outboxes: RefCell<HashMap<u32, tokio::sync::mpsc::Sender<MeshMsg>>>,
     /// Delayed messages held for this shard's queues.
@@ -295,6 +299,7 @@ impl ShardCtx {
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             topic_turns: Rc::default(),
+            testing_change_dropped: Cell::new(false),
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),
             schedule_wake: Notify::new(),

@@ -47,6 +47,7 @@ impl ShardCtx {
                     topic: topic.to_owned(),
                     queues: SYSTEM_TOPIC_QUEUES,
                     origin: NewTopic::System,
+                    create: true,
                 },
             )
             .await?;

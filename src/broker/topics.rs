@@ -25,6 +25,18 @@ pub struct TopicTable {
     auto: BTreeSet<String>,
 }
 
+/// Testing: how the shards other than 0 mishandle the changes to one topic that shard 0
+/// tells them of (`BrokerConfig::testing_topic_change_fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicChangeFault {
+    /// The first change is answered with a failure and not applied, as if the call had
+    /// failed on the way.
+    DropFirst,
+    /// A creation is acknowledged at once and applied this many ms later, in its turn, as
+    /// if shard 0's call had timed out while the shard was still opening the queues.
+    LateCreation(u64),
+}
+
 /// Who creates a topic: limits differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum NewTopic {
@@ -377,41 +389,101 @@ impl ShardCtx {
         }
     }
 
-    /// The topic's queue count, creating the topic if allowed.
+    /// The topic's queue count, creating the topic if allowed. Another shard's table
+    /// lacking the topic asks shard 0 even when it may not create it: the shard may have
+    /// missed the creation (shard 0's call failed or timed out), and is told again.
     pub(super) async fn ensure_topic(self: &Rc<Self>, topic: &str) -> Result<u32, ErrorBody> {
         if let Some(q) = self.topics.borrow().get(topic) {
             return Ok(q);
         }
-        if !self.cfg.auto_create_topics {
-            return Err(err(
-                ErrorCode::TopicNotFound,
-                format!("topic {topic} does not exist (auto-create is off)"),
-            ));
+        let create = self.cfg.auto_create_topics;
+        if create {
+            validate_topic(topic).map_err(store_error)?;
         }
-        validate_topic(topic).map_err(store_error)?;
         let queues = self.cfg.default_queues;
-        if self.id == 0 {
-            self.set_topic(topic, Some(queues), true, NewTopic::Auto)
-                .await?;
-        } else {
+        if self.id != 0 {
             self.call(
                 0,
                 MeshRequest::EnsureTopic {
                     topic: topic.to_owned(),
                     queues,
                     origin: NewTopic::Auto,
+                    create,
                 },
             )
             .await?;
+        } else if create {
+            self.set_topic(topic, Some(queues), true, NewTopic::Auto)
+                .await?;
+        } else {
+            return Err(not_found_no_auto_create(topic));
         }
         // Created, then deleted before this request could use it: a race with an admin,
         // which a retry settles.
-        self.topics.borrow().get(topic).ok_or_else(|| {
-            err(
-                ErrorCode::Conflict,
-                format!("topic {topic} was deleted while it was being created; try again"),
-            )
-        })
+        self.topics
+            .borrow()
+            .get(topic)
+            .ok_or_else(|| deleted_while_created(topic))
+    }
+
+    /// On shard 0: `EnsureTopic` from shard `asker`, whose table lacks `topic`. Creates it
+    /// if `create` says so and it does not exist (every shard is told); if it existed, the
+    /// asker missed a change and is told again. The telling happens under the lock of
+    /// topic changes, so a deletion cannot reach the asker before it.
+    pub(super) async fn ensure_topic_for(
+        self: &Rc<Self>,
+        asker: u32,
+        topic: &str,
+        create: Option<(u32, NewTopic)>,
+    ) -> Result<(), ErrorBody> {
+        match create {
+            Some((queues, origin)) => {
+                if self.set_topic(topic, Some(queues), true, origin).await? {
+                    return Ok(());
+                }
+            }
+            // Most such asks are for names that do not exist (a typo, a deleted topic):
+            // answered without waiting for the lock.
+            None if self.topics.borrow().get(topic).is_none() => {
+                return Err(not_found_no_auto_create(topic));
+            }
+            None => {}
+        }
+        let _one_at_a_time = self.topic_changes.lock().await;
+        let Some(queues) = self.topics.borrow().get(topic) else {
+            return Err(match create {
+                None => not_found_no_auto_create(topic),
+                // Deleted since it was found: a race with an admin, which a retry settles.
+                Some(_) => deleted_while_created(topic),
+            });
+        };
+        self.call(
+            asker,
+            MeshRequest::TopicChanged {
+                topic: topic.to_owned(),
+                queues: Some(queues),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Testing: how this shard mishandles a change to `topic` it is told of, if it does.
+    pub(super) fn testing_fault(
+        &self,
+        topic: &str,
+        queues: Option<u32>,
+    ) -> Option<TopicChangeFault> {
+        let (faulted, fault) = self.cfg.testing_topic_change_fault.as_ref()?;
+        if faulted != topic {
+            return None;
+        }
+        match fault {
+            TopicChangeFault::DropFirst => {
+                (!self.testing_change_dropped.replace(true)).then_some(TopicChangeFault::DropFirst)
+            }
+            TopicChangeFault::LateCreation(_) => queues.is_some().then_some(*fault),
+        }
     }
 
     pub(super) fn known_queue(&self, topic: &str, queue_id: u32) -> Result<(), ErrorBody> {
@@ -501,4 +573,18 @@ impl ShardCtx {
             .collect();
         Ok(TopicInfo { topic, queues })
     }
+}
+
+fn not_found_no_auto_create(topic: &str) -> ErrorBody {
+    err(
+        ErrorCode::TopicNotFound,
+        format!("topic {topic} does not exist (auto-create is off)"),
+    )
+}
+
+fn deleted_while_created(topic: &str) -> ErrorBody {
+    err(
+        ErrorCode::Conflict,
+        format!("topic {topic} was deleted while it was being created; try again"),
+    )
 }

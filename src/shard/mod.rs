@@ -27,6 +27,7 @@ mod listen;
 
 use crate::broker::offsets::OffsetStore;
 use crate::broker::schedule::Schedule;
+pub use crate::broker::topics::TopicChangeFault;
 use crate::broker::topics::TopicTable;
 use crate::broker::{LocalBoxFuture, MeshMsg, Peers, ServiceConfig, ShardCtx};
 use crate::log::FlushMode;
@@ -135,6 +136,10 @@ pub struct BrokerConfig {
     /// key of the TOML file).
     #[serde(skip)]
     pub testing_panic_topic: Option<String>,
+    /// Testing: the shards other than 0 mishandle the changes to this topic that shard 0
+    /// tells them of (a field only, for tests that start the broker in their process).
+    #[serde(skip)]
+    pub testing_topic_change_fault: Option<(String, TopicChangeFault)>,
     /// A shard with nothing to do polls this long before it parks its thread, in µs (0:
     /// park at once). Spinning saves the park/wake cost under load but keeps the core busy.
     pub spin_before_park_us: u64,
@@ -186,6 +191,7 @@ impl Default for BrokerConfig {
             send_backlog_max_mb: crate::broker::SEND_BACKLOG_BYTES_MAX_DEFAULT >> 20,
             testing_write_delay_us: 0,
             testing_panic_topic: None,
+            testing_topic_change_fault: None,
             spin_before_park_us: 0,
             cpus: String::new(),
             metrics_listen: None,
@@ -878,6 +884,7 @@ async fn shard_main(
         send_wait_max_ms: cfg.send_wait_max_ms,
         send_backlog_bytes_max: cfg.send_backlog_max_mb.saturating_mul(1 << 20),
         testing_panic_topic: cfg.testing_panic_topic.clone(),
+        testing_topic_change_fault: cfg.testing_topic_change_fault.clone(),
     };
     let peers = Box::new(MeshPeers {
         senders,
