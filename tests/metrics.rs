@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::broker::BrokerProcess;
 use common::runtime;
 use prometheus_parse::{Scrape, Value};
-use ringmq::client::{ClientConfig, OutgoingMessage, Producer};
+use ringmq::client::{
+    ClientConfig, OutgoingMessage, Producer, TransactionOutcome, TransactionProducer,
+};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -189,17 +191,33 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
         assert!(names.contains(histogram), "{histogram}");
     }
 
-    // Every queue the sends reached was opened when its topic was made, not by a send on
-    // the shard's thread: the created topic's, and an auto-created one's (sent to twice,
-    // so both shards' queues take a message).
+    // Every queue the sends reached was opened ahead, not by a send on the shard's thread:
+    // the created topic's, an auto-created one's (sent to 8 times, so both shards' queues
+    // take a message), and each shard's system queues, at the start (delayed messages held
+    // and delivered, transactional halves and their commits: sent to 8 times over
+    // connections spread on both shards).
     assert_eq!(sum(&s, "ringmq_queue_opens_inline_total", &[]), 0.0);
     runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let txn = TransactionProducer::start(ClientConfig::new(&addr), "txg", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
         for i in 0..8 {
             producer
                 .send("auto-made", OutgoingMessage::new(format!("a{i}")))
                 .await
                 .unwrap();
+            let delayed = OutgoingMessage::new(format!("d{i}")).with_delay_ms(10);
+            producer.send("auto-made", delayed).await.unwrap();
+            let sent = txn
+                .send_in_transaction("auto-made", OutgoingMessage::new(format!("t{i}")), |_| {
+                    TransactionOutcome::Commit
+                })
+                .await
+                .unwrap();
+            assert!(sent.end_error.is_none(), "{:?}", sent.end_error);
         }
     });
     eventually("the auto-created topic's messages are counted", || {
@@ -207,7 +225,7 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
             &scrape(&metrics),
             "ringmq_messages_stored_total",
             &[("topic", "auto-made")],
-        ) == 8.0
+        ) == 24.0
     });
     assert_eq!(
         sum(&scrape(&metrics), "ringmq_queue_opens_inline_total", &[]),

@@ -419,7 +419,7 @@ impl ShardCtx {
         );
         s.add(
             "ringmq_queue_opens_inline",
-            "Queues whose index a send opened on the shard's thread (file I/O there); queues are opened ahead when their topic is created or grown and at a start, so only system topics (schedule, transactions) count here.",
+            "Queues whose index a send opened on the shard's thread (file I/O there); queues are opened ahead when their topic is created or grown, and with each shard's system queues (schedule, transactions) at a start, so this stays 0 unless an opening ahead failed.",
             true,
             (sl(), self.store.inline_queue_opens() as f64),
         );

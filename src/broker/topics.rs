@@ -25,6 +25,17 @@ pub struct TopicTable {
     auto: BTreeSet<String>,
 }
 
+/// Topics every shard keeps a queue 0 of its own in, for itself: the schedule's held
+/// messages and their deliveries, and the transactions' half messages, outcomes and
+/// discarded halves.
+const SHARD_SYSTEM_TOPICS: [&str; 5] = [
+    crate::store::SCHEDULE_TOPIC,
+    crate::store::SCHEDULE_DONE_TOPIC,
+    super::transaction::HALF_TOPIC,
+    super::transaction::OP_TOPIC,
+    super::transaction::DISCARDED_TOPIC,
+];
+
 /// Testing: how the shards other than 0 mishandle the changes to one topic that shard 0
 /// tells them of (`BrokerConfig::testing_topic_change_fault`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,8 +168,10 @@ impl ShardCtx {
     }
 
     /// At a start: the queues of every topic opened ahead (those recovery did not open: a
-    /// topic's queues that never held a message). A failure is left to the first send to
-    /// the queue, which opens it itself and answers with the error.
+    /// topic's queues that never held a message), and this shard's own system queues (the
+    /// schedule's and the transactions', which no table names), so that the first delayed
+    /// or transactional send does not open one on the shard's thread. A failure is left to
+    /// the first send to the queue, which opens it itself and answers with the error.
     pub async fn open_all_local_queues(&self) {
         let topics: Vec<(String, u32)> = {
             let table = self.topics.borrow();
@@ -170,6 +183,14 @@ impl ShardCtx {
         };
         for (topic, queues) in topics {
             if let Err(e) = self.open_local_queues(&topic, queues).await {
+                crate::warn!(
+                    "ringmq: shard {}: opening the queues of {topic}: {e}",
+                    self.id
+                );
+            }
+        }
+        for topic in SHARD_SYSTEM_TOPICS {
+            if let Err(e) = self.store.open_queues(topic, [0]).await {
                 crate::warn!(
                     "ringmq: shard {}: opening the queues of {topic}: {e}",
                     self.id
@@ -436,18 +457,14 @@ impl ShardCtx {
         topic: &str,
         create: Option<(u32, NewTopic)>,
     ) -> Result<(), ErrorBody> {
-        match create {
-            Some((queues, origin)) => {
-                if self.set_topic(topic, Some(queues), true, origin).await? {
-                    return Ok(());
-                }
+        if let Some((queues, origin)) = create {
+            if self.set_topic(topic, Some(queues), true, origin).await? {
+                return Ok(());
             }
+        } else if self.topics.borrow().get(topic).is_none() {
             // Most such asks are for names that do not exist (a typo, a deleted topic):
             // answered without waiting for the lock.
-            None if self.topics.borrow().get(topic).is_none() => {
-                return Err(not_found_no_auto_create(topic));
-            }
-            None => {}
+            return Err(not_found_no_auto_create(topic));
         }
         let _one_at_a_time = self.topic_changes.lock().await;
         let Some(queues) = self.topics.borrow().get(topic) else {
