@@ -35,7 +35,8 @@ pub enum MeshRequest {
     TopicChanged { topic: String, queues: Option<u32> },
     /// Shard 0 is asked about a topic the asking shard's table lacks: to create it if it
     /// does not exist (`create`: auto-create), and, if it does, to tell the asking shard
-    /// again (a change it missed: its call failed or timed out).
+    /// again (a change it missed: its call failed or timed out). `queues` and `origin` are
+    /// those of a creation, unused when `create` is false.
     EnsureTopic {
         topic: String,
         queues: u32,
@@ -168,6 +169,17 @@ impl ShardCtx {
         body: MeshRequest,
         timeout_ms: u64,
     ) -> Result<MeshReply, ErrorBody> {
+        self.request(to, body, timeout_ms).await?.await
+    }
+
+    /// Hands a request to shard `to`'s FIFO (the order of these calls is the order the
+    /// requests leave in); the returned future waits for the answer.
+    pub(super) async fn request(
+        self: &Rc<Self>,
+        to: u32,
+        body: MeshRequest,
+        timeout_ms: u64,
+    ) -> Result<impl std::future::Future<Output = Result<MeshReply, ErrorBody>>, ErrorBody> {
         let corr = self.next_corr.get();
         self.next_corr.set(corr + 1);
         let (tx, rx) = oneshot::channel();
@@ -184,21 +196,24 @@ impl ShardCtx {
                 format!("shard {to} is not reachable"),
             ));
         }
-        let timeout = crate::io::sleep(Duration::from_millis(timeout_ms));
-        let answer = futures_lite::future::or(async { rx.await.ok() }, async {
-            timeout.await;
-            None
+        let ctx = self.clone();
+        Ok(async move {
+            let timeout = crate::io::sleep(Duration::from_millis(timeout_ms));
+            let answer = futures_lite::future::or(async { rx.await.ok() }, async {
+                timeout.await;
+                None
+            })
+            .await;
+            ctx.pending.borrow_mut().remove(&corr);
+            match answer {
+                Some(MeshReply::Failed(code, message)) => Err(err(code, message)),
+                Some(reply) => Ok(reply),
+                None => Err(err(
+                    ErrorCode::ShardUnavailable,
+                    format!("shard {to} did not answer"),
+                )),
+            }
         })
-        .await;
-        self.pending.borrow_mut().remove(&corr);
-        match answer {
-            Some(MeshReply::Failed(code, message)) => Err(err(code, message)),
-            Some(reply) => Ok(reply),
-            None => Err(err(
-                ErrorCode::ShardUnavailable,
-                format!("shard {to} did not answer"),
-            )),
-        }
     }
 
     /// Handles a message from another shard.
@@ -237,11 +252,16 @@ impl ShardCtx {
                         match ctx.testing_fault(&topic, queues) {
                             None => Box::pin(async move {
                                 turn.wait().await;
-                                ctx.apply_topic_change(&topic, queues).await;
+                                // Told again what it already has (a change told again to a
+                                // shard that asked while the first telling was on its way):
+                                // nothing to do, and no rebalance.
+                                if queues.is_none() || ctx.topics.borrow().get(&topic) != queues {
+                                    ctx.apply_topic_change(&topic, queues).await;
+                                }
                                 MeshReply::Ack
                             }),
                             // The turn is dropped unused: the changes after it go on.
-                            Some(TopicChangeFault::DropFirst) => Box::pin(async move {
+                            Some(TopicChangeFault::Drop(_)) => Box::pin(async move {
                                 MeshReply::Failed(
                                     ErrorCode::Internal,
                                     format!("testing: the change to {topic} was dropped"),
@@ -250,7 +270,12 @@ impl ShardCtx {
                             Some(TopicChangeFault::LateCreation(ms)) => {
                                 crate::io::spawn(async move {
                                     turn.wait().await;
-                                    crate::io::sleep(Duration::from_millis(ms)).await;
+                                    let since = std::time::Instant::now();
+                                    while !turn.later_taken()
+                                        && since.elapsed() < Duration::from_millis(ms)
+                                    {
+                                        crate::io::sleep(Duration::from_millis(5)).await;
+                                    }
                                     ctx.apply_topic_change(&topic, queues).await;
                                 });
                                 Box::pin(async { MeshReply::Ack })

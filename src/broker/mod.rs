@@ -143,8 +143,8 @@ pub struct ShardCtx {
     topic_changes: tokio::sync::Mutex<()>,
     /// Applies the topic changes shard 0 sends, one at a time in arrival order.
     topic_turns: Rc<turns::Turns>,
-    /// Testing: the first change to the faulted topic was dropped.
-    testing_change_dropped: Cell<bool>,
+    /// Testing: changes to the faulted topic told so far.
+    testing_changes_seen: Cell<u32>,
     /// Per-peer FIFO of outgoing requests.
     outboxes: RefCell<HashMap<u32, tokio::sync::mpsc::Sender<MeshMsg>>>,
     /// Delayed messages held for this shard's queues.
@@ -299,7 +299,7 @@ impl ShardCtx {
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             topic_turns: Rc::default(),
-            testing_change_dropped: Cell::new(false),
+            testing_changes_seen: Cell::new(0),
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),
             schedule_wake: Notify::new(),

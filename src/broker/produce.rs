@@ -312,7 +312,9 @@ impl ShardCtx {
                 .is_some_and(|i| is_half(&Properties::new(i.properties)));
         let known = self.topics.borrow().get(topic);
         match known {
-            Some(count) if queue_id >= 0 => {
+            // A queue past the count on another shard than 0 takes the path below, which
+            // asks shard 0 first (a growth this shard may have missed).
+            Some(count) if queue_id >= 0 && ((queue_id as u32) < count || self.id == 0) => {
                 let q = queue_id as u32;
                 if q >= count {
                     let e = err(
@@ -338,13 +340,16 @@ impl ShardCtx {
                 let items: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
                 Handled::later(async move {
                     let items: Vec<SendItem<'_>> = items.iter().map(OwnedItem::borrow).collect();
-                    let count = match ctx.ensure_topic(&topic).await {
+                    let mut count = match ctx.ensure_topic(&topic).await {
                         Ok(c) => c,
                         Err(e) => {
                             ctx.count_error(&e);
                             return Some(error_frame(request_id, &e));
                         }
                     };
+                    if queue_id >= 0 && queue_id as u32 >= count && ctx.id != 0 {
+                        count = ctx.refresh_topic(&topic).await.unwrap_or(count);
+                    }
                     let q = if queue_id >= 0 {
                         queue_id as u32
                     } else {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use super::mesh::{MeshReply, MeshRequest};
+use super::mesh::{MeshReply, MeshRequest, MESH_CALL_TIMEOUT_MS};
 use super::{err, store_error, ShardCtx};
 use crate::protocol::{
     CreateTopic, DeleteTopic, Empty, ErrorBody, ErrorCode, QueueInfo, TopicInfo, UpdateTopic,
@@ -25,6 +25,9 @@ pub struct TopicTable {
     auto: BTreeSet<String>,
 }
 
+/// How long a shard waits for shard 0 when it asks about a topic it may not create.
+const REFRESH_TIMEOUT_MS: u64 = 5_000;
+
 /// Topics every shard keeps a queue 0 of its own in, for itself: the schedule's held
 /// messages and their deliveries, and the transactions' half messages, outcomes and
 /// discarded halves.
@@ -40,11 +43,12 @@ const SHARD_SYSTEM_TOPICS: [&str; 5] = [
 /// tells them of (`BrokerConfig::testing_topic_change_fault`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TopicChangeFault {
-    /// The first change is answered with a failure and not applied, as if the call had
-    /// failed on the way.
-    DropFirst,
-    /// A creation is acknowledged at once and applied this many ms later, in its turn, as
-    /// if shard 0's call had timed out while the shard was still opening the queues.
+    /// The change of this number (0: the first the shard is told of) is answered with a
+    /// failure and not applied, as if the call had failed on the way.
+    Drop(u32),
+    /// A creation or growth is acknowledged at once and applied in its turn once the next
+    /// change arrives (or after this many ms), as if shard 0's call had timed out while the
+    /// shard was still opening the queues.
     LateCreation(u64),
 }
 
@@ -418,9 +422,10 @@ impl ShardCtx {
             return Ok(q);
         }
         let create = self.cfg.auto_create_topics;
-        if create {
-            validate_topic(topic).map_err(store_error)?;
+        if !create {
+            return self.refresh_topic(topic).await;
         }
+        validate_topic(topic).map_err(store_error)?;
         let queues = self.cfg.default_queues;
         if self.id != 0 {
             self.call(
@@ -429,15 +434,13 @@ impl ShardCtx {
                     topic: topic.to_owned(),
                     queues,
                     origin: NewTopic::Auto,
-                    create,
+                    create: true,
                 },
             )
             .await?;
-        } else if create {
+        } else {
             self.set_topic(topic, Some(queues), true, NewTopic::Auto)
                 .await?;
-        } else {
-            return Err(not_found_no_auto_create(topic));
         }
         // Created, then deleted before this request could use it: a race with an admin,
         // which a retry settles.
@@ -445,6 +448,30 @@ impl ShardCtx {
             .borrow()
             .get(topic)
             .ok_or_else(|| deleted_while_created(topic))
+    }
+
+    /// The topic's queue count after asking shard 0 (from another shard) to tell this one
+    /// again if the topic exists: for a topic this shard's table lacks, or a queue past its
+    /// count (a creation or growth it missed). Not found if shard 0 does not know it either,
+    /// or does not answer within [`REFRESH_TIMEOUT_MS`] (this shard's table is the answer
+    /// then).
+    pub(super) async fn refresh_topic(self: &Rc<Self>, topic: &str) -> Result<u32, ErrorBody> {
+        if self.id != 0 {
+            let ask = MeshRequest::EnsureTopic {
+                topic: topic.to_owned(),
+                queues: 0,
+                origin: NewTopic::Auto,
+                create: false,
+            };
+            if let Err(e) = self.call_with_timeout(0, ask, REFRESH_TIMEOUT_MS).await {
+                let shard = self.id;
+                tracing::debug!(target: "ringmq", "shard {shard}: asking about {topic}: {}", e.message);
+            }
+        }
+        self.topics
+            .borrow()
+            .get(topic)
+            .ok_or_else(|| not_found_no_auto_create(topic))
     }
 
     /// On shard 0: `EnsureTopic` from shard `asker`, whose table lacks `topic`. Creates it
@@ -466,22 +493,24 @@ impl ShardCtx {
             // answered without waiting for the lock.
             return Err(not_found_no_auto_create(topic));
         }
-        let _one_at_a_time = self.topic_changes.lock().await;
-        let Some(queues) = self.topics.borrow().get(topic) else {
-            return Err(match create {
-                None => not_found_no_auto_create(topic),
-                // Deleted since it was found: a race with an admin, which a retry settles.
-                Some(_) => deleted_while_created(topic),
-            });
-        };
-        self.call(
-            asker,
-            MeshRequest::TopicChanged {
+        // Handed to the asker's FIFO under the lock (a deletion's telling cannot overtake
+        // it); the answer is awaited after, so a slow asker does not hold every topic change.
+        let told = {
+            let _one_at_a_time = self.topic_changes.lock().await;
+            let Some(queues) = self.topics.borrow().get(topic) else {
+                return Err(match create {
+                    None => not_found_no_auto_create(topic),
+                    // Deleted since it was found: a race with an admin, which a retry settles.
+                    Some(_) => deleted_while_created(topic),
+                });
+            };
+            let change = MeshRequest::TopicChanged {
                 topic: topic.to_owned(),
                 queues: Some(queues),
-            },
-        )
-        .await?;
+            };
+            self.request(asker, change, MESH_CALL_TIMEOUT_MS).await?
+        };
+        told.await?;
         Ok(())
     }
 
@@ -496,8 +525,10 @@ impl ShardCtx {
             return None;
         }
         match fault {
-            TopicChangeFault::DropFirst => {
-                (!self.testing_change_dropped.replace(true)).then_some(TopicChangeFault::DropFirst)
+            TopicChangeFault::Drop(n) => {
+                let seen = self.testing_changes_seen.get();
+                self.testing_changes_seen.set(seen + 1);
+                (seen == *n).then_some(*fault)
             }
             TopicChangeFault::LateCreation(_) => queues.is_some().then_some(*fault),
         }

@@ -53,6 +53,11 @@ impl Turns {
 }
 
 impl Turn {
+    /// Whether a place after this one has been taken.
+    pub(crate) fn later_taken(&self) -> bool {
+        self.turns.next.get() > self.number + 1
+    }
+
     /// Waits until every earlier place's turn has ended.
     pub(crate) async fn wait(&self) {
         loop {
