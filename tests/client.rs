@@ -502,3 +502,50 @@ fn a_shard_that_missed_a_growth_learns_it_when_a_send_reaches_a_new_queue() {
         assert_eq!(info.queues[2].max_offset, 1, "{info:?}");
     });
 }
+
+/// A shard whose call to take a deletion failed is told again in the background: the
+/// topic leaves its table too, without a restart (no send would ever ask about a topic the
+/// shard still lists).
+#[test]
+fn a_shard_that_missed_a_deletion_is_told_again_in_the_background() {
+    with_a_topic_change_fault(
+        "gone",
+        TopicChangeFault::Drop(1),
+        false,
+        |zero, one| async move {
+            zero.client().create_topic("gone", 2).await.unwrap();
+            let err = zero.client().delete_topic("gone").await.unwrap_err();
+            let said = err.to_string();
+            assert!(
+                said.contains("dropped") && said.contains("told again"),
+                "{said}"
+            );
+            assert!(!zero
+                .client()
+                .list_topics()
+                .await
+                .unwrap()
+                .contains(&"gone".into()));
+            assert!(one
+                .client()
+                .list_topics()
+                .await
+                .unwrap()
+                .contains(&"gone".into()));
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while one
+                .client()
+                .list_topics()
+                .await
+                .unwrap()
+                .contains(&"gone".into())
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "shard 1 still lists the deleted topic"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    );
+}

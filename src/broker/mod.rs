@@ -143,6 +143,8 @@ pub struct ShardCtx {
     topic_changes: tokio::sync::Mutex<()>,
     /// Applies the topic changes shard 0 sends, one at a time in arrival order.
     topic_turns: Rc<turns::Turns>,
+    /// Shard 0: (shard, topic) pairs being told a topic change again in the background.
+    telling_again: RefCell<HashSet<(u32, String)>>,
     /// Testing: changes to the faulted topic told so far.
     testing_changes_seen: Cell<u32>,
     /// Per-peer FIFO of outgoing requests.
@@ -299,6 +301,7 @@ impl ShardCtx {
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             topic_turns: Rc::default(),
+            telling_again: RefCell::new(HashSet::new()),
             testing_changes_seen: Cell::new(0),
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),

@@ -25,6 +25,11 @@ pub struct TopicTable {
     auto: BTreeSet<String>,
 }
 
+/// A shard that failed to take a topic change is told again after this long, then at
+/// doubling intervals up to [`TELL_AGAIN_MAX_MS`].
+const TELL_AGAIN_FIRST_MS: u64 = 1_000;
+const TELL_AGAIN_MAX_MS: u64 = 30_000;
+
 /// How long a shard waits for shard 0 when it asks about a topic it may not create.
 const REFRESH_TIMEOUT_MS: u64 = 5_000;
 
@@ -383,7 +388,8 @@ impl ShardCtx {
         *self.topics.borrow_mut() = table;
         self.apply_topic_change(topic, queues).await;
         // Every shard is told, all at once: one slow or unreachable shard must not keep the
-        // change from the others (the first failure is the answer).
+        // change from the others (the first failure is the answer). A shard whose call
+        // failed is told again in the background until it takes the change.
         let told = futures_util::future::join_all((1..self.shard_count).map(|to| {
             self.call(
                 to,
@@ -394,10 +400,74 @@ impl ShardCtx {
             )
         }))
         .await;
-        for result in told {
-            result?;
+        let mut first_failure = None;
+        for (to, result) in (1..self.shard_count).zip(told) {
+            if let Err(mut e) = result {
+                self.tell_again_later(to, topic);
+                e.message = format!(
+                    "{} (the change to topic {topic} is saved; shard {to} is told again in the background)",
+                    e.message
+                );
+                first_failure.get_or_insert(e);
+            }
         }
+        first_failure.map_or(Ok(true), Err)
+    }
+
+    /// Tells shard `to` again what the table says of `topic` (its queue count, or that it
+    /// is gone; if it is gone and `tell_absent` is false, nothing is told: `Ok(false)`).
+    /// Handed to the shard's FIFO under the lock of topic changes, so no later change can
+    /// overtake it; the answer is awaited after, so a slow shard does not hold every topic
+    /// change.
+    async fn tell_again(
+        self: &Rc<Self>,
+        to: u32,
+        topic: &str,
+        tell_absent: bool,
+    ) -> Result<bool, ErrorBody> {
+        let told = {
+            let _one_at_a_time = self.topic_changes.lock().await;
+            let queues = self.topics.borrow().get(topic);
+            if queues.is_none() && !tell_absent {
+                return Ok(false);
+            }
+            let change = MeshRequest::TopicChanged {
+                topic: topic.to_owned(),
+                queues,
+            };
+            self.request(to, change, MESH_CALL_TIMEOUT_MS).await?
+        };
+        told.await?;
         Ok(true)
+    }
+
+    /// A shard whose call to take a change of `topic` failed is told the topic's state
+    /// again after [`TELL_AGAIN_FIRST_MS`], then at doubling intervals up to
+    /// [`TELL_AGAIN_MAX_MS`], until it answers or the broker stops (one task per shard
+    /// and topic).
+    fn tell_again_later(self: &Rc<Self>, to: u32, topic: &str) {
+        let key = (to, topic.to_owned());
+        if !self.telling_again.borrow_mut().insert(key.clone()) {
+            return;
+        }
+        let ctx = self.clone();
+        crate::io::spawn(async move {
+            let mut wait_ms = TELL_AGAIN_FIRST_MS;
+            while !ctx.is_stopping() {
+                crate::io::sleep(std::time::Duration::from_millis(wait_ms)).await;
+                match ctx.tell_again(to, &key.1, true).await {
+                    Ok(_) => break,
+                    Err(e) => crate::warn!(
+                        "ringmq: shard {}: telling shard {to} of topic {} again: {}",
+                        ctx.id,
+                        key.1,
+                        e.message
+                    ),
+                }
+                wait_ms = (wait_ms * 2).min(TELL_AGAIN_MAX_MS);
+            }
+            ctx.telling_again.borrow_mut().remove(&key);
+        });
     }
 
     /// A creation refused after this shard opened some of the new topic's queues: they go
@@ -493,25 +563,14 @@ impl ShardCtx {
             // answered without waiting for the lock.
             return Err(not_found_no_auto_create(topic));
         }
-        // Handed to the asker's FIFO under the lock (a deletion's telling cannot overtake
-        // it); the answer is awaited after, so a slow asker does not hold every topic change.
-        let told = {
-            let _one_at_a_time = self.topic_changes.lock().await;
-            let Some(queues) = self.topics.borrow().get(topic) else {
-                return Err(match create {
-                    None => not_found_no_auto_create(topic),
-                    // Deleted since it was found: a race with an admin, which a retry settles.
-                    Some(_) => deleted_while_created(topic),
-                });
-            };
-            let change = MeshRequest::TopicChanged {
-                topic: topic.to_owned(),
-                queues: Some(queues),
-            };
-            self.request(asker, change, MESH_CALL_TIMEOUT_MS).await?
-        };
-        told.await?;
-        Ok(())
+        if self.tell_again(asker, topic, false).await? {
+            return Ok(());
+        }
+        Err(match create {
+            None => not_found_no_auto_create(topic),
+            // Deleted since it was found: a race with an admin, which a retry settles.
+            Some(_) => deleted_while_created(topic),
+        })
     }
 
     /// Testing: how this shard mishandles a change to `topic` it is told of, if it does.
