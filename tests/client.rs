@@ -442,13 +442,16 @@ fn a_late_creation_does_not_outlive_the_deletion_sent_after_it() {
             zero.client().create_topic("flip", 2).await.unwrap();
             zero.client().delete_topic("flip").await.unwrap();
             // Applied in order, both are done when the deletion is acknowledged; out of
-            // order, the creation lands a few milliseconds after the deletion.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let topics = one.client().list_topics().await.unwrap();
-            assert!(
-                !topics.contains(&"flip".into()),
-                "the deleted topic is back on shard 1"
-            );
+            // order, the creation lands a few milliseconds after the deletion: watched for
+            // up to a second, failing the moment it shows.
+            let watch_until = std::time::Instant::now() + Duration::from_secs(1);
+            while std::time::Instant::now() < watch_until {
+                let topics = one.client().list_topics().await.unwrap();
+                assert!(
+                    !topics.contains(&"flip".into()),
+                    "the deleted topic is back on shard 1"
+                );
+            }
             let err = one
                 .send("flip", OutgoingMessage::new(b"x".to_vec()))
                 .await

@@ -11,7 +11,6 @@ use tokio::sync::oneshot;
 use super::answer::Answer;
 use super::group_service::LockOp;
 use super::schedule::OwnedDraft;
-use super::topics::TopicChangeFault;
 use super::{err, Handled, LocalBoxFuture, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode};
 
@@ -244,43 +243,8 @@ impl ShardCtx {
                             MeshReply::Frame(f.await.map(Answer::into_bytes).unwrap_or_default())
                         }),
                     },
-                    // Applied in arrival order even though each awaits (opening queues,
-                    // syncing): a creation whose call timed out on shard 0 must not finish
-                    // after the deletion sent next, bringing the topic back here alone.
                     MeshRequest::TopicChanged { topic, queues } => {
-                        let turn = ctx.topic_turns.take();
-                        match ctx.testing_fault(&topic, queues) {
-                            None => Box::pin(async move {
-                                turn.wait().await;
-                                // Told again what it already has (a change told again to a
-                                // shard that asked while the first telling was on its way):
-                                // nothing to do, and no rebalance.
-                                if queues.is_none() || ctx.topics.borrow().get(&topic) != queues {
-                                    ctx.apply_topic_change(&topic, queues).await;
-                                }
-                                MeshReply::Ack
-                            }),
-                            // The turn is dropped unused: the changes after it go on.
-                            Some(TopicChangeFault::Drop(_)) => Box::pin(async move {
-                                MeshReply::Failed(
-                                    ErrorCode::Internal,
-                                    format!("testing: the change to {topic} was dropped"),
-                                )
-                            }),
-                            Some(TopicChangeFault::LateCreation(ms)) => {
-                                crate::io::spawn(async move {
-                                    turn.wait().await;
-                                    let since = std::time::Instant::now();
-                                    while !turn.later_taken()
-                                        && since.elapsed() < Duration::from_millis(ms)
-                                    {
-                                        crate::io::sleep(Duration::from_millis(5)).await;
-                                    }
-                                    ctx.apply_topic_change(&topic, queues).await;
-                                });
-                                Box::pin(async { MeshReply::Ack })
-                            }
-                        }
+                        ctx.on_topic_changed(topic, queues)
                     }
                     // From the shard that asked: it may be told of the topic again.
                     MeshRequest::EnsureTopic {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use super::mesh::{MeshReply, MeshRequest, MESH_CALL_TIMEOUT_MS};
-use super::{err, store_error, ShardCtx};
+use super::{err, store_error, LocalBoxFuture, ShardCtx};
 use crate::protocol::{
     CreateTopic, DeleteTopic, Empty, ErrorBody, ErrorCode, QueueInfo, TopicInfo, UpdateTopic,
 };
@@ -573,12 +573,48 @@ impl ShardCtx {
         })
     }
 
-    /// Testing: how this shard mishandles a change to `topic` it is told of, if it does.
-    pub(super) fn testing_fault(
-        &self,
-        topic: &str,
+    /// A topic change shard 0 tells this shard of. Applied in arrival order even though
+    /// each awaits (opening queues, syncing): the turn is taken here, synchronously, so a
+    /// creation whose call timed out on shard 0 cannot finish after the deletion sent next
+    /// and bring the topic back here alone.
+    pub(super) fn on_topic_changed(
+        self: Rc<Self>,
+        topic: String,
         queues: Option<u32>,
-    ) -> Option<TopicChangeFault> {
+    ) -> LocalBoxFuture<'static, MeshReply> {
+        let turn = self.topic_turns.take();
+        match self.testing_fault(&topic, queues) {
+            None => Box::pin(async move {
+                turn.wait().await;
+                // Told again what it already has (told again after asking while the first
+                // telling was on its way): nothing to do, and no rebalance.
+                if queues.is_none() || self.topics.borrow().get(&topic) != queues {
+                    self.apply_topic_change(&topic, queues).await;
+                }
+                MeshReply::Ack
+            }),
+            // The turn is dropped unused: the changes after it go on.
+            Some(TopicChangeFault::Drop(_)) => Box::pin(async move {
+                let message = format!("testing: the change to {topic} was dropped");
+                MeshReply::Failed(ErrorCode::Internal, message)
+            }),
+            Some(TopicChangeFault::LateCreation(ms)) => {
+                crate::io::spawn(async move {
+                    turn.wait().await;
+                    let since = std::time::Instant::now();
+                    let late = std::time::Duration::from_millis(ms);
+                    while !turn.later_taken() && since.elapsed() < late {
+                        crate::io::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    self.apply_topic_change(&topic, queues).await;
+                });
+                Box::pin(async { MeshReply::Ack })
+            }
+        }
+    }
+
+    /// Testing: how this shard mishandles a change to `topic` it is told of, if it does.
+    fn testing_fault(&self, topic: &str, queues: Option<u32>) -> Option<TopicChangeFault> {
         let (faulted, fault) = self.cfg.testing_topic_change_fault.as_ref()?;
         if faulted != topic {
             return None;
