@@ -428,6 +428,90 @@ fn a_shard_that_missed_a_topics_creation_is_told_again_when_it_needs_the_topic()
     }
 }
 
+/// Pulls, offset and group requests and descriptions through a shard that missed a topic's
+/// creation ask shard 0 as sends do, rather than answer that the topic does not exist. Each kind on
+/// a broker of its own: the first request that asks heals the shard for all that follow.
+#[test]
+fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0() {
+    use ringmq::protocol::route::owner;
+    // Queue 0 is shard 1's, so that every request below is answered there.
+    let topic = (0..)
+        .map(|i| format!("unheard-{i}"))
+        .find(|t| owner(t, 0, 2) == 1)
+        .unwrap();
+    let kinds = [
+        "pull", "min", "max", "by-time", "commit", "query", "describe", "lock", "reset", "progress",
+    ];
+    for kind in kinds {
+        let fault = TopicChangeFault::Drop(0);
+        let name = topic.clone();
+        with_a_topic_change_fault(&topic, fault, false, |zero, one| async move {
+            let err = zero.client().create_topic(&name, 2).await.unwrap_err();
+            assert!(err.to_string().contains("dropped"), "{err}");
+            let c = one.client();
+            match kind {
+                "pull" => {
+                    let r = c.pull(&name, 0, 0, 32, Duration::ZERO, &[]).await;
+                    let r = r.unwrap_or_else(|e| panic!("{kind} through shard 1: {e}"));
+                    assert!(r.messages.is_empty() && r.max_offset == 0, "{r:?}");
+                }
+                "min" => assert_eq!(
+                    c.min_offset(&name, 0)
+                        .await
+                        .unwrap_or_else(|e| panic!("{kind} through shard 1: {e}")),
+                    0
+                ),
+                "max" => assert_eq!(
+                    c.max_offset(&name, 0)
+                        .await
+                        .unwrap_or_else(|e| panic!("{kind} through shard 1: {e}")),
+                    0
+                ),
+                "by-time" => {
+                    let at = c.offset_by_timestamp(&name, 0, 0).await;
+                    assert_eq!(
+                        at.unwrap_or_else(|e| panic!("{kind} through shard 1: {e}")),
+                        0
+                    );
+                }
+                "commit" => c
+                    .commit_offset("g", &name, 0, 0)
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind} through shard 1: {e}")),
+                "query" => {
+                    let committed = c.query_offset("g", &name, 0).await;
+                    assert_eq!(
+                        committed.unwrap_or_else(|e| panic!("{kind} through shard 1: {e}")),
+                        None
+                    );
+                }
+                "describe" => {
+                    let info = c
+                        .describe_topic(&name)
+                        .await
+                        .unwrap_or_else(|e| panic!("{kind} through shard 1: {e}"));
+                    assert_eq!(info.queues.len(), 2, "{info:?}");
+                }
+                "lock" => {
+                    let held = c.lock_batch("g", &name, &[0]).await;
+                    assert_eq!(held.unwrap_or_else(|e| panic!("{kind}: {e}")), [0]);
+                }
+                "reset" => {
+                    let reset = c.reset_offset_by_time("g", &name, 0).await;
+                    reset.unwrap_or_else(|e| panic!("{kind}: {e}"));
+                }
+                "progress" => {
+                    let lags = c.consumer_progress("g", &name).await;
+                    assert_eq!(lags.unwrap_or_else(|e| panic!("{kind}: {e}")).len(), 2);
+                }
+                _ => unreachable!(),
+            }
+            let topics = c.list_topics().await.unwrap();
+            assert!(topics.contains(&name), "{kind}: shard 1 lists {topics:?}");
+        });
+    }
+}
+
 /// Another shard applies topic changes in the order shard 0 sent them, even when a
 /// creation finishes after shard 0 stopped waiting for it (here: acknowledged at once,
 /// applied once the next change has arrived): the deletion sent next waits for it, and the

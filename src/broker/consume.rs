@@ -83,7 +83,7 @@ impl ShardCtx {
         self: Rc<Self>,
         m: SearchOffsetByTimestamp,
     ) -> Result<Offset, ErrorBody> {
-        self.known_queue(&m.topic, m.queue_id)?;
+        self.learn_queue(&m.topic, m.queue_id).await?;
         let offset = self
             .store
             .offset_by_timestamp(&m.topic, m.queue_id, m.timestamp_ms)
@@ -101,7 +101,7 @@ impl ShardCtx {
         max_bytes: usize,
         p: Pull,
     ) -> Result<Answer, ErrorBody> {
-        self.known_queue(&p.topic, p.queue_id)?;
+        self.learn_queue(&p.topic, p.queue_id).await?;
         if p.tag_hashes.len() > TAG_HASHES_MAX {
             return Err(err(
                 ErrorCode::BadFilterExpression,

@@ -444,12 +444,7 @@ impl ShardCtx {
                     ),
                 ));
             }
-            let count = ctx.topics.borrow().get(&topic).ok_or_else(|| {
-                err(
-                    ErrorCode::TopicNotFound,
-                    format!("topic {topic} does not exist"),
-                )
-            })?;
+            let count = ctx.learn_topic(&topic).await?;
             let mut by_shard: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
             for q in queues {
                 if q < count {
@@ -545,12 +540,7 @@ impl ShardCtx {
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
         let ctx = self.clone();
         Box::pin(async move {
-            if ctx.topics.borrow().get(&r.topic).is_none() {
-                return Err(err(
-                    ErrorCode::TopicNotFound,
-                    format!("topic {} does not exist", r.topic),
-                ));
-            }
+            ctx.learn_topic(&r.topic).await?;
             for to in 0..ctx.shard_count {
                 if to == ctx.id {
                     ctx.local_reset(&r.group, &r.topic, r.timestamp_ms).await?;
@@ -638,12 +628,7 @@ impl ShardCtx {
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
         let ctx = self.clone();
         Box::pin(async move {
-            if ctx.topics.borrow().get(&p.topic).is_none() {
-                return Err(err(
-                    ErrorCode::TopicNotFound,
-                    format!("topic {} does not exist", p.topic),
-                ));
-            }
+            ctx.learn_topic(&p.topic).await?;
             let mut queues = ctx.local_progress(&p.group, &p.topic)?;
             for to in (0..ctx.shard_count).filter(|&s| s != ctx.id) {
                 if let MeshReply::Progress(q) = ctx

@@ -145,6 +145,10 @@ pub struct ShardCtx {
     topic_turns: Rc<turns::Turns>,
     /// Shard 0: (shard, topic) pairs being told a topic change again in the background.
     telling_again: RefCell<HashSet<(u32, String)>>,
+    /// Another shard than 0: topics it is asking shard 0 about (`refresh_topic`), each
+    /// woken when the answer is in. One ask per topic at a time, however many requests
+    /// need it.
+    asking: RefCell<HashMap<String, Rc<Notify>>>,
     /// Testing: changes to the faulted topic told so far.
     testing_changes_seen: Cell<u32>,
     /// Per-peer FIFO of outgoing requests.
@@ -302,6 +306,7 @@ impl ShardCtx {
             topic_changes: tokio::sync::Mutex::new(()),
             topic_turns: Rc::default(),
             telling_again: RefCell::new(HashSet::new()),
+            asking: RefCell::new(HashMap::new()),
             testing_changes_seen: Cell::new(0),
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),
@@ -677,6 +682,24 @@ impl Req<'_> {
         })
     }
 
+    /// `answer` now when this shard's table lists the queue, else once shard 0 was asked
+    /// about the topic ([`ShardCtx::learn_queue`]).
+    fn on_known_queue<R: Into<Response<'static>>>(
+        &self,
+        topic: String,
+        queue_id: u32,
+        answer: impl FnOnce(&ShardCtx) -> Result<R, ErrorBody> + 'static,
+    ) -> Handled {
+        if self.ctx.known_queue(&topic, queue_id).is_ok() {
+            return self.now(answer(self.ctx));
+        }
+        let ctx = self.ctx.clone();
+        self.later(async move {
+            ctx.learn_queue(&topic, queue_id).await?;
+            answer(&ctx)
+        })
+    }
+
     /// An answer that needs waiting for.
     fn later<R: Into<Response<'static>>>(
         &self,
@@ -771,11 +794,15 @@ impl Handlers for Req<'_> {
     }
 
     fn get_min_offset(&self, m: GetMinOffset) -> Handled {
-        self.now(self.ctx.queue_bound(&m.topic, m.queue_id, |min, _| min))
+        self.on_known_queue(m.topic.clone(), m.queue_id, move |ctx| {
+            ctx.queue_bound(&m.topic, m.queue_id, |min, _| min)
+        })
     }
 
     fn get_max_offset(&self, m: GetMaxOffset) -> Handled {
-        self.now(self.ctx.queue_bound(&m.topic, m.queue_id, |_, max| max))
+        self.on_known_queue(m.topic.clone(), m.queue_id, move |ctx| {
+            ctx.queue_bound(&m.topic, m.queue_id, |_, max| max)
+        })
     }
 
     fn search_offset_by_timestamp(&self, m: SearchOffsetByTimestamp) -> Handled {
@@ -787,7 +814,7 @@ impl Handlers for Req<'_> {
     }
 
     fn query_offset(&self, m: QueryOffset) -> Handled {
-        self.now(self.ctx.query_offset(&m))
+        self.on_known_queue(m.topic.clone(), m.queue_id, move |ctx| ctx.query_offset(&m))
     }
 
     fn create_topic(&self, m: CreateTopic) -> Handled {

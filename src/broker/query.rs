@@ -26,7 +26,7 @@ impl ShardCtx {
         self: Rc<Self>,
         mut m: CommitOffset,
     ) -> Result<Empty, ErrorBody> {
-        self.known_queue(&m.topic, m.queue_id)?;
+        self.learn_queue(&m.topic, m.queue_id).await?;
         // A position from an earlier run, past where the queue ended at a later run's start:
         // what the committer read past that end, a crash lost, and the offsets hold other
         // messages now (see `pull`). Stored as that end, or the group would skip them.

@@ -525,23 +525,52 @@ impl ShardCtx {
     /// count (a creation or growth it missed). Not found if shard 0 does not know it either,
     /// or does not answer within [`REFRESH_TIMEOUT_MS`] (this shard's table is the answer
     /// then).
+    /// Requests that need a topic this shard is asking about already wait for that ask's
+    /// answer rather than ask again.
     pub(super) async fn refresh_topic(self: &Rc<Self>, topic: &str) -> Result<u32, ErrorBody> {
         if self.id != 0 {
-            let ask = MeshRequest::EnsureTopic {
-                topic: topic.to_owned(),
-                queues: 0,
-                origin: NewTopic::Auto,
-                create: false,
-            };
-            if let Err(e) = self.call_with_timeout(0, ask, REFRESH_TIMEOUT_MS).await {
-                let shard = self.id;
-                tracing::debug!(target: "ringmq", "shard {shard}: asking about {topic}: {}", e.message);
+            let in_flight = self.asking.borrow().get(topic).cloned();
+            match in_flight {
+                // Created before anything can wake it, so the answer cannot be missed.
+                Some(answered) => answered.notified().await,
+                None => {
+                    let answered = Rc::new(tokio::sync::Notify::new());
+                    self.asking.borrow_mut().insert(topic.to_owned(), answered);
+                    let _wakes_the_others = Asking { ctx: self, topic };
+                    let ask = MeshRequest::EnsureTopic {
+                        topic: topic.to_owned(),
+                        queues: 0,
+                        origin: NewTopic::Auto,
+                        create: false,
+                    };
+                    if let Err(e) = self.call_with_timeout(0, ask, REFRESH_TIMEOUT_MS).await {
+                        let shard = self.id;
+                        tracing::debug!(target: "ringmq", "shard {shard}: asking about {topic}: {}", e.message);
+                    }
+                }
             }
         }
         self.topics
             .borrow()
             .get(topic)
             .ok_or_else(|| not_found_no_auto_create(topic))
+    }
+
+    /// [`known_queue`](Self::known_queue), after asking shard 0 (from another shard) when
+    /// this shard's table lacks the topic or the queue: it may have missed their creation
+    /// or growth (shard 0's call to it failed). Pulls and offset requests heal as sends do.
+    pub(super) async fn learn_queue(
+        self: &Rc<Self>,
+        topic: &str,
+        queue_id: u32,
+    ) -> Result<(), ErrorBody> {
+        let known = self.known_queue(topic, queue_id);
+        if known.is_err() && self.id != 0 {
+            // Not found here either is the known_queue error below.
+            let _ = self.refresh_topic(topic).await;
+            return self.known_queue(topic, queue_id);
+        }
+        known
     }
 
     /// On shard 0: `EnsureTopic` from shard `asker`, whose table lacks `topic`. Creates it
@@ -629,15 +658,26 @@ impl ShardCtx {
         }
     }
 
+    /// The topic's queue count, after asking shard 0 (from another shard) when this shard's
+    /// table lacks it, as [`learn_queue`](Self::learn_queue) does.
+    pub(super) async fn learn_topic(self: &Rc<Self>, topic: &str) -> Result<u32, ErrorBody> {
+        let known = self.topics.borrow().get(topic);
+        if let Some(count) = known {
+            return Ok(count);
+        }
+        if self.id != 0 {
+            if let Ok(count) = self.refresh_topic(topic).await {
+                return Ok(count);
+            }
+        }
+        Err(topic_not_found(topic))
+    }
+
+    /// Whether this shard's table lists the queue (see [`learn_queue`](Self::learn_queue)
+    /// for requests that should first ask shard 0).
     pub(super) fn known_queue(&self, topic: &str, queue_id: u32) -> Result<(), ErrorBody> {
         match self.topics.borrow().get(topic) {
-            None => Err(err(
-                ErrorCode::TopicNotFound,
-                format!(
-                    "topic {} does not exist",
-                    crate::protocol::names::shown(topic)
-                ),
-            )),
+            None => Err(topic_not_found(topic)),
             Some(n) if queue_id >= n => Err(err(
                 ErrorCode::QueueNotFound,
                 format!("topic {topic} has {n} queues; no queue {queue_id}"),
@@ -686,16 +726,12 @@ impl ShardCtx {
     }
 
     /// `DescribeTopic`: the range of every queue, gathered from the shards that own them.
+    /// A topic this shard's table lacks is asked of shard 0 first, as sends do.
     pub(super) async fn describe_topic(
         self: Rc<Self>,
         topic: String,
     ) -> Result<TopicInfo, ErrorBody> {
-        if self.topics.borrow().get(&topic).is_none() {
-            return Err(err(
-                ErrorCode::TopicNotFound,
-                format!("topic {topic} does not exist"),
-            ));
-        }
+        self.learn_topic(&topic).await?;
         let mut ranges = self.local_ranges(&topic)?;
         for to in (0..self.shard_count).filter(|&s| s != self.id) {
             let req = MeshRequest::QueueRanges {
@@ -718,6 +754,16 @@ impl ShardCtx {
     }
 }
 
+fn topic_not_found(topic: &str) -> ErrorBody {
+    err(
+        ErrorCode::TopicNotFound,
+        format!(
+            "topic {} does not exist",
+            crate::protocol::names::shown(topic)
+        ),
+    )
+}
+
 fn not_found_no_auto_create(topic: &str) -> ErrorBody {
     err(
         ErrorCode::TopicNotFound,
@@ -730,4 +776,19 @@ fn deleted_while_created(topic: &str) -> ErrorBody {
         ErrorCode::Conflict,
         format!("topic {topic} was deleted while it was being created; try again"),
     )
+}
+
+/// An ask about a topic in flight (`refresh_topic`): once it is answered, or given up
+/// when its request goes, the requests waiting on it look at the table again.
+struct Asking<'a> {
+    ctx: &'a ShardCtx,
+    topic: &'a str,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if let Some(answered) = self.ctx.asking.borrow_mut().remove(self.topic) {
+            answered.notify_waiters();
+        }
+    }
 }
