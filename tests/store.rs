@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use ringmq::index::tag_hash;
 use ringmq::io::run_local;
@@ -605,6 +606,60 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
             store.open_queues("../up", [0]).await,
             Err(StoreError::InvalidTopic(_))
         ));
+    });
+}
+
+/// A queue rolls into files made ahead in the blocking pool: with the spare in place before
+/// each roll, none creates its file on the shard's thread, and everything reads back after
+/// a crash (the renamed files' directory synced by the checkpoints).
+#[test]
+fn rolls_take_the_spare_files_made_ahead() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        let mut m = common::message(9, 1, 1, 10);
+        m.topic = "rolling".to_owned();
+        m.queue_id = 0;
+        for i in 0..1_000u64 {
+            if i > 0 && i % 100 == 0 {
+                // Every file so far is mapped (nothing closes them here); one more is the
+                // spare, made in the pool.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while store.mapped_index_files() < (i / 100) as usize + 1 {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no spare made for the roll at {i}"
+                    );
+                    ringmq::io::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
+            if i % 250 == 0 {
+                store.checkpoint().await.unwrap();
+            }
+        }
+        assert_eq!(store.index_rolls_inline(), 0);
+        store.checkpoint().await.unwrap();
+        let dir_of_queue = dir.path().join("consumequeue/rolling/0");
+        let names: Vec<String> = std::fs::read_dir(&dir_of_queue)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 11, "ten files and a spare: {names:?}");
+        drop(store);
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        assert_eq!(store.queue_range("rolling", 0).unwrap(), (0, 1_000));
+        let names = std::fs::read_dir(&dir_of_queue).unwrap().count();
+        assert_eq!(names, 10, "the spare is removed at the opening");
+        let pulled = store
+            .read_queue("rolling", 0, 950, 100, 1 << 20, &[])
+            .await
+            .unwrap();
+        assert_eq!((pulled.len(), pulled.next_offset), (50, 1_000));
     });
 }
 

@@ -424,6 +424,12 @@ impl ShardCtx {
             (sl(), self.store.inline_queue_opens() as f64),
         );
         s.add(
+            "ringmq_index_rolls_inline",
+            "Consume-queue files a roll created on the shard's thread (file I/O there) because the spare file made ahead in the blocking pool was not ready; counted per queue since it was opened.",
+            false,
+            (sl(), self.store.index_rolls_inline() as f64),
+        );
+        s.add(
             "ringmq_commitlog_backlog_bytes",
             "Bytes appended that wait for the disk.",
             false,

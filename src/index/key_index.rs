@@ -658,6 +658,7 @@ impl KeyIndex {
                 path: f.path.clone(),
                 key: f.seq,
                 generation: f.dirty_gen,
+                renamed: false,
             })
             .collect()
     }

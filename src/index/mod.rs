@@ -19,7 +19,9 @@ pub mod timing_wheel;
 
 use std::path::{Path, PathBuf};
 
-pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
+pub use consume_queue::{
+    ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, MadeSpare, SpareFile, CQ_ENTRY_BYTES,
+};
 pub use key_index::{KeyIndex, KeyIndexConfig};
 pub use tag::{tag_hash, TAG_HASH_NONE};
 pub use timing_wheel::TimingWheel;
@@ -244,16 +246,25 @@ fn parse_numbered_file_name(name: &std::ffi::OsStr) -> Option<u64> {
 
 /// The numbered files in `dir`, sorted by number. Other names are ignored, so a stray file
 /// (an editor backup, a `lost+found`) does not stop the broker.
-fn list_numbered_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, IndexError> {
-    let mut files = Vec::new();
+fn list_numbered_files(dir: &Path) -> Result<NumberedFiles, IndexError> {
+    list_files(dir).map(|(numbered, _)| numbered)
+}
+
+/// Numbered files (number, path), sorted by number.
+type NumberedFiles = Vec<(u64, PathBuf)>;
+
+/// The numbered files in `dir`, sorted by number, and the paths of all other entries.
+fn list_files(dir: &Path) -> Result<(NumberedFiles, Vec<PathBuf>), IndexError> {
+    let (mut files, mut others) = (Vec::new(), Vec::new());
     for dir_entry in std::fs::read_dir(dir).map_err(io_err("read_dir", dir))? {
         let dir_entry = dir_entry.map_err(io_err("read_dir", dir))?;
-        if let Some(number) = parse_numbered_file_name(&dir_entry.file_name()) {
-            files.push((number, dir_entry.path()));
+        match parse_numbered_file_name(&dir_entry.file_name()) {
+            Some(number) => files.push((number, dir_entry.path())),
+            None => others.push(dir_entry.path()),
         }
     }
     files.sort_unstable_by_key(|&(number, _)| number);
-    Ok(files)
+    Ok((files, others))
 }
 
 /// Little-endian field access on mapped bytes. The callers compute `at` from validated

@@ -2,13 +2,45 @@
 //! its keys), and the waits for them to be acknowledged or durable.
 
 use super::*;
-use crate::index::{tag_hash, AllocAhead, TAG_HASH_NONE};
+use crate::index::{tag_hash, AllocAhead, MadeSpare, SpareFile, TAG_HASH_NONE};
 use crate::protocol::record::{prop, RecordDraft};
 
 /// Whose index file an [`AllocAhead`] stretch is for.
 enum AheadFor {
     Queue(String, u32),
     Keys,
+}
+
+/// What a consume queue asks to be done ahead of its appends, in the blocking pool.
+enum QueueAhead {
+    /// A stretch of its last file to allocate.
+    Stretch(AllocAhead),
+    /// A spare file for its next roll to make.
+    Spare(SpareFile),
+}
+
+/// What `q` asks ahead after appends that went through.
+fn queue_aheads(q: &mut QueueState) -> impl Iterator<Item = QueueAhead> {
+    let stretch = q.cq.allocate_ahead().map(QueueAhead::Stretch);
+    let spare = q.cq.spare_ahead().map(QueueAhead::Spare);
+    stretch.into_iter().chain(spare)
+}
+
+/// Removes spare files no queue took, in the blocking pool (each has a name of its own, so
+/// nothing else is at its path; one already gone is fine).
+pub(super) fn remove_spares(paths: Vec<PathBuf>) {
+    crate::io::spawn(async move {
+        crate::io::blocking(move || {
+            for path in paths {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        crate::warn!("ringmq: removing spare index file {}: {e}", path.display());
+                    }
+                }
+            }
+        })
+        .await;
+    });
 }
 
 impl MessageStore {
@@ -37,16 +69,15 @@ impl MessageStore {
             store_timestamp_ms,
         );
         // Nothing asked ahead after a failure (a full disk among them).
-        let ahead = put.as_ref().ok().and_then(|_| q.cq.allocate_ahead());
+        let mut aheads = put.is_ok().then(|| queue_aheads(q)).into_iter().flatten();
+        let (first, second) = (aheads.next(), aheads.next());
+        drop(aheads);
         drop(queues);
         if put.is_err() {
             self.take_back(log_from, &run);
         }
-        if let Some(ahead) = ahead {
-            self.allocate_ahead(
-                AheadFor::Queue(draft.topic.to_owned(), draft.queue_id),
-                ahead,
-            );
+        for ahead in first.into_iter().chain(second) {
+            self.queue_ahead(draft.topic, draft.queue_id, ahead);
         }
         if put.is_ok() {
             self.keys_ahead();
@@ -74,6 +105,34 @@ impl MessageStore {
                     }
                 }
                 AheadFor::Keys => inner.keys.borrow_mut().allocated_ahead(&ahead, allocated),
+            }
+        });
+    }
+
+    /// Does what a queue asked ahead in the blocking pool and hands the result back to it.
+    fn queue_ahead(&self, topic: &str, queue_id: u32, ahead: QueueAhead) {
+        match ahead {
+            QueueAhead::Stretch(ahead) => {
+                self.allocate_ahead(AheadFor::Queue(topic.to_owned(), queue_id), ahead)
+            }
+            QueueAhead::Spare(spare) => self.make_spare(topic.to_owned(), queue_id, spare),
+        }
+    }
+
+    /// Makes a queue's spare file in the blocking pool; one no queue takes (the queue went,
+    /// or was opened again meanwhile) is removed there.
+    fn make_spare(&self, topic: String, queue_id: u32, spare: SpareFile) {
+        let weak = Rc::downgrade(&self.inner);
+        crate::io::spawn(async move {
+            let made: MadeSpare = crate::io::blocking(move || spare.make()).await;
+            // A store gone: left for the queue's next opening to remove.
+            let Some(inner) = weak.upgrade() else { return };
+            let refused = match inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
+                Some(q) => q.cq.spare_made(made),
+                None => Some(made.into_path()),
+            };
+            if let Some(path) = refused {
+                remove_spares(vec![path]);
             }
         });
     }
@@ -111,7 +170,7 @@ impl MessageStore {
         // Only runs appended whole asked (not the one that failed); each stretch asked for
         // must be answered, or its queue would not ask again.
         for (topic, queue_id, ahead) in aheads {
-            self.allocate_ahead(AheadFor::Queue(topic.to_owned(), queue_id), ahead);
+            self.queue_ahead(topic, queue_id, ahead);
         }
         if appended.is_ok() {
             self.keys_ahead();
@@ -128,13 +187,11 @@ impl MessageStore {
         puts: &mut Vec<PutResult>,
         store_timestamp_ms: i64,
         runs: &mut Vec<(&'a str, u32, u64)>,
-        aheads: &mut Vec<(&'a str, u32, AllocAhead)>,
+        aheads: &mut Vec<(&'a str, u32, QueueAhead)>,
     ) -> Result<(), StoreError> {
         let mut ask_ahead = |run: Option<(&'a str, u32, &mut QueueState)>| {
             if let Some((topic, queue_id, q)) = run {
-                if let Some(ahead) = q.cq.allocate_ahead() {
-                    aheads.push((topic, queue_id, ahead));
-                }
+                aheads.extend(queue_aheads(q).map(|ahead| (topic, queue_id, ahead)));
             }
         };
         let mut queues = self.inner.queues.borrow_mut();

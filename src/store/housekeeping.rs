@@ -21,19 +21,25 @@ impl MessageStore {
             .filter(|(_, files)| !files.is_empty())
             .collect();
         let keys = self.inner.keys.borrow().dirty_files();
-        let paths: Vec<PathBuf> = queues
+        let paths: Vec<(PathBuf, bool)> = queues
             .iter()
-            .flat_map(|(_, files)| files.iter().map(|f| f.path.clone()))
-            .chain(keys.iter().map(|f| f.path.clone()))
+            .flat_map(|(_, files)| files.iter())
+            .chain(&keys)
+            .map(|f| (f.path.clone(), f.renamed))
             .collect();
         if !paths.is_empty() {
             crate::io::blocking(move || -> std::io::Result<()> {
-                for path in paths {
+                for (path, renamed) in paths {
                     match std::fs::File::open(&path) {
                         Ok(f) => f.sync_data()?,
                         // Deleted meanwhile (retention, a deleted topic): nothing to keep.
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                         Err(e) => return Err(e),
+                    }
+                    // A file renamed into place: its name too (syncing its data may not
+                    // carry the rename).
+                    if let Some(dir) = path.parent().filter(|_| renamed) {
+                        std::fs::File::open(dir)?.sync_all()?;
                     }
                 }
                 Ok(())
@@ -113,14 +119,21 @@ impl MessageStore {
     }
 
     /// Unmaps the consume-queue files not used since the last call (a walk over the queues
-    /// in memory; no file is read). Returns how many were closed.
+    /// in memory; no file is read). Returns how many were closed. The spare files of queues
+    /// gone idle are removed in the blocking pool.
     pub fn close_idle_index_files(&self) -> usize {
-        self.inner
+        let mut doomed = Vec::new();
+        let closed = self
+            .inner
             .queues
             .borrow_mut()
             .values_mut()
-            .map(|q| q.cq.close_idle())
-            .sum()
+            .map(|q| q.cq.close_idle(&mut doomed))
+            .sum();
+        if !doomed.is_empty() {
+            super::append::remove_spares(doomed);
+        }
+        closed
     }
 
     /// Consume-queue files mapped now.

@@ -374,6 +374,17 @@ impl MessageStore {
         self.inner.inline_opens.get()
     }
 
+    /// Consume-queue files created on the shard's thread by a roll since each queue was
+    /// opened (no spare made ahead was ready; see `ConsumeQueue::spare_ahead`).
+    pub fn index_rolls_inline(&self) -> u64 {
+        self.inner
+            .queues
+            .borrow()
+            .values()
+            .map(|q| q.cq.rolls_inline())
+            .sum()
+    }
+
     /// The queues this store has, with (min, max) offsets.
     pub fn queues(&self) -> Result<Vec<(String, u32, u64, u64)>, StoreError> {
         let mut v: Vec<_> = self
