@@ -610,8 +610,9 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
 }
 
 /// A queue rolls into files made ahead in the blocking pool: with the spare in place before
-/// each roll, none creates its file on the shard's thread, and everything reads back after
-/// a crash (the renamed files' directory synced by the checkpoints).
+/// each roll, none creates its file on the shard's thread; checkpoints sync the renamed
+/// files (and their directory), and everything reads back after the store is dropped
+/// without a close.
 #[test]
 fn rolls_take_the_spare_files_made_ahead() {
     run_local(|| async {
@@ -641,6 +642,12 @@ fn rolls_take_the_spare_files_made_ahead() {
             }
         }
         assert_eq!(store.index_rolls_inline(), 0);
+        // The last file's spare, asked for at 900.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.mapped_index_files() < 11 {
+            assert!(std::time::Instant::now() < deadline, "no spare made at 900");
+            ringmq::io::sleep(Duration::from_millis(1)).await;
+        }
         store.checkpoint().await.unwrap();
         let dir_of_queue = dir.path().join("consumequeue/rolling/0");
         let names: Vec<String> = std::fs::read_dir(&dir_of_queue)

@@ -425,7 +425,7 @@ impl ShardCtx {
         );
         s.add(
             "ringmq_index_rolls_inline",
-            "Consume-queue files a roll created on the shard's thread (file I/O there) because the spare file made ahead in the blocking pool was not ready; counted per queue since it was opened.",
+            "Consume-queue rolls that created their file instead of renaming a spare made ahead in the blocking pool (file I/O on the shard's thread when appending; also counts rolls of recovery's replay); summed over the queues open now, each since it was opened.",
             false,
             (sl(), self.store.index_rolls_inline() as f64),
         );

@@ -103,9 +103,12 @@ pub struct DirtyFile {
     pub key: u64,
     /// The change it was at when listed.
     pub generation: u64,
-    /// Its name is new since it was last synced (a spare renamed into place): the
-    /// directory must be synced too, as syncing the file's data may not carry a rename.
-    pub renamed: bool,
+    /// Which file exactly (a consume-queue file popped and made again at the same base is
+    /// another); 0 for the key index's, told apart by `key`.
+    pub serial: u64,
+    /// Its name is new since it was last synced (created, or a spare renamed into place):
+    /// the directory must be synced too, as syncing the file's data need not carry it.
+    pub name_unsynced: bool,
 }
 
 /// One segment file.
@@ -123,8 +126,11 @@ struct Segment {
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
-    /// Renamed into place from a spare, the directory not synced since.
-    renamed: bool,
+    /// Made (created, or renamed into place from a spare) by this queue, its directory not
+    /// synced since.
+    name_unsynced: bool,
+    /// Tells this segment apart from any other of the process (see [`DirtyFile::serial`]).
+    serial: u64,
 }
 
 /// A segment file in use: its mapping (the descriptor is closed once mapped) and what of
@@ -145,7 +151,11 @@ impl Segment {
             allocated_to: 0,
             dirty_gen: 0,
             synced_gen: 0,
-            renamed: false,
+            name_unsynced: false,
+            serial: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         }
     }
 
@@ -226,40 +236,46 @@ pub struct SpareFile {
 pub struct MadeSpare {
     path: PathBuf,
     queue: u64,
-    open: Option<OpenFile>,
+    open: Result<OpenFile, IndexError>,
 }
 
 impl SpareFile {
     /// Creates the file (a new name: never one of the queue's), sizes and maps it and
     /// allocates its first entries. Blocks. A file that could not be made whole is removed.
     pub fn make(self) -> MadeSpare {
-        let made = (|| {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&self.path)
-                .map_err(io_err("create", &self.path))?;
+        let created = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&self.path)
+            .map_err(io_err("create", &self.path));
+        // Only a file created here is removed on a failure (never one in the way).
+        let created_here = created.is_ok();
+        let made = created.and_then(|file| {
             file.set_len(self.file_bytes)
                 .map_err(io_err("set_len", &self.path))?;
             let mmap = map_file(&file, &self.path)?;
             let mut backing = Backing::new(self.file_bytes);
             backing.ensure(CQ_ENTRY_BYTES, CQ_ALLOC_STEP, &self.path)?;
-            Ok::<_, IndexError>(OpenFile { mmap, backing })
-        })();
-        if made.is_err() {
-            // Its own name: nothing else can be at this path.
+            Ok(OpenFile { mmap, backing })
+        });
+        if made.is_err() && created_here {
             let _ = remove_file(&self.path);
         }
         MadeSpare {
             path: self.path,
             queue: self.queue,
-            open: made.ok(),
+            open: made,
         }
     }
 }
 
 impl MadeSpare {
+    /// Why it could not be made, if it could not.
+    pub fn failure(&self) -> Option<&IndexError> {
+        self.open.as_ref().err()
+    }
+
     /// Where it is: to remove when no queue takes it.
     pub fn into_path(self) -> PathBuf {
         self.path
@@ -291,6 +307,9 @@ pub struct ConsumeQueue {
     spares_asked: u64,
     /// A [`SpareFile`] is out.
     spare_out: bool,
+    /// The base of the last file when a spare could not be made: none is asked again
+    /// until the next roll (a full disk would fail every one).
+    spare_failed_for: Option<u64>,
     /// The spare file made ahead, mapped, for the next roll.
     spare: Option<(PathBuf, OpenFile)>,
     /// Rolls that had no spare and created the file on the appending thread.
@@ -392,6 +411,7 @@ impl ConsumeQueue {
             },
             spares_asked: 0,
             spare_out: false,
+            spare_failed_for: None,
             spare: None,
             rolls_inline: 0,
         };
@@ -532,6 +552,9 @@ impl ConsumeQueue {
             return None;
         }
         let last = self.segments.back()?;
+        if self.spare_failed_for == Some(last.base) {
+            return None;
+        }
         let ahead = CQ_ALLOC_STEP / CQ_ENTRY_BYTES;
         if self.max_offset + ahead < last.base + self.entries_per_file {
             return None;
@@ -555,13 +578,16 @@ impl ConsumeQueue {
         }
         self.spare_out = false;
         match made.open {
-            Some(open) if self.spare.is_none() => {
+            Ok(open) if self.spare.is_none() => {
                 self.spare = Some((made.path, open));
                 None
             }
-            Some(_) => Some(made.path),
+            Ok(_) => Some(made.path),
             // Removed already by `make`.
-            None => None,
+            Err(_) => {
+                self.spare_failed_for = self.segments.back().map(|s| s.base);
+                None
+            }
         }
     }
 
@@ -805,7 +831,8 @@ impl ConsumeQueue {
                 path: s.path.clone(),
                 key: s.base,
                 generation: s.dirty_gen,
-                renamed: s.renamed,
+                serial: s.serial,
+                name_unsynced: s.name_unsynced,
             })
             .collect()
     }
@@ -814,9 +841,11 @@ impl ConsumeQueue {
     /// to them before is on disk.
     pub fn files_synced(&mut self, files: &[DirtyFile]) {
         for f in files {
-            if let Some(s) = self.segments.iter_mut().find(|s| s.base == f.key) {
+            // By serial: a file popped by a cut and made again at its base while the sync
+            // ran is another file, with its own changes and name to sync.
+            if let Some(s) = self.segments.iter_mut().find(|s| s.serial == f.serial) {
                 s.synced_gen = s.synced_gen.max(f.generation);
-                s.renamed &= !f.renamed;
+                s.name_unsynced &= !f.name_unsynced;
             }
         }
     }
@@ -874,15 +903,11 @@ impl ConsumeQueue {
             Some(_) => return Ok(()),
         };
         let path = self.dir.join(numbered_file_name(base));
-        let mut renamed = false;
         let open = match self.spare.take() {
-            // Nothing is created on this thread: the name changes (the spare's first entries
-            // are allocated). The checkpoint syncs the directory with the file's data.
+            // Nothing is created on this thread: the name changes (the spare's first page is
+            // allocated).
             Some((spare, open)) => match std::fs::rename(&spare, &path) {
-                Ok(()) => {
-                    renamed = true;
-                    Some(open)
-                }
+                Ok(()) => Some(open),
                 Err(_) => {
                     let _ = remove_file(&spare);
                     None
@@ -902,7 +927,8 @@ impl ConsumeQueue {
         };
         let mut segment = Segment::closed(base, path);
         segment.dirty_gen = 1;
-        segment.renamed = renamed;
+        // The checkpoint syncs the directory with the file's data.
+        segment.name_unsynced = true;
         segment.used.set(true);
         if segment.open.set(open).is_err() {
             unreachable!("a new segment is not open");

@@ -658,7 +658,8 @@ impl KeyIndex {
                 path: f.path.clone(),
                 key: f.seq,
                 generation: f.dirty_gen,
-                renamed: false,
+                serial: 0,
+                name_unsynced: false,
             })
             .collect()
     }

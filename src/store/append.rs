@@ -125,8 +125,14 @@ impl MessageStore {
         let weak = Rc::downgrade(&self.inner);
         crate::io::spawn(async move {
             let made: MadeSpare = crate::io::blocking(move || spare.make()).await;
-            // A store gone: left for the queue's next opening to remove.
-            let Some(inner) = weak.upgrade() else { return };
+            if let Some(e) = made.failure() {
+                // The roll creates its file itself; no spare is asked again until then.
+                crate::warn!("ringmq: making a spare file for {topic}/{queue_id}: {e}");
+            }
+            let Some(inner) = weak.upgrade() else {
+                remove_spares(vec![made.into_path()]);
+                return;
+            };
             let refused = match inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
                 Some(q) => q.cq.spare_made(made),
                 None => Some(made.into_path()),

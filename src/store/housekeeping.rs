@@ -25,21 +25,26 @@ impl MessageStore {
             .iter()
             .flat_map(|(_, files)| files.iter())
             .chain(&keys)
-            .map(|f| (f.path.clone(), f.renamed))
+            .map(|f| (f.path.clone(), f.name_unsynced))
             .collect();
         if !paths.is_empty() {
             crate::io::blocking(move || -> std::io::Result<()> {
-                for (path, renamed) in paths {
+                for (path, name_unsynced) in paths {
                     match std::fs::File::open(&path) {
                         Ok(f) => f.sync_data()?,
                         // Deleted meanwhile (retention, a deleted topic): nothing to keep.
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                         Err(e) => return Err(e),
                     }
-                    // A file renamed into place: its name too (syncing its data may not
-                    // carry the rename).
-                    if let Some(dir) = path.parent().filter(|_| renamed) {
-                        std::fs::File::open(dir)?.sync_all()?;
+                    // A file made since the last sync: its name too (syncing its data
+                    // need not carry a create or a rename).
+                    if let Some(dir) = path.parent().filter(|_| name_unsynced) {
+                        match std::fs::File::open(dir) {
+                            Ok(d) => d.sync_all()?,
+                            // Deleted meanwhile, as above.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(e),
+                        }
                     }
                 }
                 Ok(())

@@ -719,7 +719,7 @@ fn the_roll_renames_the_spare_made_ahead() {
     let dirty: Vec<(u64, bool)> = queue
         .dirty_files()
         .iter()
-        .map(|f| (f.key, f.renamed))
+        .map(|f| (f.key, f.name_unsynced))
         .collect();
     assert_eq!(
         dirty,
@@ -729,7 +729,7 @@ fn the_roll_renames_the_spare_made_ahead() {
     let synced = queue.dirty_files();
     queue.files_synced(&synced);
     queue.put(101, entry(101)).unwrap();
-    assert!(!queue.dirty_files()[0].renamed, "synced once");
+    assert!(!queue.dirty_files()[0].name_unsynced, "synced once");
     // Without a spare (none asked for since) the roll creates the file itself.
     append(&mut queue, 102..201);
     assert_eq!(queue.rolls_inline(), 1);
@@ -836,4 +836,49 @@ fn a_spare_gone_before_its_roll_falls_back_to_creating_the_file() {
     check(&queue, 0, 150);
     drop(queue);
     check(&open(dir.path(), 100), 0, 150);
+}
+
+/// A sync listed before a cut popped a file, which the queue then made again at the same
+/// base, counts for the file it listed, not the new one (whose name and entries are still to
+/// be synced).
+#[test]
+fn a_sync_of_a_file_popped_and_made_again_does_not_count_for_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100);
+    append(&mut queue, 0..101);
+    let listed = queue.dirty_files();
+    assert_eq!(listed.len(), 2);
+    queue.truncate_to(99).unwrap();
+    append(&mut queue, 99..101);
+    queue.files_synced(&listed);
+    let dirty: Vec<(u64, bool)> = queue
+        .dirty_files()
+        .iter()
+        .map(|f| (f.key, f.name_unsynced))
+        .collect();
+    assert_eq!(dirty, [(0, false), (100, true)]);
+}
+
+/// A spare that cannot be made is not asked for again until the next roll (on a full disk
+/// every one would fail), and the file in its way is left alone.
+#[test]
+fn a_spare_that_cannot_be_made_is_asked_again_only_after_the_next_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100);
+    append(&mut queue, 0..10);
+    let spare = queue.spare_ahead().unwrap();
+    std::fs::write(&spare.path, b"in the way").unwrap();
+    let path = spare.path.clone();
+    let made = spare.make();
+    assert!(made.failure().is_some());
+    assert_eq!(queue.spare_made(made), None);
+    assert_eq!(std::fs::read(&path).unwrap(), b"in the way");
+    append(&mut queue, 10..20);
+    assert!(
+        queue.spare_ahead().is_none(),
+        "not asked again before the roll"
+    );
+    append(&mut queue, 20..101);
+    assert_eq!(queue.rolls_inline(), 1);
+    give_spare(&mut queue);
 }
