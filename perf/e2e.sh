@@ -28,6 +28,10 @@ SHARDS=${SHARDS:-2}
 [ -n "${RINGMQ_BIN:-}" ] || cargo build --release --bin ringmq-broker --bin ringmq-bench >/dev/null 2>&1
 OUT=${RINGMQ_OUT:-perf/out}; mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/ringmq-e2e.XXXX)
+# The async cases write ~31 GiB into one data directory; past the broker's free-space floor
+# its sends fail (DiskFull) and the cases after show as failed.
+FREE_GIB=$(df -P --block-size=1G "$WORK" | awk 'NR == 2 { print $4 }')
+[ "$FREE_GIB" -ge 40 ] || echo "warning: $FREE_GIB GiB free under $WORK; the cases write ~31 GiB: free space first or sends will fail"
 BROKER_PID=
 cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
