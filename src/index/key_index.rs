@@ -132,6 +132,8 @@ struct IndexFile {
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
+    /// Created by this index, its directory not synced since.
+    name_unsynced: bool,
 }
 
 impl IndexFile {
@@ -149,6 +151,7 @@ impl IndexFile {
             entries_max: cfg.entries_per_file,
             dirty_gen: 1,
             synced_gen: 0,
+            name_unsynced: true,
         };
         if let Err(e) = file.allocate_slots() {
             // Nothing was written to it: do not leave a file the next start takes for one.
@@ -256,6 +259,7 @@ impl IndexFile {
             entries_max,
             dirty_gen: 0,
             synced_gen: 0,
+            name_unsynced: false,
         };
         if entry_count > 0
             && (file.begin_timestamp_ms() > file.end_timestamp_ms()
@@ -659,7 +663,7 @@ impl KeyIndex {
                 key: f.seq,
                 generation: f.dirty_gen,
                 serial: 0,
-                name_unsynced: false,
+                name_unsynced: f.name_unsynced,
             })
             .collect()
     }
@@ -669,6 +673,7 @@ impl KeyIndex {
         for synced in files {
             if let Some(f) = self.files.iter_mut().find(|f| f.seq == synced.key) {
                 f.synced_gen = f.synced_gen.max(synced.generation);
+                f.name_unsynced &= !synced.name_unsynced;
             }
         }
     }

@@ -404,3 +404,27 @@ fn puts_with_stretches_allocated_ahead_never_allocate_past_the_first_step() {
         .collect();
     check(&index, "k7", 0, i64::MAX, 100, &expected);
 }
+
+/// A file the index creates is listed with its name unsynced (the checkpoint syncs its
+/// directory) until a sync of that listing; files found at an opening are not.
+#[test]
+fn a_created_file_is_listed_with_its_name_to_sync_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    index.put("a", 1, 10).unwrap();
+    let listed = index.dirty_files();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].name_unsynced);
+    index.put("b", 2, 11).unwrap();
+    index.files_synced(&listed);
+    let again = index.dirty_files();
+    assert_eq!(again.len(), 1, "written since the listing");
+    assert!(
+        !again[0].name_unsynced,
+        "the name was synced with the listing"
+    );
+    drop(index);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    index.put("c", 3, 12).unwrap();
+    assert!(index.dirty_files().iter().all(|f| !f.name_unsynced));
+}
