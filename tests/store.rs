@@ -609,6 +609,20 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
     });
 }
 
+/// Waits (up to 10 s) until the one queue of `store`, whose `files` files are all mapped
+/// (nothing closes them in these tests), holds a spare too: made in the blocking pool, it
+/// shows as one more mapping.
+async fn spare_made(store: &MessageStore, files: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.mapped_index_files() < files + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no spare made after {files} files"
+        );
+        ringmq::io::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// A queue rolls into files made ahead in the blocking pool: with the spare in place before
 /// each roll, none creates its file on the shard's thread; checkpoints sync the renamed
 /// files (and their directory), and everything reads back after the store is dropped
@@ -625,16 +639,7 @@ fn rolls_take_the_spare_files_made_ahead() {
         m.queue_id = 0;
         for i in 0..1_000u64 {
             if i > 0 && i % 100 == 0 {
-                // Every file so far is mapped (nothing closes them here); one more is the
-                // spare, made in the pool.
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while store.mapped_index_files() < (i / 100) as usize + 1 {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "no spare made for the roll at {i}"
-                    );
-                    ringmq::io::sleep(Duration::from_millis(1)).await;
-                }
+                spare_made(&store, (i / 100) as usize).await;
             }
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
             if i % 250 == 0 {
@@ -643,11 +648,7 @@ fn rolls_take_the_spare_files_made_ahead() {
         }
         assert_eq!(store.index_rolls_inline(), 0);
         // The last file's spare, asked for at 900.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while store.mapped_index_files() < 11 {
-            assert!(std::time::Instant::now() < deadline, "no spare made at 900");
-            ringmq::io::sleep(Duration::from_millis(1)).await;
-        }
+        spare_made(&store, 10).await;
         store.checkpoint().await.unwrap();
         let dir_of_queue = dir.path().join("consumequeue/rolling/0");
         let names: Vec<String> = std::fs::read_dir(&dir_of_queue)

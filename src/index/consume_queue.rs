@@ -30,9 +30,13 @@ use std::path::{Path, PathBuf};
 use memmap2::MmapMut;
 
 use super::{
-    create_mapped, io_err, list_files, map_file, numbered_file_name, open_existing, read_u32,
-    read_u64, remove_file, write_u32, write_u64, AllocAhead, Backing, IndexError,
+    create_mapped, io_err, list_files, map_file, next_serial, numbered_file_name, open_existing,
+    read_u32, read_u64, remove_file, write_u32, write_u64, AllocAhead, Backing, IndexError,
 };
+
+mod spare;
+use spare::Spares;
+pub use spare::{MadeSpare, SpareFile};
 
 /// Bytes of one consume-queue entry on disk.
 pub const CQ_ENTRY_BYTES: u64 = 20;
@@ -152,10 +156,7 @@ impl Segment {
             dirty_gen: 0,
             synced_gen: 0,
             name_unsynced: false,
-            serial: {
-                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            },
+            serial: next_serial(),
         }
     }
 
@@ -216,72 +217,6 @@ impl Segment {
 /// Bytes of a consume-queue file allocated at a time ahead of its appends (3,276 entries).
 const CQ_ALLOC_STEP: u64 = 64 << 10;
 
-/// Names of spare files start with this; recovery removes any it finds (never a numbered
-/// name, so a spare is never taken for one of the queue's files).
-const SPARE_PREFIX: &str = "spare-";
-
-/// An empty file of a queue's size to make ahead in the blocking pool, under a name of its
-/// own ([`ConsumeQueue::spare_ahead`]): the next roll renames it into place instead of
-/// creating, sizing, mapping and allocating a file on the appending thread. Not tied to a
-/// position, so cut-backs and restarts of the queue do not stale it.
-#[derive(Debug)]
-pub struct SpareFile {
-    path: PathBuf,
-    /// The [`ConsumeQueue`] it is for (another opened on the same directory refuses it).
-    queue: u64,
-    file_bytes: u64,
-}
-
-/// A [`SpareFile`] made (or not), for [`ConsumeQueue::spare_made`].
-pub struct MadeSpare {
-    path: PathBuf,
-    queue: u64,
-    open: Result<OpenFile, IndexError>,
-}
-
-impl SpareFile {
-    /// Creates the file (a new name: never one of the queue's), sizes and maps it and
-    /// allocates its first entries. Blocks. A file that could not be made whole is removed.
-    pub fn make(self) -> MadeSpare {
-        let created = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&self.path)
-            .map_err(io_err("create", &self.path));
-        // Only a file created here is removed on a failure (never one in the way).
-        let created_here = created.is_ok();
-        let made = created.and_then(|file| {
-            file.set_len(self.file_bytes)
-                .map_err(io_err("set_len", &self.path))?;
-            let mmap = map_file(&file, &self.path)?;
-            let mut backing = Backing::new(self.file_bytes);
-            backing.ensure(CQ_ENTRY_BYTES, CQ_ALLOC_STEP, &self.path)?;
-            Ok(OpenFile { mmap, backing })
-        });
-        if made.is_err() && created_here {
-            let _ = remove_file(&self.path);
-        }
-        MadeSpare {
-            path: self.path,
-            queue: self.queue,
-            open: made,
-        }
-    }
-}
-
-impl MadeSpare {
-    /// Why it could not be made, if it could not.
-    pub fn failure(&self) -> Option<&IndexError> {
-        self.open.as_ref().err()
-    }
-
-    /// Where it is: to remove when no queue takes it.
-    pub fn into_path(self) -> PathBuf {
-        self.path
-    }
-}
-
 /// The consume queue of one (topic, queue). See the module doc for the format.
 pub struct ConsumeQueue {
     dir: PathBuf,
@@ -300,20 +235,8 @@ pub struct ConsumeQueue {
     /// The entry at `max_offset - 1` while the queue is not empty, so that the end of a
     /// queue is known without mapping its last file.
     last: Option<CqEntry>,
-    /// Tells this queue apart from any other opened in this process (a [`SpareFile`] is
-    /// for one).
-    instance: u64,
-    /// Spare files asked for so far (each gets a name of its own).
-    spares_asked: u64,
-    /// A [`SpareFile`] is out.
-    spare_out: bool,
-    /// The base of the last file when a spare could not be made: none is asked again
-    /// until the next roll (a full disk would fail every one).
-    spare_failed_for: Option<u64>,
-    /// The spare file made ahead, mapped, for the next roll.
-    spare: Option<(PathBuf, OpenFile)>,
-    /// Rolls that had no spare and created the file on the appending thread.
-    rolls_inline: u64,
+    /// The spare file for the next roll, and the asks for it.
+    spares: Spares,
 }
 
 impl ConsumeQueue {
@@ -339,13 +262,7 @@ impl ConsumeQueue {
         std::fs::create_dir_all(dir).map_err(io_err("create_dir", dir))?;
 
         let (mut files, others) = list_files(dir)?;
-        // Spares of an earlier run (or of a queue opened here before): no queue holds them.
-        for path in others {
-            let spare = path.file_name().and_then(|n| n.to_str());
-            if spare.is_some_and(|n| n.starts_with(SPARE_PREFIX)) {
-                remove_file(&path)?;
-            }
-        }
+        spare::remove_leftovers(others)?;
         // A file base that is not exactly one file after its predecessor means either a
         // crash in the middle of retention (which removes files oldest first, but the
         // directory updates may reach the disk in any order) or a different entries_per_file.
@@ -405,15 +322,7 @@ impl ConsumeQueue {
             segments,
             first_physical: None,
             last: None,
-            instance: {
-                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            },
-            spares_asked: 0,
-            spare_out: false,
-            spare_failed_for: None,
-            spare: None,
-            rolls_inline: 0,
+            spares: Spares::new(),
         };
         (queue.max_offset, queue.last) = queue.scan_max_offset()?;
         if queue.max_offset == queue.min_offset {
@@ -519,7 +428,7 @@ impl ConsumeQueue {
 
     /// Files mapped now (a spare among them).
     pub fn mapped_files(&self) -> usize {
-        self.segments.iter().filter(|s| s.is_open()).count() + usize::from(self.spare.is_some())
+        self.segments.iter().filter(|s| s.is_open()).count() + usize::from(self.spares.held())
     }
 
     /// Closes the files not used since the previous call (unmaps them and releases their
@@ -534,66 +443,13 @@ impl ConsumeQueue {
                 closed += 1;
             }
         }
-        let idle = self.segments.back().is_none_or(|s| !s.is_open());
-        if idle {
-            if let Some((path, _)) = self.spare.take() {
+        if self.segments.back().is_none_or(|s| !s.is_open()) {
+            if let Some(path) = self.spares.give_up() {
                 doomed.push(path);
                 closed += 1;
             }
         }
         closed
-    }
-
-    /// A spare file to make off the appending thread, once appends come within a
-    /// [`CQ_ALLOC_STEP`] of the last file's end and the queue has none (one out at a time):
-    /// [`SpareFile::make`] it, then hand it to [`spare_made`](Self::spare_made).
-    pub fn spare_ahead(&mut self) -> Option<SpareFile> {
-        if self.spare.is_some() || self.spare_out {
-            return None;
-        }
-        let last = self.segments.back()?;
-        if self.spare_failed_for == Some(last.base) {
-            return None;
-        }
-        let ahead = CQ_ALLOC_STEP / CQ_ENTRY_BYTES;
-        if self.max_offset + ahead < last.base + self.entries_per_file {
-            return None;
-        }
-        self.spare_out = true;
-        self.spares_asked += 1;
-        let name = format!("{SPARE_PREFIX}{:x}-{:x}", self.instance, self.spares_asked);
-        Some(SpareFile {
-            path: self.dir.join(name),
-            queue: self.instance,
-            file_bytes: self.file_bytes,
-        })
-    }
-
-    /// Takes a spare made for this queue and kept for the next roll. Returns the path of a
-    /// file the queue does not take, for the caller to remove off its thread: one made for
-    /// another queue opened on this directory before.
-    pub fn spare_made(&mut self, made: MadeSpare) -> Option<PathBuf> {
-        if made.queue != self.instance {
-            return Some(made.path);
-        }
-        self.spare_out = false;
-        match made.open {
-            Ok(open) if self.spare.is_none() => {
-                self.spare = Some((made.path, open));
-                None
-            }
-            Ok(_) => Some(made.path),
-            // Removed already by `make`.
-            Err(_) => {
-                self.spare_failed_for = self.segments.back().map(|s| s.base);
-                None
-            }
-        }
-    }
-
-    /// Rolls that created their file on the appending thread (no spare was ready).
-    pub fn rolls_inline(&self) -> u64 {
-        self.rolls_inline
     }
 
     /// Writes `entry` at `queue_offset`.
@@ -903,24 +759,9 @@ impl ConsumeQueue {
             Some(_) => return Ok(()),
         };
         let path = self.dir.join(numbered_file_name(base));
-        let open = match self.spare.take() {
-            // Nothing is created on this thread: the name changes (the spare's first page is
-            // allocated).
-            Some((spare, open)) => match std::fs::rename(&spare, &path) {
-                Ok(()) => Some(open),
-                Err(_) => {
-                    let _ = remove_file(&spare);
-                    None
-                }
-            },
-            None => None,
-        };
-        let open = match open {
+        let open = match self.spares.rename_to(&path, !self.segments.is_empty()) {
             Some(open) => open,
             None => {
-                if !self.segments.is_empty() {
-                    self.rolls_inline += 1;
-                }
                 let (backing, mmap) = create_mapped(&path, self.file_bytes)?;
                 OpenFile { mmap, backing }
             }

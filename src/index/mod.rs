@@ -117,11 +117,10 @@ impl Backing {
 
     /// A file opened again, whose first `allocated_to` bytes are known to be allocated.
     fn reopened(len: u64, allocated_to: u64) -> Backing {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Backing {
             len,
             allocated_to,
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: next_serial(),
             ahead_out: false,
         }
     }
@@ -250,6 +249,13 @@ fn list_numbered_files(dir: &Path) -> Result<NumberedFiles, IndexError> {
     list_files(dir).map(|(numbered, _)| numbered)
 }
 
+/// A number no other call in this process returns: tells apart objects that may share a
+/// name or a path over time (a backing, a consume-queue file, a queue).
+fn next_serial() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Numbered files (number, path), sorted by number.
 type NumberedFiles = Vec<(u64, PathBuf)>;
 
@@ -334,7 +340,7 @@ fn map_file(file: &std::fs::File, path: &Path) -> Result<memmap2::MmapMut, Index
     unsafe { memmap2::MmapMut::map_mut(file) }.map_err(io_err("mmap", path))
 }
 
-fn remove_file(path: &Path) -> Result<(), IndexError> {
+pub(crate) fn remove_file(path: &Path) -> Result<(), IndexError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         // Already gone (a crash between unmapping and removing on a previous run): the goal

@@ -19,11 +19,12 @@ enum QueueAhead {
     Spare(SpareFile),
 }
 
-/// What `q` asks ahead after appends that went through.
-fn queue_aheads(q: &mut QueueState) -> impl Iterator<Item = QueueAhead> {
-    let stretch = q.cq.allocate_ahead().map(QueueAhead::Stretch);
-    let spare = q.cq.spare_ahead().map(QueueAhead::Spare);
-    stretch.into_iter().chain(spare)
+/// What `q` asks ahead after appends that went through (no allocation: an append's path).
+fn queue_aheads(q: &mut QueueState) -> [Option<QueueAhead>; 2] {
+    [
+        q.cq.allocate_ahead().map(QueueAhead::Stretch),
+        q.cq.spare_ahead().map(QueueAhead::Spare),
+    ]
 }
 
 /// Removes spare files no queue took, in the blocking pool (each has a name of its own, so
@@ -32,10 +33,8 @@ pub(super) fn remove_spares(paths: Vec<PathBuf>) {
     crate::io::spawn(async move {
         crate::io::blocking(move || {
             for path in paths {
-                if let Err(e) = std::fs::remove_file(&path) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        crate::warn!("ringmq: removing spare index file {}: {e}", path.display());
-                    }
+                if let Err(e) = crate::index::remove_file(&path) {
+                    crate::warn!("ringmq: removing a spare index file: {e}");
                 }
             }
         })
@@ -69,14 +68,15 @@ impl MessageStore {
             store_timestamp_ms,
         );
         // Nothing asked ahead after a failure (a full disk among them).
-        let mut aheads = put.is_ok().then(|| queue_aheads(q)).into_iter().flatten();
-        let (first, second) = (aheads.next(), aheads.next());
-        drop(aheads);
+        let aheads = match put {
+            Ok(_) => queue_aheads(q),
+            Err(_) => [None, None],
+        };
         drop(queues);
         if put.is_err() {
             self.take_back(log_from, &run);
         }
-        for ahead in first.into_iter().chain(second) {
+        for ahead in aheads.into_iter().flatten() {
             self.queue_ahead(draft.topic, draft.queue_id, ahead);
         }
         if put.is_ok() {
@@ -197,7 +197,8 @@ impl MessageStore {
     ) -> Result<(), StoreError> {
         let mut ask_ahead = |run: Option<(&'a str, u32, &mut QueueState)>| {
             if let Some((topic, queue_id, q)) = run {
-                aheads.extend(queue_aheads(q).map(|ahead| (topic, queue_id, ahead)));
+                let asked = queue_aheads(q).into_iter().flatten();
+                aheads.extend(asked.map(|ahead| (topic, queue_id, ahead)));
             }
         };
         let mut queues = self.inner.queues.borrow_mut();
