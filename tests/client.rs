@@ -3,6 +3,8 @@
 //! id and key, and topic admin, both shard aware and through the bootstrap connection.
 #![cfg(feature = "broker")]
 
+mod common;
+
 use std::time::Duration;
 
 use ringmq::client::{
@@ -428,9 +430,10 @@ fn a_shard_that_missed_a_topics_creation_is_told_again_when_it_needs_the_topic()
     }
 }
 
-/// Pulls, offset and group requests and descriptions through a shard that missed a topic's
-/// creation ask shard 0 as sends do, rather than answer that the topic does not exist. Each kind on
-/// a broker of its own: the first request that asks heals the shard for all that follow.
+/// Pulls, offset and group requests, descriptions and multi-queue sends (`SendMulti`, as
+/// a coalescing producer packs them) through a shard that missed a topic's creation ask
+/// shard 0 as single sends do, rather than answer that the topic does not exist. Each kind
+/// on a broker of its own: the first request that asks heals the shard for all that follow.
 #[test]
 fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0() {
     use ringmq::protocol::route::owner;
@@ -440,7 +443,8 @@ fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0(
         .find(|t| owner(t, 0, 2) == 1)
         .unwrap();
     let kinds = [
-        "pull", "min", "max", "by-time", "commit", "query", "describe", "lock", "reset", "progress",
+        "pull", "min", "max", "by-time", "commit", "query", "describe", "lock", "reset",
+        "progress", "multi",
     ];
     for kind in kinds {
         let fault = TopicChangeFault::Drop(0);
@@ -503,6 +507,32 @@ fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0(
                 "progress" => {
                     let lags = c.consumer_progress("g", &name).await;
                     assert_eq!(lags.unwrap_or_else(|e| panic!("{kind}: {e}")).len(), 2);
+                }
+                "multi" => {
+                    let request = ringmq::protocol::SendMulti {
+                        topic: name.clone(),
+                        queue_ids: vec![0, 0],
+                        messages: ["a", "b"]
+                            .map(|b| ringmq::protocol::BatchItem {
+                                flag: 0,
+                                properties: Vec::new(),
+                                body: bytes::Bytes::from_static(b.as_bytes()),
+                                born_timestamp_ms: 0,
+                            })
+                            .into(),
+                        wait_durable: false,
+                    };
+                    let addr = c.config().broker.clone();
+                    let answer = tokio::task::spawn_blocking(move || {
+                        common::raw::call(&addr, request.into())
+                    });
+                    match answer.await.unwrap() {
+                        ringmq::protocol::Response::SendMultiResult(r) => {
+                            assert_eq!((r.store_id, r.queue_offsets), (1, vec![0, 1]))
+                        }
+                        other => panic!("{kind} through shard 1: {other:?}"),
+                    }
+                    assert_eq!(c.max_offset(&name, 0).await.unwrap(), 2);
                 }
                 _ => unreachable!(),
             }

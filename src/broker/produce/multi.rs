@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::rc::Rc;
 
-use super::{check_items, SendItem, BATCH_MESSAGES_MAX};
+use super::{check_items, OwnedItem, SendItem, BATCH_MESSAGES_MAX};
 use crate::broker::{err, response_frame, Handled, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode, Response, SendMulti, SendMultiResult};
 use crate::store::PutResult;
@@ -31,7 +31,9 @@ impl ShardCtx {
     }
 
     /// A `SendMulti`'s messages, however they were read (`queue_ids[i]` is message `i`'s
-    /// queue).
+    /// queue). On another shard than 0 whose table lacks the topic or one of the queues, it
+    /// asks shard 0 first, as a send does (a creation or growth this shard missed), and is
+    /// checked again once answered.
     pub(in crate::broker) fn send_multi_items(
         self: &Rc<Self>,
         request_id: u64,
@@ -41,10 +43,62 @@ impl ShardCtx {
         wait_durable: bool,
         peer: SocketAddr,
     ) -> Handled {
-        let checked = self
-            .check_multi(topic, &queue_ids, items)
-            .and_then(|()| self.admit_send());
-        if let Err(e) = checked {
+        let checked = self.check_multi(topic, &queue_ids, items);
+        if checked.is_err() && self.id != 0 && self.lacks_any(topic, &queue_ids) {
+            let ctx = self.clone();
+            let topic = topic.to_owned();
+            let owned: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
+            return Handled::Later(Box::pin(async move {
+                // Not found here either is check_multi's error, given again below.
+                let _ = ctx.refresh_topic(&topic).await;
+                let items: Vec<SendItem<'_>> = owned.iter().map(OwnedItem::borrow).collect();
+                let checked = ctx.check_multi(&topic, &queue_ids, &items);
+                match ctx.send_multi_checked(
+                    request_id,
+                    &topic,
+                    queue_ids,
+                    &items,
+                    wait_durable,
+                    peer,
+                    checked,
+                ) {
+                    Handled::Now(answer) => answer,
+                    Handled::Later(answer) => answer.await,
+                }
+            }));
+        }
+        self.send_multi_checked(
+            request_id,
+            topic,
+            queue_ids,
+            items,
+            wait_durable,
+            peer,
+            checked,
+        )
+    }
+
+    /// Whether this shard's table lacks the topic or one of the queues.
+    fn lacks_any(&self, topic: &str, queue_ids: &[u32]) -> bool {
+        match self.topics.borrow().get(topic) {
+            None => true,
+            Some(count) => queue_ids.iter().any(|&q| q >= count),
+        }
+    }
+
+    /// A `SendMulti` that `checked` came from [`check_multi`](Self::check_multi) for.
+    #[allow(clippy::too_many_arguments)]
+    fn send_multi_checked(
+        self: &Rc<Self>,
+        request_id: u64,
+        topic: &str,
+        queue_ids: Vec<u32>,
+        items: &[SendItem<'_>],
+        wait_durable: bool,
+        peer: SocketAddr,
+        checked: Result<(), ErrorBody>,
+    ) -> Handled {
+        if let Err(e) = checked.and_then(|()| self.admit_send()) {
             return self.refuse(request_id, e);
         }
         let appended = self.append_drafts(|| {
