@@ -612,21 +612,30 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
 /// Waits (up to 10 s) until the one queue of `store`, whose `files` files are all mapped
 /// (nothing closes them in these tests), holds a spare too: made in the blocking pool, it
 /// shows as one more mapping.
-async fn spare_made(store: &MessageStore, files: usize) {
+/// Waits until every spare index file asked for has been made and handed back.
+async fn spares_made(store: &MessageStore) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.mapped_index_files() < files + 1 {
+    while store.index_spares_out() > 0 {
         assert!(
             std::time::Instant::now() < deadline,
-            "no spare made after {files} files"
+            "a spare index file not made after 10 s"
         );
         ringmq::io::sleep(Duration::from_millis(1)).await;
     }
 }
 
-/// A queue rolls into files made ahead in the blocking pool: with the spare in place before
-/// each roll, none creates its file on the shard's thread; checkpoints sync the renamed
-/// files (and their directory), and everything reads back after the store is dropped
-/// without a close.
+/// The names in `dir`.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+/// A queue and the key index roll into files made ahead in the blocking pool: with the
+/// spares in place before each roll (the key index's first one asked for at the opening),
+/// none creates its file on the shard's thread; checkpoints sync the renamed files (and
+/// their directory), and everything reads back after the store is dropped without a close.
 #[test]
 fn rolls_take_the_spare_files_made_ahead() {
     run_local(|| async {
@@ -638,24 +647,28 @@ fn rolls_take_the_spare_files_made_ahead() {
         m.topic = "rolling".to_owned();
         m.queue_id = 0;
         for i in 0..1_000u64 {
-            if i > 0 && i % 100 == 0 {
-                spare_made(&store, (i / 100) as usize).await;
-            }
+            spares_made(&store).await;
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
             if i % 250 == 0 {
                 store.checkpoint().await.unwrap();
             }
         }
         assert_eq!(store.index_rolls_inline(), 0);
-        // The last file's spare, asked for at 900.
-        spare_made(&store, 10).await;
+        // The last files' spares (two keys a message: the key index rolls every 100).
+        spares_made(&store).await;
         store.checkpoint().await.unwrap();
         let dir_of_queue = dir.path().join("consumequeue/rolling/0");
-        let names: Vec<String> = std::fs::read_dir(&dir_of_queue)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
+        let names = names_in(&dir_of_queue);
         assert_eq!(names.len(), 11, "ten files and a spare: {names:?}");
+        let names = names_in(&dir.path().join("index"));
+        let spares = names.iter().filter(|n| n.starts_with("spare-")).count();
+        assert_eq!(
+            (names.len(), spares),
+            (11, 1),
+            "ten files and a spare: {names:?}"
+        );
+        let found = store.messages_by_key("rolling", "order-1", 0, i64::MAX, 5);
+        assert_eq!(found.await.unwrap().len(), 5);
         drop(store);
         let (store, _) = MessageStore::open(dir.path(), small_config())
             .await
@@ -663,6 +676,12 @@ fn rolls_take_the_spare_files_made_ahead() {
         assert_eq!(store.queue_range("rolling", 0).unwrap(), (0, 1_000));
         let names = std::fs::read_dir(&dir_of_queue).unwrap().count();
         assert_eq!(names, 10, "the spare is removed at the opening");
+        let names = names_in(&dir.path().join("index"));
+        let spares = names.iter().filter(|n| n.starts_with("spare-")).count();
+        assert!(
+            names.len() - spares == 10 && spares <= 1,
+            "the old spare is removed at the opening (a new one may be out): {names:?}"
+        );
         let pulled = store
             .read_queue("rolling", 0, 950, 100, 1 << 20, &[])
             .await

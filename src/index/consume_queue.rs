@@ -35,8 +35,7 @@ use super::{
 };
 
 mod spare;
-use spare::Spares;
-pub use spare::{MadeSpare, SpareFile};
+use super::spare::{remove_leftovers, Spares};
 
 /// Bytes of one consume-queue entry on disk.
 pub const CQ_ENTRY_BYTES: u64 = 20;
@@ -262,7 +261,7 @@ impl ConsumeQueue {
         std::fs::create_dir_all(dir).map_err(io_err("create_dir", dir))?;
 
         let (mut files, others) = list_files(dir)?;
-        spare::remove_leftovers(others)?;
+        remove_leftovers(others)?;
         // A file base that is not exactly one file after its predecessor means either a
         // crash in the middle of retention (which removes files oldest first, but the
         // directory updates may reach the disk in any order) or a different entries_per_file.
@@ -760,7 +759,7 @@ impl ConsumeQueue {
         };
         let path = self.dir.join(numbered_file_name(base));
         let open = match self.spares.rename_to(&path, !self.segments.is_empty()) {
-            Some(open) => open,
+            Some(open) => open.into(),
             None => {
                 let (backing, mmap) = create_mapped(&path, self.file_bytes)?;
                 OpenFile { mmap, backing }

@@ -31,12 +31,12 @@ use std::path::{Path, PathBuf};
 use memmap2::MmapMut;
 
 use super::consume_queue::DirtyFile;
-
+use super::spare::{remove_leftovers, MadeSpare, MappedFile, SpareFile, Spares};
 use super::tag::fnv1a64;
 use super::{
-    create_mapped, io_err, list_numbered_files, map_file, numbered_file_name, open_existing,
-    read_i64, read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, AllocAhead,
-    Backing, IndexError,
+    create_mapped, io_err, list_files, map_file, numbered_file_name, open_existing, read_i64,
+    read_u32, read_u64, remove_file, write_i64, write_u32, write_u64, AllocAhead, Backing,
+    IndexError,
 };
 
 const KI_MAGIC: u32 = u32::from_le_bytes(*b"RMKI");
@@ -83,6 +83,18 @@ impl Default for KeyIndexConfig {
             slots_per_file: 5_000_000,
             entries_per_file: 20_000_000,
         }
+    }
+}
+
+impl KeyIndexConfig {
+    /// Bytes of a file (`open` checked that it can be mapped).
+    fn file_bytes(&self) -> u64 {
+        file_bytes(self.slots_per_file, self.entries_per_file).map_or(u64::MAX, |b| b as u64)
+    }
+
+    /// Bytes of a file's header and slots, allocated when it is created.
+    fn slots_end(&self) -> u64 {
+        (KI_HEADER_BYTES + self.slots_per_file as usize * KI_SLOT_BYTES) as u64
     }
 }
 
@@ -137,11 +149,18 @@ struct IndexFile {
 }
 
 impl IndexFile {
-    fn create(dir: &Path, seq: u64, cfg: KeyIndexConfig) -> Result<IndexFile, IndexError> {
+    /// A new file `seq` in `dir`: `spare`, renamed there already, or created here.
+    fn create(
+        dir: &Path,
+        seq: u64,
+        cfg: KeyIndexConfig,
+        spare: Option<MappedFile>,
+    ) -> Result<IndexFile, IndexError> {
         let path = dir.join(numbered_file_name(seq));
-        let len_bytes = file_bytes(cfg.slots_per_file, cfg.entries_per_file)
-            .expect("open checked that a file of this configuration fits in memory");
-        let (backing, mmap) = create_mapped(&path, len_bytes as u64)?;
+        let (backing, mmap) = match spare {
+            Some(MappedFile { backing, mmap }) => (backing, mmap),
+            None => create_mapped(&path, cfg.file_bytes())?,
+        };
         let mut file = IndexFile {
             seq,
             path,
@@ -203,7 +222,7 @@ impl IndexFile {
         let (std_file, len_bytes) = open_existing(&path)?;
         if len_bytes == 0 && is_last {
             drop(std_file);
-            return Self::create(dir, seq, cfg);
+            return Self::create(dir, seq, cfg, None);
         }
         if len_bytes < KI_HEADER_BYTES as u64 {
             return Err(corrupt(
@@ -215,7 +234,7 @@ impl IndexFile {
         let header = &mmap[..KI_HEADER_BYTES];
         if is_last && header.iter().all(|&b| b == 0) {
             drop(mmap);
-            return Self::create(dir, seq, cfg);
+            return Self::create(dir, seq, cfg, None);
         }
         let magic = read_u32(header, MAGIC_AT);
         if magic != KI_MAGIC {
@@ -467,6 +486,8 @@ pub struct KeyIndex {
     cfg: KeyIndexConfig,
     /// Oldest first; the last one is written to. Memory is bounded by the files on disk.
     files: VecDeque<IndexFile>,
+    /// The spare file for the next roll (or the first file), and the asks for it.
+    spares: Spares,
 }
 
 impl KeyIndex {
@@ -491,7 +512,8 @@ impl KeyIndex {
             "a key index file of {cfg:?} does not fit in memory"
         );
         std::fs::create_dir_all(dir).map_err(io_err("create_dir", dir))?;
-        let names = list_numbered_files(dir)?;
+        let (names, others) = list_files(dir)?;
+        remove_leftovers(others)?;
         let last_seq = names.last().map(|&(seq, _)| seq);
         let mut files = VecDeque::with_capacity(names.len());
         for (seq, path) in names {
@@ -501,6 +523,7 @@ impl KeyIndex {
             dir: dir.to_path_buf(),
             cfg,
             files,
+            spares: Spares::new(),
         })
     }
 
@@ -518,13 +541,53 @@ impl KeyIndex {
                 }
                 last.reserve(n)
             }
-            _ => {
-                let mut file = IndexFile::create(&self.dir, next_seq, self.cfg)?;
-                file.reserve(n)?;
-                self.files.push_back(file);
-                Ok(())
-            }
+            _ => self.roll(next_seq)?.reserve(n),
         }
+    }
+
+    /// Adds file `seq` (the first, or the next after a full one): the spare made ahead,
+    /// renamed into place, or a file created here if none is ready.
+    fn roll(&mut self, seq: u64) -> Result<&mut IndexFile, IndexError> {
+        let path = self.dir.join(numbered_file_name(seq));
+        let spare = self.spares.rename_to(&path, true);
+        let file = IndexFile::create(&self.dir, seq, self.cfg, spare)?;
+        let last = self.files.len();
+        self.files.push_back(file);
+        Ok(&mut self.files[last])
+    }
+
+    /// A spare file to make off the appending thread for the next roll, once the last
+    /// file's entries come within a [`KI_ALLOC_STEP`] of its end, or for the first file
+    /// (one out at a time): [`SpareFile::make`] it, then hand it to
+    /// [`spare_made`](Self::spare_made).
+    pub fn spare_ahead(&mut self) -> Option<SpareFile> {
+        let ahead = (KI_ALLOC_STEP / KI_ENTRY_BYTES as u64) as u32;
+        let roll = match self.files.back() {
+            Some(last) if last.entry_count().saturating_add(ahead) < last.entries_max => {
+                return None;
+            }
+            Some(last) => last.seq + 1,
+            None => 0,
+        };
+        let (bytes, slots_end) = (self.cfg.file_bytes(), self.cfg.slots_end());
+        self.spares.ask(&self.dir, roll, bytes, slots_end)
+    }
+
+    /// Takes a spare made for this index and keeps it for the next roll. Returns the path
+    /// of a file the index does not take, for the caller to remove off its thread.
+    pub fn spare_made(&mut self, made: MadeSpare) -> Option<PathBuf> {
+        let roll = self.files.back().map_or(0, |last| last.seq + 1);
+        self.spares.made(made, roll)
+    }
+
+    /// Rolls that created their file on the appending thread (no spare was ready).
+    pub fn rolls_inline(&self) -> u64 {
+        self.spares.rolls_inline()
+    }
+
+    /// A spare it asked for is out, not yet handed back.
+    pub fn spare_out(&self) -> bool {
+        self.spares.out()
     }
 
     /// The next stretch of the newest file to allocate, once its entries come within
@@ -576,11 +639,9 @@ impl KeyIndex {
         let next_seq = self.files.back().map_or(0, |last| last.seq + 1);
         match self.files.back_mut() {
             Some(last) if !last.is_full() => last.put(&hash, physical_offset, store_timestamp_ms),
-            _ => {
-                let mut file = IndexFile::create(&self.dir, next_seq, self.cfg)?;
-                file.put(&hash, physical_offset, store_timestamp_ms);
-                self.files.push_back(file);
-            }
+            _ => self
+                .roll(next_seq)?
+                .put(&hash, physical_offset, store_timestamp_ms),
         }
         Ok(())
     }

@@ -14,15 +14,15 @@
 
 mod consume_queue;
 mod key_index;
+mod spare;
 mod tag;
 pub mod timing_wheel;
 
 use std::path::{Path, PathBuf};
 
-pub use consume_queue::{
-    ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, MadeSpare, SpareFile, CQ_ENTRY_BYTES,
-};
+pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
 pub use key_index::{KeyIndex, KeyIndexConfig};
+pub use spare::{MadeSpare, SpareFile};
 pub use tag::{tag_hash, TAG_HASH_NONE};
 pub use timing_wheel::TimingWheel;
 
@@ -243,12 +243,6 @@ fn parse_numbered_file_name(name: &std::ffi::OsStr) -> Option<u64> {
     name.parse().ok()
 }
 
-/// The numbered files in `dir`, sorted by number. Other names are ignored, so a stray file
-/// (an editor backup, a `lost+found`) does not stop the broker.
-fn list_numbered_files(dir: &Path) -> Result<NumberedFiles, IndexError> {
-    list_files(dir).map(|(numbered, _)| numbered)
-}
-
 /// A number no other call in this process returns: tells apart objects that may share a
 /// name or a path over time (a backing, a consume-queue file, a queue).
 fn next_serial() -> u64 {
@@ -259,7 +253,9 @@ fn next_serial() -> u64 {
 /// Numbered files (number, path), sorted by number.
 type NumberedFiles = Vec<(u64, PathBuf)>;
 
-/// The numbered files in `dir`, sorted by number, and the paths of all other entries.
+/// The numbered files in `dir`, sorted by number, and the paths of all other entries (the
+/// callers remove spares among them and ignore the rest, so a stray file such as an editor
+/// backup or a `lost+found` does not stop the broker).
 fn list_files(dir: &Path) -> Result<(NumberedFiles, Vec<PathBuf>), IndexError> {
     let (mut files, mut others) = (Vec::new(), Vec::new());
     for dir_entry in std::fs::read_dir(dir).map_err(io_err("read_dir", dir))? {

@@ -5,7 +5,7 @@ use super::*;
 use crate::index::{tag_hash, AllocAhead, MadeSpare, SpareFile, TAG_HASH_NONE};
 use crate::protocol::record::{prop, RecordDraft};
 
-/// Whose index file an [`AllocAhead`] stretch is for.
+/// Whose index file an [`AllocAhead`] stretch or a spare file is for.
 enum AheadFor {
     Queue(String, u32),
     Keys,
@@ -115,27 +115,34 @@ impl MessageStore {
             QueueAhead::Stretch(ahead) => {
                 self.allocate_ahead(AheadFor::Queue(topic.to_owned(), queue_id), ahead)
             }
-            QueueAhead::Spare(spare) => self.make_spare(topic.to_owned(), queue_id, spare),
+            QueueAhead::Spare(spare) => {
+                self.make_spare(AheadFor::Queue(topic.to_owned(), queue_id), spare)
+            }
         }
     }
 
-    /// Makes a queue's spare file in the blocking pool; one no queue takes (the queue went,
-    /// or was opened again meanwhile) is removed there.
-    fn make_spare(&self, topic: String, queue_id: u32, spare: SpareFile) {
+    /// Makes a spare file (a queue's, or the key index's) in the blocking pool; one no
+    /// index takes (the queue went, or was opened again meanwhile) is removed there.
+    fn make_spare(&self, of: AheadFor, spare: SpareFile) {
         let weak = Rc::downgrade(&self.inner);
         crate::io::spawn(async move {
             let made: MadeSpare = crate::io::blocking(move || spare.make()).await;
             if let Some(e) = made.failure() {
                 // The roll creates its file itself; no spare is asked again until then.
-                crate::warn!("ringmq: making a spare file for {topic}/{queue_id}: {e}");
+                crate::warn!("ringmq: making a spare index file: {e}");
             }
             let Some(inner) = weak.upgrade() else {
                 remove_spares(vec![made.into_path()]);
                 return;
             };
-            let refused = match inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
-                Some(q) => q.cq.spare_made(made),
-                None => Some(made.into_path()),
+            let refused = match of {
+                AheadFor::Queue(topic, queue_id) => {
+                    match inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
+                        Some(q) => q.cq.spare_made(made),
+                        None => Some(made.into_path()),
+                    }
+                }
+                AheadFor::Keys => inner.keys.borrow_mut().spare_made(made),
             };
             if let Some(path) = refused {
                 remove_spares(vec![path]);
@@ -143,11 +150,17 @@ impl MessageStore {
         });
     }
 
-    /// After appends that went through: the key index's next stretch, if it asks for one.
-    fn keys_ahead(&self) {
-        let ahead = self.inner.keys.borrow_mut().allocate_ahead();
+    /// After appends that went through: the key index's next stretch and its next file,
+    /// if it asks for them.
+    pub(super) fn keys_ahead(&self) {
+        let mut keys = self.inner.keys.borrow_mut();
+        let (ahead, spare) = (keys.allocate_ahead(), keys.spare_ahead());
+        drop(keys);
         if let Some(ahead) = ahead {
             self.allocate_ahead(AheadFor::Keys, ahead);
+        }
+        if let Some(spare) = spare {
+            self.make_spare(AheadFor::Keys, spare);
         }
     }
 

@@ -374,15 +374,22 @@ impl MessageStore {
         self.inner.inline_opens.get()
     }
 
-    /// Consume-queue files created on the shard's thread by a roll since each queue was
-    /// opened (no spare made ahead was ready; see `ConsumeQueue::spare_ahead`).
+    /// Index files created on the shard's thread by a roll (no spare made ahead was ready;
+    /// see `ConsumeQueue::spare_ahead`, `KeyIndex::spare_ahead`): the consume queues', each
+    /// since it was opened, and the key index's since the store opened.
     pub fn index_rolls_inline(&self) -> u64 {
-        self.inner
-            .queues
-            .borrow()
-            .values()
+        let queues: u64 = (self.inner.queues.borrow().values())
             .map(|q| q.cq.rolls_inline())
-            .sum()
+            .sum();
+        queues + self.inner.keys.borrow().rolls_inline()
+    }
+
+    /// Spare index files asked for and being made in the blocking pool now.
+    pub fn index_spares_out(&self) -> usize {
+        let queues = (self.inner.queues.borrow().values())
+            .filter(|q| q.cq.spare_out())
+            .count();
+        queues + usize::from(self.inner.keys.borrow().spare_out())
     }
 
     /// The queues this store has, with (min, max) offsets.

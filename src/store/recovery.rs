@@ -129,6 +129,8 @@ impl MessageStore {
             }),
         };
         store.spawn_housekeeping();
+        // The key index's first or next file, made ahead of the first keyed append.
+        store.keys_ahead();
         Ok((store, report))
     }
 }

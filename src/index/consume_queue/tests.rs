@@ -689,7 +689,7 @@ fn spares(dir: &Path) -> Vec<PathBuf> {
                 .unwrap()
                 .to_str()
                 .unwrap()
-                .starts_with(spare::SPARE_PREFIX)
+                .starts_with(crate::index::spare::SPARE_PREFIX)
         })
         .collect()
 }
