@@ -486,7 +486,7 @@ pub struct KeyIndex {
     cfg: KeyIndexConfig,
     /// Oldest first; the last one is written to. Memory is bounded by the files on disk.
     files: VecDeque<IndexFile>,
-    /// The spare file for the next roll (or the first file), and the asks for it.
+    /// The spare file for the next roll, and the asks for it.
     spares: Spares,
 }
 
@@ -546,10 +546,11 @@ impl KeyIndex {
     }
 
     /// Adds file `seq` (the first, or the next after a full one): the spare made ahead,
-    /// renamed into place, or a file created here if none is ready.
+    /// renamed into place, or a file created here if none is ready (counted for a roll,
+    /// not for the first file).
     fn roll(&mut self, seq: u64) -> Result<&mut IndexFile, IndexError> {
         let path = self.dir.join(numbered_file_name(seq));
-        let spare = self.spares.rename_to(&path, true);
+        let spare = self.spares.rename_to(&path, !self.files.is_empty());
         let file = IndexFile::create(&self.dir, seq, self.cfg, spare)?;
         let last = self.files.len();
         self.files.push_back(file);
@@ -557,27 +558,24 @@ impl KeyIndex {
     }
 
     /// A spare file to make off the appending thread for the next roll, once the last
-    /// file's entries come within a [`KI_ALLOC_STEP`] of its end, or for the first file
-    /// (one out at a time): [`SpareFile::make`] it, then hand it to
-    /// [`spare_made`](Self::spare_made).
+    /// file's entries come within a [`KI_ALLOC_STEP`] of its end (one out at a time):
+    /// [`SpareFile::make`] it, then hand it to [`spare_made`](Self::spare_made). None for
+    /// the first file, which the first key creates: a store that never indexes a key holds
+    /// no file of the key index's size.
     pub fn spare_ahead(&mut self) -> Option<SpareFile> {
+        let last = self.files.back()?;
         let ahead = (KI_ALLOC_STEP / KI_ENTRY_BYTES as u64) as u32;
-        let roll = match self.files.back() {
-            Some(last) if last.entry_count().saturating_add(ahead) < last.entries_max => {
-                return None;
-            }
-            Some(last) => last.seq + 1,
-            None => 0,
-        };
+        if last.entry_count().saturating_add(ahead) < last.entries_max {
+            return None;
+        }
         let (bytes, slots_end) = (self.cfg.file_bytes(), self.cfg.slots_end());
-        self.spares.ask(&self.dir, roll, bytes, slots_end)
+        self.spares.ask(&self.dir, last.seq, bytes, slots_end)
     }
 
     /// Takes a spare made for this index and keeps it for the next roll. Returns the path
     /// of a file the index does not take, for the caller to remove off its thread.
     pub fn spare_made(&mut self, made: MadeSpare) -> Option<PathBuf> {
-        let roll = self.files.back().map_or(0, |last| last.seq + 1);
-        self.spares.made(made, roll)
+        self.spares.made(made)
     }
 
     /// Rolls that created their file on the appending thread (no spare was ready).

@@ -24,6 +24,8 @@ pub struct SpareFile {
     file_bytes: u64,
     /// Bytes allocated from the start (at least a page).
     first_bytes: u64,
+    /// The roll it was asked for (its index's key for it).
+    roll: u64,
 }
 
 /// A spare's file, mapped, with what is allocated of it.
@@ -36,6 +38,7 @@ pub(super) struct MappedFile {
 pub struct MadeSpare {
     path: PathBuf,
     owner: u64,
+    roll: u64,
     made: Result<MappedFile, IndexError>,
 }
 
@@ -65,6 +68,7 @@ impl SpareFile {
         MadeSpare {
             path: self.path,
             owner: self.owner,
+            roll: self.roll,
             made,
         }
     }
@@ -88,8 +92,8 @@ pub(super) struct Spares {
     owner: u64,
     /// A [`SpareFile`] is out.
     out: bool,
-    /// The index's roll (its caller's key for it) a spare could not be made for: none is
-    /// asked again until the next roll (a full disk would fail every one).
+    /// The roll (its index's key for it) a spare asked for then could not be made for: none
+    /// is asked again until the next roll (a full disk would fail every one).
     failed_for: Option<u64>,
     /// The spare made, mapped, for the next roll.
     held: Option<(PathBuf, MappedFile)>,
@@ -117,9 +121,8 @@ impl Spares {
         self.out
     }
 
-    /// A spare to make in `dir` for the roll `roll` names (for
-    /// [`made`](Self::made) to tell apart), unless one is held or out, or one failed for
-    /// that roll.
+    /// A spare to make in `dir`, asked for the roll `roll` names (the base or number of the
+    /// index's last file), unless one is held or out, or one failed for that roll.
     pub(super) fn ask(
         &mut self,
         dir: &Path,
@@ -137,14 +140,14 @@ impl Spares {
             owner: self.owner,
             file_bytes,
             first_bytes,
+            roll,
         })
     }
 
-    /// Takes a spare made for this index and keeps it for the next roll (`roll`: the key
-    /// [`ask`](Self::ask) is given now). Returns the path of a file the index does not
-    /// take, for the caller to remove off its thread: one made for another index opened on
-    /// this directory before.
-    pub(super) fn made(&mut self, made: MadeSpare, roll: u64) -> Option<PathBuf> {
+    /// Takes a spare made for this index and keeps it for the next roll. Returns the path
+    /// of a file the index does not take, for the caller to remove off its thread: one made
+    /// for another index opened on this directory before.
+    pub(super) fn made(&mut self, made: MadeSpare) -> Option<PathBuf> {
         if made.owner != self.owner {
             return Some(made.path);
         }
@@ -157,7 +160,7 @@ impl Spares {
             Ok(_) => Some(made.path),
             // Removed already by `make`.
             Err(_) => {
-                self.failed_for = Some(roll);
+                self.failed_for = Some(made.roll);
                 None
             }
         }

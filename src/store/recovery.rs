@@ -129,7 +129,7 @@ impl MessageStore {
             }),
         };
         store.spawn_housekeeping();
-        // The key index's first or next file, made ahead of the first keyed append.
+        // The key index's next file, if its last one is near its end.
         store.keys_ahead();
         Ok((store, report))
     }

@@ -31,9 +31,13 @@ impl ShardCtx {
     }
 
     /// A `SendMulti`'s messages, however they were read (`queue_ids[i]` is message `i`'s
-    /// queue). On another shard than 0 whose table lacks the topic or one of the queues, it
-    /// asks shard 0 first, as a send does (a creation or growth this shard missed), and is
-    /// checked again once answered.
+    /// queue). On another shard than 0 whose table lacks the topic, it asks shard 0 first,
+    /// as a send to an unknown topic does (a creation this shard missed), and is checked
+    /// again once answered. Every request naming the topic waits for that answer, so
+    /// pipelined ones keep their order. One naming a queue past the topic's count here is
+    /// refused (`QueueNotFound`) rather than answered later: a send to a queue it knows,
+    /// pipelined after it, would be stored first. The coalescing producer sends the
+    /// messages of a refused `SendMulti` again alone, and a single send asks shard 0.
     pub(in crate::broker) fn send_multi_items(
         self: &Rc<Self>,
         request_id: u64,
@@ -44,7 +48,8 @@ impl ShardCtx {
         peer: SocketAddr,
     ) -> Handled {
         let checked = self.check_multi(topic, &queue_ids, items);
-        if checked.is_err() && self.id != 0 && self.lacks_any(topic, &queue_ids) {
+        let unknown = |e: &ErrorBody| e.code == ErrorCode::TopicNotFound.as_u16();
+        if self.id != 0 && checked.as_ref().is_err_and(unknown) {
             let ctx = self.clone();
             let topic = topic.to_owned();
             let owned: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
@@ -76,14 +81,6 @@ impl ShardCtx {
             peer,
             checked,
         )
-    }
-
-    /// Whether this shard's table lacks the topic or one of the queues.
-    fn lacks_any(&self, topic: &str, queue_ids: &[u32]) -> bool {
-        match self.topics.borrow().get(topic) {
-            None => true,
-            Some(count) => queue_ids.iter().any(|&q| q >= count),
-        }
     }
 
     /// A `SendMulti` that `checked` came from [`check_multi`](Self::check_multi) for.

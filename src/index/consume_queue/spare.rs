@@ -30,8 +30,7 @@ impl ConsumeQueue {
     /// of a file the queue does not take, for the caller to remove off its thread: one made
     /// for another queue opened on this directory before.
     pub fn spare_made(&mut self, made: MadeSpare) -> Option<PathBuf> {
-        let roll = self.segments.back().map_or(u64::MAX, |s| s.base);
-        self.spares.made(made, roll)
+        self.spares.made(made)
     }
 
     /// Rolls that created their file on the appending thread (no spare was ready).
