@@ -1,0 +1,310 @@
+//! Ordered consumption: orderly members keep each key's order across a hand-over and a
+//! member's death, and consumers catching up a backlog pipeline their pulls (concurrent and
+//! orderly), each message once and in order. Helpers are the parent module's.
+
+use super::*;
+
+/// Key → sequence numbers in delivery order.
+type OrderLog = Arc<Mutex<BTreeMap<String, Vec<u32>>>>;
+
+async fn orderly(addr: &str, group: &str, topic: &str, log: &OrderLog) -> PushConsumer {
+    orderly_with(addr, group, topic, log, options()).await
+}
+
+/// A started orderly consumer of `topic` with `options` that logs `key:seq` bodies.
+async fn orderly_with(
+    addr: &str,
+    group: &str,
+    topic: &str,
+    log: &OrderLog,
+    options: PushConsumerOptions,
+) -> PushConsumer {
+    let consumer = PushConsumer::new(ClientConfig::new(addr), group, options).unwrap();
+    consumer.subscribe(topic, "*").unwrap();
+    let log = log.clone();
+    consumer
+        .register_orderly(move |messages| {
+            let mut log = log.lock().unwrap();
+            for m in messages {
+                let body = String::from_utf8_lossy(m.body()).into_owned();
+                let (key, seq) = body.split_once(':').unwrap();
+                log.entry(key.to_owned())
+                    .or_default()
+                    .push(seq.parse().unwrap());
+            }
+            OrderlyStatus::Success
+        })
+        .unwrap();
+    consumer.start().await.unwrap();
+    consumer
+}
+
+fn keyed(keys: usize, from: u32, to: u32) -> Vec<OutgoingMessage> {
+    let mut messages = Vec::new();
+    for seq in from..to {
+        for k in 0..keys {
+            messages.push(
+                OutgoingMessage::new(format!("k{k}:{seq}")).with_sharding_key(format!("k{k}")),
+            );
+        }
+    }
+    messages
+}
+
+/// Every key's messages arrived once each, in order.
+fn check_in_order(log: &OrderLog, keys: usize, count: u32) {
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), keys);
+    for (key, seqs) in log.iter() {
+        assert_eq!(*seqs, (0..count).collect::<Vec<_>>(), "key {key}");
+    }
+}
+
+/// Like [`check_in_order`] for a member that died: first deliveries are in order, and a
+/// message is delivered again only if the dead member had consumed it without committing
+/// (at most its last batch per queue).
+fn check_in_order_redelivering_at_most(log: &OrderLog, count: u32, again_max: usize) {
+    let log = log.lock().unwrap();
+    let mut again = 0;
+    for (key, seqs) in log.iter() {
+        let mut seen = BTreeSet::new();
+        let firsts: Vec<u32> = seqs.iter().copied().filter(|s| seen.insert(*s)).collect();
+        assert_eq!(firsts, (0..count).collect::<Vec<_>>(), "key {key}");
+        again += seqs.len() - firsts.len();
+    }
+    assert!(again <= again_max, "{again} re-deliveries: {log:?}");
+}
+
+#[test]
+fn orderly_consumers_keep_key_order_across_a_hand_over() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("ordered", "g-ordered");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        let log: OrderLog = Arc::default();
+        let first = orderly(&addr, group, topic, &log).await;
+        let second = orderly(&addr, group, topic, &log).await;
+        settled(&[&first, &second], 4).await;
+
+        send_all(&producer, topic, keyed(8, 0, 25)).await;
+        let consumed = |log: &OrderLog| log.lock().unwrap().values().map(Vec::len).sum::<usize>();
+        eventually("the first 200", || consumed(&log) == 200).await;
+        check_in_order(&log, 8, 25);
+
+        // The first member leaves while messages keep coming: the second locks its
+        // queues and goes on from the committed offsets, in order, without duplicates.
+        let sending = {
+            let producer = producer.clone();
+            tokio::spawn(async move { send_all(&producer, topic, keyed(8, 25, 50)).await })
+        };
+        first.shutdown().await.unwrap();
+        sending.await.unwrap();
+        settled(&[&second], 4).await;
+        eventually("all 400", || consumed(&log) == 400).await;
+        caught_up(&client, group, topic).await;
+        check_in_order(&log, 8, 50);
+        second.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn an_orderly_member_that_dies_hands_its_queues_over_in_order() {
+    with_broker(|addr| async move {
+        let (topic, group) = ("ordered-crash", "g-ordered-crash");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        let log: OrderLog = Arc::default();
+
+        // The member that dies runs on its own runtime: shutting that down stops its tasks
+        // where they are and closes its sockets, like a killed process.
+        let doomed_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        {
+            let (addr, log) = (addr.clone(), log.clone());
+            doomed_runtime.spawn(async move {
+                let doomed = orderly(&addr, group, topic, &log).await;
+                let _ = ready_tx.send(doomed.client().unwrap().config().client_id.clone());
+                std::future::pending::<()>().await;
+                drop(doomed);
+            });
+        }
+        let doomed_id = ready_rx.await.unwrap();
+        let survivor = orderly(&addr, group, topic, &log).await;
+        // Both members hold queues.
+        eventually("both members to hold queues", || {
+            survivor.consuming_queues().len() == 2
+        })
+        .await;
+        let members = client.group_members(group).await.unwrap();
+        assert!(members.members.iter().any(|m| m.client_id == doomed_id));
+
+        send_all(&producer, topic, keyed(8, 0, 25)).await;
+        let distinct = |log: &OrderLog| {
+            log.lock()
+                .unwrap()
+                .values()
+                .map(|seqs| seqs.iter().collect::<BTreeSet<_>>().len())
+                .sum::<usize>()
+        };
+        eventually("the first 200", || distinct(&log) == 200).await;
+        // It dies while messages flow.
+        let sending = {
+            let producer = producer.clone();
+            tokio::spawn(async move { send_all(&producer, topic, keyed(8, 25, 50)).await })
+        };
+        eventually("some of the next 200", || distinct(&log) >= 240).await;
+        doomed_runtime.shutdown_background();
+        sending.await.unwrap();
+        eventually("the survivor to hold every queue", || {
+            survivor.consuming_queues().len() == 4
+        })
+        .await;
+        eventually("all 400", || distinct(&log) == 400).await;
+        caught_up(&client, group, topic).await;
+        check_in_order_redelivering_at_most(&log, 50, 4);
+        survivor.shutdown().await.unwrap();
+    });
+}
+
+/// A batch of `n` messages of one key, `key:seq` for `seq` in `from..from + n`.
+fn keyed_batch(key: &str, from: u32, n: u32) -> Vec<OutgoingMessage> {
+    (from..from + n)
+        .map(|seq| OutgoingMessage::new(format!("{key}:{seq}")).with_sharding_key(key))
+        .collect()
+}
+
+#[test]
+fn consumers_catching_up_a_backlog_pipeline_pulls_and_get_each_message_once_in_order() {
+    with_broker(|addr| async move {
+        let (topic, keyed_topic, big_topic) = ("backlog", "backlog-keyed", "backlog-big");
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic(topic, 4).await.unwrap();
+        client.create_topic(keyed_topic, 4).await.unwrap();
+        client.create_topic(big_topic, 1).await.unwrap();
+        // The backlog is there before any consumer: 6,000 messages in batches of 50, in
+        // runs of 7 messages per tag (A, B, C), so a filter's answers vary in length.
+        let tags = ["A", "B", "C"];
+        let (mut all, mut matching) = (BTreeSet::new(), BTreeSet::new());
+        for b in 0..120 {
+            let batch: Vec<OutgoingMessage> = (0..50)
+                .map(|i| {
+                    let n = b * 50 + i;
+                    let tag = tags[(n / 7) % 3];
+                    let body = format!("m-{n}");
+                    all.insert(body.clone());
+                    if tag != "C" {
+                        matching.insert(body.clone());
+                    }
+                    OutgoingMessage::new(body).with_tags(tag)
+                })
+                .collect();
+            producer.send_batch(topic, batch).await.unwrap();
+        }
+        // 8 keys x 400 messages, in batches of 40 per key (one key's batch goes to the
+        // key's queue).
+        let (keys, per_key) = (8u32, 400u32);
+        for round in 0..per_key / 40 {
+            for k in 0..keys {
+                let batch = keyed_batch(&format!("k{k}"), round * 40, 40);
+                producer.send_batch(keyed_topic, batch).await.unwrap();
+            }
+        }
+
+        // 60 messages of 600 KiB: an answer holds what fits in one frame (6 of them, not
+        // the 16 asked for), so the pulls sent ahead start past its end and are redone.
+        let big: Vec<OutgoingMessage> = (0..60)
+            .map(|i| {
+                let mut body = format!("big-{i}:").into_bytes();
+                body.resize(600 << 10, b'.');
+                OutgoingMessage::new(body)
+            })
+            .collect();
+        send_all(&producer, big_topic, big).await;
+
+        // Small pulls, a small cache and deep pipelines: many pulls ahead, cut short by
+        // the cache, by the filter, by the frame size and by the queues' ends.
+        let options = PushConsumerOptions {
+            consume_from: ConsumeFrom::FirstOffset,
+            pull_batch_max: 16,
+            pulls_in_flight_max: 8,
+            cached_messages_max: 200,
+            consume_batch_max: 8,
+            listener_non_blocking: true,
+            ..options()
+        };
+        let (all_log, matching_log): (Log, Log) = (Arc::default(), Arc::default());
+        let everything = concurrent(
+            &addr,
+            "g-backlog-all",
+            topic,
+            "*",
+            options.clone(),
+            &all_log,
+            0,
+        )
+        .await;
+        let filtered = concurrent(
+            &addr,
+            "g-backlog-ab",
+            topic,
+            "A || B",
+            options.clone(),
+            &matching_log,
+            1,
+        )
+        .await;
+        let big_log: Log = Arc::default();
+        let big = concurrent(
+            &addr,
+            "g-backlog-big",
+            big_topic,
+            "*",
+            options.clone(),
+            &big_log,
+            2,
+        )
+        .await;
+        let order_log: OrderLog = Arc::default();
+        let ordered =
+            orderly_with(&addr, "g-backlog-ordered", keyed_topic, &order_log, options).await;
+
+        caught_up(&client, "g-backlog-all", topic).await;
+        caught_up(&client, "g-backlog-ab", topic).await;
+        caught_up(&client, "g-backlog-ordered", keyed_topic).await;
+        caught_up(&client, "g-backlog-big", big_topic).await;
+        check_exactly_once(&all_log, &all);
+        let big_names: BTreeSet<String> = big_log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.body.split_once(':').unwrap().0.to_owned())
+            .collect();
+        assert_eq!(big_names, names("big", 60));
+        assert_eq!(big_log.lock().unwrap().len(), 60, "each big message once");
+        let discarded = big.stats().pulls_discarded;
+        assert!(
+            discarded > 0,
+            "answers cut by the frame size: {:?}",
+            big.stats()
+        );
+        check_exactly_once(&matching_log, &matching);
+        check_in_order(&order_log, keys as usize, per_key);
+        for (name, consumer) in [
+            ("everything", &everything),
+            ("filtered", &filtered),
+            ("ordered", &ordered),
+            ("big", &big),
+        ] {
+            let stats = consumer.stats();
+            assert!(stats.pulls_ahead > 0, "{name} pulled ahead: {stats:?}");
+            consumer.shutdown().await.unwrap();
+        }
+    });
+}
