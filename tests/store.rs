@@ -20,6 +20,19 @@ fn small_config() -> StoreConfig {
     cfg
 }
 
+/// A store with [`small_config`] in `dir`.
+async fn open_small(dir: &std::path::Path) -> MessageStore {
+    MessageStore::open(dir, small_config()).await.unwrap().0
+}
+
+/// A small message (`common::message`'s number 1 of `seed`) for queue `queue_id` of `topic`.
+fn one_message(seed: u64, topic: &str, queue_id: u32) -> common::TestMessage {
+    let mut m = common::message(seed, 1, 1, 10);
+    m.topic = topic.to_owned();
+    m.queue_id = queue_id;
+    m
+}
+
 struct Stored {
     topic: String,
     queue_id: u32,
@@ -558,12 +571,8 @@ fn a_small_read_of_a_large_cached_write_can_let_it_go() {
 fn queues_opened_ahead_take_appends_without_opening_anything() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = MessageStore::open(dir.path(), small_config())
-            .await
-            .unwrap();
-        let mut m = common::message(7, 1, 1, 10);
-        m.topic = "ahead".to_owned();
-        m.queue_id = 1;
+        let store = open_small(dir.path()).await;
+        let mut m = one_message(7, "ahead", 1);
         let opening = store.open_queues("ahead", [0, 1]);
         let mut opening = std::pin::pin!(opening);
         // The first poll hands the opening to the blocking pool and waits for it.
@@ -633,19 +642,15 @@ fn names_in(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// A queue and the key index roll into files made ahead in the blocking pool: with the
-/// spares in place before each roll (the key index's first one asked for at the opening),
+/// spares in place before each roll (the key index's first file comes with the first key),
 /// none creates its file on the shard's thread; checkpoints sync the renamed files (and
 /// their directory), and everything reads back after the store is dropped without a close.
 #[test]
 fn rolls_take_the_spare_files_made_ahead() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = MessageStore::open(dir.path(), small_config())
-            .await
-            .unwrap();
-        let mut m = common::message(9, 1, 1, 10);
-        m.topic = "rolling".to_owned();
-        m.queue_id = 0;
+        let store = open_small(dir.path()).await;
+        let m = one_message(9, "rolling", 0);
         for i in 0..1_000u64 {
             spares_made(&store).await;
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
@@ -687,18 +692,42 @@ fn rolls_take_the_spare_files_made_ahead() {
     });
 }
 
+/// A clean close removes the spare files held (a queue's and the key index's), so a stopped
+/// broker's directories hold only its numbered files.
+#[test]
+fn a_close_removes_the_spare_files_held() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_small(dir.path()).await;
+        let m = one_message(7, "closing", 0);
+        for _ in 0..10 {
+            store.put(&m.draft()).await.unwrap();
+        }
+        spares_made(&store).await;
+        let spares = |sub: &str| {
+            let names = names_in(&dir.path().join(sub));
+            names.iter().filter(|n| n.starts_with("spare-")).count()
+        };
+        // Small files: both indexes are near their file's end and hold a spare.
+        assert_eq!((spares("consumequeue/closing/0"), spares("index")), (1, 1));
+        store.close().await.unwrap();
+        assert_eq!((spares("consumequeue/closing/0"), spares("index")), (0, 0));
+        drop(store);
+        let (store, _) = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap();
+        assert_eq!(store.queue_range("closing", 0).unwrap(), (0, 10));
+    });
+}
+
 /// An opening given up half way (its future dropped, as at a shutdown) leaves no queue
 /// marked as opening: appends to it go through instead of being refused for ever.
 #[test]
 fn an_opening_dropped_half_way_refuses_nothing_after() {
     run_local(|| async {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = MessageStore::open(dir.path(), small_config())
-            .await
-            .unwrap();
-        let mut m = common::message(8, 1, 1, 10);
-        m.topic = "dropped".to_owned();
-        m.queue_id = 0;
+        let store = open_small(dir.path()).await;
+        let m = one_message(8, "dropped", 0);
         {
             let opening = store.open_queues("dropped", [0]);
             let mut opening = std::pin::pin!(opening);

@@ -588,6 +588,11 @@ impl KeyIndex {
         self.spares.out()
     }
 
+    /// Gives its spare up (a store closing): the path, for the caller to remove.
+    pub fn give_up_spare(&mut self) -> Option<PathBuf> {
+        self.spares.give_up()
+    }
+
     /// The next stretch of the newest file to allocate, once its entries come within
     /// [`KI_ALLOC_STEP`] of what is allocated, for the caller to allocate off its thread and
     /// report with [`allocated_ahead`](Self::allocated_ahead) (one out at a time).

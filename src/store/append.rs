@@ -27,19 +27,23 @@ fn queue_aheads(q: &mut QueueState) -> [Option<QueueAhead>; 2] {
     ]
 }
 
-/// Removes spare files no queue took, in the blocking pool (each has a name of its own, so
-/// nothing else is at its path; one already gone is fine).
+/// Removes spare files no index took, in the blocking pool, in the background.
 pub(super) fn remove_spares(paths: Vec<PathBuf>) {
-    crate::io::spawn(async move {
-        crate::io::blocking(move || {
-            for path in paths {
-                if let Err(e) = crate::index::remove_file(&path) {
-                    crate::warn!("ringmq: removing a spare index file: {e}");
-                }
+    crate::io::spawn(remove_spare_files(paths));
+}
+
+/// Removes spare files in the blocking pool (each has a name of its own, so nothing else
+/// is at its path; one already gone is fine, one that cannot be removed is logged: the
+/// index's next opening removes it).
+pub(super) async fn remove_spare_files(paths: Vec<PathBuf>) {
+    crate::io::blocking(move || {
+        for path in paths {
+            if let Err(e) = crate::index::remove_file(&path) {
+                crate::warn!("ringmq: removing a spare index file: {e}");
             }
-        })
-        .await;
-    });
+        }
+    })
+    .await;
 }
 
 impl MessageStore {

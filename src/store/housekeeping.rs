@@ -157,12 +157,17 @@ impl MessageStore {
     }
 
     /// Clean shutdown: write and sync everything, flush the indexes, write the checkpoint
-    /// at the end of the log and remove the abort marker.
+    /// at the end of the log, remove the spare index files held and the abort marker.
     pub async fn close(&self) -> Result<(), StoreError> {
         self.inner.stopped.set(true);
         self.inner.log.close().await?;
         let end = self.checkpoint().await?;
         debug_assert_eq!(end, self.inner.log.write_offset());
+        let mut spares: Vec<PathBuf> = (self.inner.queues.borrow_mut().values_mut())
+            .filter_map(|q| q.cq.give_up_spare())
+            .collect();
+        spares.extend(self.inner.keys.borrow_mut().give_up_spare());
+        super::append::remove_spare_files(spares).await;
         let abort = self.inner.dir.join("abort");
         std::fs::remove_file(&abort).map_err(|e| io_err("remove", &abort, e))?;
         Ok(())

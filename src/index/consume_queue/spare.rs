@@ -42,4 +42,9 @@ impl ConsumeQueue {
     pub fn spare_out(&self) -> bool {
         self.spares.out()
     }
+
+    /// Gives its spare up (a store closing): the path, for the caller to remove.
+    pub fn give_up_spare(&mut self) -> Option<PathBuf> {
+        self.spares.give_up()
+    }
 }
