@@ -33,8 +33,10 @@ impl ShardCtx {
     /// A `SendMulti`'s messages, however they were read (`queue_ids[i]` is message `i`'s
     /// queue). On another shard than 0 whose table lacks the topic, it asks shard 0 first,
     /// as a send to an unknown topic does (a creation this shard missed), and is checked
-    /// again once answered. Every request naming the topic waits for that answer, so
-    /// pipelined ones keep their order. One naming a queue past the topic's count here is
+    /// again once answered. Pipelined requests that find the topic unknown too wait for the
+    /// same answer (one that arrives after the topic is applied and before this request
+    /// resumes is appended first, as with single sends). One naming a queue past the
+    /// topic's count here is
     /// refused (`QueueNotFound`) rather than answered later: a send to a queue it knows,
     /// pipelined after it, would be stored first. The coalescing producer sends the
     /// messages of a refused `SendMulti` again alone, and a single send asks shard 0.
