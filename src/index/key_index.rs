@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use memmap2::MmapMut;
 
 use super::consume_queue::DirtyFile;
-use super::spare::{remove_leftovers, MadeSpare, MappedFile, SpareFile, Spares};
+use super::spare::{remove_leftovers, MappedFile, SpareFile, Spares};
 use super::tag::fnv1a64;
 use super::{
     create_mapped, io_err, list_files, map_file, numbered_file_name, open_existing, read_i64,
@@ -559,7 +559,7 @@ impl KeyIndex {
 
     /// A spare file to make off the appending thread for the next roll, once the last
     /// file's entries come within a [`KI_ALLOC_STEP`] of its end (one out at a time):
-    /// [`SpareFile::make`] it, then hand it to [`spare_made`](Self::spare_made). None for
+    /// [`SpareFile::make`] it, then hand it to [`Spares::made`]. None for
     /// the first file, which the first key creates: a store that never indexes a key holds
     /// no file of the key index's size.
     pub fn spare_ahead(&mut self) -> Option<SpareFile> {
@@ -572,25 +572,9 @@ impl KeyIndex {
         self.spares.ask(&self.dir, last.seq, bytes, slots_end)
     }
 
-    /// Takes a spare made for this index and keeps it for the next roll. Returns the path
-    /// of a file the index does not take, for the caller to remove off its thread.
-    pub fn spare_made(&mut self, made: MadeSpare) -> Option<PathBuf> {
-        self.spares.made(made)
-    }
-
-    /// Rolls that created their file on the appending thread (no spare was ready).
-    pub fn rolls_inline(&self) -> u64 {
-        self.spares.rolls_inline()
-    }
-
-    /// A spare it asked for is out, not yet handed back.
-    pub fn spare_out(&self) -> bool {
-        self.spares.out()
-    }
-
-    /// Gives its spare up (a store closing): the path, for the caller to remove.
-    pub fn give_up_spare(&mut self) -> Option<PathBuf> {
-        self.spares.give_up()
+    /// The index's spare file and the asks for it.
+    pub fn spares(&mut self) -> &mut Spares {
+        &mut self.spares
     }
 
     /// The next stretch of the newest file to allocate, once its entries come within
@@ -638,13 +622,10 @@ impl KeyIndex {
         store_timestamp_ms: i64,
     ) -> Result<(), IndexError> {
         let hash = KeyHash::of(key);
+        // Rolls to a new file if the last one is full: the last file has room after it.
         self.reserve(1)?;
-        let next_seq = self.files.back().map_or(0, |last| last.seq + 1);
-        match self.files.back_mut() {
-            Some(last) if !last.is_full() => last.put(&hash, physical_offset, store_timestamp_ms),
-            _ => self
-                .roll(next_seq)?
-                .put(&hash, physical_offset, store_timestamp_ms),
+        if let Some(last) = self.files.back_mut() {
+            last.put(&hash, physical_offset, store_timestamp_ms);
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
 pub use key_index::{KeyIndex, KeyIndexConfig};
-pub use spare::{MadeSpare, SpareFile};
+pub use spare::{MadeSpare, SpareFile, Spares};
 pub use tag::{tag_hash, TAG_HASH_NONE};
 pub use timing_wheel::TimingWheel;
 

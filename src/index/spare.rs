@@ -86,8 +86,8 @@ impl MadeSpare {
     }
 }
 
-/// An index's spare, and the asks for one.
-pub(super) struct Spares {
+/// An index's spare, and the asks for one (`ConsumeQueue::spares`, `KeyIndex::spares`).
+pub struct Spares {
     /// Tells this index apart from any other opened in this process.
     owner: u64,
     /// A [`SpareFile`] is out.
@@ -116,8 +116,8 @@ impl Spares {
         self.held.is_some()
     }
 
-    /// A spare is out, not yet handed back.
-    pub(super) fn out(&self) -> bool {
+    /// A spare asked for is out, not yet handed back.
+    pub fn out(&self) -> bool {
         self.out
     }
 
@@ -146,8 +146,8 @@ impl Spares {
 
     /// Takes a spare made for this index and keeps it for the next roll. Returns the path
     /// of a file the index does not take, for the caller to remove off its thread: one made
-    /// for another index opened on this directory before.
-    pub(super) fn made(&mut self, made: MadeSpare) -> Option<PathBuf> {
+    /// for another index opened on this directory before, or one more than it holds.
+    pub fn made(&mut self, made: MadeSpare) -> Option<PathBuf> {
         if made.owner != self.owner {
             return Some(made.path);
         }
@@ -166,8 +166,9 @@ impl Spares {
         }
     }
 
-    /// Gives the spare up (an idle index): its path, for the caller to remove.
-    pub(super) fn give_up(&mut self) -> Option<PathBuf> {
+    /// Gives the spare up (an idle queue, a store closing): its path, for the caller to
+    /// remove off its thread.
+    pub fn give_up(&mut self) -> Option<PathBuf> {
         self.held.take().map(|(path, _)| path)
     }
 
@@ -192,7 +193,7 @@ impl Spares {
     }
 
     /// Rolls that created their file on the appending thread (no spare was ready).
-    pub(super) fn rolls_inline(&self) -> u64 {
+    pub fn rolls_inline(&self) -> u64 {
         self.rolls_inline
     }
 }

@@ -142,11 +142,11 @@ impl MessageStore {
             let refused = match of {
                 AheadFor::Queue(topic, queue_id) => {
                     match inner.queues.borrow_mut().get_mut(&(topic, queue_id)) {
-                        Some(q) => q.cq.spare_made(made),
+                        Some(q) => q.cq.spares().made(made),
                         None => Some(made.into_path()),
                     }
                 }
-                AheadFor::Keys => inner.keys.borrow_mut().spare_made(made),
+                AheadFor::Keys => inner.keys.borrow_mut().spares().made(made),
             };
             if let Some(path) = refused {
                 remove_spares(vec![path]);

@@ -163,10 +163,8 @@ impl MessageStore {
         self.inner.log.close().await?;
         let end = self.checkpoint().await?;
         debug_assert_eq!(end, self.inner.log.write_offset());
-        let mut spares: Vec<PathBuf> = (self.inner.queues.borrow_mut().values_mut())
-            .filter_map(|q| q.cq.give_up_spare())
-            .collect();
-        spares.extend(self.inner.keys.borrow_mut().give_up_spare());
+        let mut spares = Vec::new();
+        self.each_index_spares(|s| spares.extend(s.give_up()));
         super::append::remove_spare_files(spares).await;
         let abort = self.inner.dir.join("abort");
         std::fs::remove_file(&abort).map_err(|e| io_err("remove", &abort, e))?;

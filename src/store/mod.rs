@@ -378,18 +378,24 @@ impl MessageStore {
     /// see `ConsumeQueue::spare_ahead`, `KeyIndex::spare_ahead`): the consume queues', each
     /// since it was opened, and the key index's since the store opened.
     pub fn index_rolls_inline(&self) -> u64 {
-        let queues: u64 = (self.inner.queues.borrow().values())
-            .map(|q| q.cq.rolls_inline())
-            .sum();
-        queues + self.inner.keys.borrow().rolls_inline()
+        let mut rolls = 0;
+        self.each_index_spares(|s| rolls += s.rolls_inline());
+        rolls
     }
 
     /// Spare index files asked for and being made in the blocking pool now.
     pub fn index_spares_out(&self) -> usize {
-        let queues = (self.inner.queues.borrow().values())
-            .filter(|q| q.cq.spare_out())
-            .count();
-        queues + usize::from(self.inner.keys.borrow().spare_out())
+        let mut out = 0;
+        self.each_index_spares(|s| out += usize::from(s.out()));
+        out
+    }
+
+    /// Calls `f` with every index's spares: each open queue's, then the key index's.
+    pub(super) fn each_index_spares(&self, mut f: impl FnMut(&mut crate::index::Spares)) {
+        for q in self.inner.queues.borrow_mut().values_mut() {
+            f(q.cq.spares());
+        }
+        f(self.inner.keys.borrow_mut().spares());
     }
 
     /// The queues this store has, with (min, max) offsets.

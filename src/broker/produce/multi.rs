@@ -36,10 +36,10 @@ impl ShardCtx {
     /// again once answered. Pipelined requests that find the topic unknown too wait for the
     /// same answer (one that arrives after the topic is applied and before this request
     /// resumes is appended first, as with single sends). One naming a queue past the
-    /// topic's count here is
-    /// refused (`QueueNotFound`) rather than answered later: a send to a queue it knows,
-    /// pipelined after it, would be stored first. The coalescing producer sends the
-    /// messages of a refused `SendMulti` again alone, and a single send asks shard 0.
+    /// topic's count here is refused (`QueueNotFound`) rather than answered later: a send
+    /// to a queue it knows, pipelined after it, would be stored first. The coalescing
+    /// producer sends the messages of a refused `SendMulti` again alone, and a single send
+    /// asks shard 0.
     pub(in crate::broker) fn send_multi_items(
         self: &Rc<Self>,
         request_id: u64,

@@ -539,7 +539,7 @@ proptest! {
                 }
                 Op::Spare => {
                     if let Some(spare) = queue.spare_ahead() {
-                        prop_assert_eq!(queue.spare_made(spare.make()), None);
+                        prop_assert_eq!(queue.spares().made(spare.make()), None);
                     }
                 }
                 Op::Reopen => {
@@ -698,7 +698,7 @@ fn spares(dir: &Path) -> Vec<PathBuf> {
 fn give_spare(queue: &mut ConsumeQueue) {
     let spare = queue.spare_ahead().expect("the queue asks for a spare");
     assert!(queue.spare_ahead().is_none(), "one spare out at a time");
-    assert_eq!(queue.spare_made(spare.make()), None, "taken");
+    assert_eq!(queue.spares().made(spare.make()), None, "taken");
     assert!(queue.spare_ahead().is_none(), "one spare held at a time");
 }
 
@@ -715,7 +715,7 @@ fn the_roll_renames_the_spare_made_ahead() {
     append(&mut queue, 1..101);
     assert_eq!(file_bases(dir.path()), [0, 100]);
     assert!(spares(dir.path()).is_empty(), "renamed into place");
-    assert_eq!(queue.rolls_inline(), 0);
+    assert_eq!(queue.spares().rolls_inline(), 0);
     let dirty: Vec<(u64, bool)> = queue
         .dirty_files()
         .iter()
@@ -732,12 +732,12 @@ fn the_roll_renames_the_spare_made_ahead() {
     assert!(!queue.dirty_files()[0].name_unsynced, "synced once");
     // Without a spare (none asked for since) the roll creates the file itself.
     append(&mut queue, 102..201);
-    assert_eq!(queue.rolls_inline(), 1);
+    assert_eq!(queue.spares().rolls_inline(), 1);
     drop(queue);
     let mut queue = open(dir.path(), 100);
     check(&queue, 0, 201);
     append(&mut queue, 201..301);
-    assert_eq!(queue.rolls_inline(), 1);
+    assert_eq!(queue.spares().rolls_inline(), 1);
     check(&queue, 0, 301);
 }
 
@@ -792,10 +792,14 @@ fn a_spare_of_another_opening_is_refused() {
     let spare = queue.spare_ahead().unwrap();
     drop(queue);
     let mut queue = open(dir.path(), 100);
-    let refused = queue.spare_made(spare.make()).expect("refused");
+    let refused = queue.spares().made(spare.make()).expect("refused");
     assert!(refused.exists());
     append(&mut queue, 10..101);
-    assert_eq!(queue.rolls_inline(), 1, "the refused spare was not used");
+    assert_eq!(
+        queue.spares().rolls_inline(),
+        1,
+        "the refused spare was not used"
+    );
     assert!(refused.exists(), "the caller removes it");
     drop(queue);
     let queue = open(dir.path(), 100);
@@ -832,7 +836,7 @@ fn a_spare_gone_before_its_roll_falls_back_to_creating_the_file() {
         std::fs::remove_file(spare).unwrap();
     }
     append(&mut queue, 10..150);
-    assert_eq!(queue.rolls_inline(), 1);
+    assert_eq!(queue.spares().rolls_inline(), 1);
     check(&queue, 0, 150);
     drop(queue);
     check(&open(dir.path(), 100), 0, 150);
@@ -871,7 +875,7 @@ fn a_spare_that_cannot_be_made_is_asked_again_only_after_the_next_roll() {
     let path = spare.path.clone();
     let made = spare.make();
     assert!(made.failure().is_some());
-    assert_eq!(queue.spare_made(made), None);
+    assert_eq!(queue.spares().made(made), None);
     assert_eq!(std::fs::read(&path).unwrap(), b"in the way");
     append(&mut queue, 10..20);
     assert!(
@@ -879,6 +883,6 @@ fn a_spare_that_cannot_be_made_is_asked_again_only_after_the_next_roll() {
         "not asked again before the roll"
     );
     append(&mut queue, 20..101);
-    assert_eq!(queue.rolls_inline(), 1);
+    assert_eq!(queue.spares().rolls_inline(), 1);
     give_spare(&mut queue);
 }

@@ -443,7 +443,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 fn make_spare(index: &mut KeyIndex) {
     let spare = index.spare_ahead().expect("a spare is asked for");
     assert!(index.spare_ahead().is_none(), "one out at a time");
-    assert_eq!(index.spare_made(spare.make()), None, "taken");
+    assert_eq!(index.spares().made(spare.make()), None, "taken");
     assert!(index.spare_ahead().is_none(), "one held at a time");
 }
 
@@ -464,7 +464,7 @@ fn each_roll_renames_the_spare_made_ahead() {
         index.put(&key, i, i as i64).unwrap();
         model.puts.push((key, i, i as i64));
     }
-    assert_eq!(index.rolls_inline(), 0);
+    assert_eq!(index.spares().rolls_inline(), 0);
     assert_eq!(index.file_count(), 4);
     // Only numbered files: every spare was renamed into place.
     assert_eq!(
@@ -493,13 +493,17 @@ fn a_roll_with_no_spare_ready_creates_its_file_and_counts_it() {
     for i in 1..=u64::from(TINY.entries_per_file) {
         index.put("k", i, 0).unwrap();
     }
-    assert_eq!(index.rolls_inline(), 1, "one roll, with no spare ready");
+    assert_eq!(
+        index.spares().rolls_inline(),
+        1,
+        "one roll, with no spare ready"
+    );
     // The spare comes late: held for the next roll, which takes it.
-    assert_eq!(index.spare_made(out.make()), None);
+    assert_eq!(index.spares().made(out.make()), None);
     for i in 0..u64::from(TINY.entries_per_file) {
         index.put("k", 100 + i, 0).unwrap();
     }
-    assert_eq!((index.rolls_inline(), index.file_count()), (1, 3));
+    assert_eq!((index.spares().rolls_inline(), index.file_count()), (1, 3));
     assert_eq!(names_in(dir.path()).len(), 3);
 }
 
@@ -524,7 +528,7 @@ fn leftover_spares_are_removed_at_open_and_one_of_another_opening_is_refused() {
     // A spare asked for by another opening of the directory is not this index's.
     let mut other = KeyIndex::open(dir.path(), TINY).unwrap();
     let theirs = other.spare_ahead().unwrap().make();
-    let refused = index.spare_made(theirs).expect("refused");
+    let refused = index.spares().made(theirs).expect("refused");
     assert!(refused.exists(), "left for the caller to remove");
     assert!(index.spare_ahead().is_some(), "this index asks its own");
 }
@@ -540,7 +544,7 @@ fn a_spare_that_cannot_be_made_is_asked_again_only_after_the_next_roll() {
     let path = spare.path.clone();
     let made = spare.make();
     assert!(made.failure().is_some());
-    assert_eq!(index.spare_made(made), None);
+    assert_eq!(index.spares().made(made), None);
     assert_eq!(std::fs::read(&path).unwrap(), b"in the way");
     assert!(index.spare_ahead().is_none(), "not until the next roll");
     for i in 1..u64::from(TINY.entries_per_file) {
@@ -551,6 +555,6 @@ fn a_spare_that_cannot_be_made_is_asked_again_only_after_the_next_roll() {
         "the file is full, not rolled"
     );
     index.put("k", 100, 0).unwrap();
-    assert_eq!(index.rolls_inline(), 1);
+    assert_eq!(index.spares().rolls_inline(), 1);
     assert!(index.spare_ahead().is_some(), "asked again after the roll");
 }
