@@ -542,6 +542,85 @@ fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0(
     }
 }
 
+/// Sends naming a queue are stored in the order they arrived even while the first of them
+/// waits for its shard to learn the topic. Here shard 1 creates the topic through shard 0
+/// (auto-create), whose answer comes late; a send pipelined after it on the same
+/// connection, single or multi-queue, arrives once shard 1 has applied the topic, and waits
+/// behind the first instead of being stored before it.
+#[test]
+fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
+    use ringmq::protocol::route::owner;
+    use ringmq::protocol::{BatchItem, Response, SendMessage, SendMulti};
+    use std::time::Instant;
+    const SLOW_MS: u64 = 3_000;
+    // Queue 0 is shard 1's: both sends are handled there.
+    let topic = (0..)
+        .map(|i| format!("line-{i}"))
+        .find(|t| owner(t, 0, 2) == 1)
+        .unwrap();
+    let single = |topic: &str, body: &str| SendMessage {
+        topic: topic.to_owned(),
+        queue_id: 0,
+        flag: 0,
+        properties: Vec::new(),
+        body: body.as_bytes().to_vec(),
+        born_timestamp_ms: 0,
+        wait_durable: false,
+    };
+    for kind in ["single", "multi"] {
+        let fault = TopicChangeFault::SlowCreationAnswer(SLOW_MS);
+        let name = topic.clone();
+        with_a_topic_change_fault(&topic, fault, true, |_, one| async move {
+            let addr = one.client().config().broker.clone();
+            let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
+            common::raw::write(&mut conn, 1, single(&name, "first").into());
+            let sent_at = Instant::now();
+            // Shard 1 applies the topic, then waits for shard 0's late answer.
+            while !one.client().list_topics().await.unwrap().contains(&name) {
+                assert!(sent_at.elapsed() < Duration::from_secs(10), "{kind}");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let second = match kind {
+                "single" => single(&name, "second").into(),
+                _ => SendMulti {
+                    topic: name.clone(),
+                    queue_ids: vec![0],
+                    messages: vec![BatchItem {
+                        flag: 0,
+                        properties: Vec::new(),
+                        body: bytes::Bytes::from_static(b"second"),
+                        born_timestamp_ms: 0,
+                    }],
+                    wait_durable: false,
+                }
+                .into(),
+            };
+            common::raw::write(&mut conn, 2, second);
+            assert!(
+                sent_at.elapsed() < Duration::from_millis(SLOW_MS / 2),
+                "{kind}: the second send left after the first's answer was due"
+            );
+            let answers =
+                tokio::task::spawn_blocking(move || common::raw::read_answers(&mut conn, 2));
+            let mut offsets = [None, None];
+            for (id, answer) in answers.await.unwrap() {
+                offsets[id as usize - 1] = Some(match answer {
+                    Response::SendResult(r) => r.queue_offset,
+                    Response::SendMultiResult(r) => r.queue_offsets[0],
+                    other => panic!("{kind}: request {id}: {other:?}"),
+                });
+            }
+            assert_eq!(offsets, [Some(0), Some(1)], "{kind}");
+            let pulled = one.client().pull(&name, 0, 0, 32, Duration::ZERO, &[]);
+            let pulled = pulled.await.unwrap();
+            let bodies: Vec<&[u8]> = pulled.messages.iter().map(|m| m.body()).collect();
+            assert_eq!(bodies, [&b"first"[..], &b"second"[..]], "{kind}");
+        });
+    }
+}
+
 /// Another shard applies topic changes in the order shard 0 sent them, even when a
 /// creation finishes after shard 0 stopped waiting for it (here: acknowledged at once,
 /// applied once the next change has arrived): the deletion sent next waits for it, and the
@@ -576,7 +655,8 @@ fn a_late_creation_does_not_outlive_the_deletion_sent_after_it() {
 }
 
 /// A shard that missed a topic's growth (shard 0's call failed) learns it from shard 0 when
-/// a send reaches one of the new queues it owns, instead of refusing it until a restart.
+/// a send reaches one of the new queues it owns, instead of refusing it until a restart:
+/// a single send, or a multi-queue one (`SendMulti`, as a coalescing producer packs them).
 #[test]
 fn a_shard_that_missed_a_growth_learns_it_when_a_send_reaches_a_new_queue() {
     use ringmq::client::{ProducerOptions, QueueSelector};
@@ -597,27 +677,54 @@ fn a_shard_that_missed_a_growth_learns_it_when_a_send_reaches_a_new_queue() {
         .map(|i| format!("grown-{i}"))
         .find(|t| owner(t, 2, 2) == 1)
         .unwrap();
-    let fault = TopicChangeFault::Drop(1);
-    with_a_topic_change_fault(&topic.clone(), fault, false, |zero, _| async move {
-        zero.client().create_topic(&topic, 2).await.unwrap();
-        let err = zero.client().update_topic(&topic, 4).await.unwrap_err();
-        assert!(err.to_string().contains("dropped"), "{err}");
-        let mut config = ClientConfig::new(zero.client().broker_info().shard_addrs[0].clone());
-        config.shard_aware = false;
-        let options = ProducerOptions {
-            selector: Some(Arc::new(Two)),
-            ..ProducerOptions::default()
-        };
-        let producer = Producer::connect_with(config, options).await.unwrap();
-        let sent = producer
-            .send(&topic, OutgoingMessage::new(b"to a new queue".to_vec()))
-            .await
-            .unwrap();
-        assert_eq!(sent.queue_id, 2);
-        let info = zero.client().describe_topic(&topic).await.unwrap();
-        assert_eq!(info.queues.len(), 4, "{info:?}");
-        assert_eq!(info.queues[2].max_offset, 1, "{info:?}");
-    });
+    for kind in ["single", "multi"] {
+        let fault = TopicChangeFault::Drop(1);
+        let topic = topic.clone();
+        with_a_topic_change_fault(&topic.clone(), fault, false, |zero, one| async move {
+            zero.client().create_topic(&topic, 2).await.unwrap();
+            let err = zero.client().update_topic(&topic, 4).await.unwrap_err();
+            assert!(err.to_string().contains("dropped"), "{err}");
+            if kind == "single" {
+                let shard_0 = zero.client().broker_info().shard_addrs[0].clone();
+                let mut config = ClientConfig::new(shard_0);
+                config.shard_aware = false;
+                let options = ProducerOptions {
+                    selector: Some(Arc::new(Two)),
+                    ..ProducerOptions::default()
+                };
+                let producer = Producer::connect_with(config, options).await.unwrap();
+                let sent = producer
+                    .send(&topic, OutgoingMessage::new(b"to a new queue".to_vec()))
+                    .await
+                    .unwrap();
+                assert_eq!(sent.queue_id, 2);
+            } else {
+                let request = ringmq::protocol::SendMulti {
+                    topic: topic.clone(),
+                    queue_ids: vec![2],
+                    messages: vec![ringmq::protocol::BatchItem {
+                        flag: 0,
+                        properties: Vec::new(),
+                        body: bytes::Bytes::from_static(b"to a new queue"),
+                        born_timestamp_ms: 0,
+                    }],
+                    wait_durable: false,
+                };
+                let addr = one.client().config().broker.clone();
+                let answer =
+                    tokio::task::spawn_blocking(move || common::raw::call(&addr, request.into()));
+                match answer.await.unwrap() {
+                    ringmq::protocol::Response::SendMultiResult(r) => {
+                        assert_eq!((r.store_id, r.queue_offsets), (1, vec![0]))
+                    }
+                    other => panic!("{kind} through shard 1: {other:?}"),
+                }
+            }
+            let info = zero.client().describe_topic(&topic).await.unwrap();
+            assert_eq!(info.queues.len(), 4, "{kind}: {info:?}");
+            assert_eq!(info.queues[2].max_offset, 1, "{kind}: {info:?}");
+        });
+    }
 }
 
 /// A shard whose call to take a deletion failed is told again in the background: the

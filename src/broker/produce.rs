@@ -23,6 +23,7 @@ use crate::protocol::{
 };
 use crate::store::PutResult;
 
+mod line;
 mod multi;
 
 /// Most messages in one batch send.
@@ -280,7 +281,9 @@ impl ShardCtx {
     }
 
     /// Validates and appends `items` now (so pipelined sends keep their order), then waits
-    /// for the acknowledgement the flush mode (or `wait_durable`) asks for.
+    /// for the acknowledgement the flush mode (or `wait_durable`) asks for. A send to a
+    /// named queue that must first learn its topic, and those behind it, append in the
+    /// topic's line (`line`), in arrival order.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn send(
         self: &Rc<Self>,
@@ -311,10 +314,16 @@ impl ShardCtx {
                 .first()
                 .is_some_and(|i| is_half(&Properties::new(i.properties)));
         let known = self.topics.borrow().get(topic);
+        let named = queue_id >= 0;
         match known {
             // A queue past the count on another shard than 0 takes the path below, which
-            // asks shard 0 first (a growth this shard may have missed).
-            Some(count) if queue_id >= 0 && ((queue_id as u32) < count || self.id == 0) => {
+            // asks shard 0 first (a growth this shard may have missed); so does a send behind
+            // one deferred that way, in the topic's line.
+            Some(count)
+                if named
+                    && ((queue_id as u32) < count || self.id == 0)
+                    && !self.sends_in_line(topic) =>
+            {
                 let q = queue_id as u32;
                 if q >= count {
                     let e = err(
@@ -334,7 +343,10 @@ impl ShardCtx {
                 })
             }
             _ => {
-                // Unknown topic (maybe auto-created) or a queue left to the broker.
+                // Unknown topic (maybe auto-created) or a queue left to the broker. A named
+                // queue is this shard's (`send_in_place` forwards the others): the send keeps
+                // its place among the topic's sends while it waits.
+                let place = named.then(|| self.send_place(topic));
                 let ctx = self.clone();
                 let topic = topic.to_owned();
                 let items: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
@@ -362,6 +374,9 @@ impl ShardCtx {
                         );
                         ctx.count_error(&e);
                         return Some(error_frame(request_id, &e));
+                    }
+                    if let Some(place) = &place {
+                        place.wait().await;
                     }
                     let to = ctx.owner_of(&topic, q);
                     if to != ctx.id {
@@ -395,7 +410,10 @@ impl ShardCtx {
                         ctx.count_error(&e);
                         return Some(error_frame(request_id, &e));
                     }
-                    match ctx.append_all(&topic, q, &items, peer) {
+                    let appended = ctx.append_all(&topic, q, &items, peer);
+                    // Appended (or refused): the next send in line goes on.
+                    drop(place);
+                    match appended {
                         Ok(puts) => {
                             ctx.note_waiting(&puts);
                             Some(

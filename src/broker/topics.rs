@@ -55,6 +55,10 @@ pub enum TopicChangeFault {
     /// change arrives (or after this many ms), as if shard 0's call had timed out while the
     /// shard was still opening the queues.
     LateCreation(u64),
+    /// Shard 0 answers another shard's creation of the topic (auto-create) this many ms
+    /// after every shard has applied it, as if the answer were slow on its way: the shard
+    /// that asked knows the topic before its send resumes.
+    SlowCreationAnswer(u64),
 }
 
 /// Who creates a topic: limits differ.
@@ -585,6 +589,13 @@ impl ShardCtx {
     ) -> Result<(), ErrorBody> {
         if let Some((queues, origin)) = create {
             if self.set_topic(topic, Some(queues), true, origin).await? {
+                if let Some((faulted, TopicChangeFault::SlowCreationAnswer(ms))) =
+                    &self.cfg.testing_topic_change_fault
+                {
+                    if faulted == topic {
+                        crate::io::sleep(std::time::Duration::from_millis(*ms)).await;
+                    }
+                }
                 return Ok(());
             }
         } else if self.topics.borrow().get(topic).is_none() {
@@ -613,7 +624,7 @@ impl ShardCtx {
     ) -> LocalBoxFuture<'static, MeshReply> {
         let turn = self.topic_turns.take();
         match self.testing_fault(&topic, queues) {
-            None => Box::pin(async move {
+            None | Some(TopicChangeFault::SlowCreationAnswer(_)) => Box::pin(async move {
                 turn.wait().await;
                 // Told again what it already has (told again after asking while the first
                 // telling was on its way): nothing to do, and no rebalance.
@@ -655,6 +666,8 @@ impl ShardCtx {
                 (seen == *n).then_some(*fault)
             }
             TopicChangeFault::LateCreation(_) => queues.is_some().then_some(*fault),
+            // Shard 0's, in `ensure_topic_for`.
+            TopicChangeFault::SlowCreationAnswer(_) => None,
         }
     }
 

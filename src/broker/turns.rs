@@ -38,6 +38,11 @@ impl Turns {
         }
     }
 
+    /// Whether every place taken has had its turn and ended.
+    pub(crate) fn idle(&self) -> bool {
+        self.serving.get() == self.next.get()
+    }
+
     /// Passes the turn on from `number`, past any places abandoned meanwhile.
     fn end(&self, number: u64) {
         let mut next = number + 1;
@@ -134,11 +139,14 @@ mod tests {
             first.wait().await;
             tokio::task::yield_now().await;
             assert!(!later.is_finished(), "the third waits for the first");
+            assert!(!turns.idle());
             drop(first);
             tokio::time::timeout(std::time::Duration::from_secs(5), later)
                 .await
                 .expect("the third's turn comes once the first ends")
                 .unwrap();
+            // The third ended with its task: the line is idle, the skipped place included.
+            assert!(turns.idle());
             // A place taken now has its turn at once.
             tokio::time::timeout(std::time::Duration::from_secs(5), turns.take().wait())
                 .await

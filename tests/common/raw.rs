@@ -13,36 +13,48 @@ pub fn call(addr: &str, request: Request) -> Response<'static> {
     let mut conn = TcpStream::connect(addr).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    let mut out = Vec::new();
-    encode_request(&request, 9, &mut out).unwrap();
-    conn.write_all(&out).unwrap();
+    write(&mut conn, 9, request);
     read_answer(&mut conn)
 }
 
+/// Writes `request` with `request_id` on `conn`, without waiting for its answer.
+pub fn write(conn: &mut TcpStream, request_id: u64, request: Request) {
+    let mut out = Vec::new();
+    encode_request(&request, request_id, &mut out).unwrap();
+    conn.write_all(&out).unwrap();
+}
+
 pub fn read_answer(conn: &mut TcpStream) -> Response<'static> {
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 1 << 16];
-    loop {
-        if let Some(frame) = FrameDecoder::new(
+    read_answers(conn, 1).pop().unwrap().1
+}
+
+/// The next `n` answers on `conn`, each with its request id, in the order they came.
+pub fn read_answers(conn: &mut TcpStream, n: usize) -> Vec<(u64, Response<'static>)> {
+    let decoder = || {
+        FrameDecoder::new(
             ringmq::protocol::FrameLimits::new(ringmq::protocol::FRAME_BYTES_CEILING).unwrap(),
         )
-        .decode(&buf)
-        .unwrap()
-        {
+    };
+    let mut answers = Vec::new();
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    while answers.len() < n {
+        if let Some(frame) = decoder().decode(&buf).unwrap() {
             let len = frame.frame_len();
             let owned: &'static [u8] = Box::leak(buf[..len].to_vec().into_boxed_slice());
-            let frame = FrameDecoder::new(
-                ringmq::protocol::FrameLimits::new(ringmq::protocol::FRAME_BYTES_CEILING).unwrap(),
-            )
-            .decode(owned)
-            .unwrap()
-            .unwrap();
-            return frame.decode_response().unwrap();
+            buf.drain(..len);
+            let frame = decoder().decode(owned).unwrap().unwrap();
+            answers.push((frame.request_id(), frame.decode_response().unwrap()));
+            continue;
         }
-        let n = conn.read(&mut chunk).unwrap();
-        assert!(n > 0, "the broker closed the connection without an answer");
-        buf.extend_from_slice(&chunk[..n]);
+        let read = conn.read(&mut chunk).unwrap();
+        assert!(
+            read > 0,
+            "the broker closed the connection without an answer"
+        );
+        buf.extend_from_slice(&chunk[..read]);
     }
+    answers
 }
 
 /// The error code and message of an error answer.

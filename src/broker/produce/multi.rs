@@ -31,15 +31,11 @@ impl ShardCtx {
     }
 
     /// A `SendMulti`'s messages, however they were read (`queue_ids[i]` is message `i`'s
-    /// queue). On another shard than 0 whose table lacks the topic, it asks shard 0 first,
-    /// as a send to an unknown topic does (a creation this shard missed), and is checked
-    /// again once answered. Pipelined requests that find the topic unknown too wait for the
-    /// same answer (one that arrives after the topic is applied and before this request
-    /// resumes is appended first, as with single sends). One naming a queue past the
-    /// topic's count here is refused (`QueueNotFound`) rather than answered later: a send
-    /// to a queue it knows, pipelined after it, would be stored first. The coalescing
-    /// producer sends the messages of a refused `SendMulti` again alone, and a single send
-    /// asks shard 0.
+    /// queue). On another shard than 0 whose table lacks the topic or names fewer queues,
+    /// it asks shard 0 first, as a single send does (a creation or growth this shard
+    /// missed), and is checked again once answered. It keeps its place in the topic's line
+    /// meanwhile, and waits in it behind any send deferred before it (`line`): sends naming
+    /// the topic's queues are appended in the order they arrived.
     pub(in crate::broker) fn send_multi_items(
         self: &Rc<Self>,
         request_id: u64,
@@ -50,17 +46,27 @@ impl ShardCtx {
         peer: SocketAddr,
     ) -> Handled {
         let checked = self.check_multi(topic, &queue_ids, items);
-        let unknown = |e: &ErrorBody| e.code == ErrorCode::TopicNotFound.as_u16();
-        if self.id != 0 && checked.as_ref().is_err_and(unknown) {
+        // A creation or growth this shard may have missed.
+        let missed = |e: &ErrorBody| {
+            e.code == ErrorCode::TopicNotFound.as_u16()
+                || (e.code == ErrorCode::QueueNotFound.as_u16()
+                    && self.past_count(topic, &queue_ids))
+        };
+        let ask = self.id != 0 && checked.as_ref().is_err_and(missed);
+        if ask || self.sends_in_line(topic) {
+            let place = self.send_place(topic);
             let ctx = self.clone();
             let topic = topic.to_owned();
             let owned: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
             return Handled::Later(Box::pin(async move {
-                // Not found here either is check_multi's error, given again below.
-                let _ = ctx.refresh_topic(&topic).await;
+                if ask {
+                    // Not found here either is check_multi's error, given again below.
+                    let _ = ctx.refresh_topic(&topic).await;
+                }
+                place.wait().await;
                 let items: Vec<SendItem<'_>> = owned.iter().map(OwnedItem::borrow).collect();
                 let checked = ctx.check_multi(&topic, &queue_ids, &items);
-                match ctx.send_multi_checked(
+                let handled = ctx.send_multi_checked(
                     request_id,
                     &topic,
                     queue_ids,
@@ -68,7 +74,10 @@ impl ShardCtx {
                     wait_durable,
                     peer,
                     checked,
-                ) {
+                );
+                // Appended (or refused): the next send in line goes on.
+                drop(place);
+                match handled {
                     Handled::Now(answer) => answer,
                     Handled::Later(answer) => answer.await,
                 }
@@ -111,6 +120,12 @@ impl ShardCtx {
             ctx.finish_multi(request_id, &topic, queue_ids, puts, wait_durable)
                 .await
         })
+    }
+
+    /// Whether the topic is known here and one of `queue_ids` is past its count.
+    fn past_count(&self, topic: &str, queue_ids: &[u32]) -> bool {
+        let count = self.topics.borrow().get(topic);
+        count.is_some_and(|count| queue_ids.iter().any(|&q| q >= count))
     }
 
     /// Everything checkable before an append: the counts, the messages (as a batch's), the
