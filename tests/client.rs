@@ -545,12 +545,12 @@ fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0(
 /// Sends naming a queue are stored in the order they arrived even while the first of them
 /// waits for its shard to learn the topic. Here shard 1 creates the topic through shard 0
 /// (auto-create), whose answer comes late; a send pipelined after it on the same
-/// connection, single or multi-queue, arrives once shard 1 has applied the topic, and waits
-/// behind the first instead of being stored before it.
+/// connection (single, batch or multi-queue) arrives once shard 1 has applied the topic,
+/// and waits behind the first instead of being stored before it.
 #[test]
 fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
     use ringmq::protocol::route::owner;
-    use ringmq::protocol::{BatchItem, Response, SendMessage, SendMulti};
+    use ringmq::protocol::{BatchItem, Response, SendBatch, SendMessage, SendMulti};
     use std::time::Instant;
     const SLOW_MS: u64 = 3_000;
     // Queue 0 is shard 1's: both sends are handled there.
@@ -567,7 +567,13 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
         born_timestamp_ms: 0,
         wait_durable: false,
     };
-    for kind in ["single", "multi"] {
+    let item = || BatchItem {
+        flag: 0,
+        properties: Vec::new(),
+        body: bytes::Bytes::from_static(b"second"),
+        born_timestamp_ms: 0,
+    };
+    for kind in ["single", "batch", "multi"] {
         let fault = TopicChangeFault::SlowCreationAnswer(SLOW_MS);
         let name = topic.clone();
         with_a_topic_change_fault(&topic, fault, true, |_, one| async move {
@@ -584,30 +590,37 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
             }
             let second = match kind {
                 "single" => single(&name, "second").into(),
+                "batch" => SendBatch {
+                    topic: name.clone(),
+                    queue_id: 0,
+                    messages: vec![item()],
+                    wait_durable: false,
+                }
+                .into(),
                 _ => SendMulti {
                     topic: name.clone(),
                     queue_ids: vec![0],
-                    messages: vec![BatchItem {
-                        flag: 0,
-                        properties: Vec::new(),
-                        body: bytes::Bytes::from_static(b"second"),
-                        born_timestamp_ms: 0,
-                    }],
+                    messages: vec![item()],
                     wait_durable: false,
                 }
                 .into(),
             };
-            common::raw::write(&mut conn, 2, second);
+            // The test's premise: the first send is still unanswered.
+            conn.set_nonblocking(true).unwrap();
+            let peeked = conn.peek(&mut [0u8; 1]);
             assert!(
-                sent_at.elapsed() < Duration::from_millis(SLOW_MS / 2),
-                "{kind}: the second send left after the first's answer was due"
+                peeked.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+                "{kind}: the first send was answered before shard 1 was seen to know the topic"
             );
+            conn.set_nonblocking(false).unwrap();
+            common::raw::write(&mut conn, 2, second);
             let answers =
                 tokio::task::spawn_blocking(move || common::raw::read_answers(&mut conn, 2));
             let mut offsets = [None, None];
             for (id, answer) in answers.await.unwrap() {
                 offsets[id as usize - 1] = Some(match answer {
                     Response::SendResult(r) => r.queue_offset,
+                    Response::SendBatchResult(r) => r.first_queue_offset,
                     Response::SendMultiResult(r) => r.queue_offsets[0],
                     other => panic!("{kind}: request {id}: {other:?}"),
                 });

@@ -151,7 +151,7 @@ pub struct ShardCtx {
     asking: RefCell<HashMap<String, Rc<Notify>>>,
     /// Topics with a send deferred (learning the topic first) and the sends naming their
     /// queues that arrived after it, appended in arrival order (`produce::line`).
-    send_lines: RefCell<HashMap<String, Rc<turns::Turns>>>,
+    send_lines: Rc<produce::SendLines>,
     /// Testing: changes to the faulted topic told so far.
     testing_changes_seen: Cell<u32>,
     /// Per-peer FIFO of outgoing requests.
@@ -310,7 +310,7 @@ impl ShardCtx {
             topic_turns: Rc::default(),
             telling_again: RefCell::new(HashSet::new()),
             asking: RefCell::new(HashMap::new()),
-            send_lines: RefCell::new(HashMap::new()),
+            send_lines: Rc::default(),
             testing_changes_seen: Cell::new(0),
             outboxes: RefCell::new(HashMap::new()),
             schedule: RefCell::new(schedule),

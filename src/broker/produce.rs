@@ -2,7 +2,9 @@
 //! order), wait for the acknowledgement the flush mode asks for, wake the queue's long polls,
 //! and answer with where the messages were stored. A send that leaves the queue to the broker
 //! (or names a topic to auto-create) picks a queue and, when another shard owns it, forwards
-//! the re-encoded request there.
+//! the re-encoded request there. A send that must first learn its topic (or a queue of it)
+//! from shard 0 appends later, in the topic's line (`line`), and so do the sends naming
+//! the topic's queues that arrive while it waits.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -25,6 +27,8 @@ use crate::store::PutResult;
 
 mod line;
 mod multi;
+
+pub(super) use line::SendLines;
 
 /// Most messages in one batch send.
 pub const BATCH_MESSAGES_MAX: usize = 4096;
@@ -322,7 +326,7 @@ impl ShardCtx {
             Some(count)
                 if named
                     && ((queue_id as u32) < count || self.id == 0)
-                    && !self.sends_in_line(topic) =>
+                    && !self.send_lines.has(topic) =>
             {
                 let q = queue_id as u32;
                 if q >= count {
@@ -346,7 +350,7 @@ impl ShardCtx {
                 // Unknown topic (maybe auto-created) or a queue left to the broker. A named
                 // queue is this shard's (`send_in_place` forwards the others): the send keeps
                 // its place among the topic's sends while it waits.
-                let place = named.then(|| self.send_place(topic));
+                let place = named.then(|| self.send_lines.place(topic));
                 let ctx = self.clone();
                 let topic = topic.to_owned();
                 let items: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
@@ -380,7 +384,11 @@ impl ShardCtx {
                     }
                     let to = ctx.owner_of(&topic, q);
                     if to != ctx.id {
-                        // Re-encode with the chosen queue and let its owner handle it.
+                        // A queue the broker chose (a named one is this shard's): no place
+                        // is held across the call. Re-encode with the chosen queue and let
+                        // its owner handle it.
+                        debug_assert!(place.is_none());
+                        drop(place);
                         let frame =
                             reencode_send(request_id, &topic, q, &items, wait_durable, batch);
                         return match ctx

@@ -1,11 +1,13 @@
 //! A first-come, first-served turnstile: work that awaits part-way and must still run one
 //! piece at a time in the order the pieces arrived (topic changes shard 0 sends to the other
 //! shards: a creation still opening its queues must not be overtaken by the deletion sent
-//! after it). A number is taken synchronously on arrival; a lock taken inside each spawned
-//! task would order them by their first poll instead.
+//! after it; sends to a topic while one waits to learn it). A number is taken synchronously
+//! on arrival; a lock taken inside each spawned task would order them by their first poll
+//! instead. Each place is woken alone when its turn comes, so a long line costs one wake-up
+//! per place.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 
 use tokio::sync::Notify;
@@ -18,13 +20,15 @@ pub(crate) struct Turns {
     serving: Cell<u64>,
     /// Numbers dropped before their turn came: skipped when it does.
     abandoned: RefCell<BTreeSet<u64>>,
-    moved: Notify,
+    /// The places not ended, each with what wakes it when its turn comes.
+    places: RefCell<HashMap<u64, Rc<Notify>>>,
 }
 
 /// One place in the line; the turn ends when this is dropped (done, failed or cancelled).
 pub(crate) struct Turn {
     turns: Rc<Turns>,
     number: u64,
+    woken: Rc<Notify>,
 }
 
 impl Turns {
@@ -32,9 +36,12 @@ impl Turns {
     pub(crate) fn take(self: &Rc<Self>) -> Turn {
         let number = self.next.get();
         self.next.set(number + 1);
+        let woken = Rc::new(Notify::new());
+        self.places.borrow_mut().insert(number, woken.clone());
         Turn {
             turns: self.clone(),
             number,
+            woken,
         }
     }
 
@@ -53,7 +60,10 @@ impl Turns {
             }
         }
         self.serving.set(next);
-        self.moved.notify_waiters();
+        // Kept if that place is not waiting yet: its wait then returns at once.
+        if let Some(woken) = self.places.borrow().get(&next) {
+            woken.notify_one();
+        }
     }
 }
 
@@ -65,20 +75,15 @@ impl Turn {
 
     /// Waits until every earlier place's turn has ended.
     pub(crate) async fn wait(&self) {
-        loop {
-            let moved = self.turns.moved.notified();
-            let mut moved = std::pin::pin!(moved);
-            moved.as_mut().enable();
-            if self.turns.serving.get() == self.number {
-                return;
-            }
-            moved.await;
+        while self.turns.serving.get() != self.number {
+            self.woken.notified().await;
         }
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        self.turns.places.borrow_mut().remove(&self.number);
         if self.turns.serving.get() == self.number {
             self.turns.end(self.number);
         } else {

@@ -341,13 +341,16 @@ pub async fn serve_connection(
                     last_frame_large = len > CONN_READ_BUFFER_BYTES / 2;
                     let bytes = &buf[start..start + len];
                     start += len;
+                    // The permit before the handling: what a request takes on arrival (its
+                    // place in a topic's line of sends) is taken only once it can run, not
+                    // held by a future waiting here for another request to end.
+                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                        break 'conn;
+                    };
                     match ctx.handle_frame(bytes, peer, conn, None) {
                         Handled::Now(Some(answer)) => outbox.push(answer),
                         Handled::Now(None) => {}
                         Handled::Later(fut) => {
-                            let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                                break 'conn;
-                            };
                             let producing = Producer::new(&outbox);
                             glommio::spawn_local(async move {
                                 if let Some(answer) = fut.await {

@@ -1,8 +1,10 @@
 //! `SendMulti`: single sends to several queues of one topic, packed into one request by a
 //! producer (`ProducerOptions::coalesce`), every queue owned by the shard that stores them.
-//! Checked as a batch is, appended now in the request's order (each queue's messages in
-//! the order they came; a run of one queue shares one look-up), all or nothing, and
-//! answered with where each message went once the flush mode's acknowledgement holds.
+//! Checked as a batch is, appended in the request's order (each queue's messages in the
+//! order they came; a run of one queue shares one look-up), all or nothing, and answered
+//! with where each message went once the flush mode's acknowledgement holds. Appended now,
+//! unless the shard must first learn the topic or a queue of it, or a send to the topic
+//! that arrived earlier is still waiting to (the topic's line, `line`).
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -53,8 +55,8 @@ impl ShardCtx {
                     && self.past_count(topic, &queue_ids))
         };
         let ask = self.id != 0 && checked.as_ref().is_err_and(missed);
-        if ask || self.sends_in_line(topic) {
-            let place = self.send_place(topic);
+        if ask || self.send_lines.has(topic) {
+            let place = self.send_lines.place(topic);
             let ctx = self.clone();
             let topic = topic.to_owned();
             let owned: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
