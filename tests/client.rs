@@ -357,6 +357,17 @@ fn with_a_topic_change_fault<F: std::future::Future<Output = ()>>(
     auto_create_topics: bool,
     test: impl FnOnce(Producer, Producer) -> F,
 ) {
+    with_a_fault_and_metrics(topic, fault, auto_create_topics, None, test)
+}
+
+/// [`with_a_topic_change_fault`], with the metrics served at `metrics_listen`.
+fn with_a_fault_and_metrics<F: std::future::Future<Output = ()>>(
+    topic: &str,
+    fault: TopicChangeFault,
+    auto_create_topics: bool,
+    metrics_listen: Option<std::net::SocketAddr>,
+    test: impl FnOnce(Producer, Producer) -> F,
+) {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(BrokerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -365,6 +376,7 @@ fn with_a_topic_change_fault<F: std::future::Future<Output = ()>>(
         auto_create_topics,
         segment_bytes: 64 << 20,
         testing_topic_change_fault: Some((topic.to_owned(), fault)),
+        metrics_listen,
         ..Default::default()
     })
     .unwrap();
@@ -546,7 +558,8 @@ fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0(
 /// waits for its shard to learn the topic. Here shard 1 creates the topic through shard 0
 /// (auto-create), whose answer comes late; a send pipelined after it on the same
 /// connection (single, batch or multi-queue) arrives once shard 1 has applied the topic,
-/// and waits behind the first instead of being stored before it.
+/// and waits behind the first instead of being stored before it. Shard 1's metrics count
+/// both sends in line meanwhile, and none once they are stored.
 #[test]
 fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
     use ringmq::protocol::route::owner;
@@ -573,10 +586,29 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
         body: bytes::Bytes::from_static(b"second"),
         born_timestamp_ms: 0,
     };
+    // Whether shard 1's `ringmq_sends_in_line` comes to `want` (published every second).
+    let comes_to = |metrics: std::net::SocketAddr, want: f64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        tokio::task::spawn_blocking(move || loop {
+            let text = common::http_get(metrics, "/metrics");
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("ringmq_sends_in_line{") && l.contains("shard=\"1\""))
+                .unwrap_or_else(|| panic!("no ringmq_sends_in_line of shard 1 in {text}"));
+            if line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() == want {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        })
+    };
     for kind in ["single", "batch", "multi"] {
         let fault = TopicChangeFault::SlowCreationAnswer(SLOW_MS);
         let name = topic.clone();
-        with_a_topic_change_fault(&topic, fault, true, |_, one| async move {
+        let metrics = common::free_addr();
+        with_a_fault_and_metrics(&topic, fault, true, Some(metrics), |_, one| async move {
             let addr = one.client().config().broker.clone();
             let mut conn = std::net::TcpStream::connect(&addr).unwrap();
             conn.set_read_timeout(Some(Duration::from_secs(30)))
@@ -614,6 +646,8 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
             );
             conn.set_nonblocking(false).unwrap();
             common::raw::write(&mut conn, 2, second);
+            let two = comes_to(metrics, 2.0).await.unwrap();
+            assert!(two, "{kind}: two sends in line");
             let answers =
                 tokio::task::spawn_blocking(move || common::raw::read_answers(&mut conn, 2));
             let mut offsets = [None, None];
@@ -630,6 +664,8 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
             let pulled = pulled.await.unwrap();
             let bodies: Vec<&[u8]> = pulled.messages.iter().map(|m| m.body()).collect();
             assert_eq!(bodies, [&b"first"[..], &b"second"[..]], "{kind}");
+            let gone = comes_to(metrics, 0.0).await.unwrap();
+            assert!(gone, "{kind}: the line is gone");
         });
     }
 }

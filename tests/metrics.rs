@@ -10,28 +10,14 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::broker::BrokerProcess;
-use common::runtime;
+use common::{free_port, runtime};
 use prometheus_parse::{Scrape, Value};
 use ringmq::client::{
     ClientConfig, OutgoingMessage, Producer, TransactionOutcome, TransactionProducer,
 };
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn scrape(addr: &str) -> Scrape {
-    let mut conn = TcpStream::connect(addr).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let body = common::http_get(addr, "/metrics");
     assert!(
         body.contains("# TYPE ringmq_send_ack_seconds histogram"),
         "{body}"

@@ -451,6 +451,12 @@ impl ShardCtx {
             (sl(), self.conns.borrow().len() as f64),
         );
         s.add(
+            "ringmq_sends_in_line",
+            "Sends naming a queue that wait to be appended in arrival order: one whose shard first learns its topic (or a queue of it) from shard 0, and those to the same topic that arrived after it.",
+            false,
+            (sl(), self.send_lines.places() as f64),
+        );
+        s.add(
             "ringmq_locks_held",
             "Queue locks held.",
             false,

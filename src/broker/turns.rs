@@ -45,6 +45,11 @@ impl Turns {
         }
     }
 
+    /// Places taken and not ended.
+    pub(crate) fn places(&self) -> usize {
+        self.places.borrow().len()
+    }
+
     /// Whether every place taken has had its turn and ended.
     pub(crate) fn idle(&self) -> bool {
         self.serving.get() == self.next.get()

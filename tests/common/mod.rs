@@ -76,3 +76,30 @@ pub fn message(seed: u64, n: u64, queues: u32, max_body: usize) -> TestMessage {
         born_timestamp_ms: 1_700_000_000_000 + n as i64,
     }
 }
+
+/// A loopback port free when asked (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A loopback address free when asked.
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+/// The body of an HTTP GET of `path` at `addr`, whose status must be 200.
+pub fn http_get(addr: impl std::net::ToSocketAddrs, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}

@@ -36,6 +36,11 @@ impl SendLines {
         !lines.is_empty() && lines.contains_key(topic)
     }
 
+    /// Sends in a line, over all topics: deferred, or behind one that is.
+    pub(in crate::broker) fn places(&self) -> usize {
+        self.lines.borrow().values().map(|l| l.places()).sum()
+    }
+
     /// The next place in `topic`'s line (the line starts with it if there is none).
     pub(in crate::broker) fn place(self: &Rc<Self>, topic: &str) -> SendPlace {
         let line = self
@@ -88,6 +93,7 @@ mod tests {
         let (first, second, third) = (lines.place("t"), lines.place("t"), lines.place("t"));
         let other = lines.place("u");
         assert!(lines.has("t") && lines.has("u"));
+        assert_eq!(lines.places(), 4);
         drop(second);
         drop(first);
         assert!(lines.has("t"), "the third has not ended");
@@ -96,6 +102,7 @@ mod tests {
         assert!(lines.has("u"));
         drop(other);
         assert!(lines.lines.borrow().is_empty());
+        assert_eq!(lines.places(), 0);
         // A new line starts with its first place's turn.
         let again = lines.place("t");
         assert!(!again.line.idle() && lines.has("t"));
