@@ -368,3 +368,69 @@ async fn bodies_of(client: &Client, topic: &str, queues: u32) -> Vec<Vec<u8>> {
     }
     bodies
 }
+
+/// A connection at its limit of requests in flight (here 1,024 long polls) has its next
+/// request handled only once one of them ends. A send it carries after them, to a topic
+/// the shard must first create, therefore holds no place in that topic's line of sends
+/// meanwhile: a send to the topic on another connection is stored at once, not after the
+/// polls end; the held send is stored once a poll ends, after it.
+#[test]
+fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
+    use ringmq::protocol::{encode_request, Pull, Response};
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    const POLL_MS: u32 = 8_000;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = common::free_addr().to_string();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--metrics-listen", &metrics]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("idle", 1).await.unwrap();
+    });
+    let send = |body: &str| common::raw::send_to("fresh", 0, body);
+    let mut held = std::net::TcpStream::connect(&addr).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut out = Vec::new();
+    for id in 0..1024 {
+        let poll = Pull {
+            max_wait_ms: POLL_MS,
+            ..Pull::new("idle", 0, 0)
+        };
+        encode_request(&poll.into(), id, &mut out).unwrap();
+    }
+    encode_request(&send("held").into(), 5_000, &mut out).unwrap();
+    held.write_all(&out).unwrap();
+    // Every poll is handled (the metrics are published every second).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = common::http_get(&metrics, "/metrics");
+        let polls: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("ringmq_requests_total{") && l.contains("kind=\"Pull\""))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum();
+        if polls >= 1024.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{polls} polls handled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let started = Instant::now();
+    match common::raw::call(&addr, send("other").into()) {
+        Response::SendResult(r) => assert_eq!(r.queue_offset, 0),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
+        "the send waited {:?}, behind the other connection's",
+        started.elapsed()
+    );
+    let answers = common::raw::read_answers(&mut held, 1025);
+    let stored = answers.iter().find(|(id, _)| *id == 5_000);
+    match stored {
+        Some((_, Response::SendResult(r))) => assert_eq!(r.queue_offset, 1),
+        other => panic!("{other:?}"),
+    }
+}

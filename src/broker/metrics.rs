@@ -452,7 +452,7 @@ impl ShardCtx {
         );
         s.add(
             "ringmq_sends_in_line",
-            "Sends naming a queue that wait to be appended in arrival order: one whose shard first learns its topic (or a queue of it) from shard 0, and those to the same topic that arrived after it.",
+            "Sends naming a queue that wait to be appended in arrival order: one whose shard must first learn its topic or a queue of it (ask shard 0, or create the topic), and those naming the same topic's queues that arrived after it.",
             false,
             (sl(), self.send_lines.places() as f64),
         );

@@ -65,7 +65,7 @@ impl Turns {
             }
         }
         self.serving.set(next);
-        // Kept if that place is not waiting yet: its wait then returns at once.
+        // Kept if that place is not waiting yet (its wait sees `serving` and returns).
         if let Some(woken) = self.places.borrow().get(&next) {
             woken.notify_one();
         }

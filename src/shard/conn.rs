@@ -24,7 +24,6 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -142,6 +141,39 @@ impl Outbox {
                 return;
             }
             space.await;
+        }
+    }
+}
+
+/// The requests of one connection being handled, at most [`CONN_IN_FLIGHT_MAX`]: the reader
+/// takes a place before it hands a request to the services, and the place is given back
+/// once the answer is queued (at once for a request answered at once).
+#[derive(Default)]
+struct InFlight {
+    count: Cell<usize>,
+    /// Wakes the reader waiting for a place (the only one that waits).
+    freed: Notify,
+}
+
+struct InFlightPlace(Rc<InFlight>);
+
+impl InFlight {
+    async fn take(self: &Rc<Self>) -> InFlightPlace {
+        while self.count.get() >= CONN_IN_FLIGHT_MAX {
+            self.freed.notified().await;
+        }
+        self.count.set(self.count.get() + 1);
+        InFlightPlace(self.clone())
+    }
+}
+
+impl Drop for InFlightPlace {
+    fn drop(&mut self) {
+        let count = self.0.count.get();
+        self.0.count.set(count - 1);
+        if count == CONN_IN_FLIGHT_MAX {
+            // Kept if the reader is not waiting yet: its next wait returns at once.
+            self.0.freed.notify_one();
         }
     }
 }
@@ -315,7 +347,7 @@ pub async fn serve_connection(
             }
         }
     }));
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(CONN_IN_FLIGHT_MAX));
+    let in_flight = Rc::new(InFlight::default());
     let decoder = FrameDecoder::new(limits);
     let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
     let mut taken = CONN_READ_BUFFER_BYTES;
@@ -333,7 +365,15 @@ pub async fn serve_connection(
             if outbox.closed.get() {
                 break 'conn;
             }
+            // A place among the requests in flight before a request is handled: what it
+            // takes on arrival (its place in a topic's line of sends) is then held by a
+            // future that runs, not by one waiting here for another request to end. Then
+            // room for its answer.
+            let place = in_flight.take().await;
             outbox.room().await;
+            if outbox.closed.get() {
+                break 'conn;
+            }
             match decoder.decode(&buf[start..end]) {
                 Ok(Some(frame)) => {
                     frames_seen = true;
@@ -341,12 +381,6 @@ pub async fn serve_connection(
                     last_frame_large = len > CONN_READ_BUFFER_BYTES / 2;
                     let bytes = &buf[start..start + len];
                     start += len;
-                    // The permit before the handling: what a request takes on arrival (its
-                    // place in a topic's line of sends) is taken only once it can run, not
-                    // held by a future waiting here for another request to end.
-                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                        break 'conn;
-                    };
                     match ctx.handle_frame(bytes, peer, conn, None) {
                         Handled::Now(Some(answer)) => outbox.push(answer),
                         Handled::Now(None) => {}
@@ -356,7 +390,7 @@ pub async fn serve_connection(
                                 if let Some(answer) = fut.await {
                                     producing.0.push(answer);
                                 }
-                                drop(permit);
+                                drop(place);
                                 drop(producing);
                             })
                             .detach();

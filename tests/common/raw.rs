@@ -17,6 +17,19 @@ pub fn call(addr: &str, request: Request) -> Response<'static> {
     read_answer(&mut conn)
 }
 
+/// A single send of `body` to queue `queue_id` of `topic`, acknowledged once written.
+pub fn send_to(topic: &str, queue_id: i32, body: &str) -> ringmq::protocol::SendMessage {
+    ringmq::protocol::SendMessage {
+        topic: topic.to_owned(),
+        queue_id,
+        flag: 0,
+        properties: Vec::new(),
+        body: body.as_bytes().to_vec(),
+        born_timestamp_ms: 0,
+        wait_durable: false,
+    }
+}
+
 /// Writes `request` with `request_id` on `conn`, without waiting for its answer.
 pub fn write(conn: &mut TcpStream, request_id: u64, request: Request) {
     let mut out = Vec::new();
