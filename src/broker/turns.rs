@@ -163,4 +163,37 @@ mod tests {
                 .expect("nobody is ahead");
         });
     }
+
+    #[test]
+    fn a_wait_given_up_can_be_taken_up_again_and_a_place_dropped_while_waiting_is_skipped() {
+        run_local(async {
+            let turns = Rc::new(Turns::default());
+            let (first, second, third) = (turns.take(), turns.take(), turns.take());
+            let soon = std::time::Duration::from_millis(20);
+            // The second's wait, given up before its turn: the place keeps its number.
+            assert!(tokio::time::timeout(soon, second.wait()).await.is_err());
+            // The third waits in a task, which is then dropped with its place.
+            let third = tokio::task::spawn_local(async move { third.wait().await });
+            tokio::task::yield_now().await;
+            third.abort();
+            assert!(third.await.unwrap_err().is_cancelled());
+            // Waiting again, parked when the first ends.
+            let second = tokio::task::spawn_local(async move {
+                second.wait().await;
+                second
+            });
+            tokio::task::yield_now().await;
+            drop(first);
+            let second = tokio::time::timeout(std::time::Duration::from_secs(5), second)
+                .await
+                .expect("the second's turn comes once the first ends")
+                .unwrap();
+            assert!(!turns.idle());
+            drop(second);
+            assert!(turns.idle(), "the dropped third is skipped");
+            tokio::time::timeout(std::time::Duration::from_secs(5), turns.take().wait())
+                .await
+                .expect("nobody is ahead");
+        });
+    }
 }
