@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::broker::BrokerProcess;
-use common::raw::{call, error_of, read_answer};
+use common::raw::{call, error_of, read_answer, send_to};
 use common::runtime;
 use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer};
 use ringmq::protocol::{
@@ -21,13 +21,8 @@ use ringmq::protocol::{
 
 fn send(topic: &str, queue_id: i32, properties: Vec<u8>, body: &[u8]) -> Request {
     SendMessage {
-        topic: topic.into(),
-        queue_id,
-        flag: 0,
         properties,
-        body: body.to_vec(),
-        born_timestamp_ms: 0,
-        wait_durable: false,
+        ..send_to(topic, queue_id, body)
     }
     .into()
 }
@@ -225,9 +220,7 @@ fn a_restart_right_after_a_stop_takes_the_same_port_while_clients_were_connected
     let dir = tempfile::tempdir().unwrap();
     // A port with its direct ports (port + 1 + shard) free.
     let port = loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
+        let p = common::free_port();
         if p < 60_000 && (1..=2).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok())
         {
             break p;

@@ -455,15 +455,7 @@ async fn bad_input_gets_errors_and_never_harms_others() {
         .send("ok", OutgoingMessage::new(big.clone()))
         .await
         .is_err());
-    let raw = Request::SendMessage(ringmq::protocol::SendMessage {
-        topic: "ok".into(),
-        queue_id: 0,
-        flag: 0,
-        properties: Vec::new(),
-        body: big,
-        born_timestamp_ms: 0,
-        wait_durable: false,
-    });
+    let raw = Request::SendMessage(common::raw::send_to("ok", 0, big));
     let a = addr.clone();
     let code = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(&a).unwrap();

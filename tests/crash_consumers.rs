@@ -185,9 +185,7 @@ async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_t
     let data = dir.path().join("data");
     // A port whose direct port (port + 1, the one shard's) is free too.
     let port = loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
+        let p = common::free_port();
         if p < 60_000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
             break p;
         }

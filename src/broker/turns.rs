@@ -50,9 +50,10 @@ impl Turns {
         self.places.borrow().len()
     }
 
-    /// Whether every place taken has had its turn and ended.
+    /// Whether every place taken has had its turn and ended (a place abandoned before its
+    /// turn ends when dropped, and is skipped).
     pub(crate) fn idle(&self) -> bool {
-        self.serving.get() == self.next.get()
+        self.places() == 0
     }
 
     /// Passes the turn on from `number`, past any places abandoned meanwhile.

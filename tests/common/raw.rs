@@ -18,13 +18,17 @@ pub fn call(addr: &str, request: Request) -> Response<'static> {
 }
 
 /// A single send of `body` to queue `queue_id` of `topic`, acknowledged once written.
-pub fn send_to(topic: &str, queue_id: i32, body: &str) -> ringmq::protocol::SendMessage {
+pub fn send_to(
+    topic: &str,
+    queue_id: i32,
+    body: impl AsRef<[u8]>,
+) -> ringmq::protocol::SendMessage {
     ringmq::protocol::SendMessage {
         topic: topic.to_owned(),
         queue_id,
         flag: 0,
         properties: Vec::new(),
-        body: body.as_bytes().to_vec(),
+        body: body.as_ref().to_vec(),
         born_timestamp_ms: 0,
         wait_durable: false,
     }
