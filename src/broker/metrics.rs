@@ -425,7 +425,7 @@ impl ShardCtx {
         );
         s.add(
             "ringmq_index_rolls_inline",
-            "Index rolls (a consume queue's next file, the key index's first or next file) that created their file instead of renaming a spare made ahead in the blocking pool (file I/O on the shard's thread when appending; also counts rolls of recovery's replay); summed over the queues open now, each since it was opened, and the key index since the start.",
+            "Index rolls (a consume queue's next file, the key index's first or next file) that created their file instead of taking a spare made ahead in the blocking pool (file I/O on the shard's thread when appending; also counts rolls of recovery's replay); summed over the queues open now, each since it was opened, and the key index since the start.",
             false,
             (sl(), self.store.index_rolls_inline() as f64),
         );

@@ -31,7 +31,8 @@ use memmap2::MmapMut;
 
 use super::{
     create_mapped, io_err, list_files, map_file, next_serial, numbered_file_name, open_existing,
-    read_u32, read_u64, remove_file, write_u32, write_u64, AllocAhead, Backing, IndexError,
+    read_u32, read_u64, remove_file, write_u32, write_u64, AllocAhead, Backing, DirtyFile,
+    IndexError,
 };
 
 mod spare;
@@ -98,27 +99,15 @@ impl Default for ConsumeQueueConfig {
     }
 }
 
-/// An index file written since it was last synced (see `ConsumeQueue::dirty_files`).
-#[derive(Debug, Clone)]
-pub struct DirtyFile {
-    pub path: PathBuf,
-    /// Which file of its index (a consume queue's base offset, a key index's sequence).
-    pub key: u64,
-    /// The change it was at when listed.
-    pub generation: u64,
-    /// Which file exactly (a consume-queue file popped and made again at the same base is
-    /// another); 0 for the key index's, told apart by `key`.
-    pub serial: u64,
-    /// Its name is new since it was last synced (created, or a spare renamed into place):
-    /// the directory must be synced too, as syncing the file's data need not carry it.
-    pub name_unsynced: bool,
-}
-
 /// One segment file.
 struct Segment {
     /// Queue offset of the file's first entry.
     base: u64,
+    /// Where the file is: its numbered name, or its spare's while `link_to` is set.
     path: PathBuf,
+    /// The numbered name a spare taken by a roll gets at the next sync (see
+    /// [`DirtyFile::link_to`]).
+    link_to: Option<PathBuf>,
     /// The mapping and descriptor while the file is in use; empty until first used and
     /// again once closed idle.
     open: OnceCell<OpenFile>,
@@ -129,8 +118,7 @@ struct Segment {
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
-    /// Made (created, or renamed into place from a spare) by this queue, its directory not
-    /// synced since.
+    /// Made (created, or a spare taken) by this queue, its directory not synced since.
     name_unsynced: bool,
     /// Tells this segment apart from any other of the process (see [`DirtyFile::serial`]).
     serial: u64,
@@ -149,6 +137,7 @@ impl Segment {
         Segment {
             base,
             path,
+            link_to: None,
             open: OnceCell::new(),
             used: Cell::new(false),
             allocated_to: 0,
@@ -199,6 +188,18 @@ impl Segment {
         Ok(CqEntry::decode(
             &open.mmap[at..at + CQ_ENTRY_BYTES as usize],
         ))
+    }
+
+    /// The paths to remove to remove the file: its spare's name first, so that a sync
+    /// running meanwhile cannot link it at its numbered name afterwards.
+    fn into_paths(self) -> impl Iterator<Item = PathBuf> {
+        std::iter::once(self.path).chain(self.link_to)
+    }
+
+    /// Gives a spare taken by a roll its numbered name now (a link, then the spare's name
+    /// removed), on the calling thread.
+    fn name_now(&mut self) -> Result<(), IndexError> {
+        super::dirty::name_now(&mut self.path, &mut self.link_to)
     }
 
     /// Unmaps the file.
@@ -550,13 +551,15 @@ impl ConsumeQueue {
     /// How an [`AllocAhead`] of this queue went (`allocated`: it succeeded). One for a file
     /// no longer mapped, or mapped again since, is ignored.
     pub fn allocated_ahead(&mut self, ahead: &AllocAhead, allocated: bool) {
-        for segment in self.segments.iter_mut().rev() {
-            if segment.path == ahead.path {
-                if let Some(open) = segment.open.get_mut() {
-                    open.backing.ahead_done(ahead, allocated);
-                }
-                return;
-            }
+        let backing = self
+            .segments
+            .iter_mut()
+            .rev()
+            .filter_map(|s| s.open.get_mut())
+            .map(|open| &mut open.backing)
+            .find(|b| b.id == ahead.backing);
+        if let Some(backing) = backing {
+            backing.ahead_done(ahead, allocated);
         }
     }
 
@@ -648,7 +651,7 @@ impl ConsumeQueue {
         {
             if let Some(mut segment) = self.segments.pop_front() {
                 segment.close();
-                doomed.push(segment.path);
+                doomed.extend(segment.into_paths());
             }
         }
         Ok(new_min)
@@ -656,12 +659,15 @@ impl ConsumeQueue {
 
     /// msyncs every file written since the last flush (on the calling thread: for a
     /// store's close and for tests; the broker uses [`dirty_files`](Self::dirty_files)).
+    /// A spare taken by a roll gets its numbered name here too (the directory is not
+    /// synced).
     pub fn flush(&mut self) -> Result<(), IndexError> {
         for segment in self
             .segments
             .iter_mut()
             .filter(|s| s.dirty_gen > s.synced_gen)
         {
+            segment.name_now()?;
             match segment.open.get() {
                 Some(open) => open.mmap.flush().map_err(io_err("msync", &segment.path))?,
                 // Closed since written: its pages wait in the page cache.
@@ -688,21 +694,38 @@ impl ConsumeQueue {
                 generation: s.dirty_gen,
                 serial: s.serial,
                 name_unsynced: s.name_unsynced,
+                link_to: s.link_to.clone(),
             })
             .collect()
     }
 
-    /// Files from [`dirty_files`](Self::dirty_files) were fdatasynced: what was written
-    /// to them before is on disk.
-    pub fn files_synced(&mut self, files: &[DirtyFile]) {
+    /// Files from [`dirty_files`](Self::dirty_files) were synced ([`DirtyFile::sync`]):
+    /// what was written to them before is on disk, under their numbered names. Returns the
+    /// spares' names of those linked, for the caller to remove off its thread.
+    #[must_use = "the spares' names to remove"]
+    pub fn files_synced(&mut self, files: &[DirtyFile]) -> Vec<PathBuf> {
+        let mut unlinked = Vec::new();
         for f in files {
             // By serial: a file popped by a cut and made again at its base while the sync
             // ran is another file, with its own changes and name to sync.
             if let Some(s) = self.segments.iter_mut().find(|s| s.serial == f.serial) {
                 s.synced_gen = s.synced_gen.max(f.generation);
                 s.name_unsynced &= !f.name_unsynced;
+                if f.link_to.is_some() && s.link_to == f.link_to {
+                    if let Some(to) = s.link_to.take() {
+                        unlinked.push(std::mem::replace(&mut s.path, to));
+                    }
+                }
             }
         }
+        unlinked
+    }
+
+    /// `f` (from [`dirty_files`](Self::dirty_files)) is a spare taken by a roll that this
+    /// queue still holds without its numbered name.
+    pub fn still_unnamed(&self, f: &DirtyFile) -> bool {
+        f.link_to.is_some()
+            && (self.segments.iter()).any(|s| s.serial == f.serial && s.link_to == f.link_to)
     }
 
     /// The first queue offset in `[from, to)` whose entry fails `below`, assuming `below`
@@ -757,15 +780,23 @@ impl ConsumeQueue {
             Some(last) if last.base + self.entries_per_file == self.max_offset => self.max_offset,
             Some(_) => return Ok(()),
         };
-        let path = self.dir.join(numbered_file_name(base));
-        let open = match self.spares.rename_to(&path, !self.segments.is_empty()) {
-            Some(open) => open.into(),
+        let numbered = self.dir.join(numbered_file_name(base));
+        let (path, link_to, open) = match self.spares.take(!self.segments.is_empty()) {
+            // No file-system call: the next sync names it.
+            Some((spare, open)) => (spare, Some(numbered), open.into()),
             None => {
-                let (backing, mmap) = create_mapped(&path, self.file_bytes)?;
-                OpenFile { mmap, backing }
+                // A file created with its name must follow no file still without one: a
+                // crash would leave a gap, which the next open takes for a retention left
+                // half done (it removes the files before it). So those are named here too.
+                for segment in &mut self.segments {
+                    segment.name_now()?;
+                }
+                let (backing, mmap) = create_mapped(&numbered, self.file_bytes)?;
+                (numbered, None, OpenFile { mmap, backing })
             }
         };
         let mut segment = Segment::closed(base, path);
+        segment.link_to = link_to;
         segment.dirty_gen = 1;
         // The checkpoint syncs the directory with the file's data.
         segment.name_unsynced = true;
@@ -780,7 +811,9 @@ impl ConsumeQueue {
     fn pop_back_segment(&mut self) -> Result<(), IndexError> {
         if let Some(mut segment) = self.segments.pop_back() {
             segment.close();
-            remove_file(&segment.path)?;
+            for path in segment.into_paths() {
+                remove_file(&path)?;
+            }
         }
         Ok(())
     }

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
 
-use super::consume_queue::DirtyFile;
+use super::dirty::DirtyFile;
 use super::spare::{remove_leftovers, MappedFile, SpareFile, Spares};
 use super::tag::fnv1a64;
 use super::{
@@ -135,7 +135,11 @@ struct Entry {
 /// One mapped index file.
 struct IndexFile {
     seq: u64,
+    /// Where the file is: its numbered name, or its spare's while `link_to` is set.
     path: PathBuf,
+    /// The numbered name a spare taken by a roll gets at the next sync (see
+    /// [`DirtyFile::link_to`]).
+    link_to: Option<PathBuf>,
     mmap: MmapMut,
     backing: Backing,
     /// Copied from the header, which open validated against the file size.
@@ -144,26 +148,31 @@ struct IndexFile {
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
-    /// Created by this index, its directory not synced since.
+    /// Made (created, or a spare taken) by this index, its directory not synced since.
     name_unsynced: bool,
 }
 
 impl IndexFile {
-    /// A new file `seq` in `dir`: `spare`, renamed there already, or created here.
+    /// A new file `seq` in `dir`: `spare` (its path and file, named at the next sync), or
+    /// created here.
     fn create(
         dir: &Path,
         seq: u64,
         cfg: KeyIndexConfig,
-        spare: Option<MappedFile>,
+        spare: Option<(PathBuf, MappedFile)>,
     ) -> Result<IndexFile, IndexError> {
-        let path = dir.join(numbered_file_name(seq));
-        let (backing, mmap) = match spare {
-            Some(MappedFile { backing, mmap }) => (backing, mmap),
-            None => create_mapped(&path, cfg.file_bytes())?,
+        let numbered = dir.join(numbered_file_name(seq));
+        let (path, link_to, backing, mmap) = match spare {
+            Some((spare, MappedFile { backing, mmap })) => (spare, Some(numbered), backing, mmap),
+            None => {
+                let (backing, mmap) = create_mapped(&numbered, cfg.file_bytes())?;
+                (numbered, None, backing, mmap)
+            }
         };
         let mut file = IndexFile {
             seq,
             path,
+            link_to,
             mmap,
             backing,
             slot_count: cfg.slots_per_file,
@@ -181,6 +190,12 @@ impl IndexFile {
         }
         file.init_header();
         Ok(file)
+    }
+
+    /// Gives a spare taken by a roll its numbered name now (a link, then the spare's name
+    /// removed), on the calling thread.
+    fn name_now(&mut self) -> Result<(), IndexError> {
+        super::dirty::name_now(&mut self.path, &mut self.link_to)
     }
 
     /// Allocates the header and the slots on disk (slots are written anywhere, at random).
@@ -272,6 +287,7 @@ impl IndexFile {
         let file = IndexFile {
             seq,
             path,
+            link_to: None,
             mmap,
             backing: Backing::new(len_bytes),
             slot_count,
@@ -545,12 +561,19 @@ impl KeyIndex {
         }
     }
 
-    /// Adds file `seq` (the first, or the next after a full one): the spare made ahead,
-    /// renamed into place, or a file created here if none is ready (counted for a roll,
-    /// not for the first file).
+    /// Adds file `seq` (the first, or the next after a full one): the spare made ahead
+    /// (no file-system call: the next sync names it), or a file created here if none is
+    /// ready (counted for a roll, not for the first file).
     fn roll(&mut self, seq: u64) -> Result<&mut IndexFile, IndexError> {
-        let path = self.dir.join(numbered_file_name(seq));
-        let spare = self.spares.rename_to(&path, !self.files.is_empty());
+        let spare = self.spares.take(!self.files.is_empty());
+        if spare.is_none() {
+            // A file created with its name must follow no file still without one: a crash
+            // would lose the one between, whose keys replay (from the newest file's end)
+            // would not index again. So those are named here too.
+            for file in &mut self.files {
+                file.name_now()?;
+            }
+        }
         let file = IndexFile::create(&self.dir, seq, self.cfg, spare)?;
         let last = self.files.len();
         self.files.push_back(file);
@@ -593,7 +616,8 @@ impl KeyIndex {
     /// How an [`AllocAhead`] of this index went (`allocated`: it succeeded). One for a file
     /// gone or created again since is ignored.
     pub fn allocated_ahead(&mut self, ahead: &AllocAhead, allocated: bool) {
-        if let Some(file) = self.files.iter_mut().rev().find(|f| f.path == ahead.path) {
+        let mut files = self.files.iter_mut().rev();
+        if let Some(file) = files.find(|f| f.backing.id == ahead.backing) {
             file.backing.ahead_done(ahead, allocated);
         }
     }
@@ -668,30 +692,47 @@ impl KeyIndex {
     /// Retention: removes every file, except the last one (being written), whose entries all
     /// point below `log_min`, the commit log's first byte.
     pub fn delete_before_physical(&mut self, log_min: u64) -> Result<(), IndexError> {
+        let mut doomed = Vec::new();
+        self.trim_before_physical(log_min, &mut doomed);
+        doomed.iter().try_for_each(|path| remove_file(path))
+    }
+
+    /// [`delete_before_physical`](Self::delete_before_physical) without the file removals:
+    /// the files no longer needed are unmapped and their paths added to `doomed`, oldest
+    /// first (a crash midway through removing them then leaves a dense suffix), for the
+    /// caller to remove off its thread.
+    pub fn trim_before_physical(&mut self, log_min: u64, doomed: &mut Vec<PathBuf>) {
         let Some(last_seq) = self.files.back().map(|f| f.seq) else {
-            return Ok(());
+            return;
         };
         let mut kept = VecDeque::with_capacity(self.files.len());
-        // Remove in order, oldest first, so a crash midway leaves a dense suffix.
         for file in self.files.drain(..) {
             let is_obsolete =
                 file.seq != last_seq && (file.entry_count() == 0 || file.end_phys() < log_min);
             if is_obsolete {
-                let IndexFile { path, mmap, .. } = file;
+                let IndexFile {
+                    path,
+                    link_to,
+                    mmap,
+                    ..
+                } = file;
                 drop(mmap);
-                remove_file(&path)?;
+                // The spare's name first, as a consume queue's segment does.
+                doomed.extend(std::iter::once(path).chain(link_to));
             } else {
                 kept.push_back(file);
             }
         }
         self.files = kept;
-        Ok(())
     }
 
     /// msyncs every file written since the last flush (on the calling thread: for a
     /// store's close and for tests; the broker uses [`dirty_files`](Self::dirty_files)).
+    /// A spare taken by a roll gets its numbered name here too (the directory is not
+    /// synced).
     pub fn flush(&mut self) -> Result<(), IndexError> {
         for file in self.files.iter_mut().filter(|f| f.dirty_gen > f.synced_gen) {
+            file.name_now()?;
             file.mmap.flush().map_err(io_err("msync", &file.path))?;
             file.synced_gen = file.dirty_gen;
         }
@@ -709,18 +750,34 @@ impl KeyIndex {
                 generation: f.dirty_gen,
                 serial: 0,
                 name_unsynced: f.name_unsynced,
+                link_to: f.link_to.clone(),
             })
             .collect()
     }
 
-    /// Files from [`dirty_files`](Self::dirty_files) were fdatasynced.
-    pub fn files_synced(&mut self, files: &[DirtyFile]) {
+    /// Files from [`dirty_files`](Self::dirty_files) were synced ([`DirtyFile::sync`]).
+    /// Returns the spares' names of those linked, for the caller to remove off its thread.
+    #[must_use = "the spares' names to remove"]
+    pub fn files_synced(&mut self, files: &[DirtyFile]) -> Vec<PathBuf> {
+        let mut unlinked = Vec::new();
         for synced in files {
             if let Some(f) = self.files.iter_mut().find(|f| f.seq == synced.key) {
                 f.synced_gen = f.synced_gen.max(synced.generation);
                 f.name_unsynced &= !synced.name_unsynced;
+                if synced.link_to.is_some() && f.link_to == synced.link_to {
+                    if let Some(to) = f.link_to.take() {
+                        unlinked.push(std::mem::replace(&mut f.path, to));
+                    }
+                }
             }
         }
+        unlinked
+    }
+
+    /// `f` (from [`dirty_files`](Self::dirty_files)) is a spare taken by a roll that this
+    /// index still holds without its numbered name.
+    pub fn still_unnamed(&self, f: &DirtyFile) -> bool {
+        f.link_to.is_some() && (self.files.iter()).any(|x| x.seq == f.key && x.link_to == f.link_to)
     }
 
     /// The directory holding the files.

@@ -13,6 +13,7 @@
 //! called from one single-threaded shard).
 
 mod consume_queue;
+mod dirty;
 mod key_index;
 mod spare;
 mod tag;
@@ -20,7 +21,8 @@ pub mod timing_wheel;
 
 use std::path::{Path, PathBuf};
 
-pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, DirtyFile, CQ_ENTRY_BYTES};
+pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, CQ_ENTRY_BYTES};
+pub use dirty::DirtyFile;
 pub use key_index::{KeyIndex, KeyIndexConfig};
 pub use spare::{MadeSpare, SpareFile, Spares};
 pub use tag::{tag_hash, TAG_HASH_NONE};

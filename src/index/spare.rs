@@ -1,6 +1,9 @@
 //! Spare files: an index's next file (a consume queue's, the key index's), made ahead off
-//! the appending thread under a name of its own, that the roll renames into place instead
-//! of creating, sizing, mapping and allocating a file on the appending thread.
+//! the appending thread under a name of its own, that the roll takes as its next file
+//! instead of creating, sizing, mapping and allocating one on the appending thread. The
+//! roll makes no file-system call: the file keeps its spare's name until the next
+//! checkpoint links it at its numbered name ([`crate::index::DirtyFile::sync`]), and the
+//! index removes the spare's name once told so.
 //!
 //! A spare is tied to no position (cut-backs and restarts of its index do not stale it) and
 //! never carries a numbered name, so recovery cannot take it for one of the index's files:
@@ -172,24 +175,15 @@ impl Spares {
         self.held.take().map(|(path, _)| path)
     }
 
-    /// The spare, renamed to `path` (the roll's file); `None` if there is none or the
-    /// rename failed, when the roll creates the file itself (counted if `rolling`, not
-    /// for an index's first file).
-    pub(super) fn rename_to(&mut self, path: &Path, rolling: bool) -> Option<MappedFile> {
-        let renamed =
-            self.held
-                .take()
-                .and_then(|(spare, file)| match std::fs::rename(&spare, path) {
-                    Ok(()) => Some(file),
-                    Err(_) => {
-                        let _ = remove_file(&spare);
-                        None
-                    }
-                });
-        if renamed.is_none() && rolling {
+    /// The spare for a roll, with its path (the file is named there until a checkpoint
+    /// links it at its numbered name); `None` if there is none, when the roll creates the
+    /// file itself (counted if `rolling`, not for an index's first file).
+    pub(super) fn take(&mut self, rolling: bool) -> Option<(PathBuf, MappedFile)> {
+        let taken = self.held.take();
+        if taken.is_none() && rolling {
             self.rolls_inline += 1;
         }
-        renamed
+        taken
     }
 
     /// Rolls that created their file on the appending thread (no spare was ready).

@@ -21,56 +21,74 @@ impl MessageStore {
             .filter(|(_, files)| !files.is_empty())
             .collect();
         let keys = self.inner.keys.borrow().dirty_files();
-        let paths: Vec<(PathBuf, bool)> = queues
-            .iter()
-            .flat_map(|(_, files)| files.iter())
-            .chain(&keys)
-            .map(|f| (f.path.clone(), f.name_unsynced))
-            .collect();
-        if !paths.is_empty() {
-            crate::io::blocking(move || -> std::io::Result<()> {
-                for (path, name_unsynced) in paths {
-                    match std::fs::File::open(&path) {
-                        Ok(f) => f.sync_data()?,
-                        // Deleted meanwhile (retention, a deleted topic): nothing to keep.
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                        Err(e) => return Err(e),
-                    }
-                    // A file made since the last sync: its name too (syncing its data
-                    // need not carry a create or a rename), and its queue's in the topic's
-                    // directory (a queue's first file comes with its directory). Rare: a
-                    // queue's first file, then one every 300,000 entries.
-                    if !name_unsynced {
-                        continue;
-                    }
-                    for dir in path.ancestors().skip(1).take(2) {
-                        match std::fs::File::open(dir) {
-                            Ok(d) => d.sync_all()?,
-                            // Deleted meanwhile, as above.
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                            Err(e) => return Err(e),
-                        }
-                    }
+        let (queues, keys, gone) = if queues.is_empty() && keys.is_empty() {
+            (queues, keys, Vec::new())
+        } else {
+            // Each file named (a spare a roll took), fdatasynced, and its directory synced
+            // for a new name. One gone meanwhile is left out.
+            crate::io::blocking(move || -> std::io::Result<_> {
+                let (mut queues, mut gone) = (queues, Vec::new());
+                for (key, files) in &mut queues {
+                    let (kept, lost) = synced(std::mem::take(files))?;
+                    *files = kept;
+                    gone.extend(lost.into_iter().map(|f| (Some(key.clone()), f)));
                 }
-                Ok(())
+                let (keys, lost) = synced(keys)?;
+                gone.extend(lost.into_iter().map(|f| (None, f)));
+                Ok((queues, keys, gone))
             })
-            .await?;
-        }
+            .await?
+        };
+        let mut unlinked = Vec::new();
         {
             let mut all = self.inner.queues.borrow_mut();
             for (key, files) in &queues {
                 if let Some(q) = all.get_mut(key) {
-                    q.cq.files_synced(files);
+                    unlinked.extend(q.cq.files_synced(files));
                 }
             }
         }
-        self.inner.keys.borrow_mut().files_synced(&keys);
+        unlinked.extend(self.inner.keys.borrow_mut().files_synced(&keys));
+        // Gone by the index's own doing (retention, a deleted topic, a cut) is nothing to
+        // keep. A spare gone while the index still writes to it (removed from outside) is
+        // lost with what was indexed in it: the checkpoint stays where it is, so that a
+        // restart indexes those records again from the log.
+        for (queue, f) in &gone {
+            let unnamed = match queue {
+                Some(key) => {
+                    (self.inner.queues.borrow().get(key)).is_some_and(|q| q.cq.still_unnamed(f))
+                }
+                None => self.inner.keys.borrow().still_unnamed(f),
+            };
+            if unnamed {
+                return Err(StoreError::Index(crate::index::IndexError::Io {
+                    op: "link",
+                    path: f.path.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "an index file vanished before it was named; the checkpoint stays \
+                         behind it, and a restart indexes its records again from the log",
+                    ),
+                }));
+            }
+        }
         let cp = Checkpoint {
             log_offset: durable,
             timestamp_ms: crate::log::now_ms(),
         };
         let dir = self.inner.dir.clone();
-        crate::io::blocking(move || cp.write(&dir)).await?;
+        crate::io::blocking(move || {
+            cp.write(&dir)?;
+            // The spares' names of files now linked at their numbered names (a crash
+            // before this leaves them for the index's next open to remove).
+            for path in unlinked {
+                if let Err(e) = crate::index::remove_file(&path) {
+                    crate::warn!("ringmq: removing a spare's name: {e}");
+                }
+            }
+            Ok::<_, StoreError>(())
+        })
+        .await?;
         Ok(durable)
     }
 
@@ -104,7 +122,10 @@ impl MessageStore {
                 failed.get_or_insert(e);
             }
         }
-        let keys = self.inner.keys.borrow_mut().delete_before_physical(min);
+        self.inner
+            .keys
+            .borrow_mut()
+            .trim_before_physical(min, &mut doomed);
         if !doomed.is_empty() {
             crate::io::blocking(move || {
                 for path in doomed {
@@ -120,7 +141,6 @@ impl MessageStore {
             })
             .await;
         }
-        keys?;
         if let Some(e) = failed {
             return Err(e.into());
         }
@@ -218,4 +238,21 @@ impl MessageStore {
             }
         });
     }
+}
+
+/// Syncs `files` of one index, oldest first ([`DirtyFile::sync`]): those made durable, and
+/// those gone. Past a spare gone before its name was made, no later spare of the index is
+/// named (a crash would leave a gap below it): they count as gone too.
+fn synced(files: Vec<DirtyFile>) -> std::io::Result<(Vec<DirtyFile>, Vec<DirtyFile>)> {
+    let (mut kept, mut gone) = (Vec::with_capacity(files.len()), Vec::new());
+    let mut unnamed_gone = false;
+    for f in files {
+        if !(unnamed_gone && f.link_to.is_some()) && f.sync()? {
+            kept.push(f);
+        } else {
+            unnamed_gone |= f.link_to.is_some();
+            gone.push(f);
+        }
+    }
+    Ok((kept, gone))
 }

@@ -52,6 +52,12 @@ fn check(queue: &ConsumeQueue, min: u64, max: u64) {
     assert_eq!(queue.last_entry(), last);
 }
 
+/// Syncs every dirty file as the store's checkpoint does: named, synced, the spares'
+/// names of those linked removed.
+fn sync(queue: &mut ConsumeQueue) {
+    crate::index::dirty::sync_as_checkpoint(queue.dirty_files(), |d| queue.files_synced(d));
+}
+
 fn file_bases(dir: &Path) -> Vec<u64> {
     list_files(dir)
         .unwrap()
@@ -104,8 +110,7 @@ fn files_are_mapped_on_use_and_closed_when_idle() {
 
     // Appends to a closed file map it again; what they write is listed as dirty even after
     // the file is closed, and a reopen sees it.
-    let synced = queue.dirty_files();
-    queue.files_synced(&synced);
+    sync(&mut queue);
     for q in 10..13 {
         queue.put(q, entry(q)).unwrap();
     }
@@ -429,6 +434,9 @@ enum Op {
     TruncateTo(u16),
     DeleteBefore(u16),
     Flush,
+    /// The store's checkpoint: every dirty file named and synced.
+    Sync,
+    /// Dropped and opened again (as after a crash): files not named yet are lost.
     Reopen,
     CloseIdle,
     /// A spare asked for, made and handed back (if the queue asks).
@@ -443,6 +451,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u16>().prop_map(Op::TruncateTo),
         1 => any::<u16>().prop_map(Op::DeleteBefore),
         1 => Just(Op::Flush),
+        1 => Just(Op::Sync),
         1 => Just(Op::Reopen),
         1 => Just(Op::CloseIdle),
         2 => Just(Op::Spare),
@@ -527,6 +536,7 @@ proptest! {
                     model.min = new_min;
                 }
                 Op::Flush => queue.flush().unwrap(),
+                Op::Sync => sync(&mut queue),
                 Op::CloseIdle => {
                     // The first call marks what was used as unused, the second closes it.
                     let mut doomed = Vec::new();
@@ -543,9 +553,19 @@ proptest! {
                     }
                 }
                 Op::Reopen => {
+                    // Files not named yet are the last ones; their entries go.
+                    let lost_from = queue.segments.iter().find(|s| s.link_to.is_some());
+                    let kept_to = lost_from.map_or(model.max, |s| s.base.min(model.max));
                     drop(queue);
                     queue = open(dir.path(), entries_per_file);
                     prop_assert!(spares(dir.path()).is_empty());
+                    model.max = kept_to;
+                    if file_bases(dir.path()).is_empty() {
+                        // All went: an empty queue, as a new one.
+                        model.min = 0;
+                        model.max = 0;
+                    }
+                    model.entries.retain(|&q, _| q < model.max);
                     // Reopen reports the first file's base: an older min, whose entries
                     // the model still knows.
                     prop_assert!(queue.min_offset() <= model.min);
@@ -553,7 +573,14 @@ proptest! {
                 }
             }
             model.check(&queue);
-            prop_assert!(spares(dir.path()).len() <= 1);
+            let unnamed = queue.segments.iter().filter(|s| s.link_to.is_some()).count();
+            prop_assert_eq!(
+                spares(dir.path()).len(),
+                unnamed + usize::from(queue.spares.held())
+            );
+            // Unnamed files are the last ones: a crash leaves no gap.
+            let named = queue.segments.iter().rev().skip(unnamed);
+            prop_assert!(named.into_iter().all(|s| s.link_to.is_none()));
         }
     }
 }
@@ -702,34 +729,59 @@ fn give_spare(queue: &mut ConsumeQueue) {
     assert!(queue.spare_ahead().is_none(), "one spare held at a time");
 }
 
+/// The roll takes the spare made ahead with no file-system call: the file keeps its
+/// spare's name until a sync links it at its numbered name (both names in between), and the
+/// queue then takes the new name and hands back the old one to remove.
 #[test]
-fn the_roll_renames_the_spare_made_ahead() {
+fn the_roll_takes_the_spare_made_ahead_and_the_sync_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut queue = open(dir.path(), 100);
     append(&mut queue, 0..1);
     give_spare(&mut queue);
-    assert_eq!(spares(dir.path()).len(), 1);
+    let spare = spares(dir.path());
+    assert_eq!(spare.len(), 1);
     assert_eq!(queue.mapped_files(), 2, "the last file and the spare");
-    let synced = queue.dirty_files();
-    queue.files_synced(&synced);
+    sync(&mut queue);
     append(&mut queue, 1..101);
-    assert_eq!(file_bases(dir.path()), [0, 100]);
-    assert!(spares(dir.path()).is_empty(), "renamed into place");
+    assert_eq!(file_bases(dir.path()), [0], "not named by the roll");
+    assert_eq!(spares(dir.path()), spare);
     assert_eq!(queue.spares().rolls_inline(), 0);
-    let dirty: Vec<(u64, bool)> = queue
-        .dirty_files()
+    check(&queue, 0, 101);
+    let dirty = queue.dirty_files();
+    let listed: Vec<(u64, bool, Option<PathBuf>)> = dirty
         .iter()
-        .map(|f| (f.key, f.name_unsynced))
+        .map(|f| (f.key, f.name_unsynced, f.link_to.clone()))
         .collect();
+    let numbered = dir.path().join(numbered_file_name(100));
     assert_eq!(
-        dirty,
-        [(0, false), (100, true)],
-        "the renamed file's directory is to be synced"
+        listed,
+        [(0, false, None), (100, true, Some(numbered.clone()))],
+        "the new file's name is to be made and synced"
     );
-    let synced = queue.dirty_files();
-    queue.files_synced(&synced);
+    for f in &dirty {
+        assert!(f.sync().unwrap());
+    }
+    assert_eq!(file_bases(dir.path()), [0, 100], "linked");
+    assert_eq!(
+        spares(dir.path()),
+        spare,
+        "the spare's name is kept until the queue lets go"
+    );
+    assert_eq!(queue.files_synced(&dirty), spare);
+    std::fs::remove_file(&spare[0]).unwrap();
+    assert!(queue.dirty_files().is_empty());
+    // Closed and mapped again: through its numbered name.
+    queue.close_idle(&mut Vec::new());
+    queue.close_idle(&mut Vec::new());
+    assert_eq!(queue.mapped_files(), 0);
     queue.put(101, entry(101)).unwrap();
-    assert!(!queue.dirty_files()[0].name_unsynced, "synced once");
+    let dirty = queue.dirty_files();
+    assert_eq!(dirty.len(), 1);
+    assert!(
+        !dirty[0].name_unsynced && dirty[0].link_to.is_none(),
+        "named once"
+    );
+    assert_eq!(dirty[0].path, numbered);
     // Without a spare (none asked for since) the roll creates the file itself.
     append(&mut queue, 102..201);
     assert_eq!(queue.spares().rolls_inline(), 1);
@@ -739,6 +791,31 @@ fn the_roll_renames_the_spare_made_ahead() {
     append(&mut queue, 201..301);
     assert_eq!(queue.spares().rolls_inline(), 1);
     check(&queue, 0, 301);
+}
+
+/// Until a sync names it, a file taken from a spare is lost by a crash (the store replays
+/// its entries from the log, the checkpoint being behind them); a later roll that has to
+/// create its file names the unnamed one first, so a crash never leaves a gap (which the
+/// next open would take for a retention left half done, removing the files before it).
+#[test]
+fn a_file_not_yet_named_goes_with_a_crash_and_never_leaves_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100);
+    append(&mut queue, 0..10);
+    give_spare(&mut queue);
+    append(&mut queue, 10..150);
+    drop(queue);
+    let mut queue = open(dir.path(), 100);
+    check(&queue, 0, 100);
+    assert!(spares(dir.path()).is_empty(), "the open removes spares");
+
+    give_spare(&mut queue);
+    append(&mut queue, 100..201);
+    assert_eq!(queue.spares().rolls_inline(), 1, "200 created here");
+    assert_eq!(file_bases(dir.path()), [0, 100, 200], "100 named first");
+    assert!(spares(dir.path()).is_empty());
+    drop(queue);
+    check(&open(dir.path(), 100), 0, 201);
 }
 
 /// A spare is no file of the queue's: cut back across a whole file and crashed, the queue
@@ -752,11 +829,12 @@ fn a_spare_outlives_a_cut_back_and_a_crash() {
     give_spare(&mut queue);
     queue.truncate_to(99).unwrap();
     check(&queue, 0, 99);
-    // The spare serves the roll that follows.
+    // The spare serves the roll that follows; the cut after it removes its file.
     append(&mut queue, 99..120);
-    assert_eq!(file_bases(dir.path()), [0, 100]);
-    assert!(spares(dir.path()).is_empty());
+    assert_eq!(file_bases(dir.path()), [0]);
+    assert_eq!(spares(dir.path()).len(), 1, "taken, not named yet");
     give_spare(&mut queue);
+    assert_eq!(spares(dir.path()).len(), 2);
     queue.truncate_to(99).unwrap();
     drop(queue);
     assert_eq!(spares(dir.path()).len(), 1);
@@ -774,6 +852,7 @@ fn a_spare_serves_a_queue_restarted_elsewhere() {
     give_spare(&mut queue);
     queue.truncate_to(0).unwrap();
     append(&mut queue, 12_345..12_350);
+    sync(&mut queue);
     assert_eq!(file_bases(dir.path()), [12_345]);
     assert!(spares(dir.path()).is_empty());
     check(&queue, 12_345, 12_350);
@@ -826,8 +905,11 @@ fn an_idle_queue_gives_up_its_spare() {
     give_spare(&mut queue);
 }
 
+/// A spare removed from outside before its file was named takes the entries indexed in it
+/// along: its sync says it is gone, the queue still holds it unnamed (the store's checkpoint
+/// then stays behind it), and a reopen serves what was named.
 #[test]
-fn a_spare_gone_before_its_roll_falls_back_to_creating_the_file() {
+fn a_spare_gone_before_it_is_named_is_told_apart_from_a_file_the_queue_let_go() {
     let dir = tempfile::tempdir().unwrap();
     let mut queue = open(dir.path(), 100);
     append(&mut queue, 0..10);
@@ -836,10 +918,18 @@ fn a_spare_gone_before_its_roll_falls_back_to_creating_the_file() {
         std::fs::remove_file(spare).unwrap();
     }
     append(&mut queue, 10..150);
-    assert_eq!(queue.spares().rolls_inline(), 1);
+    assert_eq!(queue.spares().rolls_inline(), 0);
     check(&queue, 0, 150);
+    let dirty = queue.dirty_files();
+    let synced: Vec<bool> = dirty.iter().map(|f| f.sync().unwrap()).collect();
+    assert_eq!(synced, [true, false]);
+    assert!(queue.still_unnamed(&dirty[1]));
+    assert!(!queue.still_unnamed(&dirty[0]));
+    // Let go by the queue (a cut): gone, and nothing the queue holds.
+    queue.truncate_to(99).unwrap();
+    assert!(!queue.still_unnamed(&dirty[1]));
     drop(queue);
-    check(&open(dir.path(), 100), 0, 150);
+    check(&open(dir.path(), 100), 0, 99);
 }
 
 /// A sync listed before a cut popped a file, which the queue then made again at the same
@@ -854,7 +944,7 @@ fn a_sync_of_a_file_popped_and_made_again_does_not_count_for_the_new_one() {
     assert_eq!(listed.len(), 2);
     queue.truncate_to(99).unwrap();
     append(&mut queue, 99..101);
-    queue.files_synced(&listed);
+    assert!(queue.files_synced(&listed).is_empty(), "no spare linked");
     let dirty: Vec<(u64, bool)> = queue
         .dirty_files()
         .iter()
