@@ -641,7 +641,7 @@ fn names_in(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// A queue and the key index roll into files made ahead in the blocking pool: with the
-/// spares in place before each roll (the key index's first file comes with the first key),
+/// spares in place before each roll (the key index's first file too),
 /// none creates its file on the shard's thread; checkpoints name and sync the files taken
 /// (and their directory), and everything reads back after the store is dropped without a close.
 #[test]
@@ -749,9 +749,16 @@ fn an_opening_dropped_half_way_refuses_nothing_after() {
 /// behind it, and the next opening indexes its records again too.
 #[test]
 fn files_rolled_into_since_the_last_checkpoint_are_rebuilt_after_a_crash() {
-    run_local(|| async {
+    // Checkpoints only when the test asks.
+    let mut cfg = small_config();
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let open = move |dir: std::path::PathBuf| {
+        let cfg = cfg.clone();
+        async move { MessageStore::open(&dir, cfg).await.unwrap().0 }
+    };
+    run_local(move || async move {
         let dir = tempfile::tempdir().unwrap();
-        let store = open_small(dir.path()).await;
+        let store = open(dir.path().to_owned()).await;
         let m = one_message(11, "unnamed", 0);
         for i in 0..150u64 {
             spares_made(&store).await;
@@ -773,7 +780,7 @@ fn files_rolled_into_since_the_last_checkpoint_are_rebuilt_after_a_crash() {
         assert_eq!(numbered(&dir_of_queue), 2, "files 0 and 100 named");
         // A crash: the store dropped without a checkpoint or a close.
         drop(store);
-        let store = open_small(dir.path()).await;
+        let store = open(dir.path().to_owned()).await;
         assert_eq!(store.queue_range("unnamed", 0).unwrap(), (0, 450));
         let pulled = store
             .read_queue("unnamed", 0, 400, 100, 1 << 20, &[])
@@ -800,7 +807,7 @@ fn files_rolled_into_since_the_last_checkpoint_are_rebuilt_after_a_crash() {
         let failed = store.checkpoint().await.unwrap_err().to_string();
         assert!(failed.contains("vanished"), "{failed}");
         drop(store);
-        let store = open_small(dir.path()).await;
+        let store = open(dir.path().to_owned()).await;
         assert_eq!(store.queue_range("unnamed", 0).unwrap(), (0, 520));
         let pulled = store
             .read_queue("unnamed", 0, 490, 100, 1 << 20, &[])

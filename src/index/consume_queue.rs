@@ -544,8 +544,16 @@ impl ConsumeQueue {
             .checked_sub(segment.base)
             .filter(|&i| i < entries_per_file)?;
         let next_end = entry_at(next) as u64 + CQ_ENTRY_BYTES;
-        let Segment { open, path, .. } = segment;
-        open.get_mut()?.backing.ahead(next_end, CQ_ALLOC_STEP, path)
+        let Segment {
+            open,
+            path,
+            link_to,
+            ..
+        } = segment;
+        let named = link_to.as_deref();
+        open.get_mut()?
+            .backing
+            .ahead(next_end, CQ_ALLOC_STEP, path, named)
     }
 
     /// How an [`AllocAhead`] of this queue went (`allocated`: it succeeded). One for a file

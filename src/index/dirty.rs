@@ -33,10 +33,12 @@ impl DirtyFile {
     /// stays valid for its index until it takes the new name), fdatasyncs it and, for a new
     /// name, syncs its directory and the one above (a queue's first file comes with its
     /// directory). Blocks. A file gone meanwhile (retention, a deleted topic, a cut) is
-    /// skipped: `Ok(false)`.
+    /// skipped: `Ok(false)`. A spare's name gone because its index named the file itself
+    /// meanwhile (a roll that created its file, another checkpoint) is no reason to skip:
+    /// the numbered name is synced.
     pub fn sync(&self) -> std::io::Result<bool> {
         if let Some(to) = &self.link_to {
-            if !link(&self.path, to)? {
+            if !link(&self.path, to)? && !to.exists() {
                 return Ok(false);
             }
         }

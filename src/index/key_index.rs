@@ -563,9 +563,9 @@ impl KeyIndex {
 
     /// Adds file `seq` (the first, or the next after a full one): the spare made ahead
     /// (no file-system call: the next sync names it), or a file created here if none is
-    /// ready (counted for a roll, not for the first file).
+    /// ready (counted).
     fn roll(&mut self, seq: u64) -> Result<&mut IndexFile, IndexError> {
-        let spare = self.spares.take(!self.files.is_empty());
+        let spare = self.spares.take(true);
         if spare.is_none() {
             // A file created with its name must follow no file still without one: a crash
             // would lose the one between, whose keys replay (from the newest file's end)
@@ -580,18 +580,22 @@ impl KeyIndex {
         Ok(&mut self.files[last])
     }
 
-    /// A spare file to make off the appending thread for the next roll, once the last
-    /// file's entries come within a [`KI_ALLOC_STEP`] of its end (one out at a time):
-    /// [`SpareFile::make`] it, then hand it to [`Spares::made`]. None for
-    /// the first file, which the first key creates: a store that never indexes a key holds
-    /// no file of the key index's size.
+    /// A spare file to make off the appending thread for the next roll (one out at a
+    /// time): for the first file as soon as the index has none (the store asks when it
+    /// opens, so the first key finds it; a store that never indexes a key holds this one
+    /// sparse file of the key index's size, its header and slots allocated), then once the
+    /// last file's entries come within a [`KI_ALLOC_STEP`] of its end. [`SpareFile::make`]
+    /// it, then hand it to [`Spares::made`].
     pub fn spare_ahead(&mut self) -> Option<SpareFile> {
-        let last = self.files.back()?;
+        let (bytes, slots_end) = (self.cfg.file_bytes(), self.cfg.slots_end());
+        let Some(last) = self.files.back() else {
+            // No roll names the first file's ask: one that failed is not asked again.
+            return self.spares.ask(&self.dir, u64::MAX, bytes, slots_end);
+        };
         let ahead = (KI_ALLOC_STEP / KI_ENTRY_BYTES as u64) as u32;
         if last.entry_count().saturating_add(ahead) < last.entries_max {
             return None;
         }
-        let (bytes, slots_end) = (self.cfg.file_bytes(), self.cfg.slots_end());
         self.spares.ask(&self.dir, last.seq, bytes, slots_end)
     }
 
@@ -610,7 +614,9 @@ impl KeyIndex {
             return None;
         }
         let next_end = (last.entry_at(last.entry_count() + 1) + KI_ENTRY_BYTES) as u64;
-        last.backing.ahead(next_end, KI_ALLOC_STEP, &last.path)
+        let named = last.link_to.as_deref();
+        last.backing
+            .ahead(next_end, KI_ALLOC_STEP, &last.path, named)
     }
 
     /// How an [`AllocAhead`] of this index went (`allocated`: it succeeded). One for a file

@@ -52,6 +52,9 @@ pub enum IndexError {
 #[derive(Debug)]
 pub struct AllocAhead {
     pub path: PathBuf,
+    /// The numbered name of a file still at a spare's name (`path`) when asked for: the
+    /// checkpoint may name it and remove the spare's name meanwhile.
+    named: Option<PathBuf>,
     /// The [`Backing`] it was asked for: a file mapped again (or another file made at the
     /// same path) has another, and ignores the result.
     backing: u64,
@@ -62,7 +65,15 @@ pub struct AllocAhead {
 impl AllocAhead {
     /// Allocates the stretch (opens the file, `fallocate`, closes it). Blocks.
     pub fn allocate(&self) -> Result<(), IndexError> {
-        fallocate_range(&self.path, self.from, self.to).map(|_| ())
+        match (fallocate_range(&self.path, self.from, self.to), &self.named) {
+            (Err(IndexError::Io { source, .. }), Some(named))
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                fallocate_range(named, self.from, self.to)
+            }
+            (allocated, _) => allocated,
+        }
+        .map(|_| ())
     }
 }
 
@@ -135,7 +146,13 @@ impl Backing {
     /// first page, or when the file is allocated to its end.
     ///
     /// [`ensure`]: Self::ensure
-    fn ahead(&mut self, next_end: u64, step: u64, path: &Path) -> Option<AllocAhead> {
+    fn ahead(
+        &mut self,
+        next_end: u64,
+        step: u64,
+        path: &Path,
+        named: Option<&Path>,
+    ) -> Option<AllocAhead> {
         let chunk = self.chunk(step);
         let margin = if chunk >= step { chunk } else { chunk / 2 };
         if self.ahead_out
@@ -151,6 +168,7 @@ impl Backing {
             backing: self.id,
             from: self.allocated_to,
             to: self.allocated_to.saturating_add(chunk).min(self.len),
+            named: named.map(Path::to_path_buf),
         })
     }
 

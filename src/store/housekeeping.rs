@@ -53,42 +53,43 @@ impl MessageStore {
         // keep. A spare gone while the index still writes to it (removed from outside) is
         // lost with what was indexed in it: the checkpoint stays where it is, so that a
         // restart indexes those records again from the log.
-        for (queue, f) in &gone {
-            let unnamed = match queue {
-                Some(key) => {
-                    (self.inner.queues.borrow().get(key)).is_some_and(|q| q.cq.still_unnamed(f))
-                }
-                None => self.inner.keys.borrow().still_unnamed(f),
-            };
-            if unnamed {
-                return Err(StoreError::Index(crate::index::IndexError::Io {
-                    op: "link",
-                    path: f.path.clone(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "an index file vanished before it was named; the checkpoint stays \
-                         behind it, and a restart indexes its records again from the log",
-                    ),
-                }));
+        let lost = gone.iter().find(|(queue, f)| match queue {
+            Some(key) => {
+                (self.inner.queues.borrow().get(key)).is_some_and(|q| q.cq.still_unnamed(f))
             }
-        }
-        let cp = Checkpoint {
+            None => self.inner.keys.borrow().still_unnamed(f),
+        });
+        let lost = lost.map(|(_, f)| {
+            StoreError::Index(crate::index::IndexError::Io {
+                op: "link",
+                path: f.path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "an index file vanished before it was named; the checkpoint stays behind \
+                     it, and a restart indexes its records again from the log",
+                ),
+            })
+        });
+        let cp = lost.is_none().then(|| Checkpoint {
             log_offset: durable,
             timestamp_ms: crate::log::now_ms(),
-        };
+        });
         let dir = self.inner.dir.clone();
         crate::io::blocking(move || {
-            cp.write(&dir)?;
-            // The spares' names of files now linked at their numbered names (a crash
-            // before this leaves them for the index's next open to remove).
+            // The spares' names of files now linked at their numbered names, whatever
+            // else happens (each would keep its file's blocks once the numbered name goes;
+            // a crash before this leaves them for the index's next open to remove).
             for path in unlinked {
                 if let Err(e) = crate::index::remove_file(&path) {
                     crate::warn!("ringmq: removing a spare's name: {e}");
                 }
             }
-            Ok::<_, StoreError>(())
+            cp.map_or(Ok(()), |cp| cp.write(&dir))
         })
         .await?;
+        if let Some(e) = lost {
+            return Err(e);
+        }
         Ok(durable)
     }
 

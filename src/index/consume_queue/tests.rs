@@ -818,6 +818,33 @@ fn a_file_not_yet_named_goes_with_a_crash_and_never_leaves_a_gap() {
     check(&open(dir.path(), 100), 0, 201);
 }
 
+/// A file its queue named itself while a sync of an earlier listing ran (a roll that had to
+/// create its file named it first, removing the spare's name) is synced under its numbered
+/// name, not skipped as gone.
+#[test]
+fn a_file_named_by_its_queue_while_a_sync_runs_is_synced_all_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100);
+    append(&mut queue, 0..10);
+    give_spare(&mut queue);
+    append(&mut queue, 10..200);
+    let listed = queue.dirty_files();
+    assert!(listed[1].link_to.is_some());
+    append(&mut queue, 200..201);
+    assert_eq!(
+        file_bases(dir.path()),
+        [0, 100, 200],
+        "100 named by the roll to 200"
+    );
+    assert!(spares(dir.path()).is_empty());
+    for f in &listed {
+        assert!(f.sync().unwrap(), "{f:?} skipped");
+    }
+    assert!(queue.files_synced(&listed).is_empty(), "named already");
+    let dirty: Vec<u64> = queue.dirty_files().iter().map(|f| f.key).collect();
+    assert_eq!(dirty, [200], "0 and 100 synced");
+}
+
 /// A spare is no file of the queue's: cut back across a whole file and crashed, the queue
 /// comes back whole (a next file made ahead under its own number made recovery take the
 /// file before it for a retention left half done).
