@@ -402,21 +402,8 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
     }
     encode_request(&send("held").into(), 5_000, &mut out).unwrap();
     held.write_all(&out).unwrap();
-    // Every poll is handled (the metrics are published every second).
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let text = common::http_get(&metrics, "/metrics");
-        let polls: f64 = text
-            .lines()
-            .filter(|l| l.starts_with("ringmq_requests_total{") && l.contains("kind=\"Pull\""))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum();
-        if polls >= 1024.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{polls} polls handled");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let polls = |n: f64| n >= 1024.0;
+    wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", polls);
     let started = Instant::now();
     match common::raw::call(&addr, send("other").into()) {
         Response::SendResult(r) => assert_eq!(r.queue_offset, 0),
@@ -433,4 +420,74 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
         Some((_, Response::SendResult(r))) => assert_eq!(r.queue_offset, 1),
         other => panic!("{other:?}"),
     }
+}
+
+/// The sum of metric `name`'s series whose line contains `with`, as published now.
+fn metric_sum(metrics: &str, name: &str, with: &str) -> f64 {
+    let text = common::http_get(metrics, "/metrics");
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter(|l| l.contains(with))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Polls metric `name` (see [`metric_sum`]) every 50 ms until `done` holds for it, for up
+/// to 15 s: the broker publishes its metrics every second and signals these conditions in
+/// no other way.
+fn wait_metric(metrics: &str, name: &str, with: &str, done: impl Fn(f64) -> bool) {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let value = metric_sum(metrics, name, with);
+        if done(value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} {with}: {value}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A connection at its in-flight limit reads nothing until one of its requests ends (here,
+/// long polls of 20 s). Closed by its peer meanwhile, it is let go at once: it leaves the
+/// broker's connections (and its members their groups) well before the polls end.
+#[test]
+fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end() {
+    use ringmq::protocol::{encode_request, Pull};
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    const POLL_MS: u32 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = common::free_addr().to_string();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--metrics-listen", &metrics]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("idle", 1).await.unwrap();
+    });
+    let mut held = std::net::TcpStream::connect(&addr).unwrap();
+    let mut out = Vec::new();
+    for id in 0..1024 {
+        let poll = Pull {
+            max_wait_ms: POLL_MS,
+            ..Pull::new("idle", 0, 0)
+        };
+        encode_request(&poll.into(), id, &mut out).unwrap();
+    }
+    held.write_all(&out).unwrap();
+    wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", |n| {
+        n >= 1024.0
+    });
+    wait_metric(&metrics, "ringmq_connections_open", "", |n| n == 1.0);
+    let closed = Instant::now();
+    drop(held);
+    wait_metric(&metrics, "ringmq_connections_open", "", |n| n == 0.0);
+    assert!(
+        closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
+        "let go after {:?}",
+        closed.elapsed()
+    );
 }

@@ -51,6 +51,9 @@ const READ_BUDGET_RETRY_MS: u64 = 5;
 /// A receive buffer grown for large frames is kept while they keep coming, and shrunk
 /// back once the connection sends nothing for this long.
 const READ_BUFFER_KEEP_MS: u64 = 100;
+/// How often a reader waiting for a place among its connection's requests in flight (it
+/// reads nothing meanwhile) looks whether the peer went.
+const PEER_CHECK_MS: u64 = 200;
 
 /// Shrinks a grown receive buffer back to its base size, giving the rest of the budget back.
 fn shrink(buf: &mut Vec<u8>, budget: &ReadBudget, taken: &mut usize) {
@@ -158,12 +161,23 @@ struct InFlight {
 struct InFlightPlace(Rc<InFlight>);
 
 impl InFlight {
+    /// A place, if one is free now.
+    fn try_take(self: &Rc<Self>) -> Option<InFlightPlace> {
+        let count = self.count.get();
+        (count < CONN_IN_FLIGHT_MAX).then(|| {
+            self.count.set(count + 1);
+            InFlightPlace(self.clone())
+        })
+    }
+
+    /// Waits for a place. Cancel-safe: a wait given up holds nothing.
     async fn take(self: &Rc<Self>) -> InFlightPlace {
-        while self.count.get() >= CONN_IN_FLIGHT_MAX {
+        loop {
+            if let Some(place) = self.try_take() {
+                return place;
+            }
             self.freed.notified().await;
         }
-        self.count.set(self.count.get() + 1);
-        InFlightPlace(self.clone())
     }
 }
 
@@ -203,6 +217,29 @@ async fn within<T>(ms: u64, fut: impl std::future::Future<Output = T>) -> Option
         None
     })
     .await
+}
+
+/// The peer of socket `fd` closed the connection, or it failed: a peek (nothing is taken)
+/// finds its end or an error, not data and not "nothing yet". Does not wait.
+fn peer_gone(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a non-blocking peek of at most one byte into a local the call may write.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            std::ptr::addr_of_mut!(byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
 }
 
 /// Most parts one vectored socket write passes to the kernel (its limit is 1,024).
@@ -369,7 +406,19 @@ pub async fn serve_connection(
             // takes on arrival (its place in a topic's line of sends) is then held by a
             // future that runs, not by one waiting here for another request to end. Then
             // room for its answer.
-            let place = in_flight.take().await;
+            let place = match in_flight.try_take() {
+                Some(place) => place,
+                // At the limit the reader reads nothing until a request ends (a long poll
+                // may take seconds): it looks every so often whether the peer went, so that
+                // its groups learn of it now.
+                None => loop {
+                    match within(PEER_CHECK_MS, in_flight.take()).await {
+                        Some(place) => break place,
+                        None if outbox.closed.get() || peer_gone(fd) => break 'conn,
+                        None => {}
+                    }
+                },
+            };
             outbox.room().await;
             if outbox.closed.get() {
                 break 'conn;
