@@ -376,30 +376,18 @@ async fn bodies_of(client: &Client, topic: &str, queues: u32) -> Vec<Vec<u8>> {
 /// polls end; the held send is stored once a poll ends, after it.
 #[test]
 fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
-    use ringmq::protocol::{encode_request, Pull, Response};
+    use ringmq::protocol::{encode_request, Response};
     use std::io::Write;
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 8_000;
     let dir = tempfile::tempdir().unwrap();
-    let metrics = common::free_addr().to_string();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--metrics-listen", &metrics]);
+    let (broker, metrics) = broker_with_idle_topic(dir.path());
     let addr = broker.addr_string();
-    runtime().block_on(async {
-        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
-        client.create_topic("idle", 1).await.unwrap();
-    });
     let send = |body: &str| common::raw::send_to("fresh", 0, body);
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
     held.set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut out = Vec::new();
-    for id in 0..1024 {
-        let poll = Pull {
-            max_wait_ms: POLL_MS,
-            ..Pull::new("idle", 0, 0)
-        };
-        encode_request(&poll.into(), id, &mut out).unwrap();
-    }
+    let mut out = long_polls(1024, POLL_MS);
     encode_request(&send("held").into(), 5_000, &mut out).unwrap();
     held.write_all(&out).unwrap();
     let polls = |n: f64| n >= 1024.0;
@@ -420,6 +408,33 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
         Some((_, Response::SendResult(r))) => assert_eq!(r.queue_offset, 1),
         other => panic!("{other:?}"),
     }
+}
+
+/// A one-shard broker publishing its metrics (at the address returned) with a topic "idle"
+/// of one queue, for long polls that wait.
+fn broker_with_idle_topic(dir: &std::path::Path) -> (BrokerProcess, String) {
+    let metrics = common::free_addr().to_string();
+    let broker = BrokerProcess::start(&dir.join("data"), 1, &["--metrics-listen", &metrics]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("idle", 1).await.unwrap();
+    });
+    (broker, metrics)
+}
+
+/// `n` pulls of "idle" that wait up to `poll_ms` each, encoded (request ids 0..n).
+fn long_polls(n: u64, poll_ms: u32) -> Vec<u8> {
+    use ringmq::protocol::{encode_request, Pull};
+    let mut out = Vec::new();
+    for id in 0..n {
+        let poll = Pull {
+            max_wait_ms: poll_ms,
+            ..Pull::new("idle", 0, 0)
+        };
+        encode_request(&poll.into(), id, &mut out).unwrap();
+    }
+    out
 }
 
 /// The sum of metric `name`'s series whose line contains `with`, as published now.
@@ -456,27 +471,14 @@ fn wait_metric(metrics: &str, name: &str, with: &str, done: impl Fn(f64) -> bool
 /// broker's connections (and its members their groups) well before the polls end.
 #[test]
 fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end() {
-    use ringmq::protocol::{encode_request, Pull};
     use std::io::Write;
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 20_000;
     let dir = tempfile::tempdir().unwrap();
-    let metrics = common::free_addr().to_string();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--metrics-listen", &metrics]);
+    let (broker, metrics) = broker_with_idle_topic(dir.path());
     let addr = broker.addr_string();
-    runtime().block_on(async {
-        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
-        client.create_topic("idle", 1).await.unwrap();
-    });
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
-    let mut out = Vec::new();
-    for id in 0..1024 {
-        let poll = Pull {
-            max_wait_ms: POLL_MS,
-            ..Pull::new("idle", 0, 0)
-        };
-        encode_request(&poll.into(), id, &mut out).unwrap();
-    }
+    let out = long_polls(1024, POLL_MS);
     held.write_all(&out).unwrap();
     wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", |n| {
         n >= 1024.0
