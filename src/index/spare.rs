@@ -177,7 +177,8 @@ impl Spares {
 
     /// The spare for a roll, with its path (the file is named there until a checkpoint
     /// links it at its numbered name); `None` if there is none, when the roll creates the
-    /// file itself (counted if `rolling`, not for an index's first file).
+    /// file itself (counted if `rolling`: a consume queue's first file is not, as
+    /// `open_queues` creates it off the thread).
     pub(super) fn take(&mut self, rolling: bool) -> Option<(PathBuf, MappedFile)> {
         let taken = self.held.take();
         if taken.is_none() && rolling {

@@ -410,7 +410,8 @@ pub async fn serve_connection(
                 Some(place) => place,
                 // At the limit the reader reads nothing until a request ends (a long poll
                 // may take seconds): it looks every so often whether the peer went, so that
-                // its groups learn of it now.
+                // its groups learn of it now. Requests still in the buffer then get no
+                // answer (none was acknowledged), as at any other end of the connection.
                 None => loop {
                     match within(PEER_CHECK_MS, in_flight.take()).await {
                         Some(place) => break place,
