@@ -381,7 +381,7 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 8_000;
     let dir = tempfile::tempdir().unwrap();
-    let (broker, metrics) = broker_with_idle_topic(dir.path());
+    let (broker, metrics) = broker_with_idle_topic(dir.path(), &[]);
     let addr = broker.addr_string();
     let send = |body: &str| common::raw::send_to("fresh", 0, body);
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
@@ -410,11 +410,13 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
     }
 }
 
-/// A one-shard broker publishing its metrics (at the address returned) with a topic "idle"
-/// of one queue, for long polls that wait.
-fn broker_with_idle_topic(dir: &std::path::Path) -> (BrokerProcess, String) {
+/// A one-shard broker (with `extra` flags) publishing its metrics (at the address returned)
+/// with a topic "idle" of one queue, for long polls that wait.
+fn broker_with_idle_topic(dir: &std::path::Path, extra: &[&str]) -> (BrokerProcess, String) {
     let metrics = common::free_addr().to_string();
-    let broker = BrokerProcess::start(&dir.join("data"), 1, &["--metrics-listen", &metrics]);
+    let mut args = vec!["--metrics-listen", &metrics];
+    args.extend_from_slice(extra);
+    let broker = BrokerProcess::start(&dir.join("data"), 1, &args);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
@@ -475,7 +477,7 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 20_000;
     let dir = tempfile::tempdir().unwrap();
-    let (broker, metrics) = broker_with_idle_topic(dir.path());
+    let (broker, metrics) = broker_with_idle_topic(dir.path(), &[]);
     let addr = broker.addr_string();
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
     let out = long_polls(1024, POLL_MS);
@@ -492,4 +494,77 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
         "let go after {:?}",
         closed.elapsed()
     );
+}
+
+/// A long poll ends with its connection: a connection closed by its peer while its poll of
+/// 20 s waits is let go at once, and its place under `--connections-max` with it (the place
+/// used to be held until the poll ended, as the connection waited for its answer).
+#[test]
+fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
+    use ringmq::protocol::{Pull, Response};
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    const POLL_MS: u32 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, metrics) = broker_with_idle_topic(dir.path(), &["--connections-max", "1"]);
+    let addr = broker.addr_string();
+    wait_metric(&metrics, "ringmq_connections_open", "", |n| n == 0.0);
+    let mut held = std::net::TcpStream::connect(&addr).unwrap();
+    held.write_all(&long_polls(1, POLL_MS)).unwrap();
+    wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", |n| {
+        n >= 1.0
+    });
+    let closed = Instant::now();
+    drop(held);
+    // Served once the place is free; refused (TooManyConnections) until then.
+    loop {
+        let now = Pull {
+            max_wait_ms: 0,
+            ..Pull::new("idle", 0, 0)
+        };
+        match answer_on_new_connection(&addr, now.into()) {
+            Some(Response::Pull(_)) => break,
+            Some(Response::Error(e)) => {
+                assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
+            }
+            other => assert!(other.is_none(), "{other:?}"),
+        }
+        assert!(
+            closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
+            "the place is still held after {:?}",
+            closed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `request` on a new connection and reads its answer; `None` if the connection ends
+/// first (as a refused one may, right after its refusal).
+fn answer_on_new_connection(
+    addr: &str,
+    request: ringmq::protocol::Request,
+) -> Option<ringmq::protocol::Response<'static>> {
+    use ringmq::protocol::{encode_request, FrameDecoder};
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    let mut out = Vec::new();
+    encode_request(&request, 1, &mut out).unwrap();
+    // A refused connection may be closed before the request is written: its answer (the
+    // refusal) is still read.
+    let _ = conn.write_all(&out);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(f) = FrameDecoder::default().decode(&buf).unwrap() {
+            let owned: &'static [u8] = Box::leak(buf[..f.frame_len()].to_vec().into_boxed_slice());
+            let frame = FrameDecoder::default().decode(owned).unwrap().unwrap();
+            return Some(frame.decode_response().unwrap());
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }

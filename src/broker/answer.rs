@@ -10,8 +10,10 @@
 //! shard runtime stops reading a connection's requests while its queued answers are over
 //! their limit, so a client that does not read is held back by TCP itself.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -121,7 +123,25 @@ pub struct AnswerBudgets {
     shard: Arc<Semaphore>,
     shard_units: u32,
     conn_units: u32,
-    conns: RefCell<HashMap<u64, Arc<Semaphore>>>,
+    conns: RefCell<HashMap<u64, ConnBudget>>,
+}
+
+/// One connection's budget, and its end.
+struct ConnBudget {
+    budget: Arc<Semaphore>,
+    ended: Rc<Ended>,
+}
+
+/// A connection's end, for what waits on its behalf (long polls).
+#[derive(Default)]
+struct Ended {
+    yes: Cell<bool>,
+    notify: tokio::sync::Notify,
+}
+
+/// The error of a request whose connection closed while it was handled.
+fn connection_closed() -> ErrorBody {
+    err(ErrorCode::ShardUnavailable, "the connection closed")
 }
 
 fn units(bytes: usize) -> u32 {
@@ -143,15 +163,42 @@ impl AnswerBudgets {
 
     /// A connection of this shard opened.
     pub fn open(&self, conn: u64) {
-        self.conns
-            .borrow_mut()
-            .insert(conn, Arc::new(Semaphore::new(self.conn_units as usize)));
+        let budget = Arc::new(Semaphore::new(self.conn_units as usize));
+        let ended = Rc::default();
+        (self.conns.borrow_mut()).insert(conn, ConnBudget { budget, ended });
     }
 
-    /// A connection of this shard closed: answers waiting for its budget fail at once.
+    /// A connection of this shard closed: answers waiting for its budget fail at once, and
+    /// so do long polls waiting for it ([`closed`](Self::closed)).
     pub fn close(&self, conn: u64) {
-        if let Some(budget) = self.conns.borrow_mut().remove(&conn) {
-            budget.close();
+        if let Some(c) = self.conns.borrow_mut().remove(&conn) {
+            c.budget.close();
+            c.ended.yes.set(true);
+            c.ended.notify.notify_waiters();
+        }
+    }
+
+    /// Fails once connection `conn` closes, with the error to answer, at once if it has
+    /// closed already; `ours` says it is a connection of this shard. Never ends for another
+    /// shard's (a forwarded request's: that shard answers for it).
+    pub fn closed(&self, conn: u64, ours: bool) -> impl Future<Output = ErrorBody> + 'static {
+        let ended = self.conns.borrow().get(&conn).map(|c| c.ended.clone());
+        async move {
+            let Some(ended) = ended else {
+                if ours {
+                    return connection_closed();
+                }
+                return std::future::pending().await;
+            };
+            loop {
+                let notified = ended.notify.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if ended.yes.get() {
+                    return connection_closed();
+                }
+                notified.await;
+            }
         }
     }
 
@@ -162,8 +209,8 @@ impl AnswerBudgets {
 
     /// Bytes reserved by the answers of one connection right now.
     pub fn conn_reserved_bytes(&self, conn: u64) -> usize {
-        self.conns.borrow().get(&conn).map_or(0, |b| {
-            (self.conn_units as usize - b.available_permits()) * UNIT_BYTES
+        self.conns.borrow().get(&conn).map_or(0, |c| {
+            (self.conn_units as usize - c.budget.available_permits()) * UNIT_BYTES
         })
     }
 
@@ -176,7 +223,7 @@ impl AnswerBudgets {
             return false;
         };
         if let Some(held) = hold.conn.as_mut() {
-            let budget = self.conns.borrow().get(&conn).cloned();
+            let budget = self.conns.borrow().get(&conn).map(|c| c.budget.clone());
             match budget.map(|b| b.try_acquire_many_owned(n)) {
                 Some(Ok(more)) => held.merge(more),
                 _ => return false,
@@ -191,14 +238,14 @@ impl AnswerBudgets {
     /// which accounts for it there), and from the shard's. Waits while either is spent;
     /// fails if the connection closed meanwhile.
     pub async fn reserve(&self, conn: u64, bytes: usize) -> Result<AnswerHold, ErrorBody> {
-        let conn_budget = self.conns.borrow().get(&conn).cloned();
-        let gone = || err(ErrorCode::ShardUnavailable, "the connection closed");
+        let conn_budget = self.conns.borrow().get(&conn).map(|c| c.budget.clone());
+        let gone = |_| connection_closed();
         let conn_permit = match conn_budget {
             Some(budget) => Some(
                 budget
                     .acquire_many_owned(units(bytes).min(self.conn_units))
                     .await
-                    .map_err(|_| gone())?,
+                    .map_err(gone)?,
             ),
             None => None,
         };
@@ -207,7 +254,7 @@ impl AnswerBudgets {
             .clone()
             .acquire_many_owned(units(bytes).min(self.shard_units))
             .await
-            .map_err(|_| gone())?;
+            .map_err(gone)?;
         Ok(AnswerHold {
             conn: conn_permit,
             shard: shard_permit,
@@ -259,6 +306,32 @@ mod tests {
             let other = budgets.reserve(99, 1000).await.unwrap();
             assert_eq!(budgets.shard_reserved_bytes(), 1024);
             drop(other);
+        });
+    }
+
+    #[test]
+    fn a_connections_end_ends_what_waits_for_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use futures_lite::future::poll_once;
+            let budgets = AnswerBudgets::new(1 << 20);
+            budgets.open(7);
+            let waiting = budgets.closed(7, true);
+            let mut waiting = std::pin::pin!(waiting);
+            assert!(poll_once(waiting.as_mut()).await.is_none(), "open");
+            // Another shard's connection: its shard answers for it.
+            let other = budgets.closed(99, false);
+            let mut other = std::pin::pin!(other);
+            budgets.close(7);
+            let e = poll_once(waiting.as_mut())
+                .await
+                .expect("ended with the close");
+            assert_eq!(e.error_code(), Some(ErrorCode::ShardUnavailable));
+            // Closed before the call: at once.
+            assert!(poll_once(budgets.closed(7, true)).await.is_some());
+            assert!(poll_once(other.as_mut()).await.is_none());
         });
     }
 

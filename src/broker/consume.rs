@@ -101,6 +101,12 @@ impl ShardCtx {
         max_bytes: usize,
         p: Pull,
     ) -> Result<Answer, ErrorBody> {
+        // Taken before anything waits: a long poll ends with its connection (the client
+        // is gone, and the connection's place with it once its requests end).
+        // (Connection ids carry their shard; 0 is no connection's: a forwarded send's.)
+        let ours = conn != 0 && conn >> super::CONN_SHARD_SHIFT == self.id as u64;
+        let closed = self.answers.closed(conn, ours);
+        let mut closed = std::pin::pin!(closed);
         self.learn_queue(&p.topic, p.queue_id).await?;
         if p.tag_hashes.len() > TAG_HASHES_MAX {
             return Err(err(
@@ -230,7 +236,11 @@ impl ShardCtx {
                         );
                     }
                     let wait = crate::io::sleep(deadline - now);
-                    futures_lite::future::or(notified, wait).await;
+                    let woken = async {
+                        futures_lite::future::or(notified, wait).await;
+                        Ok(())
+                    };
+                    futures_lite::future::or(woken, async { Err(closed.as_mut().await) }).await?;
                     // Woken by the topic's deletion (its notifier is gone): say so now rather
                     // than park again on a notifier nothing wakes.
                     self.known_queue(&p.topic, p.queue_id)?;
