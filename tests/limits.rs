@@ -381,13 +381,13 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 8_000;
     let dir = tempfile::tempdir().unwrap();
-    let (broker, metrics) = broker_with_idle_topic(dir.path(), &[]);
+    let (broker, metrics) = broker_with_idle_topic(dir.path(), 1, &[]);
     let addr = broker.addr_string();
     let send = |body: &str| common::raw::send_to("fresh", 0, body);
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
     held.set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut out = long_polls(1024, POLL_MS);
+    let mut out = long_polls(1024, 1, POLL_MS);
     encode_request(&send("held").into(), 5_000, &mut out).unwrap();
     held.write_all(&out).unwrap();
     let polls = |n: f64| n >= 1024.0;
@@ -410,29 +410,34 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
     }
 }
 
-/// A one-shard broker (with `extra` flags) publishing its metrics (at the address returned)
-/// with a topic "idle" of one queue, for long polls that wait.
-fn broker_with_idle_topic(dir: &std::path::Path, extra: &[&str]) -> (BrokerProcess, String) {
+/// A broker of `shards` shards (with `extra` flags) publishing its metrics (at the address
+/// returned) with a topic "idle" of one queue per shard, for long polls that wait.
+fn broker_with_idle_topic(
+    dir: &std::path::Path,
+    shards: usize,
+    extra: &[&str],
+) -> (BrokerProcess, String) {
     let metrics = common::free_addr().to_string();
     let mut args = vec!["--metrics-listen", &metrics];
     args.extend_from_slice(extra);
-    let broker = BrokerProcess::start(&dir.join("data"), 1, &args);
+    let broker = BrokerProcess::start(&dir.join("data"), shards, &args);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
-        client.create_topic("idle", 1).await.unwrap();
+        client.create_topic("idle", shards as u32).await.unwrap();
     });
     (broker, metrics)
 }
 
-/// `n` pulls of "idle" that wait up to `poll_ms` each, encoded (request ids 0..n).
-fn long_polls(n: u64, poll_ms: u32) -> Vec<u8> {
+/// `n` pulls of "idle", over its first `queues` queues in turn, that wait up to `poll_ms`
+/// each, encoded (request ids 0..n).
+fn long_polls(n: u64, queues: u32, poll_ms: u32) -> Vec<u8> {
     use ringmq::protocol::{encode_request, Pull};
     let mut out = Vec::new();
     for id in 0..n {
         let poll = Pull {
             max_wait_ms: poll_ms,
-            ..Pull::new("idle", 0, 0)
+            ..Pull::new("idle", (id % u64::from(queues)) as u32, 0)
         };
         encode_request(&poll.into(), id, &mut out).unwrap();
     }
@@ -477,10 +482,10 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 20_000;
     let dir = tempfile::tempdir().unwrap();
-    let (broker, metrics) = broker_with_idle_topic(dir.path(), &[]);
+    let (broker, metrics) = broker_with_idle_topic(dir.path(), 1, &[]);
     let addr = broker.addr_string();
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
-    let out = long_polls(1024, POLL_MS);
+    let out = long_polls(1024, 1, POLL_MS);
     held.write_all(&out).unwrap();
     wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", |n| {
         n >= 1024.0
@@ -496,57 +501,74 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
     );
 }
 
-/// A long poll ends with its connection: a connection closed by its peer while its poll of
-/// 20 s waits is let go at once, and its place under `--connections-max` with it (the place
-/// used to be held until the poll ended, as the connection waited for its answer).
+/// A long poll ends with its connection: a connection closed by its peer while its polls
+/// of 20 s wait is let go at once, and its place under `--connections-max` with it (the
+/// place used to be held until the polls ended, as the connection waited for their
+/// answers). With two shards one of the polls is held for the other shard's queue.
 #[test]
 fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
-    use ringmq::protocol::{Pull, Response};
+    use ringmq::protocol::{Heartbeat, Pull, Response};
     use std::io::Write;
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 20_000;
-    let dir = tempfile::tempdir().unwrap();
-    let (broker, metrics) = broker_with_idle_topic(dir.path(), &["--connections-max", "1"]);
-    let addr = broker.addr_string();
-    wait_metric(&metrics, "ringmq_connections_open", "", |n| n == 0.0);
-    let mut held = std::net::TcpStream::connect(&addr).unwrap();
-    held.write_all(&long_polls(1, POLL_MS)).unwrap();
-    wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", |n| {
-        n >= 1.0
-    });
-    let closed = Instant::now();
-    drop(held);
-    // Served once the place is free; refused (TooManyConnections) until then.
-    loop {
-        let now = Pull {
-            max_wait_ms: 0,
-            ..Pull::new("idle", 0, 0)
-        };
-        match answer_on_new_connection(&addr, now.into()) {
-            Some(Response::Pull(_)) => break,
-            Some(Response::Error(e)) => {
-                assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
+    for shards in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let (broker, metrics) =
+            broker_with_idle_topic(dir.path(), shards, &["--connections-max", "1"]);
+        let addr = broker.addr_string();
+        // The set-up's connection may hold the one place a moment longer.
+        let started = Instant::now();
+        let mut held = loop {
+            let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+            let hb = Heartbeat {
+                client_id: "held".into(),
+            };
+            match answer_on(&mut conn, hb.into()) {
+                Some(Response::Empty(_)) => break conn,
+                other => assert!(started.elapsed() < Duration::from_secs(10), "{other:?}"),
             }
-            other => assert!(other.is_none(), "{other:?}"),
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let polls = shards as u64;
+        held.write_all(&long_polls(polls, shards as u32, POLL_MS))
+            .unwrap();
+        // Handled on the owning shard (a forwarded one counts there too).
+        let handled = move |n: f64| n >= polls as f64;
+        wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", handled);
+        let closed = Instant::now();
+        drop(held);
+        // Served once the place is free; refused (TooManyConnections) until then.
+        loop {
+            let now = Pull {
+                max_wait_ms: 0,
+                ..Pull::new("idle", 0, 0)
+            };
+            let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+            match answer_on(&mut conn, now.into()) {
+                Some(Response::Pull(_)) => break,
+                Some(Response::Error(e)) => {
+                    assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
+                }
+                other => assert!(other.is_none(), "{other:?}"),
+            }
+            assert!(
+                closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
+                "{shards} shards: the place is still held after {:?}",
+                closed.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(
-            closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
-            "the place is still held after {:?}",
-            closed.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Sends `request` on a new connection and reads its answer; `None` if the connection ends
-/// first (as a refused one may, right after its refusal).
-fn answer_on_new_connection(
-    addr: &str,
+/// Sends `request` on `conn` and reads its answer; `None` if the connection ends first (as a
+/// refused one may, right after its refusal).
+fn answer_on(
+    conn: &mut std::net::TcpStream,
     request: ringmq::protocol::Request,
 ) -> Option<ringmq::protocol::Response<'static>> {
     use ringmq::protocol::{encode_request, FrameDecoder};
     use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).ok()?;
     conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .ok()?;
     let mut out = Vec::new();

@@ -178,6 +178,11 @@ impl AnswerBudgets {
         }
     }
 
+    /// Connection `conn` of this shard is open.
+    pub fn is_open(&self, conn: u64) -> bool {
+        self.conns.borrow().contains_key(&conn)
+    }
+
     /// Fails once connection `conn` closes, with the error to answer, at once if it has
     /// closed already; `ours` says it is a connection of this shard. Never ends for another
     /// shard's (a forwarded request's: that shard answers for it).

@@ -103,9 +103,7 @@ impl ShardCtx {
     ) -> Result<Answer, ErrorBody> {
         // Taken before anything waits: a long poll ends with its connection (the client
         // is gone, and the connection's place with it once its requests end).
-        // (Connection ids carry their shard; 0 is no connection's: a forwarded send's.)
-        let ours = conn != 0 && conn >> super::CONN_SHARD_SHIFT == self.id as u64;
-        let closed = self.answers.closed(conn, ours);
+        let closed = self.answers.closed(conn, self.conn_is_ours(conn));
         let mut closed = std::pin::pin!(closed);
         self.learn_queue(&p.topic, p.queue_id).await?;
         if p.tag_hashes.len() > TAG_HASHES_MAX {

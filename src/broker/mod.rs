@@ -342,6 +342,18 @@ impl ShardCtx {
         id
     }
 
+    /// `conn` is a connection of this shard (ids carry their shard; 0 is no connection's,
+    /// as a forwarded send's).
+    pub(crate) fn conn_is_ours(&self, conn: u64) -> bool {
+        conn != 0 && conn >> CONN_SHARD_SHIFT == self.id as u64
+    }
+
+    /// `conn`, a connection of this shard, has closed: what is still handled for it needs
+    /// no answer.
+    fn conn_closed(&self, conn: u64) -> bool {
+        self.conn_is_ours(conn) && !self.answers.is_open(conn)
+    }
+
     pub fn set_shard_addrs(&self, addrs: Vec<String>) {
         *self.shard_addrs.borrow_mut() = addrs;
     }
@@ -613,7 +625,21 @@ impl ShardCtx {
                 conn,
                 frame_max,
             };
-            let frame = match ctx.call_with_timeout(to, body, timeout_ms).await {
+            let call = ctx.call_with_timeout(to, body, timeout_ms);
+            // A long poll held for the other shard ends with the connection here, as one
+            // of this shard's does (that shard's runs out; its answer is dropped).
+            let called = if carries_records {
+                let closed = ctx.answers.closed(conn, ctx.conn_is_ours(conn));
+                futures_lite::future::or(async { Some(call.await) }, async {
+                    closed.await;
+                    None
+                })
+                .await
+            } else {
+                Some(call.await)
+            };
+            let called = called?;
+            let frame = match called {
                 Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
                 Ok(MeshReply::Frame(f)) => f,
                 Ok(other) => error_frame(
@@ -719,11 +745,14 @@ impl Req<'_> {
     /// An answer, built as a frame by the handler (record-carrying answers, with their
     /// reservation), that needs waiting for.
     fn later_frame(&self, f: impl Future<Output = Result<Answer, ErrorBody>> + 'static) -> Handled {
-        let request_id = self.request_id;
+        let (request_id, conn) = (self.request_id, self.conn);
         let ctx = self.ctx.clone();
         Handled::Later(Box::pin(async move {
             Some(match f.await {
                 Ok(answer) => answer,
+                // Ended by its connection's close (a long poll): nobody to answer, and no
+                // error of the broker's.
+                Err(_) if ctx.conn_closed(conn) => return None,
                 Err(e) => {
                     ctx.count_error(&e);
                     Answer::from(error_frame(request_id, &e))

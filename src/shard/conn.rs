@@ -410,12 +410,18 @@ pub async fn serve_connection(
                 Some(place) => place,
                 // At the limit the reader reads nothing until a request ends (a long poll
                 // may take seconds): it looks every so often whether the peer went, so that
-                // its groups learn of it now. Requests still in the buffer then get no
-                // answer (none was acknowledged), as at any other end of the connection.
+                // its groups learn of it now.
                 None => loop {
                     match within(PEER_CHECK_MS, in_flight.take()).await {
                         Some(place) => break place,
-                        None if outbox.closed.get() || peer_gone(fd) => break 'conn,
+                        None if outbox.closed.get() => break 'conn,
+                        // Only with no whole request buffered: those it sent before it went
+                        // (a write, then a close) are handled as places free.
+                        None if peer_gone(fd)
+                            && matches!(decoder.decode(&buf[start..end]), Ok(None)) =>
+                        {
+                            break 'conn
+                        }
                         None => {}
                     }
                 },
