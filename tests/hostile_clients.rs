@@ -85,15 +85,7 @@ fn held_rss(broker: &BrokerProcess, floor: u64) -> u64 {
 
 /// Waits (up to 10 s) until a new connection is served again, e.g. after others closed.
 fn serves_again(addr: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut conn = TcpStream::connect(addr).unwrap();
-        if matches!(heartbeat_answer(&mut conn), Some(Ok(()))) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the broker does not serve again");
-        std::thread::yield_now();
-    }
+    drop(common::raw::served_connection(addr));
 }
 
 /// Sends a heartbeat on `conn` and reads its answer (`None`: the connection ended first).
@@ -107,25 +99,11 @@ fn heartbeat_answer(conn: &mut TcpStream) -> Option<Result<(), ErrorBody>> {
 /// Sends `request` on `conn` and reads its empty or error answer (`None`: the connection
 /// ended first).
 fn answer_of(conn: &mut TcpStream, request: Request) -> Option<Result<(), ErrorBody>> {
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    conn.write_all(&frame(request, 1)).ok()?;
-    let mut buf = vec![0u8; 4096];
-    let mut got = 0;
-    loop {
-        let n = conn.read(&mut buf[got..]).ok()?;
-        if n == 0 {
-            return None;
-        }
-        got += n;
-        if let Some(f) = FrameDecoder::default().decode(&buf[..got]).unwrap() {
-            return Some(match f.decode_response().unwrap() {
-                Response::Empty(_) => Ok(()),
-                Response::Error(e) => Err(e),
-                other => panic!("{other:?}"),
-            });
-        }
-    }
+    Some(match common::raw::answer_on(conn, request)? {
+        Response::Empty(_) => Ok(()),
+        Response::Error(e) => Err(e),
+        other => panic!("{other:?}"),
+    })
 }
 
 /// Answers a heartbeat, so the broker serves well-behaved clients.

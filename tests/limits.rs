@@ -391,7 +391,12 @@ fn a_connection_at_its_in_flight_limit_holds_up_no_other_connections_send() {
     encode_request(&send("held").into(), 5_000, &mut out).unwrap();
     held.write_all(&out).unwrap();
     let polls = |n: f64| n >= 1024.0;
-    wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", polls);
+    wait_metric(
+        &metrics,
+        "ringmq_requests_total",
+        &[("kind", "Pull")],
+        polls,
+    );
     let started = Instant::now();
     match common::raw::call(&addr, send("other").into()) {
         Response::SendResult(r) => assert_eq!(r.queue_offset, 0),
@@ -444,33 +449,10 @@ fn long_polls(n: u64, queues: u32, poll_ms: u32) -> Vec<u8> {
     out
 }
 
-/// The sum of metric `name`'s series whose line contains `with`, as published now.
-fn metric_sum(metrics: &str, name: &str, with: &str) -> f64 {
-    let text = common::http_get(metrics, "/metrics");
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(['{', ' ']))
-        })
-        .filter(|l| l.contains(with))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
-/// Polls metric `name` (see [`metric_sum`]) every 50 ms until `done` holds for it, for up
-/// to 15 s: the broker publishes its metrics every second and signals these conditions in
-/// no other way.
-fn wait_metric(metrics: &str, name: &str, with: &str, done: impl Fn(f64) -> bool) {
-    use std::time::{Duration, Instant};
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let value = metric_sum(metrics, name, with);
-        if done(value) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} {with}: {value}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits until metric `name`, summed over the samples labelled `want`, meets `done`.
+fn wait_metric(metrics: &str, name: &str, want: &[(&str, &str)], done: impl Fn(f64) -> bool) {
+    use common::metrics::{eventually, scrape_any, sum};
+    eventually(name, || done(sum(&scrape_any(metrics), name, want)));
 }
 
 /// A connection at its in-flight limit reads nothing until one of its requests ends (here,
@@ -487,13 +469,16 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
     let mut held = std::net::TcpStream::connect(&addr).unwrap();
     let out = long_polls(1024, 1, POLL_MS);
     held.write_all(&out).unwrap();
-    wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", |n| {
-        n >= 1024.0
-    });
-    wait_metric(&metrics, "ringmq_connections_open", "", |n| n == 1.0);
+    wait_metric(
+        &metrics,
+        "ringmq_requests_total",
+        &[("kind", "Pull")],
+        |n| n >= 1024.0,
+    );
+    wait_metric(&metrics, "ringmq_connections_open", &[], |n| n == 1.0);
     let closed = Instant::now();
     drop(held);
-    wait_metric(&metrics, "ringmq_connections_open", "", |n| n == 0.0);
+    wait_metric(&metrics, "ringmq_connections_open", &[], |n| n == 0.0);
     assert!(
         closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
         "let go after {:?}",
@@ -507,7 +492,6 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
 /// answers). With two shards one of the polls is held for the other shard's queue.
 #[test]
 fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
-    use ringmq::protocol::{Heartbeat, Pull, Response};
     use std::io::Write;
     use std::time::{Duration, Instant};
     const POLL_MS: u32 = 20_000;
@@ -517,76 +501,26 @@ fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
             broker_with_idle_topic(dir.path(), shards, &["--connections-max", "1"]);
         let addr = broker.addr_string();
         // The set-up's connection may hold the one place a moment longer.
-        let started = Instant::now();
-        let mut held = loop {
-            let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-            let hb = Heartbeat {
-                client_id: "held".into(),
-            };
-            match answer_on(&mut conn, hb.into()) {
-                Some(Response::Empty(_)) => break conn,
-                other => assert!(started.elapsed() < Duration::from_secs(10), "{other:?}"),
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let mut held = common::raw::served_connection(&addr);
         let polls = shards as u64;
         held.write_all(&long_polls(polls, shards as u32, POLL_MS))
             .unwrap();
         // Handled on the owning shard (a forwarded one counts there too).
         let handled = move |n: f64| n >= polls as f64;
-        wait_metric(&metrics, "ringmq_requests_total", "kind=\"Pull\"", handled);
+        wait_metric(
+            &metrics,
+            "ringmq_requests_total",
+            &[("kind", "Pull")],
+            handled,
+        );
         let closed = Instant::now();
         drop(held);
         // Served once the place is free; refused (TooManyConnections) until then.
-        loop {
-            let now = Pull {
-                max_wait_ms: 0,
-                ..Pull::new("idle", 0, 0)
-            };
-            let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-            match answer_on(&mut conn, now.into()) {
-                Some(Response::Pull(_)) => break,
-                Some(Response::Error(e)) => {
-                    assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
-                }
-                other => assert!(other.is_none(), "{other:?}"),
-            }
-            assert!(
-                closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
-                "{shards} shards: the place is still held after {:?}",
-                closed.elapsed()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// Sends `request` on `conn` and reads its answer; `None` if the connection ends first (as a
-/// refused one may, right after its refusal).
-fn answer_on(
-    conn: &mut std::net::TcpStream,
-    request: ringmq::protocol::Request,
-) -> Option<ringmq::protocol::Response<'static>> {
-    use ringmq::protocol::{encode_request, FrameDecoder};
-    use std::io::{Read, Write};
-    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .ok()?;
-    let mut out = Vec::new();
-    encode_request(&request, 1, &mut out).unwrap();
-    // A refused connection may be closed before the request is written: its answer (the
-    // refusal) is still read.
-    let _ = conn.write_all(&out);
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(f) = FrameDecoder::default().decode(&buf).unwrap() {
-            let owned: &'static [u8] = Box::leak(buf[..f.frame_len()].to_vec().into_boxed_slice());
-            let frame = FrameDecoder::default().decode(owned).unwrap().unwrap();
-            return Some(frame.decode_response().unwrap());
-        }
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
+        drop(common::raw::served_connection(&addr));
+        assert!(
+            closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
+            "{shards} shards: the place was held for {:?}",
+            closed.elapsed()
+        );
     }
 }

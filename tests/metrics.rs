@@ -7,48 +7,15 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::broker::BrokerProcess;
+use common::metrics::{eventually, scrape, sum};
 use common::{free_port, runtime};
-use prometheus_parse::{Scrape, Value};
+use prometheus_parse::Value;
 use ringmq::client::{
     ClientConfig, OutgoingMessage, Producer, TransactionOutcome, TransactionProducer,
 };
-
-fn scrape(addr: &str) -> Scrape {
-    let body = common::http_get(addr, "/metrics");
-    assert!(
-        body.contains("# TYPE ringmq_send_ack_seconds histogram"),
-        "{body}"
-    );
-    Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap()
-}
-
-fn number(v: &Value) -> f64 {
-    match v {
-        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => *x,
-        other => panic!("not a number: {other:?}"),
-    }
-}
-
-/// The sum of `metric` over the samples whose labels include `want`.
-fn sum(s: &Scrape, metric: &str, want: &[(&str, &str)]) -> f64 {
-    s.samples
-        .iter()
-        .filter(|x| x.metric == metric)
-        .filter(|x| want.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
-        .map(|x| number(&x.value))
-        .sum()
-}
-
-fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !ok() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {

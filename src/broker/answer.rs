@@ -316,10 +316,7 @@ mod tests {
 
     #[test]
     fn a_connections_end_ends_what_waits_for_it() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        futures_lite::future::block_on(async {
             use futures_lite::future::poll_once;
             let budgets = AnswerBudgets::new(1 << 20);
             budgets.open(7);
@@ -342,10 +339,7 @@ mod tests {
 
     #[test]
     fn a_reservation_grows_only_within_both_budgets() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        futures_lite::future::block_on(async {
             let budgets = AnswerBudgets::new(1 << 20);
             budgets.open(7);
             let mut hold = budgets.reserve(7, 1 << 20).await.unwrap();

@@ -101,10 +101,6 @@ impl ShardCtx {
         max_bytes: usize,
         p: Pull,
     ) -> Result<Answer, ErrorBody> {
-        // Taken before anything waits: a long poll ends with its connection (the client
-        // is gone, and the connection's place with it once its requests end).
-        let closed = self.answers.closed(conn, self.conn_is_ours(conn));
-        let mut closed = std::pin::pin!(closed);
         self.learn_queue(&p.topic, p.queue_id).await?;
         if p.tag_hashes.len() > TAG_HASHES_MAX {
             return Err(err(
@@ -238,7 +234,11 @@ impl ShardCtx {
                         futures_lite::future::or(notified, wait).await;
                         Ok(())
                     };
-                    futures_lite::future::or(woken, async { Err(closed.as_mut().await) }).await?;
+                    // A long poll ends with its connection (the client is gone, and the
+                    // connection's place with it once its requests end); at once if it
+                    // closed already.
+                    let closed = self.answers.closed(conn, self.conn_is_ours(conn));
+                    futures_lite::future::or(woken, async { Err(closed.await) }).await?;
                     // Woken by the topic's deletion (its notifier is gone): say so now rather
                     // than park again on a notifier nothing wakes.
                     self.known_queue(&p.topic, p.queue_id)?;

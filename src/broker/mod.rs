@@ -527,7 +527,7 @@ impl ShardCtx {
         };
         if let Some(group) = group_on_conn {
             // Only the shard that carries the connection hears of its close.
-            if conn >> CONN_SHARD_SHIFT == self.id as u64 {
+            if self.conn_is_ours(conn) {
                 if let Err(e) = self.note_group_connection(group, conn) {
                     return refuse(e);
                 }
@@ -784,7 +784,7 @@ impl Handlers for Req<'_> {
             return self.handshake(Handshake::new(h.client_id));
         }
         // Answers to this connection stay within the smaller of both frame limits.
-        if self.conn >> CONN_SHARD_SHIFT == self.ctx.id as u64 {
+        if self.ctx.conn_is_ours(self.conn) {
             let ours = self.ctx.cfg.frame_limits.frame_bytes_max();
             let theirs = h.frame_bytes_max.clamp(FRAME_BYTES_MIN, ours);
             self.ctx

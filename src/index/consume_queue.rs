@@ -719,11 +719,7 @@ impl ConsumeQueue {
             if let Some(s) = self.segments.iter_mut().find(|s| s.serial == f.serial) {
                 s.synced_gen = s.synced_gen.max(f.generation);
                 s.name_unsynced &= !f.name_unsynced;
-                if f.link_to.is_some() && s.link_to == f.link_to {
-                    if let Some(to) = s.link_to.take() {
-                        unlinked.push(std::mem::replace(&mut s.path, to));
-                    }
-                }
+                unlinked.extend(super::dirty::took_name(&mut s.path, &mut s.link_to, f));
             }
         }
         unlinked

@@ -99,6 +99,20 @@ pub(super) fn name_now(
     Ok(())
 }
 
+/// A file of an index at `path` (with `link_to` its numbered name to get, if any) was
+/// synced as `synced` listed it: if that named it, it takes the numbered name, and the
+/// spare's name is returned for the caller to remove.
+pub(super) fn took_name(
+    path: &mut PathBuf,
+    link_to: &mut Option<PathBuf>,
+    synced: &DirtyFile,
+) -> Option<PathBuf> {
+    if synced.link_to.is_none() || *link_to != synced.link_to {
+        return None;
+    }
+    link_to.take().map(|to| std::mem::replace(path, to))
+}
+
 /// Hard-links `from` at `to`; `Ok(false)` if `from` is gone. A `to` that is `from`'s file
 /// already (an earlier sync linked it) is fine; another file there is an error.
 pub(super) fn link(from: &Path, to: &Path) -> std::io::Result<bool> {

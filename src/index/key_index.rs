@@ -770,11 +770,7 @@ impl KeyIndex {
             if let Some(f) = self.files.iter_mut().find(|f| f.seq == synced.key) {
                 f.synced_gen = f.synced_gen.max(synced.generation);
                 f.name_unsynced &= !synced.name_unsynced;
-                if synced.link_to.is_some() && f.link_to == synced.link_to {
-                    if let Some(to) = f.link_to.take() {
-                        unlinked.push(std::mem::replace(&mut f.path, to));
-                    }
-                }
+                unlinked.extend(super::dirty::took_name(&mut f.path, &mut f.link_to, synced));
             }
         }
         unlinked

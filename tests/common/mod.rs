@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod metrics;
 pub mod raw;
 
 use rand::rngs::StdRng;

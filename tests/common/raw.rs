@@ -81,3 +81,52 @@ pub fn error_of(answer: Response<'_>) -> (ErrorCode, String) {
         other => panic!("not an error: {other:?}"),
     }
 }
+
+/// Writes `request` on `conn` and reads its answer; `None` if the connection ends first (as a
+/// refused one may, right after its refusal) or nothing comes within 10 s.
+pub fn answer_on(conn: &mut TcpStream, request: Request) -> Option<Response<'static>> {
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut out = Vec::new();
+    encode_request(&request, 1, &mut out).unwrap();
+    // A refused connection may be closed before the request is written: its answer (the
+    // refusal) is still read.
+    let _ = conn.write_all(&out);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(f) = FrameDecoder::default().decode(&buf).unwrap() {
+            let owned: &'static [u8] = Box::leak(buf[..f.frame_len()].to_vec().into_boxed_slice());
+            let frame = FrameDecoder::default().decode(owned).unwrap().unwrap();
+            return Some(frame.decode_response().unwrap());
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A new connection the broker serves (its heartbeat answered), polling every 20 ms for up
+/// to 10 s: past `--connections-max` one is refused (`TooManyConnections`, or closed at
+/// once) until a place frees, and nothing else tells a client when.
+pub fn served_connection(addr: &str) -> TcpStream {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        let hb = ringmq::protocol::Heartbeat {
+            client_id: "served".into(),
+        };
+        match answer_on(&mut conn, hb.into()) {
+            Some(Response::Empty(_)) => return conn,
+            Some(Response::Error(e)) => {
+                assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
+            }
+            other => assert!(other.is_none(), "{other:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connection served within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
