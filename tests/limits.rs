@@ -489,7 +489,8 @@ fn a_connection_closed_at_its_in_flight_limit_is_let_go_before_its_requests_end(
 /// A long poll ends with its connection: a connection closed by its peer while its polls
 /// of 20 s wait is let go at once, and its place under `--connections-max` with it (the
 /// place used to be held until the polls ended, as the connection waited for their
-/// answers). With two shards one of the polls is held for the other shard's queue.
+/// answers). With two shards one of the polls is held for the other shard's queue: told
+/// of the close, that shard ends it too (no request is left in flight on any shard).
 #[test]
 fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
     use std::io::Write;
@@ -520,6 +521,12 @@ fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
         assert!(
             closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
             "{shards} shards: the place was held for {:?}",
+            closed.elapsed()
+        );
+        wait_metric(&metrics, "ringmq_requests_in_flight", &[], |n| n == 0.0);
+        assert!(
+            closed.elapsed() < Duration::from_millis(u64::from(POLL_MS) / 2),
+            "{shards} shards: the polls were held for {:?}",
             closed.elapsed()
         );
     }

@@ -124,6 +124,36 @@ pub struct AnswerBudgets {
     shard_units: u32,
     conn_units: u32,
     conns: RefCell<HashMap<u64, ConnBudget>>,
+    /// Connections of other shards with requests forwarded here being handled: their end,
+    /// as their shard tells it ([`close_forwarded`](Self::close_forwarded)).
+    forwarded: Rc<RefCell<HashMap<u64, Forwarded>>>,
+}
+
+/// Another shard's connection while requests of it are handled here.
+struct Forwarded {
+    ended: Rc<Ended>,
+    /// Requests handled here for it ([`ForwardedConn`]s).
+    requests: usize,
+}
+
+/// A request forwarded from another shard's connection, while it is handled here: its
+/// connection's end reaches what waits for it. Dropping it forgets the connection once no
+/// request of it is left.
+pub struct ForwardedConn {
+    conn: u64,
+    map: Rc<RefCell<HashMap<u64, Forwarded>>>,
+}
+
+impl Drop for ForwardedConn {
+    fn drop(&mut self) {
+        let mut map = self.map.borrow_mut();
+        if let Some(f) = map.get_mut(&self.conn) {
+            f.requests -= 1;
+            if f.requests == 0 {
+                map.remove(&self.conn);
+            }
+        }
+    }
 }
 
 /// One connection's budget, and its end.
@@ -140,6 +170,13 @@ struct Ended {
 }
 
 /// The error of a request whose connection closed while it was handled.
+impl Ended {
+    fn end(&self) {
+        self.yes.set(true);
+        self.notify.notify_waiters();
+    }
+}
+
 fn connection_closed() -> ErrorBody {
     err(ErrorCode::ShardUnavailable, "the connection closed")
 }
@@ -158,6 +195,7 @@ impl AnswerBudgets {
             shard_units: units(shard),
             conn_units: units(conn),
             conns: RefCell::new(HashMap::new()),
+            forwarded: Rc::default(),
         }
     }
 
@@ -173,8 +211,7 @@ impl AnswerBudgets {
     pub fn close(&self, conn: u64) {
         if let Some(c) = self.conns.borrow_mut().remove(&conn) {
             c.budget.close();
-            c.ended.yes.set(true);
-            c.ended.notify.notify_waiters();
+            c.ended.end();
         }
     }
 
@@ -183,11 +220,49 @@ impl AnswerBudgets {
         self.conns.borrow().contains_key(&conn)
     }
 
+    /// A request of connection `conn` of another shard is handled here until the returned
+    /// guard drops: its shard's word that the connection closed
+    /// ([`close_forwarded`](Self::close_forwarded)) ends what waits for it meanwhile.
+    pub fn forwarded(&self, conn: u64) -> ForwardedConn {
+        let mut map = self.forwarded.borrow_mut();
+        let f = map.entry(conn).or_insert_with(|| Forwarded {
+            ended: Rc::default(),
+            requests: 0,
+        });
+        f.requests += 1;
+        ForwardedConn {
+            conn,
+            map: self.forwarded.clone(),
+        }
+    }
+
+    /// Another shard's connection `conn` closed: its requests handled here that wait for
+    /// it (long polls) end. Nothing if none is handled here.
+    pub fn close_forwarded(&self, conn: u64) {
+        if let Some(f) = self.forwarded.borrow().get(&conn) {
+            f.ended.end();
+        }
+    }
+
+    /// Connection `conn` has closed, as far as this shard knows: `ours` says it is a
+    /// connection of this shard; another shard's is known closed once its shard said so.
+    pub fn ended(&self, conn: u64, ours: bool) -> bool {
+        if ours {
+            return !self.is_open(conn);
+        }
+        (self.forwarded.borrow().get(&conn)).is_some_and(|f| f.ended.yes.get())
+    }
+
     /// Fails once connection `conn` closes, with the error to answer, at once if it has
-    /// closed already; `ours` says it is a connection of this shard. Never ends for another
-    /// shard's (a forwarded request's: that shard answers for it).
+    /// closed already; `ours` says it is a connection of this shard. Another shard's (a
+    /// forwarded request's) ends once its shard says so, and never if none of its requests
+    /// is handled here.
     pub fn closed(&self, conn: u64, ours: bool) -> impl Future<Output = ErrorBody> + 'static {
-        let ended = self.conns.borrow().get(&conn).map(|c| c.ended.clone());
+        let ended = if ours {
+            self.conns.borrow().get(&conn).map(|c| c.ended.clone())
+        } else {
+            self.forwarded.borrow().get(&conn).map(|f| f.ended.clone())
+        };
         async move {
             let Some(ended) = ended else {
                 if ours {
@@ -334,6 +409,36 @@ mod tests {
             // Closed before the call: at once.
             assert!(poll_once(budgets.closed(7, true)).await.is_some());
             assert!(poll_once(other.as_mut()).await.is_none());
+        });
+    }
+
+    #[test]
+    fn another_shards_connection_ends_here_when_its_shard_says_so() {
+        futures_lite::future::block_on(async {
+            use futures_lite::future::poll_once;
+            let budgets = AnswerBudgets::new(1 << 20);
+            // Told before any request of it is handled here: nothing to end, nothing kept.
+            budgets.close_forwarded(99);
+            let first = budgets.forwarded(99);
+            let second = budgets.forwarded(99);
+            assert!(!budgets.ended(99, false));
+            let waiting = budgets.closed(99, false);
+            let mut waiting = std::pin::pin!(waiting);
+            assert!(poll_once(waiting.as_mut()).await.is_none(), "open");
+            // Another connection's word ends nothing of it.
+            budgets.close_forwarded(98);
+            assert!(poll_once(waiting.as_mut()).await.is_none(), "still open");
+            budgets.close_forwarded(99);
+            let e = poll_once(waiting.as_mut()).await.expect("ended");
+            assert_eq!(e.error_code(), Some(ErrorCode::ShardUnavailable));
+            assert!(budgets.ended(99, false));
+            assert!(poll_once(budgets.closed(99, false)).await.is_some());
+            // Kept while a request of it is handled, forgotten after the last.
+            drop(first);
+            assert!(budgets.ended(99, false));
+            drop(second);
+            assert!(!budgets.ended(99, false));
+            assert!(budgets.forwarded.borrow().is_empty());
         });
     }
 

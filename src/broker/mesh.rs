@@ -58,6 +58,9 @@ pub enum MeshRequest {
     ReleaseClient { group: String, client_id: String },
     /// (to a coordinator) a connection carrying members of the group closed.
     ConnectionClosed { group: String, conn: u64 },
+    /// A connection of the asking shard closed while a request of it forwarded here was
+    /// handled: what waits for it (a long poll) ends.
+    ForwardedConnectionClosed { conn: u64 },
     /// To a producer group's coordinator: push this check to one of its producers.
     AskProducer {
         group: String,
@@ -233,16 +236,24 @@ impl ShardCtx {
                         peer,
                         conn,
                         frame_max,
-                    } => match ctx.handle_frame(&bytes, peer, conn, Some(frame_max)) {
-                        // The answer's reservation on this shard ends here: the bytes move
-                        // to the shard of the connection, which accounts for them there.
-                        Handled::Now(f) => Box::pin(async move {
-                            MeshReply::Frame(f.map(Answer::into_bytes).unwrap_or_default())
-                        }),
-                        Handled::Later(f) => Box::pin(async move {
-                            MeshReply::Frame(f.await.map(Answer::into_bytes).unwrap_or_default())
-                        }),
-                    },
+                    } => {
+                        // Known before a word of its close can arrive (it comes after the
+                        // frame, in this FIFO), for as long as the request is handled.
+                        let forwarded = (conn != 0).then(|| ctx.answers.forwarded(conn));
+                        match ctx.handle_frame(&bytes, peer, conn, Some(frame_max)) {
+                            // The answer's reservation on this shard ends here: the bytes
+                            // move to the shard of the connection, which accounts for them
+                            // there.
+                            Handled::Now(f) => Box::pin(async move {
+                                MeshReply::Frame(f.map(Answer::into_bytes).unwrap_or_default())
+                            }),
+                            Handled::Later(f) => Box::pin(async move {
+                                let f = f.await;
+                                drop(forwarded);
+                                MeshReply::Frame(f.map(Answer::into_bytes).unwrap_or_default())
+                            }),
+                        }
+                    }
                     MeshRequest::TopicChanged { topic, queues } => {
                         ctx.on_topic_changed(topic, queues)
                     }
@@ -299,6 +310,10 @@ impl ShardCtx {
             }
             MeshRequest::ConnectionClosed { group, conn } => {
                 self.on_connection_closed(&group, conn).await;
+                MeshReply::Ack
+            }
+            MeshRequest::ForwardedConnectionClosed { conn } => {
+                self.answers.close_forwarded(conn);
                 MeshReply::Ack
             }
             MeshRequest::AskProducer { group, turn, frame } => {

@@ -451,6 +451,12 @@ impl ShardCtx {
             (sl(), self.conns.borrow().len() as f64),
         );
         s.add(
+            "ringmq_requests_in_flight",
+            "Requests being handled on this shard, long polls included (a forwarded one counts on the shard that handles it).",
+            false,
+            (sl(), self.in_flight() as f64),
+        );
+        s.add(
             "ringmq_sends_in_line",
             "Sends naming a queue that wait to be appended in arrival order: one whose shard must first learn its topic or a queue of it (ask shard 0, or create the topic), and those naming the same topic's queues that arrived after it.",
             false,

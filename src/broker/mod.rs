@@ -348,10 +348,10 @@ impl ShardCtx {
         conn != 0 && conn >> CONN_SHARD_SHIFT == self.id as u64
     }
 
-    /// `conn`, a connection of this shard, has closed: what is still handled for it needs
-    /// no answer.
+    /// `conn` has closed (a connection of this shard, or another's whose shard said so):
+    /// what is still handled for it needs no answer.
     fn conn_closed(&self, conn: u64) -> bool {
-        self.conn_is_ours(conn) && !self.answers.is_open(conn)
+        conn != 0 && self.answers.ended(conn, self.conn_is_ours(conn))
     }
 
     pub fn set_shard_addrs(&self, addrs: Vec<String>) {
@@ -627,7 +627,7 @@ impl ShardCtx {
             };
             let call = ctx.call_with_timeout(to, body, timeout_ms);
             // A long poll held for the other shard ends with the connection here, as one
-            // of this shard's does (that shard's runs out; its answer is dropped).
+            // of this shard's does, and that shard is told so: its poll ends too.
             let called = if carries_records {
                 let closed = ctx.answers.closed(conn, ctx.conn_is_ours(conn));
                 futures_lite::future::or(async { Some(call.await) }, async {
@@ -638,7 +638,13 @@ impl ShardCtx {
             } else {
                 Some(call.await)
             };
-            let called = called?;
+            let Some(called) = called else {
+                let ctx = ctx.clone();
+                crate::io::spawn(async move {
+                    let _ = (ctx.call(to, MeshRequest::ForwardedConnectionClosed { conn })).await;
+                });
+                return None;
+            };
             let frame = match called {
                 Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
                 Ok(MeshReply::Frame(f)) => f,
