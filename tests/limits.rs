@@ -506,14 +506,14 @@ fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
         let polls = shards as u64;
         held.write_all(&long_polls(polls, shards as u32, POLL_MS))
             .unwrap();
-        // Handled on the owning shard (a forwarded one counts there too).
-        let handled = move |n: f64| n >= polls as f64;
-        wait_metric(
-            &metrics,
-            "ringmq_requests_total",
-            &[("kind", "Pull")],
-            handled,
-        );
+        // Waiting on the owning shards (a forwarded one counts there).
+        let waiting = move |n: f64| n >= polls as f64;
+        wait_metric(&metrics, "ringmq_requests_in_flight", &[], waiting);
+        let errors = || {
+            let s = common::metrics::scrape(&metrics);
+            common::metrics::sum(&s, "ringmq_errors_total", &[])
+        };
+        let errors_before = errors();
         let closed = Instant::now();
         drop(held);
         // Served once the place is free; refused (TooManyConnections) until then.
@@ -529,5 +529,7 @@ fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
             "{shards} shards: the polls were held for {:?}",
             closed.elapsed()
         );
+        // Ended by the close: no answer, and no error of the broker's.
+        assert_eq!(errors(), errors_before, "{shards} shards");
     }
 }

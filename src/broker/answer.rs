@@ -11,7 +11,7 @@
 //! their limit, so a client that does not read is held back by TCP itself.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -127,6 +127,8 @@ pub struct AnswerBudgets {
     /// Connections of other shards with requests forwarded here being handled: their end,
     /// as their shard tells it ([`close_forwarded`](Self::close_forwarded)).
     forwarded: Rc<RefCell<HashMap<u64, Forwarded>>>,
+    /// (connection of this shard, shard) pairs whose close is being told to that shard.
+    telling: RefCell<HashSet<(u64, u32)>>,
 }
 
 /// Another shard's connection while requests of it are handled here.
@@ -169,7 +171,6 @@ struct Ended {
     notify: tokio::sync::Notify,
 }
 
-/// The error of a request whose connection closed while it was handled.
 impl Ended {
     fn end(&self) {
         self.yes.set(true);
@@ -177,6 +178,7 @@ impl Ended {
     }
 }
 
+/// The error of a request whose connection closed while it was handled.
 fn connection_closed() -> ErrorBody {
     err(ErrorCode::ShardUnavailable, "the connection closed")
 }
@@ -196,6 +198,7 @@ impl AnswerBudgets {
             conn_units: units(conn),
             conns: RefCell::new(HashMap::new()),
             forwarded: Rc::default(),
+            telling: RefCell::default(),
         }
     }
 
@@ -242,6 +245,16 @@ impl AnswerBudgets {
         if let Some(f) = self.forwarded.borrow().get(&conn) {
             f.ended.end();
         }
+    }
+
+    /// Connection `conn` of this shard closed and shard `to` is to be told so: true unless
+    /// it is being told already ([`done_telling`](Self::done_telling) once told).
+    pub fn start_telling(&self, conn: u64, to: u32) -> bool {
+        self.telling.borrow_mut().insert((conn, to))
+    }
+
+    pub fn done_telling(&self, conn: u64, to: u32) {
+        self.telling.borrow_mut().remove(&(conn, to));
     }
 
     /// Connection `conn` has closed, as far as this shard knows: `ours` says it is a

@@ -218,6 +218,20 @@ impl ShardCtx {
         })
     }
 
+    /// Tells shard `to` that connection `conn` of this shard closed while a long poll of it
+    /// was forwarded there, so that the poll ends there too. Once for the polls of one
+    /// connection that end together (each would tell it again).
+    pub(super) fn tell_forwarded_close(self: &Rc<Self>, to: u32, conn: u64) {
+        if !self.answers.start_telling(conn, to) {
+            return;
+        }
+        let ctx = self.clone();
+        crate::io::spawn(async move {
+            let _ = (ctx.call(to, MeshRequest::ForwardedConnectionClosed { conn })).await;
+            ctx.answers.done_telling(conn, to);
+        });
+    }
+
     /// Handles a message from another shard.
     pub fn on_mesh(self: &Rc<Self>, msg: MeshMsg) {
         match msg {

@@ -543,11 +543,12 @@ impl ShardCtx {
                     }
                     _ => MESH_CALL_TIMEOUT_MS,
                 };
-                let carries_records = matches!(
-                    req,
-                    Request::Pull(_) | Request::MessageById(_) | Request::MessagesByKey(_)
-                );
-                return self.forward(to, &at, timeout_ms, carries_records);
+                let kind = match req {
+                    Request::Pull(_) => Forward::LongPoll,
+                    Request::MessageById(_) | Request::MessagesByKey(_) => Forward::Records,
+                    _ => Forward::Plain,
+                };
+                return self.forward(to, &at, timeout_ms, kind);
             }
         }
         self.run_request(req.kind(), oneway, || {
@@ -588,16 +589,18 @@ impl ShardCtx {
 
     /// Passes a request frame, as it came, to the shard that handles it, waiting up to
     /// `timeout_ms`; its answer comes back as the bytes to write. An answer with records
-    /// (`carries_records`) is built on the other shard: room for the largest one is reserved
-    /// here first, so a client that does not read cannot make the shards hold its answers
-    /// (shard-aware clients send these straight to the owner).
+    /// ([`Forward`]) is built on the other shard: room for the largest one is reserved here
+    /// first, so a client that does not read cannot make the shards hold its answers
+    /// (shard-aware clients send these straight to the owner). Such a request ends with
+    /// its connection, and a long poll ended so is ended on the other shard too.
     fn forward(
         self: &Rc<Self>,
         to: u32,
         at: &Arrival<'_>,
         timeout_ms: u64,
-        carries_records: bool,
+        kind: Forward,
     ) -> Handled {
+        let carries_records = kind != Forward::Plain;
         self.stats.forwarded.set(self.stats.forwarded.get() + 1);
         let ctx = self.clone();
         let frame_bytes = at.bytes.to_vec();
@@ -613,6 +616,8 @@ impl ShardCtx {
         Handled::Later(Box::pin(async move {
             let mut hold = if carries_records {
                 match ctx.answers.reserve(conn, largest).await {
+                    // Its connection closed while it waited for room: nobody to answer.
+                    Ok(_) if ctx.conn_closed(conn) => return None,
                     Ok(hold) => Some(hold),
                     Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
                 }
@@ -639,10 +644,9 @@ impl ShardCtx {
                 Some(call.await)
             };
             let Some(called) = called else {
-                let ctx = ctx.clone();
-                crate::io::spawn(async move {
-                    let _ = (ctx.call(to, MeshRequest::ForwardedConnectionClosed { conn })).await;
-                });
+                if kind == Forward::LongPoll {
+                    ctx.tell_forwarded_close(to, conn);
+                }
                 return None;
             };
             let frame = match called {
@@ -663,6 +667,16 @@ impl ShardCtx {
             })
         }))
     }
+}
+
+/// What a forwarded request's answer carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Forward {
+    Plain,
+    /// Stored records.
+    Records,
+    /// Stored records, after a wait for them (a pull).
+    LongPoll,
 }
 
 /// A request frame as it arrived, and where from.

@@ -13,7 +13,7 @@ use super::mesh::MESH_CALL_TIMEOUT_MS;
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::goes_straight;
 use super::transaction::is_half;
-use super::{err, error_frame, response_frame, store_error, Arrival, Handled, ShardCtx};
+use super::{err, error_frame, response_frame, store_error, Arrival, Forward, Handled, ShardCtx};
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{
     Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
@@ -166,7 +166,7 @@ impl ShardCtx {
             let m = meta.access::<SendMessage>().ok()?;
             let (topic, queue_id) = (m.topic.as_str(), m.queue_id.to_native());
             if let Some(to) = owner(topic, queue_id) {
-                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
+                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, Forward::Plain));
             }
             let item = [SendItem::from(m)];
             Some(self.run_request(kind, at.oneway, || {
@@ -190,7 +190,7 @@ impl ShardCtx {
                 .and_then(|q| i32::try_from(q.to_native()).ok())
                 .and_then(|q| owner(topic, q))
             {
-                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
+                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, Forward::Plain));
             }
             // One past the limit is enough to refuse a request over it.
             let limit = BATCH_MESSAGES_MAX + 1;
@@ -209,7 +209,7 @@ impl ShardCtx {
             let b = meta.access::<SendBatch>().ok()?;
             let (topic, queue_id) = (b.topic.as_str(), b.queue_id.to_native());
             if let Some(to) = owner(topic, queue_id) {
-                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, false));
+                return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, Forward::Plain));
             }
             let items: Vec<SendItem<'_>> = b.messages.iter().map(SendItem::from).collect();
             Some(self.run_request(kind, at.oneway, || {
