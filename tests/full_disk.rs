@@ -54,6 +54,21 @@ impl SmallDisk {
     }
 }
 
+/// A small disk of `mib` MiB holding 16 MiB of ballast to free later (its path); `None`
+/// (the test says why and does nothing) without root.
+fn disk_with_ballast(root: &Path, mib: u64) -> Option<(SmallDisk, PathBuf)> {
+    let disk = match SmallDisk::make(root, mib) {
+        Ok(d) => d,
+        Err(reason) => {
+            eprintln!("full-disk test skipped: {reason}");
+            return None;
+        }
+    };
+    let ballast = disk.mnt.join("ballast");
+    std::fs::write(&ballast, vec![1u8; 16 << 20]).unwrap();
+    Some((disk, ballast))
+}
+
 impl Drop for SmallDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
@@ -111,16 +126,9 @@ fn alive(broker: &BrokerProcess) -> bool {
 #[test]
 fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_returns() {
     let root = tempfile::tempdir().unwrap();
-    let disk = match SmallDisk::make(root.path(), 96) {
-        Ok(d) => d,
-        Err(reason) => {
-            eprintln!("full-disk test skipped: {reason}");
-            return;
-        }
+    let Some((disk, ballast)) = disk_with_ballast(root.path(), 96) else {
+        return;
     };
-    // Space to free later.
-    let ballast = disk.mnt.join("ballast");
-    std::fs::write(&ballast, vec![1u8; 16 << 20]).unwrap();
     // The broker's stderr log is on the small disk too: a failed log line must not
     // stop it.
     let data = disk.mnt.join("data");
@@ -204,6 +212,126 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
                 "{t} after a restart: every acknowledged message, in order, nothing else"
             );
         }
+    });
+}
+
+/// Commits racing a disk that fills: a commit answered with an error is not taken for done
+/// (its append may have been accepted, then cut from the log with the write that found
+/// the disk full): a repeat is refused again, never answered "committed" from memory, and
+/// once space returns every transaction commits, each message visible exactly once.
+#[test]
+fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    let root = tempfile::tempdir().unwrap();
+    let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
+        return;
+    };
+    let broker = BrokerProcess::start(
+        &disk.mnt.join("data"),
+        1,
+        &["--segment-bytes", "4194304", "--disk-free-min-mb", "0"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let producer = tp.producer();
+        let client = producer.client().clone();
+        client.create_topic("tf", 1).await.unwrap();
+        client.create_topic("fill", 1).await.unwrap();
+        let mut open = Vec::new();
+        for i in 0..400u32 {
+            let r = tp
+                .send_in_transaction("tf", OutgoingMessage::new(format!("t{i}")), |_| {
+                    TransactionOutcome::Unknown
+                })
+                .await
+                .unwrap();
+            open.push((i, r.send.transaction_id));
+        }
+        // Fill the disk with 8 sends in flight while the commits go, 4 at a time.
+        let commit = |id: u64| tp.end("tf", 0, id, TransactionOutcome::Commit, false);
+        let mut fills = FuturesUnordered::new();
+        let mut n = 0u64;
+        let mut refused = 0;
+        let mut failed = Vec::new();
+        let mut commits = FuturesUnordered::new();
+        let mut pending = open.iter();
+        while refused < 8 || !commits.is_empty() {
+            while fills.len() < 8 && refused < 8 {
+                fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
+                n += 1;
+            }
+            while commits.len() < 4 {
+                let Some(&(i, id)) = pending.next() else {
+                    break;
+                };
+                commits.push(async move { (i, id, commit(id).await) });
+            }
+            tokio::select! {
+                Some(r) = fills.next(), if !fills.is_empty() => {
+                    if let Err(e) = r {
+                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                        refused += 1;
+                    }
+                }
+                Some((i, id, r)) = commits.next(), if !commits.is_empty() => {
+                    if let Err(e) = r {
+                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "t{i}: {e}");
+                        failed.push((i, id));
+                    }
+                }
+            }
+            assert!(n < 5000, "the disk never filled");
+        }
+        drop((fills, commits));
+        let unsent: Vec<(u32, u64)> = pending.copied().collect();
+        assert!(!failed.is_empty() || !unsent.is_empty());
+        // Refused again while the disk is full: not "committed" from memory.
+        for &(i, id) in &failed {
+            let again = commit(id).await;
+            assert_eq!(
+                again.as_ref().err().and_then(ClientError::code),
+                Some(ErrorCode::DiskFull),
+                "t{i} committed again while the disk is full: {again:?}"
+            );
+        }
+        std::fs::remove_file(&ballast).unwrap();
+        let started = Instant::now();
+        for &(i, id) in failed.iter().chain(&unsent) {
+            while let Err(e) = commit(id).await {
+                assert_eq!(e.code(), Some(ErrorCode::DiskFull), "t{i}: {e}");
+                assert!(started.elapsed() < Duration::from_secs(20), "t{i}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let mut bodies = Vec::new();
+        let mut offset = 0;
+        loop {
+            let r = client
+                .pull("tf", 0, offset, 32, Duration::ZERO, &[])
+                .await
+                .unwrap();
+            if r.messages.is_empty() {
+                break;
+            }
+            bodies.extend(r.messages.iter().map(|m| m.body().to_vec()));
+            offset = r.next_offset;
+        }
+        bodies.sort();
+        let mut want: Vec<Vec<u8>> = open.iter().map(|(i, _)| format!("t{i}").into()).collect();
+        want.sort();
+        assert_eq!(
+            bodies,
+            want,
+            "every transaction committed once ({} failed at first)",
+            failed.len()
+        );
+        tp.shutdown().await;
     });
 }
 

@@ -396,18 +396,7 @@ async fn client_when_ready(client: &Client, topic: &str) -> Client {
 fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let broker = BrokerProcess::start(
-        &data,
-        1,
-        &[
-            "--segment-bytes",
-            "1048576",
-            "--retention-bytes-max",
-            "2097152",
-            "--retention-check-interval-ms",
-            "300",
-        ],
-    );
+    let broker = BrokerProcess::start(&data, 1, common::SMALL_RETENTION);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
@@ -423,13 +412,7 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
             )
             .await
             .unwrap();
-        // 8 MiB of other messages: retention keeps about 2 MiB of the log.
-        let batch: Vec<OutgoingMessage> = (0..64)
-            .map(|_| OutgoingMessage::new(vec![b'f'; 1000]))
-            .collect();
-        for _ in 0..128 {
-            producer.send_batch("filler", batch.clone()).await.unwrap();
-        }
+        common::send_8_mib(&producer, "filler").await;
         // The first segments go although the held message was stored there.
         let first = data.join("shard-0/commitlog/00000000000000000000");
         let deadline = Instant::now() + Duration::from_secs(5);

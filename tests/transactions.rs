@@ -499,3 +499,75 @@ fn the_cli_sends_in_transactions_answers_check_backs_and_lists_the_unresolved() 
     bodies.sort();
     assert_eq!(bodies, ["later", "yes"], "{out}");
 }
+
+/// A half message no producer resolves (its check says "unknown" every time) does not go
+/// with its segment when retention deletes it, nor keep the log from shrinking: retention
+/// moves it to the discarded topic (listed, its copy readable by id, never pending
+/// again, after a restart too) and then deletes the segment it was stored in.
+#[test]
+fn a_half_message_past_retention_is_discarded_not_lost_and_retention_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, common::SMALL_RETENTION);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txr", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("tr", 1).await.unwrap();
+        client.create_topic("filler", 1).await.unwrap();
+        let sent = tp
+            .send_in_transaction("tr", OutgoingMessage::new("unresolved"), |_| {
+                TransactionOutcome::Unknown
+            })
+            .await
+            .unwrap();
+        common::send_8_mib(tp.producer(), "filler").await;
+        eventually(
+            "the half message discarded",
+            Duration::from_secs(20),
+            async || {
+                let list = client.list_transactions().await.unwrap();
+                list.halves.is_empty() && list.discarded == 1
+            },
+        )
+        .await;
+        let list = client.list_transactions().await.unwrap();
+        let kept = &list.recently_discarded[0];
+        assert_eq!(kept.transaction_id, sent.send.transaction_id);
+        let copy = client.message_by_id(&kept.msg_id).await.unwrap().unwrap();
+        assert_eq!(copy.body(), b"unresolved");
+        // Retention then deletes the segment the half message was stored in.
+        let first = data.join("shard-0/commitlog/00000000000000000000");
+        eventually(
+            "the first segment deleted",
+            Duration::from_secs(10),
+            async || !first.exists(),
+        )
+        .await;
+        // Its outcome is known: a commit now is refused, nothing is committed.
+        let end = tp
+            .end(
+                "tr",
+                sent.send.queue_id,
+                sent.send.transaction_id,
+                TransactionOutcome::Commit,
+                false,
+            )
+            .await;
+        assert_eq!(code(end), ErrorCode::TransactionResolved);
+        assert!(visible(&client, "tr").await.is_empty());
+        tp.shutdown().await;
+    });
+    assert!(broker.stop());
+    broker.restart();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let list = client.list_transactions().await.unwrap();
+        assert!(list.halves.is_empty(), "{list:?}");
+    });
+}

@@ -37,7 +37,7 @@ use crate::index::TimingWheel;
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{prop, Properties, PropertiesBuilder, RecordDraft, RecordView};
 use crate::protocol::{ErrorBody, ErrorCode, ShardScheduleInfo};
-use crate::store::{MessageStore, PutResult, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
+use crate::store::{Holder, MessageStore, PutResult, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
 
 /// Messages a shard may hold in its schedule by default (16 bytes each in memory).
 pub const SCHEDULE_PENDING_MAX_DEFAULT: usize = 2_000_000;
@@ -276,7 +276,8 @@ impl Schedule {
                 done_end.saturating_sub(done_from.max(done_min)),
             );
         }
-        store.set_retention_floor(retention_floor(store, &schedule, done_from.max(done_min)));
+        let floor = retention_floor(store, &schedule, done_from.max(done_min));
+        store.set_retention_floor(Holder::Schedule, floor);
         Ok(schedule)
     }
 }
@@ -426,7 +427,7 @@ impl ShardCtx {
         };
         let put = self.store.append(&held).map_err(super::store_error)?;
         // Kept from retention from now on (the snapshot's floor comes later).
-        self.store.lower_retention_floor(put.physical_offset);
+        (self.store).lower_retention_floor(Holder::Schedule, put.physical_offset);
         let mut s = self.schedule.borrow_mut();
         s.wheel.insert(due, put.queue_offset);
         s.changed = true;
@@ -480,7 +481,7 @@ impl ShardCtx {
         match written {
             Ok(()) => {
                 let floor = retention_floor(&self.store, &self.schedule.borrow(), done_end);
-                self.store.set_retention_floor(floor);
+                self.store.set_retention_floor(Holder::Schedule, floor);
             }
             Err(e) => {
                 self.schedule.borrow_mut().changed = true;

@@ -20,6 +20,10 @@
 //! registered by [`ProducerHeartbeat`] and dropped when the connection closes; each check
 //! asks the next producer). After `--transaction-check-max` checks the half message is
 //! copied to [`DISCARDED_TOPIC`], an op record written, and it is counted.
+//!
+//! Retention: the oldest unresolved half holds the store's retention floor, and a half
+//! stored where retention wants to delete is discarded as after its last check, so none
+//! goes unresolved with its segment and none holds the log for ever.
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -34,7 +38,7 @@ use crate::protocol::{
     ProducerHeartbeat, TransactionList, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK,
     TRANSACTION_UNKNOWN,
 };
-use crate::store::PutResult;
+use crate::store::{Holder, PutResult};
 
 /// Half messages, one queue per shard.
 pub const HALF_TOPIC: &str = "%SYS_TXN_HALF%";
@@ -56,6 +60,8 @@ pub const HALF_PENDING_MAX: usize = 200_000;
 const RESOLVED_REMEMBERED: usize = 200_000;
 /// Most producers registered per producer group.
 const PRODUCERS_PER_GROUP_MAX: usize = 1024;
+/// Most half messages discarded in one pass for being past retention.
+const HALVES_DISCARDED_PER_PASS: usize = 1024;
 /// The op record's outcome for a half message given up after its checks.
 const OUTCOME_DISCARDED: u8 = 3;
 
@@ -191,6 +197,8 @@ impl ShardCtx {
             ..*draft
         };
         let put = self.store.append(&held).map_err(store_error)?;
+        // Kept from retention until it is resolved.
+        (self.store).lower_retention_floor(Holder::Transactions, put.physical_offset);
         let now = now_ms();
         self.txn.borrow_mut().pending.insert(
             put.queue_offset,
@@ -269,8 +277,7 @@ impl ShardCtx {
         if e.outcome == TRANSACTION_UNKNOWN {
             return Ok(crate::protocol::Empty {});
         }
-        let put = self.resolve_half(half, e.outcome).await?;
-        self.acked(put).await?;
+        self.resolve_half(half, e.outcome).await?;
         Ok(crate::protocol::Empty {})
     }
 
@@ -295,23 +302,26 @@ impl ShardCtx {
     }
 
     /// Gives a pending half message its outcome: the commit (for a commit) and the op
-    /// record, appended together. The half stays pending if this fails.
-    async fn resolve_half(&self, half: u64, outcome: u8) -> Result<PutResult, ErrorBody> {
+    /// record, appended together, and waits until they are acknowledged as a send would be
+    /// (written, or durable in sync flush mode). The half stays pending if this fails: a
+    /// commit a full disk then cut from the log is not taken for done (it is refused
+    /// again, checked again, and can be committed once space returns).
+    async fn resolve_half(&self, half: u64, outcome: u8) -> Result<(), ErrorBody> {
         // Resolved from here on: a second outcome arriving meanwhile is answered from the
         // resolved map instead of committing twice.
         let Some(h) = self.txn.borrow_mut().pending.remove(&half) else {
             return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
         };
         self.txn.borrow_mut().resolved.insert(half, outcome);
-        let result = self.write_outcome(half, &h, outcome).await;
-        match result {
-            Ok((copy, put)) => {
+        let result = match self.write_outcome(half, &h, outcome).await {
+            Ok((copy, put)) => self.acked(put).await.map(|()| (copy, put)),
+            Err(e) => Err(e),
+        };
+        let result = match result {
+            Ok((copy, _)) => {
                 // A discard is listed once its copy can be read (by the id the list gives);
                 // a copy a full disk dropped is not listed (a restart finds the half again).
-                let listed = match (outcome, copy) {
-                    (OUTCOME_DISCARDED, Some(copy)) => self.acked(copy).await.ok().map(|_| copy),
-                    _ => None,
-                };
+                let listed = copy.filter(|_| outcome == OUTCOME_DISCARDED);
                 if let Some(copy) = listed {
                     let mut txn = self.txn.borrow_mut();
                     txn.discarded += 1;
@@ -333,7 +343,7 @@ impl ShardCtx {
                 if outcome == TRANSACTION_COMMIT {
                     self.wake_pollers(&h.topic, h.queue_id);
                 }
-                Ok(put)
+                Ok(())
             }
             Err(e) => {
                 let mut txn = self.txn.borrow_mut();
@@ -341,7 +351,19 @@ impl ShardCtx {
                 txn.pending.insert(half, h);
                 Err(e)
             }
-        }
+        };
+        self.hold_halves();
+        result
+    }
+
+    /// Keeps the oldest unresolved half message (and every later record) from retention.
+    /// A pending half not in the index (its send was cut from the log by a full disk, and
+    /// failed) holds nothing.
+    fn hold_halves(&self) {
+        let floor = (self.txn.borrow().pending.keys())
+            .find_map(|&half| self.store.queue_entry(HALF_TOPIC, 0, half))
+            .map_or(u64::MAX, |entry| entry.physical_offset);
+        self.store.set_retention_floor(Holder::Transactions, floor);
     }
 
     /// Appends what an outcome writes; returns the put of the message's copy (commit,
@@ -488,12 +510,15 @@ impl ShardCtx {
                 },
             );
         }
-        let mut txn = self.txn.borrow_mut();
-        txn.pending = pending;
-        txn.resolved = resolved;
-        while txn.resolved.len() > RESOLVED_REMEMBERED {
-            txn.resolved.pop_first();
+        {
+            let mut txn = self.txn.borrow_mut();
+            txn.pending = pending;
+            txn.resolved = resolved;
+            while txn.resolved.len() > RESOLVED_REMEMBERED {
+                txn.resolved.pop_first();
+            }
         }
+        self.hold_halves();
         Ok(())
     }
 
@@ -548,8 +573,15 @@ impl ShardCtx {
                 .min(self.cfg.transaction_timeout_ms)
                 .clamp(10, 1_000),
         );
+        // Halves that keep retention from deleting are discarded as often as it runs.
+        let discard_every = Duration::from_millis(self.cfg.retention_check_interval_ms);
+        let mut next_discard = std::time::Instant::now() + discard_every;
         while !self.is_stopping() {
             crate::io::sleep(tick).await;
+            if std::time::Instant::now() >= next_discard {
+                next_discard = std::time::Instant::now() + discard_every;
+                self.discard_halves_past_retention().await;
+            }
             let now = now_ms();
             let due: Vec<(u64, Half)> = self
                 .txn
@@ -616,6 +648,52 @@ impl ShardCtx {
                 }
             }
         }
+    }
+
+    /// Discards the unresolved half messages stored where retention wants to delete (past
+    /// `--retention-hours`, or beyond `--retention-bytes-max`): each is copied to
+    /// [`DISCARDED_TOPIC`] (listed and counted, as one out of checks), so that a half no
+    /// producer resolves (its group gone) neither goes with its segment unresolved nor keeps
+    /// the log from shrinking. Until then the halves' retention floor keeps them.
+    async fn discard_halves_past_retention(&self) {
+        let wanted = (self.store.log())
+            .retention_wanted_end(crate::log::now_ms())
+            .await;
+        let aged: Vec<u64> = {
+            let txn = self.txn.borrow();
+            (txn.pending.keys())
+                .filter(|&&half| {
+                    (self.store.queue_entry(HALF_TOPIC, 0, half))
+                        .is_some_and(|e| e.physical_offset < wanted)
+                })
+                .take(HALVES_DISCARDED_PER_PASS)
+                .copied()
+                .collect()
+        };
+        if aged.is_empty() {
+            return;
+        }
+        let mut discarded = 0;
+        let mut failed = None;
+        for &half in &aged {
+            match self.resolve_half(half, OUTCOME_DISCARDED).await {
+                Ok(()) => discarded += 1,
+                // Resolved meanwhile by its producer.
+                Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        crate::warn!(
+            "ringmq: shard {}: {discarded} unresolved transactions discarded: their half messages were stored where retention deletes; kept in {DISCARDED_TOPIC}{}",
+            self.id,
+            failed.map_or(String::new(), |e| format!(
+                "; the others stay held back from retention: {}",
+                e.message
+            ))
+        );
     }
 
     /// On the group's coordinator: pushes a check to one live producer of the group (the

@@ -815,8 +815,11 @@ async fn shard_main(
         "ringmq-broker: shard {i}: {}",
         recovery.summary(opened.elapsed())
     );
-    // Nothing leaves the log before the schedule says what it still needs.
-    store.set_retention_floor(0);
+    // Nothing leaves the log before the schedule and the transactions say what they still
+    // need.
+    for holder in crate::store::Holder::ALL {
+        store.set_retention_floor(holder, 0);
+    }
     let schedule = Schedule::recover(&store)
         .await
         .map_err(|e| format!("recovering the schedule in {}: {e}", shard_dir.display()))?;

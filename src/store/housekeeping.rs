@@ -4,6 +4,20 @@
 use super::*;
 use crate::index::DirtyFile;
 
+/// What keeps records from retention ([`MessageStore::set_retention_floor`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// Delayed messages not yet delivered, and the done records a recovery reads.
+    Schedule,
+    /// Half messages not yet resolved.
+    Transactions,
+}
+
+impl Holder {
+    pub(super) const COUNT: usize = 2;
+    pub const ALL: [Holder; Holder::COUNT] = [Holder::Schedule, Holder::Transactions];
+}
+
 impl MessageStore {
     /// Flushes the indexes and advances the checkpoint to the log's durable end. The index
     /// files written since the last checkpoint are fdatasynced off the shard's thread (an
@@ -93,16 +107,26 @@ impl MessageStore {
         Ok(durable)
     }
 
-    /// Keeps every record at or after this log offset from retention (records the broker
-    /// still needs, such as scheduled messages not yet delivered); `u64::MAX`: no floor.
-    pub fn set_retention_floor(&self, log_offset: u64) {
-        self.inner.retention_floor.set(log_offset);
+    /// Keeps every record at or after this log offset from retention, for `holder`
+    /// (records the broker still needs, such as scheduled messages not yet delivered or
+    /// half messages not yet resolved); `u64::MAX`: it holds nothing back. Each holder's
+    /// floor is its own; retention stops at the lowest.
+    pub fn set_retention_floor(&self, holder: Holder, log_offset: u64) {
+        self.inner.retention_floors[holder as usize].set(log_offset);
     }
 
-    /// Lowers the retention floor to `log_offset` if it is above it.
-    pub fn lower_retention_floor(&self, log_offset: u64) {
-        let floor = self.inner.retention_floor.get();
-        self.inner.retention_floor.set(floor.min(log_offset));
+    /// Lowers `holder`'s retention floor to `log_offset` if it is above it.
+    pub fn lower_retention_floor(&self, holder: Holder, log_offset: u64) {
+        let floor = &self.inner.retention_floors[holder as usize];
+        floor.set(floor.get().min(log_offset));
+    }
+
+    /// The lowest retention floor of all holders.
+    pub fn retention_floor(&self) -> u64 {
+        (self.inner.retention_floors.iter())
+            .map(std::cell::Cell::get)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// Runs retention on the log and trims the indexes to match. Work is proportional to
@@ -110,8 +134,9 @@ impl MessageStore {
     /// queue whose oldest entry is kept is skipped without reading it, and index files are
     /// removed off the shard's thread.
     pub async fn apply_retention(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let floor = self.inner.retention_floor.get();
-        let min = self.inner.log.apply_retention(now_ms, floor).await;
+        let min = (self.inner.log)
+            .apply_retention(now_ms, self.retention_floor())
+            .await;
         if min == self.inner.trimmed_to.get() {
             return Ok(min);
         }

@@ -39,6 +39,7 @@ use crate::index::{
 use crate::log::{CommitLog, LogConfig, LogError};
 
 pub use checkpoint::Checkpoint;
+pub use housekeeping::Holder;
 pub use read::{QueuePlan, QueueRead, Runs};
 pub use recovery::StoreRecovery;
 
@@ -181,8 +182,9 @@ struct Inner {
     inline_opens: std::cell::Cell<u64>,
     keys: RefCell<KeyIndex>,
     stopped: std::cell::Cell<bool>,
-    /// Retention never deletes the segment holding this log offset or later ones.
-    retention_floor: std::cell::Cell<u64>,
+    /// Retention never deletes the segment holding any of these log offsets (one per
+    /// [`Holder`]) or later ones.
+    retention_floors: [std::cell::Cell<u64>; Holder::COUNT],
     /// The log minimum the indexes were last trimmed to.
     trimmed_to: std::cell::Cell<u64>,
     /// The log's cut count the indexes agree with.

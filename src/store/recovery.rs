@@ -121,7 +121,7 @@ impl MessageStore {
                 inline_opens: std::cell::Cell::new(0),
                 keys: RefCell::new(keys),
                 stopped: std::cell::Cell::new(false),
-                retention_floor: std::cell::Cell::new(u64::MAX),
+                retention_floors: std::array::from_fn(|_| std::cell::Cell::new(u64::MAX)),
                 trimmed_to: std::cell::Cell::new(trimmed_to),
                 seen_epoch: std::cell::Cell::new(0),
                 space_low: RefCell::new(None),

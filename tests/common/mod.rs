@@ -9,6 +9,28 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::protocol::record::{PropertiesBuilder, RecordDraft};
 
+/// Broker flags under which retention keeps about 2 MiB of a shard's log (1 MiB segments),
+/// looked at every 300 ms.
+pub const SMALL_RETENTION: &[&str] = &[
+    "--segment-bytes",
+    "1048576",
+    "--retention-bytes-max",
+    "2097152",
+    "--retention-check-interval-ms",
+    "300",
+];
+
+/// Sends 8 MiB of other messages to `topic` (batches of 64 of 1,000 bytes): past
+/// [`SMALL_RETENTION`]'s size limit four times over.
+pub async fn send_8_mib(producer: &ringmq::client::Producer, topic: &str) {
+    let batch: Vec<ringmq::client::OutgoingMessage> = (0..64)
+        .map(|_| ringmq::client::OutgoingMessage::new(vec![b'f'; 1000]))
+        .collect();
+    for _ in 0..128 {
+        producer.send_batch(topic, batch.clone()).await.unwrap();
+    }
+}
+
 /// A tokio runtime for a test's client side (two workers, like the test machine's cores).
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
