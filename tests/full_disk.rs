@@ -217,12 +217,15 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
 
 /// Commits racing a disk that fills: a commit answered with an error is not taken for done
 /// (its append may have been accepted, then cut from the log with the write that found
-/// the disk full): a repeat is refused again, never answered "committed" from memory, and
-/// once space returns every transaction commits, each message visible exactly once.
+/// the disk full): a repeat is refused again, never answered "committed" from memory; a
+/// second commit of the same transaction at the same time is answered only once the first
+/// is, and "committed" only for a message stored. Once space returns every transaction
+/// commits, each message stored exactly once.
 #[test]
 fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     use ringmq::client::{TransactionOutcome, TransactionProducer};
+    use std::collections::BTreeSet;
     let root = tempfile::tempdir().unwrap();
     let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
         return;
@@ -244,21 +247,21 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
         client.create_topic("tf", 1).await.unwrap();
         client.create_topic("fill", 1).await.unwrap();
         let mut open = Vec::new();
-        for i in 0..400u32 {
+        for i in 0..400u64 {
+            let message = OutgoingMessage::new(i.to_le_bytes().to_vec());
             let r = tp
-                .send_in_transaction("tf", OutgoingMessage::new(format!("t{i}")), |_| {
-                    TransactionOutcome::Unknown
-                })
+                .send_in_transaction("tf", message, |_| TransactionOutcome::Unknown)
                 .await
                 .unwrap();
             open.push((i, r.send.transaction_id));
         }
-        // Fill the disk with 8 sends in flight while the commits go, 4 at a time.
+        // Fill the disk with 8 sends in flight while the commits go, each transaction's
+        // twice at once, 2 transactions at a time.
         let commit = |id: u64| tp.end("tf", 0, id, TransactionOutcome::Commit, false);
         let mut fills = FuturesUnordered::new();
         let mut n = 0u64;
         let mut refused = 0;
-        let mut failed = Vec::new();
+        let (mut committed, mut refused_commit) = (BTreeSet::new(), BTreeSet::new());
         let mut commits = FuturesUnordered::new();
         let mut pending = open.iter();
         while refused < 8 || !commits.is_empty() {
@@ -270,7 +273,9 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
                 let Some(&(i, id)) = pending.next() else {
                     break;
                 };
-                commits.push(async move { (i, id, commit(id).await) });
+                for _ in 0..2 {
+                    commits.push(async move { (i, id, commit(id).await) });
+                }
             }
             tokio::select! {
                 Some(r) = fills.next(), if !fills.is_empty() => {
@@ -280,16 +285,26 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
                     }
                 }
                 Some((i, id, r)) = commits.next(), if !commits.is_empty() => {
-                    if let Err(e) = r {
-                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "t{i}: {e}");
-                        failed.push((i, id));
-                    }
+                    match r {
+                        Ok(()) => committed.insert(i),
+                        Err(e) => {
+                            assert_eq!(e.code(), Some(ErrorCode::DiskFull), "t{i}: {e}");
+                            refused_commit.insert((i, id))
+                        }
+                    };
                 }
             }
             assert!(n < 5000, "the disk never filled");
         }
         drop((fills, commits));
-        let unsent: Vec<(u32, u64)> = pending.copied().collect();
+        // Every commit answered "committed" is stored, the disk full as it is.
+        let stored: BTreeSet<u64> = read_queue(&client, "tf", 0).await.into_iter().collect();
+        let lost: Vec<_> = committed.difference(&stored).collect();
+        assert!(lost.is_empty(), "answered committed, not stored: {lost:?}");
+        let failed: Vec<(u64, u64)> = (refused_commit.into_iter())
+            .filter(|(i, _)| !committed.contains(i))
+            .collect();
+        let unsent: Vec<(u64, u64)> = pending.copied().collect();
         assert!(!failed.is_empty() || !unsent.is_empty());
         // Refused again while the disk is full: not "committed" from memory.
         for &(i, id) in &failed {
@@ -309,25 +324,11 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        let mut bodies = Vec::new();
-        let mut offset = 0;
-        loop {
-            let r = client
-                .pull("tf", 0, offset, 32, Duration::ZERO, &[])
-                .await
-                .unwrap();
-            if r.messages.is_empty() {
-                break;
-            }
-            bodies.extend(r.messages.iter().map(|m| m.body().to_vec()));
-            offset = r.next_offset;
-        }
-        bodies.sort();
-        let mut want: Vec<Vec<u8>> = open.iter().map(|(i, _)| format!("t{i}").into()).collect();
-        want.sort();
+        let mut stored = read_queue(&client, "tf", 0).await;
+        stored.sort_unstable();
         assert_eq!(
-            bodies,
-            want,
+            stored,
+            (0..400).collect::<Vec<u64>>(),
             "every transaction committed once ({} failed at first)",
             failed.len()
         );

@@ -85,6 +85,8 @@ pub struct Transactions {
     pending: BTreeMap<u64, Half>,
     /// Recent outcomes by half offset.
     resolved: BTreeMap<u64, u8>,
+    /// Halves whose outcome is being written and acknowledged (resolved until it fails).
+    resolving: HashMap<u64, Rc<tokio::sync::Notify>>,
     discarded: u64,
     /// The latest discards (their copies in [`DISCARDED_TOPIC`]), newest last.
     discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
@@ -104,6 +106,28 @@ impl Transactions {
         self.resolved.insert(half, outcome);
         while self.resolved.len() > RESOLVED_REMEMBERED {
             self.resolved.pop_first();
+        }
+    }
+}
+
+/// An outcome being written for a half: outcomes for it arriving meanwhile wait for its
+/// end, which dropping this marks.
+struct Resolving<'a> {
+    txn: &'a std::cell::RefCell<Transactions>,
+    half: u64,
+}
+
+impl<'a> Resolving<'a> {
+    fn start(txn: &'a std::cell::RefCell<Transactions>, half: u64) -> Resolving<'a> {
+        txn.borrow_mut().resolving.insert(half, Rc::default());
+        Resolving { txn, half }
+    }
+}
+
+impl Drop for Resolving<'_> {
+    fn drop(&mut self) {
+        if let Some(done) = self.txn.borrow_mut().resolving.remove(&self.half) {
+            done.notify_waiters();
         }
     }
 }
@@ -238,6 +262,18 @@ impl ShardCtx {
                 "transaction id 0 names no transaction",
             )
         })?;
+        // An outcome being written for it: its answer waits for that one's end (which may
+        // put the half back to pending).
+        loop {
+            let resolving = self.txn.borrow().resolving.get(&half).cloned();
+            let Some(resolving) = resolving else { break };
+            let notified = resolving.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.txn.borrow().resolving.contains_key(&half) {
+                notified.await;
+            }
+        }
         {
             let txn = self.txn.borrow();
             if let Some(h) = txn.pending.get(&half) {
@@ -313,6 +349,7 @@ impl ShardCtx {
             return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
         };
         self.txn.borrow_mut().resolved.insert(half, outcome);
+        let resolving = Resolving::start(&self.txn, half);
         let result = match self.write_outcome(half, &h, outcome).await {
             Ok((copy, put)) => self.acked(put).await.map(|()| (copy, put)),
             Err(e) => Err(e),
@@ -352,6 +389,7 @@ impl ShardCtx {
                 Err(e)
             }
         };
+        drop(resolving);
         self.hold_halves();
         result
     }
