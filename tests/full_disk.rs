@@ -336,6 +336,103 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
     });
 }
 
+/// Delayed messages held while the disk is nearly full: every retention interval the
+/// schedule moves them forward (copies, then a done record for the old entries), and here
+/// the copies do not fit: those written before the disk filled are cut from the log with
+/// the write that found it full. The old entries then stay; once space returns every
+/// delayed message is delivered (at least once).
+#[test]
+fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    use std::collections::BTreeSet;
+    const HELD: u64 = 3000;
+    let root = tempfile::tempdir().unwrap();
+    let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
+        return;
+    };
+    // Room for about half the copies of the held messages, given back once the disk is full.
+    let room = disk.mnt.join("room");
+    std::fs::write(&room, vec![1u8; 1 << 20]).unwrap();
+    let mut args = common::SMALL_RETENTION.to_vec();
+    args.extend(["--disk-free-min-mb", "0"]);
+    let broker = BrokerProcess::start(&disk.mnt.join("data"), 1, &args);
+    let addr = broker.addr_string();
+    let disk_fulls = || broker.stderr().matches("disk full (").count();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("held", 1).await.unwrap();
+        client.create_topic("fill", 1).await.unwrap();
+        let due_in = Duration::from_secs(15);
+        let sent_at = Instant::now();
+        for i in 0..HELD {
+            let mut b = vec![b'h'; 512];
+            b[..8].copy_from_slice(&i.to_le_bytes());
+            let message = OutgoingMessage::new(b).with_delay_ms(due_in.as_millis() as u64);
+            producer.send("held", message).await.unwrap();
+        }
+        // Retention wants the held messages' segments from here on: each pass moves them
+        // (the schedule's floor keeps the log, so the disk fills).
+        let mut fills = FuturesUnordered::new();
+        let (mut n, mut refused) = (0u64, 0);
+        while refused < 8 {
+            while fills.len() < 8 {
+                fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
+                n += 1;
+            }
+            if let Some(Err(e)) = fills.next().await {
+                assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                refused += 1;
+            }
+            assert!(n < 5000, "the disk never filled");
+        }
+        drop(fills);
+        // A little room: the next pass's copies fill it and are cut.
+        let full_before = disk_fulls();
+        std::fs::remove_file(&room).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while disk_fulls() == full_before {
+            assert!(
+                Instant::now() < deadline,
+                "the moved copies never filled the disk"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        std::fs::remove_file(&ballast).unwrap();
+        // Writes past whatever that pass appended.
+        let mut taken = 0;
+        while taken < 20 {
+            match producer.send("fill", OutgoingMessage::new(body(n))).await {
+                Ok(_) => taken += 1,
+                Err(e) => {
+                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            n += 1;
+        }
+        assert!(sent_at.elapsed() < due_in, "the test machine is too slow");
+        let mut seen = BTreeSet::new();
+        let mut next = 0;
+        let deadline = sent_at + due_in + Duration::from_secs(30);
+        while (seen.len() as u64) < HELD {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {HELD} delayed messages delivered",
+                seen.len()
+            );
+            let r = client
+                .pull("held", 0, next, 256, Duration::from_millis(500), &[])
+                .await
+                .unwrap();
+            for m in &r.messages {
+                seen.insert(u64::from_le_bytes(m.body()[..8].try_into().unwrap()));
+            }
+            next = r.next_offset;
+        }
+    });
+}
+
 #[test]
 fn below_the_free_space_floor_sends_get_disk_full_and_pulls_go_on() {
     let dir = tempfile::tempdir().unwrap();

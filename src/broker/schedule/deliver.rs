@@ -16,7 +16,7 @@ use crate::broker::{err, ShardCtx};
 use crate::protocol::names::{DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
 use crate::protocol::record::{prop, RecordDraft, RecordView};
 use crate::protocol::{ErrorBody, ErrorCode, MessageId};
-use crate::store::{StoreError, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
+use crate::store::{StoreError, Written, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
 
 /// Most messages one delivery turn takes from the wheel.
 pub const DELIVER_BATCH_MAX: usize = 512;
@@ -433,8 +433,9 @@ impl ShardCtx {
     }
 
     /// Moves held messages stored where retention wants to delete forward: each is copied
-    /// to a new schedule entry (same due time), and once the copies are durable a done
-    /// record takes the old entries out. A message held for days thus holds only its own
+    /// to a new schedule entry (same due time), and once the copies are durable (in the
+    /// epoch they were appended in: a full disk may cut them) a done record takes the old
+    /// entries out. A message held for days thus holds only its own
     /// bytes, not days of the shard's log. A crash in between delivers it twice.
     async fn roll_forward(self: &Rc<Self>) {
         let wanted = self
@@ -465,8 +466,13 @@ impl ShardCtx {
         if old.is_empty() {
             return;
         }
+        // No snapshot until the copies are in the wheel: one taken between would cover
+        // their offsets (the schedule's end) without them, and a restart would not read
+        // them again from the log.
+        let no_snapshot = self.snapshotting.lock().await;
         let mut moved = Vec::with_capacity(old.len());
-        let mut end = 0u64;
+        let mut copies = Vec::with_capacity(old.len());
+        let mut written: Option<Written> = None;
         for (due, off) in old {
             let Ok(buf) = self.store.read_at(SCHEDULE_TOPIC, 0, off).await else {
                 continue;
@@ -488,11 +494,8 @@ impl ShardCtx {
             };
             match self.store.append(&draft) {
                 Ok(put) => {
-                    end = end.max(put.end());
-                    self.schedule
-                        .borrow_mut()
-                        .wheel
-                        .insert(due, put.queue_offset);
+                    written = Some(written.map_or(put.written(), |w| w.max(put.written())));
+                    copies.push((due, put.queue_offset));
                     moved.push(off);
                 }
                 Err(e) => {
@@ -501,13 +504,26 @@ impl ShardCtx {
                 }
             }
         }
-        if moved.is_empty() {
+        let Some(written) = written else {
+            return;
+        };
+        // The copies count once durable: a full disk may cut them from the log (their
+        // offsets then hold other messages), and the old entries stay.
+        if let Err(e) = self.store.durable(written).await {
+            self.log_rarely(format_args!("moving held scheduled messages forward: {e}"));
             return;
         }
-        self.schedule.borrow_mut().changed = true;
+        {
+            let mut s = self.schedule.borrow_mut();
+            for (due, copy) in copies {
+                s.wheel.insert(due, copy);
+            }
+            s.changed = true;
+        }
+        drop(no_snapshot);
         // The old entries stay in the wheel (skipped when they fall due) until the done
         // record that takes them out is written.
-        if self.record_done(end, &moved).await.is_ok() {
+        if self.record_done(written.end, &moved).await.is_ok() {
             {
                 let mut s = self.schedule.borrow_mut();
                 s.superseded.extend(moved);
