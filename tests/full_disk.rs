@@ -433,6 +433,104 @@ fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
     });
 }
 
+/// Delayed sends racing a disk that fills: one whose record was cut from the log (its
+/// send answered `DiskFull`) leaves no schedule entry that fires for the message stored at
+/// its offset later. The later delayed messages are delivered at their own time, not
+/// before.
+#[test]
+fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let root = tempfile::tempdir().unwrap();
+    let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
+        return;
+    };
+    let broker = BrokerProcess::start(
+        &disk.mnt.join("data"),
+        1,
+        &["--segment-bytes", "4194304", "--disk-free-min-mb", "0"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("soon", 1).await.unwrap();
+        client.create_topic("fill", 1).await.unwrap();
+        let delayed = |body: &'static str, ms: u64| {
+            producer.send("soon", OutgoingMessage::new(body).with_delay_ms(ms))
+        };
+        // Fill the disk with 8 sends in flight and delayed sends (due in 1 s) beside them.
+        let mut fills = FuturesUnordered::new();
+        let mut soon = FuturesUnordered::new();
+        let (mut n, mut refused, mut soon_refused) = (0u64, 0, 0);
+        while refused < 8 {
+            while fills.len() < 8 {
+                fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
+                n += 1;
+            }
+            while soon.len() < 4 {
+                soon.push(delayed("soon", 1_000));
+            }
+            tokio::select! {
+                Some(r) = fills.next() => {
+                    if let Err(e) = r {
+                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                        refused += 1;
+                    }
+                }
+                Some(r) = soon.next() => {
+                    if let Err(e) = r {
+                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                        soon_refused += 1;
+                    }
+                }
+            }
+            assert!(n < 5000, "the disk never filled");
+        }
+        while let Some(r) = soon.next().await {
+            if r.is_err() {
+                soon_refused += 1;
+            }
+        }
+        drop(fills);
+        assert!(soon_refused > 0, "no delayed send met the full disk");
+        std::fs::remove_file(&ballast).unwrap();
+        // Later delayed messages take the offsets of those cut.
+        let due_in = Duration::from_secs(8);
+        let started = Instant::now();
+        let mut late = 0;
+        while late < soon_refused + 8 {
+            match delayed("late", due_in.as_millis() as u64).await {
+                Ok(_) => late += 1,
+                Err(e) => {
+                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                    assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        let sent = Instant::now();
+        let (mut next, mut got) = (0, 0);
+        while got < late {
+            assert!(
+                sent.elapsed() < due_in + Duration::from_secs(30),
+                "{got} of {late} late messages delivered"
+            );
+            let r = client
+                .pull("soon", 0, next, 256, Duration::from_millis(500), &[])
+                .await
+                .unwrap();
+            let delivered = r.messages.iter().filter(|m| m.body() == b"late").count();
+            assert!(
+                delivered == 0 || started.elapsed() >= due_in,
+                "a message due in {due_in:?} delivered after {:?}",
+                started.elapsed()
+            );
+            got += delivered;
+            next = r.next_offset;
+        }
+    });
+}
+
 #[test]
 fn below_the_free_space_floor_sends_get_disk_full_and_pulls_go_on() {
     let dir = tempfile::tempdir().unwrap();

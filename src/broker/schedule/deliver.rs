@@ -41,6 +41,16 @@ enum ReadFailure {
     Retry(String),
 }
 
+/// The scheduled record `bytes` is due after `now` (ms since the epoch): no entry of the
+/// wheel falls due before its record's time, save one left by a send a full disk cut.
+fn due_later(bytes: &[u8], now: u64) -> bool {
+    RecordView::parse(bytes).is_ok_and(|view| {
+        (view.properties().get(prop::TIMER_OUT_MS))
+            .and_then(|due| due.parse::<u64>().ok())
+            .is_some_and(|due| due > now)
+    })
+}
+
 impl ShardCtx {
     /// The delivery task of this shard's schedule; runs until the shard stops.
     pub async fn run_schedule(self: Rc<Self>) {
@@ -124,6 +134,12 @@ impl ShardCtx {
         let mut lost: Vec<u64> = Vec::new();
         for &(_, off) in due {
             match records.remove(&off) {
+                // A stale entry: the message it was made for was cut from the log by a full
+                // disk (its send failed) and its offset holds a later one now, which has an
+                // entry of its own at its own time.
+                Some(Ok(bytes)) if due_later(&bytes, now) => {
+                    self.schedule.borrow_mut().in_flight.remove(&off);
+                }
                 Some(Ok(bytes)) => match self.delivered_copy(&bytes) {
                     Ok(copy) => copies.push((off, copy)),
                     Err(e) => {
