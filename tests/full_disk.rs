@@ -69,6 +69,13 @@ fn disk_with_ballast(root: &Path, mib: u64) -> Option<(SmallDisk, PathBuf)> {
     Some((disk, ballast))
 }
 
+/// A broker of one shard on `disk`, 4 MiB segments, no free-space floor (the disk really
+/// fills).
+fn one_shard_on(disk: &SmallDisk) -> BrokerProcess {
+    let args = ["--segment-bytes", "4194304", "--disk-free-min-mb", "0"];
+    BrokerProcess::start(&disk.mnt.join("data"), 1, &args)
+}
+
 impl Drop for SmallDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
@@ -230,11 +237,7 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
     let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
         return;
     };
-    let broker = BrokerProcess::start(
-        &disk.mnt.join("data"),
-        1,
-        &["--segment-bytes", "4194304", "--disk-free-min-mb", "0"],
-    );
+    let broker = one_shard_on(&disk);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", |_| {
@@ -444,11 +447,7 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
     let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
         return;
     };
-    let broker = BrokerProcess::start(
-        &disk.mnt.join("data"),
-        1,
-        &["--segment-bytes", "4194304", "--disk-free-min-mb", "0"],
-    );
+    let broker = one_shard_on(&disk);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
