@@ -124,6 +124,26 @@ async fn send_next(
     Ok(())
 }
 
+/// Sends 64 KiB messages to topic "fill", 8 in flight, until 8 are refused with
+/// `DiskFull`; returns how many were sent (the next message's number).
+async fn fill_the_disk(producer: &Producer) -> u64 {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let mut fills = FuturesUnordered::new();
+    let (mut n, mut refused) = (0u64, 0);
+    while refused < 8 {
+        while fills.len() < 8 {
+            fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
+            n += 1;
+        }
+        if let Some(Err(e)) = fills.next().await {
+            assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+            refused += 1;
+        }
+        assert!(n < 5000, "the disk never filled");
+    }
+    n
+}
+
 fn alive(broker: &BrokerProcess) -> bool {
     broker
         .pid()
@@ -346,7 +366,6 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
 /// delayed message is delivered (at least once).
 #[test]
 fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
-    use futures_util::stream::{FuturesUnordered, StreamExt};
     use std::collections::BTreeSet;
     const HELD: u64 = 3000;
     let root = tempfile::tempdir().unwrap();
@@ -376,20 +395,7 @@ fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
         }
         // Retention wants the held messages' segments from here on: each pass moves them
         // (the schedule's floor keeps the log, so the disk fills).
-        let mut fills = FuturesUnordered::new();
-        let (mut n, mut refused) = (0u64, 0);
-        while refused < 8 {
-            while fills.len() < 8 {
-                fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
-                n += 1;
-            }
-            if let Some(Err(e)) = fills.next().await {
-                assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
-                refused += 1;
-            }
-            assert!(n < 5000, "the disk never filled");
-        }
-        drop(fills);
+        let mut n = fill_the_disk(&producer).await;
         // A little room: the next pass's copies fill it and are cut.
         let full_before = disk_fulls();
         std::fs::remove_file(&room).unwrap();
@@ -439,7 +445,8 @@ fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
 /// Delayed sends racing a disk that fills: one whose record was cut from the log (its
 /// send answered `DiskFull`) leaves no schedule entry that fires for the message stored at
 /// its offset later. The later delayed messages are delivered at their own time, not
-/// before.
+/// before, and none is lost, across a restart too (the snapshot holds both entries of such
+/// an offset).
 #[test]
 fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
     use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -447,9 +454,9 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
     let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
         return;
     };
-    let broker = one_shard_on(&disk);
+    let mut broker = one_shard_on(&disk);
     let addr = broker.addr_string();
-    runtime().block_on(async {
+    let (started, late, due_in) = runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
         let client = producer.client().clone();
         client.create_topic("soon", 1).await.unwrap();
@@ -507,6 +514,13 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
                 }
             }
         }
+        (started, late, due_in)
+    });
+    assert!(broker.stop(), "a clean stop");
+    broker.restart();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         let sent = Instant::now();
         let (mut next, mut got) = (0, 0);
         while got < late {
@@ -527,6 +541,62 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
             got += delivered;
             next = r.next_offset;
         }
+    });
+}
+
+/// An unresolved half message stored where retention wants to delete, on a disk it helped
+/// fill (it held retention back): it does not keep the disk full. It is discarded (copied
+/// to the discarded topic, when the copy fits what is left) or, if its copy does not fit,
+/// let go with its segment with a warning naming it; either way retention then frees the
+/// disk and sends are taken again with nobody freeing space.
+#[test]
+fn a_half_message_that_cannot_be_discarded_does_not_keep_a_full_disk_full() {
+    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    let root = tempfile::tempdir().unwrap();
+    let Some((disk, _ballast)) = disk_with_ballast(root.path(), 64) else {
+        return;
+    };
+    let mut args = common::SMALL_RETENTION.to_vec();
+    args.extend(["--disk-free-min-mb", "0"]);
+    let broker = BrokerProcess::start(&disk.mnt.join("data"), 1, &args);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txd", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let producer = tp.producer();
+        let client = producer.client().clone();
+        client.create_topic("td", 1).await.unwrap();
+        client.create_topic("fill", 1).await.unwrap();
+        let sent = tp
+            .send_in_transaction("td", OutgoingMessage::new("stuck"), |_| {
+                TransactionOutcome::Unknown
+            })
+            .await
+            .unwrap();
+        // The half holds retention back: the disk fills.
+        let n = fill_the_disk(producer).await;
+        let started = Instant::now();
+        while let Err(e) = producer.send("fill", OutgoingMessage::new(body(n))).await {
+            assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the disk stayed full: {e}; the broker's log: {}",
+                broker.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let list = client.list_transactions().await.unwrap();
+        assert!(list.halves.is_empty(), "{list:?}");
+        let id = sent.send.transaction_id;
+        let log = broker.stderr();
+        let discarded = (list.recently_discarded.iter()).any(|h| h.transaction_id == id);
+        let let_go =
+            log.contains("age out with retention unresolved") && log.contains(&format!("{id}"));
+        assert!(discarded || let_go, "{list:?}; {log}");
+        tp.shutdown().await;
     });
 }
 

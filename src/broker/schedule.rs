@@ -214,7 +214,10 @@ impl Schedule {
             Some(s) => {
                 for &(due, off) in &s.entries {
                     if (min..end).contains(&off) {
-                        pending.insert(off, due);
+                        // Two entries of one offset: one left by a send a full disk cut; the
+                        // later is the message stored there now.
+                        let at = pending.entry(off).or_insert(due);
+                        *at = (*at).max(due);
                     }
                 }
                 (s.schedule_end, s.done_end)

@@ -343,8 +343,9 @@ impl ShardCtx {
     /// commit a full disk then cut from the log is not taken for done (it is refused
     /// again, checked again, and can be committed once space returns).
     async fn resolve_half(&self, half: u64, outcome: u8) -> Result<(), ErrorBody> {
-        // Resolved from here on: a second outcome arriving meanwhile is answered from the
-        // resolved map instead of committing twice.
+        // Resolved from here on: a second outcome arriving meanwhile waits for this one's
+        // end (`Resolving`), then is answered from the resolved map (or resolves the half
+        // put back to pending) instead of committing twice.
         let Some(h) = self.txn.borrow_mut().pending.remove(&half) else {
             return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
         };
@@ -620,6 +621,8 @@ impl ShardCtx {
                 next_discard = std::time::Instant::now() + discard_every;
                 self.discard_halves_past_retention().await;
             }
+            // A half whose send a full disk cut holds nothing back from then on.
+            self.hold_halves();
             let now = now_ms();
             let due: Vec<(u64, Half)> = self
                 .txn
@@ -697,41 +700,53 @@ impl ShardCtx {
         let wanted = (self.store.log())
             .retention_wanted_end(crate::log::now_ms())
             .await;
-        let aged: Vec<u64> = {
-            let txn = self.txn.borrow();
-            (txn.pending.keys())
-                .filter(|&&half| {
-                    (self.store.queue_entry(HALF_TOPIC, 0, half))
-                        .is_some_and(|e| e.physical_offset < wanted)
-                })
-                .take(HALVES_DISCARDED_PER_PASS)
-                .copied()
-                .collect()
-        };
+        let mut aged = Vec::new();
+        for &half in self.txn.borrow().pending.keys() {
+            match self.store.queue_entry(HALF_TOPIC, 0, half) {
+                Some(e) if e.physical_offset < wanted => aged.push(half),
+                // The ones after it are stored later.
+                Some(_) => break,
+                // Not in the index: a send a full disk cut (it failed).
+                None => {}
+            }
+            if aged.len() == HALVES_DISCARDED_PER_PASS {
+                break;
+            }
+        }
         if aged.is_empty() {
             return;
         }
         let mut discarded = 0;
-        let mut failed = None;
+        let mut released = Vec::new();
         for &half in &aged {
             match self.resolve_half(half, OUTCOME_DISCARDED).await {
                 Ok(()) => discarded += 1,
                 // Resolved meanwhile by its producer.
                 Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
+                // Its copy cannot be written (a full disk, which only retention can give
+                // space back to) or its half read: held back, it would hold the log for
+                // ever. It ages out with its segment, said here.
                 Err(e) => {
-                    failed = Some(e);
-                    break;
+                    self.txn.borrow_mut().pending.remove(&half);
+                    released.push((half + 1, e.message));
                 }
             }
         }
-        crate::warn!(
-            "ringmq: shard {}: {discarded} unresolved transactions discarded: their half messages were stored where retention deletes; kept in {DISCARDED_TOPIC}{}",
-            self.id,
-            failed.map_or(String::new(), |e| format!(
-                "; the others stay held back from retention: {}",
-                e.message
-            ))
-        );
+        self.hold_halves();
+        if discarded > 0 {
+            crate::warn!(
+                "ringmq: shard {}: {discarded} unresolved transactions discarded: their half messages were stored where retention deletes; kept in {DISCARDED_TOPIC}",
+                self.id
+            );
+        }
+        if let Some((first, why)) = released.first() {
+            crate::warn!(
+                "ringmq: shard {}: {} unresolved transactions age out with retention unresolved, as they could not be discarded (transaction {first}: {why}); ids: {:?}",
+                self.id,
+                released.len(),
+                released.iter().map(|(id, _)| id).collect::<Vec<_>>()
+            );
+        }
     }
 
     /// On the group's coordinator: pushes a check to one live producer of the group (the

@@ -41,14 +41,12 @@ enum ReadFailure {
     Retry(String),
 }
 
-/// The scheduled record `bytes` is due after `now` (ms since the epoch): no entry of the
-/// wheel falls due before its record's time, save one left by a send a full disk cut.
-fn due_later(bytes: &[u8], now: u64) -> bool {
-    RecordView::parse(bytes).is_ok_and(|view| {
-        (view.properties().get(prop::TIMER_OUT_MS))
-            .and_then(|due| due.parse::<u64>().ok())
-            .is_some_and(|due| due > now)
-    })
+/// When the scheduled record `bytes` is due (ms since the epoch). An entry of the wheel
+/// falls due no earlier than its record (later when tried again), save one left by a send
+/// a full disk cut whose offset another message took.
+fn record_due(bytes: &[u8]) -> Option<u64> {
+    let view = RecordView::parse(bytes).ok()?;
+    view.properties().get(prop::TIMER_OUT_MS)?.parse().ok()
 }
 
 impl ShardCtx {
@@ -132,13 +130,17 @@ impl ShardCtx {
         let now = now_ms();
         let mut copies: Vec<(u64, OwnedDraft)> = Vec::with_capacity(due.len());
         let mut lost: Vec<u64> = Vec::new();
-        for &(_, off) in due {
+        for &(entry_due, off) in due {
             match records.remove(&off) {
                 // A stale entry: the message it was made for was cut from the log by a full
-                // disk (its send failed) and its offset holds a later one now, which has an
-                // entry of its own at its own time.
-                Some(Ok(bytes)) if due_later(&bytes, now) => {
-                    self.schedule.borrow_mut().in_flight.remove(&off);
+                // disk (its send failed) and its offset holds a later one now. It moves to
+                // that one's own time (which a duplicate entry there delivers twice rather
+                // than a lost one never).
+                Some(Ok(bytes)) if record_due(&bytes).is_some_and(|own| own > entry_due) => {
+                    let own = record_due(&bytes).unwrap_or(entry_due);
+                    let mut s = self.schedule.borrow_mut();
+                    s.in_flight.remove(&off);
+                    s.wheel.insert(own, off);
                 }
                 Some(Ok(bytes)) => match self.delivered_copy(&bytes) {
                     Ok(copy) => copies.push((off, copy)),
