@@ -436,35 +436,38 @@ fn check_queue_exclusion(events: &[Event], victim: &str, kill_ns: u64) {
         .filter(|e| !e.start_only)
         .map(|e| (e.client.as_str(), e.queue, e.offset))
         .collect();
-    let mut by_queue: BTreeMap<u32, Vec<(u64, u64, &str, u64)>> = BTreeMap::new();
+    let mut by_queue: BTreeMap<u32, Vec<(u64, u64, &str, u64, &str)>> = BTreeMap::new();
     let mut unfinished = 0;
     for e in events {
-        let end = match (e.start_only, e.end_ns) {
-            (false, Some(end)) => end,
+        let (end, how) = match (e.start_only, e.end_ns) {
+            (false, Some(end)) => (end, "finished"),
             (true, _) if finished.contains(&(e.client.as_str(), e.queue, e.offset)) => continue,
             (true, _) => {
                 assert_eq!(e.client, victim, "a survivor left {e:?} unfinished");
                 unfinished += 1;
                 // It may have begun in those microseconds itself.
-                kill_ns.max(e.start_ns)
+                (kill_ns.max(e.start_ns), "unfinished, up to the kill")
             }
             (false, None) => unreachable!(),
         };
         assert!(end >= e.start_ns, "{e:?}");
-        by_queue
-            .entry(e.queue)
-            .or_default()
-            .push((e.start_ns, end, e.client.as_str(), e.offset));
+        by_queue.entry(e.queue).or_default().push((
+            e.start_ns,
+            end,
+            e.client.as_str(),
+            e.offset,
+            how,
+        ));
     }
     eprintln!("the killed consumer left {unfinished} message(s) unfinished");
     for (queue, mut intervals) in by_queue {
         intervals.sort();
         for pair in intervals.windows(2) {
-            let ((s0, e0, c0, o0), (s1, e1, c1, o1)) = (pair[0], pair[1]);
+            let ((s0, e0, c0, o0, h0), (s1, e1, c1, o1, h1)) = (pair[0], pair[1]);
             assert!(
                 s1 >= e0,
-                "queue {queue}: {c0} processed offset {o0} in [{s0}, {e0}] and {c1} offset \
-                 {o1} in [{s1}, {e1}]: they overlap"
+                "queue {queue}: {c0} processed offset {o0} in [{s0}, {e0}] ({h0}) and {c1} \
+                 offset {o1} in [{s1}, {e1}] ({h1}): they overlap"
             );
         }
     }
