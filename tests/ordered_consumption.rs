@@ -436,7 +436,9 @@ fn check_queue_exclusion(events: &[Event], victim: &str, kill_ns: u64) {
         .filter(|e| !e.start_only)
         .map(|e| (e.client.as_str(), e.queue, e.offset))
         .collect();
-    let mut by_queue: BTreeMap<u32, Vec<(u64, u64, &str, u64, &str)>> = BTreeMap::new();
+    // (start, end, client, offset, finished or not) by queue.
+    type Interval<'a> = (u64, u64, &'a str, u64, &'static str);
+    let mut by_queue: BTreeMap<u32, Vec<Interval>> = BTreeMap::new();
     let mut unfinished = 0;
     for e in events {
         let (end, how) = match (e.start_only, e.end_ns) {
