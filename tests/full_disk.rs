@@ -126,6 +126,25 @@ async fn send_next(
 
 /// Sends 64 KiB messages to topic "fill", 8 in flight, until 8 are refused with
 /// `DiskFull`; returns how many were sent (the next message's number).
+/// A transaction producer of `group` whose checks are answered "unknown", with topics
+/// `topic` and "fill" (one queue each) created.
+async fn transaction_producer(
+    addr: &str,
+    group: &str,
+    topic: &str,
+) -> ringmq::client::TransactionProducer {
+    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    let tp = TransactionProducer::start(ClientConfig::new(addr), group, |_| {
+        TransactionOutcome::Unknown
+    })
+    .await
+    .unwrap();
+    let client = tp.producer().client();
+    client.create_topic(topic, 1).await.unwrap();
+    client.create_topic("fill", 1).await.unwrap();
+    tp
+}
+
 async fn fill_the_disk(producer: &Producer) -> u64 {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut fills = FuturesUnordered::new();
@@ -242,6 +261,94 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
     });
 }
 
+/// Transactional sends racing a disk that fills: the half messages of those the full disk
+/// cut from the log (their sends answered `DiskFull`) are not listed as unresolved for
+/// ever (they were, until another half took their offset); those taken stay listed.
+#[test]
+fn halves_of_transactional_sends_cut_by_a_full_disk_are_not_listed_as_unresolved() {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    use ringmq::client::TransactionOutcome;
+    use std::collections::BTreeSet;
+    let root = tempfile::tempdir().unwrap();
+    let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
+        return;
+    };
+    let broker = one_shard_on(&disk);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = transaction_producer(&addr, "txc", "tc").await;
+        let producer = tp.producer();
+        let client = producer.client().clone();
+        let half = |i: u64| {
+            let m = OutgoingMessage::new(i.to_le_bytes().to_vec());
+            tp.send_in_transaction("tc", m, |_| TransactionOutcome::Unknown)
+        };
+        // Fill the disk with 8 sends in flight and 4 transactional sends beside them.
+        let (mut fills, mut halves) = (FuturesUnordered::new(), FuturesUnordered::new());
+        let (mut n, mut i, mut refused) = (0u64, 0u64, 0);
+        let (mut taken, mut halves_refused) = (BTreeSet::new(), 0);
+        while refused < 8 {
+            while fills.len() < 8 {
+                fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
+                n += 1;
+            }
+            while halves.len() < 4 {
+                halves.push(half(i));
+                i += 1;
+            }
+            tokio::select! {
+                Some(r) = fills.next() => {
+                    if let Err(e) = r {
+                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                        refused += 1;
+                    }
+                }
+                Some(r) = halves.next() => match r {
+                    Ok(r) => {
+                        taken.insert(r.send.transaction_id);
+                    }
+                    Err(e) => {
+                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                        halves_refused += 1;
+                    }
+                },
+            }
+            assert!(n < 5000, "the disk never filled");
+        }
+        while let Some(r) = halves.next().await {
+            match r {
+                Ok(r) => {
+                    taken.insert(r.send.transaction_id);
+                }
+                Err(_) => halves_refused += 1,
+            }
+        }
+        drop((fills, halves));
+        assert!(
+            halves_refused > 0,
+            "no transactional send met the full disk"
+        );
+        std::fs::remove_file(&ballast).unwrap();
+        let started = Instant::now();
+        loop {
+            let list = client.list_transactions().await.unwrap();
+            let listed: BTreeSet<u64> = list.halves.iter().map(|h| h.transaction_id).collect();
+            if listed == taken {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{} listed as unresolved, not taken ({halves_refused} refused); {} taken, not \
+                 listed",
+                listed.difference(&taken).count(),
+                taken.difference(&listed).count()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tp.shutdown().await;
+    });
+}
+
 /// Commits racing a disk that fills: a commit answered with an error is not taken for done
 /// (its append may have been accepted, then cut from the log with the write that found
 /// the disk full): a repeat is refused again, never answered "committed" from memory; a
@@ -251,7 +358,7 @@ fn a_full_disk_answers_disk_full_keeps_serving_and_takes_sends_again_when_space_
 #[test]
 fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
     use futures_util::stream::{FuturesUnordered, StreamExt};
-    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    use ringmq::client::TransactionOutcome;
     use std::collections::BTreeSet;
     let root = tempfile::tempdir().unwrap();
     let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
@@ -260,15 +367,9 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
     let broker = one_shard_on(&disk);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
+        let tp = transaction_producer(&addr, "txf", "tf").await;
         let producer = tp.producer();
         let client = producer.client().clone();
-        client.create_topic("tf", 1).await.unwrap();
-        client.create_topic("fill", 1).await.unwrap();
         let mut open = Vec::new();
         for i in 0..400u64 {
             let message = OutgoingMessage::new(i.to_le_bytes().to_vec());
@@ -442,6 +543,103 @@ fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
     });
 }
 
+/// Creates topics "soon" and "fill" (one queue each) and fills the disk with sends to
+/// "fill" (8 in flight) beside delayed sends to "soon" due in `due_ms` (4 in flight, bodies
+/// `soon-<n>`), until 8 fills are refused; some delayed sends meet the full disk. Returns
+/// the bodies of the delayed sends taken and how many were refused.
+async fn fill_beside_delayed_sends(producer: &Producer, due_ms: u64) -> (Vec<String>, usize) {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let client = producer.client().clone();
+    client.create_topic("soon", 1).await.unwrap();
+    client.create_topic("fill", 1).await.unwrap();
+    let delayed = |n: u64| async move {
+        let body = format!("soon-{n}");
+        let m = OutgoingMessage::new(body.clone()).with_delay_ms(due_ms);
+        (body, producer.send("soon", m).await)
+    };
+    let mut fills = FuturesUnordered::new();
+    let mut soon = FuturesUnordered::new();
+    let (mut n, mut refused, mut soon_n) = (0u64, 0, 0u64);
+    let (mut taken, mut soon_refused) = (Vec::new(), 0);
+    let mut delayed_ended = |(body, r): (String, Result<_, ClientError>)| match r {
+        Ok(_) => taken.push(body),
+        Err(e) => {
+            assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+            soon_refused += 1;
+        }
+    };
+    while refused < 8 {
+        while fills.len() < 8 {
+            fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
+            n += 1;
+        }
+        while soon.len() < 4 {
+            soon.push(delayed(soon_n));
+            soon_n += 1;
+        }
+        tokio::select! {
+            Some(r) = fills.next() => {
+                if let Err(e) = r {
+                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                    refused += 1;
+                }
+            }
+            Some(ended) = soon.next() => delayed_ended(ended),
+        }
+        assert!(n < 5000, "the disk never filled");
+    }
+    while let Some(ended) = soon.next().await {
+        delayed_ended(ended);
+    }
+    assert!(soon_refused > 0, "no delayed send met the full disk");
+    (taken, soon_refused)
+}
+
+/// Delayed sends racing a disk that fills, and no delayed send after: the schedule entries
+/// left by those the full disk cut (whose offsets no message took again) are dropped once
+/// due, rather than tried again every few milliseconds for ever, and every delayed send
+/// taken is delivered.
+#[test]
+fn schedule_entries_of_delayed_sends_cut_by_a_full_disk_do_not_stay_pending() {
+    let root = tempfile::tempdir().unwrap();
+    let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
+        return;
+    };
+    let broker = one_shard_on(&disk);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let (taken, refused) = fill_beside_delayed_sends(&producer, 1_000).await;
+        std::fs::remove_file(&ballast).unwrap();
+        let client = producer.client();
+        let started = Instant::now();
+        let (mut delivered, mut next) = (std::collections::BTreeSet::new(), 0);
+        loop {
+            let stats = client.schedule_stats().await.unwrap();
+            let pending: u64 = stats.iter().map(|s| s.pending).sum();
+            let r = client
+                .pull("soon", 0, next, 256, Duration::from_millis(200), &[])
+                .await
+                .unwrap();
+            delivered.extend(r.messages.iter().map(|m| m.body().to_vec()));
+            next = r.next_offset;
+            if pending == 0 && taken.iter().all(|b| delivered.contains(b.as_bytes())) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{pending} entries still pending ({refused} delayed sends refused); {} of {} \
+                 taken delivered",
+                taken
+                    .iter()
+                    .filter(|b| delivered.contains(b.as_bytes()))
+                    .count(),
+                taken.len()
+            );
+        }
+    });
+}
+
 /// Delayed sends racing a disk that fills: one whose record was cut from the log (its
 /// send answered `DiskFull`) leaves no schedule entry that fires for the message stored at
 /// its offset later. The later delayed messages are delivered at their own time, not
@@ -449,7 +647,6 @@ fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
 /// an offset).
 #[test]
 fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
-    use futures_util::stream::{FuturesUnordered, StreamExt};
     let root = tempfile::tempdir().unwrap();
     let Some((disk, ballast)) = disk_with_ballast(root.path(), 64) else {
         return;
@@ -458,52 +655,15 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
     let addr = broker.addr_string();
     let (started, late, due_in) = runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
-        let client = producer.client().clone();
-        client.create_topic("soon", 1).await.unwrap();
-        client.create_topic("fill", 1).await.unwrap();
-        let delayed = |body: &'static str, ms: u64| {
-            producer.send("soon", OutgoingMessage::new(body).with_delay_ms(ms))
-        };
-        // Fill the disk with 8 sends in flight and delayed sends (due in 1 s) beside them.
-        let mut fills = FuturesUnordered::new();
-        let mut soon = FuturesUnordered::new();
-        let (mut n, mut refused, mut soon_refused) = (0u64, 0, 0);
-        while refused < 8 {
-            while fills.len() < 8 {
-                fills.push(producer.send("fill", OutgoingMessage::new(body(n))));
-                n += 1;
-            }
-            while soon.len() < 4 {
-                soon.push(delayed("soon", 1_000));
-            }
-            tokio::select! {
-                Some(r) = fills.next() => {
-                    if let Err(e) = r {
-                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
-                        refused += 1;
-                    }
-                }
-                Some(r) = soon.next() => {
-                    if let Err(e) = r {
-                        assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
-                        soon_refused += 1;
-                    }
-                }
-            }
-            assert!(n < 5000, "the disk never filled");
-        }
-        while let Some(r) = soon.next().await {
-            if r.is_err() {
-                soon_refused += 1;
-            }
-        }
-        drop(fills);
-        assert!(soon_refused > 0, "no delayed send met the full disk");
+        let (_, soon_refused) = fill_beside_delayed_sends(&producer, 1_000).await;
         std::fs::remove_file(&ballast).unwrap();
         // Later delayed messages take the offsets of those cut.
         let due_in = Duration::from_secs(8);
         let started = Instant::now();
         let mut late = 0;
+        let delayed = |body: &'static str, ms: u64| {
+            producer.send("soon", OutgoingMessage::new(body).with_delay_ms(ms))
+        };
         while late < soon_refused + 8 {
             match delayed("late", due_in.as_millis() as u64).await {
                 Ok(_) => late += 1,
@@ -551,7 +711,7 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
 /// disk and sends are taken again with nobody freeing space.
 #[test]
 fn a_half_message_that_cannot_be_discarded_does_not_keep_a_full_disk_full() {
-    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    use ringmq::client::TransactionOutcome;
     let root = tempfile::tempdir().unwrap();
     let Some((disk, _ballast)) = disk_with_ballast(root.path(), 64) else {
         return;
@@ -561,15 +721,9 @@ fn a_half_message_that_cannot_be_discarded_does_not_keep_a_full_disk_full() {
     let broker = BrokerProcess::start(&disk.mnt.join("data"), 1, &args);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txd", |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
+        let tp = transaction_producer(&addr, "txd", "td").await;
         let producer = tp.producer();
         let client = producer.client().clone();
-        client.create_topic("td", 1).await.unwrap();
-        client.create_topic("fill", 1).await.unwrap();
         let sent = tp
             .send_in_transaction("td", OutgoingMessage::new("stuck"), |_| {
                 TransactionOutcome::Unknown

@@ -405,6 +405,26 @@ impl ShardCtx {
         self.store.set_retention_floor(Holder::Transactions, floor);
     }
 
+    /// Pending halves at or past the next offset of the halves' queue were cut from the log
+    /// with the write that found the disk full, and their sends refused: no producer ends
+    /// them, and nothing is stored to check or discard. They leave the list (a half that
+    /// takes such an offset later is listed as it is appended).
+    fn forget_cut_halves(&self) {
+        let Ok(Some(next)) = self.store.queue_next_offset(HALF_TOPIC, 0) else {
+            return;
+        };
+        let cut = self.txn.borrow_mut().pending.split_off(&next);
+        if let (Some(first), Some(last)) = (cut.keys().next(), cut.keys().next_back()) {
+            crate::warn!(
+                "ringmq: shard {}: {} half message(s) (transactions {}..={}) were cut from the log by a full disk, their sends refused: no longer listed as unresolved",
+                self.id,
+                cut.len(),
+                first + 1,
+                last + 1
+            );
+        }
+    }
+
     /// Appends what an outcome writes; returns the put of the message's copy (commit,
     /// discard) and of the op record.
     async fn write_outcome(
@@ -621,6 +641,7 @@ impl ShardCtx {
                 next_discard = std::time::Instant::now() + discard_every;
                 self.discard_halves_past_retention().await;
             }
+            self.forget_cut_halves();
             // A half whose send a full disk cut holds nothing back from then on.
             self.hold_halves();
             let now = now_ms();

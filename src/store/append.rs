@@ -282,6 +282,19 @@ impl MessageStore {
         true
     }
 
+    /// The queue offset the next message of a queue will get, counting every append so far
+    /// (written or not) once a cut of the log is caught up with; `None` for a queue not open
+    /// here. A queue offset at or past it names no message, stored or on its way.
+    pub fn queue_next_offset(&self, topic: &str, queue_id: u32) -> Result<Option<u64>, StoreError> {
+        if self.inner.log.epoch() != self.inner.seen_epoch.get() {
+            self.forget_cut()?;
+        }
+        let queues = self.inner.queues.borrow();
+        Ok(queues
+            .get(&(topic.to_owned(), queue_id))
+            .map(|q| q.cq.max_offset()))
+    }
+
     /// What every append checks first (free space, a cut of the log to catch up with);
     /// returns the store timestamp of what it appends.
     fn before_append(&self) -> Result<i64, StoreError> {

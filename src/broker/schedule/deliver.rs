@@ -35,6 +35,10 @@ const LOG_EVERY_MS: u64 = 60_000;
 enum ReadFailure {
     /// Appended but not written yet: try again in a moment.
     NotReady,
+    /// No message has the offset: the entry's send was cut from the log by a full disk (and
+    /// refused) and no later message took the offset yet. Nothing can ever be delivered for the entry (a message that takes the
+    /// offset later comes with an entry of its own).
+    NoMessage,
     /// Gone (retention) or damaged: it can never be delivered.
     Lost(String),
     /// An I/O error: try again later.
@@ -154,6 +158,17 @@ impl ShardCtx {
                 },
                 Some(Err(ReadFailure::NotReady)) => {
                     self.retry_later([off], now + NOT_YET_WRITTEN_MS)
+                }
+                Some(Err(ReadFailure::NoMessage)) => {
+                    // Tried again every few milliseconds, it would wait for ever when no
+                    // delayed send comes.
+                    self.log_rarely(format_args!(
+                        "schedule entry {off} (due {entry_due}) names no stored message: its \
+                         send was cut from the log (a full disk) and refused; dropped"
+                    ));
+                    let mut s = self.schedule.borrow_mut();
+                    s.in_flight.remove(&off);
+                    s.changed = true;
                 }
                 Some(Err(ReadFailure::Lost(why))) => {
                     self.log_rarely(format_args!(
@@ -393,7 +408,11 @@ impl ShardCtx {
                     i += n.min(run);
                 }
                 Ok(_) | Err(StoreError::OffsetTooBig { .. }) => {
-                    out.insert(start, Err(ReadFailure::NotReady));
+                    let failure = match self.store.queue_next_offset(SCHEDULE_TOPIC, 0) {
+                        Ok(Some(next)) if start >= next => ReadFailure::NoMessage,
+                        _ => ReadFailure::NotReady,
+                    };
+                    out.insert(start, Err(failure));
                     i += 1;
                 }
                 Err(e @ (StoreError::OffsetTooSmall { .. } | StoreError::Log(_))) => {
