@@ -124,8 +124,6 @@ async fn send_next(
     Ok(())
 }
 
-/// Sends 64 KiB messages to topic "fill", 8 in flight, until 8 are refused with
-/// `DiskFull`; returns how many were sent (the next message's number).
 /// A transaction producer of `group` whose checks are answered "unknown", with topics
 /// `topic` and "fill" (one queue each) created.
 async fn transaction_producer(
@@ -145,6 +143,8 @@ async fn transaction_producer(
     tp
 }
 
+/// Sends 64 KiB messages to topic "fill", 8 in flight, until 8 are refused with
+/// `DiskFull`; returns how many were sent (the next message's number).
 async fn fill_the_disk(producer: &Producer) -> u64 {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut fills = FuturesUnordered::new();
@@ -320,7 +320,10 @@ fn halves_of_transactional_sends_cut_by_a_full_disk_are_not_listed_as_unresolved
                 Ok(r) => {
                     taken.insert(r.send.transaction_id);
                 }
-                Err(_) => halves_refused += 1,
+                Err(e) => {
+                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                    halves_refused += 1;
+                }
             }
         }
         drop((fills, halves));
@@ -345,6 +348,13 @@ fn halves_of_transactional_sends_cut_by_a_full_disk_are_not_listed_as_unresolved
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Some were there to take off the list (not all refused sends leave one: a send
+        // refused before its append leaves none).
+        let log = broker.stderr();
+        assert!(
+            log.contains("were cut from the log by a full disk"),
+            "{log}"
+        );
         tp.shutdown().await;
     });
 }
@@ -637,6 +647,10 @@ fn schedule_entries_of_delayed_sends_cut_by_a_full_disk_do_not_stay_pending() {
                 taken.len()
             );
         }
+        // Some were there to drop (not all refused sends leave one: a send refused before
+        // its append leaves none).
+        let log = broker.stderr();
+        assert!(log.contains("named no stored message dropped"), "{log}");
     });
 }
 

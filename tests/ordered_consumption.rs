@@ -427,7 +427,8 @@ fn check_key_order(events: &[Event], victim: &str, kill_ns: u64) -> OrderSummary
 /// same message (seen once: 80 µs after it). The death itself comes before the close, and
 /// so before any release of its locks by the broker; a consumer beginning in the few
 /// microseconds between the `kill` call and the death would need the broker to release a
-/// live member's locks, which would show before the kill too (session expiry).
+/// live member's locks just then, which this check misses (a cause that does it, such as
+/// a session expiring, would mostly show before the kill).
 /// Survivors stop cleanly, so none of theirs may be left unfinished.
 fn check_queue_exclusion(events: &[Event], victim: &str, kill_ns: u64) {
     // (client, queue, offset) of every finished message.

@@ -36,8 +36,8 @@ enum ReadFailure {
     /// Appended but not written yet: try again in a moment.
     NotReady,
     /// No message has the offset: the entry's send was cut from the log by a full disk (and
-    /// refused) and no later message took the offset yet. Nothing can ever be delivered for the entry (a message that takes the
-    /// offset later comes with an entry of its own).
+    /// refused) and no later message took the offset yet. Nothing can ever be delivered for
+    /// the entry (a message that takes the offset later comes with an entry of its own).
     NoMessage,
     /// Gone (retention) or damaged: it can never be delivered.
     Lost(String),
@@ -134,6 +134,7 @@ impl ShardCtx {
         let now = now_ms();
         let mut copies: Vec<(u64, OwnedDraft)> = Vec::with_capacity(due.len());
         let mut lost: Vec<u64> = Vec::new();
+        let mut no_message: Vec<u64> = Vec::new();
         for &(entry_due, off) in due {
             match records.remove(&off) {
                 // A stale entry: the message it was made for was cut from the log by a full
@@ -162,13 +163,10 @@ impl ShardCtx {
                 Some(Err(ReadFailure::NoMessage)) => {
                     // Tried again every few milliseconds, it would wait for ever when no
                     // delayed send comes.
-                    self.log_rarely(format_args!(
-                        "schedule entry {off} (due {entry_due}) names no stored message: its \
-                         send was cut from the log (a full disk) and refused; dropped"
-                    ));
                     let mut s = self.schedule.borrow_mut();
                     s.in_flight.remove(&off);
                     s.changed = true;
+                    no_message.push(off);
                 }
                 Some(Err(ReadFailure::Lost(why))) => {
                     self.log_rarely(format_args!(
@@ -187,6 +185,13 @@ impl ShardCtx {
                     self.retry_later([off], now + NOT_YET_WRITTEN_MS);
                 }
             }
+        }
+        if let (Some(first), Some(last)) = (no_message.iter().min(), no_message.iter().max()) {
+            crate::warn!(
+                "ringmq: shard {}: schedule entries that named no stored message dropped ({}, offsets {first}..={last}): their delayed sends were cut from the log by a full disk, and refused",
+                self.id,
+                no_message.len()
+            );
         }
         if !lost.is_empty() {
             self.schedule.borrow_mut().undeliverable_total += lost.len() as u64;
@@ -408,12 +413,19 @@ impl ShardCtx {
                     i += n.min(run);
                 }
                 Ok(_) | Err(StoreError::OffsetTooBig { .. }) => {
-                    let failure = match self.store.queue_next_offset(SCHEDULE_TOPIC, 0) {
-                        Ok(Some(next)) if start >= next => ReadFailure::NoMessage,
-                        _ => ReadFailure::NotReady,
-                    };
-                    out.insert(start, Err(failure));
-                    i += 1;
+                    match self.store.queue_next_offset(SCHEDULE_TOPIC, 0) {
+                        // So is every offset of the run after it.
+                        Ok(Some(next)) if start >= next => {
+                            for &off in &offsets[i..i + run] {
+                                out.insert(off, Err(ReadFailure::NoMessage));
+                            }
+                            i += run;
+                        }
+                        _ => {
+                            out.insert(start, Err(ReadFailure::NotReady));
+                            i += 1;
+                        }
+                    }
                 }
                 Err(e @ (StoreError::OffsetTooSmall { .. } | StoreError::Log(_))) => {
                     let failure = match &e {
