@@ -277,3 +277,18 @@ fn a_spare_that_cannot_be_made_is_asked_again_only_after_the_next_roll() {
     assert_eq!(queue.spares().rolls_inline(), 1);
     give_spare(&mut queue);
 }
+
+/// A queue asks for its next file `SPARE_LEAD_BYTES` of entries (1 MiB) before its last
+/// file's end (a fast queue must not reach the end before the pool made it), not earlier.
+#[test]
+fn the_spare_is_asked_for_a_lead_ahead_of_the_end() {
+    let lead = crate::index::consume_queue::spare::SPARE_LEAD_BYTES / CQ_ENTRY_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let per_file = 4 * lead;
+    let mut queue = open(dir.path(), per_file);
+    let ask_at = per_file - lead;
+    append(&mut queue, 0..ask_at - 1);
+    assert!(queue.spare_ahead().is_none(), "asked too early");
+    append(&mut queue, ask_at - 1..ask_at);
+    assert!(queue.spare_ahead().is_some(), "not asked a lead ahead");
+}
