@@ -705,6 +705,48 @@ async fn a_deleted_topic_stays_deleted_after_a_crash() {
     assert_eq!(bodies.len(), 3);
 }
 
+/// A position past a queue's end within one run of the broker (a consumer that followed a
+/// topic deleted and created again) is sent back to the queue's start, not to its end: the
+/// new topic's messages below that position are delivered, not skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_past_the_end_of_a_topic_created_again_goes_back_to_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let client = Client::connect(config(&broker.addr_string(), true))
+        .await
+        .unwrap();
+    client.create_topic("again", 1).await.unwrap();
+    let producer = Producer::from_client(client.clone(), Default::default());
+    let send = |body: String| producer.send("again", OutgoingMessage::new(body));
+    for i in 0..50 {
+        send(format!("old-{i}")).await.unwrap();
+    }
+    let old = client
+        .pull("again", 0, 0, 64, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    assert_eq!(old.next_offset, 50);
+    client.delete_topic("again").await.unwrap();
+    client.create_topic("again", 1).await.unwrap();
+    for i in 0..3 {
+        send(format!("new-{i}")).await.unwrap();
+    }
+    let stale = client
+        .pull("again", 0, old.next_offset, 64, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (stale.status, stale.next_offset, stale.max_offset),
+        (PullStatus::OffsetTooBig, 0, 3)
+    );
+    let new = client
+        .pull("again", 0, stale.next_offset, 64, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    let bodies: Vec<&[u8]> = new.messages.iter().map(|m| m.body()).collect();
+    assert_eq!(bodies, [&b"new-0"[..], b"new-1", b"new-2"]);
+}
+
 /// A body can hold the bytes of a whole, valid record, placed so that the physical offset
 /// inside it names the body's own place in the log. Read by that offset it would be a
 /// message with a topic and properties the sender chose (here a topic it never sent to);

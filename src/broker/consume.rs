@@ -250,12 +250,18 @@ impl ShardCtx {
                         .map_err(store_error)?;
                     return status(PullStatus::OffsetTooSmall, min, min, max);
                 }
+                // Past the end within this run (a position read under an earlier one was
+                // looked at above): nothing this run served is there, so the position names
+                // another queue, such as one of a topic deleted and created again, whose
+                // new messages sit below it. Back to the queue's start, as RocketMQ does
+                // for a queue that lost nothing to retention (to its end otherwise, which
+                // would skip those messages): delivered again, never skipped.
                 Err(StoreError::OffsetTooBig { max, .. }) => {
                     let (min, _) = self
                         .store
                         .queue_range(&p.topic, p.queue_id)
                         .map_err(store_error)?;
-                    return status(PullStatus::OffsetTooBig, max, min, max);
+                    return status(PullStatus::OffsetTooBig, min, min, max);
                 }
                 Err(e) => return Err(store_error(e)),
             }

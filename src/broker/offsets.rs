@@ -273,11 +273,11 @@ impl OffsetStore {
     /// A write taken by [`take_io`](Self::take_io) failed: it is done again next time.
     pub fn write_failed(&mut self, io: OffsetsIo) {
         match io {
-            OffsetsIo::Append { bytes, .. } => {
-                let mut again = bytes;
-                again.extend_from_slice(&self.pending);
-                self.pending = again;
-            }
+            // Part of it may be in the file: the replay at the next start would stop at the
+            // record cut there, before everything appended after it (a later lowering or
+            // reset among them). The file is written whole again instead (the map holds
+            // every offset the lost bytes carried).
+            OffsetsIo::Append { .. } => self.rewrite = true,
             OffsetsIo::Rewrite { .. } => self.rewrite = true,
         }
     }
@@ -426,6 +426,32 @@ mod tests {
         assert_eq!(s.get("g", "t", 1), Some(12));
         assert_eq!(s.get("g2", "t", 0), Some(3), "a reset may go backwards");
         assert_eq!(s.get("g", "t", 0), None);
+    }
+
+    #[test]
+    fn an_append_that_failed_part_way_is_not_where_the_replay_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 1);
+        let (io, covered) = s.take_io().unwrap();
+        s.written(covered, io.run().unwrap());
+        s.commit("g", "t", 1, 5);
+        let (io, _) = s.take_io().unwrap();
+        // Half of the write lands, then it fails (a full disk).
+        let OffsetsIo::Append { file, bytes } = &io else {
+            panic!("an append, not a rewrite");
+        };
+        (&**file).write_all(&bytes[..bytes.len() / 2]).unwrap();
+        s.write_failed(io);
+        s.commit("g", "t", 2, 7);
+        while let Some((io, covered)) = s.take_io() {
+            s.written(covered, io.run().unwrap());
+        }
+        drop(s);
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.get("g", "t", 0), Some(1));
+        assert_eq!(s.get("g", "t", 1), Some(5));
+        assert_eq!(s.get("g", "t", 2), Some(7));
     }
 
     #[test]

@@ -134,6 +134,8 @@ impl ShardCtx {
         let now = now_ms();
         let mut copies: Vec<(u64, OwnedDraft)> = Vec::with_capacity(due.len());
         let mut lost: Vec<u64> = Vec::new();
+        // Why the first of them was lost.
+        let mut lost_why = String::new();
         let mut no_message: Vec<u64> = Vec::new();
         for &(entry_due, off) in due {
             match records.remove(&off) {
@@ -150,10 +152,9 @@ impl ShardCtx {
                 Some(Ok(bytes)) => match self.delivered_copy(&bytes) {
                     Ok(copy) => copies.push((off, copy)),
                     Err(e) => {
-                        self.log_rarely(format_args!(
-                            "scheduled message {off} cannot be delivered ({}); counted as undeliverable",
-                            e.message
-                        ));
+                        if lost.is_empty() {
+                            lost_why = format!("{off} cannot be delivered: {}", e.message);
+                        }
                         lost.push(off);
                     }
                 },
@@ -169,9 +170,9 @@ impl ShardCtx {
                     no_message.push(off);
                 }
                 Some(Err(ReadFailure::Lost(why))) => {
-                    self.log_rarely(format_args!(
-                        "scheduled message {off} is unreadable ({why}); counted as undeliverable"
-                    ));
+                    if lost.is_empty() {
+                        lost_why = format!("{off} is unreadable: {why}");
+                    }
                     lost.push(off);
                 }
                 Some(Err(ReadFailure::Retry(why))) => {
@@ -191,6 +192,14 @@ impl ShardCtx {
                 "ringmq: shard {}: schedule entries that named no stored message dropped ({}, offsets {first}..={last}): their delayed sends were cut from the log by a full disk, and refused",
                 self.id,
                 no_message.len()
+            );
+        }
+        if let (Some(first), Some(last)) = (lost.iter().min(), lost.iter().max()) {
+            // Every time, not under the once-a-minute budget: these messages are gone.
+            crate::warn!(
+                "ringmq: shard {}: scheduled messages that cannot be delivered dropped ({}, offsets {first}..={last}; {lost_why}); counted as undeliverable",
+                self.id,
+                lost.len()
             );
         }
         if !lost.is_empty() {
