@@ -13,6 +13,7 @@ use ringmq::client::{
     ClientConfig, ConsumeFrom, ConsumeStatus, MessageModel, OutgoingMessage, Producer, PullStatus,
     PushConsumer, PushConsumerOptions,
 };
+use ringmq::protocol::ErrorCode;
 use tokio::sync::Notify;
 
 fn config(addr: &str, shard_aware: bool) -> ClientConfig {
@@ -272,6 +273,44 @@ async fn failed_commits_are_reported_and_counted() {
 }
 
 /// A one-shard sync-flush broker on a new data directory (in the returned temp dir).
+/// A message a consumer received, then lost in a crash, whose place in the log a later
+/// message took: sending it back (its listener failed) is refused, instead of the later
+/// message being copied to the retry topic in its stead while the lost one counted as sent
+/// back (the consumer then consumes it again itself). A message still stored goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
+    let (_dir, data, mut broker) = sync_broker();
+    let sent = send_old(&broker.addr_string(), 20).await;
+    let received = connect(&broker.addr_string())
+        .await
+        .client()
+        .pull("lost", 0, 0, 32, Duration::ZERO, &[])
+        .await
+        .unwrap()
+        .messages;
+    assert_eq!(received.len(), 20);
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    let producer = connect(&broker.addr_string()).await;
+    let taken = producer
+        .send("lost", OutgoingMessage::new("new-0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        taken.physical_offset, sent[15].physical_offset,
+        "the same place"
+    );
+    let client = producer.client();
+    let err = client
+        .send_back_received("g", &received[15], 0, 16)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::OffsetNotFound), "{err}");
+    client
+        .send_back_received("g", &received[3], 0, 16)
+        .await
+        .unwrap();
+}
+
 fn sync_broker() -> (tempfile::TempDir, std::path::PathBuf, BrokerProcess) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");

@@ -104,6 +104,15 @@ impl ShardCtx {
     ) -> Result<SendBackResult, ErrorBody> {
         let buf = self.read_by_msg_id(&m.msg_id).await?;
         let view = RecordView::parse(&buf).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
+        if m.record_crc != 0 && view.crc() != m.record_crc {
+            return Err(err(
+                ErrorCode::OffsetNotFound,
+                format!(
+                    "message {} is not the one consumed (the record there has another CRC): a crash lost it, and a later message took its place",
+                    m.msg_id
+                ),
+            ));
+        }
         let (dead_lettered, draft) = self.retry_copy(&m, &view)?;
         self.ensure_system_topic(&draft.topic).await?;
         let reconsume_times = draft.reconsume_times;

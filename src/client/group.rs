@@ -19,7 +19,7 @@ use crate::protocol::{
 };
 
 use super::error::{ClientError, Result};
-use super::message::check_topic;
+use super::message::{check_topic, Message};
 use super::session::{expect_empty, unexpected, Client, Route};
 use super::tag_filter::MessageSelector;
 
@@ -350,6 +350,34 @@ impl Client {
         delay_level: i32,
         max_reconsume_times: u32,
     ) -> Result<SendBackResult> {
+        self.send_back_checked(group, msg_id, 0, delay_level, max_reconsume_times)
+            .await
+    }
+
+    /// [`send_back`](Self::send_back) for a message this client received: refused
+    /// (`OffsetNotFound`) when the broker no longer holds that message at its id (a crash
+    /// lost it and a later message took its place), rather than sending the later one
+    /// back in its stead.
+    pub async fn send_back_received(
+        &self,
+        group: &str,
+        message: &Message,
+        delay_level: i32,
+        max_reconsume_times: u32,
+    ) -> Result<SendBackResult> {
+        let (id, crc) = (message.msg_id().encode(), message.view().crc());
+        self.send_back_checked(group, &id, crc, delay_level, max_reconsume_times)
+            .await
+    }
+
+    async fn send_back_checked(
+        &self,
+        group: &str,
+        msg_id: &str,
+        record_crc: u32,
+        delay_level: i32,
+        max_reconsume_times: u32,
+    ) -> Result<SendBackResult> {
         check_group(group)?;
         let id = MessageId::parse(msg_id)
             .map_err(|e| ClientError::InvalidArgument(format!("message id {msg_id:?}: {e}")))?;
@@ -358,6 +386,7 @@ impl Client {
             msg_id: msg_id.to_owned(),
             delay_level,
             max_reconsume_times,
+            record_crc,
         };
         let reply = self.call(Route::Shard(id.store_id), &request).await?;
         match reply.response()? {

@@ -720,6 +720,11 @@ wire_type! {
         /// negative: straight to the dead-letter topic.
         pub delay_level: i32,
         pub max_reconsume_times: u32,
+        /// The CRC of the stored record as the consumer received it (its header's), or 0:
+        /// the broker refuses the send-back (`OffsetNotFound`) when the record at the id has
+        /// another, which happens when a crash lost the message and a later one took its
+        /// place in the log.
+        pub record_crc: u32,
     }
 }
 

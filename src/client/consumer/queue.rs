@@ -636,12 +636,11 @@ async fn send_back_all(
     let mut kept = Vec::new();
     let mut taken = Vec::with_capacity(messages.len());
     for m in messages {
-        let id = m.msg_id().encode();
         let sent = shared
             .client
-            .send_back(
+            .send_back_received(
                 &shared.group,
-                &id,
+                &m,
                 delay_level,
                 shared.options.max_reconsume_times,
             )

@@ -321,6 +321,7 @@ fn sample_requests() -> Vec<Request> {
             msg_id: "0".repeat(32),
             delay_level: -1,
             max_reconsume_times: 16,
+            record_crc: 0x1234_5678,
         }
         .into(),
         ScheduleStats {}.into(),
