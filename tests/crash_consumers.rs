@@ -273,6 +273,35 @@ async fn failed_commits_are_reported_and_counted() {
 }
 
 /// A one-shard sync-flush broker on a new data directory (in the returned temp dir).
+/// The offsets a start lowers (past what a crash kept) are durable before the broker
+/// serves: a second crash after producers refilled those offsets, with no commit in
+/// between, finds the lowered ones, not the old ones (within the refilled queue by then,
+/// they would skip what was stored below them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_lowered_at_a_start_outlive_a_second_crash_after_a_refill() {
+    let (_dir, data, mut broker) = sync_broker();
+    let sent = send_old(&broker.addr_string(), 20).await;
+    let producer = connect(&broker.addr_string()).await;
+    producer
+        .client()
+        .commit_offset("g", "lost", 0, 20)
+        .await
+        .unwrap();
+    drop(producer);
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    let producer = connect(&broker.addr_string()).await;
+    for i in 0..10 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        producer.send("lost", m).await.unwrap();
+    }
+    drop(producer);
+    broker.kill();
+    broker.restart();
+    let client = connect(&broker.addr_string()).await.client().clone();
+    assert_eq!(client.max_offset("lost", 0).await.unwrap(), 25);
+    assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
+}
+
 /// A message a consumer received, then lost in a crash, whose place in the log a later
 /// message took: sending it back (its listener failed) is refused, instead of the later
 /// message being copied to the retry topic in its stead while the lost one counted as sent

@@ -906,6 +906,15 @@ async fn shard_main(
     ctx.set_shard_addrs(addrs);
     // Before any send or topic change can reach a queue.
     ctx.open_all_local_queues().await;
+    if lowered > 0 {
+        // Durable before anything is served: written later (with the next commit, or the
+        // next periodic sync), a crash after producers refilled those offsets would find
+        // the old ones again, within the queue's end by then, and the group would skip
+        // the refill.
+        ctx.sync_offsets()
+            .await
+            .map_err(|e| format!("syncing the lowered offsets of shard {i}: {e}"))?;
+    }
     let receivers = Rc::new(receivers);
     for (shard, &peer) in peer_of_shard.iter().enumerate() {
         if shard != i {
