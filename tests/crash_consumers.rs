@@ -302,6 +302,50 @@ async fn offsets_lowered_at_a_start_outlive_a_second_crash_after_a_refill() {
     assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
 }
 
+/// A start position read before a crash (a committed offset, or a queue's end for
+/// `consume_from`), followed after a refill: the answer names the run it was read under, so
+/// the first pull from it is sent back to what the crash kept, not served past the refill
+/// (the push consumer starts a queue this way; it pulled such a position as if unnamed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_position_read_before_a_crash_is_sent_back_to_what_it_kept() {
+    let (_dir, data, mut broker) = sync_broker();
+    let sent = send_old(&broker.addr_string(), 20).await;
+    let producer = connect(&broker.addr_string()).await;
+    let client = producer.client().clone();
+    client.commit_offset("g", "lost", 0, 20).await.unwrap();
+    let committed = client.query_offset_read("g", "lost", 0).await.unwrap();
+    let committed = committed.expect("committed");
+    let end = client.max_offset_read("lost", 0).await.unwrap();
+    assert_eq!((committed.offset, end.offset), (20, 20));
+    drop((producer, client));
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    let producer = connect(&broker.addr_string()).await;
+    for i in 0..10 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        producer.send("lost", m).await.unwrap();
+    }
+    for start in [committed, end] {
+        let first = producer
+            .client()
+            .pull_with(
+                "lost",
+                0,
+                start.offset,
+                32,
+                Duration::ZERO,
+                &[],
+                "",
+                start.incarnation,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (first.status, first.next_offset, first.messages.len()),
+            (PullStatus::OffsetTooBig, 15, 0)
+        );
+    }
+}
+
 /// A message a consumer received, then lost in a crash, whose place in the log a later
 /// message took: sending it back (its listener failed) is refused, instead of the later
 /// message being copied to the retry topic in its stead while the lost one counted as sent

@@ -75,6 +75,7 @@ impl ShardCtx {
             .map_err(store_error)?;
         Ok(Offset {
             offset: pick(min, max),
+            incarnation: self.store.incarnation(),
         })
     }
 
@@ -89,7 +90,10 @@ impl ShardCtx {
             .offset_by_timestamp(&m.topic, m.queue_id, m.timestamp_ms)
             .await
             .map_err(store_error)?;
-        Ok(Offset { offset })
+        Ok(Offset {
+            offset,
+            incarnation: self.store.incarnation(),
+        })
     }
 
     /// A pull with long polling: answered at once when records (or a definite status) are

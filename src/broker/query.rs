@@ -104,7 +104,10 @@ impl ShardCtx {
                     ),
                 )
             })?;
-        Ok(Offset { offset })
+        Ok(Offset {
+            offset,
+            incarnation: self.store.incarnation(),
+        })
     }
 
     /// The stored record a message id names, on this shard.

@@ -27,9 +27,9 @@ use crate::protocol::ErrorCode;
 use crate::protocol::{
     BrokerLimits, CommitOffset, CreateTopic, DeleteTopic, DescribeTopic, GetMaxOffset,
     GetMinOffset, Handshake2, HandshakeOk, HandshakeOk2, Heartbeat, Kind, ListTopics,
-    Message as WireMessage, MessageById, MessageId, MessagesByKey, ProtocolError, Pull, PullStatus,
-    QueryOffset, RecordCount, Response, SearchOffsetByTimestamp, TopicInfo, UpdateTopic,
-    WithRecords, PROTOCOL_VERSION,
+    Message as WireMessage, MessageById, MessageId, MessagesByKey, Offset, ProtocolError, Pull,
+    PullStatus, QueryOffset, RecordCount, Response, SearchOffsetByTimestamp, TopicInfo,
+    UpdateTopic, WithRecords, PROTOCOL_VERSION,
 };
 
 use super::config::ClientConfig;
@@ -402,6 +402,17 @@ impl Client {
         topic: &str,
         queue_id: u32,
     ) -> Result<Option<u64>> {
+        let read = self.query_offset_read(group, topic, queue_id).await?;
+        Ok(read.map(|o| o.offset))
+    }
+
+    /// [`query_offset`](Self::query_offset) with the broker run it was read under.
+    pub async fn query_offset_read(
+        &self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+    ) -> Result<Option<Offset>> {
         check_topic(topic)?;
         let request = QueryOffset {
             group: group.to_owned(),
@@ -418,6 +429,11 @@ impl Client {
 
     /// The first queue offset still kept.
     pub async fn min_offset(&self, topic: &str, queue_id: u32) -> Result<u64> {
+        Ok(self.min_offset_read(topic, queue_id).await?.offset)
+    }
+
+    /// [`min_offset`](Self::min_offset) with the broker run it was read under.
+    pub async fn min_offset_read(&self, topic: &str, queue_id: u32) -> Result<Offset> {
         check_topic(topic)?;
         let request = GetMinOffset {
             topic: topic.to_owned(),
@@ -432,6 +448,11 @@ impl Client {
 
     /// One past the last queue offset.
     pub async fn max_offset(&self, topic: &str, queue_id: u32) -> Result<u64> {
+        Ok(self.max_offset_read(topic, queue_id).await?.offset)
+    }
+
+    /// [`max_offset`](Self::max_offset) with the broker run it was read under.
+    pub async fn max_offset_read(&self, topic: &str, queue_id: u32) -> Result<Offset> {
         check_topic(topic)?;
         let request = GetMaxOffset {
             topic: topic.to_owned(),
@@ -451,6 +472,18 @@ impl Client {
         queue_id: u32,
         timestamp_ms: i64,
     ) -> Result<u64> {
+        let read = self.offset_by_timestamp_read(topic, queue_id, timestamp_ms);
+        Ok(read.await?.offset)
+    }
+
+    /// [`offset_by_timestamp`](Self::offset_by_timestamp) with the broker run it was read
+    /// under.
+    pub async fn offset_by_timestamp_read(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        timestamp_ms: i64,
+    ) -> Result<Offset> {
         check_topic(topic)?;
         let request = SearchOffsetByTimestamp {
             topic: topic.to_owned(),
@@ -842,9 +875,9 @@ pub(crate) fn expect_empty(reply: &Reply) -> Result<()> {
     }
 }
 
-fn expect_offset(reply: &Reply) -> Result<u64> {
+fn expect_offset(reply: &Reply) -> Result<Offset> {
     match reply.response()? {
-        Response::Offset(o) => Ok(o.offset),
+        Response::Offset(o) => Ok(o),
         other => Err(unexpected(Kind::Offset, &other)),
     }
 }

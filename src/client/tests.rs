@@ -399,7 +399,10 @@ async fn shard_aware_requests_go_to_the_queue_owner() {
         Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
         Request::GetMaxOffset(_) => vec![Out::Frame(answer(
             id,
-            &Response::Offset(Offset { offset: 3 }),
+            &Response::Offset(Offset {
+                offset: 3,
+                incarnation: 1,
+            }),
         ))],
         Request::ListTopics(_) => vec![Out::Frame(answer(
             id,
@@ -914,7 +917,10 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
         Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::OffsetNotFound, "none"))],
         Request::GetMaxOffset(_) => vec![Out::Frame(answer(
             id,
-            &Response::Offset(Offset { offset: 5 }),
+            &Response::Offset(Offset {
+                offset: 5,
+                incarnation: 1,
+            }),
         ))],
         Request::Pull(p) => {
             let meta = crate::protocol::PullResult {

@@ -403,6 +403,12 @@ wire_type! {
     /// A queue offset.
     pub struct Offset {
         pub offset: u64,
+        /// The run of the queue's shard the offset was read under, as
+        /// [`PullResult::incarnation`]: a caller that starts pulling (or commits) from the
+        /// offset names it, so that a crash in between that lost records below it sends
+        /// it back to where the queue then ended rather than past what was stored there
+        /// since.
+        pub incarnation: u64,
     }
 }
 

@@ -52,6 +52,16 @@ pub(crate) struct Position {
     pub incarnation: u64,
 }
 
+impl From<crate::protocol::Offset> for Position {
+    /// An offset the broker answered, named by the run it was read under.
+    fn from(o: crate::protocol::Offset) -> Position {
+        Position {
+            offset: o.offset,
+            incarnation: o.incarnation,
+        }
+    }
+}
+
 /// The local offsets of one (client id, group).
 #[derive(Debug)]
 pub(crate) struct LocalOffsets {

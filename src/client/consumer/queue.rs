@@ -128,12 +128,9 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
         Some(local) => local.get(mq),
         None => shared
             .client
-            .query_offset(&shared.group, &mq.topic, mq.queue_id)
+            .query_offset_read(&shared.group, &mq.topic, mq.queue_id)
             .await?
-            .map(|offset| Position {
-                offset,
-                incarnation: 0,
-            }),
+            .map(Position::from),
     };
     if let Some(at) = committed {
         return Ok(Start {
@@ -152,20 +149,20 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
     } else {
         shared.options.consume_from
     };
-    let offset = match from {
-        ConsumeFrom::LastOffset => client.max_offset(&mq.topic, mq.queue_id).await?,
-        ConsumeFrom::FirstOffset => client.min_offset(&mq.topic, mq.queue_id).await?,
+    // Named by the broker run it was read under, as a position pulled is: a crash before
+    // the first pull that lost records below it sends it back rather than past what is
+    // stored there by then.
+    let read = match from {
+        ConsumeFrom::LastOffset => client.max_offset_read(&mq.topic, mq.queue_id).await?,
+        ConsumeFrom::FirstOffset => client.min_offset_read(&mq.topic, mq.queue_id).await?,
         ConsumeFrom::Timestamp(ms) => {
             client
-                .offset_by_timestamp(&mq.topic, mq.queue_id, ms)
+                .offset_by_timestamp_read(&mq.topic, mq.queue_id, ms)
                 .await?
         }
     };
     Ok(Start {
-        at: Position {
-            offset,
-            incarnation: 0,
-        },
+        at: Position::from(read),
         committed: false,
     })
 }

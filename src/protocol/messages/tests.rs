@@ -377,7 +377,10 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
             },
             &[],
         )),
-        Response::Offset(Offset { offset: 5 }),
+        Response::Offset(Offset {
+            offset: 5,
+            incarnation: 7,
+        }),
         Response::TopicList(TopicList {
             topics: vec!["a".into(), "orders".into()],
         }),
