@@ -731,13 +731,32 @@ async fn a_position_past_the_end_of_a_topic_created_again_goes_back_to_its_start
     for i in 0..3 {
         send(format!("new-{i}")).await.unwrap();
     }
+    // The position names the run it was read under, as a consumer's does.
     let stale = client
-        .pull("again", 0, old.next_offset, 64, Duration::ZERO, &[])
+        .pull_with(
+            "again",
+            0,
+            old.next_offset,
+            64,
+            Duration::ZERO,
+            &[],
+            "",
+            old.incarnation,
+        )
         .await
         .unwrap();
     assert_eq!(
         (stale.status, stale.next_offset, stale.max_offset),
         (PullStatus::OffsetTooBig, 0, 3)
+    );
+    // A position named by no run (given by hand) goes to the end, as before.
+    let unnamed = client
+        .pull("again", 0, old.next_offset, 64, Duration::ZERO, &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (unnamed.status, unnamed.next_offset),
+        (PullStatus::OffsetTooBig, 3)
     );
     let new = client
         .pull("again", 0, stale.next_offset, 64, Duration::ZERO, &[])

@@ -13,7 +13,6 @@ use ringmq::client::{
     ClientConfig, ConsumeFrom, ConsumeStatus, MessageModel, OutgoingMessage, Producer, PullStatus,
     PushConsumer, PushConsumerOptions,
 };
-use ringmq::protocol::ErrorCode;
 use tokio::sync::Notify;
 
 fn config(addr: &str, shard_aware: bool) -> ClientConfig {
@@ -347,9 +346,10 @@ async fn a_start_position_read_before_a_crash_is_sent_back_to_what_it_kept() {
 }
 
 /// A message a consumer received, then lost in a crash, whose place in the log a later
-/// message took: sending it back (its listener failed) is refused, instead of the later
-/// message being copied to the retry topic in its stead while the lost one counted as sent
-/// back (the consumer then consumes it again itself). A message still stored goes back.
+/// message took: sent back (here to the dead-letter topic), the copy is of it, made from
+/// the consumer's own bytes once the broker refused the id (the record there has another
+/// CRC), not of the later message, which used to be copied in its stead while the lost
+/// one counted as sent back. A message still stored goes back as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
     let (_dir, data, mut broker) = sync_broker();
@@ -373,15 +373,21 @@ async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
         "the same place"
     );
     let client = producer.client();
-    let err = client
-        .send_back_received("g", &received[15], 0, 16)
+    for m in [&received[15], &received[3]] {
+        let back = client.send_back_received("g", m, -1, 16).await.unwrap();
+        assert!(back.dead_lettered);
+    }
+    let dead = client
+        .pull("%DLQ%g", 0, 0, 32, Duration::ZERO, &[])
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(ErrorCode::OffsetNotFound), "{err}");
-    client
-        .send_back_received("g", &received[3], 0, 16)
-        .await
-        .unwrap();
+        .unwrap()
+        .messages;
+    let bodies: Vec<&[u8]> = dead.iter().map(|m| m.body()).collect();
+    assert_eq!(bodies, [&b"old-15"[..], b"old-3"]);
+    // The id alone (no CRC to check) still names what is stored there now.
+    let id = received[15].msg_id().encode();
+    let unchecked = client.send_back("g", &id, -1, 16).await.unwrap();
+    assert!(unchecked.dead_lettered);
 }
 
 fn sync_broker() -> (tempfile::TempDir, std::path::PathBuf, BrokerProcess) {

@@ -254,18 +254,20 @@ impl ShardCtx {
                         .map_err(store_error)?;
                     return status(PullStatus::OffsetTooSmall, min, min, max);
                 }
-                // Past the end within this run (a position read under an earlier one was
-                // looked at above): nothing this run served is there, so the position names
-                // another queue, such as one of a topic deleted and created again, whose
-                // new messages sit below it. Back to the queue's start, as RocketMQ does
-                // for a queue that lost nothing to retention (to its end otherwise, which
-                // would skip those messages): delivered again, never skipped.
+                // Past the end. A position read under this run (named by it: one read under
+                // an earlier run was looked at above) names another queue than this one,
+                // such as one of a topic deleted and created again, whose new messages sit
+                // below it: back to the queue's start while retention has not touched it
+                // (RocketMQ's rule), so they are delivered, not skipped. An unnamed
+                // position (a position given by hand, an old local file) goes to the end.
                 Err(StoreError::OffsetTooBig { max, .. }) => {
                     let (min, _) = self
                         .store
                         .queue_range(&p.topic, p.queue_id)
                         .map_err(store_error)?;
-                    return status(PullStatus::OffsetTooBig, min, min, max);
+                    let this_run = p.incarnation == self.store.incarnation();
+                    let next = if this_run && min == 0 { min } else { max };
+                    return status(PullStatus::OffsetTooBig, next, min, max);
                 }
                 Err(e) => return Err(store_error(e)),
             }

@@ -102,6 +102,16 @@ impl ShardCtx {
         self: Rc<Self>,
         m: ConsumerSendBack,
     ) -> Result<SendBackResult, ErrorBody> {
+        if !m.record.is_empty() {
+            // The consumer's own copy of a message this broker no longer holds at its id.
+            let view = RecordView::parse(&m.record).map_err(|e| {
+                err(
+                    ErrorCode::InvalidMessage,
+                    format!("the record sent back with message {}: {e}", m.msg_id),
+                )
+            })?;
+            return self.store_retry_copy(&m, &view).await;
+        }
         let buf = self.read_by_msg_id(&m.msg_id).await?;
         let view = RecordView::parse(&buf).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
         if m.record_crc != 0 && view.crc() != m.record_crc {
@@ -113,7 +123,16 @@ impl ShardCtx {
                 ),
             ));
         }
-        let (dead_lettered, draft) = self.retry_copy(&m, &view)?;
+        self.store_retry_copy(&m, &view).await
+    }
+
+    /// Stores the copy a sent-back message becomes, and says where it went.
+    async fn store_retry_copy(
+        self: &Rc<Self>,
+        m: &ConsumerSendBack,
+        view: &RecordView<'_>,
+    ) -> Result<SendBackResult, ErrorBody> {
+        let (dead_lettered, draft) = self.retry_copy(m, view)?;
         self.ensure_system_topic(&draft.topic).await?;
         let reconsume_times = draft.reconsume_times;
         let done = self.put_owned(draft, false).await?;

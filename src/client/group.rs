@@ -350,14 +350,15 @@ impl Client {
         delay_level: i32,
         max_reconsume_times: u32,
     ) -> Result<SendBackResult> {
-        self.send_back_checked(group, msg_id, 0, delay_level, max_reconsume_times)
+        self.send_back_checked(group, msg_id, 0, &[], delay_level, max_reconsume_times)
             .await
     }
 
-    /// [`send_back`](Self::send_back) for a message this client received: refused
-    /// (`OffsetNotFound`) when the broker no longer holds that message at its id (a crash
-    /// lost it and a later message took its place), rather than sending the later one
-    /// back in its stead.
+    /// [`send_back`](Self::send_back) for a message this client received. When the broker
+    /// no longer holds that message at its id (a crash lost it and a later message took its
+    /// place: refused with `OffsetNotFound` rather than the later one sent back in its
+    /// stead), it is sent again with the message's own bytes, from which the broker makes
+    /// the copy.
     pub async fn send_back_received(
         &self,
         group: &str,
@@ -366,8 +367,15 @@ impl Client {
         max_reconsume_times: u32,
     ) -> Result<SendBackResult> {
         let (id, crc) = (message.msg_id().encode(), message.view().crc());
-        self.send_back_checked(group, &id, crc, delay_level, max_reconsume_times)
-            .await
+        let back = |record| {
+            self.send_back_checked(group, &id, crc, record, delay_level, max_reconsume_times)
+        };
+        match back(&[]).await {
+            Err(e) if e.code() == Some(crate::protocol::ErrorCode::OffsetNotFound) => {
+                back(message.as_bytes()).await
+            }
+            answer => answer,
+        }
     }
 
     async fn send_back_checked(
@@ -375,6 +383,7 @@ impl Client {
         group: &str,
         msg_id: &str,
         record_crc: u32,
+        record: &[u8],
         delay_level: i32,
         max_reconsume_times: u32,
     ) -> Result<SendBackResult> {
@@ -387,6 +396,7 @@ impl Client {
             delay_level,
             max_reconsume_times,
             record_crc,
+            record: record.to_vec(),
         };
         let reply = self.call(Route::Shard(id.store_id), &request).await?;
         match reply.response()? {

@@ -6,9 +6,10 @@
 //! byte for byte as the log holds them, which the client reads in place with
 //! [`RecordIter`].
 //!
-//! Compatibility: a kind's layout is fixed once released. A new field or a new meaning is a
-//! new kind with a new number (see `kind`); enum variants (e.g. [`PullStatus`]) are only ever
-//! appended, with explicit discriminants.
+//! Compatibility: kind numbers are never reused (see `kind`), and enum variants (e.g.
+//! [`PullStatus`]) are only ever appended, with explicit discriminants. A type's layout
+//! changes only with a new [`PROTOCOL_VERSION`], which every frame carries: a peer of
+//! another version is refused at its first frame (`UnsupportedVersion`), never misread.
 
 use super::error::{ErrorCode, ProtocolError};
 use super::frame::{encode_frame, Flags, Frame, FrameHeader, META_ALIGN, PROTOCOL_VERSION};
@@ -354,7 +355,11 @@ pub enum PullStatus {
     NoMatchedMessage = 2,
     /// The offset is below the queue's first kept message (retention); `next_offset` is it.
     OffsetTooSmall = 3,
-    /// The offset is past the queue's end; `next_offset` is the end.
+    /// The offset is past the queue's end; `next_offset` is the end, or the queue's start
+    /// (0) for a position named by the answering run in a queue retention has not
+    /// touched (it came from another queue of that name: a topic deleted and created
+    /// again), or, for a position read under an earlier run, where the queue ended when a
+    /// later run started.
     OffsetTooBig = 4,
 }
 
@@ -731,6 +736,11 @@ wire_type! {
         /// another, which happens when a crash lost the message and a later one took its
         /// place in the log.
         pub record_crc: u32,
+        /// The record itself as the consumer received it, or empty. Given, the broker makes
+        /// the copy from it (its CRC verified) instead of reading the id: what a consumer
+        /// sends after the refusal above, so that a message the broker lost still reaches
+        /// the retry or dead-letter topic (RocketMQ's client publishes it itself then).
+        pub record: Vec<u8>,
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) struct ConsumeArgs {
     #[arg(long, value_name = "Q")]
     queue: Option<u32>,
     /// Start every consumed queue at this queue offset (below a queue's first kept message:
-    /// from that message; past its end: from its end)
+    /// from that message; past its end: from its end, once messages come)
     #[arg(long, value_name = "N", conflicts_with = "from")]
     from_offset: Option<u64>,
     /// Where to start when --from-offset is not given; with --group, where a queue the

@@ -114,8 +114,8 @@ fn describe(mq: &MessageQueue, offsets: &[u64]) -> String {
 
 /// Where a queue starts.
 struct Start {
-    /// The run is known for broadcasting's local offsets only (the broker lowers its own
-    /// committed offsets at its start instead).
+    /// Named by the broker run it was read under (an old broadcasting local file may not
+    /// know it: 0).
     at: Position,
     /// From a commit (else from `consume_from`).
     committed: bool,

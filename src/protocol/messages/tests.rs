@@ -322,6 +322,7 @@ fn sample_requests() -> Vec<Request> {
             delay_level: -1,
             max_reconsume_times: 16,
             record_crc: 0x1234_5678,
+            record: vec![1, 2, 3],
         }
         .into(),
         ScheduleStats {}.into(),
