@@ -18,7 +18,7 @@ use super::topics::NewTopic;
 use super::{err, store_error, ShardCtx};
 use crate::protocol::names::{dlq_topic, retry_topic};
 use crate::protocol::record::{prop, RecordView};
-use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, SendBackResult};
+use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, MessageId, SendBackResult};
 
 /// Queues of a retry or dead-letter topic.
 pub const SYSTEM_TOPIC_QUEUES: u32 = 1;
@@ -103,13 +103,19 @@ impl ShardCtx {
         m: ConsumerSendBack,
     ) -> Result<SendBackResult, ErrorBody> {
         if !m.record.is_empty() {
-            // The consumer's own copy of a message this broker no longer holds at its id.
-            let view = RecordView::parse(&m.record).map_err(|e| {
+            // The consumer's own copy of a message this broker no longer holds at its id:
+            // whole (its CRC), the one named (the CRC given, the id's place in the log).
+            let bad = |why: String| {
                 err(
                     ErrorCode::InvalidMessage,
-                    format!("the record sent back with message {}: {e}", m.msg_id),
+                    format!("the record sent back with message {}: {why}", m.msg_id),
                 )
-            })?;
+            };
+            let view = RecordView::parse(&m.record).map_err(|e| bad(e.to_string()))?;
+            let id = MessageId::parse(&m.msg_id).map_err(|e| bad(e.to_string()))?;
+            if view.crc() != m.record_crc || view.physical_offset() != id.physical_offset {
+                return Err(bad("it is not the message the id and CRC name".into()));
+            }
             return self.store_retry_copy(&m, &view).await;
         }
         let buf = self.read_by_msg_id(&m.msg_id).await?;

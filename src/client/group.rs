@@ -355,10 +355,10 @@ impl Client {
     }
 
     /// [`send_back`](Self::send_back) for a message this client received. When the broker
-    /// no longer holds that message at its id (a crash lost it and a later message took its
-    /// place: refused with `OffsetNotFound` rather than the later one sent back in its
-    /// stead), it is sent again with the message's own bytes, from which the broker makes
-    /// the copy.
+    /// no longer holds that message at its id (a crash lost it, and a later message may have
+    /// taken its place: refused with `OffsetNotFound` rather than the later one sent back in
+    /// its stead; or retention removed it), it is sent again with the message's own bytes,
+    /// from which the broker makes the copy.
     pub async fn send_back_received(
         &self,
         group: &str,
@@ -370,8 +370,16 @@ impl Client {
         let back = |record| {
             self.send_back_checked(group, &id, crc, record, delay_level, max_reconsume_times)
         };
+        use crate::protocol::ErrorCode::{OffsetNotFound, OffsetTooBig, OffsetTooSmall};
         match back(&[]).await {
-            Err(e) if e.code() == Some(crate::protocol::ErrorCode::OffsetNotFound) => {
+            // Not there (another record, or none: before the log's start after retention,
+            // past its end after a crash with nothing written there since).
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some(OffsetNotFound | OffsetTooBig | OffsetTooSmall)
+                ) =>
+            {
                 back(message.as_bytes()).await
             }
             answer => answer,

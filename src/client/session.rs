@@ -299,7 +299,9 @@ impl Client {
     /// [`PullResult::incarnation`] of the last answer about this queue whose position the
     /// caller follows (0: none). A caller that keeps its own positions passes it, so that a
     /// broker that lost (in a crash) records the caller read sends it back to where the
-    /// queue ended (`OffsetTooBig`) instead of serving other messages at those offsets.
+    /// queue ended (`OffsetTooBig`) instead of serving other messages at those offsets, and
+    /// a position past the end named by the answering run (a topic deleted and created
+    /// again) goes back to the queue's start while retention has not touched it.
     #[allow(clippy::too_many_arguments)]
     pub async fn pull_with(
         &self,

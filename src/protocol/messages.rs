@@ -601,9 +601,11 @@ wire_type! {
         /// place in the log.
         pub record_crc: u32,
         /// The record itself as the consumer received it, or empty. Given, the broker makes
-        /// the copy from it (its CRC verified) instead of reading the id: what a consumer
-        /// sends after the refusal above, so that a message the broker lost still reaches
-        /// the retry or dead-letter topic (RocketMQ's client publishes it itself then).
+        /// the copy from it (its CRC verified, and it must be the record the id and
+        /// `record_crc` name) instead of reading the id: what a consumer sends after the
+        /// refusal above, so that a message the broker lost still reaches the retry or
+        /// dead-letter topic (RocketMQ's client publishes it itself then). The copy's
+        /// `ORIGIN_MESSAGE_ID` is the id as sent, which may name another message by then.
         pub record: Vec<u8>,
     }
 }

@@ -41,7 +41,7 @@ wire_type! {
 }
 
 wire_type! {
-    /// Leaves a consumer group at once. Answered by [`Empty`].
+    /// Leaves a consumer group at once. Answered by [`Empty`](super::Empty).
     pub struct Unregister {
         pub group: String,
         pub client_id: String,
@@ -98,7 +98,7 @@ wire_type! {
 
 wire_type! {
     /// Sets the group's committed offset of every queue of `topic` to the first message
-    /// stored at or after `timestamp_ms` (offsets may go backwards). Answered by [`Empty`].
+    /// stored at or after `timestamp_ms` (offsets may go backwards). Answered by [`Empty`](super::Empty).
     pub struct ResetOffset {
         pub group: String,
         pub topic: String,
@@ -108,7 +108,7 @@ wire_type! {
 
 wire_type! {
     /// Forgets a consumer group: its committed offsets on every shard and its queue locks.
-    /// Refused with `Conflict` while the group has live members. Answered by [`Empty`].
+    /// Refused with `Conflict` while the group has live members. Answered by [`Empty`](super::Empty).
     pub struct DeleteGroup {
         pub group: String,
     }
