@@ -271,7 +271,6 @@ async fn failed_commits_are_reported_and_counted() {
     assert!(consumer.consumer.stats().commit_errors >= 1);
 }
 
-/// A one-shard sync-flush broker on a new data directory (in the returned temp dir).
 /// The offsets a start lowers (past what a crash kept) are durable before the broker
 /// serves: a second crash after producers refilled those offsets, with no commit in
 /// between, finds the lowered ones, not the old ones (within the refilled queue by then,
@@ -279,21 +278,9 @@ async fn failed_commits_are_reported_and_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offsets_lowered_at_a_start_outlive_a_second_crash_after_a_refill() {
     let (_dir, data, mut broker) = sync_broker();
-    let sent = send_old(&broker.addr_string(), 20).await;
-    let producer = connect(&broker.addr_string()).await;
-    producer
-        .client()
-        .commit_offset("g", "lost", 0, 20)
-        .await
-        .unwrap();
-    drop(producer);
+    let sent = send_old_and_commit(&broker.addr_string()).await;
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
-    let producer = connect(&broker.addr_string()).await;
-    for i in 0..10 {
-        let m = OutgoingMessage::new(format!("new-{i}"));
-        producer.send("lost", m).await.unwrap();
-    }
-    drop(producer);
+    send_new(&connect(&broker.addr_string()).await, 10).await;
     broker.kill();
     broker.restart();
     let client = connect(&broker.addr_string()).await.client().clone();
@@ -308,10 +295,9 @@ async fn offsets_lowered_at_a_start_outlive_a_second_crash_after_a_refill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_position_read_before_a_crash_is_sent_back_to_what_it_kept() {
     let (_dir, data, mut broker) = sync_broker();
-    let sent = send_old(&broker.addr_string(), 20).await;
+    let sent = send_old_and_commit(&broker.addr_string()).await;
     let producer = connect(&broker.addr_string()).await;
     let client = producer.client().clone();
-    client.commit_offset("g", "lost", 0, 20).await.unwrap();
     let committed = client.query_offset_read("g", "lost", 0).await.unwrap();
     let committed = committed.expect("committed");
     let end = client.max_offset_read("lost", 0).await.unwrap();
@@ -319,10 +305,7 @@ async fn a_start_position_read_before_a_crash_is_sent_back_to_what_it_kept() {
     drop((producer, client));
     crash_losing_from(&mut broker, &data, sent[15].physical_offset);
     let producer = connect(&broker.addr_string()).await;
-    for i in 0..10 {
-        let m = OutgoingMessage::new(format!("new-{i}"));
-        producer.send("lost", m).await.unwrap();
-    }
+    send_new(&producer, 10).await;
     for start in [committed, end] {
         let first = producer
             .client()
@@ -392,6 +375,7 @@ async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
     assert!(unchecked.dead_lettered);
 }
 
+/// A one-shard sync-flush broker on a new data directory (in the returned temp dir).
 fn sync_broker() -> (tempfile::TempDir, std::path::PathBuf, BrokerProcess) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -413,6 +397,22 @@ async fn send_old(addr: &str, n: usize) -> Vec<ringmq::client::SendResult> {
         sent.push(producer.send("lost", m).await.unwrap());
     }
     sent
+}
+
+/// Sends `old-0..old-19` to `lost` and commits group `g` past them (20).
+async fn send_old_and_commit(addr: &str) -> Vec<ringmq::client::SendResult> {
+    let sent = send_old(addr, 20).await;
+    let client = connect(addr).await.client().clone();
+    client.commit_offset("g", "lost", 0, 20).await.unwrap();
+    sent
+}
+
+/// Sends `new-0..new-{n-1}` to `lost`.
+async fn send_new(producer: &Producer, n: usize) {
+    for i in 0..n {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        producer.send("lost", m).await.unwrap();
+    }
 }
 
 fn all_new(bodies: &[String]) -> bool {
