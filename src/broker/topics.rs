@@ -212,7 +212,17 @@ impl ShardCtx {
         }
     }
 
-    pub(super) async fn apply_topic_change(self: &Rc<Self>, topic: &str, queues: Option<u32>) {
+    /// Takes a change of `topic` on this shard. A deletion whose making durable failed (its
+    /// indexes set aside, the group offsets forgotten, the log synced and checkpointed) is
+    /// an `Err` naming each step that failed: the topic is gone here all the same, and the
+    /// caller must say so and tell the shard again ([`Self::tell_again_later`]), since a
+    /// crash before the steps succeed could bring back its queues or offsets, which a topic
+    /// created again under the name would take for its own.
+    pub(super) async fn apply_topic_change(
+        self: &Rc<Self>,
+        topic: &str,
+        queues: Option<u32>,
+    ) -> Result<(), String> {
         if let Some(count) = queues {
             // Before the table names them: a send to a queue being opened is refused.
             if let Err(e) = self.open_local_queues(topic, count).await {
@@ -234,15 +244,13 @@ impl ShardCtx {
                 t != topic
             });
             self.stats.stored.borrow_mut().remove(topic);
+            let mut failed = Vec::new();
             if let Err(e) = self.store.delete_topic(topic).await {
-                crate::warn!("ringmq: shard {}: deleting topic {topic}: {e}", self.id);
+                failed.push(format!("setting its indexes aside: {e}"));
             }
             self.offsets.borrow_mut().forget_topic(topic);
             if let Err(e) = self.sync_offsets().await {
-                crate::warn!(
-                    "ringmq: shard {}: forgetting offsets of {topic}: {e}",
-                    self.id
-                );
+                failed.push(format!("forgetting its group offsets: {e}"));
             }
             // Replay after a crash must not bring the deleted queues back: the checkpoint
             // must cover every record of the topic, so make the log durable to its end
@@ -253,18 +261,24 @@ impl ShardCtx {
                 Err(e) => Err(e),
             };
             if let Err(e) = synced {
-                crate::warn!(
-                    "ringmq: shard {}: syncing the log after deleting {topic}: {e}",
-                    self.id
-                );
+                failed.push(format!("syncing the log: {e}"));
             }
             if let Err(e) = self.store.checkpoint().await {
+                failed.push(format!("checkpointing: {e}"));
+            }
+            if !failed.is_empty() {
+                let failed = failed.join("; ");
                 crate::warn!(
-                    "ringmq: shard {}: checkpoint after deleting {topic}: {e}",
+                    "ringmq: shard {}: topic {topic} is deleted, but not durably yet: {failed}",
                     self.id
                 );
+                return Err(format!(
+                    "topic {topic} is deleted, but shard {} could not make that durable ({failed}); it tries again in the background, and a crash before it succeeds can bring back the topic's queues or group offsets",
+                    self.id
+                ));
             }
         }
+        Ok(())
     }
 
     pub(super) fn local_ranges(&self, topic: &str) -> Result<Vec<(u32, u64, u64)>, ErrorBody> {
@@ -322,6 +336,20 @@ impl ShardCtx {
                     ErrorCode::TopicNotFound,
                     format!("topic {topic} does not exist"),
                 ))
+            }
+            // A shard not yet told of the deletion (or not yet durably done with it) keeps
+            // the old queues, which a creation now would take for the new topic's.
+            (None, Some(_)) => {
+                if let Some((shard, _)) =
+                    self.telling_again.borrow().iter().find(|(_, t)| t == topic)
+                {
+                    return Err(err(
+                        ErrorCode::Conflict,
+                        format!(
+                            "topic {topic} is still being deleted (shard {shard} has not taken the deletion durably yet); try again later"
+                        ),
+                    ));
+                }
             }
             _ => {}
         }
@@ -390,7 +418,7 @@ impl ShardCtx {
             return Err(e);
         }
         *self.topics.borrow_mut() = table;
-        self.apply_topic_change(topic, queues).await;
+        let applied_here = self.apply_topic_change(topic, queues).await;
         // Every shard is told, all at once: one slow or unreachable shard must not keep the
         // change from the others (the first failure is the answer). A shard whose call
         // failed is told again in the background until it takes the change.
@@ -405,6 +433,10 @@ impl ShardCtx {
         }))
         .await;
         let mut first_failure = None;
+        if let Err(message) = applied_here {
+            self.tell_again_later(self.id, topic);
+            first_failure = Some(err(ErrorCode::StoreIo, message));
+        }
         for (to, result) in (1..self.shard_count).zip(told) {
             if let Err(mut e) = result {
                 self.tell_again_later(to, topic);
@@ -434,6 +466,15 @@ impl ShardCtx {
             let queues = self.topics.borrow().get(topic);
             if queues.is_none() && !tell_absent {
                 return Ok(false);
+            }
+            if to == self.id {
+                // This shard (0) applied the change itself, and only a deletion's durable
+                // steps can have failed: they run again while the topic stays deleted.
+                if queues.is_none() {
+                    let again = self.apply_topic_change(topic, None).await;
+                    again.map_err(|m| err(ErrorCode::StoreIo, m))?;
+                }
+                return Ok(true);
             }
             let change = MeshRequest::TopicChanged {
                 topic: topic.to_owned(),
@@ -629,7 +670,9 @@ impl ShardCtx {
                 // Told again what it already has (told again after asking while the first
                 // telling was on its way): nothing to do, and no rebalance.
                 if queues.is_none() || self.topics.borrow().get(&topic) != queues {
-                    self.apply_topic_change(&topic, queues).await;
+                    if let Err(message) = self.apply_topic_change(&topic, queues).await {
+                        return MeshReply::Failed(ErrorCode::StoreIo, message);
+                    }
                 }
                 MeshReply::Ack
             }),
@@ -646,7 +689,9 @@ impl ShardCtx {
                     while !turn.later_taken() && since.elapsed() < late {
                         crate::io::sleep(std::time::Duration::from_millis(5)).await;
                     }
-                    self.apply_topic_change(&topic, queues).await;
+                    if let Err(message) = self.apply_topic_change(&topic, queues).await {
+                        crate::warn!("ringmq: shard {}: {message}", self.id);
+                    }
                 });
                 Box::pin(async { MeshReply::Ack })
             }
