@@ -13,6 +13,7 @@ use ringmq::client::{
     ClientConfig, ConsumeFrom, ConsumeStatus, MessageModel, OutgoingMessage, Producer, PullStatus,
     PushConsumer, PushConsumerOptions,
 };
+use ringmq::protocol::ErrorCode;
 use tokio::sync::Notify;
 
 fn config(addr: &str, shard_aware: bool) -> ClientConfig {
@@ -183,15 +184,7 @@ async fn a_position_from_before_two_restarts_is_checked_against_each_start_since
 async fn a_consumer_that_stays_up_through_a_crash_consumes_what_is_stored_past_the_loss() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    // A port whose direct port (port + 1, the one shard's) is free too.
-    let port = loop {
-        let p = common::free_port();
-        if p < 60_000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            break p;
-        }
-    };
-    let listen = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut broker = BrokerProcess::start_on(listen, &data, 1, &["--flush", "sync"]);
+    let mut broker = sync_broker_on_one_port(&data);
     let addr = broker.addr_string();
     let sent = send_old(&addr, 20).await;
     let consumer = Collector::default().start(&addr, clustering()).await;
@@ -375,6 +368,20 @@ async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
     assert!(unchecked.dead_lettered);
 }
 
+/// A one-shard sync-flush broker in `data` on a port it listens on again after a restart
+/// (the address stays valid for clients across crashes).
+fn sync_broker_on_one_port(data: &std::path::Path) -> BrokerProcess {
+    // A port whose direct port (port + 1, the one shard's) is free too.
+    let port = loop {
+        let p = common::free_port();
+        if p < 60_000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            break p;
+        }
+    };
+    let listen = format!("127.0.0.1:{port}").parse().unwrap();
+    BrokerProcess::start_on(listen, data, 1, &["--flush", "sync"])
+}
+
 /// A one-shard sync-flush broker on a new data directory (in the returned temp dir).
 fn sync_broker() -> (tempfile::TempDir, std::path::PathBuf, BrokerProcess) {
     let dir = tempfile::tempdir().unwrap();
@@ -483,5 +490,129 @@ impl Started {
                 self.bodies.lock().unwrap()
             );
         }
+    }
+}
+
+/// A topic deletion a shard cannot make durable (here: its group offsets cannot be
+/// rewritten without the topic's) is answered with the error, not OK, and the name cannot
+/// be taken by a new topic until every shard has made the deletion durable (retried in the
+/// background). After that, a crash brings back none of the old topic's group offsets,
+/// which the new topic would otherwise take for its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_that_could_not_be_made_durable_is_reported_and_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 2, &[]);
+    let producer = connect(&broker.addr_string()).await;
+    let client = producer.client().clone();
+    client.create_topic("gone", 4).await.unwrap();
+    let mut ends = [0u64; 4];
+    for i in 0..16 {
+        let sent = producer
+            .send("gone", OutgoingMessage::new(format!("m-{i}")))
+            .await
+            .unwrap();
+        ends[sent.queue_id as usize] = sent.queue_offset + 1;
+    }
+    for (q, &end) in ends.iter().enumerate() {
+        client
+            .commit_offset("g", "gone", q as u32, end)
+            .await
+            .unwrap();
+    }
+    // A directory where each shard writes its offsets snapshot before renaming it.
+    let obstacles: Vec<_> = (0..2)
+        .map(|s| data.join(format!("shard-{s}")).join("offsets.log.tmp"))
+        .collect();
+    for o in &obstacles {
+        std::fs::create_dir(o).unwrap();
+    }
+    let e = client.delete_topic("gone").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::StoreIo), "{e}");
+    assert!(e.to_string().contains("could not make that durable"), "{e}");
+    let e = client.create_topic("gone", 4).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}");
+    for o in &obstacles {
+        std::fs::remove_dir(o).unwrap();
+    }
+    // The broker tells of its background retry in no other way than by taking the name
+    // again: polled, every 100 ms for at most 20 s (the first retry is after 1 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match client.create_topic("gone", 4).await {
+            Ok(()) => break,
+            Err(e) if e.code() == Some(ErrorCode::Conflict) => {
+                assert!(std::time::Instant::now() < deadline, "still refused: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    drop((producer, client));
+    broker.kill();
+    broker.restart();
+    let client = connect(&broker.addr_string()).await.client().clone();
+    for q in 0..4 {
+        assert_eq!(client.query_offset("g", "gone", q).await.unwrap(), None);
+    }
+}
+
+/// `ringmq consume --follow` names the broker run its position comes from in each pull.
+/// After a crash that lost the tail it had printed, its next pull (made here after new
+/// messages were stored past the recovered end) goes on from where the queue ended at the
+/// restart: the new messages are printed, not skipped as a position past the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_follow_prints_what_was_stored_after_a_crash_lost_what_it_printed() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = sync_broker_on_one_port(&data);
+    let addr = broker.addr_string();
+    let sent = send_old(&addr, 20).await;
+    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq"))
+        .args(["--broker", &addr, "consume", "lost", "--from", "first"])
+        .args(["--follow", "--max", "23", "--wait-ms", "500"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = follow.id() as i32;
+    let stdout = follow.stdout.take().unwrap();
+    let mut follow = KilledOnDrop(follow);
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let body = line.unwrap().split_once(" body=").unwrap().1.to_owned();
+            if tx.send(body).is_err() {
+                return;
+            }
+        }
+    });
+    let printed = |n: usize| -> Vec<String> {
+        (0..n)
+            .map(|_| lines.recv_timeout(Duration::from_secs(20)).unwrap())
+            .collect()
+    };
+    let want: Vec<_> = (0..20).map(|i| format!("old-{i}")).collect();
+    assert_eq!(printed(20), want);
+    // Stopped while the broker crashes and takes new messages, so its next pull comes
+    // after them.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    crash_losing_from(&mut broker, &data, sent[15].physical_offset);
+    assert_eq!(broker.addr_string(), addr);
+    send_new(&connect(&addr).await, 3).await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let new = printed(3);
+    assert_eq!(new, ["new-0", "new-1", "new-2"]);
+    assert!(follow.0.wait().unwrap().success());
+}
+
+/// A child process killed (and reaped) when the test ends, also when it fails.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

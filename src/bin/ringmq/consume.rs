@@ -298,14 +298,29 @@ async fn follow(ctx: &Ctx, client: &Client, pulls: Pulls) -> CmdResult {
         let tx = tx.clone();
         tokio::spawn(async move {
             let mut offset = start;
+            // The broker run the offset comes from (0: none yet): named in each pull, so a
+            // position past where a crash ended the queue goes back to that end, not past
+            // what was stored there since.
+            let mut incarnation = 0;
+            let tags: Vec<&str> = selector.tags().iter().map(String::as_str).collect();
             let mut warned = false;
             loop {
                 match client
-                    .pull_selected(&topic, queue, offset, CONSUME_BATCH, wait, &selector)
+                    .pull_with(
+                        &topic,
+                        queue,
+                        offset,
+                        CONSUME_BATCH,
+                        wait,
+                        &tags,
+                        selector.sql(),
+                        incarnation,
+                    )
                     .await
                 {
                     Ok(pulled) => {
                         warned = false;
+                        incarnation = pulled.incarnation;
                         if !pulled.messages.is_empty()
                             && tx.send(Ok(pulled.messages)).await.is_err()
                         {
