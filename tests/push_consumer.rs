@@ -661,6 +661,68 @@ fn failing_messages_come_back_through_the_retry_topic_then_go_to_the_dead_letter
     });
 }
 
+/// Orderly: failures are counted per message, so messages that joined a failing batch
+/// later are not dead-lettered with the one that failed from the start (RocketMQ counts
+/// reconsume times per message too).
+#[test]
+fn orderly_failures_count_per_message_so_a_grown_batch_is_not_dead_lettered_early() {
+    with_broker(|addr| async move {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("grown", 1).await.unwrap();
+        let opts = PushConsumerOptions {
+            max_reconsume_times: 3,
+            suspend_ms: 200,
+            consume_batch_max: 8,
+            ..options()
+        };
+        let batches: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+        let called = Arc::new(tokio::sync::Notify::new());
+        let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-grown", opts).unwrap();
+        consumer.subscribe("grown", "*").unwrap();
+        {
+            let (batches, called) = (batches.clone(), called.clone());
+            consumer
+                .register_orderly(move |messages| {
+                    let bodies: Vec<String> = messages
+                        .iter()
+                        .map(|m| String::from_utf8_lossy(m.body()).into_owned())
+                        .collect();
+                    let bad = bodies.iter().any(|b| b == "bad");
+                    batches.lock().unwrap().push(bodies);
+                    called.notify_one();
+                    if bad {
+                        OrderlyStatus::SuspendCurrentQueueAMoment
+                    } else {
+                        OrderlyStatus::Success
+                    }
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        settled(&[&consumer], 1).await;
+        send_all(&producer, "grown", vec![OutgoingMessage::new("bad")]).await;
+        // After its first failure, two more join the queue: the next batches hold all three.
+        tokio::time::timeout(Duration::from_secs(10), called.notified())
+            .await
+            .unwrap();
+        send_all(&producer, "grown", bodies("late", 2)).await;
+        caught_up(&client, "g-grown", "grown").await;
+        let batches = batches.lock().unwrap().clone();
+        let grown = ["bad", "late-0", "late-1"].map(String::from).to_vec();
+        // "bad" in 1 + 3 failed batches, the last ones grown; then the two without it.
+        let (last, failed) = batches.split_last().unwrap();
+        assert_eq!(last, &grown[1..], "{batches:?}");
+        assert_eq!(failed.len(), 4, "{batches:?}");
+        assert!(failed.iter().all(|b| b[0] == "bad"), "{batches:?}");
+        assert_eq!(failed.last(), Some(&grown), "{batches:?}");
+        let dead = dead_letters(&client, "g-grown").await;
+        let dead: Vec<_> = dead.iter().map(|m| m.body().to_vec()).collect();
+        assert_eq!(dead, [b"bad".to_vec()]);
+        consumer.shutdown().await.unwrap();
+    });
+}
+
 #[test]
 fn group_admin_requests_list_members_show_progress_and_reset_offsets() {
     with_broker(|addr| async move {

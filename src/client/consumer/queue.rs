@@ -687,10 +687,11 @@ pub(super) async fn orderly_loop(
     pq: Arc<ProcessQueue>,
     listener: OrderlyListener,
 ) {
-    // Failed attempts of the batch that starts at `failing_from`: a new first message
-    // starts the count again (a batch that grew meanwhile is not dead-lettered early).
-    let mut failures = 0u32;
-    let mut failing_from = u64::MAX;
+    // Failed attempts of each message (by offset) still cached: counted per message, as
+    // RocketMQ counts reconsume times, so a batch that grew meanwhile does not take the
+    // messages that joined it to the dead-letter topic early. A batch is always the first
+    // cached messages, so the counts never grow along a batch.
+    let mut failures: std::collections::BTreeMap<u64, u32> = std::collections::BTreeMap::new();
     loop {
         if pq.is_dropped() || shared.is_stopping() {
             return;
@@ -713,17 +714,16 @@ pub(super) async fn orderly_loop(
             continue;
         }
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
-        if offsets.first() != Some(&failing_from) {
-            failures = 0;
-        }
+        // Those below the batch are finished (consumed or dead-lettered).
+        failures = failures.split_off(&offsets[0]);
         let messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
         let messages_again = messages.clone();
+        let mut retry_rest = false;
         let status = run_listener(&shared, listener.clone(), messages).await;
         drop(permit);
         match status {
             Outcome::Cancelled => return,
             Outcome::Returned(OrderlyStatus::Success) => {
-                failures = 0;
                 add(&shared.counters.consumed, offsets.len());
                 pq.finish(offsets);
             }
@@ -734,23 +734,33 @@ pub(super) async fn orderly_loop(
                         describe(&pq.mq, &offsets)
                     ));
                 }
-                failures += 1;
-                failing_from = offsets[0];
                 add(&shared.counters.retried, offsets.len());
-                if failures <= shared.options.max_reconsume_times
-                    || shared.options.message_model == MessageModel::Broadcasting
-                {
+                for offset in &offsets {
+                    *failures.entry(*offset).or_default() += 1;
+                }
+                let max = shared.options.max_reconsume_times;
+                let exhausted = if shared.options.message_model == MessageModel::Broadcasting {
+                    0
+                } else {
+                    offsets.iter().take_while(|o| failures[*o] > max).count()
+                };
+                if exhausted == 0 {
                     pq.pause(shared.options.suspend_ms).await;
                     continue;
                 }
-                // Retried enough: to the dead-letter topic, and the queue moves on. If the
-                // broker does not take them, the queue waits and tries again (never skips).
+                // Retried enough (the first `exhausted`, in offset order): to the dead-letter
+                // topic, and the queue moves on to the rest. If the broker does not take
+                // them, the queue waits and tries again (never skips).
+                let mut messages_again = messages_again;
+                messages_again.truncate(exhausted);
                 let left = send_back_all(&shared, &pq, messages_again, -1).await;
                 if !left.is_empty() {
                     pq.pause(shared.options.suspend_ms).await;
                     continue;
                 }
-                failures = 0;
+                // The rest of the batch failed too: after the commit, a pause as for any
+                // failure.
+                retry_rest = exhausted < offsets.len();
             }
         }
         if let Err(e) = commit_queue(&shared, &pq).await {
@@ -759,6 +769,9 @@ pub(super) async fn orderly_loop(
                 "committing {}[{}] failed: {e}",
                 pq.mq.topic, pq.mq.queue_id
             ));
+        }
+        if retry_rest {
+            pq.pause(shared.options.suspend_ms).await;
         }
     }
 }
