@@ -295,6 +295,11 @@ impl OffsetStore {
         self.written_gen > self.synced_gen
     }
 
+    /// The generation of the last change: every offset kept is durable once it is synced.
+    pub fn changed_generation(&self) -> u64 {
+        self.changed_gen
+    }
+
     /// Whether changes wait to be written.
     pub fn needs_write(&self) -> bool {
         self.changed_gen > self.written_gen

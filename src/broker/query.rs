@@ -56,17 +56,20 @@ impl ShardCtx {
             .offsets
             .borrow_mut()
             .commit(&m.group, &m.topic, m.queue_id, m.offset);
-        if generation == 0 {
-            return Ok(Empty {});
-        }
         if self.cfg.flush == FlushMode::Sync {
-            // Durable before the answer (the write and fdatasync run off the shard).
+            // Durable before the answer (the write and fdatasync run off the shard). An
+            // offset this commit leaves as it is may still be on its way to the disk, under
+            // an earlier commit that waits for its sync: this answer waits for it too.
+            let generation = match generation {
+                0 => self.offsets.borrow().changed_generation(),
+                changed => changed,
+            };
             while !self.offsets.borrow().is_synced(generation) {
                 self.sync_offsets()
                     .await
                     .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
             }
-        } else {
+        } else if generation != 0 {
             self.write_offsets_behind();
         }
         Ok(Empty {})
