@@ -244,39 +244,48 @@ impl ShardCtx {
                 t != topic
             });
             self.stats.stored.borrow_mut().remove(topic);
-            let mut failed = Vec::new();
-            if let Err(e) = self.store.delete_topic(topic).await {
-                failed.push(format!("setting its indexes aside: {e}"));
-            }
-            self.offsets.borrow_mut().forget_topic(topic);
-            if let Err(e) = self.sync_offsets().await {
-                failed.push(format!("forgetting its group offsets: {e}"));
-            }
-            // Replay after a crash must not bring the deleted queues back: the checkpoint
-            // must cover every record of the topic, so make the log durable to its end
-            // first (in async mode the durable end trails the written end).
-            let end = self.store.log().write_offset();
-            let synced = match self.store.log().wait_readable(end).await {
-                Ok(()) => self.store.log().sync_all().await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = synced {
-                failed.push(format!("syncing the log: {e}"));
-            }
-            if let Err(e) = self.store.checkpoint().await {
-                failed.push(format!("checkpointing: {e}"));
-            }
-            if !failed.is_empty() {
-                let failed = failed.join("; ");
-                crate::warn!(
-                    "ringmq: shard {}: topic {topic} is deleted, but not durably yet: {failed}",
-                    self.id
-                );
-                return Err(format!(
-                    "topic {topic} is deleted, but shard {} could not make that durable ({failed}); it tries again in the background, and a crash before it succeeds can bring back the topic's queues or group offsets",
-                    self.id
-                ));
-            }
+            return self.make_deletion_durable(topic).await;
+        }
+        Ok(())
+    }
+
+    /// The durable steps of deleting `topic` on this shard (its indexes set aside, the
+    /// group offsets forgotten, the log synced and checkpointed), each tried even when one
+    /// before failed; an `Err` names each that failed. Run again, they redo only what is
+    /// left (indexes already set aside are not found, and that is success).
+    async fn make_deletion_durable(self: &Rc<Self>, topic: &str) -> Result<(), String> {
+        let mut failed = Vec::new();
+        if let Err(e) = self.store.delete_topic(topic).await {
+            failed.push(format!("setting its indexes aside: {e}"));
+        }
+        self.offsets.borrow_mut().forget_topic(topic);
+        if let Err(e) = self.sync_offsets().await {
+            failed.push(format!("forgetting its group offsets: {e}"));
+        }
+        // Replay after a crash must not bring the deleted queues back: the checkpoint
+        // must cover every record of the topic, so make the log durable to its end
+        // first (in async mode the durable end trails the written end).
+        let end = self.store.log().write_offset();
+        let synced = match self.store.log().wait_readable(end).await {
+            Ok(()) => self.store.log().sync_all().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = synced {
+            failed.push(format!("syncing the log: {e}"));
+        }
+        if let Err(e) = self.store.checkpoint().await {
+            failed.push(format!("checkpointing: {e}"));
+        }
+        if !failed.is_empty() {
+            let failed = failed.join("; ");
+            crate::warn!(
+                "ringmq: shard {}: topic {topic} is deleted, but not durably yet: {failed}",
+                self.id
+            );
+            return Err(format!(
+                "topic {topic} is deleted, but shard {} could not make that durable ({failed}); it tries again in the background, and a restart or crash before it succeeds can bring back the topic's queues or group offsets",
+                self.id
+            ));
         }
         Ok(())
     }
@@ -469,9 +478,11 @@ impl ShardCtx {
             }
             if to == self.id {
                 // This shard (0) applied the change itself, and only a deletion's durable
-                // steps can have failed: they run again while the topic stays deleted.
+                // steps can have failed: they run again while the topic stays deleted
+                // (under the lock, as at the deletion: no topic change waits on another
+                // shard here).
                 if queues.is_none() {
-                    let again = self.apply_topic_change(topic, None).await;
+                    let again = self.make_deletion_durable(topic).await;
                     again.map_err(|m| err(ErrorCode::StoreIo, m))?;
                 }
                 return Ok(true);
@@ -668,13 +679,18 @@ impl ShardCtx {
             None | Some(TopicChangeFault::SlowCreationAnswer(_)) => Box::pin(async move {
                 turn.wait().await;
                 // Told again what it already has (told again after asking while the first
-                // telling was on its way): nothing to do, and no rebalance.
-                if queues.is_none() || self.topics.borrow().get(&topic) != queues {
-                    if let Err(message) = self.apply_topic_change(&topic, queues).await {
-                        return MeshReply::Failed(ErrorCode::StoreIo, message);
-                    }
+                // telling was on its way): nothing to do, and no rebalance; but a deletion
+                // told again may be one whose durable steps failed here: only those run.
+                let current = self.topics.borrow().get(&topic);
+                let applied = match (current, queues) {
+                    (None, None) => self.make_deletion_durable(&topic).await,
+                    _ if current == queues => Ok(()),
+                    _ => self.apply_topic_change(&topic, queues).await,
+                };
+                match applied {
+                    Ok(()) => MeshReply::Ack,
+                    Err(message) => MeshReply::Failed(ErrorCode::StoreIo, message),
                 }
-                MeshReply::Ack
             }),
             // The turn is dropped unused: the changes after it go on.
             Some(TopicChangeFault::Drop(_)) => Box::pin(async move {

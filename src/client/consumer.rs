@@ -54,8 +54,9 @@
 //! it back to the broker, which stores it on the group's retry topic (delivered again after
 //! the delay of its attempt) or, after `max_reconsume_times` retries, on the group's
 //! dead-letter topic (`%DLQ%<group>`; counted in [`ConsumerStats`]); orderly consumption
-//! suspends the queue for `suspend_ms` and retries in place, then sends the batch to the
-//! dead-letter topic after `max_reconsume_times` retries. What the broker does not take (a
+//! suspends the queue for `suspend_ms` and retries in place, then sends each message that
+//! failed more than `max_reconsume_times` times (counted per message) to the dead-letter
+//! topic, in offset order. What the broker does not take (a
 //! failed send-back), and every failure in broadcasting mode (no shared retry topic), is
 //! consumed again here after `reconsume_delay_ms` (orderly: `suspend_ms`), for as long as it
 //! fails, the committed offset staying below it.

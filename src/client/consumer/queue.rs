@@ -606,7 +606,7 @@ async fn failed_batch(
             return;
         }
         if shared.options.message_model == MessageModel::Clustering {
-            messages = send_back_all(&shared, &pq, messages, 0).await;
+            messages = send_back_all(&shared, &pq, messages, 0, false).await;
             if messages.is_empty() {
                 return;
             }
@@ -623,16 +623,23 @@ async fn failed_batch(
 }
 
 /// Sends `messages` back to the broker (`delay_level` 0: its schedule of retries; negative:
-/// the dead-letter topic) and finishes those it took; returns the others.
+/// the dead-letter topic) and finishes those it took; returns the others. With `in_order`
+/// (orderly consumption), the first one the broker does not take stops the sending: what
+/// follows it is kept unsent, so none leaves the queue before one ahead of it.
 async fn send_back_all(
     shared: &Shared,
     pq: &ProcessQueue,
     messages: Vec<Message>,
     delay_level: i32,
+    in_order: bool,
 ) -> Vec<Message> {
     let mut kept = Vec::new();
     let mut taken = Vec::with_capacity(messages.len());
     for m in messages {
+        if in_order && !kept.is_empty() {
+            kept.push(m);
+            continue;
+        }
         let sent = shared
             .client
             .send_back_received(
@@ -689,8 +696,10 @@ pub(super) async fn orderly_loop(
 ) {
     // Failed attempts of each message (by offset) still cached: counted per message, as
     // RocketMQ counts reconsume times, so a batch that grew meanwhile does not take the
-    // messages that joined it to the dead-letter topic early. A batch is always the first
-    // cached messages, so the counts never grow along a batch.
+    // messages that joined it to the dead-letter topic early. A count goes when its message
+    // is done (consumed or dead-lettered): a message cached later at the same offset (the
+    // broker moved the position back after a crash) starts from none. A batch is the first
+    // messages of one era, so the counts never grow along a batch.
     let mut failures: std::collections::BTreeMap<u64, u32> = std::collections::BTreeMap::new();
     loop {
         if pq.is_dropped() || shared.is_stopping() {
@@ -724,6 +733,9 @@ pub(super) async fn orderly_loop(
         match status {
             Outcome::Cancelled => return,
             Outcome::Returned(OrderlyStatus::Success) => {
+                for offset in &offsets {
+                    failures.remove(offset);
+                }
                 add(&shared.counters.consumed, offsets.len());
                 pq.finish(offsets);
             }
@@ -736,7 +748,8 @@ pub(super) async fn orderly_loop(
                 }
                 add(&shared.counters.retried, offsets.len());
                 for offset in &offsets {
-                    *failures.entry(*offset).or_default() += 1;
+                    let count = failures.entry(*offset).or_default();
+                    *count = count.saturating_add(1);
                 }
                 let max = shared.options.max_reconsume_times;
                 let exhausted = if shared.options.message_model == MessageModel::Broadcasting {
@@ -753,7 +766,11 @@ pub(super) async fn orderly_loop(
                 // them, the queue waits and tries again (never skips).
                 let mut messages_again = messages_again;
                 messages_again.truncate(exhausted);
-                let left = send_back_all(&shared, &pq, messages_again, -1).await;
+                let left = send_back_all(&shared, &pq, messages_again, -1, true).await;
+                // Those taken are done; those left (a suffix) keep their counts.
+                for offset in &offsets[..exhausted - left.len()] {
+                    failures.remove(offset);
+                }
                 if !left.is_empty() {
                     pq.pause(shared.options.suspend_ms).await;
                     continue;
