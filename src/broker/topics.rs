@@ -23,6 +23,11 @@ pub struct TopicTable {
     /// Topics a send created (auto-create), counted against `--auto-create-topics-max`.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     auto: BTreeSet<String>,
+    /// Topics deleted whose deletion not every shard has made durable yet (tombstones):
+    /// saved with the deletion, forgotten once every shard has; the name cannot be created
+    /// again meanwhile, and a start tells every shard of the deletion again.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    deleting: BTreeSet<String>,
 }
 
 /// A shard that failed to take a topic change is told again after this long, then at
@@ -105,6 +110,10 @@ impl TopicTable {
                         )));
                     }
                 }
+                for topic in &table.deleting {
+                    crate::protocol::names::check_topic_name(topic)
+                        .map_err(|e| invalid(format!("deleted topic {topic:?}: {e}")))?;
+                }
                 Ok(table)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TopicTable::default()),
@@ -134,6 +143,15 @@ impl TopicTable {
                 self.auto.remove(topic);
             }
         }
+    }
+
+    /// Topics whose deletion not every shard has made durable yet.
+    pub fn deleting(&self) -> Vec<String> {
+        self.deleting.iter().cloned().collect()
+    }
+
+    pub fn is_deleting(&self, topic: &str) -> bool {
+        self.deleting.contains(topic)
     }
 
     /// Marks a topic as created by auto-create.
@@ -249,6 +267,25 @@ impl ShardCtx {
         Ok(())
     }
 
+    /// Shard 0, at a start: every shard (itself too) is told again of each deletion the
+    /// table holds a tombstone of, which not every shard had made durable before the last
+    /// stop (a crash between the table's save and a shard's steps, or a step that failed).
+    /// Each shard redoes what is left (sets the topic's queues aside, forgets its group
+    /// offsets, syncs and checkpoints); once all have, the tombstone goes. Queues or
+    /// offsets of a topic the table names in no way (a lost table) are left alone.
+    pub fn finish_undone_deletions(self: &Rc<Self>) {
+        let undone = self.topics.borrow().deleting();
+        for topic in undone {
+            crate::warn!(
+                "ringmq: shard {}: the deletion of topic {topic} was not made durable on every shard before the last stop; finishing it",
+                self.id
+            );
+            for to in 0..self.shard_count {
+                self.tell_again_later(to, &topic);
+            }
+        }
+    }
+
     /// The durable steps of deleting `topic` on this shard (its indexes set aside, the
     /// group offsets forgotten, the log synced and checkpointed), each tried even when one
     /// before failed; an `Err` names each that failed. Run again, they redo only what is
@@ -283,7 +320,7 @@ impl ShardCtx {
                 self.id
             );
             return Err(format!(
-                "topic {topic} is deleted, but shard {} could not make that durable ({failed}); it tries again in the background, and a restart or crash before it succeeds can bring back the topic's queues or group offsets",
+                "topic {topic} is deleted, but shard {} could not make that durable ({failed}); it is retried in the background (and at the next start), and the name cannot be created again until that succeeds",
                 self.id
             ));
         }
@@ -347,18 +384,15 @@ impl ShardCtx {
                 ))
             }
             // A shard not yet told of the deletion (or not yet durably done with it) keeps
-            // the old queues, which a creation now would take for the new topic's.
-            (None, Some(_)) => {
-                if let Some((shard, _)) =
-                    self.telling_again.borrow().iter().find(|(_, t)| t == topic)
-                {
-                    return Err(err(
-                        ErrorCode::Conflict,
-                        format!(
-                            "topic {topic} is still being deleted (shard {shard} has not taken the deletion durably yet); try again later"
-                        ),
-                    ));
-                }
+            // the old queues or group offsets, which a creation now would take for the new
+            // topic's.
+            (None, Some(_)) if self.topics.borrow().is_deleting(topic) => {
+                return Err(err(
+                    ErrorCode::Conflict,
+                    format!(
+                        "topic {topic} is still being deleted (not every shard has made the deletion durable yet; it is retried in the background); try again later"
+                    ),
+                ));
             }
             _ => {}
         }
@@ -405,6 +439,9 @@ impl ShardCtx {
         // records: those stay).
         let undo = current.is_none() && !self.store.holds_topic(topic);
         table.set(topic, queues);
+        if queues.is_none() {
+            table.deleting.insert(topic.to_owned());
+        }
         // This shard's queues first, then the table saved: a failure refuses the change.
         let made = async {
             if let Some(count) = queues {
@@ -455,6 +492,9 @@ impl ShardCtx {
                 );
                 first_failure.get_or_insert(e);
             }
+        }
+        if queues.is_none() && first_failure.is_none() {
+            self.forget_tombstone(topic).await;
         }
         first_failure.map_or(Ok(true), Err)
     }
@@ -509,10 +549,14 @@ impl ShardCtx {
         let ctx = self.clone();
         crate::io::spawn(async move {
             let mut wait_ms = TELL_AGAIN_FIRST_MS;
+            let mut told = false;
             while !ctx.is_stopping() {
                 crate::io::sleep(std::time::Duration::from_millis(wait_ms)).await;
                 match ctx.tell_again(to, &key.1, true).await {
-                    Ok(_) => break,
+                    Ok(_) => {
+                        told = true;
+                        break;
+                    }
                     Err(e) => crate::warn!(
                         "ringmq: shard {}: telling shard {to} of topic {} again: {}",
                         ctx.id,
@@ -523,7 +567,34 @@ impl ShardCtx {
                 wait_ms = (wait_ms * 2).min(TELL_AGAIN_MAX_MS);
             }
             ctx.telling_again.borrow_mut().remove(&key);
+            if told {
+                let _one_at_a_time = ctx.topic_changes.lock().await;
+                let done = !ctx.telling_again.borrow().iter().any(|(_, t)| *t == key.1);
+                if done && ctx.topics.borrow().get(&key.1).is_none() {
+                    ctx.forget_tombstone(&key.1).await;
+                }
+            }
         });
+    }
+
+    /// Shard 0, under the lock of topic changes, once every shard has made the deletion of
+    /// `topic` durable: its tombstone goes from the table, and the name may be created
+    /// again. If the table cannot be saved, the tombstone stays (in memory too) and the
+    /// next start tells every shard of the deletion again.
+    async fn forget_tombstone(self: &Rc<Self>, topic: &str) {
+        if !self.topics.borrow().is_deleting(topic) {
+            return;
+        }
+        let mut table = self.topics.borrow().clone();
+        table.deleting.remove(topic);
+        let (dir, saved) = (self.cfg.data_dir.clone(), table.clone());
+        match crate::io::blocking(move || saved.save(&dir)).await {
+            Ok(()) => *self.topics.borrow_mut() = table,
+            Err(e) => crate::warn!(
+                "ringmq: shard {}: the deletion of topic {topic} is durable, but saving the topic table failed: {e}; the name stays reserved until the next start",
+                self.id
+            ),
+        }
     }
 
     /// A creation refused after this shard opened some of the new topic's queues: they go

@@ -921,6 +921,9 @@ async fn shard_main(
             spawn_mesh_receiver(ctx.clone(), receivers.clone(), peer);
         }
     }
+    if i == 0 {
+        ctx.finish_undone_deletions();
+    }
     let read_budget = ReadBudget::new(limits.frame_bytes_max() as usize);
     for listener in [main_listener, direct] {
         let ctx = ctx.clone();
