@@ -458,6 +458,17 @@ impl ShardCtx {
                 .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")))
         };
         if let Err(e) = made.await {
+            // The save can fail after its rename (at the directory's fsync), leaving the
+            // refused table on disk: the table in use is saved again, or a restart would
+            // take a refused deletion for done (and finish it) while sends to the topic
+            // are still taken.
+            let (dir, kept) = (self.cfg.data_dir.clone(), self.topics.borrow().clone());
+            if let Err(again) = crate::io::blocking(move || kept.save(&dir)).await {
+                crate::warn!(
+                    "ringmq: shard {}: saving the topic table again after a refused change to {topic}: {again}; until a save succeeds, the file may hold the refused change",
+                    self.id
+                );
+            }
             if undo {
                 self.undo_creation(topic).await;
             }
