@@ -500,14 +500,22 @@ impl Started {
 /// which the new topic would otherwise take for its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_that_could_not_be_made_durable_is_reported_and_tried_again() {
-    let (_dir, mut broker, obstacles) = delete_with_offsets_blocked().await;
+    let (dir, mut broker, obstacles) = delete_with_offsets_blocked().await;
     let client = connect(&broker.addr_string()).await.client().clone();
     let e = client.create_topic("gone", 4).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}");
     for o in &obstacles {
         std::fs::remove_dir(o).unwrap();
     }
-    create_once_deleted(&client, "gone").await;
+    // Once every shard has made the deletion durable, the tombstone leaves the saved table
+    // (polled every 100 ms, at most 20 s), and the name may be created again.
+    let path = dir.path().join("data").join("topics.json");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&path).unwrap().contains("deleting") {
+        assert!(std::time::Instant::now() < deadline, "the tombstone stayed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    client.create_topic("gone", 4).await.unwrap();
     drop(client);
     broker.kill();
     broker.restart();

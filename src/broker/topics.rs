@@ -3,8 +3,6 @@
 //! atomically) and tells every other shard of each change before answering. Auto-creation,
 //! queue checks and the admin requests (create, update, delete, list, describe) live here.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use super::mesh::{MeshReply, MeshRequest, MESH_CALL_TIMEOUT_MS};
@@ -14,21 +12,11 @@ use crate::protocol::{
 };
 use crate::store::validate_topic;
 
+mod table;
+pub use table::TopicTable;
+
 /// Most queues a topic may have.
 pub const QUEUES_PER_TOPIC_MAX: u32 = 1024;
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TopicTable {
-    topics: BTreeMap<String, u32>,
-    /// Topics a send created (auto-create), counted against `--auto-create-topics-max`.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    auto: BTreeSet<String>,
-    /// Topics deleted whose deletion not every shard has made durable yet (tombstones):
-    /// saved with the deletion, forgotten once every shard has; the name cannot be created
-    /// again meanwhile, and a start tells every shard of the deletion again.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    deleting: BTreeSet<String>,
-}
 
 /// A shard that failed to take a topic change is told again after this long, then at
 /// doubling intervals up to [`TELL_AGAIN_MAX_MS`].
@@ -75,112 +63,6 @@ pub enum NewTopic {
     Auto,
     /// The broker, for a group's retry or dead-letter topic.
     System,
-}
-
-impl TopicTable {
-    pub fn path(data_dir: &Path) -> PathBuf {
-        data_dir.join("topics.json")
-    }
-
-    pub fn load(data_dir: &Path) -> std::io::Result<TopicTable> {
-        let path = Self::path(data_dir);
-        let invalid = |what: String| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{}: {what}", path.display()),
-            )
-        };
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let table: TopicTable =
-                    serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-                // Every entry obeys the rules a CreateTopic obeys, or the broker does not
-                // start: a hand-edited or damaged table must not load.
-                for (topic, &queues) in &table.topics {
-                    crate::protocol::names::check_topic_name(topic)
-                        .map_err(|e| invalid(format!("topic {topic:?}: {e}")))?;
-                    if crate::protocol::names::is_system_topic(topic) {
-                        return Err(invalid(format!(
-                            "topic {topic:?} is reserved for the broker"
-                        )));
-                    }
-                    if queues == 0 || queues > QUEUES_PER_TOPIC_MAX {
-                        return Err(invalid(format!(
-                            "topic {topic:?} has {queues} queues; a topic has 1 to {QUEUES_PER_TOPIC_MAX}"
-                        )));
-                    }
-                }
-                for topic in &table.deleting {
-                    crate::protocol::names::check_topic_name(topic)
-                        .map_err(|e| invalid(format!("deleted topic {topic:?}: {e}")))?;
-                }
-                Ok(table)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TopicTable::default()),
-            Err(e) => Err(std::io::Error::new(
-                e.kind(),
-                format!("read {}: {e}", path.display()),
-            )),
-        }
-    }
-
-    pub fn save(&self, data_dir: &Path) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        crate::io::replace_file(&Self::path(data_dir), &bytes)
-    }
-
-    pub fn get(&self, topic: &str) -> Option<u32> {
-        self.topics.get(topic).copied()
-    }
-
-    pub fn set(&mut self, topic: &str, queues: Option<u32>) {
-        match queues {
-            Some(q) => {
-                self.topics.insert(topic.to_owned(), q);
-            }
-            None => {
-                self.topics.remove(topic);
-                self.auto.remove(topic);
-            }
-        }
-    }
-
-    /// Topics whose deletion not every shard has made durable yet.
-    pub fn deleting(&self) -> Vec<String> {
-        self.deleting.iter().cloned().collect()
-    }
-
-    pub fn is_deleting(&self, topic: &str) -> bool {
-        self.deleting.contains(topic)
-    }
-
-    /// Marks a topic as created by auto-create.
-    pub fn mark_auto(&mut self, topic: &str) {
-        self.auto.insert(topic.to_owned());
-    }
-
-    /// Topics in the table.
-    pub fn len(&self) -> usize {
-        self.topics.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.topics.is_empty()
-    }
-
-    /// Queues of all topics together.
-    pub fn queue_total(&self) -> u64 {
-        self.topics.values().map(|&q| u64::from(q)).sum()
-    }
-
-    /// Topics that auto-create made.
-    pub fn auto_created(&self) -> usize {
-        self.auto.len()
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        self.topics.keys().cloned().collect()
-    }
 }
 
 impl ShardCtx {
@@ -440,7 +322,7 @@ impl ShardCtx {
         let undo = current.is_none() && !self.store.holds_topic(topic);
         table.set(topic, queues);
         if queues.is_none() {
-            table.deleting.insert(topic.to_owned());
+            table.mark_deleting(topic);
         }
         // This shard's queues first, then the table saved: a failure refuses the change.
         let made = async {
@@ -457,22 +339,24 @@ impl ShardCtx {
                 .await
                 .map_err(|e| err(ErrorCode::StoreIo, format!("saving topics: {e}")))
         };
+        let mut not_durable = None;
         if let Err(e) = made.await {
-            // The save can fail after its rename (at the directory's fsync), leaving the
-            // refused table on disk: the table in use is saved again, or a restart would
-            // take a refused deletion for done (and finish it) while sends to the topic
-            // are still taken.
-            let (dir, kept) = (self.cfg.data_dir.clone(), self.topics.borrow().clone());
-            if let Err(again) = crate::io::blocking(move || kept.save(&dir)).await {
-                crate::warn!(
-                    "ringmq: shard {}: saving the topic table again after a refused change to {topic}: {again}; until a save succeeds, the file may hold the refused change",
-                    self.id
-                );
+            // The save can fail after its rename (at the directory's fsync): the file holds
+            // the change then, and a restart would go by it (a deletion's tombstone would
+            // be finished while sends to the topic were still taken here). So the change
+            // is refused only if the file does not hold it; else it is made, and answered
+            // with the error.
+            let (dir, want) = (self.cfg.data_dir.clone(), table.clone());
+            let on_disk = crate::io::blocking(move || TopicTable::load(&dir).map(|t| t == want))
+                .await
+                .unwrap_or(false);
+            if !on_disk {
+                if undo {
+                    self.undo_creation(topic).await;
+                }
+                return Err(e);
             }
-            if undo {
-                self.undo_creation(topic).await;
-            }
-            return Err(e);
+            not_durable = Some(e);
         }
         *self.topics.borrow_mut() = table;
         let applied_here = self.apply_topic_change(topic, queues).await;
@@ -489,7 +373,7 @@ impl ShardCtx {
             )
         }))
         .await;
-        let mut first_failure = None;
+        let mut first_failure = not_durable;
         if let Err(message) = applied_here {
             self.tell_again_later(self.id, topic);
             first_failure = Some(err(ErrorCode::StoreIo, message));
@@ -511,7 +395,8 @@ impl ShardCtx {
     }
 
     /// Tells shard `to` again what the table says of `topic` (its queue count, or that it
-    /// is gone; if it is gone and `tell_absent` is false, nothing is told: `Ok(false)`).
+    /// is gone; if it is gone and `tell_absent` is false, nothing is told: `Ok(None)`), and
+    /// returns what was told.
     /// Handed to the shard's FIFO under the lock of topic changes, so no later change can
     /// overtake it; the answer is awaited after, so a slow shard does not hold every topic
     /// change.
@@ -520,12 +405,12 @@ impl ShardCtx {
         to: u32,
         topic: &str,
         tell_absent: bool,
-    ) -> Result<bool, ErrorBody> {
-        let told = {
+    ) -> Result<Option<Option<u32>>, ErrorBody> {
+        let (told, queues) = {
             let _one_at_a_time = self.topic_changes.lock().await;
             let queues = self.topics.borrow().get(topic);
             if queues.is_none() && !tell_absent {
-                return Ok(false);
+                return Ok(None);
             }
             if to == self.id {
                 // This shard (0) applied the change itself, and only a deletion's durable
@@ -536,16 +421,19 @@ impl ShardCtx {
                     let again = self.make_deletion_durable(topic).await;
                     again.map_err(|m| err(ErrorCode::StoreIo, m))?;
                 }
-                return Ok(true);
+                return Ok(Some(queues));
             }
             let change = MeshRequest::TopicChanged {
                 topic: topic.to_owned(),
                 queues,
             };
-            self.request(to, change, MESH_CALL_TIMEOUT_MS).await?
+            (
+                self.request(to, change, MESH_CALL_TIMEOUT_MS).await?,
+                queues,
+            )
         };
         told.await?;
-        Ok(true)
+        Ok(Some(queues))
     }
 
     /// A shard whose call to take a change of `topic` failed is told the topic's state
@@ -560,12 +448,22 @@ impl ShardCtx {
         let ctx = self.clone();
         crate::io::spawn(async move {
             let mut wait_ms = TELL_AGAIN_FIRST_MS;
-            let mut told = false;
+            let (mut at_once, mut told_deletion) = (false, false);
             while !ctx.is_stopping() {
-                crate::io::sleep(std::time::Duration::from_millis(wait_ms)).await;
+                if !at_once {
+                    crate::io::sleep(std::time::Duration::from_millis(wait_ms)).await;
+                }
+                at_once = false;
                 match ctx.tell_again(to, &key.1, true).await {
-                    Ok(_) => {
-                        told = true;
+                    // The table may have changed since (a deletion whose failed telling
+                    // found this task running, as another was told): the shard is told
+                    // again until it has what the table says now.
+                    Ok(told) if told != Some(ctx.topics.borrow().get(&key.1)) => {
+                        at_once = true;
+                        continue;
+                    }
+                    Ok(told) => {
+                        told_deletion = told == Some(None);
                         break;
                     }
                     Err(e) => crate::warn!(
@@ -578,7 +476,7 @@ impl ShardCtx {
                 wait_ms = (wait_ms * 2).min(TELL_AGAIN_MAX_MS);
             }
             ctx.telling_again.borrow_mut().remove(&key);
-            if told {
+            if told_deletion {
                 let _one_at_a_time = ctx.topic_changes.lock().await;
                 let done = !ctx.telling_again.borrow().iter().any(|(_, t)| *t == key.1);
                 if done && ctx.topics.borrow().get(&key.1).is_none() {
@@ -590,14 +488,15 @@ impl ShardCtx {
 
     /// Shard 0, under the lock of topic changes, once every shard has made the deletion of
     /// `topic` durable: its tombstone goes from the table, and the name may be created
-    /// again. If the table cannot be saved, the tombstone stays (in memory too) and the
-    /// next start tells every shard of the deletion again.
+    /// again. If the table cannot be saved, the tombstone stays in memory (the name is
+    /// reserved until the next start), and a start tells every shard again of the
+    /// deletions the file holds tombstones of.
     async fn forget_tombstone(self: &Rc<Self>, topic: &str) {
         if !self.topics.borrow().is_deleting(topic) {
             return;
         }
         let mut table = self.topics.borrow().clone();
-        table.deleting.remove(topic);
+        table.forget_deleting(topic);
         let (dir, saved) = (self.cfg.data_dir.clone(), table.clone());
         match crate::io::blocking(move || saved.save(&dir)).await {
             Ok(()) => *self.topics.borrow_mut() = table,
@@ -737,7 +636,7 @@ impl ShardCtx {
             // answered without waiting for the lock.
             return Err(not_found_no_auto_create(topic));
         }
-        if self.tell_again(asker, topic, false).await? {
+        if self.tell_again(asker, topic, false).await?.is_some() {
             return Ok(());
         }
         Err(match create {
