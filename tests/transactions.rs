@@ -219,6 +219,60 @@ fn commit_and_rollback_and_typed_errors_for_unknown_or_resolved_transactions() {
     });
 }
 
+/// A commit of a transaction whose topic was deleted since its half message was stored has
+/// nowhere to go: it is refused with `TopicNotFound`, and the message is discarded (kept
+/// in the discarded topic, listed and counted), never written to the deleted topic's queue.
+#[test]
+fn a_commit_after_its_topic_was_deleted_is_refused_and_its_message_kept_as_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txd", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("tx-gone", 2).await.unwrap();
+        let sent = tp
+            .send_in_transaction("tx-gone", OutgoingMessage::new("orphan"), |_| {
+                TransactionOutcome::Unknown
+            })
+            .await
+            .unwrap()
+            .send;
+        client.delete_topic("tx-gone").await.unwrap();
+        let end = |outcome| {
+            tp.end(
+                "tx-gone",
+                sent.queue_id,
+                sent.transaction_id,
+                outcome,
+                false,
+            )
+        };
+        let e = end(TransactionOutcome::Commit).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::TopicNotFound), "{e}");
+        assert!(e.to_string().contains("kept in"), "{e}");
+        assert_eq!(
+            code(end(TransactionOutcome::Commit).await),
+            ErrorCode::TransactionResolved
+        );
+        let list = client.list_transactions().await.unwrap();
+        assert!(list.halves.is_empty(), "{list:?}");
+        assert_eq!(list.discarded, 1, "{list:?}");
+        let kept = &list.recently_discarded[0];
+        assert_eq!(kept.transaction_id, sent.transaction_id);
+        let copy = client.message_by_id(&kept.msg_id).await.unwrap().unwrap();
+        assert_eq!(copy.body(), b"orphan");
+        // The name, created again, holds nothing of it.
+        client.create_topic("tx-gone", 2).await.unwrap();
+        assert!(visible(&client, "tx-gone").await.is_empty());
+        tp.shutdown().await;
+    });
+}
+
 #[test]
 fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
     let dir = tempfile::tempdir().unwrap();

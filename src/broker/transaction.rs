@@ -313,6 +313,25 @@ impl ShardCtx {
         if e.outcome == TRANSACTION_UNKNOWN {
             return Ok(crate::protocol::Empty {});
         }
+        // The topic (or the queue) went since the half was stored: the commit has nowhere
+        // to go. The message is discarded (kept, listed and counted) and the producer told.
+        if let (TRANSACTION_COMMIT, Err(gone)) = (e.outcome, self.known_queue(&e.topic, e.queue_id))
+        {
+            self.resolve_half(half, OUTCOME_DISCARDED).await?;
+            crate::warn!(
+                "ringmq: shard {}: transaction {} committed after {}: discarded, kept in {DISCARDED_TOPIC}",
+                self.id,
+                e.transaction_id,
+                gone.message
+            );
+            return Err(err(
+                gone.error_code().unwrap_or(ErrorCode::TopicNotFound),
+                format!(
+                    "transaction {} cannot be committed: {}; its message is kept in {DISCARDED_TOPIC} (ringmq transaction list)",
+                    e.transaction_id, gone.message
+                ),
+            ));
+        }
         self.resolve_half(half, e.outcome).await?;
         Ok(crate::protocol::Empty {})
     }
