@@ -168,12 +168,18 @@ impl ShardCtx {
         }
     }
 
-    /// The durable steps of deleting `topic` on this shard (its indexes set aside, the
-    /// group offsets forgotten, the log synced and checkpointed), each tried even when one
-    /// before failed; an `Err` names each that failed. Run again, they redo only what is
-    /// left (indexes already set aside are not found, and that is success).
+    /// The durable steps of deleting `topic` on this shard (its pending transactions
+    /// discarded, its indexes set aside, the group offsets forgotten, the log synced and
+    /// checkpointed), each tried even when one before failed; an `Err` names each that
+    /// failed. Run again, they redo only what is left (indexes already set aside are not
+    /// found, and that is success).
     async fn make_deletion_durable(self: &Rc<Self>, topic: &str) -> Result<(), String> {
         let mut failed = Vec::new();
+        // First, so the log's sync below covers their op records too.
+        let kept = self.discard_halves_of(topic).await;
+        if kept > 0 {
+            failed.push(format!("discarding {kept} of its pending transactions"));
+        }
         if let Err(e) = self.store.delete_topic(topic).await {
             failed.push(format!("setting its indexes aside: {e}"));
         }

@@ -159,7 +159,7 @@ fn outcome_name(outcome: u8) -> &'static str {
     match outcome {
         TRANSACTION_COMMIT => "committed",
         TRANSACTION_ROLLBACK => "rolled back",
-        OUTCOME_DISCARDED => "discarded after its checks",
+        OUTCOME_DISCARDED => "discarded",
         _ => "unknown",
     }
 }
@@ -442,6 +442,31 @@ impl ShardCtx {
                 last + 1
             );
         }
+    }
+
+    /// A deleted topic's pending transactions on this shard are discarded (kept, listed and
+    /// counted): a commit arriving later, even after a topic of the name was created
+    /// again, must not put an old transaction's message in the new topic. Returns how many
+    /// could not be (their halves stay pending; the deletion is retried).
+    pub(super) async fn discard_halves_of(&self, topic: &str) -> usize {
+        let halves: Vec<u64> = (self.txn.borrow().pending.iter())
+            .filter(|(_, h)| h.topic == topic)
+            .map(|(&half, _)| half)
+            .collect();
+        let mut kept = 0;
+        for half in halves {
+            match self.resolve_half(half, OUTCOME_DISCARDED).await {
+                Ok(()) => crate::warn!(
+                    "ringmq: shard {}: transaction {} of deleted topic {topic} discarded, kept in {DISCARDED_TOPIC}",
+                    self.id,
+                    half + 1
+                ),
+                // Resolved meanwhile by its producer.
+                Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
+                Err(_) => kept += 1,
+            }
+        }
+        kept
     }
 
     /// Appends what an outcome writes; returns the put of the message's copy (commit,
