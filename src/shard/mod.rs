@@ -3,8 +3,9 @@
 //! clean start and stop. Everything glommio-specific about serving lives here; the services
 //! it runs are in `crate::broker`.
 //!
-//! Files: this one (start, stop, the mesh, the shard's main task), `conn.rs` (serving one
-//! connection, with its bounds and timeouts), `listen.rs` (sockets, the exclusive-port
+//! Files: this one (start, stop, the mesh, the shard's main task), `checks.rs` (what is
+//! checked before a start), `conn.rs` (serving one connection, with its bounds and
+//! timeouts), `cpus.rs` (where shards are placed), `listen.rs` (sockets, the exclusive-port
 //! probe, the connection cap, accepting).
 //!
 //! Architecture invariant: a shard's state is touched only by its own executor thread.
@@ -12,7 +13,7 @@
 //! are start-up coordination and the stop flag.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
 use glommio::LocalExecutorBuilder;
 
+mod checks;
 mod conn;
 mod cpus;
 mod listen;
@@ -34,6 +36,7 @@ use crate::log::FlushMode;
 use crate::protocol::delay::DelayRule;
 use crate::protocol::FrameLimits;
 use crate::store::{MessageStore, StoreConfig};
+use checks::{check_durations, check_shard_count, lock_data_dir, max_map_count};
 use conn::{ConnSettings, ReadBudget};
 use listen::{accept_loop, bind, check_ports_free, ConnectionCap};
 
@@ -285,111 +288,6 @@ struct Boot {
     main_addr: OnceLock<SocketAddr>,
     /// Direct address of each shard, and the mesh peer index of each shard.
     table: OnceLock<(Vec<String>, Vec<usize>)>,
-}
-
-/// The longest duration any option may name: a century. Past it, clock arithmetic breaks (a
-/// deadline past the end of `Instant` panics; a retention past `i64` milliseconds reads as
-/// negative, and every segment would be old enough to delete).
-const DURATION_MS_MAX: u64 = 100 * 365 * 24 * 3_600_000;
-
-fn check_durations(cfg: &BrokerConfig) -> Result<(), BrokerError> {
-    for (name, ms) in [
-        (
-            "retention-hours",
-            cfg.retention_hours.saturating_mul(3_600_000),
-        ),
-        ("flush-interval-ms", cfg.flush_interval_ms),
-        ("conn-timeout-ms", cfg.conn_timeout_ms),
-        (
-            "retention-check-interval-ms",
-            cfg.retention_check_interval_ms,
-        ),
-        ("schedule-park-max-ms", cfg.schedule_park_max_ms),
-        ("index-idle-close-ms", cfg.index_idle_close_ms),
-        ("transaction-timeout-ms", cfg.transaction_timeout_ms),
-        (
-            "transaction-check-interval-ms",
-            cfg.transaction_check_interval_ms,
-        ),
-        ("send-wait-max-ms", cfg.send_wait_max_ms),
-        ("delay-max-ms", cfg.delay_max_ms),
-        ("spin-before-park-us", cfg.spin_before_park_us / 1000),
-        ("testing-write-delay-us", cfg.testing_write_delay_us / 1000),
-    ] {
-        if ms > DURATION_MS_MAX {
-            return Err(BrokerError::Config(format!(
-                "{name} names more than a century ({} days); at most {} days",
-                ms / 86_400_000,
-                DURATION_MS_MAX / 86_400_000
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {
-    let dd = |reason: String| BrokerError::DataDir {
-        path: data_dir.to_owned(),
-        reason,
-    };
-    std::fs::create_dir_all(data_dir).map_err(|e| dd(format!("create: {e}")))?;
-    let path = data_dir.join("shards");
-    match std::fs::read_to_string(&path) {
-        Ok(s) => {
-            let recorded: usize = s
-                .trim()
-                .parse()
-                .map_err(|_| dd(format!("{} is damaged: {s:?}", path.display())))?;
-            if recorded != shards {
-                return Err(dd(format!(
-                    "it was created with {recorded} shards and this broker was started with {shards}; \
-                     start with --shards {recorded} (queue ownership depends on the shard count), or use a new data directory"
-                )));
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("{shards}\n"))
-                .map_err(|e| dd(format!("write {}: {e}", path.display())))
-        }
-        Err(e) => Err(dd(format!("read {}: {e}", path.display()))),
-    }
-}
-
-/// The shards bind with SO_REUSEPORT, which would let a second broker on the same ports
-/// share (and split) their traffic. A plain bind first fails if anything holds the ports.
-/// Takes an exclusive lock on the data directory for the life of the broker: two brokers on
-/// one directory would corrupt each other's logs.
-fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerError> {
-    use std::os::fd::AsRawFd;
-    let path = data_dir.join("lock");
-    let dd = |reason: String| BrokerError::DataDir {
-        path: data_dir.to_owned(),
-        reason,
-    };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| dd(format!("open {}: {e}", path.display())))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(dd(
-            "it is in use by another broker (its lock file is held)".into()
-        ));
-    }
-    Ok(file)
-}
-
-/// The kernel's limit on memory maps per process, if it can be read.
-fn max_map_count() -> Option<usize> {
-    std::fs::read_to_string("/proc/sys/vm/max_map_count")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 impl Broker {
@@ -915,6 +813,12 @@ async fn shard_main(
             .await
             .map_err(|e| format!("syncing the lowered offsets of shard {i}: {e}"))?;
     }
+    // Before a connection or a peer's deletion can reach them: an early commit would find
+    // no half (`TransactionNotFound`), and a deletion's discard would miss the halves
+    // rebuilt after it (the rebuilt list replaces the one in use).
+    ctx.recover_transactions()
+        .await
+        .map_err(|e| format!("recovering the transactions of shard {i}: {e}"))?;
     let receivers = Rc::new(receivers);
     for (shard, &peer) in peer_of_shard.iter().enumerate() {
         if shard != i {
@@ -951,9 +855,6 @@ async fn shard_main(
         .detach();
     }
     glommio::spawn_local(ctx.clone().run_schedule()).detach();
-    ctx.recover_transactions()
-        .await
-        .map_err(|e| format!("recovering the transactions of shard {i}: {e}"))?;
     glommio::spawn_local(ctx.clone().run_transaction_checks()).detach();
     if let Some(hub) = &boot.metrics {
         glommio::spawn_local(ctx.clone().publish_metrics(hub.clone())).detach();
