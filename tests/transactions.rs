@@ -268,6 +268,63 @@ fn a_commit_after_its_topic_was_deleted_is_refused_and_its_message_kept_as_disca
     });
 }
 
+/// A deletion discards every unresolved transaction of its topic, more than it writes at
+/// once on each shard (256), and none of another topic.
+#[test]
+fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txm", |_| {
+            TransactionOutcome::Unknown
+        })
+        .await
+        .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("tx-many", 2).await.unwrap();
+        client.create_topic("tx-stays", 2).await.unwrap();
+        let mut per_queue = [0u32; 2];
+        for i in 0..600 {
+            let sent = tp
+                .send_in_transaction("tx-many", OutgoingMessage::new(format!("m-{i}")), |_| {
+                    TransactionOutcome::Unknown
+                })
+                .await
+                .unwrap()
+                .send;
+            per_queue[sent.queue_id as usize] += 1;
+        }
+        assert!(per_queue.iter().all(|&n| n > 256), "{per_queue:?}");
+        let stays = tp
+            .send_in_transaction("tx-stays", OutgoingMessage::new("stays"), |_| {
+                TransactionOutcome::Unknown
+            })
+            .await
+            .unwrap()
+            .send;
+        client.delete_topic("tx-many").await.unwrap();
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!(list.discarded, 600);
+        assert_eq!(list.recently_discarded.len(), 200);
+        assert!(list.recently_discarded.iter().all(|h| h.topic == "tx-many"));
+        assert_eq!(list.halves.len(), 1, "{:?}", list.halves);
+        assert_eq!(list.halves[0].topic, "tx-stays");
+        let commit = tp.end(
+            "tx-stays",
+            stays.queue_id,
+            stays.transaction_id,
+            TransactionOutcome::Commit,
+            false,
+        );
+        commit.await.unwrap();
+        let seen = visible(&client, "tx-stays").await;
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["stays"]);
+        assert_eq!(seen["stays"].len(), 1);
+        tp.shutdown().await;
+    });
+}
+
 #[test]
 fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
     let dir = tempfile::tempdir().unwrap();

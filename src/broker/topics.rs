@@ -176,9 +176,8 @@ impl ShardCtx {
     async fn make_deletion_durable(self: &Rc<Self>, topic: &str) -> Result<(), String> {
         let mut failed = Vec::new();
         // First, so the log's sync below covers their op records too.
-        let kept = self.discard_halves_of(topic).await;
-        if kept > 0 {
-            failed.push(format!("discarding {kept} of its pending transactions"));
+        if let Err(e) = self.discard_halves_of(topic).await {
+            failed.push(e);
         }
         if let Err(e) = self.store.delete_topic(topic).await {
             failed.push(format!("setting its indexes aside: {e}"));

@@ -19,7 +19,10 @@
 //! of its group (the group's coordinator shard keeps the producers' connections, as
 //! registered by [`ProducerHeartbeat`] and dropped when the connection closes; each check
 //! asks the next producer). After `--transaction-check-max` checks the half message is
-//! copied to [`DISCARDED_TOPIC`], an op record written, and it is counted.
+//! copied to [`DISCARDED_TOPIC`], an op record written, and it is counted. A topic's
+//! deletion discards its unresolved halves the same way, and a commit whose topic is gone
+//! is a discard too (its producer told); a discard whose op record a full disk refused is
+//! found by its key in [`DISCARDED_TOPIC`] at the next start, as a commit is in its topic.
 //!
 //! Retention: the oldest unresolved half holds the store's retention floor, and a half
 //! stored where retention wants to delete is discarded as after its last check, so none
@@ -39,6 +42,8 @@ use crate::protocol::{
     TRANSACTION_UNKNOWN,
 };
 use crate::store::{Holder, PutResult};
+
+mod recovery;
 
 /// Half messages, one queue per shard.
 pub const HALF_TOPIC: &str = "%SYS_TXN_HALF%";
@@ -85,12 +90,16 @@ pub struct Transactions {
     pending: BTreeMap<u64, Half>,
     /// Recent outcomes by half offset.
     resolved: BTreeMap<u64, u8>,
-    /// Halves whose outcome is being written and acknowledged (resolved until it fails).
-    resolving: HashMap<u64, Rc<tokio::sync::Notify>>,
+    /// Halves whose outcome is being written and acknowledged (resolved until it fails),
+    /// with the topic each is bound for.
+    resolving: HashMap<u64, (Rc<tokio::sync::Notify>, String)>,
     discarded: u64,
     /// The latest discards (their copies in [`DISCARDED_TOPIC`]), newest last.
     discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
 }
+
+/// Most discards a topic's deletion writes at once.
+const DISCARDS_AT_ONCE: usize = 256;
 
 /// Discards listed by [`ListTransactions`](crate::protocol::ListTransactions), per shard.
 const DISCARDED_LISTED: usize = 100;
@@ -118,16 +127,38 @@ struct Resolving<'a> {
 }
 
 impl<'a> Resolving<'a> {
-    fn start(txn: &'a std::cell::RefCell<Transactions>, half: u64) -> Resolving<'a> {
-        txn.borrow_mut().resolving.insert(half, Rc::default());
+    fn start(txn: &'a std::cell::RefCell<Transactions>, half: u64, topic: &str) -> Resolving<'a> {
+        (txn.borrow_mut().resolving).insert(half, (Rc::default(), topic.to_owned()));
         Resolving { txn, half }
     }
 }
 
 impl Drop for Resolving<'_> {
     fn drop(&mut self) {
-        if let Some(done) = self.txn.borrow_mut().resolving.remove(&self.half) {
+        if let Some((done, _)) = self.txn.borrow_mut().resolving.remove(&self.half) {
             done.notify_waiters();
+        }
+    }
+}
+
+impl Transactions {
+    /// Waits until no outcome is being written for a half `bound` accepts (one that fails
+    /// puts its half back to pending).
+    async fn resolutions_ended(
+        cell: &std::cell::RefCell<Transactions>,
+        bound: impl Fn(u64, &str) -> bool,
+    ) {
+        loop {
+            let found = (cell.borrow().resolving.iter())
+                .find(|(&half, (_, topic))| bound(half, topic))
+                .map(|(&half, (done, _))| (half, done.clone()));
+            let Some((half, done)) = found else { return };
+            let notified = done.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if cell.borrow().resolving.contains_key(&half) {
+                notified.await;
+            }
         }
     }
 }
@@ -155,6 +186,14 @@ fn parse_op(body: &[u8]) -> Option<(u64, u8)> {
     Some((half, *body.get(8)?))
 }
 
+/// Whether `e` says a commit's topic or queue is gone.
+fn is_gone(e: &ErrorBody) -> bool {
+    matches!(
+        e.error_code(),
+        Some(ErrorCode::TopicNotFound | ErrorCode::QueueNotFound)
+    )
+}
+
 fn outcome_name(outcome: u8) -> &'static str {
     match outcome {
         TRANSACTION_COMMIT => "committed",
@@ -173,6 +212,10 @@ impl ShardCtx {
     /// Stores a half message (instead of appending it to its queue). The returned put's
     /// `queue_offset` is the half's offset in [`HALF_TOPIC`].
     pub(super) fn half_append(&self, draft: &RecordDraft<'_>) -> Result<PutResult, ErrorBody> {
+        // Checked with the append (a send's path may await between its own check and here):
+        // a half for a topic this shard's table no longer has would be missed by the
+        // deletion's discard, and committed later into a topic created again.
+        self.known_queue(draft.topic, draft.queue_id)?;
         let props = Properties::new(draft.properties);
         let group = props.get(prop::PRODUCER_GROUP).unwrap_or("");
         crate::protocol::names::check_group_name(group).map_err(|e| {
@@ -264,16 +307,7 @@ impl ShardCtx {
         })?;
         // An outcome being written for it: its answer waits for that one's end (which may
         // put the half back to pending).
-        loop {
-            let resolving = self.txn.borrow().resolving.get(&half).cloned();
-            let Some(resolving) = resolving else { break };
-            let notified = resolving.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            if self.txn.borrow().resolving.contains_key(&half) {
-                notified.await;
-            }
-        }
+        Transactions::resolutions_ended(&self.txn, |h, _| h == half).await;
         {
             let txn = self.txn.borrow();
             if let Some(h) = txn.pending.get(&half) {
@@ -313,27 +347,34 @@ impl ShardCtx {
         if e.outcome == TRANSACTION_UNKNOWN {
             return Ok(crate::protocol::Empty {});
         }
-        // The topic (or the queue) went since the half was stored: the commit has nowhere
-        // to go. The message is discarded (kept, listed and counted) and the producer told.
-        if let (TRANSACTION_COMMIT, Err(gone)) = (e.outcome, self.known_queue(&e.topic, e.queue_id))
-        {
-            self.resolve_half(half, OUTCOME_DISCARDED).await?;
-            crate::warn!(
-                "ringmq: shard {}: transaction {} committed after {}: discarded, kept in {DISCARDED_TOPIC}",
-                self.id,
-                e.transaction_id,
-                gone.message
-            );
-            return Err(err(
-                gone.error_code().unwrap_or(ErrorCode::TopicNotFound),
-                format!(
-                    "transaction {} cannot be committed: {}; its message is kept in {DISCARDED_TOPIC} (ringmq transaction list)",
-                    e.transaction_id, gone.message
-                ),
-            ));
+        // The topic (or the queue) went since the half was stored, or goes while the half is
+        // read: the commit has nowhere to go. The message is discarded (kept, listed and
+        // counted) and the producer told.
+        let gone = match (e.outcome, self.known_queue(&e.topic, e.queue_id)) {
+            (TRANSACTION_COMMIT, Err(gone)) => gone,
+            _ => match self.resolve_half(half, e.outcome).await {
+                Err(gone) if e.outcome == TRANSACTION_COMMIT && is_gone(&gone) => gone,
+                result => return result.map(|()| crate::protocol::Empty {}),
+            },
+        };
+        match self.resolve_half(half, OUTCOME_DISCARDED).await {
+            // Discarded meanwhile, by the topic's deletion.
+            Err(x) if x.error_code() == Some(ErrorCode::TransactionNotFound) => {}
+            result => result?,
         }
-        self.resolve_half(half, e.outcome).await?;
-        Ok(crate::protocol::Empty {})
+        crate::warn!(
+            "ringmq: shard {}: transaction {} committed after {}: discarded, kept in {DISCARDED_TOPIC}",
+            self.id,
+            e.transaction_id,
+            gone.message
+        );
+        Err(err(
+            gone.error_code().unwrap_or(ErrorCode::TopicNotFound),
+            format!(
+                "transaction {} cannot be committed: {}; its message is kept in {DISCARDED_TOPIC} (ringmq transaction list)",
+                e.transaction_id, gone.message
+            ),
+        ))
     }
 
     /// A `UNIQ_KEY` for a message that came without one: this shard's id and the time in
@@ -369,7 +410,7 @@ impl ShardCtx {
             return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
         };
         self.txn.borrow_mut().resolved.insert(half, outcome);
-        let resolving = Resolving::start(&self.txn, half);
+        let resolving = Resolving::start(&self.txn, half, &h.topic);
         let result = match self.write_outcome(half, &h, outcome).await {
             Ok((copy, put)) => self.acked(put).await.map(|()| (copy, put)),
             Err(e) => Err(e),
@@ -446,27 +487,54 @@ impl ShardCtx {
 
     /// A deleted topic's pending transactions on this shard are discarded (kept, listed and
     /// counted): a commit arriving later, even after a topic of the name was created
-    /// again, must not put an old transaction's message in the new topic. Returns how many
-    /// could not be (their halves stay pending; the deletion is retried).
-    pub(super) async fn discard_halves_of(&self, topic: &str) -> usize {
-        let halves: Vec<u64> = (self.txn.borrow().pending.iter())
-            .filter(|(_, h)| h.topic == topic)
-            .map(|(&half, _)| half)
-            .collect();
-        let mut kept = 0;
-        for half in halves {
-            match self.resolve_half(half, OUTCOME_DISCARDED).await {
-                Ok(()) => crate::warn!(
-                    "ringmq: shard {}: transaction {} of deleted topic {topic} discarded, kept in {DISCARDED_TOPIC}",
-                    self.id,
-                    half + 1
-                ),
-                // Resolved meanwhile by its producer.
-                Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
-                Err(_) => kept += 1,
+    /// again, must not put an old transaction's message in the new topic. Run once the
+    /// shard's table has no topic of the name (no half is stored for it from then on); waits
+    /// for the outcomes being written for its halves (one that fails puts its half back).
+    /// An `Err` says how many could not be discarded and why: their halves stay pending,
+    /// and the deletion is retried.
+    pub(super) async fn discard_halves_of(&self, topic: &str) -> Result<(), String> {
+        let mut failed: BTreeMap<u64, String> = BTreeMap::new();
+        let mut discarded = 0usize;
+        loop {
+            Transactions::resolutions_ended(&self.txn, |_, t| t == topic).await;
+            let halves: Vec<u64> = (self.txn.borrow().pending.iter())
+                .filter(|(half, h)| h.topic == topic && !failed.contains_key(half))
+                .map(|(&half, _)| half)
+                .take(DISCARDS_AT_ONCE)
+                .collect();
+            if halves.is_empty() {
+                break;
+            }
+            // Together, so their writes share the log's flushes.
+            let discards = halves
+                .iter()
+                .map(|&half| self.resolve_half(half, OUTCOME_DISCARDED));
+            let results = futures_util::future::join_all(discards).await;
+            for (half, result) in halves.into_iter().zip(results) {
+                match result {
+                    Ok(()) => discarded += 1,
+                    // Resolved meanwhile by its producer.
+                    Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
+                    Err(e) => {
+                        failed.insert(half, e.message);
+                    }
+                }
             }
         }
-        kept
+        if discarded > 0 {
+            crate::warn!(
+                "ringmq: shard {}: {discarded} unresolved transaction(s) of deleted topic {topic} discarded, kept in {DISCARDED_TOPIC}",
+                self.id
+            );
+        }
+        match failed.first_key_value() {
+            None => Ok(()),
+            Some((half, why)) => Err(format!(
+                "discarding {} of its unresolved transactions (transaction {}: {why})",
+                failed.len(),
+                half + 1
+            )),
+        }
     }
 
     /// Appends what an outcome writes; returns the put of the message's copy (commit,
@@ -494,6 +562,12 @@ impl ShardCtx {
                 })?),
                 None => None,
             };
+        if outcome == TRANSACTION_COMMIT {
+            // The topic may have gone while the half was read; checked with no await from
+            // here to the append (a deletion discards the halves it finds pending after it
+            // changed the table, and waits for those being resolved).
+            self.known_queue(&h.topic, h.queue_id)?;
+        }
         let tran_id = (half + 1).to_string();
         // No await from here to the op record: the two appends are adjacent in the log.
         let mut copy = None;
@@ -526,7 +600,8 @@ impl ShardCtx {
             (Ok(op), copy) => Ok((copy, op)),
             // The message is in the log but its op record is not (a full disk between the
             // two): the outcome stands, answered once the message is written; a restart
-            // finds the commit by its key and writes the op record then.
+            // finds the copy (the commit, or the discard) by its key and writes the op
+            // record then.
             (Err(e), Some(copy)) => {
                 crate::warn!(
                     "ringmq: shard {}: op record of transaction {}: {}; a restart writes it",
@@ -555,116 +630,6 @@ impl ShardCtx {
             body: &body,
         };
         self.store.append(&draft).map_err(store_error)
-    }
-
-    /// Rebuilds the unresolved half messages after a start: every op record, then every
-    /// half message without one. A half whose commit is in its real topic without an op
-    /// record gets that op record now.
-    pub async fn recover_transactions(&self) -> Result<(), String> {
-        let mut resolved = BTreeMap::new();
-        for record in self.read_all(OP_TOPIC).await? {
-            if let Ok(view) = RecordView::parse(&record) {
-                if let Some((half, outcome)) = parse_op(view.body()) {
-                    resolved.insert(half, outcome);
-                }
-            }
-        }
-        let now = now_ms();
-        let mut pending = BTreeMap::new();
-        let (min, _) = self
-            .store
-            .queue_range(HALF_TOPIC, 0)
-            .map_err(|e| e.to_string())?;
-        for (i, record) in self.read_all(HALF_TOPIC).await?.into_iter().enumerate() {
-            let half = min + i as u64;
-            if resolved.contains_key(&half) {
-                continue;
-            }
-            let Ok(view) = RecordView::parse(&record) else {
-                continue;
-            };
-            let props = view.properties();
-            let (Some(topic), Some(queue_id)) = (
-                props.get(prop::REAL_TOPIC),
-                props.get(prop::REAL_QID).and_then(|q| q.parse().ok()),
-            ) else {
-                continue;
-            };
-            if let Some(uniq) = props.get(prop::UNIQ_KEY) {
-                if self.committed_without_op(topic, uniq, half).await {
-                    self.append_op(half, TRANSACTION_COMMIT)
-                        .map_err(|e| e.message)?;
-                    resolved.insert(half, TRANSACTION_COMMIT);
-                    continue;
-                }
-            }
-            pending.insert(
-                half,
-                Half {
-                    topic: topic.to_owned(),
-                    queue_id,
-                    group: props.get(prop::PRODUCER_GROUP).unwrap_or("").to_owned(),
-                    msg_id: self.msg_id(view.physical_offset()),
-                    stored_ms: view.store_timestamp_ms().max(0) as u64,
-                    checks: 0,
-                    next_check_ms: (view.store_timestamp_ms().max(0) as u64
-                        + self.cfg.transaction_timeout_ms)
-                        .max(now),
-                },
-            );
-        }
-        {
-            let mut txn = self.txn.borrow_mut();
-            txn.pending = pending;
-            txn.resolved = resolved;
-            while txn.resolved.len() > RESOLVED_REMEMBERED {
-                txn.resolved.pop_first();
-            }
-        }
-        self.hold_halves();
-        Ok(())
-    }
-
-    /// Whether the real topic holds the commit of half message `half` (found by its unique
-    /// key and its `TRAN_ID`).
-    async fn committed_without_op(&self, topic: &str, uniq: &str, half: u64) -> bool {
-        let want = (half + 1).to_string();
-        match self
-            .store
-            .messages_by_key(topic, uniq, 0, i64::MAX, 64)
-            .await
-        {
-            Ok(found) => found.iter().any(|r| {
-                RecordView::parse(r).is_ok_and(|v| {
-                    v.topic() == topic
-                        && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
-                })
-            }),
-            Err(_) => false,
-        }
-    }
-
-    /// Every record of queue 0 of a system topic, in order.
-    async fn read_all(&self, topic: &str) -> Result<Vec<Vec<u8>>, String> {
-        let (min, end) = self
-            .store
-            .queue_range(topic, 0)
-            .map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        let mut next = min;
-        while next < end {
-            let read = self
-                .store
-                .read_queue(topic, 0, next, 1024, 16 << 20, &[])
-                .await
-                .map_err(|e| format!("reading {topic} at {next}: {e}"))?;
-            if read.is_empty() {
-                break;
-            }
-            out.extend(read.records().map(<[u8]>::to_vec));
-            next = read.next_offset;
-        }
-        Ok(out)
     }
 
     /// The check-back task of this shard: asks about half messages past their timeout, and

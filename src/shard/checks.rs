@@ -1,0 +1,109 @@
+//! Checks made before a broker starts: option durations, the shard count a data directory
+//! was created with, the data directory's lock, the kernel's map limit.
+
+use std::path::Path;
+
+use super::{BrokerConfig, BrokerError};
+
+/// The longest duration any option may name: a century. Past it, clock arithmetic breaks (a
+/// deadline past the end of `Instant` panics; a retention past `i64` milliseconds reads as
+/// negative, and every segment would be old enough to delete).
+const DURATION_MS_MAX: u64 = 100 * 365 * 24 * 3_600_000;
+
+pub(super) fn check_durations(cfg: &BrokerConfig) -> Result<(), BrokerError> {
+    for (name, ms) in [
+        (
+            "retention-hours",
+            cfg.retention_hours.saturating_mul(3_600_000),
+        ),
+        ("flush-interval-ms", cfg.flush_interval_ms),
+        ("conn-timeout-ms", cfg.conn_timeout_ms),
+        (
+            "retention-check-interval-ms",
+            cfg.retention_check_interval_ms,
+        ),
+        ("schedule-park-max-ms", cfg.schedule_park_max_ms),
+        ("index-idle-close-ms", cfg.index_idle_close_ms),
+        ("transaction-timeout-ms", cfg.transaction_timeout_ms),
+        (
+            "transaction-check-interval-ms",
+            cfg.transaction_check_interval_ms,
+        ),
+        ("send-wait-max-ms", cfg.send_wait_max_ms),
+        ("delay-max-ms", cfg.delay_max_ms),
+        ("spin-before-park-us", cfg.spin_before_park_us / 1000),
+        ("testing-write-delay-us", cfg.testing_write_delay_us / 1000),
+    ] {
+        if ms > DURATION_MS_MAX {
+            return Err(BrokerError::Config(format!(
+                "{name} names more than a century ({} days); at most {} days",
+                ms / 86_400_000,
+                DURATION_MS_MAX / 86_400_000
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {
+    let dd = |reason: String| BrokerError::DataDir {
+        path: data_dir.to_owned(),
+        reason,
+    };
+    std::fs::create_dir_all(data_dir).map_err(|e| dd(format!("create: {e}")))?;
+    let path = data_dir.join("shards");
+    match std::fs::read_to_string(&path) {
+        Ok(s) => {
+            let recorded: usize = s
+                .trim()
+                .parse()
+                .map_err(|_| dd(format!("{} is damaged: {s:?}", path.display())))?;
+            if recorded != shards {
+                return Err(dd(format!(
+                    "it was created with {recorded} shards and this broker was started with {shards}; \
+                     start with --shards {recorded} (queue ownership depends on the shard count), or use a new data directory"
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, format!("{shards}\n"))
+                .map_err(|e| dd(format!("write {}: {e}", path.display())))
+        }
+        Err(e) => Err(dd(format!("read {}: {e}", path.display()))),
+    }
+}
+
+/// Takes an exclusive lock on the data directory for the life of the broker: two brokers on
+/// one directory would corrupt each other's logs.
+pub(super) fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerError> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join("lock");
+    let dd = |reason: String| BrokerError::DataDir {
+        path: data_dir.to_owned(),
+        reason,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| dd(format!("open {}: {e}", path.display())))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(dd(
+            "it is in use by another broker (its lock file is held)".into()
+        ));
+    }
+    Ok(file)
+}
+
+/// The kernel's limit on memory maps per process, if it can be read.
+pub(super) fn max_map_count() -> Option<usize> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
