@@ -306,6 +306,8 @@ fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() 
         client.delete_topic("tx-many").await.unwrap();
         let list = client.list_transactions().await.unwrap();
         assert_eq!(list.discarded, 600);
+        // Each shard lists its last 100, and the two queues are on different shards (a
+        // queue's shard is the topic's hash plus its id, modulo the shards).
         assert_eq!(list.recently_discarded.len(), 200);
         assert!(list.recently_discarded.iter().all(|h| h.topic == "tx-many"));
         assert_eq!(list.halves.len(), 1, "{:?}", list.halves);

@@ -101,6 +101,10 @@ pub struct Transactions {
 /// Most discards a topic's deletion writes at once.
 const DISCARDS_AT_ONCE: usize = 256;
 
+/// Most record bytes a topic's deletion reads and copies at once (each discard holds its
+/// half's record and its copy until written).
+const DISCARD_BYTES_AT_ONCE: u64 = 16 << 20;
+
 /// Discards listed by [`ListTransactions`](crate::protocol::ListTransactions), per shard.
 const DISCARDED_LISTED: usize = 100;
 
@@ -455,13 +459,25 @@ impl ShardCtx {
         result
     }
 
-    /// Keeps the oldest unresolved half message (and every later record) from retention.
-    /// A pending half not in the index (its send was cut from the log by a full disk, and
-    /// failed) holds nothing.
+    /// Keeps the oldest unresolved half message (and every later record) from retention:
+    /// the pending ones, and those whose outcome is being written (one that fails is
+    /// pending again). A half not in the index (its send was cut from the log by a full
+    /// disk, and failed) holds nothing.
     fn hold_halves(&self) {
-        let floor = (self.txn.borrow().pending.keys())
-            .find_map(|&half| self.store.queue_entry(HALF_TOPIC, 0, half))
-            .map_or(u64::MAX, |entry| entry.physical_offset);
+        let txn = self.txn.borrow();
+        let mut resolving: Vec<u64> = txn.resolving.keys().copied().collect();
+        resolving.sort_unstable();
+        let stored = |half: u64| self.store.queue_entry(HALF_TOPIC, 0, half);
+        let floor = [
+            txn.pending.keys().find_map(|&half| stored(half)),
+            resolving.into_iter().find_map(stored),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|entry| entry.physical_offset)
+        .min()
+        .unwrap_or(u64::MAX);
+        drop(txn);
         self.store.set_retention_floor(Holder::Transactions, floor);
     }
 
@@ -497,11 +513,7 @@ impl ShardCtx {
         let mut discarded = 0usize;
         loop {
             Transactions::resolutions_ended(&self.txn, |_, t| t == topic).await;
-            let halves: Vec<u64> = (self.txn.borrow().pending.iter())
-                .filter(|(half, h)| h.topic == topic && !failed.contains_key(half))
-                .map(|(&half, _)| half)
-                .take(DISCARDS_AT_ONCE)
-                .collect();
+            let halves = self.next_discards(topic, &failed);
             if halves.is_empty() {
                 break;
             }
@@ -535,6 +547,32 @@ impl ShardCtx {
                 half + 1
             )),
         }
+    }
+
+    /// The next pending halves of `topic` to discard together (not those in `failed`): at
+    /// most [`DISCARDS_AT_ONCE`] of them, and past the first, at most
+    /// [`DISCARD_BYTES_AT_ONCE`] of records.
+    fn next_discards(&self, topic: &str, failed: &BTreeMap<u64, String>) -> Vec<u64> {
+        let txn = self.txn.borrow();
+        let mut bytes = 0u64;
+        let mut halves = Vec::new();
+        for (&half, h) in &txn.pending {
+            if h.topic != topic || failed.contains_key(&half) {
+                continue;
+            }
+            let size = self
+                .store
+                .queue_entry(HALF_TOPIC, 0, half)
+                .map_or(0, |entry| u64::from(entry.size));
+            bytes += size;
+            if halves.len() == DISCARDS_AT_ONCE
+                || (!halves.is_empty() && bytes > DISCARD_BYTES_AT_ONCE)
+            {
+                break;
+            }
+            halves.push(half);
+        }
+        halves
     }
 
     /// Appends what an outcome writes; returns the put of the message's copy (commit,

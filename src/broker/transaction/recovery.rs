@@ -93,6 +93,8 @@ impl ShardCtx {
 
     /// Whether `topic` holds the copy of half message `half` (its commit in its real topic,
     /// or its discard in [`DISCARDED_TOPIC`]), found by its unique key and its `TRAN_ID`.
+    /// A copy that cannot be read is taken as none, with a warning: the half is pending
+    /// again and its producer is asked (a commit then comes twice, nothing is lost).
     async fn copied_without_op(&self, topic: &str, uniq: &str, half: u64) -> bool {
         let want = (half + 1).to_string();
         match self
@@ -106,7 +108,14 @@ impl ShardCtx {
                         && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
                 })
             }),
-            Err(_) => false,
+            Err(e) => {
+                crate::warn!(
+                    "ringmq: shard {}: transaction {}: looking for its copy in {topic} by key {uniq}: {e}; taken as unresolved",
+                    self.id,
+                    half + 1
+                );
+                false
+            }
         }
     }
 
