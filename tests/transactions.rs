@@ -328,6 +328,133 @@ fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() 
 }
 
 #[test]
+fn a_plain_send_naming_a_pending_transaction_is_not_taken_for_its_commit_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let unknown = |_: &Message| TransactionOutcome::Unknown;
+    let half = runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", unknown)
+            .await
+            .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("tf", 1).await.unwrap();
+        let half = tp
+            .send_in_transaction(
+                "tf",
+                OutgoingMessage::new("pending").with_property("UNIQ_KEY", "uk-1"),
+                |_| TransactionOutcome::Unknown,
+            )
+            .await
+            .unwrap()
+            .send;
+        // What a commit's copy holds, sent as a plain message to the same queue: the
+        // half's unique key and its transaction.
+        let forged = OutgoingMessage::new("forged")
+            .with_property("UNIQ_KEY", "uk-1")
+            .with_property("TRAN_ID", half.transaction_id.to_string());
+        tp.producer().send("tf", forged).await.unwrap();
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!(list.halves.len(), 1, "unresolved before the kill: {list:?}");
+        tp.shutdown().await;
+        half
+    });
+    broker.kill();
+    broker.restart();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", unknown)
+            .await
+            .unwrap();
+        let client = tp.producer().client().clone();
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!(list.halves.len(), 1, "still unresolved: {list:?}");
+        assert_eq!(list.halves[0].transaction_id, half.transaction_id);
+        let commit = tp.end(
+            "tf",
+            half.queue_id,
+            half.transaction_id,
+            TransactionOutcome::Commit,
+            false,
+        );
+        commit.await.unwrap();
+        let seen = visible(&client, "tf").await;
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["forged", "pending"]);
+        tp.shutdown().await;
+    });
+}
+
+/// A commit whose op record a crash lost (the log cut right after the commit's copy) is
+/// found at the next start by its key and taken as done: not pending, stored once.
+#[test]
+fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 1, &[]);
+    let addr = broker.addr_string();
+    let unknown = |_: &Message| TransactionOutcome::Unknown;
+    let copy_at = runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txo", unknown)
+            .await
+            .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("to", 1).await.unwrap();
+        let r = tp
+            .send_in_transaction("to", OutgoingMessage::new("c0"), |_| {
+                TransactionOutcome::Commit
+            })
+            .await
+            .unwrap();
+        assert!(r.end_error.is_none(), "{:?}", r.end_error);
+        let seen = visible(&client, "to").await;
+        tp.shutdown().await;
+        seen["c0"][0].physical_offset()
+    });
+    broker.kill();
+    // The op record follows the commit's copy in the log: cut the segment at the copy's end.
+    let log = data.join("shard-0").join("commitlog");
+    let mut segments: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(&log)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let base = path.file_name()?.to_str()?.parse().ok()?;
+            Some((base, path))
+        })
+        .collect();
+    segments.sort();
+    let (base, segment) = segments
+        .into_iter()
+        .rev()
+        .find(|(base, _)| *base <= copy_at)
+        .unwrap();
+    let bytes = std::fs::read(&segment).unwrap();
+    let at = (copy_at - base) as usize;
+    let copy_len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let op_len = u32::from_le_bytes(bytes[at + copy_len..at + copy_len + 4].try_into().unwrap());
+    assert!(op_len > 0, "an op record after the commit");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len((at + copy_len) as u64)
+        .unwrap();
+    broker.restart();
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txo", unknown)
+            .await
+            .unwrap();
+        let client = tp.producer().client().clone();
+        let list = client.list_transactions().await.unwrap();
+        assert!(list.halves.is_empty(), "taken as committed: {list:?}");
+        let seen = visible(&client, "to").await;
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["c0"]);
+        assert_eq!(seen["c0"].len(), 1);
+        tp.shutdown().await;
+    });
+}
+
+#[test]
 fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);

@@ -11,8 +11,9 @@
 //! durable, as for sends). A restart rebuilds the unresolved half messages from the two
 //! topics; a half whose commit reached the log without its op record (a crash between the
 //! two, which can be two writes of the log) is found by its unique key (`UNIQ_KEY`, given
-//! to a half message that comes without one) in the real topic and its op record written
-//! then, so it is never committed twice.
+//! to a half message that comes without one) in the real topic, in a record only the broker
+//! writes ([`SYS_FLAG_TRANSACTION_COMMIT`], the half's log offset as its transaction
+//! offset), and its op record written then, so it is never committed twice.
 //!
 //! Check-back: a half message older than `--transaction-timeout-ms` is asked about every
 //! `--transaction-check-interval-ms`: a [`CheckTransaction`] is pushed to a live producer
@@ -35,7 +36,9 @@ use std::time::Duration;
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::rebuild_properties;
 use super::{err, store_error, ShardCtx};
-use crate::protocol::record::{prop, Properties, RecordDraft, RecordView};
+use crate::protocol::record::{
+    prop, Properties, RecordDraft, RecordView, SYS_FLAG_TRANSACTION_COMMIT,
+};
 use crate::protocol::{
     encode_frame, CheckTransaction, EndTransaction, ErrorBody, ErrorCode, Flags, HalfMessageInfo,
     ProducerHeartbeat, TransactionList, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK,
@@ -624,11 +627,13 @@ impl ShardCtx {
                 topic,
                 queue_id,
                 flag: view.flag(),
-                sys_flag: 0,
+                // With where its half is in the log (RocketMQ's prepared transaction
+                // offset): a restart takes only such a record for this copy.
+                sys_flag: SYS_FLAG_TRANSACTION_COMMIT,
                 born_timestamp_ms: view.born_timestamp_ms(),
                 born_host: view.born_host(),
                 reconsume_times: 0,
-                transaction_offset: 0,
+                transaction_offset: view.physical_offset(),
                 properties: &props,
                 body: view.body(),
             };

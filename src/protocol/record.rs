@@ -50,6 +50,10 @@ pub const RECORD_BYTES_MAX: usize =
     HEADER_BYTES + TOPIC_BYTES_MAX + PROPERTIES_BYTES_MAX + BODY_BYTES_MAX;
 /// Smallest possible record (empty topic is refused at encode, but the codec allows it).
 pub const RECORD_BYTES_MIN: usize = HEADER_BYTES;
+/// In `sys_flag` (as RocketMQ's `TRANSACTION_COMMIT_TYPE`): a record the broker wrote from
+/// a transaction's half message (its commit, or its discard's copy), whose transaction
+/// offset is where that half is in the log. A client's send never carries it.
+pub const SYS_FLAG_TRANSACTION_COMMIT: u32 = 0x8;
 
 /// Separates a property name from its value.
 pub const PROPERTY_NAME_END: u8 = 0x01;

@@ -8,7 +8,7 @@ use super::{
     RESOLVED_REMEMBERED,
 };
 use crate::broker::ShardCtx;
-use crate::protocol::record::{prop, RecordView};
+use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
 use crate::protocol::TRANSACTION_COMMIT;
 
 impl ShardCtx {
@@ -53,7 +53,9 @@ impl ShardCtx {
                     (TRANSACTION_COMMIT, topic),
                     (OUTCOME_DISCARDED, DISCARDED_TOPIC),
                 ] {
-                    if self.copied_without_op(copy_topic, uniq, half).await {
+                    let found =
+                        self.copied_without_op(copy_topic, uniq, half, view.physical_offset());
+                    if found.await {
                         copied = Some(outcome);
                         break;
                     }
@@ -92,10 +94,13 @@ impl ShardCtx {
     }
 
     /// Whether `topic` holds the copy of half message `half` (its commit in its real topic,
-    /// or its discard in [`DISCARDED_TOPIC`]), found by its unique key and its `TRAN_ID`.
+    /// or its discard in [`DISCARDED_TOPIC`]), found by its unique key, its `TRAN_ID` and its
+    /// half's place in the log (`half_at`, kept in its transaction offset) under
+    /// [`SYS_FLAG_TRANSACTION_COMMIT`]: no client's send carries that flag, so a plain send
+    /// naming the transaction is not taken for its commit.
     /// A copy that cannot be read is taken as none, with a warning: the half is pending
     /// again and its producer is asked (a commit then comes twice, nothing is lost).
-    async fn copied_without_op(&self, topic: &str, uniq: &str, half: u64) -> bool {
+    async fn copied_without_op(&self, topic: &str, uniq: &str, half: u64, half_at: u64) -> bool {
         let want = (half + 1).to_string();
         match self
             .store
@@ -105,6 +110,8 @@ impl ShardCtx {
             Ok(found) => found.iter().any(|r| {
                 RecordView::parse(r).is_ok_and(|v| {
                     v.topic() == topic
+                        && v.sys_flag() & SYS_FLAG_TRANSACTION_COMMIT != 0
+                        && v.transaction_offset() == half_at
                         && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
                 })
             }),
