@@ -361,9 +361,10 @@ fn halves_of_transactional_sends_cut_by_a_full_disk_are_not_listed_as_unresolved
 
 /// Commits racing a disk that fills: a commit answered with an error is not taken for done
 /// (its append may have been accepted, then cut from the log with the write that found
-/// the disk full): a repeat is refused again, never answered "committed" from memory; a
-/// second commit of the same transaction at the same time is answered only once the first
-/// is, and "committed" only for a message stored. Once space returns every transaction
+/// the disk full): a repeat is refused again, or stored (a commit's record can fit where a
+/// larger write failed), never answered "committed" from memory; a second commit of the
+/// same transaction at the same time is answered only once the first is, and "committed"
+/// only for a message stored. Once space returns every transaction
 /// commits, each message stored exactly once.
 #[test]
 fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
@@ -444,15 +445,23 @@ fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
         // commit's record can fit where a larger write failed), never "committed" from
         // memory: the check of every message below finds one answered so and not stored.
         let mut failed_again = Vec::new();
+        let mut committed_again = BTreeSet::new();
         for &(i, id) in &failed {
             match commit(id).await {
-                Ok(()) => {}
+                Ok(()) => committed_again.insert(i),
                 Err(e) => {
                     assert_eq!(e.code(), Some(ErrorCode::DiskFull), "t{i}: {e}");
                     failed_again.push((i, id));
+                    false
                 }
-            }
+            };
         }
+        let stored: BTreeSet<u64> = read_queue(&client, "tf", 0).await.into_iter().collect();
+        let lost: Vec<_> = committed_again.difference(&stored).collect();
+        assert!(
+            lost.is_empty(),
+            "committed again on the full disk, not stored: {lost:?}"
+        );
         let failed = failed_again;
         std::fs::remove_file(&ballast).unwrap();
         let started = Instant::now();

@@ -17,6 +17,7 @@ use ringmq::client::{
     Client, ClientConfig, ClientError, Message, OutgoingMessage, PullStatus, TransactionOutcome,
     TransactionProducer,
 };
+use ringmq::protocol::record::RecordView;
 use ringmq::protocol::ErrorCode;
 
 /// Short check-back timings: asked 300 ms after the half message, then every 300 ms, at
@@ -380,6 +381,7 @@ fn a_plain_send_naming_a_pending_transaction_is_not_taken_for_its_commit_after_a
         commit.await.unwrap();
         let seen = visible(&client, "tf").await;
         assert_eq!(seen.keys().collect::<Vec<_>>(), ["forged", "pending"]);
+        assert_eq!(seen["pending"].len(), 1);
         tp.shutdown().await;
     });
 }
@@ -408,7 +410,14 @@ fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
         assert!(r.end_error.is_none(), "{:?}", r.end_error);
         let seen = visible(&client, "to").await;
         tp.shutdown().await;
-        seen["c0"][0].physical_offset()
+        // Written by the broker from the half: flagged, naming where the half is.
+        let copy = seen["c0"][0].view();
+        assert_eq!(
+            copy.sys_flag(),
+            ringmq::protocol::record::SYS_FLAG_TRANSACTION_COMMIT
+        );
+        assert_eq!(copy.transaction_offset(), r.send.physical_offset);
+        copy.physical_offset()
     });
     broker.kill();
     // The op record follows the commit's copy in the log: cut the segment at the copy's end.
@@ -427,17 +436,18 @@ fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
         .rev()
         .find(|(base, _)| *base <= copy_at)
         .unwrap();
-    let bytes = std::fs::read(&segment).unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
     let at = (copy_at - base) as usize;
     let copy_len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-    let op_len = u32::from_le_bytes(bytes[at + copy_len..at + copy_len + 4].try_into().unwrap());
-    assert!(op_len > 0, "an op record after the commit");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len((at + copy_len) as u64)
-        .unwrap();
+    let op = RecordView::parse(&bytes[at + copy_len..]).unwrap();
+    assert_eq!(
+        op.topic(),
+        "%SYS_TXN_OP%",
+        "the op record follows the commit"
+    );
+    // As a torn write leaves it: zeros from the op record on.
+    bytes[at + copy_len..].fill(0);
+    std::fs::write(&segment, &bytes).unwrap();
     broker.restart();
     let addr = broker.addr_string();
     runtime().block_on(async {

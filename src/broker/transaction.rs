@@ -95,7 +95,7 @@ pub struct Transactions {
     resolved: BTreeMap<u64, u8>,
     /// Halves whose outcome is being written and acknowledged (resolved until it fails),
     /// with the topic each is bound for.
-    resolving: HashMap<u64, (Rc<tokio::sync::Notify>, String)>,
+    resolving: BTreeMap<u64, (Rc<tokio::sync::Notify>, String)>,
     discarded: u64,
     /// The latest discards (their copies in [`DISCARDED_TOPIC`]), newest last.
     discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
@@ -468,12 +468,10 @@ impl ShardCtx {
     /// disk, and failed) holds nothing.
     fn hold_halves(&self) {
         let txn = self.txn.borrow();
-        let mut resolving: Vec<u64> = txn.resolving.keys().copied().collect();
-        resolving.sort_unstable();
-        let stored = |half: u64| self.store.queue_entry(HALF_TOPIC, 0, half);
+        let stored = |&half: &u64| self.store.queue_entry(HALF_TOPIC, 0, half);
         let floor = [
-            txn.pending.keys().find_map(|&half| stored(half)),
-            resolving.into_iter().find_map(stored),
+            txn.pending.keys().find_map(stored),
+            txn.resolving.keys().find_map(stored),
         ]
         .into_iter()
         .flatten()

@@ -26,6 +26,8 @@ impl ShardCtx {
         }
         let now = now_ms();
         let mut pending = BTreeMap::new();
+        // Copies that could not be looked for: how many, and the first (transaction, why).
+        let mut lookups_failed: Option<(usize, u64, String)> = None;
         let (min, _) = self
             .store
             .queue_range(HALF_TOPIC, 0)
@@ -53,11 +55,16 @@ impl ShardCtx {
                     (TRANSACTION_COMMIT, topic),
                     (OUTCOME_DISCARDED, DISCARDED_TOPIC),
                 ] {
-                    let found =
-                        self.copied_without_op(copy_topic, uniq, half, view.physical_offset());
-                    if found.await {
-                        copied = Some(outcome);
-                        break;
+                    match self.copied_without_op(copy_topic, uniq, half, &view).await {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            copied = Some(outcome);
+                            break;
+                        }
+                        Err(e) => {
+                            let first = lookups_failed.get_or_insert((0, half, e));
+                            first.0 += 1;
+                        }
                     }
                 }
                 if let Some(outcome) = copied {
@@ -81,6 +88,13 @@ impl ShardCtx {
                 },
             );
         }
+        if let Some((n, half, why)) = lookups_failed {
+            crate::warn!(
+                "ringmq: shard {}: {n} look-up(s) for the copy of a transaction failed (the first, transaction {}: {why}); their transactions are taken as unresolved and their producers asked (a commit may come twice, nothing is lost)",
+                self.id,
+                half + 1
+            );
+        }
         {
             let mut txn = self.txn.borrow_mut();
             txn.pending = pending;
@@ -93,37 +107,36 @@ impl ShardCtx {
         Ok(())
     }
 
-    /// Whether `topic` holds the copy of half message `half` (its commit in its real topic,
-    /// or its discard in [`DISCARDED_TOPIC`]), found by its unique key, its `TRAN_ID` and its
-    /// half's place in the log (`half_at`, kept in its transaction offset) under
+    /// Whether `topic` holds the copy of half message `half` (`view`: its commit in its real
+    /// topic, or its discard in [`DISCARDED_TOPIC`]), found by its unique key, its `TRAN_ID`
+    /// and the half's place in the log (kept in its transaction offset) under
     /// [`SYS_FLAG_TRANSACTION_COMMIT`]: no client's send carries that flag, so a plain send
-    /// naming the transaction is not taken for its commit.
-    /// A copy that cannot be read is taken as none, with a warning: the half is pending
-    /// again and its producer is asked (a commit then comes twice, nothing is lost).
-    async fn copied_without_op(&self, topic: &str, uniq: &str, half: u64, half_at: u64) -> bool {
+    /// naming the transaction is not taken for its commit. Looked for among the (at most 64
+    /// newest) records of the key stored from a minute before the half on (a clock set
+    /// back), so that a key reused long before does not crowd it out; 64 reuses after the
+    /// half still would. An `Err` says why it could not be looked for.
+    async fn copied_without_op(
+        &self,
+        topic: &str,
+        uniq: &str,
+        half: u64,
+        view: &RecordView<'_>,
+    ) -> Result<bool, String> {
         let want = (half + 1).to_string();
-        match self
-            .store
-            .messages_by_key(topic, uniq, 0, i64::MAX, 64)
+        let half_at = view.physical_offset();
+        let since = view.store_timestamp_ms().saturating_sub(60_000);
+        let found = (self.store)
+            .messages_by_key(topic, uniq, since, i64::MAX, 64)
             .await
-        {
-            Ok(found) => found.iter().any(|r| {
-                RecordView::parse(r).is_ok_and(|v| {
-                    v.topic() == topic
-                        && v.sys_flag() & SYS_FLAG_TRANSACTION_COMMIT != 0
-                        && v.transaction_offset() == half_at
-                        && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
-                })
-            }),
-            Err(e) => {
-                crate::warn!(
-                    "ringmq: shard {}: transaction {}: looking for its copy in {topic} by key {uniq}: {e}; taken as unresolved",
-                    self.id,
-                    half + 1
-                );
-                false
-            }
-        }
+            .map_err(|e| format!("looking in {topic} by key {uniq}: {e}"))?;
+        Ok(found.iter().any(|r| {
+            RecordView::parse(r).is_ok_and(|v| {
+                v.topic() == topic
+                    && v.sys_flag() & SYS_FLAG_TRANSACTION_COMMIT != 0
+                    && v.transaction_offset() == half_at
+                    && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
+            })
+        }))
     }
 
     /// Every record of queue 0 of a system topic, in order.
