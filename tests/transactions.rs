@@ -83,17 +83,22 @@ fn by_body(m: &Message) -> TransactionOutcome {
     }
 }
 
+/// A transaction producer of `group` whose checker never knows (`Unknown`).
+async fn unsure_producer(addr: &str, group: &str) -> TransactionProducer {
+    TransactionProducer::start(ClientConfig::new(addr), group, |_| {
+        TransactionOutcome::Unknown
+    })
+    .await
+    .unwrap()
+}
+
 #[test]
 fn commit_and_rollback_and_typed_errors_for_unknown_or_resolved_transactions() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txg", |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
+        let tp = unsure_producer(&addr, "txg").await;
         let client = tp.producer().client().clone();
         client.create_topic("tx", 4).await.unwrap();
         let mut committed = Vec::new();
@@ -230,11 +235,7 @@ fn a_commit_after_its_topic_was_deleted_is_refused_and_its_message_kept_as_disca
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txd", |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
+        let tp = unsure_producer(&addr, "txd").await;
         let client = tp.producer().client().clone();
         client.create_topic("tx-gone", 2).await.unwrap();
         let sent = tp
@@ -277,11 +278,7 @@ fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() 
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txm", |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
+        let tp = unsure_producer(&addr, "txm").await;
         let client = tp.producer().client().clone();
         client.create_topic("tx-many", 2).await.unwrap();
         client.create_topic("tx-stays", 2).await.unwrap();
@@ -328,16 +325,102 @@ fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() 
     });
 }
 
+/// Commits racing their topic's deletion: each transaction ends exactly one way, committed
+/// (answered OK) or discarded (answered with an error and counted), and none is left
+/// pending.
+#[test]
+fn commits_racing_their_topics_deletion_end_each_transaction_once() {
+    const N: u64 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = unsure_producer(&addr, "txr").await;
+        let tp = Arc::new(tp);
+        let client = tp.producer().client().clone();
+        client.create_topic("race", 2).await.unwrap();
+        let mut halves = Vec::new();
+        for i in 0..N {
+            let sent = tp
+                .send_in_transaction("race", OutgoingMessage::new(format!("r{i}")), |_| {
+                    TransactionOutcome::Unknown
+                })
+                .await
+                .unwrap()
+                .send;
+            halves.push(sent);
+        }
+        // Eight commits in flight at a time; the one answered as the 60th starts the
+        // deletion, and the rest keep going while it runs.
+        let window = Arc::new(tokio::sync::Semaphore::new(8));
+        let answered = Arc::new(AtomicU32::new(0));
+        let mut deletion = None;
+        let (deletion_tx, mut deletion_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut commits = Vec::new();
+        for h in &halves {
+            let permit = window.clone().acquire_owned().await.unwrap();
+            let (tp, queue, id) = (tp.clone(), h.queue_id, h.transaction_id);
+            let (answered, client, deletion_tx) =
+                (answered.clone(), client.clone(), deletion_tx.clone());
+            commits.push(tokio::spawn(async move {
+                let r = tp
+                    .end("race", queue, id, TransactionOutcome::Commit, false)
+                    .await;
+                if answered.fetch_add(1, Ordering::SeqCst) + 1 == 60 {
+                    let _ =
+                        deletion_tx.send(tokio::spawn(
+                            async move { client.delete_topic("race").await },
+                        ));
+                }
+                drop(permit);
+                r
+            }));
+            if let Ok(started) = deletion_rx.try_recv() {
+                deletion = Some(started);
+            }
+        }
+        let mut committed = 0u64;
+        for commit in commits {
+            match commit.await.unwrap() {
+                Ok(()) => committed += 1,
+                Err(e) => assert!(
+                    matches!(
+                        e.code(),
+                        Some(
+                            ErrorCode::TransactionResolved
+                                | ErrorCode::TopicNotFound
+                                | ErrorCode::QueueNotFound
+                        )
+                    ),
+                    "{e}"
+                ),
+            }
+        }
+        let deletion = match deletion {
+            Some(d) => d,
+            None => deletion_rx.recv().await.unwrap(),
+        };
+        deletion.await.unwrap().unwrap();
+        eprintln!("{committed} of {N} committed before the deletion");
+        let list = client.list_transactions().await.unwrap();
+        assert!(
+            list.halves.is_empty(),
+            "{} left pending, the first: {:?}",
+            list.halves.len(),
+            list.halves.first()
+        );
+        assert_eq!(list.discarded, N - committed, "each transaction ended once");
+        Arc::try_unwrap(tp).ok().unwrap().shutdown().await;
+    });
+}
+
 #[test]
 fn a_plain_send_naming_a_pending_transaction_is_not_taken_for_its_commit_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
     let addr = broker.addr_string();
-    let unknown = |_: &Message| TransactionOutcome::Unknown;
     let half = runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", unknown)
-            .await
-            .unwrap();
+        let tp = unsure_producer(&addr, "txf").await;
         let client = tp.producer().client().clone();
         client.create_topic("tf", 1).await.unwrap();
         let half = tp
@@ -364,9 +447,7 @@ fn a_plain_send_naming_a_pending_transaction_is_not_taken_for_its_commit_after_a
     broker.restart();
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txf", unknown)
-            .await
-            .unwrap();
+        let tp = unsure_producer(&addr, "txf").await;
         let client = tp.producer().client().clone();
         let list = client.list_transactions().await.unwrap();
         assert_eq!(list.halves.len(), 1, "still unresolved: {list:?}");
@@ -394,11 +475,8 @@ fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
     let data = dir.path().join("data");
     let mut broker = BrokerProcess::start(&data, 1, &[]);
     let addr = broker.addr_string();
-    let unknown = |_: &Message| TransactionOutcome::Unknown;
     let copy_at = runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txo", unknown)
-            .await
-            .unwrap();
+        let tp = unsure_producer(&addr, "txo").await;
         let client = tp.producer().client().clone();
         client.create_topic("to", 1).await.unwrap();
         let r = tp
@@ -451,9 +529,7 @@ fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
     broker.restart();
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txo", unknown)
-            .await
-            .unwrap();
+        let tp = unsure_producer(&addr, "txo").await;
         let client = tp.producer().client().clone();
         let list = client.list_transactions().await.unwrap();
         assert!(list.halves.is_empty(), "taken as committed: {list:?}");
@@ -756,11 +832,7 @@ fn a_half_message_past_retention_is_discarded_not_lost_and_retention_goes_on() {
     let mut broker = BrokerProcess::start(&data, 1, common::SMALL_RETENTION);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txr", |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
+        let tp = unsure_producer(&addr, "txr").await;
         let client = tp.producer().client().clone();
         client.create_topic("tr", 1).await.unwrap();
         client.create_topic("filler", 1).await.unwrap();
