@@ -468,9 +468,17 @@ fn a_plain_send_naming_a_pending_transaction_is_not_taken_for_its_commit_after_a
 }
 
 /// A commit whose op record a crash lost (the log cut right after the commit's copy) is
-/// found at the next start by its key and taken as done: not pending, stored once.
+/// found at the next start by its key and taken as done: not pending, stored once. Also
+/// when the start cannot write the op record (a free-space floor above the disk's size
+/// refuses every append): the broker starts, and the transaction is taken as done.
 #[test]
 fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
+    for refused in [false, true] {
+        commit_without_op_record_at_start(refused);
+    }
+}
+
+fn commit_without_op_record_at_start(op_record_refused: bool) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut broker = BrokerProcess::start(&data, 1, &[]);
@@ -526,13 +534,20 @@ fn a_commit_whose_op_record_was_lost_is_found_again_at_start() {
     // As a torn write leaves it: zeros from the op record on.
     bytes[at + copy_len..].fill(0);
     std::fs::write(&segment, &bytes).unwrap();
-    broker.restart();
+    if op_record_refused {
+        broker = BrokerProcess::start(&data, 1, &["--disk-free-min-mb", "1000000000"]);
+    } else {
+        broker.restart();
+    }
     let addr = broker.addr_string();
     runtime().block_on(async {
         let tp = unsure_producer(&addr, "txo").await;
         let client = tp.producer().client().clone();
         let list = client.list_transactions().await.unwrap();
-        assert!(list.halves.is_empty(), "taken as committed: {list:?}");
+        assert!(
+            list.halves.is_empty(),
+            "taken as committed (op record refused: {op_record_refused}): {list:?}"
+        );
         let seen = visible(&client, "to").await;
         assert_eq!(seen.keys().collect::<Vec<_>>(), ["c0"]);
         assert_eq!(seen["c0"].len(), 1);

@@ -288,6 +288,8 @@ struct Boot {
     main_addr: OnceLock<SocketAddr>,
     /// Direct address of each shard, and the mesh peer index of each shard.
     table: OnceLock<(Vec<String>, Vec<usize>)>,
+    /// Shards whose transactions are rebuilt and whose mesh receivers run.
+    recovered: std::sync::atomic::AtomicUsize,
 }
 
 impl Broker {
@@ -429,6 +431,7 @@ impl Broker {
             metrics,
             main_addr: OnceLock::new(),
             table: OnceLock::new(),
+            recovered: std::sync::atomic::AtomicUsize::new(0),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mesh: MeshBuilder<MeshMsg, Full> = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
@@ -824,6 +827,16 @@ async fn shard_main(
         if shard != i {
             spawn_mesh_receiver(ctx.clone(), receivers.clone(), peer);
         }
+    }
+    // Nothing is taken from a connection before every shard can answer its peers: a
+    // request needing a shard still recovering would wait there, and its client be told
+    // the shard did not answer while it still ran.
+    boot.recovered.fetch_add(1, Ordering::SeqCst);
+    while boot.recovered.load(Ordering::SeqCst) < shards {
+        if stop.load(Ordering::SeqCst) {
+            return Err("start-up was abandoned".into());
+        }
+        crate::io::sleep(Duration::from_millis(1)).await;
     }
     if i == 0 {
         ctx.finish_undone_deletions();

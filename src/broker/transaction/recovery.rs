@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    now_ms, parse_op, Half, DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC, OUTCOME_DISCARDED,
+    now_ms, outcome_name, parse_op, Half, DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC, OUTCOME_DISCARDED,
     RESOLVED_REMEMBERED,
 };
 use crate::broker::ShardCtx;
@@ -68,7 +68,17 @@ impl ShardCtx {
                     }
                 }
                 if let Some(outcome) = copied {
-                    self.append_op(half, outcome).map_err(|e| e.message)?;
+                    // Resolved all the same when the op record is refused (a full disk):
+                    // the copy stays, and the next start finds it again.
+                    if let Err(e) = self.append_op(half, outcome) {
+                        crate::warn!(
+                            "ringmq: shard {}: op record of transaction {} (found {}): {}; the next start writes it",
+                            self.id,
+                            half + 1,
+                            outcome_name(outcome),
+                            e.message
+                        );
+                    }
                     resolved.insert(half, outcome);
                     continue;
                 }
