@@ -487,6 +487,53 @@ async fn bad_input_gets_errors_and_never_harms_others() {
     drop(broker);
 }
 
+/// Two brokers started at once on a new data directory with different shard counts: one
+/// takes the directory, the other is refused, and the shard count recorded is the one of
+/// the broker that runs (the record is written under the directory's lock).
+#[test]
+fn brokers_started_together_on_a_new_data_dir_record_the_count_of_the_one_that_runs() {
+    use std::process::{Command, Stdio};
+    for round in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let spawn = |shards: &str| {
+            Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+                .args(["--listen", "127.0.0.1:0", "--shards", shards, "--data-dir"])
+                .arg(&data)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let mut brokers = [("1", spawn("1")), ("3", spawn("3"))];
+        // Each one's stdout until it says it is ready (true) or ends (false: refused).
+        let readers: Vec<_> = brokers
+            .iter_mut()
+            .map(|(_, child)| {
+                let out = std::io::BufReader::new(child.stdout.take().unwrap());
+                std::thread::spawn(move || {
+                    use std::io::BufRead;
+                    out.lines()
+                        .map_while(Result::ok)
+                        .any(|line| line.contains("ready"))
+                })
+            })
+            .collect();
+        let ready: Vec<bool> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+        for (_, child) in &mut brokers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let winner = match ready.as_slice() {
+            [true, false] => 0,
+            [false, true] => 1,
+            other => panic!("round {round}: one runs and one is refused, not {other:?}"),
+        };
+        let recorded = std::fs::read_to_string(data.join("shards")).unwrap();
+        assert_eq!(recorded.trim(), brokers[winner].0, "round {round}");
+    }
+}
+
 #[test]
 fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
     let dir = tempfile::tempdir().unwrap();

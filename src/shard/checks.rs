@@ -50,7 +50,6 @@ pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), Br
         path: data_dir.to_owned(),
         reason,
     };
-    std::fs::create_dir_all(data_dir).map_err(|e| dd(format!("create: {e}")))?;
     let path = data_dir.join("shards");
     match std::fs::read_to_string(&path) {
         Ok(s) => {
@@ -66,16 +65,24 @@ pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), Br
             }
             Ok(())
         }
+        // Written whole or not at all (a crash leaves no damaged record).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("{shards}\n"))
-                .map_err(|e| dd(format!("write {}: {e}", path.display())))
+            let tmp = data_dir.join("shards.tmp");
+            let write = || -> std::io::Result<()> {
+                let mut file = std::fs::File::create(&tmp)?;
+                std::io::Write::write_all(&mut file, format!("{shards}\n").as_bytes())?;
+                file.sync_all()?;
+                std::fs::rename(&tmp, &path)?;
+                std::fs::File::open(data_dir)?.sync_all()
+            };
+            write().map_err(|e| dd(format!("write {}: {e}", path.display())))
         }
         Err(e) => Err(dd(format!("read {}: {e}", path.display()))),
     }
 }
 
-/// Takes an exclusive lock on the data directory for the life of the broker: two brokers on
-/// one directory would corrupt each other's logs.
+/// Takes an exclusive lock on the data directory (created if missing) for the life of the
+/// broker: two brokers on one directory would corrupt each other's logs.
 pub(super) fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerError> {
     use std::os::fd::AsRawFd;
     let path = data_dir.join("lock");
@@ -83,6 +90,7 @@ pub(super) fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, BrokerErro
         path: data_dir.to_owned(),
         reason,
     };
+    std::fs::create_dir_all(data_dir).map_err(|e| dd(format!("create: {e}")))?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -373,6 +373,9 @@ impl Broker {
             ));
         }
         check_durations(&cfg)?;
+        // The lock first: two brokers starting at once on a new directory would both find
+        // no shard count and write their own.
+        let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_shard_count(&cfg.data_dir, shards)?;
         // A shard per core when there are enough cores (or on the CPU listed for it); the
         // cores shared otherwise: more shards than cores, or a CPU quota smaller than the
@@ -386,7 +389,6 @@ impl Broker {
         let placements = cpus::placements(&cpu_list, shards, pin_to, || {
             cpus::disk_interrupts(&cfg.data_dir)
         });
-        let dir_lock = lock_data_dir(&cfg.data_dir)?;
         check_ports_free(&cfg.listen, shards)?;
         let (file_limit, _) = listen::raise_file_limit();
         let connections_max = listen::connections_max(cfg.connections_max, file_limit, shards);
