@@ -364,8 +364,8 @@ fn halves_of_transactional_sends_cut_by_a_full_disk_are_not_listed_as_unresolved
 /// the disk full): a repeat is refused again, or stored (a commit's record can fit where a
 /// larger write failed), never answered "committed" from memory; a second commit of the
 /// same transaction at the same time is answered only once the first is, and "committed"
-/// only for a message stored. Once space returns every transaction
-/// commits, each message stored exactly once.
+/// only for a message stored. Once space returns every transaction commits, each message
+/// stored exactly once.
 #[test]
 fn a_commit_cut_by_a_full_disk_is_not_taken_for_done() {
     use futures_util::stream::{FuturesUnordered, StreamExt};

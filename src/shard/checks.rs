@@ -67,15 +67,8 @@ pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), Br
         }
         // Written whole or not at all (a crash leaves no damaged record).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let tmp = data_dir.join("shards.tmp");
-            let write = || -> std::io::Result<()> {
-                let mut file = std::fs::File::create(&tmp)?;
-                std::io::Write::write_all(&mut file, format!("{shards}\n").as_bytes())?;
-                file.sync_all()?;
-                std::fs::rename(&tmp, &path)?;
-                std::fs::File::open(data_dir)?.sync_all()
-            };
-            write().map_err(|e| dd(format!("write {}: {e}", path.display())))
+            crate::io::replace_file(&path, format!("{shards}\n").as_bytes())
+                .map_err(|e| dd(e.to_string()))
         }
         Err(e) => Err(dd(format!("read {}: {e}", path.display()))),
     }

@@ -667,12 +667,22 @@ impl Peers for MeshPeers {
 }
 
 async fn wait_for<T: Clone>(cell: &OnceLock<T>, stop: &AtomicBool) -> Result<T, String> {
+    wait_until(stop, Some(Duration::from_secs(60)), || cell.get().cloned()).await
+}
+
+/// Polls `ready` until it gives a value, the start-up is abandoned (`stop`), or `patience`
+/// runs out.
+async fn wait_until<T>(
+    stop: &AtomicBool,
+    patience: Option<Duration>,
+    ready: impl Fn() -> Option<T>,
+) -> Result<T, String> {
     let started = Instant::now();
     loop {
-        if let Some(v) = cell.get() {
-            return Ok(v.clone());
+        if let Some(v) = ready() {
+            return Ok(v);
         }
-        if stop.load(Ordering::SeqCst) || started.elapsed() > Duration::from_secs(60) {
+        if stop.load(Ordering::SeqCst) || patience.is_some_and(|p| started.elapsed() > p) {
             return Err("start-up was abandoned".into());
         }
         crate::io::sleep(Duration::from_millis(1)).await;
@@ -833,13 +843,12 @@ async fn shard_main(
     // Nothing is taken from a connection before every shard can answer its peers: a
     // request needing a shard still recovering would wait there, and its client be told
     // the shard did not answer while it still ran.
+    // No time limit: a shard's rebuild takes as long as its unresolved transactions do.
     boot.recovered.fetch_add(1, Ordering::SeqCst);
-    while boot.recovered.load(Ordering::SeqCst) < shards {
-        if stop.load(Ordering::SeqCst) {
-            return Err("start-up was abandoned".into());
-        }
-        crate::io::sleep(Duration::from_millis(1)).await;
-    }
+    wait_until(&stop, None, || {
+        (boot.recovered.load(Ordering::SeqCst) >= shards).then_some(())
+    })
+    .await?;
     if i == 0 {
         ctx.finish_undone_deletions();
     }
