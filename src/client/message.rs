@@ -221,12 +221,8 @@ impl Message {
     /// All fields at once, read in place (one header check; use it in hot loops rather
     /// than several accessors).
     pub fn view(&self) -> RecordView<'_> {
-        match RecordView::parse_unchecked_crc(&self.record) {
-            Ok(view) => view,
-            // The bytes were verified on receipt and are immutable: failing here is a bug in
-            // this module, not bad input.
-            Err(e) => unreachable!("a received record no longer parses: {e}"),
-        }
+        // Verified whole on receipt (`new`'s contract), and `Bytes` are immutable.
+        RecordView::verified(&self.record)
     }
 
     /// The record's bytes, exactly as stored by the broker.

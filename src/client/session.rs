@@ -648,11 +648,21 @@ impl Client {
         let mut messages = Vec::with_capacity((expected as usize).min(1024));
         let frame = reply.bytes();
         let mut at = reply.tail_start()?;
+        // A pull's records share one queue: its owner is computed once.
+        let mut last: Option<(&str, u32, u32)> = None;
         for record in RecordIter::new(answer.raw_records()) {
             let record = record.map_err(ProtocolError::BadRecord)?;
             let len = record.as_bytes().len();
-            let store = store_id
-                .unwrap_or_else(|| owner(record.topic(), record.queue_id(), info.shard_count));
+            let (topic, queue_id) = (record.topic(), record.queue_id());
+            let store = match (store_id, last) {
+                (Some(store), _) => store,
+                (None, Some((t, q, store))) if q == queue_id && t == topic => store,
+                (None, _) => {
+                    let store = owner(topic, queue_id, info.shard_count);
+                    last = Some((topic, queue_id, store));
+                    store
+                }
+            };
             messages.push(Message::new(
                 frame.slice(at..at + len),
                 info.broker_id,

@@ -236,10 +236,13 @@ async fn answer(
     checker: Arc<TransactionChecker>,
     check: CheckTransaction,
 ) {
-    let record = Bytes::from(check.record);
-    if crate::protocol::record::RecordView::parse(&record).is_err() {
+    let mut record = Bytes::from(check.record);
+    let Ok(view) = crate::protocol::record::RecordView::parse(&record) else {
         return;
-    }
+    };
+    // Exactly the record, as `Message::new` requires (a check carries one record).
+    let len = view.as_bytes().len();
+    record.truncate(len);
     let broker_id = client.broker_info().broker_id;
     let message = Message::new(record, broker_id, 0);
     let Ok(outcome) = tokio::task::spawn_blocking(move || checker(&message)).await else {

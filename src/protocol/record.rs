@@ -387,6 +387,16 @@ impl<'a> RecordView<'a> {
         Ok(RecordView { bytes })
     }
 
+    /// A view of bytes that [`parse`](Self::parse) accepted whole earlier and that have not
+    /// changed since (a received message's accessors), without checking them again.
+    pub(crate) fn verified(bytes: &'a [u8]) -> Self {
+        debug_assert!(
+            Self::parse_unchecked_crc(bytes).is_ok_and(|v| v.bytes.len() == bytes.len()),
+            "not one whole record"
+        );
+        RecordView { bytes }
+    }
+
     /// The record's bytes, exactly as stored.
     pub fn as_bytes(&self) -> &'a [u8] {
         self.bytes

@@ -7,13 +7,17 @@
 //! or the next offset to pull when nothing is cached. Everything below it is done, so a
 //! crash after the commit re-delivers what was in flight and never skips a message.
 
-use std::collections::btree_map::Entry as Slot;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 /// Pulled messages of one queue, by queue offset, with their total size.
 #[derive(Debug, Clone)]
 pub(crate) struct OffsetTracker<T> {
-    entries: BTreeMap<u64, Entry<T>>,
+    /// Cached offsets in increasing order (pulls arrive in offset order, so an insert is
+    /// almost always a push at the back). An offset whose messages are all done is `None`
+    /// until it reaches either end, where it is trimmed: the ends are always cached.
+    entries: VecDeque<(u64, Option<Entry<T>>)>,
+    /// The `None` slots in `entries`.
+    done_slots: usize,
     bytes: u64,
     messages: usize,
     /// Where the next pull starts; `None` until the start position is known.
@@ -22,8 +26,8 @@ pub(crate) struct OffsetTracker<T> {
     /// messages a crash lost): what is pulled from then on is consumed after everything
     /// pulled before, in orderly mode.
     era: u64,
-    /// Cached messages per era, oldest era first.
-    per_era: BTreeMap<u64, usize>,
+    /// Cached messages per era, oldest era first (eras only grow, so new ones go last).
+    per_era: VecDeque<(u64, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -45,12 +49,13 @@ struct Cached<T> {
 impl<T> Default for OffsetTracker<T> {
     fn default() -> Self {
         OffsetTracker {
-            entries: BTreeMap::new(),
+            entries: VecDeque::new(),
+            done_slots: 0,
             bytes: 0,
             messages: 0,
             next_pull: None,
             era: 0,
-            per_era: BTreeMap::new(),
+            per_era: VecDeque::new(),
         }
     }
 }
@@ -77,47 +82,100 @@ impl<T: Clone> OffsetTracker<T> {
             bytes,
             era: self.era,
         };
-        match self.entries.entry(offset) {
-            Slot::Occupied(mut slot) => slot.get_mut().later.push(cached),
-            Slot::Vacant(slot) => {
-                slot.insert(Entry {
-                    first: cached,
-                    later: Vec::new(),
-                });
+        let fresh = |cached| {
+            Some(Entry {
+                first: cached,
+                later: Vec::new(),
+            })
+        };
+        if self.entries.back().is_none_or(|(last, _)| *last < offset) {
+            self.entries.push_back((offset, fresh(cached)));
+        } else {
+            match self.position(offset) {
+                Ok(at) => match &mut self.entries[at].1 {
+                    Some(entry) => entry.later.push(cached),
+                    slot @ None => {
+                        *slot = fresh(cached);
+                        self.done_slots -= 1;
+                    }
+                },
+                Err(at) => self.entries.insert(at, (offset, fresh(cached))),
             }
         }
         self.bytes += bytes;
         self.messages += 1;
-        *self.per_era.entry(self.era).or_default() += 1;
+        match self.per_era.back_mut() {
+            Some((era, count)) if *era == self.era => *count += 1,
+            _ => self.per_era.push_back((self.era, 1)),
+        }
     }
 
     /// Marks the first message cached at `offset` done (consumed, or given up); the next one
     /// there, if any, comes first now. False when nothing was cached there.
     pub(crate) fn remove(&mut self, offset: u64) -> bool {
-        let Slot::Occupied(mut slot) = self.entries.entry(offset) else {
+        let Ok(at) = self.position(offset) else {
             return false;
         };
-        let entry = slot.get_mut();
-        let done = if entry.later.is_empty() {
-            slot.remove().first
-        } else {
-            std::mem::replace(&mut entry.first, entry.later.remove(0))
+        let slot = &mut self.entries[at].1;
+        let done = match slot {
+            Some(entry) if !entry.later.is_empty() => {
+                std::mem::replace(&mut entry.first, entry.later.remove(0))
+            }
+            _ => {
+                let Some(entry) = slot.take() else {
+                    return false;
+                };
+                self.done_slots += 1;
+                entry.first
+            }
         };
+        self.trim();
         self.bytes -= done.bytes;
         self.messages -= 1;
-        if let Slot::Occupied(mut count) = self.per_era.entry(done.era) {
-            *count.get_mut() -= 1;
-            if *count.get() == 0 {
-                count.remove();
+        if let Some(at) = self.per_era.iter().position(|(era, _)| *era == done.era) {
+            self.per_era[at].1 -= 1;
+            if self.per_era[at].1 == 0 {
+                self.per_era.remove(at);
             }
         }
         true
     }
 
+    /// Where `offset` is in `entries` (`Err`: where it would go). Offsets pulled without
+    /// gaps sit at their distance from the first, found without a search.
+    fn position(&self, offset: u64) -> Result<usize, usize> {
+        let guess = self
+            .entries
+            .front()
+            .and_then(|(first, _)| usize::try_from(offset.checked_sub(*first)?).ok());
+        match guess {
+            Some(at) if self.entries.get(at).is_some_and(|(o, _)| *o == offset) => Ok(at),
+            _ => self.entries.binary_search_by_key(&offset, |(o, _)| *o),
+        }
+    }
+
+    /// Drops done slots at both ends, and every one when they outnumber the cached
+    /// offsets (a message held long at the front while later ones finish, in a queue
+    /// whose span is not limited, would otherwise keep a slot per offset passed).
+    fn trim(&mut self) {
+        while let Some((_, None)) = self.entries.front() {
+            self.entries.pop_front();
+            self.done_slots -= 1;
+        }
+        while let Some((_, None)) = self.entries.back() {
+            self.entries.pop_back();
+            self.done_slots -= 1;
+        }
+        if self.done_slots > 1024 && self.done_slots > 2 * (self.entries.len() - self.done_slots) {
+            self.entries.retain(|(_, slot)| slot.is_some());
+            self.done_slots = 0;
+        }
+    }
+
     /// The offset the group may commit: the smallest offset still cached, else the next
     /// offset to pull; `None` before the start position is known.
     pub(crate) fn commit_point(&self) -> Option<u64> {
-        let smallest = self.entries.keys().next().copied();
+        let smallest = self.entries.front().map(|(offset, _)| *offset);
         match (smallest, self.next_pull) {
             // The next pull is normally past every cached offset; the minimum keeps the
             // rule safe even after the broker moved the pull position back (a queue whose
@@ -139,8 +197,8 @@ impl<T: Clone> OffsetTracker<T> {
 
     /// Largest cached offset minus the smallest (0 with fewer than two messages).
     pub(crate) fn span(&self) -> u64 {
-        match (self.entries.keys().next(), self.entries.keys().next_back()) {
-            (Some(first), Some(last)) => last - first,
+        match (self.entries.front(), self.entries.back()) {
+            (Some((first, _)), Some((last, _))) => last - first,
             _ => 0,
         }
     }
@@ -149,11 +207,12 @@ impl<T: Clone> OffsetTracker<T> {
     /// That is offset order within the oldest era still cached; messages pulled after the
     /// position moved back wait until every one pulled before is done.
     pub(crate) fn first(&self, n: usize) -> Vec<(u64, T)> {
-        let Some(&oldest) = self.per_era.keys().next() else {
+        let Some(&(oldest, _)) = self.per_era.front() else {
             return Vec::new();
         };
         self.entries
             .iter()
+            .filter_map(|(offset, slot)| Some((offset, slot.as_ref()?)))
             .filter(|(_, e)| e.first.era == oldest)
             .take(n)
             .map(|(offset, e)| (*offset, e.first.item.clone()))
@@ -324,6 +383,106 @@ mod tests {
         t.remove(2000);
         assert_eq!(t.span(), 0);
         assert_eq!(t.first(5), vec![(9, 9)]);
+    }
+
+    /// A queue held at its first message while thousands after it finish keeps a bounded
+    /// number of slots, and still answers as if it held only what is cached.
+    #[test]
+    fn offsets_done_behind_a_held_message_do_not_pile_up() {
+        let mut t = tracker(5000, &(0..5000).collect::<Vec<_>>());
+        for o in 1..4999 {
+            assert!(t.remove(o));
+        }
+        assert!(t.entries.len() <= 1100, "{} slots", t.entries.len());
+        assert_eq!((t.len(), t.bytes(), t.span()), (2, 20, 4999));
+        assert_eq!(t.commit_point(), Some(0));
+        assert_eq!(t.first(5), vec![(0, 0), (4999, 4999)]);
+        assert!(!t.remove(17), "done already");
+        t.insert(17, 10, 17);
+        assert_eq!(t.first(5), vec![(0, 0), (17, 17), (4999, 4999)]);
+        for o in [0, 4999, 17] {
+            assert!(t.remove(o));
+        }
+        assert_eq!(
+            (t.len(), t.entries.len(), t.commit_point()),
+            (0, 0, Some(5000))
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64),
+        Remove(u64),
+        NextPull(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u64..48).prop_map(Op::Insert),
+            4 => (0u64..48).prop_map(Op::Remove),
+            1 => (0u64..48).prop_map(Op::NextPull),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The tracker against a plain ordered map of every cached message (what it kept
+        /// before it became a deque): same counts, span, commit point and orderly batch
+        /// after each step of inserts, removals and pull positions, in any order.
+        #[test]
+        fn the_tracker_agrees_with_an_ordered_map(ops in proptest::collection::vec(op(), 1..300)) {
+            use std::collections::BTreeMap;
+            let mut t = OffsetTracker::default();
+            // offset -> (item, bytes, era) in pull order
+            let mut model: BTreeMap<u64, Vec<(u32, u64, u64)>> = BTreeMap::new();
+            let (mut era, mut next, mut item) = (0u64, None::<u64>, 0u32);
+            for op in ops {
+                match op {
+                    Op::Insert(o) => {
+                        item += 1;
+                        let bytes = u64::from(item % 7) + 1;
+                        t.insert(o, bytes, item);
+                        model.entry(o).or_default().push((item, bytes, era));
+                    }
+                    Op::Remove(o) => {
+                        let want = model.get_mut(&o).is_some_and(|v| {
+                            v.remove(0);
+                            true
+                        });
+                        if model.get(&o).is_some_and(Vec::is_empty) {
+                            model.remove(&o);
+                        }
+                        proptest::prop_assert_eq!(t.remove(o), want);
+                    }
+                    Op::NextPull(o) => {
+                        if next.is_some_and(|n| o < n) {
+                            era += 1;
+                        }
+                        next = Some(o);
+                        t.set_next_pull(o);
+                    }
+                }
+                let all = || model.values().flatten();
+                proptest::prop_assert_eq!(t.len(), all().count());
+                proptest::prop_assert_eq!(t.bytes(), all().map(|m| m.1).sum::<u64>());
+                let (lo, hi) = (model.keys().next(), model.keys().next_back());
+                proptest::prop_assert_eq!(t.span(), hi.zip(lo).map_or(0, |(h, l)| h - l));
+                let commit = match (lo, next) {
+                    (Some(&l), Some(n)) => Some(l.min(n)),
+                    (Some(&l), None) => Some(l),
+                    (None, n) => n,
+                };
+                proptest::prop_assert_eq!(t.commit_point(), commit);
+                let oldest = all().map(|m| m.2).min();
+                let firsts: Vec<(u64, u32)> = model
+                    .iter()
+                    .filter(|(_, v)| Some(v[0].2) == oldest)
+                    .take(6)
+                    .map(|(o, v)| (*o, v[0].0))
+                    .collect();
+                proptest::prop_assert_eq!(t.first(6), firsts);
+            }
+        }
     }
 
     fn check_flow(limits: FlowLimits, offsets: &[u64], bytes_each: u64, want: Option<FlowBlock>) {
