@@ -84,16 +84,20 @@ async fn run_listener<S: Send + 'static>(
     messages: Vec<Message>,
 ) -> Outcome<S> {
     if shared.options.listener_non_blocking {
-        let call = std::panic::AssertUnwindSafe(|| listener(&messages));
-        return match std::panic::catch_unwind(call) {
-            Ok(status) => Outcome::Returned(status),
-            Err(_) => Outcome::Panicked,
-        };
+        return call_here(&listener, &messages);
     }
     match shared.workers.run(move || listener(&messages)).await {
         Some(Ok(status)) => Outcome::Returned(status),
         Some(Err(_)) => Outcome::Panicked,
         None => Outcome::Cancelled,
+    }
+}
+
+/// Runs a listener declared non-blocking on the calling task, a panic taken as its answer.
+fn call_here<S>(listener: &AnyListener<S>, messages: &[Message]) -> Outcome<S> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(messages))) {
+        Ok(status) => Outcome::Returned(status),
+        Err(_) => Outcome::Panicked,
     }
 }
 
@@ -555,7 +559,12 @@ async fn concurrent_batch(
     if pq.is_dropped() {
         return;
     }
-    let status = run_listener(&shared, listener.clone(), messages.clone()).await;
+    // A non-blocking listener runs here, on the batch's own messages (no copy to keep).
+    let status = if shared.options.listener_non_blocking {
+        call_here(&listener, &messages)
+    } else {
+        run_listener(&shared, listener.clone(), messages.clone()).await
+    };
     drop(permit);
     if settle_concurrent(&shared, &pq, &messages, status) {
         failed_batch(shared, pq, listener, messages).await;
