@@ -642,7 +642,11 @@ impl Client {
         answer: &WithRecords<'_, M>,
         store_id: Option<u32>,
     ) -> Result<Vec<Message>> {
-        let info = self.broker_info();
+        // The ids only: the whole `BrokerInfo` clones a string per shard.
+        let (broker_id, shard_count) = self
+            .inner
+            .topology()
+            .map_or((0, 1), |t| (t.info.broker_id, t.info.shard_count));
         let expected = answer.meta().record_count();
         // Bounded by the frame: a count larger than the records present fails below.
         let mut messages = Vec::with_capacity((expected as usize).min(1024));
@@ -653,21 +657,21 @@ impl Client {
         for record in RecordIter::new(answer.raw_records()) {
             let record = record.map_err(ProtocolError::BadRecord)?;
             let len = record.as_bytes().len();
-            let (topic, queue_id) = (record.topic(), record.queue_id());
-            let store = match (store_id, last) {
-                (Some(store), _) => store,
-                (None, Some((t, q, store))) if q == queue_id && t == topic => store,
-                (None, _) => {
-                    let store = owner(topic, queue_id, info.shard_count);
-                    last = Some((topic, queue_id, store));
-                    store
+            let store = match store_id {
+                Some(store) => store,
+                None => {
+                    let (topic, queue_id) = (record.topic(), record.queue_id());
+                    match last {
+                        Some((t, q, store)) if q == queue_id && t == topic => store,
+                        _ => {
+                            let store = owner(topic, queue_id, shard_count);
+                            last = Some((topic, queue_id, store));
+                            store
+                        }
+                    }
                 }
             };
-            messages.push(Message::new(
-                frame.slice(at..at + len),
-                info.broker_id,
-                store,
-            ));
+            messages.push(Message::new(frame.slice(at..at + len), broker_id, store));
             at += len;
         }
         if messages.len() as u64 != u64::from(expected) {
