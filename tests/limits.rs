@@ -1,7 +1,8 @@
 //! The broker's caps on what clients can make it hold, against the real binary: topics (all,
 //! and those auto-create made), consumer groups per shard (membership and committed
 //! offsets) and per connection. Past each a typed `LimitReached` error names the flag;
-//! deleting a topic or a group frees a place, also across a restart.
+//! deleting a topic or a group frees a place, also across a restart. And the memory the
+//! operator gives the shards' tail caches, capped by the machine's.
 
 mod common;
 
@@ -532,4 +533,76 @@ fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
         // Ended by the close: no answer, and no error of the broker's.
         assert_eq!(errors(), errors_before, "{shards} shards");
     }
+}
+
+/// Bytes the process read from the disk so far (`read_bytes` of /proc/PID/io: the log's
+/// reads are O_DIRECT, so each is counted).
+fn disk_read_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    let line = io.lines().find(|l| l.starts_with("read_bytes:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `--tail-cache-mb` sizes the memory that serves pulls of the newest writes: with the
+/// default (64 MiB a shard) 8 MiB just sent are pulled back without a disk read; with 0
+/// every pull reads the disk, and still returns every message in order. A size whose
+/// shards together would take more than half of the machine's memory is lowered to that at
+/// start, with a line naming the option.
+#[test]
+fn the_tail_cache_serves_pulls_from_memory_as_sized_and_is_fitted_to_the_machines_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    for (cache_mb, from_disk) in [("64", false), ("0", true)] {
+        let data = dir.path().join(format!("data-{cache_mb}"));
+        let broker = BrokerProcess::start(&data, 1, &["--tail-cache-mb", cache_mb]);
+        let pid = broker.pid().unwrap();
+        runtime().block_on(async {
+            let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
+                .await
+                .unwrap();
+            let client = producer.client();
+            client.create_topic("t", 1).await.unwrap();
+            let sent: Vec<Vec<u8>> = (0..8192u32)
+                .map(|i| format!("{i:08}").into_bytes().repeat(128))
+                .collect();
+            for chunk in sent.chunks(64) {
+                let batch = chunk.iter().map(|b| OutgoingMessage::new(b.clone()));
+                producer.send_batch("t", batch.collect()).await.unwrap();
+            }
+            let before = disk_read_bytes(pid);
+            let mut got = Vec::new();
+            while got.len() < sent.len() {
+                let pulled = client
+                    .pull("t", 0, got.len() as u64, 32, std::time::Duration::ZERO, &[])
+                    .await
+                    .unwrap();
+                assert!(!pulled.messages.is_empty(), "at {}", got.len());
+                got.extend(pulled.messages.iter().map(|m| m.body().to_vec()));
+            }
+            assert!(got == sent, "tail cache {cache_mb} MiB: not what was sent");
+            let read = disk_read_bytes(pid) - before;
+            if from_disk {
+                assert!(read >= 8 << 20, "no cache: {read} bytes read from the disk");
+            } else {
+                assert!(read < 1 << 20, "cached: {read} bytes read from the disk");
+            }
+        });
+    }
+    // Too large for the machine: lowered to half of its memory over the shards, said so.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let fit_mb = (mem_kib * 1024 / 2 / 2) >> 20;
+    let huge = (u64::MAX >> 21).to_string();
+    let data = dir.path().join("data-huge");
+    let mut broker = BrokerProcess::start(&data, 2, &["--tail-cache-mb", &huge]);
+    assert!(broker.stop(), "stopped cleanly");
+    let stderr = broker.stderr();
+    assert!(
+        stderr.contains(&format!("tail-cache-mb {huge} for each of 2 shards"))
+            && stderr.contains(&format!(": {fit_mb} MiB each")),
+        "{stderr}"
+    );
 }

@@ -14,7 +14,8 @@ use ringmq::shard::{Broker, BrokerConfig};
 struct Cli {
     /// TOML file with the same keys as the long flags (listen, data-dir, shards, flush,
     /// flush-interval-ms, auto-create-topics, default-queues, segment-bytes, retention-hours,
-    /// retention-bytes-max, frame-bytes-max, broker-id, session-timeout-ms, lock-expiry-ms). Flags override it.
+    /// retention-bytes-max, frame-bytes-max, broker-id, session-timeout-ms, lock-expiry-ms,
+    /// tail-cache-mb). Flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Shared native port; shard i also listens on port+1+i (ephemeral ports when 0).
@@ -157,6 +158,12 @@ struct Cli {
     /// to the %UNDELIVERABLE% topic, in ms [default: 3600000]
     #[arg(long)]
     schedule_park_max_ms: Option<u64>,
+    /// MiB of each shard's newest log writes kept in memory: consumers reading within them
+    /// are served from memory, further back from the disk (0: always the disk). Lowered at
+    /// start so that all shards together take at most half of the machine's memory
+    /// [default: 64]
+    #[arg(long, value_name = "MIB")]
+    tail_cache_mb: Option<u64>,
 }
 
 fn load(cli: &Cli) -> Result<BrokerConfig, String> {
@@ -278,6 +285,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.schedule_park_max_ms {
         cfg.schedule_park_max_ms = v;
+    }
+    if let Some(v) = cli.tail_cache_mb {
+        cfg.tail_cache_mb = v;
     }
     Ok(cfg)
 }

@@ -99,6 +99,9 @@ pub struct LogConfig {
     pub async_prezero_rate_max: u64,
 }
 
+/// [`LogConfig::tail_cache_bytes`] by default.
+pub const TAIL_CACHE_BYTES_DEFAULT: usize = 64 << 20;
+
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
@@ -110,7 +113,7 @@ impl Default for LogConfig {
             verify_segments_on_start: 3,
             preallocate: true,
             read_chunk_bytes: 8 << 20,
-            tail_cache_bytes: 64 << 20,
+            tail_cache_bytes: TAIL_CACHE_BYTES_DEFAULT,
             known_durable: u64::MAX,
             async_prezero_rate_max: ASYNC_PREZERO_RATE_MAX_DEFAULT,
         }

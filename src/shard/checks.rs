@@ -1,5 +1,6 @@
 //! Checks made before a broker starts: option durations, the shard count a data directory
-//! was created with, the data directory's lock, the kernel's map limit.
+//! was created with, the data directory's lock, the kernel's map limit, the tail caches
+//! fitted to the machine's memory.
 
 use std::path::Path;
 
@@ -43,6 +44,32 @@ pub(super) fn check_durations(cfg: &BrokerConfig) -> Result<(), BrokerError> {
         }
     }
     Ok(())
+}
+
+/// The shards' tail caches together take at most half of the machine's memory
+/// (`mem_total`, from /proc/meminfo; unchecked when unknown): a larger `tail-cache-mb` (the
+/// default too, on a small machine with many cores) is lowered, with a line saying so.
+pub(super) fn fit_tail_cache(cfg: &mut BrokerConfig, shards: usize, mem_total: Option<u64>) {
+    let Some(mem_total) = mem_total else {
+        return;
+    };
+    let fit_mb = (mem_total / 2 / (shards.max(1) as u64)) >> 20;
+    if cfg.tail_cache_mb > fit_mb {
+        crate::warn!(
+            "ringmq-broker: tail-cache-mb {} for each of {shards} shards is more than half of the machine's {} MiB of memory: {fit_mb} MiB each",
+            cfg.tail_cache_mb,
+            mem_total >> 20
+        );
+        cfg.tail_cache_mb = fit_mb;
+    }
+}
+
+/// The machine's memory (`MemTotal` of /proc/meminfo), if it can be read.
+pub(super) fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {

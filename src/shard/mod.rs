@@ -36,7 +36,7 @@ use crate::log::FlushMode;
 use crate::protocol::delay::DelayRule;
 use crate::protocol::FrameLimits;
 use crate::store::{MessageStore, StoreConfig};
-use checks::{check_durations, check_shard_count, lock_data_dir, max_map_count};
+use checks::{check_durations, check_shard_count, fit_tail_cache, lock_data_dir, max_map_count};
 use conn::{ConnSettings, ReadBudget};
 use listen::{accept_loop, bind, check_ports_free, ConnectionCap};
 
@@ -109,6 +109,10 @@ pub struct BrokerConfig {
     /// How long a delayed message waits for a missing target topic before it goes to
     /// `%UNDELIVERABLE%`.
     pub schedule_park_max_ms: u64,
+    /// MiB of each shard's newest log writes kept in memory: a pull within them is served
+    /// from memory, one further back from the disk (0: every pull reads the disk). Lowered
+    /// at start so that all shards together hold at most half of the machine's memory.
+    pub tail_cache_mb: u64,
     /// Most topics the broker holds (retry and dead-letter topics included).
     pub topics_max: usize,
     /// Most topics sends may create (auto-create).
@@ -181,6 +185,7 @@ impl Default for BrokerConfig {
             retention_check_interval_ms: 60_000,
             disk_free_min_mb: crate::store::DISK_FREE_MIN_BYTES_DEFAULT >> 20,
             schedule_park_max_ms: crate::broker::schedule::PARK_MAX_MS,
+            tail_cache_mb: (crate::log::TAIL_CACHE_BYTES_DEFAULT >> 20) as u64,
             topics_max: TOPICS_MAX_DEFAULT,
             auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
             groups_max: GROUPS_MAX_DEFAULT,
@@ -373,6 +378,7 @@ impl Broker {
             ));
         }
         check_durations(&cfg)?;
+        fit_tail_cache(&mut cfg, shards, checks::mem_total_bytes());
         // The lock first: two brokers starting at once on a new directory would both find
         // no shard count and write their own.
         let dir_lock = lock_data_dir(&cfg.data_dir)?;
@@ -720,6 +726,9 @@ async fn shard_main(
     store_cfg.retention_check_interval_ms = cfg.retention_check_interval_ms;
     store_cfg.index_idle_close_ms = cfg.index_idle_close_ms;
     store_cfg.disk_free_min_bytes = cfg.disk_free_min_mb.saturating_mul(1 << 20);
+    // Fitted to the machine's memory before the start (`fit_tail_cache`).
+    store_cfg.log.tail_cache_bytes =
+        usize::try_from(cfg.tail_cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let opened = Instant::now();
     let (store, recovery) = MessageStore::open(&shard_dir, store_cfg)
         .await
