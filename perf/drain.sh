@@ -7,7 +7,11 @@
 # drain's msg/s, the duplicates the bench saw (a rebalance hands queues over while both
 # consumers join: at-least-once), and the bench's CPU seconds over the whole run (user +
 # system, all threads; the produce phase is the same on both sides when the change is
-# on the consumer's side).
+# on the consumer's side). AFTER_ARGS are extra broker flags for the after side only
+# (`AFTER_ARGS="--tail-cache-mb 3072" perf/drain.sh HEAD 3`: the same build, the backlog
+# in memory on the after side).
+# Ends with fio's O_DIRECT sequential read bandwidth in the same directory (32 KiB reads,
+# 16 in flight): a backlog past the tail cache is read from the disk, at most that fast.
 # Usage: perf/drain.sh REV ROUNDS [MESSAGES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +21,7 @@ MESSAGES=${3:-4000000}
 . perf/lib.sh
 build_both "$REV"
 setup_work ringmq-drain
-echo "machine: $(nproc) cores, $(uname -r); ${SHARDS:-2} shards, flush async; before = $REV, after = working tree of $(git rev-parse --short HEAD)"
+echo "machine: $(nproc) cores, $(uname -r); ${SHARDS:-2} shards, flush async; before = $REV, after = working tree of $(git rev-parse --short HEAD) ${AFTER_ARGS:-}"
 echo "bench: --size 1024 --batch 32 --producers 2 --messages $MESSAGES --consume-after-produce --group g --consumers 2 --consume-batch 32 --non-blocking-listener"
 printf '%-7s %5s %10s %10s %9s\n' side round drain/s duplicates bench.cpu
 for round in $(seq "$ROUNDS"); do
@@ -25,8 +29,11 @@ for round in $(seq "$ROUNDS"); do
     bin=target/release
     [ $side = before ] && bin=$BEFORE/release
     rm -rf "$WORK/data"
+    extra=()
+    # shellcheck disable=SC2206 # flags split on spaces on purpose
+    [ $side = after ] && extra=(${AFTER_ARGS:-})
     "$bin"/ringmq-broker --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards "${SHARDS:-2}" \
-      >"$WORK/broker.out" 2>"$WORK/broker.err" &
+      "${extra[@]}" >"$WORK/broker.out" 2>"$WORK/broker.err" &
     BROKER_PID=$!
     for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
     addr=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
@@ -44,3 +51,8 @@ for round in $(seq "$ROUNDS"); do
     printf '%-7s %5s %10s %10s %9s\n' "$side" "$round" "$rate" "$dups" "$cpu"
   done
 done
+if command -v fio >/dev/null; then
+  fio --name=seqread --filename="$WORK/fio" --size=2G --rw=read --bs=32k --iodepth=16 \
+    --ioengine=io_uring --direct=1 2>/dev/null | sed -n 's/^ *READ: bw=\([^ ]*\) (\([^)]*\)).*/fio O_DIRECT sequential read, 32 KiB x 16 in flight: \1 (\2)/p'
+  rm -f "$WORK/fio"
+fi
