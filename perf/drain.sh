@@ -23,7 +23,7 @@ build_both "$REV"
 setup_work ringmq-drain
 echo "machine: $(nproc) cores, $(uname -r); ${SHARDS:-2} shards, flush async; before = $REV, after = working tree of $(git rev-parse --short HEAD) ${AFTER_ARGS:-}"
 echo "bench: --size 1024 --batch 32 --producers 2 --messages $MESSAGES --consume-after-produce --group g --consumers 2 --consume-batch 32 --non-blocking-listener"
-printf '%-7s %5s %10s %10s %9s\n' side round drain/s duplicates bench.cpu
+printf '%-7s %5s %10s %8s %10s %9s\n' side round drain/s missing duplicates bench.cpu
 for round in $(seq "$ROUNDS"); do
   for side in before after; do
     bin=target/release
@@ -33,10 +33,11 @@ for round in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2206 # flags split on spaces on purpose
     [ $side = after ] && extra=(${AFTER_ARGS:-})
     "$bin"/ringmq-broker --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards "${SHARDS:-2}" \
-      "${extra[@]}" >"$WORK/broker.out" 2>"$WORK/broker.err" &
+      ${extra[@]+"${extra[@]}"} >"$WORK/broker.out" 2>"$WORK/broker.err" &
     BROKER_PID=$!
     for _ in $(seq 100); do grep -q ready "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
     addr=$(sed -n 's/^ringmq-broker ready: listening on \([^ ]*\).*/\1/p' "$WORK/broker.out")
+    [ -n "$addr" ] || { echo "$side: broker did not start"; cat "$WORK/broker.err"; exit 1; }
     /usr/bin/time -f '%U %S' -o "$WORK/time" "$bin"/ringmq-bench --broker "$addr" --size 1024 \
       --batch 32 --producers 2 --messages "$MESSAGES" --consume-after-produce --group g \
       --consumers 2 --consume-batch 32 --non-blocking-listener --json "$WORK/r.json" \
@@ -46,13 +47,18 @@ for round in $(seq "$ROUNDS"); do
     BROKER_PID=
     line=$(grep '^consume:' "$WORK/bench.out")
     rate=$(sed 's/.* s: \([0-9]*\) msg\/s.*/\1/' <<<"$line")
+    missing=$(sed 's/.*(\([0-9]*\) missing.*/\1/' <<<"$line")
     dups=$(sed 's/.*, \([0-9]*\) duplicates.*/\1/' <<<"$line")
     cpu=$(awk '{printf "%.2f", $1 + $2}' "$WORK/time")
-    printf '%-7s %5s %10s %10s %9s\n' "$side" "$round" "$rate" "$dups" "$cpu"
+    printf '%-7s %5s %10s %8s %10s %9s\n' "$side" "$round" "$rate" "$missing" "$dups" "$cpu"
   done
 done
 if command -v fio >/dev/null; then
-  fio --name=seqread --filename="$WORK/fio" --size=2G --rw=read --bs=32k --iodepth=16 \
-    --ioengine=io_uring --direct=1 2>/dev/null | sed -n 's/^ *READ: bw=\([^ ]*\) (\([^)]*\)).*/fio O_DIRECT sequential read, 32 KiB x 16 in flight: \1 (\2)/p'
+  if ! fio --name=seqread --filename="$WORK/fio" --size=2G --rw=read --bs=32k --iodepth=16 \
+    --ioengine=io_uring --direct=1 2>"$WORK/fio.err" >"$WORK/fio.out"; then
+    echo "fio failed:"
+    cat "$WORK/fio.err"
+  fi
+  sed -n 's/^ *READ: bw=\([^ ]*\) (\([^)]*\)).*/fio O_DIRECT sequential read, 32 KiB x 16 in flight: \1 (\2)/p' "$WORK/fio.out"
   rm -f "$WORK/fio"
 fi

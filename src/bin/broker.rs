@@ -160,7 +160,7 @@ struct Cli {
     schedule_park_max_ms: Option<u64>,
     /// MiB of each shard's newest log writes kept in memory: consumers reading within them
     /// are served from memory, further back from the disk (0: always the disk). Lowered at
-    /// start so that all shards together take at most half of the machine's memory
+    /// start so that all shards together take at most half of the machine's memory (or cgroup limit)
     /// [default: 64]
     #[arg(long, value_name = "MIB")]
     tail_cache_mb: Option<u64>,

@@ -36,11 +36,14 @@ use crate::protocol::{
 
 use super::error::{ClientError, Result};
 
-/// Each read asks the kernel for at least this much room: large reads keep syscalls per
-/// frame low when answers are small and many. A buffer some received frame still shares
-/// is not reused: the next one is allocated and the partial frame at the end copied over,
-/// so a buffer holding many pull answers (32 records of 1 KiB are 33 KiB) copies less.
+/// A new read buffer has this much room: large reads keep syscalls per frame low when
+/// answers are small and many, and the frames read into one buffer share it (a buffer some
+/// received frame still holds is not reused: the next one is allocated, and the partial
+/// frame at the end copied over, once per buffer rather than once per read).
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Reads go on into the current buffer while it has this much room left (and room for the
+/// rest of the frame being read).
+const READ_ROOM_MIN_BYTES: usize = 32 * 1024;
 /// The writer stops gathering queued frames into one write past this size.
 const WRITE_BATCH_BYTES_MAX: usize = 256 * 1024;
 /// Most frames in one vectored write (well below the system's `IOV_MAX` of 1024).
@@ -501,13 +504,13 @@ async fn read_loop(
                 }
             }
         };
-        // Room for the rest of the frame, and at least a big chunk. When every earlier
-        // frame has been dropped, `reserve` reuses the same allocation (moving only the
-        // partial frame to its front); only a frame still held elsewhere (a pull answer
-        // the application keeps) makes it allocate.
-        let want = total.saturating_sub(buf.len()).max(READ_CHUNK_BYTES);
-        if buf.capacity() - buf.len() < want {
-            buf.reserve(want);
+        // Room for the rest of the frame, and some more, in the current buffer; else a big
+        // chunk. When every earlier frame has been dropped, `reserve` reuses the same
+        // allocation (moving only the partial frame to its front); only a frame still held
+        // elsewhere (a pull answer the application keeps) makes it allocate.
+        let rest = total.saturating_sub(buf.len());
+        if buf.capacity() - buf.len() < rest.max(READ_ROOM_MIN_BYTES) {
+            buf.reserve(rest.max(READ_CHUNK_BYTES));
         }
         match input.read_buf(&mut buf).await {
             Ok(0) => {

@@ -46,9 +46,11 @@ pub(super) fn check_durations(cfg: &BrokerConfig) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// The shards' tail caches together take at most half of the machine's memory
-/// (`mem_total`, from /proc/meminfo; unchecked when unknown): a larger `tail-cache-mb` (the
-/// default too, on a small machine with many cores) is lowered, with a line saying so.
+/// The shards' tail caches are sized to at most half of the memory the broker may use
+/// together (`mem_total`: see [`mem_total_bytes`]; unchecked when unknown): a larger
+/// `tail-cache-mb` (the default too, on a small machine with many cores) is lowered, with a
+/// line saying so. (A cache always keeps its newest write, and a pull answer keeps the
+/// write it reads from alive until sent: the bound is on what the cache itself keeps.)
 pub(super) fn fit_tail_cache(cfg: &mut BrokerConfig, shards: usize, mem_total: Option<u64>) {
     let Some(mem_total) = mem_total else {
         return;
@@ -56,7 +58,7 @@ pub(super) fn fit_tail_cache(cfg: &mut BrokerConfig, shards: usize, mem_total: O
     let fit_mb = (mem_total / 2 / (shards.max(1) as u64)) >> 20;
     if cfg.tail_cache_mb > fit_mb {
         crate::warn!(
-            "ringmq-broker: tail-cache-mb {} for each of {shards} shards is more than half of the machine's {} MiB of memory: {fit_mb} MiB each",
+            "ringmq-broker: tail-cache-mb {} for each of {shards} shards is more than half of the {} MiB of memory the broker may use (the machine's, or its cgroup's limit): {fit_mb} MiB each",
             cfg.tail_cache_mb,
             mem_total >> 20
         );
@@ -64,12 +66,44 @@ pub(super) fn fit_tail_cache(cfg: &mut BrokerConfig, shards: usize, mem_total: O
     }
 }
 
-/// The machine's memory (`MemTotal` of /proc/meminfo), if it can be read.
+/// The memory the broker may use: the machine's (`MemTotal` of /proc/meminfo), or the
+/// process's cgroup limit (`memory.max` of cgroup v2, `memory.limit_in_bytes` of v1) when
+/// that is lower; `None` when neither can be read.
 pub(super) fn mem_total_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib.saturating_mul(1024))
+        });
+    // "N:memory:/PATH" (v1) or "0::/PATH" (v2) names the process's cgroup; v2's "max" (no
+    // limit) does not parse, v1 says no limit with a huge number.
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|line| {
+                let file = match (line.split_once(":memory:"), line.strip_prefix("0::")) {
+                    (Some((_, path)), _) => format!(
+                        "/sys/fs/cgroup/memory{}/memory.limit_in_bytes",
+                        path.trim_end_matches('/')
+                    ),
+                    (None, Some(path)) => {
+                        format!("/sys/fs/cgroup{}/memory.max", path.trim_end_matches('/'))
+                    }
+                    (None, None) => return None,
+                };
+                std::fs::read_to_string(file)
+                    .ok()?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        });
+    match (machine, cgroup) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
 }
 
 pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {

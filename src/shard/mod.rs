@@ -111,7 +111,7 @@ pub struct BrokerConfig {
     pub schedule_park_max_ms: u64,
     /// MiB of each shard's newest log writes kept in memory: a pull within them is served
     /// from memory, one further back from the disk (0: every pull reads the disk). Lowered
-    /// at start so that all shards together hold at most half of the machine's memory.
+    /// at start so that all shards together hold at most half of the machine's memory (or cgroup limit).
     pub tail_cache_mb: u64,
     /// Most topics the broker holds (retry and dead-letter topics included).
     pub topics_max: usize,

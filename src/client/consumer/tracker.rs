@@ -154,9 +154,10 @@ impl<T: Clone> OffsetTracker<T> {
         }
     }
 
-    /// Drops done slots at both ends, and every one when they outnumber the cached
-    /// offsets (a message held long at the front while later ones finish, in a queue
-    /// whose span is not limited, would otherwise keep a slot per offset passed).
+    /// Drops done slots at both ends, and every one past 1,024 of them when they are more
+    /// than twice the cached offsets (a message held long at the front while later ones
+    /// finish, in a queue whose span is not limited, would otherwise keep a slot per offset
+    /// passed).
     fn trim(&mut self) {
         while let Some((_, None)) = self.entries.front() {
             self.entries.pop_front();
