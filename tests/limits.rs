@@ -535,14 +535,6 @@ fn a_long_poll_ends_with_its_connection_and_frees_the_connections_place() {
     }
 }
 
-/// Bytes the process read from the disk so far (`read_bytes` of /proc/PID/io: the log's
-/// reads are O_DIRECT, so each is counted); `None` without the kernel's I/O accounting.
-fn disk_read_bytes(pid: u32) -> Option<u64> {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-    let line = io.lines().find(|l| l.starts_with("read_bytes:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// `--tail-cache-mb` sizes the memory that serves pulls of the newest writes: with the
 /// default (64 MiB a shard) 8 MiB just sent are pulled back without a disk read; with 0
 /// every pull reads the disk, and still returns every message in order. A size whose
@@ -554,7 +546,6 @@ fn the_tail_cache_serves_pulls_from_memory_as_sized_and_is_fitted_to_the_machine
     for (cache_mb, from_disk) in [("64", false), ("0", true)] {
         let data = dir.path().join(format!("data-{cache_mb}"));
         let broker = BrokerProcess::start(&data, 1, &["--tail-cache-mb", cache_mb]);
-        let pid = broker.pid().unwrap();
         runtime().block_on(async {
             let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
                 .await
@@ -568,7 +559,7 @@ fn the_tail_cache_serves_pulls_from_memory_as_sized_and_is_fitted_to_the_machine
                 let batch = chunk.iter().map(|b| OutgoingMessage::new(b.clone()));
                 producer.send_batch("t", batch.collect()).await.unwrap();
             }
-            let before = disk_read_bytes(pid);
+            let before = broker.disk_read_bytes();
             let mut got = Vec::new();
             while got.len() < sent.len() {
                 let pulled = client
@@ -582,7 +573,7 @@ fn the_tail_cache_serves_pulls_from_memory_as_sized_and_is_fitted_to_the_machine
             // Reads are counted when they reach the disk: O_DIRECT, which a filesystem such
             // as tmpfs refuses (the log then reads through the page cache).
             let buffered = broker.stderr().contains("does not support O_DIRECT");
-            let (Some(before), Some(after), false) = (before, disk_read_bytes(pid), buffered)
+            let (Some(before), Some(after), false) = (before, broker.disk_read_bytes(), buffered)
             else {
                 eprintln!("disk reads not counted here (no I/O accounting, or no O_DIRECT)");
                 return;

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use common::broker::BrokerProcess;
 use common::runtime;
 use ringmq::client::{
-    Client, ClientConfig, ClientError, Message, OutgoingMessage, PullStatus, TransactionOutcome,
-    TransactionProducer,
+    Client, ClientConfig, ClientError, Message, OutgoingMessage, PullStatus, SendResult,
+    TransactionOutcome, TransactionProducer,
 };
 use ringmq::protocol::record::RecordView;
 use ringmq::protocol::ErrorCode;
@@ -90,6 +90,19 @@ async fn unsure_producer(addr: &str, group: &str) -> TransactionProducer {
     })
     .await
     .unwrap()
+}
+
+/// Sends `message` to `topic` as a half whose local transaction does not know its outcome
+/// (it stays pending until a commit, a rollback or a check says otherwise).
+async fn pending_half(
+    tp: &TransactionProducer,
+    topic: &str,
+    message: OutgoingMessage,
+) -> SendResult {
+    tp.send_in_transaction(topic, message, |_| TransactionOutcome::Unknown)
+        .await
+        .unwrap()
+        .send
 }
 
 #[test]
@@ -238,13 +251,7 @@ fn a_commit_after_its_topic_was_deleted_is_refused_and_its_message_kept_as_disca
         let tp = unsure_producer(&addr, "txd").await;
         let client = tp.producer().client().clone();
         client.create_topic("tx-gone", 2).await.unwrap();
-        let sent = tp
-            .send_in_transaction("tx-gone", OutgoingMessage::new("orphan"), |_| {
-                TransactionOutcome::Unknown
-            })
-            .await
-            .unwrap()
-            .send;
+        let sent = pending_half(&tp, "tx-gone", OutgoingMessage::new("orphan")).await;
         client.delete_topic("tx-gone").await.unwrap();
         client.create_topic("tx-gone", 2).await.unwrap();
         let commit = tp.end(
@@ -284,23 +291,11 @@ fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() 
         client.create_topic("tx-stays", 2).await.unwrap();
         let mut per_queue = [0u32; 2];
         for i in 0..600 {
-            let sent = tp
-                .send_in_transaction("tx-many", OutgoingMessage::new(format!("m-{i}")), |_| {
-                    TransactionOutcome::Unknown
-                })
-                .await
-                .unwrap()
-                .send;
+            let sent = pending_half(&tp, "tx-many", OutgoingMessage::new(format!("m-{i}"))).await;
             per_queue[sent.queue_id as usize] += 1;
         }
         assert!(per_queue.iter().all(|&n| n > 256), "{per_queue:?}");
-        let stays = tp
-            .send_in_transaction("tx-stays", OutgoingMessage::new("stays"), |_| {
-                TransactionOutcome::Unknown
-            })
-            .await
-            .unwrap()
-            .send;
+        let stays = pending_half(&tp, "tx-stays", OutgoingMessage::new("stays")).await;
         client.delete_topic("tx-many").await.unwrap();
         let list = client.list_transactions().await.unwrap();
         assert_eq!(list.discarded, 600);
@@ -341,13 +336,7 @@ fn commits_racing_their_topics_deletion_end_each_transaction_once() {
         client.create_topic("race", 2).await.unwrap();
         let mut halves = Vec::new();
         for i in 0..N {
-            let sent = tp
-                .send_in_transaction("race", OutgoingMessage::new(format!("r{i}")), |_| {
-                    TransactionOutcome::Unknown
-                })
-                .await
-                .unwrap()
-                .send;
+            let sent = pending_half(&tp, "race", OutgoingMessage::new(format!("r{i}"))).await;
             halves.push(sent);
         }
         // Eight commits in flight at a time; the one answered as the 60th starts the
@@ -423,15 +412,12 @@ fn a_plain_send_naming_a_pending_transaction_is_not_taken_for_its_commit_after_a
         let tp = unsure_producer(&addr, "txf").await;
         let client = tp.producer().client().clone();
         client.create_topic("tf", 1).await.unwrap();
-        let half = tp
-            .send_in_transaction(
-                "tf",
-                OutgoingMessage::new("pending").with_property("UNIQ_KEY", "uk-1"),
-                |_| TransactionOutcome::Unknown,
-            )
-            .await
-            .unwrap()
-            .send;
+        let half = pending_half(
+            &tp,
+            "tf",
+            OutgoingMessage::new("pending").with_property("UNIQ_KEY", "uk-1"),
+        )
+        .await;
         // What a commit's copy holds, sent as a plain message to the same queue: the
         // half's unique key and its transaction.
         let forged = OutgoingMessage::new("forged")

@@ -653,24 +653,21 @@ impl Client {
         let frame = reply.bytes();
         let mut at = reply.tail_start()?;
         // A pull's records share one queue: its owner is computed once.
-        let mut last: Option<(&str, u32, u32)> = None;
+        let mut last: Option<((&str, u32), u32)> = None;
         for record in RecordIter::new(answer.raw_records()) {
             let record = record.map_err(ProtocolError::BadRecord)?;
             let len = record.as_bytes().len();
-            let store = match store_id {
-                Some(store) => store,
-                None => {
-                    let (topic, queue_id) = (record.topic(), record.queue_id());
-                    match last {
-                        Some((t, q, store)) if q == queue_id && t == topic => store,
-                        _ => {
-                            let store = owner(topic, queue_id, shard_count);
-                            last = Some((topic, queue_id, store));
-                            store
-                        }
+            let store = store_id.unwrap_or_else(|| {
+                let queue = (record.topic(), record.queue_id());
+                match last {
+                    Some((cached, store)) if cached == queue => store,
+                    _ => {
+                        let store = owner(queue.0, queue.1, shard_count);
+                        last = Some((queue, store));
+                        store
                     }
                 }
-            };
+            });
             messages.push(Message::new(frame.slice(at..at + len), broker_id, store));
             at += len;
         }

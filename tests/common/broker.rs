@@ -192,6 +192,15 @@ impl BrokerProcess {
         kb / 1024
     }
 
+    /// Bytes the broker read from the disk so far (`read_bytes` of /proc/PID/io: the log's
+    /// reads are O_DIRECT, so each is counted); `None` without the kernel's I/O accounting.
+    pub fn disk_read_bytes(&self) -> Option<u64> {
+        let pid = self.pid().expect("the broker runs");
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+        let line = io.lines().find(|l| l.starts_with("read_bytes:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     pub fn addr_string(&self) -> String {
         self.addr.to_string()
     }

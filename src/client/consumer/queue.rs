@@ -77,27 +77,27 @@ enum Outcome<S> {
     Cancelled,
 }
 
-/// Runs a listener on the consume threads, or right here when it is declared non-blocking.
+/// Runs a listener on the consume threads (on a copy of the batch), or right here on the
+/// batch itself when it is declared non-blocking.
 async fn run_listener<S: Send + 'static>(
     shared: &Shared,
     listener: AnyListener<S>,
-    messages: Vec<Message>,
+    messages: &[Message],
 ) -> Outcome<S> {
     if shared.options.listener_non_blocking {
-        return call_here(&listener, &messages);
+        let call = std::panic::AssertUnwindSafe(|| listener(messages));
+        return match std::panic::catch_unwind(call) {
+            Ok(status) => Outcome::Returned(status),
+            Err(_) => Outcome::Panicked,
+        };
     }
+    // The consume threads get their own copy (a Vec of shared buffers): the caller keeps
+    // the batch for what follows the call.
+    let messages = messages.to_vec();
     match shared.workers.run(move || listener(&messages)).await {
         Some(Ok(status)) => Outcome::Returned(status),
         Some(Err(_)) => Outcome::Panicked,
         None => Outcome::Cancelled,
-    }
-}
-
-/// Runs a listener declared non-blocking on the calling task, a panic taken as its answer.
-fn call_here<S>(listener: &AnyListener<S>, messages: &[Message]) -> Outcome<S> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(messages))) {
-        Ok(status) => Outcome::Returned(status),
-        Err(_) => Outcome::Panicked,
     }
 }
 
@@ -559,12 +559,7 @@ async fn concurrent_batch(
     if pq.is_dropped() {
         return;
     }
-    // A non-blocking listener runs here, on the batch's own messages (no copy to keep).
-    let status = if shared.options.listener_non_blocking {
-        call_here(&listener, &messages)
-    } else {
-        run_listener(&shared, listener.clone(), messages.clone()).await
-    };
+    let status = run_listener(&shared, listener.clone(), &messages).await;
     drop(permit);
     if settle_concurrent(&shared, &pq, &messages, status) {
         failed_batch(shared, pq, listener, messages).await;
@@ -623,7 +618,7 @@ async fn failed_batch(
         let Some(permit) = wait_to_retry(&shared, &pq).await else {
             return;
         };
-        let status = run_listener(&shared, listener.clone(), messages.clone()).await;
+        let status = run_listener(&shared, listener.clone(), &messages).await;
         drop(permit);
         if !settle_concurrent(&shared, &pq, &messages, status) {
             return;
@@ -734,10 +729,9 @@ pub(super) async fn orderly_loop(
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
         // Those below the batch are finished (consumed or dead-lettered).
         failures = failures.split_off(&offsets[0]);
-        let messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
-        let messages_again = messages.clone();
+        let mut messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
         let mut retry_rest = false;
-        let status = run_listener(&shared, listener.clone(), messages).await;
+        let status = run_listener(&shared, listener.clone(), &messages).await;
         drop(permit);
         match status {
             Outcome::Cancelled => return,
@@ -773,9 +767,8 @@ pub(super) async fn orderly_loop(
                 // Retried enough (the first `exhausted`, in offset order): to the dead-letter
                 // topic, and the queue moves on to the rest. If the broker does not take
                 // them, the queue waits and tries again (never skips).
-                let mut messages_again = messages_again;
-                messages_again.truncate(exhausted);
-                let left = send_back_all(&shared, &pq, messages_again, -1, true).await;
+                messages.truncate(exhausted);
+                let left = send_back_all(&shared, &pq, messages, -1, true).await;
                 // Those taken are done; those left (a suffix) keep their counts.
                 for offset in &offsets[..exhausted - left.len()] {
                     failures.remove(offset);
