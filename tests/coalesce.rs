@@ -29,14 +29,25 @@ async fn coalescing_producer(addr: &str) -> Producer {
         .unwrap()
 }
 
-#[test]
-fn coalesced_single_sends_each_get_the_result_of_their_own_message() {
+/// Runs `body` with a coalescing producer, and its client, against a broker of `shards`.
+fn with_producer<F, Fut>(shards: usize, body: F)
+where
+    F: FnOnce(Producer, Client) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let broker = BrokerProcess::start(&dir.path().join("data"), shards, &[]);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let producer = coalescing_producer(&addr).await;
         let client = producer.client().clone();
+        body(producer, client).await;
+    });
+}
+
+#[test]
+fn coalesced_single_sends_each_get_the_result_of_their_own_message() {
+    with_producer(2, |producer, client| async move {
         // 16 queues over 2 shards: packed per shard, a few requests carry them all (packed
         // per queue, it would take one request per queue at least).
         client.create_topic("co", 16).await.unwrap();
@@ -338,12 +349,7 @@ fn sends_queued_behind_a_dropped_send_still_go() {
 /// the others fail.
 #[test]
 fn a_refused_packed_request_fails_only_the_sends_at_fault() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let producer = coalescing_producer(&addr).await;
-        let client = producer.client().clone();
+    with_producer(1, |producer, client| async move {
         client.create_topic("shrink", 4).await.unwrap();
         producer
             .send("shrink", OutgoingMessage::new("first"))
@@ -370,5 +376,66 @@ fn a_refused_packed_request_fails_only_the_sends_at_fault() {
         assert!(producer.coalesced_sends() > 0);
         // What was answered stored is there, and nothing else.
         assert_eq!(stored(&client, "shrink").await, ok.len() as u64);
+    });
+}
+
+/// A coalescing producer that never sent to a topic looks its queues up on the first sends
+/// (they are not decided up front like the later ones), and the sends go out, each with the
+/// result of its own message; a send the producer refuses before any I/O fails typed, and
+/// the ones after it still go.
+#[test]
+fn a_topics_first_sends_look_its_queues_up_and_a_refused_send_fails_typed() {
+    with_producer(2, |producer, client| async move {
+        client.create_topic("fresh", 4).await.unwrap();
+        // None of these knows the topic's queue count when it is made.
+        let sends: Vec<_> = (0..64)
+            .map(|i| Box::pin(producer.send_async("fresh", OutgoingMessage::new(format!("f{i}")))))
+            .collect();
+        let results = futures_util::future::join_all(sends).await;
+        let mut places = BTreeMap::new();
+        for (i, r) in results.into_iter().enumerate() {
+            let r = r.unwrap();
+            assert!(r.queue_id < 4, "{r:?}");
+            assert!(
+                places.insert((r.queue_id, r.queue_offset), i).is_none(),
+                "{r:?}"
+            );
+            let by_id = client.message_by_id(&r.msg_id).await.unwrap().unwrap();
+            assert_eq!(by_id.body(), format!("f{i}").as_bytes());
+        }
+        assert_eq!(stored(&client, "fresh").await, 64);
+        // Refused before any I/O: a topic name too long, a body over the limit.
+        let long = "t".repeat(300);
+        let e = producer
+            .send(&long, OutgoingMessage::new("x"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, ringmq::client::ClientError::InvalidArgument(_)),
+            "{e:?}"
+        );
+        let huge = vec![0u8; ringmq::protocol::record::BODY_BYTES_MAX + 1];
+        let e = producer
+            .send("fresh", OutgoingMessage::new(huge))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, ringmq::client::ClientError::BodyTooLarge { .. }),
+            "{e:?}"
+        );
+        // Now cached: decided up front, coalesced, stored.
+        let mut sends: Vec<_> = (0..64)
+            .map(|i| Box::pin(producer.send_async("fresh", OutgoingMessage::new(format!("g{i}")))))
+            .collect();
+        poll_once(&mut sends).await;
+        let results = futures_util::future::join_all(sends).await;
+        // Round-robin, one queue taken per send: 64 sends over 4 queues, 16 each.
+        let mut per_queue = BTreeMap::new();
+        for r in &results {
+            *per_queue.entry(r.as_ref().unwrap().queue_id).or_insert(0) += 1;
+        }
+        assert_eq!(per_queue.into_values().collect::<Vec<_>>(), [16; 4]);
+        assert!(producer.coalesced_sends() > 0);
+        assert_eq!(stored(&client, "fresh").await, 128);
     });
 }

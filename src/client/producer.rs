@@ -115,8 +115,8 @@ impl std::fmt::Debug for Producer {
 
 struct ProducerInner {
     client: Client,
-    /// Per (topic, shard): single sends waiting for the send in flight (`coalesce`).
-    coalescers: Mutex<HashMap<(String, u32), SharedCoalescer>>,
+    /// Per topic, per shard: single sends waiting for the send in flight (`coalesce`).
+    coalescers: Mutex<HashMap<String, Vec<SharedCoalescer>>>,
     /// `BrokerBusy` answers so far (flow control), each followed by a pause and a resend.
     busy_answers: AtomicU64,
     /// Requests that carried coalesced single sends, and the sends they carried.
@@ -136,6 +136,17 @@ struct TopicRoute {
 
 /// The queue of one attempt: a queue id, or [`QUEUE_ID_ANY`] for the broker to choose.
 type QueueChoice = i32;
+
+/// How a single send goes under `coalesce` ([`ProducerInner::coalesce_to`]).
+enum Coalesce {
+    /// Coalesced, to this queue.
+    To(QueueChoice),
+    /// Coalesced once the topic's queue count is looked up (not cached).
+    LookUp,
+    /// Alone: coalescing is off, or the message must go alone (delayed, a transaction's
+    /// half, a selector's choice).
+    No,
+}
 
 impl Producer {
     /// Connects with default [`ProducerOptions`].
@@ -194,8 +205,14 @@ impl Producer {
     }
 
     /// Sends one message and waits for the broker's answer: where it was stored.
-    pub async fn send(&self, topic: &str, message: OutgoingMessage) -> Result<SendResult> {
-        self.inner.send(topic, message).await
+    pub fn send<'a>(
+        &'a self,
+        topic: &'a str,
+        message: OutgoingMessage,
+    ) -> impl Future<Output = Result<SendResult>> + Send + 'a {
+        // The inner send's future itself, not one wrapped around it: applications keep many
+        // in flight, and each is moved whole into whatever holds it.
+        self.inner.send(topic, message)
     }
 
     /// Like [`send`](Self::send), as a future that borrows nothing: spawn it, or keep many
@@ -295,33 +312,88 @@ impl ProducerInner {
         })
     }
 
-    async fn send(
+    /// A single send. A coalesced one whose topic's queue count is cached (all but a
+    /// topic's first sends) is decided before its future is made, and that future is the
+    /// coalesced send's own: many are kept in flight, and each is moved whole into what
+    /// holds it. Every other send is boxed.
+    fn send<'a>(
+        self: &'a Arc<Self>,
+        topic: &'a str,
+        mut message: OutgoingMessage,
+    ) -> impl Future<Output = Result<SendResult>> + Send + 'a {
+        use futures_util::future::Either;
+        let prepared = self.prepare(topic, &mut message).map(|mut request| {
+            let coalesce = self.coalesce_to(topic, &mut message, &mut request);
+            (request, coalesce)
+        });
+        match prepared {
+            Ok((mut request, Coalesce::To(queue))) => {
+                drop(message);
+                request.queue_id = queue;
+                Either::Left(self.send_coalesced(topic, request))
+            }
+            Ok((request, Coalesce::LookUp)) => Either::Right(Box::pin(self.send_looked_up(
+                topic,
+                message,
+                Ok(request),
+                true,
+            ))),
+            prepared => Either::Right(Box::pin(self.send_looked_up(
+                topic,
+                message,
+                prepared.map(|(request, _)| request),
+                false,
+            ))),
+        }
+    }
+
+    /// Whether `request` goes coalesced, and to which queue, as far as the cached queue
+    /// count tells (the queue is chosen here, once, when it does).
+    fn coalesce_to(
+        &self,
+        topic: &str,
+        message: &mut OutgoingMessage,
+        request: &mut SendMessage,
+    ) -> Coalesce {
+        if !self.options.coalesce || self.options.selector.is_some() {
+            return Coalesce::No;
+        }
+        let props = crate::protocol::record::Properties::new(&request.properties);
+        if crate::protocol::delay::asks_for_delay(&props)
+            || props.get(crate::protocol::record::prop::TRAN_MSG).is_some()
+        {
+            return Coalesce::No;
+        }
+        match self.cached_queue_count(topic) {
+            None => Coalesce::LookUp,
+            Some(count) => match self.choose(topic, message, &mut request.body, Some(count), 0) {
+                QUEUE_ID_ANY => Coalesce::No,
+                queue => Coalesce::To(queue),
+            },
+        }
+    }
+
+    /// A single send not decided up front: `look_up`, a coalesced one whose topic's queue
+    /// count is not cached (looked up here, then coalesced if the topic exists); else one
+    /// sent alone (or its preparation's error).
+    async fn send_looked_up(
         self: &Arc<Self>,
         topic: &str,
         mut message: OutgoingMessage,
+        request: Result<SendMessage>,
+        look_up: bool,
     ) -> Result<SendResult> {
-        let mut request = self.prepare(topic, &mut message)?;
-        if self.options.coalesce && self.options.selector.is_none() {
-            let props = crate::protocol::record::Properties::new(&request.properties);
-            let alone = crate::protocol::delay::asks_for_delay(&props)
-                || props.get(crate::protocol::record::prop::TRAN_MSG).is_some();
-            if !alone {
-                // The queue count is cached but for a topic's first sends: the future of a
-                // send stays small (many are kept in flight) with the look-up boxed.
-                let count = match self.cached_queue_count(topic) {
-                    Some(count) => Some(count),
-                    None => Box::pin(self.queue_count(topic)).await?,
-                };
-                if let Some(count) = count {
-                    let queue = self.choose(topic, &mut message, &mut request.body, Some(count), 0);
-                    if queue != QUEUE_ID_ANY {
-                        request.queue_id = queue;
-                        return self.send_coalesced(topic, request).await;
-                    }
+        let mut request = request?;
+        if look_up {
+            if let Some(count) = self.queue_count(topic).await? {
+                let queue = self.choose(topic, &mut message, &mut request.body, Some(count), 0);
+                if queue != QUEUE_ID_ANY {
+                    request.queue_id = queue;
+                    return self.send_coalesced(topic, request).await;
                 }
             }
         }
-        Box::pin(self.send_alone(topic, message, request)).await
+        self.send_alone(topic, message, request).await
     }
 
     /// A single send as its own request, with retries.

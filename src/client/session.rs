@@ -181,7 +181,13 @@ impl Client {
 
     /// The broker's shard count (1 before the first handshake, which `connect` makes).
     pub(crate) fn shard_count(&self) -> u32 {
-        self.inner.topology().map_or(1, |t| t.info.shard_count)
+        // Read in place: no count taken on the shared topology (once per coalesced send).
+        self.inner
+            .topology
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(1, |t| t.info.shard_count)
     }
 
     /// What the latest bootstrap handshake said.

@@ -261,12 +261,13 @@ impl SendMultiResult {
 /// The id of the message stored `i`-th of `physical_offsets` by `store_id` of `broker_id`.
 fn nth_msg_id(broker_id: u32, store_id: u32, physical_offsets: &[u64], i: usize) -> Option<String> {
     physical_offsets.get(i).map(|&physical_offset| {
+        // Not `to_string`: that formats the encoded string into a second one.
         super::MessageId {
             broker_id,
             store_id,
             physical_offset,
         }
-        .to_string()
+        .encode()
     })
 }
 

@@ -44,8 +44,7 @@ impl MessageId {
             let shift = 4 * (MSG_ID_CHARS - 1 - i);
             *digit = HEX[((value >> shift) & 0xF) as usize];
         }
-        // All ASCII: borrowed without a copy, then owned once.
-        String::from_utf8_lossy(&digits).into_owned()
+        digits.iter().map(|&digit| char::from(digit)).collect()
     }
 
     /// Parses the 32-character form: exactly 32 of `0-9A-F`.

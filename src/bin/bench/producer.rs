@@ -11,7 +11,8 @@ use hdrhistogram::Histogram;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use ringmq::client::{OutgoingMessage, Producer};
+use futures_util::future::Either;
+use ringmq::client::{ClientError, OutgoingMessage, Producer};
 
 use crate::report::{histogram, record_us};
 use crate::{epoch_ns, Run, SEQ_NUMBER_MASK, SEQ_PRODUCER_SHIFT, SEQ_TAG_SHIFT};
@@ -105,34 +106,29 @@ impl Sender {
             self.run.clone(),
             self.latencies.clone(),
         );
-        async move {
-            let topic = run.cli.topic.as_str();
-            let outcome = if run.cli.batch == 1 {
-                match messages.pop() {
-                    Some(message) => producer.send(topic, message).await.map(|_| ()),
+        // A single send's future holds only its own send's future, as an application's
+        // window of single sends would; a batch's (larger, one per batch) is boxed.
+        if self.run.cli.batch == 1 {
+            let message = messages.pop();
+            Either::Left(async move {
+                let outcome = match message {
+                    Some(message) => producer.send(&run.cli.topic, message).await.map(|_| ()),
                     None => Ok(()),
-                }
-            } else {
-                producer.send_batch(topic, messages).await.map(|_| ())
-            };
-            match outcome {
-                Ok(()) => {
-                    if scheduled >= run.measure_from {
-                        record_us(
-                            &mut latencies.lock().unwrap_or_else(PoisonError::into_inner),
-                            scheduled.elapsed(),
-                        );
-                    }
-                    run.stats.sent.fetch_add(count as u64, Ordering::Relaxed);
-                    run.stats.expected.fetch_add(expected, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    run.stats
-                        .send_errors
-                        .fetch_add(count as u64, Ordering::Relaxed);
-                    run.stats.error("send", &e);
-                }
-            }
+                };
+                sent(&run, &latencies, scheduled, count, expected, outcome);
+            })
+        } else {
+            Either::Right(Box::pin(async move {
+                let outcome = producer.send_batch(&run.cli.topic, messages).await;
+                sent(
+                    &run,
+                    &latencies,
+                    scheduled,
+                    count,
+                    expected,
+                    outcome.map(|_| ()),
+                );
+            }))
         }
     }
 
@@ -150,6 +146,35 @@ impl Sender {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         h
+    }
+}
+
+/// Counts a send of `count` messages (`expected` of them for the consumers) as answered.
+fn sent(
+    run: &Run,
+    latencies: &Mutex<Histogram<u64>>,
+    scheduled: Instant,
+    count: usize,
+    expected: u64,
+    outcome: Result<(), ClientError>,
+) {
+    match outcome {
+        Ok(()) => {
+            if scheduled >= run.measure_from {
+                record_us(
+                    &mut latencies.lock().unwrap_or_else(PoisonError::into_inner),
+                    scheduled.elapsed(),
+                );
+            }
+            run.stats.sent.fetch_add(count as u64, Ordering::Relaxed);
+            run.stats.expected.fetch_add(expected, Ordering::Relaxed);
+        }
+        Err(e) => {
+            run.stats
+                .send_errors
+                .fetch_add(count as u64, Ordering::Relaxed);
+            run.stats.error("send", &e);
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! to the same shard is in flight wait in that shard's `Coalescer` and go out together as
 //! one `SendMulti` when it is answered; one request in flight per (topic, shard).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -103,6 +104,23 @@ const COALESCE_SETTLE_YIELDS_MAX: usize = 4;
 /// Most bytes of bodies and properties one coalesced batch carries (well within a frame).
 const COALESCED_BATCH_BYTES_MAX: usize = 1 << 20;
 
+/// The coalescer of `topic`'s queues on `shard`, made on first use; looked up by the
+/// borrowed name (no key is built per send).
+fn coalescer_of(
+    coalescers: &mut HashMap<String, Vec<SharedCoalescer>>,
+    topic: &str,
+    shard: usize,
+) -> SharedCoalescer {
+    let of_topic = match coalescers.get_mut(topic) {
+        Some(of_topic) => of_topic,
+        None => coalescers.entry(topic.to_owned()).or_default(),
+    };
+    if of_topic.len() <= shard {
+        of_topic.resize_with(shard + 1, SharedCoalescer::default);
+    }
+    of_topic[shard].clone()
+}
+
 /// The next batch of queued sends: the oldest ones, up to the batch limits.
 fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
     let mut bytes = 0;
@@ -132,13 +150,14 @@ impl ProducerInner {
         // Chosen by `choose`: a queue id, never `QUEUE_ID_ANY`.
         let queue_u32 = u32::try_from(queue).unwrap_or(0);
         let shard = crate::client::route::owner(topic, queue_u32, self.client.shard_count());
-        let co = self
-            .coalescers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry((topic.to_owned(), shard))
-            .or_default()
-            .clone();
+        let co = coalescer_of(
+            &mut self
+                .coalescers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            topic,
+            shard as usize,
+        );
         let waiter = {
             let mut st = lock(&co);
             if st.in_flight {
@@ -313,5 +332,31 @@ impl ProducerInner {
             wait_durable: self.options.wait_durable,
         };
         self.send_to_queue(topic, &mut request, queue).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coalescer_of;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    /// One coalescer per (topic, shard): a packed request carries the queues of one shard
+    /// (the broker refuses one that names another shard's queue).
+    #[test]
+    fn each_topic_and_shard_has_a_coalescer_of_its_own() {
+        let mut map = HashMap::new();
+        let a0 = coalescer_of(&mut map, "a", 0);
+        let a3 = coalescer_of(&mut map, "a", 3);
+        let b0 = coalescer_of(&mut map, "b", 0);
+        assert!(!Arc::ptr_eq(&a0, &a3) && !Arc::ptr_eq(&a0, &b0) && !Arc::ptr_eq(&a3, &b0));
+        let a1 = coalescer_of(&mut map, "a", 1);
+        assert!(!Arc::ptr_eq(&a1, &a0) && !Arc::ptr_eq(&a1, &a3));
+        // The same ones again, however they were made (shard 1 after 3 filled the gap).
+        assert!(Arc::ptr_eq(&coalescer_of(&mut map, "a", 0), &a0));
+        assert!(Arc::ptr_eq(&coalescer_of(&mut map, "a", 1), &a1));
+        assert!(Arc::ptr_eq(&coalescer_of(&mut map, "a", 3), &a3));
+        assert!(Arc::ptr_eq(&coalescer_of(&mut map, "b", 0), &b0));
+        assert_eq!(map.len(), 2);
     }
 }
