@@ -28,14 +28,20 @@ fn body(size: usize, sent_at_ns: u64, seq: u64) -> Vec<u8> {
 /// One producer's sending state: its sends in flight (bounded by the window), its
 /// send-latency histogram, and the numbering of its messages.
 struct Sender {
-    run: Arc<Run>,
-    producer: Producer,
+    /// What each send's future holds: one count taken per send, on this producer's own.
+    of_sends: Arc<OfSends>,
     window: Arc<Semaphore>,
-    latencies: Arc<Mutex<Histogram<u64>>>,
     first_seq: u64,
     quota: Option<u64>,
     /// Messages handed to sends so far.
     scheduled_messages: u64,
+}
+
+/// A producer's part of the run that its sends use when answered.
+struct OfSends {
+    run: Arc<Run>,
+    producer: Producer,
+    latencies: Mutex<Histogram<u64>>,
 }
 
 impl Sender {
@@ -44,18 +50,24 @@ impl Sender {
             (u64::from(run.tag) << SEQ_TAG_SHIFT) | ((index as u64) << SEQ_PRODUCER_SHIFT);
         Sender {
             window: Arc::new(Semaphore::new(run.cli.in_flight)),
-            latencies: Arc::new(Mutex::new(histogram())),
-            run,
-            producer,
+            of_sends: Arc::new(OfSends {
+                latencies: Mutex::new(histogram()),
+                run,
+                producer,
+            }),
             first_seq,
             quota,
             scheduled_messages: 0,
         }
     }
 
+    fn run(&self) -> &Run {
+        &self.of_sends.run
+    }
+
     /// Messages the next send carries; 0 when the quota is spent.
     fn next_count(&self) -> usize {
-        let batch = self.run.cli.batch;
+        let batch = self.run().cli.batch;
         match self.quota {
             Some(q) => batch
                 .min(usize::try_from(q.saturating_sub(self.scheduled_messages)).unwrap_or(batch)),
@@ -69,7 +81,7 @@ impl Sender {
         scheduled: Instant,
         count: usize,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let cli = &self.run.cli;
+        let cli = &self.run().cli;
         let sent_at_ns = epoch_ns(scheduled);
         let mut messages: Vec<OutgoingMessage> = (0..count)
             .map(|i| {
@@ -91,7 +103,7 @@ impl Sender {
                 }
             })
             .collect();
-        let expected = match &self.run.sql {
+        let expected = match &self.run().sql {
             None => count as u64,
             Some(filter) => (0..count as u64)
                 .filter(|i| {
@@ -101,46 +113,36 @@ impl Sender {
                 .count() as u64,
         };
         self.scheduled_messages += count as u64;
-        let (producer, run, latencies) = (
-            self.producer.clone(),
-            self.run.clone(),
-            self.latencies.clone(),
-        );
+        let of = self.of_sends.clone();
         // A single send's future holds only its own send's future, as an application's
         // window of single sends would; a batch's (larger, one per batch) is boxed.
-        if self.run.cli.batch == 1 {
+        if self.run().cli.batch == 1 {
             let message = messages.pop();
             Either::Left(async move {
                 let outcome = match message {
-                    Some(message) => producer.send(&run.cli.topic, message).await.map(|_| ()),
+                    Some(m) => of.producer.send(&of.run.cli.topic, m).await.map(|_| ()),
                     None => Ok(()),
                 };
-                sent(&run, &latencies, scheduled, count, expected, outcome);
+                of.sent(scheduled, count, expected, outcome);
             })
         } else {
             Either::Right(Box::pin(async move {
-                let outcome = producer.send_batch(&run.cli.topic, messages).await;
-                sent(
-                    &run,
-                    &latencies,
-                    scheduled,
-                    count,
-                    expected,
-                    outcome.map(|_| ()),
-                );
+                let outcome = of.producer.send_batch(&of.run.cli.topic, messages).await;
+                of.sent(scheduled, count, expected, outcome.map(|_| ()));
             }))
         }
     }
 
     /// Waits for every send in flight (each holds a permit) and returns the histogram.
     async fn finish(self) -> Histogram<u64> {
-        let permits = u32::try_from(self.run.cli.in_flight).unwrap_or(u32::MAX);
+        let permits = u32::try_from(self.run().cli.in_flight).unwrap_or(u32::MAX);
         let _all = self.window.acquire_many(permits).await;
-        self.run
+        let of = &self.of_sends;
+        of.run
             .stats
             .busy_answers
-            .fetch_add(self.producer.busy_answers(), Ordering::Relaxed);
-        let h = self
+            .fetch_add(of.producer.busy_answers(), Ordering::Relaxed);
+        let h = of
             .latencies
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -149,31 +151,34 @@ impl Sender {
     }
 }
 
-/// Counts a send of `count` messages (`expected` of them for the consumers) as answered.
-fn sent(
-    run: &Run,
-    latencies: &Mutex<Histogram<u64>>,
-    scheduled: Instant,
-    count: usize,
-    expected: u64,
-    outcome: Result<(), ClientError>,
-) {
-    match outcome {
-        Ok(()) => {
-            if scheduled >= run.measure_from {
-                record_us(
-                    &mut latencies.lock().unwrap_or_else(PoisonError::into_inner),
-                    scheduled.elapsed(),
-                );
+impl OfSends {
+    /// Counts a send of `count` messages (`expected` of them for the consumers) as answered.
+    fn sent(
+        &self,
+        scheduled: Instant,
+        count: usize,
+        expected: u64,
+        outcome: Result<(), ClientError>,
+    ) {
+        let stats = &self.run.stats;
+        match outcome {
+            Ok(()) => {
+                if scheduled >= self.run.measure_from {
+                    record_us(
+                        &mut self
+                            .latencies
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner),
+                        scheduled.elapsed(),
+                    );
+                }
+                stats.sent.fetch_add(count as u64, Ordering::Relaxed);
+                stats.expected.fetch_add(expected, Ordering::Relaxed);
             }
-            run.stats.sent.fetch_add(count as u64, Ordering::Relaxed);
-            run.stats.expected.fetch_add(expected, Ordering::Relaxed);
-        }
-        Err(e) => {
-            run.stats
-                .send_errors
-                .fetch_add(count as u64, Ordering::Relaxed);
-            run.stats.error("send", &e);
+            Err(e) => {
+                stats.send_errors.fetch_add(count as u64, Ordering::Relaxed);
+                stats.error("send", &e);
+            }
         }
     }
 }
@@ -183,8 +188,12 @@ fn sent(
 /// per send), as an application keeping a window of sends would.
 async fn produce_closed(mut sender: Sender) -> Histogram<u64> {
     use futures_util::stream::{FuturesUnordered, StreamExt};
-    let deadline = sender.run.cli.send_period().map(|d| sender.run.start + d);
-    let window = sender.run.cli.in_flight.max(1);
+    let deadline = sender
+        .run()
+        .cli
+        .send_period()
+        .map(|d| sender.run().start + d);
+    let window = sender.run().cli.in_flight.max(1);
     let mut in_flight = FuturesUnordered::new();
     loop {
         while in_flight.len() < window {
@@ -216,7 +225,7 @@ fn produce_open(
     handle: tokio::runtime::Handle,
     interval: Duration,
 ) -> Vec<Sender> {
-    let Some(run) = senders.first().map(|s| s.run.clone()) else {
+    let Some(run) = senders.first().map(|s| s.of_sends.run.clone()) else {
         return senders;
     };
     let deadline = run.cli.send_period().map(|d| run.start + d);
