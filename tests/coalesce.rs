@@ -387,7 +387,7 @@ fn a_refused_packed_request_fails_only_the_sends_at_fault() {
 fn a_topics_first_sends_look_its_queues_up_and_a_refused_send_fails_typed() {
     with_producer(2, |producer, client| async move {
         client.create_topic("fresh", 4).await.unwrap();
-        // None of these knows the topic's queue count when it is made.
+        // None of these finds the topic's queue count cached when first polled.
         let sends: Vec<_> = (0..64)
             .map(|i| Box::pin(producer.send_async("fresh", OutgoingMessage::new(format!("f{i}")))))
             .collect();
@@ -423,19 +423,28 @@ fn a_topics_first_sends_look_its_queues_up_and_a_refused_send_fails_typed() {
             matches!(e, ringmq::client::ClientError::BodyTooLarge { .. }),
             "{e:?}"
         );
-        // Now cached: decided up front, coalesced, stored.
+        // Now cached: each `send` takes its queue when it is called. All made before any is
+        // polled, one of them dropped unpolled (it sends nothing), the rest polled in the
+        // reverse order.
+        let coalesced_before = producer.coalesced_sends();
+        drop(producer.send("fresh", OutgoingMessage::new("never")));
         let mut sends: Vec<_> = (0..64)
-            .map(|i| Box::pin(producer.send_async("fresh", OutgoingMessage::new(format!("g{i}")))))
+            .map(|i| Box::pin(producer.send("fresh", OutgoingMessage::new(format!("g{i}")))))
             .collect();
+        sends.reverse();
         poll_once(&mut sends).await;
-        let results = futures_util::future::join_all(sends).await;
+        let mut results = futures_util::future::join_all(sends).await;
+        results.reverse();
         // Round-robin, one queue taken per send: 64 sends over 4 queues, 16 each.
         let mut per_queue = BTreeMap::new();
-        for r in &results {
-            *per_queue.entry(r.as_ref().unwrap().queue_id).or_insert(0) += 1;
+        for (i, r) in results.iter().enumerate() {
+            let r = r.as_ref().unwrap();
+            *per_queue.entry(r.queue_id).or_insert(0) += 1;
+            let by_id = client.message_by_id(&r.msg_id).await.unwrap().unwrap();
+            assert_eq!(by_id.body(), format!("g{i}").as_bytes());
         }
         assert_eq!(per_queue.into_values().collect::<Vec<_>>(), [16; 4]);
-        assert!(producer.coalesced_sends() > 0);
+        assert!(producer.coalesced_sends() > coalesced_before);
         assert_eq!(stored(&client, "fresh").await, 128);
     });
 }

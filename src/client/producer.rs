@@ -72,9 +72,9 @@ pub struct ProducerOptions {
     /// sent alone. A packed request the broker refuses for one message or queue (a queue
     /// gone, a message only the broker checks) is sent again message by message. Off by
     /// default: at moderate rates a send made while another is in flight waits for that
-    /// one's answer instead of going at once (one shard at 20,000 msg/s: send p50 about
-    /// 80-100 µs and p99 0.15-0.5 ms higher; perf/README.md), a price worth paying only
-    /// for throughput.
+    /// one's answer instead of going at once (one shard at 20,000 msg/s, three pairs: send
+    /// p50 77-85 µs and p99 0.13-0.56 ms higher; perf/README.md), a price worth paying
+    /// only for throughput.
     pub coalesce: bool,
 }
 
@@ -120,7 +120,7 @@ impl std::fmt::Debug for Producer {
 struct ProducerInner {
     client: Client,
     /// Per topic, per shard: single sends waiting for the send in flight (`coalesce`).
-    coalescers: Mutex<HashMap<String, Vec<SharedCoalescer>>>,
+    coalescers: Mutex<HashMap<String, Vec<Option<SharedCoalescer>>>>,
     /// `BrokerBusy` answers so far (flow control), each followed by a pause and a resend.
     busy_answers: AtomicU64,
     /// Requests that carried coalesced single sends, and the sends they carried.
@@ -209,6 +209,12 @@ impl Producer {
     }
 
     /// Sends one message and waits for the broker's answer: where it was stored.
+    ///
+    /// The message is checked, stamped and (with `coalesce`, once the topic's queue count
+    /// is cached) given its queue when `send` is called; nothing is sent or queued until the
+    /// future is polled, and a future dropped unpolled sends nothing. A future kept past a
+    /// change of the topic's queues goes to the queue chosen then (one gone fails with
+    /// `QueueNotFound`, as a send in flight during the change would).
     pub fn send<'a>(
         &'a self,
         topic: &'a str,
@@ -316,10 +322,12 @@ impl ProducerInner {
         })
     }
 
-    /// A single send. A coalesced one whose topic's queue count is cached (all but a
-    /// topic's first sends) is decided before its future is made, and that future is the
-    /// coalesced send's own: many are kept in flight, and each is moved whole into what
-    /// holds it. Every other send is boxed.
+    /// A single send. A coalesced one whose topic's queue count is cached has its queue
+    /// chosen before its future is made, and that future is the coalesced send's own (its
+    /// shard's coalescer is found when first polled): many are kept in flight, and each is
+    /// moved whole into what holds it. Every other send is boxed: coalesced ones whose
+    /// topic's count is not cached (a topic's first sends, a count past `route_refresh_ms`
+    /// until it is refreshed, a route dropped after an error) and those that go alone.
     fn send<'a>(
         self: &'a Arc<Self>,
         topic: &'a str,

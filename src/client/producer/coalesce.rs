@@ -15,12 +15,11 @@ use crate::protocol::{
 
 pub(super) type SharedCoalescer = Arc<Mutex<Coalescer>>;
 
+/// Where a queued send's result goes.
+type ResultTx = tokio::sync::oneshot::Sender<Result<SendResult>>;
+
 /// A queued send: its queue, the message, and where its result goes.
-type Waiting = (
-    u32,
-    BatchItem,
-    tokio::sync::oneshot::Sender<Result<SendResult>>,
-);
+type Waiting = (u32, BatchItem, ResultTx);
 
 /// Single sends queued for the queues of one shard while a send to it is in flight
 /// (`coalesce`).
@@ -107,7 +106,7 @@ const COALESCED_BATCH_BYTES_MAX: usize = 1 << 20;
 /// The coalescer of `topic`'s queues on `shard`, made on first use; looked up by the
 /// borrowed name (no key is built per send).
 fn coalescer_of(
-    coalescers: &mut HashMap<String, Vec<SharedCoalescer>>,
+    coalescers: &mut HashMap<String, Vec<Option<SharedCoalescer>>>,
     topic: &str,
     shard: usize,
 ) -> SharedCoalescer {
@@ -116,9 +115,41 @@ fn coalescer_of(
         None => coalescers.entry(topic.to_owned()).or_default(),
     };
     if of_topic.len() <= shard {
-        of_topic.resize_with(shard + 1, SharedCoalescer::default);
+        // Slots up to the shard (fewer than the broker's shards): only the ones used hold one.
+        of_topic.resize(shard + 1, None);
     }
-    of_topic[shard].clone()
+    of_topic[shard].get_or_insert_with(Default::default).clone()
+}
+
+/// A packed request's parts (queues, messages, where each result goes), each queue's sends
+/// in one run, in the order they were made: the broker looks each queue up once per run.
+/// Their (queue, position) pairs are sorted, a few bytes each, and each send is then moved
+/// once into its place (a stable sort of the sends themselves moved each several times).
+fn in_queue_runs(waiting: Vec<Waiting>) -> (Vec<u32>, Vec<BatchItem>, Vec<ResultTx>) {
+    let mut order: Vec<(u32, usize)> = waiting
+        .iter()
+        .enumerate()
+        .map(|(at, w)| (w.0, at))
+        .collect();
+    order.sort_unstable();
+    let mut sends: Vec<Option<(BatchItem, ResultTx)>> = waiting
+        .into_iter()
+        .map(|(_, item, tx)| Some((item, tx)))
+        .collect();
+    let n = order.len();
+    let (mut queue_ids, mut items, mut senders) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (queue, at) in order {
+        if let Some((item, tx)) = sends[at].take() {
+            queue_ids.push(queue);
+            items.push(item);
+            senders.push(tx);
+        }
+    }
+    (queue_ids, items, senders)
 }
 
 /// The next batch of queued sends: the oldest ones, up to the batch limits.
@@ -216,7 +247,7 @@ impl ProducerInner {
                     break;
                 }
             }
-            let mut waiting = {
+            let waiting = {
                 let mut st = lock(&co);
                 if st.waiting.is_empty() {
                     st.in_flight = false;
@@ -225,17 +256,7 @@ impl ProducerInner {
                 }
                 take_batch(&mut st.waiting)
             };
-            // Each queue's sends in one run, in the order they were made (a stable sort):
-            // the broker looks each queue up once per run.
-            waiting.sort_by_key(|w| w.0);
-            let mut queue_ids = Vec::with_capacity(waiting.len());
-            let mut items = Vec::with_capacity(waiting.len());
-            let mut senders = Vec::with_capacity(waiting.len());
-            for (queue, item, tx) in waiting {
-                queue_ids.push(queue);
-                items.push(item);
-                senders.push(tx);
-            }
+            let (queue_ids, items, senders) = in_queue_runs(waiting);
             self.coalesced_batches.fetch_add(1, Ordering::Relaxed);
             self.coalesced_sends
                 .fetch_add(queue_ids.len() as u64, Ordering::Relaxed);
@@ -337,9 +358,68 @@ impl ProducerInner {
 
 #[cfg(test)]
 mod tests {
-    use super::coalescer_of;
+    use super::{coalescer_of, in_queue_runs, Waiting};
+    use crate::protocol::BatchItem;
     use std::collections::HashMap;
     use std::sync::Arc;
+
+    /// A packed request's sends: grouped by queue, queues ascending, each queue's sends in
+    /// the order they were made, and each result channel still with its own message.
+    #[test]
+    fn a_packed_requests_sends_go_in_queue_runs_in_the_order_made() {
+        let queues = [3u32, 1, 3, 0, 1, 3, 2, 0, 1, 3];
+        let mut receivers = Vec::new();
+        let waiting: Vec<Waiting> = queues
+            .iter()
+            .enumerate()
+            .map(|(n, &q)| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                receivers.push(rx);
+                let item = BatchItem {
+                    flag: n as i32,
+                    properties: Vec::new(),
+                    body: Vec::new().into(),
+                    born_timestamp_ms: 0,
+                };
+                (q, item, tx)
+            })
+            .collect();
+        let (queue_ids, items, senders) = in_queue_runs(waiting);
+        let made: Vec<(u32, i32)> = queue_ids
+            .iter()
+            .zip(&items)
+            .map(|(&q, i)| (q, i.flag))
+            .collect();
+        assert_eq!(
+            made,
+            [
+                (0, 3),
+                (0, 7),
+                (1, 1),
+                (1, 4),
+                (1, 8),
+                (2, 6),
+                (3, 0),
+                (3, 2),
+                (3, 5),
+                (3, 9)
+            ]
+        );
+        // Each sender is its own message's: what it carries reaches that message's receiver.
+        for (tx, item) in senders.into_iter().zip(&items) {
+            let _ = tx.send(Err(crate::client::ClientError::Connection(
+                item.flag.to_string(),
+            )));
+        }
+        for (n, mut rx) in receivers.into_iter().enumerate() {
+            match rx.try_recv() {
+                Ok(Err(crate::client::ClientError::Connection(said))) => {
+                    assert_eq!(said, n.to_string())
+                }
+                other => panic!("send {n}: {other:?}"),
+            }
+        }
+    }
 
     /// One coalescer per (topic, shard): a packed request carries the queues of one shard
     /// (the broker refuses one that names another shard's queue).
@@ -348,6 +428,8 @@ mod tests {
         let mut map = HashMap::new();
         let a0 = coalescer_of(&mut map, "a", 0);
         let a3 = coalescer_of(&mut map, "a", 3);
+        // Only the shards used hold a coalescer.
+        assert_eq!(map["a"].iter().filter(|c| c.is_some()).count(), 2);
         let b0 = coalescer_of(&mut map, "b", 0);
         assert!(!Arc::ptr_eq(&a0, &a3) && !Arc::ptr_eq(&a0, &b0) && !Arc::ptr_eq(&a3, &b0));
         let a1 = coalescer_of(&mut map, "a", 1);
