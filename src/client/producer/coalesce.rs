@@ -115,7 +115,7 @@ fn coalescer_of(
         None => coalescers.entry(topic.to_owned()).or_default(),
     };
     if of_topic.len() <= shard {
-        // Slots up to the shard (fewer than the broker's shards): only the ones used hold one.
+        // Slots up to the shard (no more than the broker's shards): only those used hold one.
         of_topic.resize(shard + 1, None);
     }
     of_topic[shard].get_or_insert_with(Default::default).clone()
