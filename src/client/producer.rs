@@ -344,18 +344,13 @@ impl ProducerInner {
                 request.queue_id = queue;
                 Either::Left(self.send_coalesced(topic, request))
             }
-            Ok((request, Coalesce::LookUp)) => Either::Right(Box::pin(self.send_looked_up(
-                topic,
-                message,
-                Ok(request),
-                true,
-            ))),
-            prepared => Either::Right(Box::pin(self.send_looked_up(
-                topic,
-                message,
-                prepared.map(|(request, _)| request),
-                false,
-            ))),
+            prepared => {
+                let look_up = matches!(prepared, Ok((_, Coalesce::LookUp)));
+                let request = prepared.map(|(request, _)| request);
+                Either::Right(Box::pin(
+                    self.send_looked_up(topic, message, request, look_up),
+                ))
+            }
         }
     }
 

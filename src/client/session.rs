@@ -181,13 +181,7 @@ impl Client {
 
     /// The broker's shard count (1 before the first handshake, which `connect` makes).
     pub(crate) fn shard_count(&self) -> u32 {
-        // Read in place: no count taken on the shared topology (once per coalesced send).
-        self.inner
-            .topology
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map_or(1, |t| t.info.shard_count)
+        self.inner.ids().1
     }
 
     /// What the latest bootstrap handshake said.
@@ -649,10 +643,7 @@ impl Client {
         store_id: Option<u32>,
     ) -> Result<Vec<Message>> {
         // The ids only: the whole `BrokerInfo` clones a string per shard.
-        let (broker_id, shard_count) = self
-            .inner
-            .topology()
-            .map_or((0, 1), |t| (t.info.broker_id, t.info.shard_count));
+        let (broker_id, shard_count) = self.inner.ids();
         let expected = answer.meta().record_count();
         // Bounded by the frame: a count larger than the records present fails below.
         let mut messages = Vec::with_capacity((expected as usize).min(1024));
@@ -689,6 +680,16 @@ impl Client {
 }
 
 impl Inner {
+    /// The broker's id and shard count ((0, 1) before the first handshake), read in place:
+    /// no count taken on the shared topology (once per coalesced send, once per pull).
+    fn ids(&self) -> (u32, u32) {
+        self.topology
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or((0, 1), |t| (t.info.broker_id, t.info.shard_count))
+    }
+
     fn topology(&self) -> Option<Arc<Topology>> {
         self.topology
             .read()
