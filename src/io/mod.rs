@@ -7,6 +7,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod iopoll;
+use iopoll::probe_iopoll_once;
+
 /// An I/O operation that fault-injection tests can make fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailPoint {
@@ -577,52 +580,6 @@ impl LogFile {
             Inner::Buffered(_) => Ok(()),
         }
     }
-}
-
-thread_local! {
-    static IOPOLL_PROBED: std::rc::Rc<tokio::sync::OnceCell<()>> = std::rc::Rc::default();
-}
-
-/// glommio decides per device whether its polled ring works by reading the first DMA file
-/// it opens; on an empty file that read succeeds without touching the device, the device is
-/// wrongly marked pollable, and every later read fails with EOPNOTSUPP. So the first open
-/// of each executor thread opens a scratch file that holds real data, and other opens on
-/// that thread wait until it has (the probe yields to other tasks while its file is
-/// written in the blocking pool).
-async fn probe_iopoll_once(near: &Path) {
-    let probed = IOPOLL_PROBED.with(|p| p.clone());
-    probed.get_or_init(|| probe_iopoll(near)).await;
-}
-
-async fn probe_iopoll(near: &Path) {
-    let Some(dir) = near.parent() else { return };
-    let probe = dir.join(format!(".ringmq-iopoll-probe-{}", std::process::id()));
-    // The scratch file is written, synced and removed in the blocking pool: an fsync, and
-    // an unlink that may discard blocks on the device, would stall the shard for
-    // milliseconds (this runs at the first append of a fresh store).
-    let path = probe.clone();
-    let written = blocking(move || {
-        std::fs::write(&path, vec![0xa5u8; IO_ALIGN]).and_then(|_| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .and_then(|f| f.sync_all())
-        })
-    })
-    .await;
-    if written.is_ok() {
-        if let Ok(f) = glommio::io::OpenOptions::new()
-            .read(true)
-            .dma_open(&probe)
-            .await
-        {
-            let _ = f.close().await;
-        }
-    }
-    blocking(move || {
-        let _ = std::fs::remove_file(&probe);
-    })
-    .await;
 }
 
 fn warn_buffered_once(path: &Path) {

@@ -154,6 +154,14 @@ pub async fn remove<P: AsRef<Path>>(path: P) -> Result<()> {
     Ok(())
 }
 
+/// ringmq patch: records, for this thread's executor, whether DMA files on the block device
+/// (`major`, `minor`) may use the polled ring. The first DMA file opened on a device whose
+/// support is not recorded probes it with a read through the polled ring; recording it
+/// first (from the device's `queue/io_poll` in sysfs) spares that read.
+pub fn set_iopoll_support(major: usize, minor: usize, supported: bool) {
+    crate::sys::sysfs::BlockDevice::set_iopoll_support(major, minor, supported)
+}
+
 pub(crate) use self::sched::{FileScheduler, IoScheduler, ScheduledSource};
 pub use self::{
     buffered_file::BufferedFile,
