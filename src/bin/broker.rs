@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use ringmq::log::FlushMode;
@@ -309,6 +310,47 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
+/// Takes SIGTERM and SIGINT (blocked in every thread) on a thread of its own, from before
+/// the start. The first one once the broker serves (`stop` set) asks for a clean stop. One
+/// during the start, or a second one while the clean stop runs, ends the process at once
+/// (exit status 128 + the signal), as a crash would: the next start recovers what is on
+/// disk, and no acknowledged message is lost either way. So a start or a stop that hangs (a
+/// disk that stopped answering, a long recovery) can still be ended without SIGKILL.
+fn take_stop_signals(signals: libc::sigset_t, stop: Arc<OnceLock<Arc<AtomicBool>>>) {
+    std::thread::spawn(move || {
+        let mut stopping = false;
+        loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigwait reads the set (a valid, initialised `sigset_t` moved into
+            // this thread) and writes the signal number into `sig`, which we own.
+            unsafe {
+                libc::sigwait(&signals, &mut sig);
+            }
+            match stop.get() {
+                Some(flag) if !stopping => {
+                    stopping = true;
+                    ringmq::say!("ringmq-broker: signal {sig}: stopping");
+                    flag.store(true, Ordering::SeqCst);
+                }
+                Some(_) => {
+                    ringmq::warn!(
+                        "ringmq-broker: signal {sig} again: exiting without finishing the \
+                         clean stop; the next start recovers as after a crash"
+                    );
+                    std::process::exit(128 + sig);
+                }
+                None => {
+                    ringmq::warn!(
+                        "ringmq-broker: signal {sig} while starting: exiting; the next start \
+                         recovers as after a crash"
+                    );
+                    std::process::exit(128 + sig);
+                }
+            }
+        }
+    });
+}
+
 /// Log lines go to stderr through `tracing`, filtered by --log-level, else RINGMQ_LOG,
 /// else `info`. A failed write to stderr is ignored (a full disk must not stop the broker):
 /// tracing-subscriber's own report of a failed write is off, because it is an `eprintln!`
@@ -375,6 +417,8 @@ fn main() {
         }
     };
     let signals = block_stop_signals();
+    let stop_flag: Arc<OnceLock<Arc<AtomicBool>>> = Arc::default();
+    take_stop_signals(signals, stop_flag.clone());
     let data_dir = cfg.data_dir.clone();
     let flush = cfg.flush;
     let broker = match Broker::start(cfg) {
@@ -385,6 +429,9 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if stop_flag.set(broker.stop_flag()).is_err() {
+        unreachable!("the stop flag is set once");
+    }
     let direct: Vec<String> = broker.shard_addrs().iter().map(|a| a.to_string()).collect();
     say_on_stdout(&format!(
         "ringmq-broker ready: listening on {} ({} shards, direct {}), data {}, flush {:?}",
@@ -394,17 +441,6 @@ fn main() {
         data_dir.display(),
         flush
     ));
-    let stop = broker.stop_flag();
-    std::thread::spawn(move || {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: sigwait reads the set (a valid, initialised `sigset_t` moved into this
-        // thread) and writes the signal number into `sig`, which we own.
-        unsafe {
-            libc::sigwait(&signals, &mut sig);
-        }
-        ringmq::say!("ringmq-broker: signal {sig}: stopping");
-        stop.store(true, Ordering::SeqCst);
-    });
     match broker.wait() {
         Ok(()) => ringmq::say!("ringmq-broker: stopped cleanly"),
         Err(e) => {
