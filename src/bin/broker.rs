@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ringmq::log::FlushMode;
@@ -310,15 +311,28 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
+/// Where the broker is, for its stop signals: serving once `broker` holds its stop flag,
+/// `done` once its clean stop has ended.
+#[derive(Default)]
+struct Phase {
+    broker: OnceLock<Arc<AtomicBool>>,
+    done: AtomicBool,
+}
+
+/// A repeated stop signal ends a clean stop only when it comes at least this long after the
+/// first: a supervisor that signals twice in a row (systemd's `ExecStop=kill $MAINPID`,
+/// then its own SIGTERM) still gets a clean stop.
+const REPEAT_GRACE: Duration = Duration::from_secs(1);
+
 /// Takes SIGTERM and SIGINT (blocked in every thread) on a thread of its own, from before
-/// the start. The first one once the broker serves (`stop` set) asks for a clean stop. One
-/// during the start, or a second one while the clean stop runs, ends the process at once
-/// (exit status 128 + the signal), as a crash would: the next start recovers what is on
-/// disk, and no acknowledged message is lost either way. So a start or a stop that hangs (a
-/// disk that stopped answering, a long recovery) can still be ended without SIGKILL.
-fn take_stop_signals(signals: libc::sigset_t, stop: Arc<OnceLock<Arc<AtomicBool>>>) {
+/// the start. The first one once the broker serves asks for a clean stop. One during the
+/// start, or another one at least [`REPEAT_GRACE`] after the first while the clean stop
+/// runs, ends the process at once, by that signal, as a crash (SIGKILL) would: the next
+/// start recovers from the disk. So a start or a stop that hangs (a disk that stopped
+/// answering, a long recovery) can still be ended without SIGKILL.
+fn take_stop_signals(signals: libc::sigset_t, phase: Arc<Phase>) {
     std::thread::spawn(move || {
-        let mut stopping = false;
+        let mut first: Option<Instant> = None;
         loop {
             let mut sig: libc::c_int = 0;
             // SAFETY: sigwait reads the set (a valid, initialised `sigset_t` moved into
@@ -326,29 +340,50 @@ fn take_stop_signals(signals: libc::sigset_t, stop: Arc<OnceLock<Arc<AtomicBool>
             unsafe {
                 libc::sigwait(&signals, &mut sig);
             }
-            match stop.get() {
-                Some(flag) if !stopping => {
-                    stopping = true;
+            if phase.done.load(Ordering::SeqCst) {
+                continue; // stopped cleanly: the process is ending anyway
+            }
+            match (phase.broker.get(), first) {
+                (None, _) => die_by(sig, "while starting: exiting"),
+                (Some(stop), None) => {
+                    first = Some(Instant::now());
                     ringmq::say!("ringmq-broker: signal {sig}: stopping");
-                    flag.store(true, Ordering::SeqCst);
+                    stop.store(true, Ordering::SeqCst);
                 }
-                Some(_) => {
-                    ringmq::warn!(
-                        "ringmq-broker: signal {sig} again: exiting without finishing the \
-                         clean stop; the next start recovers as after a crash"
-                    );
-                    std::process::exit(128 + sig);
-                }
-                None => {
-                    ringmq::warn!(
-                        "ringmq-broker: signal {sig} while starting: exiting; the next start \
-                         recovers as after a crash"
-                    );
-                    std::process::exit(128 + sig);
+                (Some(_), Some(at)) if at.elapsed() < REPEAT_GRACE => ringmq::say!(
+                    "ringmq-broker: signal {sig} again within {REPEAT_GRACE:?} of the first: \
+                     still stopping (another one later ends the broker at once)"
+                ),
+                (Some(_), Some(_)) => {
+                    die_by(sig, "again: exiting without finishing the clean stop")
                 }
             }
         }
     });
+}
+
+/// Says why (stderr and stdout, as the other fatal exits do), then ends the process by
+/// `sig` itself, its default action: a supervisor sees the broker killed by SIGTERM or
+/// SIGINT (which systemd counts as a clean end), and no exit handler runs.
+fn die_by(sig: libc::c_int, what: &str) -> ! {
+    let line = format!(
+        "ringmq-broker: signal {sig} {what}; the next start recovers from the disk as after a crash"
+    );
+    ringmq::warn!("{line}");
+    say_on_stdout(&line);
+    // SAFETY: signal(2) restores the default action of a valid signal number; the set is
+    // a zero-initialised `sigset_t` we own, initialised by sigemptyset; pthread_sigmask
+    // unblocks it for this thread only, so raise(3) delivers it here; _exit(2) ends the
+    // process if it somehow survives its own signal.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+        libc::_exit(128 + sig)
+    }
 }
 
 /// Log lines go to stderr through `tracing`, filtered by --log-level, else RINGMQ_LOG,
@@ -417,8 +452,8 @@ fn main() {
         }
     };
     let signals = block_stop_signals();
-    let stop_flag: Arc<OnceLock<Arc<AtomicBool>>> = Arc::default();
-    take_stop_signals(signals, stop_flag.clone());
+    let phase = Arc::new(Phase::default());
+    take_stop_signals(signals, phase.clone());
     let data_dir = cfg.data_dir.clone();
     let flush = cfg.flush;
     let broker = match Broker::start(cfg) {
@@ -429,7 +464,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if stop_flag.set(broker.stop_flag()).is_err() {
+    if phase.broker.set(broker.stop_flag()).is_err() {
         unreachable!("the stop flag is set once");
     }
     let direct: Vec<String> = broker.shard_addrs().iter().map(|a| a.to_string()).collect();
@@ -441,7 +476,9 @@ fn main() {
         data_dir.display(),
         flush
     ));
-    match broker.wait() {
+    let stopped = broker.wait();
+    phase.done.store(true, Ordering::SeqCst);
+    match stopped {
         Ok(()) => ringmq::say!("ringmq-broker: stopped cleanly"),
         Err(e) => {
             ringmq::error!("ringmq-broker: {e}");

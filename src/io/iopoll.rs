@@ -35,10 +35,8 @@ pub(super) async fn probe_iopoll_once(near: &Path) {
     let decided = IOPOLL_DECIDED.with(|p| p.clone());
     decided
         .get_or_init(|| async {
-            let Some(dir) = near.parent().map(Path::to_path_buf) else {
-                return;
-            };
-            match blocking(move || device_polls(&dir)).await {
+            let near_owned = near.to_path_buf();
+            match blocking(move || device_polls(&near_owned)).await {
                 Some((major, minor, false)) => glommio::io::set_iopoll_support(major, minor, false),
                 _ => probe_iopoll(near).await,
             }
@@ -46,11 +44,15 @@ pub(super) async fn probe_iopoll_once(near: &Path) {
         .await;
 }
 
-/// The block device of `dir` (major, minor) and whether its queue says it polls (sysfs
+/// The block device of the file `near` (of its directory while it does not exist yet:
+/// glommio keys its answer by the file's device) and whether its queue says it polls (sysfs
 /// `queue/io_poll`); `None` when sysfs names no block device for it (tmpfs, btrfs's
 /// anonymous devices) or the file cannot be read.
-fn device_polls(dir: &Path) -> Option<(usize, usize, bool)> {
-    let dev = std::fs::metadata(dir).ok()?.dev();
+fn device_polls(near: &Path) -> Option<(usize, usize, bool)> {
+    let meta = std::fs::metadata(near)
+        .or_else(|_| std::fs::metadata(near.parent().unwrap_or(near)))
+        .ok()?;
+    let dev = meta.dev();
     let (major, minor) = (libc::major(dev) as usize, libc::minor(dev) as usize);
     let polls = queue_polls(&PathBuf::from(format!("/sys/dev/block/{major}:{minor}")))?;
     Some((major, minor, polls))
@@ -141,7 +143,7 @@ mod on_this_machine {
     #[test]
     fn a_disk_that_says_it_cannot_poll_is_not_probed() {
         let dir = tempfile::tempdir().unwrap();
-        let said = device_polls(dir.path());
+        let said = device_polls(&dir.path().join("segment"));
         let path = dir.path().join("segment");
         let probes = crate::io::run_local(move || async move {
             let file = crate::io::LogFile::open(&path, true, false).await.unwrap();
