@@ -42,9 +42,31 @@ struct Ack {
     queue_offset: u64,
 }
 
+/// When the append-forever child is killed.
+#[derive(Clone, Copy)]
+enum KillAt {
+    /// After this many acknowledgements (or 20 s).
+    Acks(usize),
+    /// This long after it was spawned, whatever it did by then (opening the store,
+    /// recovering it, appending).
+    After(Duration),
+}
+
 /// Runs the append-forever child for a random time, SIGKILLs it, returns what it acked.
 fn run_child_and_kill(dir: &Path, seed: u64) -> Vec<Ack> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let acks = run_child(dir, KillAt::Acks(rng.gen_range(200..3000)));
+    assert!(
+        acks.len() >= 100,
+        "child acknowledged only {} records",
+        acks.len()
+    );
+    acks
+}
+
+/// Runs the append-forever child on `dir` until `kill`, SIGKILLs it, returns what it acked.
+fn run_child(dir: &Path, kill: KillAt) -> Vec<Ack> {
+    let spawned = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ringmq-storage-demo"))
         .args([
             "--data-dir",
@@ -77,26 +99,31 @@ fn run_child_and_kill(dir: &Path, seed: u64) -> Vec<Ack> {
             }
         }
     });
-    // Kill after a random number of acknowledgements (and at least some time).
-    let target = rng.gen_range(200..3000);
-    let started = Instant::now();
     let mut acks = Vec::new();
-    while acks.len() < target && started.elapsed() < Duration::from_secs(20) {
-        if let Ok(a) = rx.recv_timeout(Duration::from_millis(100)) {
-            acks.push(a);
+    match kill {
+        KillAt::Acks(target) => {
+            while acks.len() < target && spawned.elapsed() < Duration::from_secs(20) {
+                if let Ok(a) = rx.recv_timeout(Duration::from_millis(100)) {
+                    acks.push(a);
+                }
+            }
+        }
+        KillAt::After(delay) => {
+            let deadline = spawned + delay;
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                if let Ok(a) = rx.recv_timeout(left) {
+                    acks.push(a);
+                }
+            }
         }
     }
+    // SAFETY: kill(2) with the pid of a child this test started and has not reaped.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGKILL);
     }
     let _ = child.wait();
     let _ = reader.join();
     acks.extend(rx.try_iter());
-    assert!(
-        acks.len() >= 100,
-        "child acknowledged only {} records",
-        acks.len()
-    );
     acks
 }
 
@@ -105,43 +132,77 @@ fn sigkill_in_sync_mode_keeps_every_acknowledged_record() {
     for seed in 0..3u64 {
         let dir = tempfile::tempdir().unwrap();
         let acks = run_child_and_kill(dir.path(), seed);
-        let path = dir.path().to_owned();
-        run_local(move || async move {
-            // The child's configuration: 64 KiB segments, default index sizes.
-            let mut cfg = StoreConfig::default();
-            cfg.log.segment_bytes = 64 * 1024;
-            cfg.log.flush = ringmq::log::FlushMode::Sync;
-            let (store, rec) = MessageStore::open(&path, cfg).await.unwrap();
-            assert!(!rec.clean_shutdown, "a SIGKILL is an unclean shutdown");
-            for a in &acks {
-                let buf = store
-                    .read_at("crash", a.queue_id, a.queue_offset)
-                    .await
-                    .unwrap_or_else(|e| panic!("acked record {a:?} missing: {e}"));
-                let v = RecordView::parse(&buf).unwrap();
-                assert_eq!(v.flag() as u64, a.n);
-                assert_eq!(v.body(), &body_of(a.n)[..]);
-            }
-            // Nothing invented: every stored record is one the child appended, queue
-            // offsets are dense from 0, and each queue holds its own numbers only.
-            let mut total = 0;
-            for q in 0..4u32 {
-                let (min, max) = store.queue_range("crash", q).unwrap();
-                assert_eq!(min, 0);
-                for off in min..max {
-                    let buf = store.read_at("crash", q, off).await.unwrap();
-                    let v = RecordView::parse(&buf).unwrap();
-                    let n = v.flag() as u64;
-                    assert_eq!(n % 4, q as u64);
-                    assert_eq!(v.queue_offset(), off);
-                    assert_eq!(v.body(), &body_of(n)[..]);
-                    total += 1;
-                }
-            }
-            assert!(total >= acks.len());
-            store.close().await.unwrap();
-        });
+        check_every_ack_kept(dir.path(), acks);
     }
+}
+
+/// A store killed while appending, then killed again and again while it starts, recovers
+/// and appends once more (kills from 0 to 40 ms after the child is spawned): every record
+/// acknowledged in any round is still in its place at the end, and nothing was invented.
+#[test]
+fn sigkills_while_the_store_recovers_keep_every_acknowledged_record() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let dir = tempfile::tempdir().unwrap();
+    let mut acks = run_child_and_kill(dir.path(), 11);
+    let mut silent = 0;
+    // The child opens (recovers) the store within about 10-25 ms of its spawn here, and
+    // appends from then on.
+    for round in 0..18 {
+        let ms = if round % 3 == 0 {
+            rng.gen_range(0..12)
+        } else {
+            rng.gen_range(8..40)
+        };
+        let got = run_child(dir.path(), KillAt::After(Duration::from_millis(ms)));
+        silent += usize::from(got.is_empty());
+        acks.extend(got);
+    }
+    assert!(
+        silent > 0,
+        "every round acknowledged something: none was killed while it started"
+    );
+    check_every_ack_kept(dir.path(), acks);
+}
+
+/// Opens the child's store in this process: every record in `acks` is there (number and
+/// body), and every stored record is one the child appended, in its queue, dense from 0.
+fn check_every_ack_kept(dir: &Path, acks: Vec<Ack>) {
+    let path = dir.to_owned();
+    run_local(move || async move {
+        // The child's configuration: 64 KiB segments, default index sizes.
+        let mut cfg = StoreConfig::default();
+        cfg.log.segment_bytes = 64 * 1024;
+        cfg.log.flush = ringmq::log::FlushMode::Sync;
+        let (store, rec) = MessageStore::open(&path, cfg).await.unwrap();
+        assert!(!rec.clean_shutdown, "a SIGKILL is an unclean shutdown");
+        for a in &acks {
+            let buf = store
+                .read_at("crash", a.queue_id, a.queue_offset)
+                .await
+                .unwrap_or_else(|e| panic!("acked record {a:?} missing: {e}"));
+            let v = RecordView::parse(&buf).unwrap();
+            assert_eq!(v.flag() as u64, a.n);
+            assert_eq!(v.body(), &body_of(a.n)[..]);
+        }
+        // Nothing invented: every stored record is one the child appended, queue
+        // offsets are dense from 0, and each queue holds its own numbers only.
+        let mut total = 0;
+        for q in 0..4u32 {
+            let (min, max) = store.queue_range("crash", q).unwrap();
+            assert_eq!(min, 0);
+            for off in min..max {
+                let buf = store.read_at("crash", q, off).await.unwrap();
+                let v = RecordView::parse(&buf).unwrap();
+                let n = v.flag() as u64;
+                assert_eq!(n % 4, q as u64);
+                assert_eq!(v.queue_offset(), off);
+                assert_eq!(v.body(), &body_of(n)[..]);
+                total += 1;
+            }
+        }
+        assert!(total >= acks.len());
+        store.close().await.unwrap();
+    });
 }
 
 /// What a store built by [`build_store`] holds.
