@@ -108,7 +108,9 @@ pub use options::*;
 /// Where a queue starts when the group has no committed offset for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ConsumeFrom {
-    /// The queue's end at that moment: only messages stored from then on.
+    /// The queue's end at that moment: only messages stored from then on. A queue made
+    /// after the consumer started (a topic its first send created, queues a topic update
+    /// added) starts at its first message instead: everything in it was sent since.
     #[default]
     LastOffset,
     /// The queue's first message still kept.
@@ -409,6 +411,7 @@ impl PushConsumer {
             MessageModel::Clustering => None,
         };
         let client = Client::connect(self.config.clone()).await?;
+        let queues_at_start = queues_at_start(&client, &subscriptions).await?;
         // The broker says how long sessions and locks last: timings follow.
         let options = self.options.fitted_to(&client.broker_info());
         let spec = MemberSpec {
@@ -434,6 +437,7 @@ impl PushConsumer {
             stopping: AtomicBool::new(false),
             rejoin: Notify::new(),
             started_at: Instant::now(),
+            queues_at_start,
             heartbeat_ok_ms: AtomicU64::new(0),
             counters: Counters::default(),
             spec,
@@ -595,6 +599,54 @@ impl Running {
     }
 }
 
+/// How many queues each subscribed topic has now (0 for one that does not exist yet). A
+/// queue past that count was created after this consumer subscribed (a topic made by its
+/// first send, or grown): everything in it was sent since, so under
+/// [`ConsumeFrom::LastOffset`] it starts at its first message, not at its end, when the
+/// group has no committed offset there; starting at the end would skip the messages sent
+/// to it before this member's pull began (the first, always, for a topic a send created).
+async fn queues_at_start(
+    client: &Client,
+    subscriptions: &BTreeMap<String, MessageSelector>,
+) -> Result<BTreeMap<String, u32>> {
+    let mut counts = BTreeMap::new();
+    let retry = crate::protocol::names::RETRY_TOPIC_PREFIX;
+    for topic in subscriptions.keys().filter(|t| !t.starts_with(retry)) {
+        let count = match client.describe_topic(topic).await {
+            Ok(info) => u32::try_from(info.queues.len()).unwrap_or(u32::MAX),
+            Err(e) if e.code() == Some(crate::protocol::ErrorCode::TopicNotFound) => 0,
+            Err(e) => return Err(e),
+        };
+        counts.insert(topic.clone(), count);
+    }
+    Ok(counts)
+}
+
+/// Where a queue the group has no committed offset for starts, with `configured` the
+/// consumer's [`ConsumeFrom`]. A retry topic always starts at its first message: what waits
+/// there was sent back by this group and must not be skipped (RocketMQ does the same). So
+/// does, under `LastOffset`, a queue made since this consumer started (past its topic's
+/// count in `queues_at_start`): it holds only messages sent since.
+fn start_from(
+    mq: &MessageQueue,
+    configured: ConsumeFrom,
+    queues_at_start: &BTreeMap<String, u32>,
+) -> ConsumeFrom {
+    if mq
+        .topic
+        .starts_with(crate::protocol::names::RETRY_TOPIC_PREFIX)
+    {
+        return ConsumeFrom::FirstOffset;
+    }
+    let made_since = queues_at_start
+        .get(&mq.topic)
+        .is_some_and(|&count| mq.queue_id >= count);
+    match configured {
+        ConsumeFrom::LastOffset if made_since => ConsumeFrom::FirstOffset,
+        from => from,
+    }
+}
+
 /// State shared by the tasks of one running consumer.
 struct Shared {
     client: Client,
@@ -619,6 +671,9 @@ struct Shared {
     /// Asks the membership task for a heartbeat now (after a reconnect).
     rejoin: Notify,
     started_at: Instant,
+    /// How many queues each subscribed topic had when this consumer started (0: it did
+    /// not exist): see [`queues_at_start`].
+    queues_at_start: BTreeMap<String, u32>,
     /// When (ms since `started_at`) the last acknowledged heartbeat was sent.
     heartbeat_ok_ms: AtomicU64,
     counters: Counters,
@@ -769,6 +824,36 @@ impl ProcessQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_made_since_the_consumer_started_starts_at_its_first_message() {
+        let at_start: BTreeMap<String, u32> =
+            [("old".to_owned(), 4), ("absent".to_owned(), 0)].into();
+        let from = |topic: &str, queue_id, configured| {
+            start_from(&MessageQueue::new(topic, queue_id), configured, &at_start)
+        };
+        let last = ConsumeFrom::LastOffset;
+        assert_eq!(from("old", 3, last), last, "there at the start: its end");
+        assert_eq!(
+            from("old", 4, last),
+            ConsumeFrom::FirstOffset,
+            "added since"
+        );
+        assert_eq!(
+            from("absent", 0, last),
+            ConsumeFrom::FirstOffset,
+            "made since"
+        );
+        assert_eq!(from("not-subscribed", 9, last), last);
+        let at = ConsumeFrom::Timestamp(1_000);
+        assert_eq!(from("old", 4, at), at, "a time is kept as given");
+        assert_eq!(
+            from("absent", 0, ConsumeFrom::FirstOffset),
+            ConsumeFrom::FirstOffset
+        );
+        let retry = crate::protocol::names::retry_topic("g");
+        assert_eq!(from(&retry, 0, last), ConsumeFrom::FirstOffset);
+    }
 
     fn check_options(f: fn(&mut PushConsumerOptions), ok: bool) {
         let mut options = PushConsumerOptions::default();

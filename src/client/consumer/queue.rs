@@ -143,16 +143,7 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
         });
     }
     let client = &shared.client;
-    // A retry topic always starts at its first message: what waits there was sent back
-    // by this group and must not be skipped (RocketMQ does the same).
-    let from = if mq
-        .topic
-        .starts_with(crate::protocol::names::RETRY_TOPIC_PREFIX)
-    {
-        ConsumeFrom::FirstOffset
-    } else {
-        shared.options.consume_from
-    };
+    let from = super::start_from(mq, shared.options.consume_from, &shared.queues_at_start);
     // Named by the broker run it was read under, as a position pulled is: a crash before
     // the first pull that lost records below it sends it back rather than past what is
     // stored there by then.
