@@ -914,6 +914,11 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
             ]
         }
         Request::QueryAssignment(_) => vec![Out::Frame(answer(id, &assignment(2, "t", &[0, 1])))],
+        // Both queues exist when the consumer starts: they start at their end.
+        Request::DescribeTopic(_) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info("t", 2)),
+        ))],
         Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::OffsetNotFound, "none"))],
         Request::GetMaxOffset(_) => vec![Out::Frame(answer(
             id,
