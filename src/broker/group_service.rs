@@ -332,7 +332,19 @@ impl ShardCtx {
                     };
                     return Err(err(code, e.to_string()));
                 }
-                state.heartbeat(member, now_ms())
+                let changed = state.heartbeat(member, now_ms());
+                if changed {
+                    for line in state.differing_subscriptions(&h.client_id) {
+                        crate::warn!(
+                            "ringmq: group {}: members subscribe differently, {line}: each \
+                             queue is filtered by its owner's expression, so a message only the \
+                             other one matches is skipped on the queues a member owns; give a \
+                             group's members the same subscriptions",
+                            h.group
+                        );
+                    }
+                }
+                changed
             };
             if changed {
                 ctx.notify_members(&h.group).await;

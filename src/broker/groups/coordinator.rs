@@ -320,6 +320,40 @@ impl GroupState {
         self.members.is_empty()
     }
 
+    /// Where member `client_id` subscribes to a topic with another expression than another
+    /// member does: one line per topic, naming both. In clustering, each queue is filtered
+    /// by its owner's expression, so a message only the other expression matches is skipped
+    /// on the queues this member owns (RocketMQ's rule: a group's members subscribe alike).
+    /// Broadcasting members each take every queue: nothing to say.
+    pub fn differing_subscriptions(&self, client_id: &str) -> Vec<String> {
+        let Some(me) = self.members.get(client_id) else {
+            return Vec::new();
+        };
+        if self.model() == MessageModel::Broadcasting {
+            return Vec::new();
+        }
+        let mut lines = Vec::new();
+        for mine in &me.info.subscriptions {
+            let other = self.members.values().find_map(|m| {
+                let theirs = m
+                    .info
+                    .subscriptions
+                    .iter()
+                    .find(|s| s.topic == mine.topic)?;
+                (m.info.client_id != client_id
+                    && (theirs.expression != mine.expression || theirs.sql != mine.sql))
+                    .then_some((&m.info.client_id, theirs))
+            });
+            if let Some((id, theirs)) = other {
+                lines.push(format!(
+                    "topic {}: {:?} by {client_id}, {:?} by {id}",
+                    mine.topic, mine.expression, theirs.expression
+                ));
+            }
+        }
+        lines
+    }
+
     /// The topics subscribed by any member.
     pub fn topics(&self) -> BTreeSet<String> {
         self.members
@@ -489,6 +523,34 @@ mod tests {
             let expected: Vec<u32> = (0..queue_counts.get(topic).copied().unwrap_or(0)).collect();
             assert_eq!(all, expected, "{topic}: {by_member:?}");
         }
+    }
+
+    #[test]
+    fn members_subscribing_alike_or_not_are_told_apart() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        join(&mut g, member("a", &["t", "u"]), 0);
+        join(&mut g, member("b", &["t"]), 0);
+        assert!(
+            g.differing_subscriptions("a").is_empty(),
+            "both take all of t"
+        );
+        let mut narrower = member("c", &["t", "v"]);
+        narrower.subscriptions[0].expression = "TagA".into();
+        join(&mut g, narrower, 0);
+        let said = g.differing_subscriptions("c");
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].starts_with("topic t: \"TagA\" by c, \"*\" by "),
+            "{said:?}"
+        );
+        assert_eq!(g.differing_subscriptions("a").len(), 1, "seen from a too");
+        assert!(g.differing_subscriptions("nobody").is_empty());
+        // An SQL filter is another filter than tags.
+        let mut sql = member("d", &["u"]);
+        sql.subscriptions[0].sql = true;
+        sql.subscriptions[0].expression = "TRUE".into();
+        join(&mut g, sql, 0);
+        assert_eq!(g.differing_subscriptions("d").len(), 1);
     }
 
     #[test]
