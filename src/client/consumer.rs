@@ -603,8 +603,8 @@ impl Running {
 /// queue past that count was created after this consumer subscribed (a topic made by its
 /// first send, or grown): everything in it was sent since, so under
 /// [`ConsumeFrom::LastOffset`] it starts at its first message, not at its end, when the
-/// group has no committed offset there; starting at the end would skip the messages sent
-/// to it before this member's pull began (the first, always, for a topic a send created).
+/// group has no committed offset there; starting at the end would skip the messages stored
+/// in it before this member started it (for a topic a send created, its first sends').
 async fn queues_at_start(
     client: &Client,
     subscriptions: &BTreeMap<String, MessageSelector>,
