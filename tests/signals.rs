@@ -9,7 +9,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for what it expects before it fails.
@@ -71,39 +71,45 @@ impl Broker {
         unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
     }
 
-    /// Polls until `done` holds; fails the test with `what` after [`PATIENCE`] or when the
-    /// broker exits first.
-    fn wait_until(&mut self, what: &str, done: impl Fn(&Broker) -> bool) {
+    /// Polls until `done` holds (`None`) or the broker exits (its status, reaped); fails
+    /// the test with `what` after [`PATIENCE`].
+    fn wait_for(&mut self, what: &str, done: impl Fn(&Broker) -> bool) -> Option<ExitStatus> {
         let deadline = Instant::now() + PATIENCE;
         while !done(self) {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "the broker exited ({status}) before {what}:\n{}",
-                    self.output()
-                );
+                self.child = None;
+                return Some(status);
             }
-            assert!(Instant::now() < deadline, "no {what} within {PATIENCE:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {PATIENCE:?}; its output:\n{}",
+                self.output()
+            );
             std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// Waits until `done` holds; the test fails if the broker exits first.
+    fn wait_until(&mut self, what: &str, done: impl Fn(&Broker) -> bool) {
+        if let Some(status) = self.wait_for(what, done) {
+            panic!(
+                "the broker exited ({status}) before {what}:\n{}",
+                self.output()
+            );
         }
     }
 
     /// The broker ends after `what`, killed by SIGTERM, its output saying `says` and no
     /// clean stop; the test fails after [`PATIENCE`].
     fn ends_at_once(mut self, what: &str, says: &str) {
-        let deadline = Instant::now() + PATIENCE;
-        let status = loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the broker did not exit within {PATIENCE:?} of {what}; its output:\n{}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let status = self.wait_for(&format!("exit after {what}"), |_| false);
+        self.ended_by_sigterm(status, says);
+    }
+
+    fn ended_by_sigterm(&self, status: Option<ExitStatus>, says: &str) {
         let out = self.output();
+        let status = status.expect("the broker exited");
         assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}; {out}");
         assert!(out.contains(says), "{out}");
         assert!(!out.contains("stopped cleanly"), "{out}");
@@ -159,8 +165,19 @@ fn a_later_second_signal_ends_a_clean_stop_that_hangs() {
     broker.wait_until("the repeat noted", |b| {
         b.output().contains("still stopping")
     });
-    // Past the grace, a repeat ends the broker at once.
-    std::thread::sleep(REPEAT_GRACE.saturating_sub(first.elapsed()) + Duration::from_millis(50));
-    broker.sigterm();
-    broker.ends_at_once("a second SIGTERM", "again: exiting");
+    // Repeats, each waited for until noted, go on until one past the grace ends the broker.
+    let notes = |b: &Broker| b.output().matches("still stopping").count();
+    let status = loop {
+        let noted = notes(&broker);
+        broker.sigterm();
+        if let Some(status) = broker.wait_for("a repeat noted", |b| notes(b) > noted) {
+            break status;
+        }
+    };
+    assert!(
+        first.elapsed() >= REPEAT_GRACE,
+        "a repeat {:?} after the first ended the stop",
+        first.elapsed()
+    );
+    broker.ended_by_sigterm(Some(status), "again: exiting");
 }

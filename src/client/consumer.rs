@@ -612,12 +612,8 @@ async fn queues_at_start(
     let mut counts = BTreeMap::new();
     let retry = crate::protocol::names::RETRY_TOPIC_PREFIX;
     for topic in subscriptions.keys().filter(|t| !t.starts_with(retry)) {
-        let count = match client.describe_topic(topic).await {
-            Ok(info) => u32::try_from(info.queues.len()).unwrap_or(u32::MAX),
-            Err(e) if e.code() == Some(crate::protocol::ErrorCode::TopicNotFound) => 0,
-            Err(e) => return Err(e),
-        };
-        counts.insert(topic.clone(), count);
+        let count = client.queue_count(topic).await?;
+        counts.insert(topic.clone(), count.unwrap_or(0));
     }
     Ok(counts)
 }

@@ -625,9 +625,8 @@ impl ProducerInner {
     }
 
     async fn describe(&self, topic: &str) -> Result<Option<u32>> {
-        match self.client.describe_topic(topic).await {
-            Ok(info) => {
-                let queue_count = u32::try_from(info.queues.len()).unwrap_or(u32::MAX);
+        match self.client.queue_count(topic).await {
+            Ok(Some(queue_count)) => {
                 let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
                 if queue_count == 0 {
                     routes.remove(topic);
@@ -643,7 +642,7 @@ impl ProducerInner {
                 );
                 Ok(Some(queue_count))
             }
-            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => {
+            Ok(None) => {
                 self.forget(topic);
                 Ok(None)
             }

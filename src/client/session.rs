@@ -584,6 +584,15 @@ impl Client {
         }
     }
 
+    /// How many queues the topic has; `None` when the broker does not know it.
+    pub async fn queue_count(&self, topic: &str) -> Result<Option<u32>> {
+        match self.describe_topic(topic).await {
+            Ok(info) => Ok(Some(u32::try_from(info.queues.len()).unwrap_or(u32::MAX))),
+            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The topic's queues with their offset ranges.
     pub async fn describe_topic(&self, topic: &str) -> Result<TopicInfo> {
         check_topic(topic)?;
