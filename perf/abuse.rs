@@ -229,6 +229,7 @@ fn main() {
                     queue_id: (i % u64::from(queues)) as u32,
                     offset: 0,
                     incarnation: 0,
+                    offsets_epoch: None,
                 };
                 batch.extend_from_slice(&frame(commit.into(), i));
                 if rate > 0 && (i + 1) % (rate / 100).max(1) == 0 {

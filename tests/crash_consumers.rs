@@ -85,7 +85,7 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
     // messages there: the committed offset stays at the recovered end, the pull is sent
     // back to it. The same position from the new run (or from no known run) is taken.
     client
-        .commit_offset_from("g", "lost", 0, 20, old_run)
+        .commit_offset_from("g", "lost", 0, 20, old_run, None)
         .await
         .unwrap();
     assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
@@ -103,7 +103,7 @@ async fn an_offset_committed_past_what_a_crash_kept_is_lowered_to_the_recovered_
         .unwrap();
     assert_eq!(at_end.messages.len(), 5, "from the recovered end: served");
     client
-        .commit_offset_from("g", "lost", 0, 18, new_run)
+        .commit_offset_from("g", "lost", 0, 18, new_run, None)
         .await
         .unwrap();
     assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(18));
@@ -169,7 +169,7 @@ async fn a_position_from_before_two_restarts_is_checked_against_each_start_since
         (PullStatus::OffsetTooBig, 20)
     );
     client
-        .commit_offset_from("g", "lost", 0, 22, first_run)
+        .commit_offset_from("g", "lost", 0, 22, first_run, None)
         .await
         .unwrap();
     assert_eq!(client.query_offset("g", "lost", 0).await.unwrap(), Some(15));
@@ -262,6 +262,37 @@ async fn failed_commits_are_reported_and_counted() {
         "the failed commit is the shutdown's error"
     );
     assert!(consumer.consumer.stats().commit_errors >= 1);
+}
+
+/// A member that saw a reset of its group's offsets, then a broker restart, still sees the
+/// next reset: the epochs are later than the clock's milliseconds, not a count that starts
+/// again at each broker run (before, the member kept its higher epoch from the first run,
+/// took the second reset for one it had seen and went on from its own position).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_a_broker_restart_reaches_a_member_that_saw_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = sync_broker_on_one_port(&data);
+    let addr = broker.addr_string();
+    send_old(&addr, 20).await;
+    let consumer = Collector::default().start(&addr, clustering()).await;
+    consumer.wait_for("the 20", |b| b.len() >= 20).await;
+    let admin = connect(&addr).await.client().clone();
+    admin.reset_offset_by_time("g", "lost", 0).await.unwrap();
+    consumer.wait_for("the 20 again", |b| b.len() >= 40).await;
+    assert!(broker.stop(), "a clean stop");
+    broker.restart();
+    let admin = connect(&addr).await.client().clone();
+    admin.reset_offset_by_time("g", "lost", 0).await.unwrap();
+    consumer
+        .wait_for("the 20 a third time", |b| b.len() >= 60)
+        .await;
+    let bodies = consumer.bodies.lock().unwrap().clone();
+    for i in 0..20 {
+        let n = bodies.iter().filter(|b| **b == format!("old-{i}")).count();
+        assert_eq!(n, 3, "old-{i}: {bodies:?}");
+    }
+    consumer.consumer.shutdown().await.unwrap();
 }
 
 /// The offsets a start lowers (past what a crash kept) are durable before the broker

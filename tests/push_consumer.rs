@@ -264,6 +264,8 @@ fn stable_id(name: &str) -> String {
 
 #[path = "push_consumer/orderly.rs"]
 mod orderly;
+#[path = "push_consumer/reset.rs"]
+mod reset;
 
 #[test]
 fn three_concurrent_consumers_share_16_queues_and_consume_each_message_once() {

@@ -30,7 +30,18 @@ pub fn now_ms() -> u64 {
 /// The coordinator's record of a group beyond membership.
 #[derive(Default)]
 pub struct GroupExtra {
+    /// The offsets epoch members are told ([`Assignment::offsets_epoch`]): the latest
+    /// reset's, published once the reset's shards are done.
     pub offsets_epoch: u64,
+    /// The latest epoch handed to a reset (published when it ends).
+    pub reserved_epoch: u64,
+}
+
+impl GroupExtra {
+    /// Whether the group ever had a reset (its epoch must then be kept: members compare it).
+    fn had_reset(&self) -> bool {
+        self.offsets_epoch != 0 || self.reserved_epoch != 0
+    }
 }
 
 /// Lock operations fanned out to the owning shards.
@@ -41,6 +52,12 @@ pub enum LockOp {
 }
 
 impl ShardCtx {
+    /// A group the coordinator starts to keep.
+    fn new_group(&self, group: &str) -> (GroupState, GroupExtra) {
+        let state = GroupState::new(group.to_owned(), self.cfg.session_timeout_ms);
+        (state, GroupExtra::default())
+    }
+
     pub(super) fn coordinator_of(&self, group: &str) -> u32 {
         coordinator_shard(group, self.shard_count)
     }
@@ -150,7 +167,7 @@ impl ShardCtx {
             .groups
             .borrow()
             .get(group)
-            .is_some_and(|(s, extra)| s.is_empty() && extra.offsets_epoch == 0);
+            .is_some_and(|(s, extra)| s.is_empty() && !extra.had_reset());
         if empty {
             // Bounded memory: a group without members is forgotten (a new member starts a
             // new generation; offsets live with the queues, not here).
@@ -314,13 +331,9 @@ impl ShardCtx {
                         ),
                     ));
                 }
-                let timeout = ctx.cfg.session_timeout_ms;
-                let (state, _) = groups.entry(h.group.clone()).or_insert_with(|| {
-                    (
-                        GroupState::new(h.group.clone(), timeout),
-                        GroupExtra::default(),
-                    )
-                });
+                let (state, _) = groups
+                    .entry(h.group.clone())
+                    .or_insert_with(|| ctx.new_group(&h.group));
                 if let Err(e) = state.check_heartbeat(&member) {
                     // A refused first heartbeat must not leave an empty group behind.
                     if state.is_empty() {
@@ -503,15 +516,21 @@ impl ShardCtx {
     }
 
     /// This shard's part of a reset: every owned queue of the topic to the offset of the
-    /// first message stored at or after the time.
+    /// first message stored at or after the time. From the start, the group's commits of
+    /// positions read under an earlier offsets epoch than `epoch` are refused here.
     pub(super) async fn local_reset(
         &self,
         group: &str,
         topic: &str,
         timestamp_ms: i64,
+        epoch: u64,
     ) -> Result<(), ErrorBody> {
         self.offsets_admit(group)?;
-        for (q, _, _) in self.local_ranges(topic)? {
+        let queues = self.local_ranges(topic)?;
+        if !queues.is_empty() {
+            self.offsets.borrow_mut().fence(group, epoch);
+        }
+        for (q, _, _) in queues {
             let offset = self
                 .store
                 .offset_by_timestamp(topic, q, timestamp_ms)
@@ -553,33 +572,84 @@ impl ShardCtx {
         let ctx = self.clone();
         Box::pin(async move {
             ctx.learn_topic(&r.topic).await?;
+            // The reset's epoch, from the coordinator: each shard refuses commits of
+            // positions read under an earlier one before it resets its queues (a member's
+            // commit on its way would undo the reset), and members learn it only once every
+            // shard is done, so what they re-read then is the reset offsets.
+            let coordinator = ctx.coordinator_of(&r.group);
+            let epoch = if coordinator == ctx.id {
+                ctx.reserve_offsets_epoch(&r.group)?
+            } else {
+                let req = MeshRequest::ReserveOffsetsEpoch {
+                    group: r.group.clone(),
+                };
+                match ctx.call(coordinator, req).await? {
+                    MeshReply::Epoch(epoch) => epoch,
+                    other => {
+                        return Err(err(
+                            ErrorCode::Internal,
+                            format!("shard {coordinator} answered an epoch with {other:?}"),
+                        ))
+                    }
+                }
+            };
+            let mut failed = None;
             for to in 0..ctx.shard_count {
-                if to == ctx.id {
-                    ctx.local_reset(&r.group, &r.topic, r.timestamp_ms).await?;
+                let reset = if to == ctx.id {
+                    ctx.local_reset(&r.group, &r.topic, r.timestamp_ms, epoch)
+                        .await
                 } else {
                     let req = MeshRequest::ResetOffsets {
                         group: r.group.clone(),
                         topic: r.topic.clone(),
                         timestamp_ms: r.timestamp_ms,
+                        epoch,
                     };
-                    ctx.call(to, req).await?;
+                    ctx.call(to, req).await.map(|_| ())
+                };
+                if let Err(e) = reset {
+                    failed.get_or_insert(e);
                 }
             }
-            // Members re-read their offsets: bump the epoch and tell them.
-            let coordinator = ctx.coordinator_of(&r.group);
+            // Published even when a shard failed: members re-read what is committed now
+            // (their commits at the old epoch are refused where the fence went up).
             if coordinator == ctx.id {
-                ctx.offsets_were_reset(&r.group).await;
+                ctx.offsets_were_reset(&r.group, epoch).await;
             } else {
-                ctx.call(
-                    coordinator,
-                    MeshRequest::OffsetsReset {
-                        group: r.group.clone(),
-                    },
-                )
-                .await?;
+                let req = MeshRequest::OffsetsReset {
+                    group: r.group.clone(),
+                    epoch,
+                };
+                ctx.call(coordinator, req).await?;
             }
-            Ok(Response::Empty(crate::protocol::Empty {}))
+            match failed {
+                Some(e) => Err(e),
+                None => Ok(Response::Empty(crate::protocol::Empty {})),
+            }
         })
+    }
+
+    /// On the group's coordinator: the epoch of a reset that starts (later than any
+    /// before it, and than the clock's milliseconds, so a broker restarted with members
+    /// still holding an epoch of its previous run gives a later one).
+    pub(super) fn reserve_offsets_epoch(&self, group: &str) -> Result<u64, ErrorBody> {
+        let mut groups = self.groups.borrow_mut();
+        if !groups.contains_key(group) && groups.len() >= self.cfg.groups_max {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} coordinates {} groups, its limit (--groups-max); group {group}'s offsets cannot be reset",
+                    self.id,
+                    groups.len()
+                ),
+            ));
+        }
+        let (_, extra) = groups
+            .entry(group.to_owned())
+            .or_insert_with(|| self.new_group(group));
+        let epoch = now_ms().max(extra.reserved_epoch.max(extra.offsets_epoch) + 1);
+        extra.reserved_epoch = epoch;
+        Ok(epoch)
     }
 
     /// `DeleteGroup`, on the group's coordinator: refused while members are live, then
@@ -626,9 +696,17 @@ impl ShardCtx {
             .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))
     }
 
-    pub(super) async fn offsets_were_reset(self: &Rc<Self>, group: &str) {
-        if let Some((state, extra)) = self.groups.borrow_mut().get_mut(group) {
-            extra.offsets_epoch += 1;
+    /// On the group's coordinator: a reset at `epoch` is done; members re-read their
+    /// offsets when they see it.
+    pub(super) async fn offsets_were_reset(self: &Rc<Self>, group: &str, epoch: u64) {
+        {
+            let mut groups = self.groups.borrow_mut();
+            // Kept even when the group went meanwhile: its shards refuse earlier epochs.
+            let (state, extra) = groups
+                .entry(group.to_owned())
+                .or_insert_with(|| self.new_group(group));
+            extra.offsets_epoch = extra.offsets_epoch.max(epoch);
+            extra.reserved_epoch = extra.reserved_epoch.max(epoch);
             state.bump();
         }
         self.notify_members(group).await;

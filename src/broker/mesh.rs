@@ -77,16 +77,21 @@ pub enum MeshRequest {
         topic: String,
         queues: Vec<u32>,
     },
-    /// Reset the group's offsets of this shard's queues of the topic.
+    /// Reset the group's offsets of this shard's queues of the topic; refuse the group's
+    /// commits of positions read under an offsets epoch before `epoch`.
     ResetOffsets {
         group: String,
         topic: String,
         timestamp_ms: i64,
+        epoch: u64,
     },
     /// Forget the group's offsets and locks on this shard.
     ForgetGroup { group: String },
-    /// (to a coordinator) the group's offsets were reset: members must re-read them.
-    OffsetsReset { group: String },
+    /// (to a coordinator) the epoch of a reset of the group's offsets that starts.
+    ReserveOffsetsEpoch { group: String },
+    /// (to a coordinator) the group's offsets were reset at `epoch`: members must re-read
+    /// them.
+    OffsetsReset { group: String, epoch: u64 },
     /// The group's progress on this shard's queues of the topic.
     Progress { group: String, topic: String },
     /// Store a message in a queue this shard owns (held in its schedule if delayed);
@@ -103,6 +108,8 @@ pub enum MeshReply {
     Ranges(Vec<(u32, u64, u64)>),
     Records(Vec<Vec<u8>>),
     Queues(Vec<u32>),
+    /// A group's offsets epoch.
+    Epoch(u64),
     Progress(Vec<crate::protocol::QueueProgress>),
     Put {
         msg_id: String,
@@ -355,7 +362,8 @@ impl ShardCtx {
                 group,
                 topic,
                 timestamp_ms,
-            } => match self.local_reset(&group, &topic, timestamp_ms).await {
+                epoch,
+            } => match self.local_reset(&group, &topic, timestamp_ms, epoch).await {
                 Ok(()) => MeshReply::Ack,
                 Err(e) => {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
@@ -367,8 +375,16 @@ impl ShardCtx {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }
             },
-            MeshRequest::OffsetsReset { group } => {
-                self.offsets_were_reset(&group).await;
+            MeshRequest::ReserveOffsetsEpoch { group } => {
+                match self.reserve_offsets_epoch(&group) {
+                    Ok(epoch) => MeshReply::Epoch(epoch),
+                    Err(e) => {
+                        MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                    }
+                }
+            }
+            MeshRequest::OffsetsReset { group, epoch } => {
+                self.offsets_were_reset(&group, epoch).await;
                 MeshReply::Ack
             }
             MeshRequest::Progress { group, topic } => match self.local_progress(&group, &topic) {

@@ -35,6 +35,10 @@ pub struct OffsetStore {
     snapshot_bytes: u64,
     /// The next write rewrites the file as a snapshot (it grew, or a topic was forgotten).
     rewrite: bool,
+    /// Per group, the offsets epoch of its latest reset here (in memory: a member's position
+    /// read under an earlier epoch may not be committed over the reset offsets). Only
+    /// groups with offsets here have one.
+    reset_epochs: HashMap<String, u64>,
     /// Changes made / written to the file / covered by a finished fdatasync.
     changed_gen: u64,
     written_gen: u64,
@@ -169,6 +173,7 @@ impl OffsetStore {
             file_bytes: 0,
             snapshot_bytes: 0,
             rewrite: true,
+            reset_epochs: HashMap::new(),
             changed_gen: 0,
             written_gen: 0,
             synced_gen: 0,
@@ -195,6 +200,20 @@ impl OffsetStore {
         self.offsets
             .get(&(group.to_owned(), topic.to_owned(), queue_id))
             .copied()
+    }
+
+    /// Marks `group`'s offsets here as reset at offsets epoch `epoch`, before the reset
+    /// itself: commits of positions read under an earlier epoch are refused from now on.
+    pub fn fence(&mut self, group: &str, epoch: u64) {
+        let kept = self.reset_epochs.entry(group.to_owned()).or_default();
+        *kept = (*kept).max(epoch);
+    }
+
+    /// The epoch of `group`'s latest reset here, when a commit of a position read under
+    /// `epoch` would undo it (`None` epoch: an admin's commit, never refused).
+    pub fn refuses(&self, group: &str, epoch: Option<u64>) -> Option<u64> {
+        let reset = *self.reset_epochs.get(group)?;
+        epoch.filter(|e| *e < reset).map(|_| reset)
     }
 
     /// Records a commit; offsets never go backwards (a lower one is ignored). Returns the
@@ -229,6 +248,7 @@ impl OffsetStore {
     pub fn forget_topic(&mut self, topic: &str) -> u64 {
         self.offsets.retain(|(_, t, _), _| t != topic);
         self.groups = count_groups(&self.offsets);
+        self.reset_epochs.retain(|g, _| self.groups.contains_key(g));
         self.rewrite = true;
         self.changed_gen += 1;
         self.changed_gen
@@ -238,6 +258,7 @@ impl OffsetStore {
     pub fn forget_group(&mut self, group: &str) -> u64 {
         self.offsets.retain(|(g, _, _), _| g != group);
         self.groups.remove(group);
+        self.reset_epochs.remove(group);
         self.rewrite = true;
         self.changed_gen += 1;
         self.changed_gen
@@ -431,6 +452,38 @@ mod tests {
         assert_eq!(s.get("g", "t", 1), Some(12));
         assert_eq!(s.get("g2", "t", 0), Some(3), "a reset may go backwards");
         assert_eq!(s.get("g", "t", 0), None);
+    }
+
+    #[test]
+    fn a_reset_refuses_positions_read_before_it_until_the_group_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 9);
+        s.commit("other", "t", 0, 9);
+        assert_eq!(s.refuses("g", Some(0)), None, "no reset yet");
+        s.fence("g", 7);
+        s.reset("g", "t", 0, 2);
+        assert_eq!(s.refuses("g", Some(6)), Some(7), "read before the reset");
+        assert_eq!(s.refuses("g", Some(7)), None, "read at the reset's epoch");
+        assert_eq!(s.refuses("g", Some(8)), None);
+        assert_eq!(s.refuses("g", None), None, "an admin's commit");
+        assert_eq!(s.refuses("other", Some(0)), None, "another group");
+        s.fence("g", 5);
+        assert_eq!(
+            s.refuses("g", Some(6)),
+            Some(7),
+            "an older reset's fence is not lower"
+        );
+        s.forget_topic("t");
+        assert_eq!(
+            s.refuses("g", Some(0)),
+            None,
+            "no offsets left, nothing to undo"
+        );
+        s.commit("g", "u", 0, 1);
+        s.fence("g", 7);
+        s.forget_group("g");
+        assert_eq!(s.refuses("g", Some(0)), None);
     }
 
     #[test]

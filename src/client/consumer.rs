@@ -747,6 +747,9 @@ struct ProcessQueue {
     /// Set when the group's offsets were reset: the positions held are stale and must
     /// never be committed over the reset ones.
     no_commit: AtomicBool,
+    /// The group's offsets epoch the queue's start was read under (clustering), sent with
+    /// each commit: the broker refuses it after a later reset.
+    offsets_epoch: Option<u64>,
     /// The start position is known and pulls run.
     started: AtomicBool,
     /// Wakes the orderly task (new messages, or drop). Only that task waits on it, so a

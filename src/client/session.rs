@@ -368,13 +368,17 @@ impl Client {
         queue_id: u32,
         offset: u64,
     ) -> Result<()> {
-        self.commit_offset_from(group, topic, queue_id, offset, 0)
+        self.commit_offset_from(group, topic, queue_id, offset, 0, None)
             .await
     }
 
     /// [`commit_offset`](Self::commit_offset) of a position that comes from broker run
     /// `incarnation` ([`PullResult::incarnation`]; 0: unknown): from an earlier run, an
     /// offset past where the queue ended at the broker's start is stored as that end.
+    /// A group member names the offsets epoch its position was read under
+    /// ([`Assignment::offsets_epoch`](crate::protocol::Assignment::offsets_epoch)): a reset
+    /// of the group's offsets at a later epoch refuses it with
+    /// [`ErrorCode::OffsetsReset`], so a position from before the reset never undoes it.
     pub async fn commit_offset_from(
         &self,
         group: &str,
@@ -382,6 +386,7 @@ impl Client {
         queue_id: u32,
         offset: u64,
         incarnation: u64,
+        offsets_epoch: Option<u64>,
     ) -> Result<()> {
         check_topic(topic)?;
         let request = CommitOffset {
@@ -390,6 +395,7 @@ impl Client {
             queue_id,
             offset,
             incarnation,
+            offsets_epoch,
         };
         let reply = self
             .call(Route::Queue { topic, queue_id }, &request)

@@ -37,6 +37,10 @@ pub enum ErrorCode {
     OffsetNotFound = 20,
     OffsetTooSmall = 21,
     OffsetTooBig = 22,
+    /// The group's offsets were reset after the committer read its position (the commit
+    /// names an earlier offsets epoch than the reset's): not stored. The member re-reads
+    /// its committed offsets when it learns the new epoch.
+    OffsetsReset = 23,
     /// The log refuses writes after an I/O error until it is reopened.
     StoreUnavailable = 30,
     /// An I/O error while serving this request.
@@ -80,7 +84,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -95,6 +99,7 @@ impl ErrorCode {
         ErrorCode::OffsetNotFound,
         ErrorCode::OffsetTooSmall,
         ErrorCode::OffsetTooBig,
+        ErrorCode::OffsetsReset,
         ErrorCode::StoreUnavailable,
         ErrorCode::StoreIo,
         ErrorCode::StoreCorrupt,
@@ -132,6 +137,7 @@ impl ErrorCode {
             20 => ErrorCode::OffsetNotFound,
             21 => ErrorCode::OffsetTooSmall,
             22 => ErrorCode::OffsetTooBig,
+            23 => ErrorCode::OffsetsReset,
             30 => ErrorCode::StoreUnavailable,
             31 => ErrorCode::StoreIo,
             32 => ErrorCode::StoreCorrupt,
@@ -192,6 +198,7 @@ impl ErrorCode {
             | ErrorCode::OffsetNotFound
             | ErrorCode::OffsetTooSmall
             | ErrorCode::OffsetTooBig
+            | ErrorCode::OffsetsReset
             | ErrorCode::BadFilterExpression
             | ErrorCode::Internal => false,
         }
@@ -293,7 +300,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 30] = [
+        let expected: [(ErrorCode, u16); 31] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -307,6 +314,7 @@ mod tests {
             (ErrorCode::OffsetNotFound, 20),
             (ErrorCode::OffsetTooSmall, 21),
             (ErrorCode::OffsetTooBig, 22),
+            (ErrorCode::OffsetsReset, 23),
             (ErrorCode::StoreUnavailable, 30),
             (ErrorCode::StoreIo, 31),
             (ErrorCode::Timeout, 40),

@@ -431,6 +431,11 @@ wire_type! {
         /// unknown). From an earlier run, an offset past the queue's end at this run's start
         /// is stored as that end (what the committer read past it, a crash lost).
         pub incarnation: u64,
+        /// A group member's commit: the group's offsets epoch ([`Assignment::offsets_epoch`])
+        /// its position was read under. Refused with [`ErrorCode::OffsetsReset`] when the
+        /// group's offsets on this queue were reset at a later epoch: the position predates
+        /// the reset and would undo it. `None` (an admin's commit): not checked.
+        pub offsets_epoch: Option<u64>,
     }
 }
 

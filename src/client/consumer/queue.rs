@@ -12,7 +12,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::protocol::PullStatus;
+use crate::protocol::{ErrorCode, PullStatus};
 
 use super::super::error::Result;
 use super::super::message::Message;
@@ -55,8 +55,25 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
                     pq.mq.queue_id,
                     point,
                     incarnation,
+                    pq.offsets_epoch,
                 )
                 .await;
+            if let Err(e) = &committed {
+                if e.code() == Some(ErrorCode::OffsetsReset) {
+                    // The group's offsets were reset since this queue's position was read;
+                    // the member learns the new epoch from the coordinator and restarts its
+                    // queues from the reset offsets. Until then nothing of this one is
+                    // committed (what it consumes meanwhile comes again).
+                    if !pq.no_commit.swap(true, Ordering::SeqCst) {
+                        shared.log(format_args!(
+                            "{}[{}]: {e}; asking for the new assignment",
+                            pq.mq.topic, pq.mq.queue_id
+                        ));
+                        shared.rejoin.notify_one();
+                    }
+                    return Ok(());
+                }
+            }
             if committed.is_err() {
                 add(&shared.counters.commit_errors, 1);
             }

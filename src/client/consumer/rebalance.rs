@@ -311,6 +311,7 @@ impl Controller {
             state: Mutex::new(QueueState::default()),
             dropped: AtomicBool::new(false),
             no_commit: AtomicBool::new(false),
+            offsets_epoch: self.offsets_epoch,
             started: AtomicBool::new(false),
             wake: Notify::new(),
             lease,

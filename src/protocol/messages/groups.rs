@@ -66,7 +66,10 @@ wire_type! {
 wire_type! {
     /// A member's queues. `generation` grows with every change of the group;
     /// `offsets_epoch` grows when an admin resets the group's offsets (members then re-read
-    /// their committed offsets).
+    /// their committed offsets, and name the epoch in their commits: see
+    /// [`CommitOffset::offsets_epoch`](crate::protocol::CommitOffset::offsets_epoch)). A
+    /// reset's epoch is later than the clock's milliseconds at the reset, so it grows across
+    /// broker runs too; 0 until the first reset of the broker's run.
     pub struct Assignment {
         pub generation: u64,
         pub offsets_epoch: u64,

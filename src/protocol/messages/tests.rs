@@ -220,6 +220,7 @@ fn sample_requests() -> Vec<Request> {
             queue_id: 7,
             offset: u64::MAX,
             incarnation: 9,
+            offsets_epoch: Some(1_700_000_000_000),
         }
         .into(),
         QueryOffset {

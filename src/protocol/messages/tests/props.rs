@@ -68,8 +68,9 @@ prop_compose! {
         queue_id: u32,
         offset: u64,
         incarnation: u64,
+        offsets_epoch: Option<u64>,
     ) -> CommitOffset {
-        CommitOffset { group, topic, queue_id, offset, incarnation }
+        CommitOffset { group, topic, queue_id, offset, incarnation, offsets_epoch }
     }
 }
 
