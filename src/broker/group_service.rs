@@ -331,12 +331,13 @@ impl ShardCtx {
                         ),
                     ));
                 }
-                let (state, _) = groups
+                let (state, extra) = groups
                     .entry(h.group.clone())
                     .or_insert_with(|| ctx.new_group(&h.group));
                 if let Err(e) = state.check_heartbeat(&member) {
-                    // A refused first heartbeat must not leave an empty group behind.
-                    if state.is_empty() {
+                    // A refused first heartbeat must not leave an empty group behind (one
+                    // whose offsets were reset stays: its epoch is the one members need).
+                    if state.is_empty() && !extra.had_reset() {
                         groups.remove(&h.group);
                     }
                     let code = match e {
@@ -527,8 +528,20 @@ impl ShardCtx {
     ) -> Result<(), ErrorBody> {
         self.offsets_admit(group)?;
         let queues = self.local_ranges(topic)?;
-        if !queues.is_empty() {
-            self.offsets.borrow_mut().fence(group, epoch);
+        if queues.is_empty() {
+            return Ok(());
+        }
+        let fenced = self.offsets.borrow_mut().fence(group, topic, epoch);
+        if let Err(later) = fenced {
+            // Members re-read this shard's offsets under the later reset's epoch: these
+            // would be taken for its.
+            return Err(err(
+                ErrorCode::Conflict,
+                format!(
+                    "a later reset of group {group}'s offsets of {topic} (epoch {later}) came first on shard {}; this one (epoch {epoch}) was not applied there",
+                    self.id
+                ),
+            ));
         }
         for (q, _, _) in queues {
             let offset = self
@@ -620,7 +633,15 @@ impl ShardCtx {
                     group: r.group.clone(),
                     epoch,
                 };
-                ctx.call(coordinator, req).await?;
+                if let Err(e) = ctx.call(coordinator, req).await {
+                    return Err(err(
+                        e.error_code().unwrap_or(ErrorCode::Internal),
+                        format!(
+                            "group {}'s offsets of {} were reset, but its members could not be told ({}); they commit none of its queues until a reset succeeds: run it again",
+                            r.group, r.topic, e.message
+                        ),
+                    ));
+                }
             }
             match failed {
                 Some(e) => Err(e),
@@ -630,8 +651,8 @@ impl ShardCtx {
     }
 
     /// On the group's coordinator: the epoch of a reset that starts (later than any
-    /// before it, and than the clock's milliseconds, so a broker restarted with members
-    /// still holding an epoch of its previous run gives a later one).
+    /// before it, and not earlier than the clock's milliseconds, so a broker restarted with
+    /// members still holding an epoch of its previous run gives a later one).
     pub(super) fn reserve_offsets_epoch(&self, group: &str) -> Result<u64, ErrorBody> {
         let mut groups = self.groups.borrow_mut();
         if !groups.contains_key(group) && groups.len() >= self.cfg.groups_max {
@@ -688,6 +709,8 @@ impl ShardCtx {
     pub(super) async fn forget_group(&self, group: &str) -> Result<(), ErrorBody> {
         self.locks.borrow_mut().forget_group(group);
         if !self.offsets.borrow().has_group(group) {
+            // A reset that failed before writing offsets may have left a fence.
+            self.offsets.borrow_mut().unfence(group);
             return Ok(());
         }
         self.offsets.borrow_mut().forget_group(group);

@@ -35,10 +35,12 @@ pub struct OffsetStore {
     snapshot_bytes: u64,
     /// The next write rewrites the file as a snapshot (it grew, or a topic was forgotten).
     rewrite: bool,
-    /// Per group, the offsets epoch of its latest reset here (in memory: a member's position
-    /// read under an earlier epoch may not be committed over the reset offsets). Only
-    /// groups with offsets here have one.
-    reset_epochs: HashMap<String, u64>,
+    /// Per group and topic, the offsets epoch of the latest reset here (in memory): a
+    /// member's position read under an earlier epoch may not be committed over the reset
+    /// offsets. Set only for a topic with queues here and a group admitted to keep offsets
+    /// here (bounded by `--groups-max`), before its offsets are written; forgotten with the
+    /// topic or the group.
+    reset_epochs: HashMap<(String, String), u64>,
     /// Changes made / written to the file / covered by a finished fdatasync.
     changed_gen: u64,
     written_gen: u64,
@@ -202,18 +204,33 @@ impl OffsetStore {
             .copied()
     }
 
-    /// Marks `group`'s offsets here as reset at offsets epoch `epoch`, before the reset
-    /// itself: commits of positions read under an earlier epoch are refused from now on.
-    pub fn fence(&mut self, group: &str, epoch: u64) {
-        let kept = self.reset_epochs.entry(group.to_owned()).or_default();
-        *kept = (*kept).max(epoch);
+    /// Marks `group`'s offsets of `topic` here as reset at offsets epoch `epoch`, before
+    /// the reset itself: commits of positions read under an earlier epoch are refused from
+    /// now on. `Err` with the later epoch when a later reset got here first (this one
+    /// must not overwrite its offsets: members re-read those under the later epoch).
+    pub fn fence(&mut self, group: &str, topic: &str, epoch: u64) -> Result<(), u64> {
+        let key = (group.to_owned(), topic.to_owned());
+        let kept = self.reset_epochs.entry(key).or_default();
+        if *kept > epoch {
+            return Err(*kept);
+        }
+        *kept = epoch;
+        Ok(())
     }
 
-    /// The epoch of `group`'s latest reset here, when a commit of a position read under
-    /// `epoch` would undo it (`None` epoch: an admin's commit, never refused).
-    pub fn refuses(&self, group: &str, epoch: Option<u64>) -> Option<u64> {
-        let reset = *self.reset_epochs.get(group)?;
+    /// The epoch of the latest reset of `group`'s offsets of `topic` here, when a commit of
+    /// a position read under `epoch` would undo it (`None` epoch: an admin's commit, never
+    /// refused).
+    pub fn refuses(&self, group: &str, topic: &str, epoch: Option<u64>) -> Option<u64> {
+        let reset = *self
+            .reset_epochs
+            .get(&(group.to_owned(), topic.to_owned()))?;
         epoch.filter(|e| *e < reset).map(|_| reset)
+    }
+
+    /// Forgets `group`'s reset epochs (with its offsets, or when it has none here).
+    pub fn unfence(&mut self, group: &str) {
+        self.reset_epochs.retain(|(g, _), _| g != group);
     }
 
     /// Records a commit; offsets never go backwards (a lower one is ignored). Returns the
@@ -248,7 +265,7 @@ impl OffsetStore {
     pub fn forget_topic(&mut self, topic: &str) -> u64 {
         self.offsets.retain(|(_, t, _), _| t != topic);
         self.groups = count_groups(&self.offsets);
-        self.reset_epochs.retain(|g, _| self.groups.contains_key(g));
+        self.reset_epochs.retain(|(_, t), _| t != topic);
         self.rewrite = true;
         self.changed_gen += 1;
         self.changed_gen
@@ -258,7 +275,7 @@ impl OffsetStore {
     pub fn forget_group(&mut self, group: &str) -> u64 {
         self.offsets.retain(|(g, _, _), _| g != group);
         self.groups.remove(group);
-        self.reset_epochs.remove(group);
+        self.unfence(group);
         self.rewrite = true;
         self.changed_gen += 1;
         self.changed_gen
@@ -460,30 +477,48 @@ mod tests {
         let mut s = OffsetStore::open(dir.path()).unwrap();
         s.commit("g", "t", 0, 9);
         s.commit("other", "t", 0, 9);
-        assert_eq!(s.refuses("g", Some(0)), None, "no reset yet");
-        s.fence("g", 7);
+        assert_eq!(s.refuses("g", "t", Some(0)), None, "no reset yet");
+        assert_eq!(s.fence("g", "t", 7), Ok(()));
         s.reset("g", "t", 0, 2);
-        assert_eq!(s.refuses("g", Some(6)), Some(7), "read before the reset");
-        assert_eq!(s.refuses("g", Some(7)), None, "read at the reset's epoch");
-        assert_eq!(s.refuses("g", Some(8)), None);
-        assert_eq!(s.refuses("g", None), None, "an admin's commit");
-        assert_eq!(s.refuses("other", Some(0)), None, "another group");
-        s.fence("g", 5);
         assert_eq!(
-            s.refuses("g", Some(6)),
+            s.refuses("g", "t", Some(6)),
             Some(7),
-            "an older reset's fence is not lower"
+            "read before the reset"
         );
+        assert_eq!(
+            s.refuses("g", "t", Some(7)),
+            None,
+            "read at the reset's epoch"
+        );
+        assert_eq!(s.refuses("g", "t", Some(8)), None);
+        assert_eq!(s.refuses("g", "t", None), None, "an admin's commit");
+        assert_eq!(s.refuses("other", "t", Some(0)), None, "another group");
+        assert_eq!(s.refuses("g", "u", Some(0)), None, "another topic");
+        assert_eq!(
+            s.fence("g", "t", 5),
+            Err(7),
+            "an earlier reset after a later one"
+        );
+        assert_eq!(
+            s.refuses("g", "t", Some(6)),
+            Some(7),
+            "its fence is not lowered"
+        );
+        assert_eq!(s.fence("g", "t", 7), Ok(()), "the same reset again");
         s.forget_topic("t");
         assert_eq!(
-            s.refuses("g", Some(0)),
+            s.refuses("g", "t", Some(0)),
             None,
             "no offsets left, nothing to undo"
         );
         s.commit("g", "u", 0, 1);
-        s.fence("g", 7);
+        assert_eq!(s.fence("g", "u", 7), Ok(()));
         s.forget_group("g");
-        assert_eq!(s.refuses("g", Some(0)), None);
+        assert_eq!(s.refuses("g", "u", Some(0)), None);
+        // A fence without offsets (a reset that failed before writing them) goes too.
+        assert_eq!(s.fence("g", "u", 9), Ok(()));
+        s.unfence("g");
+        assert_eq!(s.refuses("g", "u", Some(0)), None);
     }
 
     #[test]

@@ -54,7 +54,10 @@ impl ShardCtx {
         self.offsets_admit(&m.group)?;
         // A member's position read before a reset of the group's offsets here would undo
         // the reset (offsets only go forward); the member re-reads them on the new epoch.
-        let refused = self.offsets.borrow().refuses(&m.group, m.offsets_epoch);
+        let refused = self
+            .offsets
+            .borrow()
+            .refuses(&m.group, &m.topic, m.offsets_epoch);
         if let (Some(reset), Some(read)) = (refused, m.offsets_epoch) {
             return Err(err(
                 ErrorCode::OffsetsReset,

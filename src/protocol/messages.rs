@@ -433,8 +433,9 @@ wire_type! {
         pub incarnation: u64,
         /// A group member's commit: the group's offsets epoch ([`Assignment::offsets_epoch`])
         /// its position was read under. Refused with [`ErrorCode::OffsetsReset`] when the
-        /// group's offsets on this queue were reset at a later epoch: the position predates
-        /// the reset and would undo it. `None` (an admin's commit): not checked.
+        /// group's offsets of the topic were reset on the queue's shard at a later epoch:
+        /// the position predates the reset and would undo it. `None` (an admin's commit):
+        /// not checked.
         pub offsets_epoch: Option<u64>,
     }
 }

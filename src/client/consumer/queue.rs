@@ -63,7 +63,8 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
                     // The group's offsets were reset since this queue's position was read;
                     // the member learns the new epoch from the coordinator and restarts its
                     // queues from the reset offsets. Until then nothing of this one is
-                    // committed (what it consumes meanwhile comes again).
+                    // committed (what it consumes meanwhile comes again; a queue refused its
+                    // first commit waits, see `pull_loop`).
                     if !pq.no_commit.swap(true, Ordering::SeqCst) {
                         shared.log(format_args!(
                             "{}[{}]: {e}; asking for the new assignment",
@@ -303,6 +304,15 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         .is_none()
     {
         return;
+    }
+    // That commit was refused as read before a reset of the group's offsets: the start is
+    // stale, and nothing consumed from it could be recorded. The queue waits until the new
+    // epoch restarts it from the reset offsets.
+    while pq.no_commit.load(Ordering::SeqCst) {
+        if stopped(&pq) {
+            return;
+        }
+        sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
     }
     pq.started.store(true, Ordering::SeqCst);
     let mut failing = false;
