@@ -343,6 +343,221 @@ fn sends_queued_behind_a_dropped_send_still_go() {
     });
 }
 
+/// The send that holds a shard's request slot is polled once, then left alone while its
+/// caller awaits sends queued behind it (a `select!` loop's other branch): they still go
+/// once it is answered, since its request runs on a task of its own.
+#[test]
+fn sends_queued_behind_a_send_left_unpolled_still_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &["--testing-write-delay-us", "300000"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = coalescing_producer(&addr).await;
+        producer.client().create_topic("idle", 1).await.unwrap();
+        producer
+            .send("idle", OutgoingMessage::new("first"))
+            .await
+            .unwrap();
+        let mut lead = vec![Box::pin(
+            producer.send_async("idle", OutgoingMessage::new("lead")),
+        )];
+        poll_once(&mut lead).await;
+        let queued: Vec<_> = (0..10)
+            .map(|i| producer.send_async("idle", OutgoingMessage::new(format!("m{i}"))))
+            .collect();
+        let answered = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            futures_util::future::join_all(queued),
+        )
+        .await
+        .expect("the sends queued behind a send left unpolled were never sent");
+        assert!(answered.iter().all(Result::is_ok), "{answered:?}");
+        let lead = lead.pop().unwrap().await.unwrap();
+        assert_eq!(lead.queue_offset, 1, "{lead:?}");
+    });
+}
+
+/// The bodies stored in queue 0 of `topic`, in order.
+async fn bodies_in(client: &Client, topic: &str) -> Vec<String> {
+    let end = client.max_offset(topic, 0).await.unwrap();
+    let pulled = client
+        .pull(topic, 0, 0, end as u32, std::time::Duration::ZERO, &[])
+        .await
+        .unwrap();
+    pulled
+        .messages
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.body()).into_owned())
+        .collect()
+}
+
+/// Sends queued behind a slow one whose callers gave up (a timeout around each send, as
+/// applications do) are not sent: nothing they asked for is stored behind their back, and
+/// the queue of them does not grow with every retry.
+#[test]
+fn queued_sends_whose_callers_gave_up_are_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &["--testing-write-delay-us", "300000"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = coalescing_producer(&addr).await;
+        let client = producer.client().clone();
+        client.create_topic("gave-up", 1).await.unwrap();
+        producer
+            .send("gave-up", OutgoingMessage::new("first"))
+            .await
+            .unwrap();
+        let mut lead = vec![Box::pin(
+            producer.send_async("gave-up", OutgoingMessage::new("lead")),
+        )];
+        poll_once(&mut lead).await;
+        let abandoned = (0..200).map(|i| {
+            let send = producer.send_async("gave-up", OutgoingMessage::new(format!("m{i}")));
+            tokio::time::timeout(std::time::Duration::from_millis(5), send)
+        });
+        let abandoned = futures_util::future::join_all(abandoned).await;
+        assert!(abandoned.iter().all(|r| r.is_err()), "all gave up");
+        lead.pop().unwrap().await.unwrap();
+        producer
+            .send("gave-up", OutgoingMessage::new("last"))
+            .await
+            .unwrap();
+        assert_eq!(
+            bodies_in(&client, "gave-up").await,
+            ["first", "lead", "last"]
+        );
+    });
+}
+
+/// A one-shard broker whose every log write takes `write_delay_us`, without flow control's
+/// `BrokerBusy`: sends wait for the slow disk, or time out.
+fn slow_broker(dir: &tempfile::TempDir, write_delay_us: u64) -> BrokerProcess {
+    let delay = write_delay_us.to_string();
+    let args = [
+        "--testing-write-delay-us",
+        &delay,
+        "--send-wait-max-ms",
+        "60000",
+    ];
+    BrokerProcess::start(&dir.path().join("data"), 1, &args)
+}
+
+/// A coalescing producer whose requests time out after `timeout_ms`, each tried
+/// `1 + retries` times, knowing the queue of the one-queue `topic` it makes: its first
+/// send (which times out on a slow broker) looks it up, so the next send takes the shard's
+/// request slot on its first poll.
+async fn impatient_producer(addr: &str, timeout_ms: u64, retries: u32, topic: &str) -> Producer {
+    let mut config = ClientConfig::new(addr);
+    config.request_timeout_ms = timeout_ms;
+    let options = ProducerOptions {
+        coalesce: true,
+        retries,
+        ..Default::default()
+    };
+    let producer = Producer::connect_with(config, options).await.unwrap();
+    producer.client().create_topic(topic, 1).await.unwrap();
+    let first = producer.send(topic, OutgoingMessage::new("first")).await;
+    assert!(first.is_err(), "{first:?}");
+    producer
+}
+
+/// A send still queued when its request timeout has passed (the send ahead of it took
+/// that long) fails with `Timeout` and is not sent: its caller is told it failed, and it
+/// is not stored afterwards.
+#[test]
+fn a_send_queued_past_its_timeout_fails_unsent() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each write takes 1.2 s: a send's two attempts, 500 ms each, both time out.
+    let broker = slow_broker(&dir, 1_200_000);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = impatient_producer(&addr, 500, 1, "late").await;
+        let mut lead = vec![Box::pin(
+            producer.send_async("late", OutgoingMessage::new("lead")),
+        )];
+        poll_once(&mut lead).await;
+        let queued = producer
+            .send("late", OutgoingMessage::new("queued"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(queued, ringmq::client::ClientError::Timeout { .. }),
+            "{queued:?}"
+        );
+        assert!(lead.pop().unwrap().await.is_err(), "the lead timed out too");
+        // A send made after all of them, answered once every write before it is done.
+        let mut config = ClientConfig::new(&addr);
+        config.request_timeout_ms = 30_000;
+        let client = Client::connect(config).await.unwrap();
+        let patient = Producer::from_client(client.clone(), ProducerOptions::default());
+        patient
+            .send("late", OutgoingMessage::new("last"))
+            .await
+            .unwrap();
+        let bodies = bodies_in(&client, "late").await;
+        assert!(!bodies.iter().any(|b| b == "queued"), "{bodies:?}");
+        assert!(bodies.iter().any(|b| b == "lead"), "{bodies:?}");
+        assert_eq!(
+            bodies.last().map(String::as_str),
+            Some("last"),
+            "{bodies:?}"
+        );
+    });
+}
+
+/// A producer keeps at most 64 MiB of sends queued behind requests in flight: a send past
+/// that waits for room, and fails with `Timeout` when its request timeout passes first
+/// (while the send ahead of all of them is still unanswered), unsent.
+#[test]
+fn queued_sends_are_bounded_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = slow_broker(&dir, 1_500_000);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = impatient_producer(&addr, 800, 2, "full").await;
+        let mut lead = vec![Box::pin(
+            producer.send_async("full", OutgoingMessage::new("lead")),
+        )];
+        poll_once(&mut lead).await;
+        // Sixteen bodies of 4,000,000 bytes fit in the 64 MiB; the seventeenth does not.
+        let body = vec![b'x'; 4_000_000];
+        let mut queued: Vec<_> = (0..16)
+            .map(|_| Box::pin(producer.send_async("full", OutgoingMessage::new(body.clone()))))
+            .collect();
+        poll_once(&mut queued).await;
+        let over = producer
+            .send("full", OutgoingMessage::new(body.clone()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(over, ringmq::client::ClientError::Timeout { .. }),
+            "{over:?}"
+        );
+        // The lead (three attempts of 800 ms) is still unanswered: the refused send did not
+        // wait in the queue for it.
+        let mut still = false;
+        std::future::poll_fn(|cx| {
+            still = lead[0].as_mut().poll(cx).is_pending();
+            std::task::Poll::Ready(())
+        })
+        .await;
+        assert!(
+            still,
+            "the lead was answered before the refused send gave up"
+        );
+        let _ = futures_util::future::join_all(queued).await;
+        let _ = lead.pop().unwrap().await;
+    });
+}
+
 /// A topic is made again with fewer queues under a producer that still sends to its old
 /// ones (its cached count): the packed request is refused for the queues that are gone, and
 /// its messages go again one by one, so the sends to queues that remain are stored and only

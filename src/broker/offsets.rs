@@ -40,7 +40,7 @@ pub struct OffsetStore {
     /// offsets. Set only for a topic with queues here and a group admitted to keep offsets
     /// here (bounded by `--groups-max`), before its offsets are written; forgotten with the
     /// topic or the group.
-    reset_epochs: HashMap<(String, String), u64>,
+    reset_epochs: HashMap<String, HashMap<String, u64>>,
     /// Changes made / written to the file / covered by a finished fdatasync.
     changed_gen: u64,
     written_gen: u64,
@@ -209,8 +209,8 @@ impl OffsetStore {
     /// now on. `Err` with the later epoch when a later reset got here first (this one
     /// must not overwrite its offsets: members re-read those under the later epoch).
     pub fn fence(&mut self, group: &str, topic: &str, epoch: u64) -> Result<(), u64> {
-        let key = (group.to_owned(), topic.to_owned());
-        let kept = self.reset_epochs.entry(key).or_default();
+        let topics = self.reset_epochs.entry(group.to_owned()).or_default();
+        let kept = topics.entry(topic.to_owned()).or_default();
         if *kept > epoch {
             return Err(*kept);
         }
@@ -222,15 +222,13 @@ impl OffsetStore {
     /// a position read under `epoch` would undo it (`None` epoch: an admin's commit, never
     /// refused).
     pub fn refuses(&self, group: &str, topic: &str, epoch: Option<u64>) -> Option<u64> {
-        let reset = *self
-            .reset_epochs
-            .get(&(group.to_owned(), topic.to_owned()))?;
+        let reset = *self.reset_epochs.get(group)?.get(topic)?;
         epoch.filter(|e| *e < reset).map(|_| reset)
     }
 
     /// Forgets `group`'s reset epochs (with its offsets, or when it has none here).
     pub fn unfence(&mut self, group: &str) {
-        self.reset_epochs.retain(|(g, _), _| g != group);
+        self.reset_epochs.remove(group);
     }
 
     /// Records a commit; offsets never go backwards (a lower one is ignored). Returns the
@@ -265,7 +263,10 @@ impl OffsetStore {
     pub fn forget_topic(&mut self, topic: &str) -> u64 {
         self.offsets.retain(|(_, t, _), _| t != topic);
         self.groups = count_groups(&self.offsets);
-        self.reset_epochs.retain(|(_, t), _| t != topic);
+        for topics in self.reset_epochs.values_mut() {
+            topics.remove(topic);
+        }
+        self.reset_epochs.retain(|_, topics| !topics.is_empty());
         self.rewrite = true;
         self.changed_gen += 1;
         self.changed_gen

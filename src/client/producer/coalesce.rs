@@ -6,6 +6,9 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
 use super::{unexpected, ProducerInner, BATCH_MESSAGES_MAX};
 use crate::client::error::{ClientError, Result};
 use crate::protocol::{
@@ -18,8 +21,33 @@ pub(super) type SharedCoalescer = Arc<Mutex<Coalescer>>;
 /// Where a queued send's result goes.
 type ResultTx = tokio::sync::oneshot::Sender<Result<SendResult>>;
 
-/// A queued send: its queue, the message, and where its result goes.
-type Waiting = (u32, BatchItem, ResultTx);
+/// Most bytes of single sends one producer keeps queued behind requests in flight; a send
+/// past them waits for room, for its request timeout at most.
+pub(super) const COALESCE_WAITING_BYTES_MAX: usize = 64 << 20;
+
+/// A queued send.
+struct Waiting {
+    queue: u32,
+    item: BatchItem,
+    /// Where its result goes (closed: its caller gave up, and it is not sent).
+    tx: ResultTx,
+    /// Not taken into a request by then (its request timeout from the call), it fails
+    /// with `Timeout`, unsent.
+    deadline: Instant,
+    /// Its bytes' room under [`COALESCE_WAITING_BYTES_MAX`], freed as it leaves the queue.
+    _room: Option<OwnedSemaphorePermit>,
+}
+
+/// What a queued send counts for in a batch and against the producer's room.
+fn queued_bytes(item: &BatchItem) -> usize {
+    item.body.len() + item.properties.len() + 64
+}
+
+/// [`queued_bytes`] of a send not queued yet, as semaphore permits.
+fn queued_bytes_of(request: &SendMessage) -> u32 {
+    let bytes = request.body.len() + request.properties.len() + 64;
+    u32::try_from(bytes.min(COALESCE_WAITING_BYTES_MAX)).unwrap_or(u32::MAX)
+}
 
 /// Single sends queued for the queues of one shard while a send to it is in flight
 /// (`coalesce`).
@@ -80,7 +108,7 @@ impl Slot {
                 st.in_flight = false;
                 let waiting = std::mem::take(&mut st.waiting);
                 drop(st);
-                for (_, _, tx) in waiting {
+                for Waiting { tx, .. } in waiting {
                     let _ = tx.send(Err(ClientError::Connection(format!(
                         "a send to {} queued behind one that was dropped with its runtime; send it again",
                         self.topic
@@ -129,13 +157,11 @@ fn in_queue_runs(waiting: Vec<Waiting>) -> (Vec<u32>, Vec<BatchItem>, Vec<Result
     let mut order: Vec<(u32, usize)> = waiting
         .iter()
         .enumerate()
-        .map(|(at, w)| (w.0, at))
+        .map(|(at, w)| (w.queue, at))
         .collect();
     order.sort_unstable();
-    let mut sends: Vec<Option<(BatchItem, ResultTx)>> = waiting
-        .into_iter()
-        .map(|(_, item, tx)| Some((item, tx)))
-        .collect();
+    let mut sends: Vec<Option<(BatchItem, ResultTx)>> =
+        waiting.into_iter().map(|w| Some((w.item, w.tx))).collect();
     let n = order.len();
     let (mut queue_ids, mut items, mut senders) = (
         Vec::with_capacity(n),
@@ -152,20 +178,43 @@ fn in_queue_runs(waiting: Vec<Waiting>) -> (Vec<u32>, Vec<BatchItem>, Vec<Result
     (queue_ids, items, senders)
 }
 
-/// The next batch of queued sends: the oldest ones, up to the batch limits.
-fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
-    let mut bytes = 0;
-    let mut n = 0;
-    for (_, item, _) in waiting.iter() {
-        let size = item.body.len() + item.properties.len() + 64;
-        if n > 0 && (n == BATCH_MESSAGES_MAX || bytes + size > COALESCED_BATCH_BYTES_MAX) {
-            break;
+/// Whether a queued send still goes: its caller waits for it, within its deadline.
+fn goes(w: &Waiting, now: Instant) -> bool {
+    !w.tx.is_closed() && w.deadline > now
+}
+
+/// The next batch of queued sends: the oldest ones, up to the batch limits; and the
+/// result channels of those ahead of them that are past their deadline (to fail, unsent).
+/// Sends whose callers gave up are dropped unsent.
+fn take_batch(waiting: &mut Vec<Waiting>, now: Instant) -> (Vec<Waiting>, Vec<ResultTx>) {
+    let (mut bytes, mut n, mut end) = (0, 0, 0);
+    for w in waiting.iter() {
+        if goes(w, now) {
+            let size = queued_bytes(&w.item);
+            if n > 0 && (n == BATCH_MESSAGES_MAX || bytes + size > COALESCED_BATCH_BYTES_MAX) {
+                break;
+            }
+            bytes += size;
+            n += 1;
         }
-        bytes += size;
-        n += 1;
+        end += 1;
     }
-    let rest = waiting.split_off(n);
-    std::mem::replace(waiting, rest)
+    let rest = waiting.split_off(end);
+    let mut late = Vec::new();
+    let batch = std::mem::replace(waiting, rest)
+        .into_iter()
+        .filter_map(|w| {
+            if goes(&w, now) {
+                Some(w)
+            } else {
+                if !w.tx.is_closed() {
+                    late.push(w.tx);
+                }
+                None
+            }
+        })
+        .collect();
+    (batch, late)
 }
 
 impl ProducerInner {
@@ -189,20 +238,31 @@ impl ProducerInner {
             topic,
             shard as usize,
         );
+        // Room for it, in case it queues: bounded bytes, waited for until its deadline.
+        let timeout = self.client.config().request_timeout();
+        let deadline = Instant::now() + timeout;
+        let size = queued_bytes_of(&request);
+        let room = match self.coalesce_room.clone().try_acquire_many_owned(size) {
+            Ok(room) => room,
+            // Boxed: the wait is rare, and every send's future would carry its room.
+            Err(_) => Box::pin(self.wait_for_room(size, deadline, timeout)).await?,
+        };
         let waiter = {
             let mut st = lock(&co);
             if st.in_flight {
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                st.waiting.push((
-                    queue_u32,
-                    BatchItem {
+                st.waiting.push(Waiting {
+                    queue: queue_u32,
+                    item: BatchItem {
                         flag: request.flag,
                         properties: std::mem::take(&mut request.properties),
                         body: std::mem::take(&mut request.body).into(),
                         born_timestamp_ms: request.born_timestamp_ms,
                     },
                     tx,
-                ));
+                    deadline,
+                    _room: Some(room),
+                });
                 Some(rx)
             } else {
                 st.in_flight = true;
@@ -216,18 +276,45 @@ impl ProducerInner {
                 )))
             });
         }
-        // This send holds the shard's one request slot until it is answered, or until its
-        // caller drops it: either way the sends that queued meanwhile then go.
-        let mut slot = Slot {
-            inner: self.clone(),
-            topic: topic.to_owned(),
-            co,
-            leader: true,
-            released: false,
-        };
-        let result = self.send_to_queue(topic, &mut request, queue).await;
-        slot.pass_on();
-        result
+        // This send holds the shard's one request slot until it is answered. Its request
+        // runs on a task of its own, so the sends that queue meanwhile go once it is
+        // answered whether or not its caller still polls it (dropped, the send may still be
+        // stored, as any request already written).
+        let inner = self.clone();
+        let leader = tokio::spawn(async move {
+            let mut slot = Slot {
+                inner: inner.clone(),
+                topic: request.topic.clone(),
+                co,
+                leader: true,
+                released: false,
+            };
+            let topic = slot.topic.clone();
+            let result = inner.send_to_queue(&topic, &mut request, queue).await;
+            slot.pass_on();
+            result
+        });
+        leader.await.unwrap_or_else(|e| {
+            Err(ClientError::Connection(format!(
+                "the send to {topic} was stopped: {e}"
+            )))
+        })
+    }
+
+    /// Waits for `size` bytes of room among the queued sends, until `deadline`.
+    async fn wait_for_room(
+        &self,
+        size: u32,
+        deadline: Instant,
+        timeout: std::time::Duration,
+    ) -> Result<OwnedSemaphorePermit> {
+        let wait = self.coalesce_room.clone().acquire_many_owned(size);
+        match tokio::time::timeout_at(deadline, wait).await {
+            Ok(Ok(room)) => Ok(room),
+            _ => Err(ClientError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            }),
+        }
     }
 
     /// Sends what is queued for one shard's queues as `SendMulti` requests until nothing
@@ -247,15 +334,22 @@ impl ProducerInner {
                     break;
                 }
             }
-            let waiting = {
+            let (waiting, late) = {
                 let mut st = lock(&co);
                 if st.waiting.is_empty() {
                     st.in_flight = false;
                     slot.released = true;
                     return;
                 }
-                take_batch(&mut st.waiting)
+                take_batch(&mut st.waiting, Instant::now())
             };
+            let timeout_ms = self.client.config().request_timeout_ms;
+            for tx in late {
+                let _ = tx.send(Err(ClientError::Timeout { timeout_ms }));
+            }
+            if waiting.is_empty() {
+                continue;
+            }
             let (queue_ids, items, senders) = in_queue_runs(waiting);
             self.coalesced_batches.fetch_add(1, Ordering::Relaxed);
             self.coalesced_sends
@@ -381,7 +475,13 @@ mod tests {
                     body: Vec::new().into(),
                     born_timestamp_ms: 0,
                 };
-                (q, item, tx)
+                Waiting {
+                    queue: q,
+                    item,
+                    tx,
+                    deadline: tokio::time::Instant::now(),
+                    _room: None,
+                }
             })
             .collect();
         let (queue_ids, items, senders) = in_queue_runs(waiting);
