@@ -300,25 +300,37 @@ async fn poll_once<F: Future + Unpin>(futures: &mut [F]) {
     .await;
 }
 
-/// The send that holds a shard's request slot is dropped before its answer (a caller's
-/// timeout): the sends queued behind it still go, and are answered.
-#[test]
-fn sends_queued_behind_a_dropped_send_still_go() {
+/// Runs `body` with a coalescing producer against a one-shard broker whose every log write
+/// takes 300 ms, after it sent `first` to `topic` (made with `queues` queues): it knows the
+/// topic's queues, and a send takes the shard's request slot on its first poll.
+fn behind_slow_writes<F, Fut>(topic: &str, queues: u32, body: F)
+where
+    F: FnOnce(Producer) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let dir = tempfile::tempdir().unwrap();
-    // Every log write waits 300 ms: the first send is still unanswered when it is dropped.
     let broker = BrokerProcess::start(
         &dir.path().join("data"),
         1,
         &["--testing-write-delay-us", "300000"],
     );
-    let addr = broker.addr_string();
     runtime().block_on(async {
-        let producer = coalescing_producer(&addr).await;
-        producer.client().create_topic("drop", 2).await.unwrap();
+        let producer = coalescing_producer(&broker.addr_string()).await;
+        producer.client().create_topic(topic, queues).await.unwrap();
         producer
-            .send("drop", OutgoingMessage::new("first"))
+            .send(topic, OutgoingMessage::new("first"))
             .await
             .unwrap();
+        body(producer).await;
+    });
+}
+
+/// The send that holds a shard's request slot is dropped before its answer (a caller's
+/// timeout): the sends queued behind it still go, and are answered.
+#[test]
+fn sends_queued_behind_a_dropped_send_still_go() {
+    // Every log write waits 300 ms: the first send is still unanswered when it is dropped.
+    behind_slow_writes("drop", 2, |producer| async move {
         let mut lead = vec![Box::pin(
             producer.send_async("drop", OutgoingMessage::new("lead")),
         )];
@@ -348,20 +360,7 @@ fn sends_queued_behind_a_dropped_send_still_go() {
 /// once it is answered, since its request runs on a task of its own.
 #[test]
 fn sends_queued_behind_a_send_left_unpolled_still_go() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(
-        &dir.path().join("data"),
-        1,
-        &["--testing-write-delay-us", "300000"],
-    );
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let producer = coalescing_producer(&addr).await;
-        producer.client().create_topic("idle", 1).await.unwrap();
-        producer
-            .send("idle", OutgoingMessage::new("first"))
-            .await
-            .unwrap();
+    behind_slow_writes("idle", 1, |producer| async move {
         let mut lead = vec![Box::pin(
             producer.send_async("idle", OutgoingMessage::new("lead")),
         )];
@@ -400,21 +399,8 @@ async fn bodies_in(client: &Client, topic: &str) -> Vec<String> {
 /// the queue of them does not grow with every retry.
 #[test]
 fn queued_sends_whose_callers_gave_up_are_not_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(
-        &dir.path().join("data"),
-        1,
-        &["--testing-write-delay-us", "300000"],
-    );
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let producer = coalescing_producer(&addr).await;
+    behind_slow_writes("gave-up", 1, |producer| async move {
         let client = producer.client().clone();
-        client.create_topic("gave-up", 1).await.unwrap();
-        producer
-            .send("gave-up", OutgoingMessage::new("first"))
-            .await
-            .unwrap();
         let mut lead = vec![Box::pin(
             producer.send_async("gave-up", OutgoingMessage::new("lead")),
         )];

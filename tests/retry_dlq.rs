@@ -356,3 +356,63 @@ fn send_backs_travel_to_the_shard_that_owns_the_retry_queue() {
         assert!(e.code().is_some(), "{e}");
     });
 }
+
+/// A message whose stored record rotted on disk after a consumer received it (the broker
+/// answers `StoreCorrupt` at its id) is sent back from the consumer's own copy, which the
+/// broker checks against the id and CRC: it reaches the dead-letter topic instead of
+/// failing every round and holding its queue's commit point for good.
+#[test]
+fn a_message_damaged_on_disk_is_sent_back_from_the_consumers_copy() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Every read from the disk (no newest writes kept in memory).
+    let broker = BrokerProcess::start(&data, 1, &["--tail-cache-mb", "0"]);
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let client = producer.client().clone();
+        client.create_topic("rot", 1).await.unwrap();
+        for i in 0..10 {
+            let body = format!("rot-{i}-{}", "x".repeat(100));
+            producer
+                .send("rot", OutgoingMessage::new(body))
+                .await
+                .unwrap();
+        }
+        let received = all_of(&client, "rot").await.remove(0);
+        // One byte of the record's body flipped in the log file, under the running broker
+        // (which reads the log past the page cache).
+        let log = data
+            .join("shard-0")
+            .join("commitlog")
+            .join(format!("{:020}", 0));
+        let at = received.msg_id().physical_offset + received.as_bytes().len() as u64 - 20;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&log)
+            .unwrap();
+        let mut byte = [0u8];
+        file.seek(SeekFrom::Start(at)).unwrap();
+        std::io::Read::read_exact(&mut file, &mut byte).unwrap();
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&[byte[0] ^ 0xff]).unwrap();
+        file.sync_all().unwrap();
+        drop(file);
+        let at_id = client
+            .send_back("g-rot", &received.msg_id().encode(), -1, 16)
+            .await
+            .unwrap_err();
+        assert_eq!(at_id.code(), Some(ErrorCode::StoreCorrupt), "{at_id}");
+        let back = client
+            .send_back_received("g-rot", &received, -1, 16)
+            .await
+            .unwrap();
+        assert!(back.dead_lettered);
+        let dead = all_of(&client, "%DLQ%g-rot").await;
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].body(), received.body());
+    });
+}

@@ -357,8 +357,9 @@ impl Client {
     /// [`send_back`](Self::send_back) for a message this client received. When the broker
     /// no longer holds that message at its id (a crash lost it, and a later message may have
     /// taken its place: refused with `OffsetNotFound` rather than the later one sent back in
-    /// its stead; or retention removed it), it is sent again with the message's own bytes,
-    /// from which the broker makes the copy.
+    /// its stead; or retention removed it), or cannot read it there (damaged on disk:
+    /// `StoreCorrupt`, `StoreIo`), it is sent again with the message's own bytes, from which
+    /// the broker makes the copy (checked against the id and the CRC the client verified).
     pub async fn send_back_received(
         &self,
         group: &str,
@@ -370,14 +371,17 @@ impl Client {
         let back = |record| {
             self.send_back_checked(group, &id, crc, record, delay_level, max_reconsume_times)
         };
-        use crate::protocol::ErrorCode::{OffsetNotFound, OffsetTooBig, OffsetTooSmall};
+        use crate::protocol::ErrorCode::{
+            OffsetNotFound, OffsetTooBig, OffsetTooSmall, StoreCorrupt, StoreIo,
+        };
         match back(&[]).await {
             // Not there (another record, or none: before the log's start after retention,
-            // past its end after a crash with nothing written there since).
+            // past its end after a crash with nothing written there since), or not readable
+            // there (damaged on disk since it was received: the copy is checked instead).
             Err(e)
                 if matches!(
                     e.code(),
-                    Some(OffsetNotFound | OffsetTooBig | OffsetTooSmall)
+                    Some(OffsetNotFound | OffsetTooBig | OffsetTooSmall | StoreCorrupt | StoreIo)
                 ) =>
             {
                 back(message.as_bytes()).await

@@ -581,14 +581,22 @@ impl ShardCtx {
         drop(no_snapshot);
         // The old entries stay in the wheel (skipped when they fall due) until the done
         // record that takes them out is written.
-        if self.record_done(written.end, &moved).await.is_ok() {
-            {
-                let mut s = self.schedule.borrow_mut();
-                s.superseded.extend(moved);
-                s.changed = true;
+        match self.record_done(written.end, &moved).await {
+            Ok(_) => {
+                {
+                    let mut s = self.schedule.borrow_mut();
+                    s.superseded.extend(moved);
+                    s.changed = true;
+                }
+                // The floor moves with the next snapshot: take it now.
+                self.snapshot_schedule().await;
             }
-            // The floor moves with the next snapshot: take it now.
-            self.snapshot_schedule().await;
+            // Both the old entries and their copies stay due: each such message is then
+            // delivered twice (never lost), and retention waits for the old ones.
+            Err(e) => self.log_rarely(format_args!(
+                "retiring {} held scheduled messages moved forward: {e}; they will be delivered twice",
+                moved.len()
+            )),
         }
     }
 
