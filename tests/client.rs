@@ -246,6 +246,39 @@ fn client_against_a_real_broker() {
     });
 }
 
+/// Sends with a sharding key to a topic that does not exist yet (the broker creates topics
+/// on first use): the producer has the topic made and learns its queues before the first
+/// one, so every message with one key lands on one queue, the first included (sent to any
+/// queue, it went where the broker chose). Alone, coalesced and in a batch.
+#[test]
+fn the_first_keyed_send_to_a_new_topic_lands_on_its_keys_queue() {
+    against_a_broker(|addr| async move {
+        for coalesce in [false, true] {
+            let options = ProducerOptions {
+                coalesce,
+                ..Default::default()
+            };
+            let producer = Producer::connect_with(ClientConfig::new(&addr), options)
+                .await
+                .unwrap();
+            for key in ["k-1", "k-2", "k-3"] {
+                let topic = format!("keyed-{coalesce}-{key}");
+                let mut queues = std::collections::BTreeSet::new();
+                for i in 0..4 {
+                    let m = OutgoingMessage::new(format!("{i}")).with_sharding_key(key);
+                    queues.insert(producer.send(&topic, m).await.unwrap().queue_id);
+                }
+                let batch = vec![OutgoingMessage::new("b").with_sharding_key(key)];
+                let batched = producer.send_batch(&format!("{topic}-b"), batch).await;
+                let m = OutgoingMessage::new("after").with_sharding_key(key);
+                let after = producer.send(&format!("{topic}-b"), m).await.unwrap();
+                assert_eq!(queues.len(), 1, "{topic}: {queues:?}");
+                assert_eq!(batched.unwrap().queue_id, after.queue_id, "{topic}-b");
+            }
+        }
+    });
+}
+
 /// Batches go out with their bodies written from the caller's buffers (a vectored write of
 /// the frame's pieces, more than one write's worth of pieces for the largest batch): the
 /// largest batch, several batches at once on one connection, and a batch whose queue a

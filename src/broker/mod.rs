@@ -888,7 +888,7 @@ impl Handlers for Req<'_> {
     }
 
     fn describe_topic(&self, m: DescribeTopic) -> Handled {
-        self.later(self.ctx.clone().describe_topic(m.topic))
+        self.later(self.ctx.clone().describe_topic(m.topic, m.create))
     }
 
     fn message_by_id(&self, m: MessageById) -> Handled {

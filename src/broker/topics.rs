@@ -786,11 +786,16 @@ impl ShardCtx {
     }
 
     /// `DescribeTopic`: the range of every queue, gathered from the shards that own them.
-    /// A topic this shard's table lacks is asked of shard 0 first, as sends do.
+    /// A topic this shard's table lacks is asked of shard 0 first, as sends do (and, with
+    /// `create`, created as a send would create it).
     pub(super) async fn describe_topic(
         self: Rc<Self>,
         topic: String,
+        create: bool,
     ) -> Result<TopicInfo, ErrorBody> {
+        if create {
+            self.ensure_topic(&topic).await?;
+        }
         self.learn_topic(&topic).await?;
         let mut ranges = self.local_ranges(&topic)?;
         for to in (0..self.shard_count).filter(|&s| s != self.id) {

@@ -401,12 +401,19 @@ impl ProducerInner {
     ) -> Result<SendResult> {
         let mut request = request?;
         if look_up {
-            if let Some(count) = self.queue_count(topic).await? {
-                let queue = self.choose(topic, &mut message, &mut request.body, Some(count), 0);
-                if queue != QUEUE_ID_ANY {
-                    request.queue_id = queue;
-                    return self.send_coalesced(topic, request).await;
+            let keyed = self.picks_by_message(&message);
+            match self.queue_count_creating(topic, keyed).await {
+                Ok(Some(count)) => {
+                    let queue = self.choose(topic, &mut message, &mut request.body, Some(count), 0);
+                    if queue != QUEUE_ID_ANY {
+                        request.queue_id = queue;
+                        return self.send_coalesced(topic, request).await;
+                    }
                 }
+                // Sent alone, which looks the count up again with its retries.
+                Ok(None) => {}
+                Err(e) if e.is_retriable() => {}
+                Err(e) => return Err(e),
             }
         }
         self.send_alone(topic, message, request).await
@@ -419,6 +426,8 @@ impl ProducerInner {
         mut message: OutgoingMessage,
         mut request: SendMessage,
     ) -> Result<SendResult> {
+        self.learn_before_picking(topic, std::slice::from_ref(&message))
+            .await;
         self.with_retries(
             topic,
             &mut request,
@@ -478,6 +487,7 @@ impl ProducerInner {
                 born_timestamp_ms,
             });
         }
+        self.learn_before_picking(topic, &messages[..1]).await;
         // A selector sees the first message whole: a copy of its body, made once.
         let mut first_body: Option<Vec<u8>> = None;
         let mut request = SendBatch {
@@ -579,6 +589,26 @@ impl ProducerInner {
         }))
     }
 
+    /// Whether `message`'s queue is picked by what it is (a sharding key, or the selector):
+    /// then the topic's queue count is needed before its first send.
+    fn picks_by_message(&self, message: &OutgoingMessage) -> bool {
+        self.options.selector.is_some() || message.sharding_key.is_some()
+    }
+
+    /// Before the first send of a message whose queue is picked by key or selector to a
+    /// topic whose queue count is not known: the count, creating the topic first if the
+    /// broker creates topics on first use. Sent to any queue instead (the broker's choice,
+    /// as for other sends), the topic's first message with a key would land elsewhere
+    /// than the later ones with that key, out of their order. Errors are left to the
+    /// send's own look-ups and retries.
+    async fn learn_before_picking(self: &Arc<Self>, topic: &str, messages: &[OutgoingMessage]) {
+        if messages.iter().any(|m| self.picks_by_message(m))
+            && self.cached_queue_count(topic).is_none()
+        {
+            let _ = self.queue_count_creating(topic, true).await;
+        }
+    }
+
     /// The queue of attempt number `attempt`.
     fn choose(
         &self,
@@ -614,6 +644,16 @@ impl ProducerInner {
     /// know the topic (a send then lets the broker choose, which auto-creates it if the
     /// broker is set to).
     async fn queue_count(self: &Arc<Self>, topic: &str) -> Result<Option<u32>> {
+        self.queue_count_creating(topic, false).await
+    }
+
+    /// [`queue_count`](Self::queue_count); with `create`, a topic not known is created
+    /// first if the broker creates topics on first use.
+    async fn queue_count_creating(
+        self: &Arc<Self>,
+        topic: &str,
+        create: bool,
+    ) -> Result<Option<u32>> {
         let refresh_after = Duration::from_millis(self.options.route_refresh_ms);
         {
             let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -624,17 +664,17 @@ impl ProducerInner {
                     let inner = self.clone();
                     let topic = topic.to_owned();
                     tokio::spawn(async move {
-                        let _ = inner.describe(&topic).await;
+                        let _ = inner.describe(&topic, false).await;
                     });
                 }
                 return Ok(Some(route.queue_count));
             }
         }
-        self.describe(topic).await
+        self.describe(topic, create).await
     }
 
-    async fn describe(&self, topic: &str) -> Result<Option<u32>> {
-        match self.client.queue_count(topic).await {
+    async fn describe(&self, topic: &str, create: bool) -> Result<Option<u32>> {
+        match self.client.queue_count_creating(topic, create).await {
             Ok(Some(queue_count)) => {
                 let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
                 if queue_count == 0 {

@@ -592,7 +592,17 @@ impl Client {
 
     /// How many queues the topic has; `None` when the broker does not know it.
     pub async fn queue_count(&self, topic: &str) -> Result<Option<u32>> {
-        match self.describe_topic(topic).await {
+        self.queue_count_creating(topic, false).await
+    }
+
+    /// [`queue_count`](Self::queue_count); with `create`, a topic that does not exist is
+    /// created first if the broker creates topics on first use (as a send would).
+    pub(crate) async fn queue_count_creating(
+        &self,
+        topic: &str,
+        create: bool,
+    ) -> Result<Option<u32>> {
+        match self.describe(topic, create).await {
             Ok(info) => Ok(Some(u32::try_from(info.queues.len()).unwrap_or(u32::MAX))),
             Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => Ok(None),
             Err(e) => Err(e),
@@ -601,9 +611,14 @@ impl Client {
 
     /// The topic's queues with their offset ranges.
     pub async fn describe_topic(&self, topic: &str) -> Result<TopicInfo> {
+        self.describe(topic, false).await
+    }
+
+    async fn describe(&self, topic: &str, create: bool) -> Result<TopicInfo> {
         check_topic(topic)?;
         let request = DescribeTopic {
             topic: topic.to_owned(),
+            create,
         };
         let reply = self.call(Route::Bootstrap, &request).await?;
         match reply.response()? {

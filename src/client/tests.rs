@@ -547,6 +547,44 @@ async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
     assert_eq!(described.load(Ordering::SeqCst), 2);
 }
 
+/// A coalesced send whose topic's queue count must be looked up, the look-up timing out
+/// once: the send goes alone, with its retries (which look the count up again), as a send
+/// without coalescing would; it failed at once.
+#[tokio::test]
+async fn a_coalesced_sends_look_up_that_times_out_is_retried() {
+    let described = Arc::new(AtomicUsize::new(0));
+    let seen = described.clone();
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        // The first one is never answered.
+        Request::DescribeTopic(_) if seen.fetch_add(1, Ordering::SeqCst) == 0 => Vec::new(),
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 4)),
+        ))],
+        Request::SendMessage(m) => vec![Out::Frame(answer(
+            id,
+            &send_result(m.queue_id.max(0) as u32, 0),
+        ))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 200;
+    let options = ProducerOptions {
+        coalesce: true,
+        ..Default::default()
+    };
+    let producer = Producer::connect_with(config, options).await.unwrap();
+    producer
+        .send("slow", OutgoingMessage::new("1"))
+        .await
+        .unwrap();
+    assert_eq!(described.load(Ordering::SeqCst), 2);
+    let queues: Vec<i32> = fake.sends().into_iter().map(|(_, q)| q).collect();
+    assert_eq!(queues.len(), 1);
+    assert!((0..4).contains(&queues[0]), "{queues:?}");
+}
+
 fn record(topic: &str, queue_id: u32, queue_offset: u64, tag: &str, body: &[u8]) -> Vec<u8> {
     let mut props = PropertiesBuilder::new();
     props

@@ -490,6 +490,10 @@ wire_type! {
     /// Answered by [`TopicInfo`].
     pub struct DescribeTopic {
         pub topic: String,
+        /// Create the topic first when it does not exist and the broker creates topics on
+        /// first use (as a send to it would; refused as not found otherwise): a producer
+        /// choosing a queue by key or selector needs the queue count before its first send.
+        pub create: bool,
     }
 }
 

@@ -246,6 +246,7 @@ fn sample_requests() -> Vec<Request> {
         ListTopics {}.into(),
         DescribeTopic {
             topic: "orders".into(),
+            create: true,
         }
         .into(),
         MessageById {
