@@ -513,13 +513,16 @@ async fn a_custom_selector_decides_and_oneway_needs_no_answer() {
     assert_eq!(fake.sends().len(), 3);
 }
 
-#[tokio::test]
-async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
-    let described = Arc::new(AtomicUsize::new(0));
+/// Answers the first `DescribeTopic` with `first` (given the request id and topic), the
+/// later ones with 4 queues, and every send with its queue; counts the `DescribeTopic`s.
+fn described_after_first(
+    described: &Arc<AtomicUsize>,
+    first: fn(u64, &str) -> Vec<Out>,
+) -> Handler {
     let seen = described.clone();
-    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+    Arc::new(move |_ctx, id, request| match request {
         Request::DescribeTopic(d) if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            vec![Out::Frame(error(id, ErrorCode::TopicNotFound, &d.topic))]
+            first(id, &d.topic)
         }
         Request::DescribeTopic(d) => vec![Out::Frame(answer(
             id,
@@ -530,6 +533,14 @@ async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
             &send_result(m.queue_id.max(0) as u32, 0),
         ))],
         _ => Vec::new(),
+    })
+}
+
+#[tokio::test]
+async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
+    let described = Arc::new(AtomicUsize::new(0));
+    let handler = described_after_first(&described, |id, topic| {
+        vec![Out::Frame(error(id, ErrorCode::TopicNotFound, topic))]
     });
     let fake = Fake::start(1, handler).await;
     let producer = Producer::connect(fake.config()).await.unwrap();
@@ -553,20 +564,8 @@ async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
 #[tokio::test]
 async fn a_coalesced_sends_look_up_that_times_out_is_retried() {
     let described = Arc::new(AtomicUsize::new(0));
-    let seen = described.clone();
-    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
-        // The first one is never answered.
-        Request::DescribeTopic(_) if seen.fetch_add(1, Ordering::SeqCst) == 0 => Vec::new(),
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 4)),
-        ))],
-        Request::SendMessage(m) => vec![Out::Frame(answer(
-            id,
-            &send_result(m.queue_id.max(0) as u32, 0),
-        ))],
-        _ => Vec::new(),
-    });
+    // The first one is never answered.
+    let handler = described_after_first(&described, |_, _| Vec::new());
     let fake = Fake::start(1, handler).await;
     let mut config = fake.config();
     config.request_timeout_ms = 200;
