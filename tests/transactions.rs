@@ -889,3 +889,69 @@ fn a_half_message_past_retention_is_discarded_not_lost_and_retention_goes_on() {
         assert!(list.halves.is_empty(), "{list:?}");
     });
 }
+
+/// Checks pushed to a producer whose connection cannot take them (it never reads, and the
+/// broker holds 16 MiB for it at most) do not count against the check limit: the group's
+/// transactions are not discarded for checks nobody could answer, and a producer that
+/// reads answers them later (before, each dropped check counted, and all were discarded).
+#[test]
+fn checks_a_producers_connection_could_not_take_do_not_count() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = common::free_addr().to_string();
+    let mut args = vec!["--metrics-listen", metrics.as_str()];
+    args.extend_from_slice(FAST_CHECKS);
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &args);
+    let addr = broker.addr_string();
+    const HALVES: usize = 400;
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("txfull", 1).await.unwrap();
+        // 400 halves of 64 KiB: 25 MiB of checks a round. Their producer goes.
+        let tp = unsure_producer(&addr, "txfull").await;
+        let pad = "x".repeat(64 << 10);
+        for i in 0..HALVES {
+            let body = format!("commit-{i}-{pad}");
+            pending_half(&tp, "txfull", OutgoingMessage::new(body)).await;
+        }
+        tp.shutdown().await;
+        // The group's only producer now: a connection that says it is one, and never reads.
+        let mut deaf = std::net::TcpStream::connect(&addr).unwrap();
+        let hb = ringmq::protocol::ProducerHeartbeat {
+            group: "txfull".into(),
+            client_id: "deaf".into(),
+        };
+        let mut frame = Vec::new();
+        ringmq::protocol::encode_request(&hb.into(), 1, &mut frame).unwrap();
+        deaf.write_all(&frame).unwrap();
+        // Two rounds' worth of checks could not be taken (the deaf connection is full):
+        // by then every half was due three times at least.
+        let undelivered = || {
+            let s = common::metrics::scrape_any(&metrics);
+            common::metrics::sum(&s, "ringmq_transaction_checks_undelivered_total", &[])
+        };
+        eventually(
+            "checks the deaf producer cannot take",
+            Duration::from_secs(60),
+            async || undelivered() >= (2 * HALVES) as f64,
+        )
+        .await;
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!(list.discarded, 0, "{:?}", list.recently_discarded.first());
+        assert_eq!(list.halves.len(), HALVES);
+        assert!(list.halves.iter().all(|h| h.checks < 3));
+        // A producer that reads: every one is committed by its check.
+        drop(deaf);
+        let checker = TransactionProducer::start(ClientConfig::new(&addr), "txfull", by_body)
+            .await
+            .unwrap();
+        eventually(
+            "every transaction committed",
+            Duration::from_secs(60),
+            async || visible(&client, "txfull").await.len() == HALVES,
+        )
+        .await;
+        assert_eq!(client.list_transactions().await.unwrap().discarded, 0);
+        checker.shutdown().await;
+    });
+}

@@ -104,14 +104,16 @@ impl ShardCtx {
 
     /// Sends a frame to a client connection, wherever it is (best effort: notifications are
     /// hints, members also re-check periodically).
-    pub(super) async fn push_to(self: &Rc<Self>, conn: u64, frame: Vec<u8>) {
+    /// Whether the frame was queued on the connection (false: gone, or holding too much).
+    pub(super) async fn push_to(self: &Rc<Self>, conn: u64, frame: Vec<u8>) -> bool {
         let shard = (conn >> CONN_SHARD_SHIFT) as u32;
         if shard == self.id {
-            if let Some(push) = self.conns.borrow().get(&conn) {
-                push(frame);
-            }
+            let push = self.conns.borrow().get(&conn).cloned();
+            push.is_some_and(|push| push(frame))
         } else {
-            let _ = self.call(shard, MeshRequest::Push { conn, frame }).await;
+            self.call(shard, MeshRequest::Push { conn, frame })
+                .await
+                .is_ok()
         }
     }
 
@@ -139,7 +141,7 @@ impl ShardCtx {
             return;
         }
         for conn in conns {
-            self.push_to(conn, frame.clone()).await;
+            let _ = self.push_to(conn, frame.clone()).await;
         }
     }
 

@@ -320,10 +320,19 @@ impl ShardCtx {
                 }
             },
             MeshRequest::Push { conn, frame } => {
-                if let Some(push) = self.conns.borrow().get(&conn) {
-                    push(frame);
+                let pushed = self
+                    .conns
+                    .borrow()
+                    .get(&conn)
+                    .is_some_and(|push| push(frame));
+                if pushed {
+                    MeshReply::Ack
+                } else {
+                    MeshReply::Failed(
+                        ErrorCode::ShardUnavailable,
+                        format!("connection {conn} is gone or holds too much to take a push"),
+                    )
                 }
-                MeshReply::Ack
             }
             MeshRequest::ReleaseClient { group, client_id } => {
                 self.locks.borrow_mut().release_client(&group, &client_id);

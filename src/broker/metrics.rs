@@ -480,6 +480,12 @@ impl ShardCtx {
             false,
             (sl(), self.txn.borrow().pending_count() as f64),
         );
+        s.add(
+            "ringmq_transaction_checks_undelivered",
+            "Transaction checks not delivered (no live producer of the group, or its connection holding too much not yet written); they do not count against --transaction-check-max.",
+            true,
+            (sl(), self.txn.borrow().checks_undelivered() as f64),
+        );
         let mut members = Vec::new();
         for (group, (state, _)) in self.groups.borrow().iter() {
             members.push((vec![("group", group.clone())], state.members().len() as f64));

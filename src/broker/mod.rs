@@ -59,8 +59,9 @@ const KEY_LOOKUPS_AT_ONCE: usize = 4;
 
 pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
-/// Writes a pushed frame to one client connection without waiting.
-pub type PushFn = Rc<dyn Fn(Vec<u8>)>;
+/// Writes a pushed frame to one client connection without waiting; false when it was
+/// dropped (the connection holds too many bytes not yet written).
+pub type PushFn = Rc<dyn Fn(Vec<u8>) -> bool>;
 
 /// Settings of the broker that the services need.
 #[derive(Debug, Clone)]

@@ -97,6 +97,9 @@ pub struct Transactions {
     /// with the topic each is bound for.
     resolving: BTreeMap<u64, (Rc<tokio::sync::Notify>, String)>,
     discarded: u64,
+    /// Checks that could not be delivered (no live producer of the group, or its
+    /// connection holds too much not yet written): not counted against the check limit.
+    checks_undelivered: u64,
     /// The latest discards (their copies in [`DISCARDED_TOPIC`]), newest last.
     discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
 }
@@ -115,6 +118,11 @@ impl Transactions {
     /// Half messages waiting for an outcome.
     pub fn pending_count(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Checks not delivered to a producer, since the shard started.
+    pub fn checks_undelivered(&self) -> u64 {
+        self.checks_undelivered
     }
 
     fn resolve(&mut self, half: u64, outcome: u8) {
@@ -752,10 +760,21 @@ impl ShardCtx {
                     self.call(coordinator, ask).await.is_ok()
                 };
                 // A check counts only when a producer was there to be asked: a group
-                // with no live producer loses no transaction to the check limit.
-                if asked {
-                    if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
+                // with no live producer, or one whose connection could not take the check
+                // (too much queued), loses no transaction to the check limit. A dropped
+                // one comes back within the interval, at a random time: the checks that
+                // fill a connection first are not the same ones each round.
+                let mut txn = self.txn.borrow_mut();
+                if !asked {
+                    txn.checks_undelivered += 1;
+                }
+                if let Some(p) = txn.pending.get_mut(&half) {
+                    if asked {
                         p.checks += 1;
+                    } else {
+                        let interval = self.cfg.transaction_check_interval_ms.max(2);
+                        p.next_check_ms =
+                            now + interval / 2 + rand::random::<u64>() % (interval / 2);
                     }
                 }
             }
@@ -822,7 +841,7 @@ impl ShardCtx {
 
     /// On the group's coordinator: pushes a check to one live producer of the group (the
     /// `turn`-th, so that repeated checks go round the producers). False when the group
-    /// has no live producer.
+    /// has no live producer, or the check could not be queued on its connection.
     pub(super) async fn ask_producer(
         self: &Rc<Self>,
         group: &str,
@@ -839,8 +858,7 @@ impl ShardCtx {
                 None => return false,
             }
         };
-        self.push_to(conn, frame).await;
-        true
+        self.push_to(conn, frame).await
     }
 
     /// `ProducerHeartbeat`, on the group's coordinator.

@@ -377,11 +377,14 @@ pub async fn serve_connection(
         glommio::spawn_local(write_answers(outbox.clone(), writer, fd, timeout_ms)).detach();
     let push_outbox = Rc::downgrade(&outbox);
     let conn = ctx.register_connection(Rc::new(move |frame: Vec<u8>| {
-        // Pushed notifications are hints members re-check; past the bound they are dropped.
-        if let Some(outbox) = push_outbox.upgrade() {
-            if outbox.bytes.get() <= CONN_QUEUED_BYTES_MAX {
+        // Pushed notifications are hints members re-check; past the bound they are dropped
+        // (and the caller told: a transaction check dropped does not count).
+        match push_outbox.upgrade() {
+            Some(outbox) if outbox.bytes.get() <= CONN_QUEUED_BYTES_MAX => {
                 outbox.push(Answer::from(frame));
+                true
             }
+            _ => false,
         }
     }));
     let in_flight = Rc::new(InFlight::default());
