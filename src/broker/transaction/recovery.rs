@@ -12,92 +12,127 @@ use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
 use crate::protocol::TRANSACTION_COMMIT;
 
 impl ShardCtx {
-    /// Rebuilds the unresolved half messages after a start: every op record, then every
-    /// half message without one. A half whose commit is in its real topic (or whose discard
-    /// is in [`DISCARDED_TOPIC`]) without an op record gets that op record now.
+    /// Rebuilds the unresolved half messages after a start: every op record (kept as one
+    /// bit per half in the half queue's range, and the newest outcomes), then every half
+    /// message without one, read in bounded chunks: the halves a producer resolved, which
+    /// stay in the log until retention, are never read. A half whose commit is in its real
+    /// topic (or whose discard is in [`DISCARDED_TOPIC`]) without an op record gets that
+    /// op record now. Damaged records are counted and logged, not taken.
     pub async fn recover_transactions(&self) -> Result<(), String> {
+        let (min, end) = self
+            .store
+            .queue_range(HALF_TOPIC, 0)
+            .map_err(|e| e.to_string())?;
+        let mut has_op = OpBits::new(min, end);
         let mut resolved = BTreeMap::new();
-        for record in self.read_all(OP_TOPIC).await? {
-            if let Ok(view) = RecordView::parse(&record) {
-                if let Some((half, outcome)) = parse_op(view.body()) {
-                    resolved.insert(half, outcome);
+        let mut damaged = Damaged::default();
+        let (op_min, op_end) = self
+            .store
+            .queue_range(OP_TOPIC, 0)
+            .map_err(|e| e.to_string())?;
+        let mut next = op_min;
+        while next < op_end {
+            let read = self.read_chunk(OP_TOPIC, next, op_end - next).await?;
+            let Some(&last) = read.queue_offsets().last() else {
+                break;
+            };
+            for (record, &at) in read.records().zip(read.queue_offsets()) {
+                match RecordView::parse(record)
+                    .ok()
+                    .and_then(|view| parse_op(view.body()))
+                {
+                    Some((half, outcome)) => {
+                        has_op.set(half);
+                        resolved.insert(half, outcome);
+                        if resolved.len() > RESOLVED_REMEMBERED {
+                            resolved.pop_first();
+                        }
+                    }
+                    None => damaged.note("op record", at),
                 }
             }
+            next = read.next_offset.max(last + 1);
         }
         let now = now_ms();
         let mut pending = BTreeMap::new();
         // Copies that could not be looked for: how many, and the first (transaction, why).
         let mut lookups_failed: Option<(usize, u64, String)> = None;
-        let (min, _) = self
-            .store
-            .queue_range(HALF_TOPIC, 0)
-            .map_err(|e| e.to_string())?;
-        for (i, record) in self.read_all(HALF_TOPIC).await?.into_iter().enumerate() {
-            let half = min + i as u64;
-            if resolved.contains_key(&half) {
-                continue;
-            }
-            let Ok(view) = RecordView::parse(&record) else {
-                continue;
+        let mut next = min;
+        while let Some((from, to)) = has_op.next_run_without(next) {
+            let read = self.read_chunk(HALF_TOPIC, from, to - from).await?;
+            let Some(&last) = read.queue_offsets().last() else {
+                break;
             };
-            let props = view.properties();
-            let (Some(topic), Some(queue_id)) = (
-                props.get(prop::REAL_TOPIC),
-                props.get(prop::REAL_QID).and_then(|q| q.parse().ok()),
-            ) else {
-                continue;
-            };
-            if let Some(uniq) = props.get(prop::UNIQ_KEY) {
-                // A commit (or a discard) whose op record a full disk refused: its copy is
-                // stored, and the outcome stood.
-                let mut copied = None;
-                for (outcome, copy_topic) in [
-                    (TRANSACTION_COMMIT, topic),
-                    (OUTCOME_DISCARDED, DISCARDED_TOPIC),
-                ] {
-                    match self.copied_without_op(copy_topic, uniq, half, &view).await {
-                        Ok(false) => {}
-                        Ok(true) => {
-                            copied = Some(outcome);
-                            break;
-                        }
-                        Err(e) => {
-                            let first = lookups_failed.get_or_insert((0, half, e));
-                            first.0 += 1;
-                        }
-                    }
-                }
-                if let Some(outcome) = copied {
-                    // Resolved all the same when the op record is refused (a full disk):
-                    // the copy stays, and the next start finds it again.
-                    if let Err(e) = self.append_op(half, outcome) {
-                        crate::warn!(
-                            "ringmq: shard {}: op record of transaction {} (found {}): {}; the next start writes it",
-                            self.id,
-                            half + 1,
-                            outcome_name(outcome),
-                            e.message
-                        );
-                    }
-                    resolved.insert(half, outcome);
+            next = read.next_offset.max(last + 1);
+            for (record, &half) in read.records().zip(read.queue_offsets()) {
+                if has_op.get(half) {
                     continue;
                 }
+                let Ok(view) = RecordView::parse(record) else {
+                    damaged.note("half message", half);
+                    continue;
+                };
+                let props = view.properties();
+                let (Some(topic), Some(queue_id)) = (
+                    props.get(prop::REAL_TOPIC),
+                    props.get(prop::REAL_QID).and_then(|q| q.parse().ok()),
+                ) else {
+                    damaged.note("half message without its real topic", half);
+                    continue;
+                };
+                if let Some(uniq) = props.get(prop::UNIQ_KEY) {
+                    // A commit (or a discard) whose op record a full disk refused: its copy is
+                    // stored, and the outcome stood.
+                    let mut copied = None;
+                    for (outcome, copy_topic) in [
+                        (TRANSACTION_COMMIT, topic),
+                        (OUTCOME_DISCARDED, DISCARDED_TOPIC),
+                    ] {
+                        match self.copied_without_op(copy_topic, uniq, half, &view).await {
+                            Ok(false) => {}
+                            Ok(true) => {
+                                copied = Some(outcome);
+                                break;
+                            }
+                            Err(e) => {
+                                let first = lookups_failed.get_or_insert((0, half, e));
+                                first.0 += 1;
+                            }
+                        }
+                    }
+                    if let Some(outcome) = copied {
+                        // Resolved all the same when the op record is refused (a full disk):
+                        // the copy stays, and the next start finds it again.
+                        if let Err(e) = self.append_op(half, outcome) {
+                            crate::warn!(
+                                "ringmq: shard {}: op record of transaction {} (found {}): {}; the next start writes it",
+                                self.id,
+                                half + 1,
+                                outcome_name(outcome),
+                                e.message
+                            );
+                        }
+                        resolved.insert(half, outcome);
+                        continue;
+                    }
+                }
+                pending.insert(
+                    half,
+                    Half {
+                        topic: topic.to_owned(),
+                        queue_id,
+                        group: props.get(prop::PRODUCER_GROUP).unwrap_or("").to_owned(),
+                        msg_id: self.msg_id(view.physical_offset()),
+                        stored_ms: view.store_timestamp_ms().max(0) as u64,
+                        checks: 0,
+                        next_check_ms: (view.store_timestamp_ms().max(0) as u64
+                            + self.cfg.transaction_timeout_ms)
+                            .max(now),
+                    },
+                );
             }
-            pending.insert(
-                half,
-                Half {
-                    topic: topic.to_owned(),
-                    queue_id,
-                    group: props.get(prop::PRODUCER_GROUP).unwrap_or("").to_owned(),
-                    msg_id: self.msg_id(view.physical_offset()),
-                    stored_ms: view.store_timestamp_ms().max(0) as u64,
-                    checks: 0,
-                    next_check_ms: (view.store_timestamp_ms().max(0) as u64
-                        + self.cfg.transaction_timeout_ms)
-                        .max(now),
-                },
-            );
         }
+        damaged.warn(self.id);
         if let Some((n, half, why)) = lookups_failed {
             crate::warn!(
                 "ringmq: shard {}: {n} look-up(s) for the copy of a transaction failed (the first, transaction {}: {why}); their transactions are taken as unresolved and their producers asked (a commit may come twice, nothing is lost)",
@@ -149,26 +184,122 @@ impl ShardCtx {
         }))
     }
 
-    /// Every record of queue 0 of a system topic, in order.
-    async fn read_all(&self, topic: &str) -> Result<Vec<Vec<u8>>, String> {
-        let (min, end) = self
-            .store
-            .queue_range(topic, 0)
-            .map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        let mut next = min;
-        while next < end {
-            let read = self
-                .store
-                .read_queue(topic, 0, next, 1024, 16 << 20, &[])
-                .await
-                .map_err(|e| format!("reading {topic} at {next}: {e}"))?;
-            if read.is_empty() {
-                break;
-            }
-            out.extend(read.records().map(<[u8]>::to_vec));
-            next = read.next_offset;
+    /// Up to 1024 records (16 MiB) of queue 0 of a system topic from `from`, at most `n`.
+    async fn read_chunk(
+        &self,
+        topic: &str,
+        from: u64,
+        n: u64,
+    ) -> Result<crate::store::QueueRead, String> {
+        let max = u32::try_from(n.min(1024)).unwrap_or(1024);
+        self.store
+            .read_queue(topic, 0, from, max, 16 << 20, &[])
+            .await
+            .map_err(|e| format!("reading {topic} at {from}: {e}"))
+    }
+}
+
+/// Which half messages (queue offsets in `[min, end)` of the half topic) have an op record:
+/// one bit each.
+struct OpBits {
+    min: u64,
+    end: u64,
+    bits: Vec<u64>,
+}
+
+impl OpBits {
+    fn new(min: u64, end: u64) -> OpBits {
+        let words = usize::try_from(end.saturating_sub(min).div_ceil(64)).unwrap_or(0);
+        OpBits {
+            min,
+            end,
+            bits: vec![0; words],
         }
-        Ok(out)
+    }
+
+    /// Records an op record of `half` (one outside the range names a half retention took).
+    fn set(&mut self, half: u64) {
+        if (self.min..self.end).contains(&half) {
+            let i = half - self.min;
+            self.bits[(i / 64) as usize] |= 1 << (i % 64);
+        }
+    }
+
+    fn get(&self, half: u64) -> bool {
+        if !(self.min..self.end).contains(&half) {
+            return false;
+        }
+        let i = half - self.min;
+        self.bits[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    /// The first run of halves without an op record at or after `from`: `[start, end)`.
+    fn next_run_without(&self, from: u64) -> Option<(u64, u64)> {
+        let mut start = from.max(self.min);
+        while start < self.end && self.get(start) {
+            // A full word of resolved halves is skipped at once.
+            let i = start - self.min;
+            if i % 64 == 0 && self.bits[(i / 64) as usize] == u64::MAX {
+                start += 64;
+            } else {
+                start += 1;
+            }
+        }
+        if start >= self.end {
+            return None;
+        }
+        let mut end = start + 1;
+        while end < self.end && !self.get(end) {
+            end += 1;
+        }
+        Some((start, end))
+    }
+}
+
+/// Records recovery could not take (damaged, or missing what they need): counted, with the
+/// first, and logged once.
+#[derive(Default)]
+struct Damaged {
+    count: usize,
+    first: Option<(&'static str, u64)>,
+}
+
+impl Damaged {
+    fn note(&mut self, what: &'static str, offset: u64) {
+        self.count += 1;
+        self.first.get_or_insert((what, offset));
+    }
+
+    fn warn(&self, shard: u32) {
+        if let Some((what, offset)) = self.first {
+            crate::warn!(
+                "ringmq: shard {shard}: {} transaction record(s) could not be read at start and were skipped (the first, a {what} at queue offset {offset}); a half message skipped is not checked, and a commit of it is refused as unknown; an op record skipped leaves its half to be checked again",
+                self.count
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpBits;
+
+    #[test]
+    fn runs_without_op_records_skip_the_resolved_halves() {
+        let mut bits = OpBits::new(100, 300);
+        assert_eq!(bits.next_run_without(0), Some((100, 300)));
+        for half in (100..200).chain(201..203) {
+            bits.set(half);
+        }
+        bits.set(50); // below the range: a half retention took
+        bits.set(300); // past it
+        assert_eq!(bits.next_run_without(100), Some((200, 201)));
+        assert_eq!(bits.next_run_without(201), Some((203, 300)));
+        assert!(bits.get(150) && !bits.get(200) && !bits.get(50) && !bits.get(300));
+        for half in 203..300 {
+            bits.set(half);
+        }
+        assert_eq!(bits.next_run_without(201), None);
+        assert_eq!(OpBits::new(5, 5).next_run_without(0), None);
     }
 }
