@@ -1,0 +1,199 @@
+//! Producer tests against the fake broker (see the parent module): routing to the queue's
+//! owner, sharding keys and selectors, unknown topics and their queue-count look-ups.
+
+use super::*;
+
+#[tokio::test]
+async fn shard_aware_requests_go_to_the_queue_owner() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 16)),
+        ))],
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
+        Request::GetMaxOffset(_) => vec![Out::Frame(answer(
+            id,
+            &Response::Offset(Offset {
+                offset: 3,
+                incarnation: 1,
+            }),
+        ))],
+        Request::ListTopics(_) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicList(crate::protocol::TopicList {
+                topics: vec!["t".into()],
+            }),
+        ))],
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(3, handler).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    for _ in 0..32 {
+        producer
+            .send("orders", OutgoingMessage::new("x"))
+            .await
+            .unwrap();
+    }
+    for queue in 0..16 {
+        assert_eq!(
+            producer.client().max_offset("orders", queue).await.unwrap(),
+            3
+        );
+    }
+    assert_eq!(producer.client().list_topics().await.unwrap(), vec!["t"]);
+    let mut shards_used = [false; 3];
+    for (shard, request) in fake.requests() {
+        let expected = match &request {
+            Request::SendMessage(m) => owner("orders", m.queue_id as u32, 3),
+            Request::GetMaxOffset(g) => owner("orders", g.queue_id, 3),
+            // Requests without a queue use the bootstrap connection (shard 0 here).
+            _ => 0,
+        };
+        assert_eq!(shard, expected, "{request:?}");
+        shards_used[shard as usize] = true;
+    }
+    assert_eq!(shards_used, [true; 3]);
+
+    // Not shard aware: everything goes through the bootstrap connection.
+    let mut config = fake.config();
+    config.shard_aware = false;
+    let before = fake.requests().len();
+    let producer = Producer::connect(config).await.unwrap();
+    for _ in 0..8 {
+        producer
+            .send("orders", OutgoingMessage::new("x"))
+            .await
+            .unwrap();
+    }
+    assert!(fake.requests()[before..]
+        .iter()
+        .all(|(shard, _)| *shard == 0));
+}
+
+#[tokio::test]
+async fn sharding_keys_pin_a_queue_and_round_robin_visits_all() {
+    let fake = Fake::start(2, simple_handler(8)).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    for _ in 0..10 {
+        let m = OutgoingMessage::new("x").with_sharding_key("order-42");
+        producer.send("t", m).await.unwrap();
+    }
+    let keyed: Vec<i32> = fake.sends().into_iter().map(|(_, q)| q).collect();
+    assert!(keyed.iter().all(|q| *q == keyed[0]), "{keyed:?}");
+    assert_eq!(keyed[0] as u32, route::queue_for_key("order-42", 8));
+    for _ in 0..8 {
+        producer.send("t", OutgoingMessage::new("x")).await.unwrap();
+    }
+    let mut round_robin: Vec<i32> = fake.sends()[10..].iter().map(|(_, q)| *q).collect();
+    round_robin.sort_unstable();
+    assert_eq!(round_robin, (0..8).collect::<Vec<_>>());
+}
+
+struct FixedQueue(u32);
+
+impl QueueSelector for FixedQueue {
+    fn select(&self, _: &str, message: &OutgoingMessage, _: u32, _: u32) -> u32 {
+        // The selector sees the whole message, body included.
+        assert_eq!(message.body, b"seen");
+        self.0
+    }
+}
+
+#[tokio::test]
+async fn a_custom_selector_decides_and_oneway_needs_no_answer() {
+    let fake = Fake::start(1, simple_handler(8)).await;
+    let options = ProducerOptions {
+        selector: Some(Arc::new(FixedQueue(13))),
+        ..ProducerOptions::default()
+    };
+    let producer = Producer::connect_with(fake.config(), options)
+        .await
+        .unwrap();
+    let result = producer
+        .send("t", OutgoingMessage::new("seen"))
+        .await
+        .unwrap();
+    assert_eq!(result.queue_id, 13 % 8);
+    producer
+        .send_oneway("t", OutgoingMessage::new("seen"))
+        .await
+        .unwrap();
+    // Wait for the oneway frame to arrive: an answered request behind it on the same
+    // connection proves it was written.
+    producer
+        .send("t", OutgoingMessage::new("seen"))
+        .await
+        .unwrap();
+    assert_eq!(fake.sends().len(), 3);
+}
+
+/// Answers the first `DescribeTopic` with `first` (given the request id and topic), the
+/// later ones with 4 queues, and every send with its queue; counts the `DescribeTopic`s.
+fn described_after_first(
+    described: &Arc<AtomicUsize>,
+    first: fn(u64, &str) -> Vec<Out>,
+) -> Handler {
+    let seen = described.clone();
+    Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            first(id, &d.topic)
+        }
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 4)),
+        ))],
+        Request::SendMessage(m) => vec![Out::Frame(answer(
+            id,
+            &send_result(m.queue_id.max(0) as u32, 0),
+        ))],
+        _ => Vec::new(),
+    })
+}
+
+#[tokio::test]
+async fn an_unknown_topic_is_sent_to_any_queue_then_described() {
+    let described = Arc::new(AtomicUsize::new(0));
+    let handler = described_after_first(&described, |id, topic| {
+        vec![Out::Frame(error(id, ErrorCode::TopicNotFound, topic))]
+    });
+    let fake = Fake::start(1, handler).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    producer
+        .send("new", OutgoingMessage::new("1"))
+        .await
+        .unwrap();
+    producer
+        .send("new", OutgoingMessage::new("2"))
+        .await
+        .unwrap();
+    let queues: Vec<i32> = fake.sends().into_iter().map(|(_, q)| q).collect();
+    assert_eq!(queues[0], crate::protocol::QUEUE_ID_ANY);
+    assert!((0..4).contains(&queues[1]), "{queues:?}");
+    assert_eq!(described.load(Ordering::SeqCst), 2);
+}
+
+/// A coalesced send whose topic's queue count must be looked up, the look-up timing out
+/// once: the send goes alone, with its retries (which look the count up again), as a send
+/// without coalescing would; it failed at once.
+#[tokio::test]
+async fn a_coalesced_sends_look_up_that_times_out_is_retried() {
+    let described = Arc::new(AtomicUsize::new(0));
+    // The first one is never answered.
+    let handler = described_after_first(&described, |_, _| Vec::new());
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 200;
+    let options = ProducerOptions {
+        coalesce: true,
+        ..Default::default()
+    };
+    let producer = Producer::connect_with(config, options).await.unwrap();
+    producer
+        .send("slow", OutgoingMessage::new("1"))
+        .await
+        .unwrap();
+    assert_eq!(described.load(Ordering::SeqCst), 2);
+    let queues: Vec<i32> = fake.sends().into_iter().map(|(_, q)| q).collect();
+    assert_eq!(queues.len(), 1);
+    assert!((0..4).contains(&queues[0]), "{queues:?}");
+}
