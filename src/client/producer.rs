@@ -250,7 +250,8 @@ impl Producer {
     /// error), no retry. Returns once the frame is queued on the connection.
     pub async fn send_oneway(&self, topic: &str, mut message: OutgoingMessage) -> Result<()> {
         let mut request = self.inner.prepare(topic, &mut message)?;
-        let queue_count = self.inner.queue_count(topic).await?;
+        let create = self.inner.picks_by_message(&message);
+        let queue_count = self.inner.queue_count_creating(topic, create).await?;
         request.queue_id =
             self.inner
                 .choose(topic, &mut message, &mut request.body, queue_count, 0);
@@ -426,10 +427,10 @@ impl ProducerInner {
         mut message: OutgoingMessage,
         mut request: SendMessage,
     ) -> Result<SendResult> {
-        self.learn_before_picking(topic, std::slice::from_ref(&message))
-            .await;
+        let create = self.picks_by_message(&message);
         self.with_retries(
             topic,
+            create,
             &mut request,
             |request, queue_count, attempt| {
                 request.queue_id =
@@ -454,6 +455,7 @@ impl ProducerInner {
     ) -> Result<SendResult> {
         Box::pin(self.with_retries(
             topic,
+            false,
             request,
             |_, _, _| queue,
             |response| match response {
@@ -487,7 +489,6 @@ impl ProducerInner {
                 born_timestamp_ms,
             });
         }
-        self.learn_before_picking(topic, &messages[..1]).await;
         // A selector sees the first message whole: a copy of its body, made once.
         let mut first_body: Option<Vec<u8>> = None;
         let mut request = SendBatch {
@@ -498,6 +499,7 @@ impl ProducerInner {
         };
         self.with_retries(
             topic,
+            self.picks_by_message(&messages[0]),
             &mut request,
             |request, queue_count, attempt| {
                 // Checked non-empty above: the first message decides the queue.
@@ -522,10 +524,15 @@ impl ProducerInner {
 
     /// Sends `request` up to `1 + retries` times. `choose` sets the request's queue for an
     /// attempt (given the topic's queue count, if known, and the attempt number) and
-    /// returns it; `answer` takes the result out of a successful response.
+    /// returns it; `answer` takes the result out of a successful response. With
+    /// `create` (its queue is picked by key or selector), a topic not known yet is created
+    /// first if the broker creates topics on first use: sent to any queue instead (the
+    /// broker's choice), the topic's first message with a key would land elsewhere than
+    /// the later ones with that key, out of their order.
     async fn with_retries<M, T>(
         self: &Arc<Self>,
         topic: &str,
+        create: bool,
         request: &mut M,
         mut choose: impl FnMut(&mut M, Option<u32>, u32) -> QueueChoice,
         answer: impl Fn(Response<'_>) -> Result<T>,
@@ -540,7 +547,7 @@ impl ProducerInner {
         let mut busy_answers = 0u32;
         let mut attempt = 0;
         while attempt <= self.options.retries {
-            let queue_count = match self.queue_count(topic).await {
+            let queue_count = match self.queue_count_creating(topic, create).await {
                 Ok(count) => count,
                 Err(e) if e.is_retriable() => {
                     last_error = Some(e);
@@ -595,20 +602,6 @@ impl ProducerInner {
         self.options.selector.is_some() || message.sharding_key.is_some()
     }
 
-    /// Before the first send of a message whose queue is picked by key or selector to a
-    /// topic whose queue count is not known: the count, creating the topic first if the
-    /// broker creates topics on first use. Sent to any queue instead (the broker's choice,
-    /// as for other sends), the topic's first message with a key would land elsewhere
-    /// than the later ones with that key, out of their order. Errors are left to the
-    /// send's own look-ups and retries.
-    async fn learn_before_picking(self: &Arc<Self>, topic: &str, messages: &[OutgoingMessage]) {
-        if messages.iter().any(|m| self.picks_by_message(m))
-            && self.cached_queue_count(topic).is_none()
-        {
-            let _ = self.queue_count_creating(topic, true).await;
-        }
-    }
-
     /// The queue of attempt number `attempt`.
     fn choose(
         &self,
@@ -642,13 +635,8 @@ impl ProducerInner {
 
     /// The topic's queue count: cached, or described now. `None`: the broker does not
     /// know the topic (a send then lets the broker choose, which auto-creates it if the
-    /// broker is set to).
-    async fn queue_count(self: &Arc<Self>, topic: &str) -> Result<Option<u32>> {
-        self.queue_count_creating(topic, false).await
-    }
-
-    /// [`queue_count`](Self::queue_count); with `create`, a topic not known is created
-    /// first if the broker creates topics on first use.
+    /// broker is set to). With `create`, a topic not known is created first if the broker
+    /// creates topics on first use.
     async fn queue_count_creating(
         self: &Arc<Self>,
         topic: &str,

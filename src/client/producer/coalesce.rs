@@ -38,15 +38,10 @@ struct Waiting {
     _room: Option<OwnedSemaphorePermit>,
 }
 
-/// What a queued send counts for in a batch and against the producer's room.
-fn queued_bytes(item: &BatchItem) -> usize {
-    item.body.len() + item.properties.len() + 64
-}
-
-/// [`queued_bytes`] of a send not queued yet, as semaphore permits.
-fn queued_bytes_of(request: &SendMessage) -> u32 {
-    let bytes = request.body.len() + request.properties.len() + 64;
-    u32::try_from(bytes.min(COALESCE_WAITING_BYTES_MAX)).unwrap_or(u32::MAX)
+/// What a queued send of a body and properties of these lengths counts for in a batch and
+/// against the producer's room.
+fn queued_bytes(body: usize, properties: usize) -> usize {
+    body + properties + 64
 }
 
 /// Single sends queued for the queues of one shard while a send to it is in flight
@@ -190,7 +185,7 @@ fn take_batch(waiting: &mut Vec<Waiting>, now: Instant) -> (Vec<Waiting>, Vec<Re
     let (mut bytes, mut n, mut end) = (0, 0, 0);
     for w in waiting.iter() {
         if goes(w, now) {
-            let size = queued_bytes(&w.item);
+            let size = queued_bytes(w.item.body.len(), w.item.properties.len());
             if n > 0 && (n == BATCH_MESSAGES_MAX || bytes + size > COALESCED_BATCH_BYTES_MAX) {
                 break;
             }
@@ -241,7 +236,9 @@ impl ProducerInner {
         // Room for it, in case it queues: bounded bytes, waited for until its deadline.
         let timeout = self.client.config().request_timeout();
         let deadline = Instant::now() + timeout;
-        let size = queued_bytes_of(&request);
+        let size = queued_bytes(request.body.len(), request.properties.len());
+        // Within the room (a body is at most 4 MiB), so a permit count.
+        let size = u32::try_from(size.min(COALESCE_WAITING_BYTES_MAX)).unwrap_or(u32::MAX);
         let room = match self.coalesce_room.clone().try_acquire_many_owned(size) {
             Ok(room) => room,
             // Boxed: the wait is rare, and every send's future would carry its room.
@@ -365,6 +362,7 @@ impl ProducerInner {
             let result = self
                 .with_retries(
                     topic,
+                    false,
                     &mut request,
                     |_, _, _| first,
                     |response| match response {
