@@ -671,3 +671,62 @@ fn a_restart_reads_only_the_unresolved_transactions() {
         assert_eq!(list.halves.len(), 1, "the open one, recovered");
     });
 }
+
+#[test]
+fn a_producer_group_that_leaves_its_transactions_open_blocks_only_its_own() {
+    use ringmq::client::{SendResult, TransactionOutcome, TransactionProducer};
+    let dir = tempfile::tempdir().unwrap();
+    let limits = [
+        "--transaction-pending-max",
+        "6",
+        "--transaction-group-pending-max",
+        "4",
+    ];
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &limits);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let start = async |group: &str| {
+            TransactionProducer::start(ClientConfig::new(&addr), group, |_| {
+                TransactionOutcome::Unknown
+            })
+            .await
+            .unwrap()
+        };
+        // A half message its local transaction does not end.
+        let open = async |tp: &TransactionProducer, i: usize| -> Result<SendResult, ClientError> {
+            let m = OutgoingMessage::new(format!("{i}"));
+            let sent = tp.send_in_transaction("t", m, |_| TransactionOutcome::Unknown);
+            sent.await.map(|s| s.send)
+        };
+        let gone = start("gone").await;
+        gone.producer().client().create_topic("t", 1).await.unwrap();
+        for i in 0..4 {
+            open(&gone, i).await.unwrap();
+        }
+        let (c, why) = code(open(&gone, 4).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{why}");
+        assert!(
+            why.contains("producer group gone") && why.contains("--transaction-group-pending-max"),
+            "{why}"
+        );
+        // The group goes, its four transactions open: the other groups still have the
+        // rest of the shard's allowance.
+        gone.shutdown().await;
+        let other = start("other").await;
+        let first = open(&other, 0).await.unwrap();
+        open(&other, 1).await.unwrap();
+        let (c, why) = code(open(&other, 2).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{why}");
+        assert!(why.contains("--transaction-pending-max"), "{why}");
+        // An ended transaction frees its place.
+        let tid = first.transaction_id;
+        (other.end("t", first.queue_id, tid, TransactionOutcome::Commit, false))
+            .await
+            .unwrap();
+        open(&other, 3).await.unwrap();
+        let list = other.producer().client().list_transactions().await.unwrap();
+        let of = |g: &str| list.halves.iter().filter(|h| h.producer_group == g).count();
+        assert_eq!((of("gone"), of("other")), (4, 2));
+        other.shutdown().await;
+    });
+}

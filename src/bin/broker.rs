@@ -149,6 +149,14 @@ struct Cli {
     /// %SYS_TXN_DISCARDED% topic and counted by `ringmq transaction list`) [default: 15]
     #[arg(long, value_name = "N")]
     transaction_check_max: Option<u32>,
+    /// Most unresolved half messages one shard holds; transactional sends past it get
+    /// LimitReached [default: 200000]
+    #[arg(long, value_name = "N")]
+    transaction_pending_max: Option<usize>,
+    /// Most unresolved half messages of one producer group on one shard; its transactional
+    /// sends past it get LimitReached, other groups' go on [default: 50000]
+    #[arg(long, value_name = "N")]
+    transaction_group_pending_max: Option<usize>,
     /// How often retention looks for old segments to delete, in ms [default: 60000]
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
@@ -257,6 +265,12 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.transaction_check_max {
         cfg.transaction_check_max = v;
+    }
+    if let Some(v) = cli.transaction_pending_max {
+        cfg.transaction_pending_max = v;
+    }
+    if let Some(v) = cli.transaction_group_pending_max {
+        cfg.transaction_group_pending_max = v;
     }
     if let Some(v) = cli.send_wait_max_ms {
         cfg.send_wait_max_ms = v;

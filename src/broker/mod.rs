@@ -99,6 +99,10 @@ pub struct ServiceConfig {
     pub transaction_check_interval_ms: u64,
     /// Checks before a half message is discarded.
     pub transaction_check_max: u32,
+    /// Most unresolved half messages one shard holds.
+    pub transaction_pending_max: usize,
+    /// Most unresolved half messages of one producer group on one shard.
+    pub transaction_group_pending_max: usize,
     /// Flow control: sends are refused with `BrokerBusy` while the oldest acknowledgement
     /// this shard owes has waited longer than this for the disk.
     pub send_wait_max_ms: u64,

@@ -46,7 +46,10 @@ use crate::protocol::{
 };
 use crate::store::{Holder, PutResult};
 
+mod pending;
 mod recovery;
+
+use pending::{Half, PendingHalves};
 
 /// Half messages, one queue per shard.
 pub const HALF_TOPIC: &str = "%SYS_TXN_HALF%";
@@ -61,9 +64,13 @@ pub const TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 6_000;
 pub const TRANSACTION_CHECK_INTERVAL_MS_DEFAULT: u64 = 30_000;
 /// Default of `--transaction-check-max`.
 pub const TRANSACTION_CHECK_MAX_DEFAULT: u32 = 15;
-/// Most unresolved half messages one shard holds; past it transactional sends are refused
-/// (`LimitReached`) until some are resolved.
-pub const HALF_PENDING_MAX: usize = 200_000;
+/// Default of `--transaction-pending-max`: most unresolved half messages one shard holds;
+/// past it transactional sends are refused (`LimitReached`) until some are resolved.
+pub const TRANSACTION_PENDING_MAX_DEFAULT: usize = 200_000;
+/// Default of `--transaction-group-pending-max`: most unresolved half messages of one
+/// producer group on one shard (a group that leaves its transactions behind blocks only its
+/// own sends, not the other groups', until they are checked or discarded).
+pub const TRANSACTION_GROUP_PENDING_MAX_DEFAULT: usize = 50_000;
 /// Resolved transactions remembered per shard (to answer a repeated outcome).
 const RESOLVED_REMEMBERED: usize = 200_000;
 /// Most producers registered per producer group.
@@ -73,24 +80,11 @@ const HALVES_DISCARDED_PER_PASS: usize = 1024;
 /// The op record's outcome for a half message given up after its checks.
 const OUTCOME_DISCARDED: u8 = 3;
 
-/// One unresolved half message.
-#[derive(Debug, Clone)]
-pub struct Half {
-    topic: String,
-    queue_id: u32,
-    group: String,
-    msg_id: String,
-    stored_ms: u64,
-    checks: u32,
-    /// Not checked before this time (ms since the epoch).
-    next_check_ms: u64,
-}
-
 /// A shard's transactions.
 #[derive(Default)]
 pub struct Transactions {
     /// Unresolved half messages by their offset in [`HALF_TOPIC`].
-    pending: BTreeMap<u64, Half>,
+    pending: PendingHalves,
     /// Recent outcomes by half offset.
     resolved: BTreeMap<u64, u8>,
     /// Halves whose outcome is being written and acknowledged (resolved until it fails),
@@ -248,15 +242,7 @@ impl ShardCtx {
                 "a transactional message cannot be delayed",
             ));
         }
-        if self.txn.borrow().pending.len() >= HALF_PENDING_MAX {
-            return Err(err(
-                ErrorCode::LimitReached,
-                format!(
-                    "shard {} holds {HALF_PENDING_MAX} unresolved half messages, its limit; end some transactions first",
-                    self.id
-                ),
-            ));
-        }
+        self.room_for_half(group)?;
         let queue = draft.queue_id.to_string();
         let mut add = vec![
             (prop::REAL_TOPIC, draft.topic),
@@ -284,17 +270,43 @@ impl ShardCtx {
         let now = now_ms();
         self.txn.borrow_mut().pending.insert(
             put.queue_offset,
-            Half {
-                topic: draft.topic.to_owned(),
-                queue_id: draft.queue_id,
-                group: group.to_owned(),
-                msg_id: self.msg_id(put.physical_offset),
-                stored_ms: now,
-                checks: 0,
-                next_check_ms: now + self.cfg.transaction_timeout_ms,
-            },
+            Half::new(
+                draft.topic.to_owned(),
+                draft.queue_id,
+                group.to_owned(),
+                self.msg_id(put.physical_offset),
+                now,
+                now + self.cfg.transaction_timeout_ms,
+            ),
         );
         Ok(put)
+    }
+
+    /// Refuses a half message of `group` past the shard's or the group's limit of unresolved
+    /// ones.
+    fn room_for_half(&self, group: &str) -> Result<(), ErrorBody> {
+        let txn = self.txn.borrow();
+        let max = self.cfg.transaction_pending_max;
+        if txn.pending.len() >= max {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} holds {max} unresolved half messages, its limit (--transaction-pending-max); end some transactions first",
+                    self.id
+                ),
+            ));
+        }
+        let group_max = self.cfg.transaction_group_pending_max;
+        if txn.pending.of_group(group) >= group_max {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "producer group {group} holds {group_max} unresolved half messages on shard {}, its limit (--transaction-group-pending-max); end some of its transactions first",
+                    self.id
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `EndTransaction`: commit, roll back, or say nothing yet.
@@ -326,12 +338,12 @@ impl ShardCtx {
         {
             let txn = self.txn.borrow();
             if let Some(h) = txn.pending.get(&half) {
-                if h.topic != e.topic || h.queue_id != e.queue_id || h.group != e.producer_group {
+                if h.topic != e.topic || h.queue_id != e.queue_id || h.group() != e.producer_group {
                     return Err(err(
                         ErrorCode::TransactionNotFound,
                         format!(
                             "transaction {} is bound for {}:{} of producer group {}, not {}:{} of {}",
-                            e.transaction_id, h.topic, h.queue_id, h.group, e.topic, e.queue_id,
+                            e.transaction_id, h.topic, h.queue_id, h.group(), e.topic, e.queue_id,
                             e.producer_group
                         ),
                     ));
@@ -443,7 +455,7 @@ impl ShardCtx {
                         transaction_id: half + 1,
                         topic: h.topic.clone(),
                         queue_id: h.queue_id,
-                        producer_group: h.group.clone(),
+                        producer_group: h.group().to_owned(),
                         msg_id: self.msg_id(copy.physical_offset),
                         age_ms: now_ms().saturating_sub(h.stored_ms),
                         checks: h.checks,
@@ -565,7 +577,7 @@ impl ShardCtx {
         let txn = self.txn.borrow();
         let mut bytes = 0u64;
         let mut halves = Vec::new();
-        for (&half, h) in &txn.pending {
+        for (&half, h) in txn.pending.iter() {
             if h.topic != topic || failed.contains_key(&half) {
                 continue;
             }
@@ -718,7 +730,7 @@ impl ShardCtx {
                         Ok(_) => {
                             crate::warn!(
                                 "ringmq: shard {}: transaction {} of producer group {} ({}) discarded after {} checks; kept in {DISCARDED_TOPIC}",
-                                self.id, half + 1, h.group, h.msg_id, h.checks
+                                self.id, half + 1, h.group(), h.msg_id, h.checks
                             );
                         }
                         Err(e) => crate::warn!(
@@ -741,19 +753,19 @@ impl ShardCtx {
                     topic: h.topic.clone(),
                     queue_id: h.queue_id,
                     transaction_id: half + 1,
-                    producer_group: h.group.clone(),
+                    producer_group: h.group().to_owned(),
                     record,
                 };
                 let mut frame = Vec::new();
                 if encode_frame(0, Flags::NONE, &check, &[], &mut frame).is_err() {
                     continue;
                 }
-                let coordinator = self.coordinator_of(&h.group);
+                let coordinator = self.coordinator_of(h.group());
                 let asked = if coordinator == self.id {
-                    self.ask_producer(&h.group, h.checks as usize, frame).await
+                    self.ask_producer(h.group(), h.checks as usize, frame).await
                 } else {
                     let ask = MeshRequest::AskProducer {
-                        group: h.group.clone(),
+                        group: h.group().to_owned(),
                         turn: h.checks as usize,
                         frame,
                     };
@@ -915,7 +927,7 @@ impl ShardCtx {
                 transaction_id: half + 1,
                 topic: h.topic.clone(),
                 queue_id: h.queue_id,
-                producer_group: h.group.clone(),
+                producer_group: h.group().to_owned(),
                 msg_id: h.msg_id.clone(),
                 age_ms: now.saturating_sub(h.stored_ms),
                 checks: h.checks,

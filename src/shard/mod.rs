@@ -131,6 +131,12 @@ pub struct BrokerConfig {
     pub transaction_check_interval_ms: u64,
     /// Checks before an unresolved half message is discarded.
     pub transaction_check_max: u32,
+    /// Most unresolved half messages one shard holds (transactional sends past it get
+    /// `LimitReached`).
+    pub transaction_pending_max: usize,
+    /// Most unresolved half messages of one producer group on one shard (its transactional
+    /// sends past it get `LimitReached`; other groups' go on).
+    pub transaction_group_pending_max: usize,
     /// Flow control: sends get `BrokerBusy` while a shard's oldest owed acknowledgement has
     /// waited longer than this for the disk.
     pub send_wait_max_ms: u64,
@@ -195,6 +201,9 @@ impl Default for BrokerConfig {
             transaction_check_interval_ms:
                 crate::broker::transaction::TRANSACTION_CHECK_INTERVAL_MS_DEFAULT,
             transaction_check_max: crate::broker::transaction::TRANSACTION_CHECK_MAX_DEFAULT,
+            transaction_pending_max: crate::broker::transaction::TRANSACTION_PENDING_MAX_DEFAULT,
+            transaction_group_pending_max:
+                crate::broker::transaction::TRANSACTION_GROUP_PENDING_MAX_DEFAULT,
             send_wait_max_ms: crate::broker::SEND_WAIT_MAX_MS_DEFAULT,
             send_backlog_max_mb: crate::broker::SEND_BACKLOG_BYTES_MAX_DEFAULT >> 20,
             testing_write_delay_us: 0,
@@ -367,6 +376,11 @@ impl Broker {
             ("topics-max", cfg.topics_max),
             ("groups-max", cfg.groups_max),
             ("queues-max", cfg.queues_max),
+            ("transaction-pending-max", cfg.transaction_pending_max),
+            (
+                "transaction-group-pending-max",
+                cfg.transaction_group_pending_max,
+            ),
         ] {
             if v == 0 {
                 return Err(BrokerError::Config(format!("{name} must be at least 1")));
@@ -806,6 +820,8 @@ async fn shard_main(
         transaction_timeout_ms: cfg.transaction_timeout_ms,
         transaction_check_interval_ms: cfg.transaction_check_interval_ms,
         transaction_check_max: cfg.transaction_check_max,
+        transaction_pending_max: cfg.transaction_pending_max,
+        transaction_group_pending_max: cfg.transaction_group_pending_max,
         send_wait_max_ms: cfg.send_wait_max_ms,
         send_backlog_bytes_max: cfg.send_backlog_max_mb.saturating_mul(1 << 20),
         testing_panic_topic: cfg.testing_panic_topic.clone(),

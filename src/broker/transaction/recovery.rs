@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    now_ms, outcome_name, parse_op, Half, DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC, OUTCOME_DISCARDED,
-    RESOLVED_REMEMBERED,
+    now_ms, outcome_name, parse_op, Half, PendingHalves, DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC,
+    OUTCOME_DISCARDED, RESOLVED_REMEMBERED,
 };
 use crate::broker::ShardCtx;
 use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
@@ -54,7 +54,7 @@ impl ShardCtx {
             next = read.next_offset.max(last + 1);
         }
         let now = now_ms();
-        let mut pending = BTreeMap::new();
+        let mut pending = PendingHalves::default();
         // Copies that could not be looked for: how many, and the first (transaction, why).
         let mut lookups_failed: Option<(usize, u64, String)> = None;
         let mut next = min;
@@ -116,19 +116,17 @@ impl ShardCtx {
                         continue;
                     }
                 }
+                let stored_ms = view.store_timestamp_ms().max(0) as u64;
                 pending.insert(
                     half,
-                    Half {
-                        topic: topic.to_owned(),
+                    Half::new(
+                        topic.to_owned(),
                         queue_id,
-                        group: props.get(prop::PRODUCER_GROUP).unwrap_or("").to_owned(),
-                        msg_id: self.msg_id(view.physical_offset()),
-                        stored_ms: view.store_timestamp_ms().max(0) as u64,
-                        checks: 0,
-                        next_check_ms: (view.store_timestamp_ms().max(0) as u64
-                            + self.cfg.transaction_timeout_ms)
-                            .max(now),
-                    },
+                        props.get(prop::PRODUCER_GROUP).unwrap_or("").to_owned(),
+                        self.msg_id(view.physical_offset()),
+                        stored_ms,
+                        (stored_ms + self.cfg.transaction_timeout_ms).max(now),
+                    ),
                 );
             }
         }
