@@ -2,7 +2,9 @@
 //! `ringmq` command line: a failing message comes back through the group's retry topic at
 //! the configured delays with its reconsume count, then lands on the dead-letter topic,
 //! from where `ringmq dlq resend` puts it back; a member killed while its message waits on
-//! the retry topic does not take the message with it; send-backs cross shards.
+//! the retry topic does not take the message with it; send-backs cross shards; a
+//! dead-letter topic the topic limit leaves no room for keeps its message retried by the
+//! consumer, never dropped.
 
 mod common;
 
@@ -414,5 +416,80 @@ fn a_message_damaged_on_disk_is_sent_back_from_the_consumers_copy() {
         let dead = all_of(&client, "%DLQ%g-rot").await;
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].body(), received.body());
+    });
+}
+
+#[test]
+fn a_dead_letter_topic_past_the_topic_limit_keeps_its_messages_retried_here_until_there_is_room() {
+    let dir = tempfile::tempdir().unwrap();
+    // "work", "spare" and the group's retry topic: no room for its dead-letter topic.
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--topics-max", "3"]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("work", 1).await.unwrap();
+        client.create_topic("spare", 1).await.unwrap();
+        let attempts = Arc::new(Mutex::new(0u32));
+        let consumer = PushConsumer::new(
+            ClientConfig::new(&addr),
+            "g-full",
+            PushConsumerOptions {
+                max_reconsume_times: 0,
+                ..options()
+            },
+        )
+        .unwrap();
+        consumer.subscribe("work", "*").unwrap();
+        {
+            let attempts = attempts.clone();
+            consumer
+                .register_concurrent(move |_| {
+                    *attempts.lock().unwrap() += 1;
+                    ConsumeStatus::ReconsumeLater
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        // A new group cannot join: its retry topic cannot be made.
+        let late = PushConsumer::new(ClientConfig::new(&addr), "g-late", options()).unwrap();
+        late.subscribe("work", "*").unwrap();
+        late.register_concurrent(|_| ConsumeStatus::Success)
+            .unwrap();
+        let refused = late.start().await.unwrap_err();
+        assert_eq!(refused.code(), Some(ErrorCode::LimitReached), "{refused}");
+        producer
+            .send("work", OutgoingMessage::new("doomed"))
+            .await
+            .unwrap();
+        // Its dead-letter topic cannot be made: the message stays here, tried again.
+        eventually("retried locally", Duration::from_secs(20), || {
+            *attempts.lock().unwrap() >= 3
+        })
+        .await;
+        assert!(all_of(&client, "%DLQ%g-full").await.is_empty());
+        let stats = consumer.stats();
+        assert_eq!((stats.sent_back, stats.dead_lettered), (0, 0), "{stats:?}");
+        assert!(stats.retried >= 2, "{stats:?}");
+        // Nor does its queue's committed offset move past it.
+        let committed = client.query_offset("g-full", "work", 0).await;
+        assert_eq!(committed.unwrap(), Some(0));
+        // Room for it: the message lands on the dead-letter topic, once, and stops coming.
+        client.delete_topic("spare").await.unwrap();
+        let dead = async {
+            loop {
+                let dead = all_of(&client, "%DLQ%g-full").await;
+                if !dead.is_empty() {
+                    return dead;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let dead = tokio::time::timeout(Duration::from_secs(20), dead)
+            .await
+            .expect("dead-lettered once there is room");
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].body(), b"doomed");
+        consumer.shutdown().await.unwrap();
     });
 }
