@@ -94,6 +94,15 @@ pub enum MeshRequest {
     OffsetsReset { group: String, epoch: u64 },
     /// The group's progress on this shard's queues of the topic.
     Progress { group: String, topic: String },
+    /// The groups with an offset of the topic kept on this shard.
+    GroupsOfTopic { topic: String },
+    /// (from shard 0, before a topic update adds queues) offsets at the start of these new
+    /// queues of the topic this shard owns, for these groups, durable before the answer.
+    SeedOffsets {
+        topic: String,
+        queues: Vec<u32>,
+        groups: Vec<String>,
+    },
     /// Store a message in a queue this shard owns (held in its schedule if delayed);
     /// answer once written (`durable`: once an fdatasync covers it).
     Put { draft: OwnedDraft, durable: bool },
@@ -111,6 +120,7 @@ pub enum MeshReply {
     /// A group's offsets epoch.
     Epoch(u64),
     Progress(Vec<crate::protocol::QueueProgress>),
+    Groups(Vec<String>),
     Put {
         msg_id: String,
         queue_offset: u64,
@@ -398,6 +408,19 @@ impl ShardCtx {
             }
             MeshRequest::Progress { group, topic } => match self.local_progress(&group, &topic) {
                 Ok(progress) => MeshReply::Progress(progress),
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
+            MeshRequest::GroupsOfTopic { topic } => {
+                MeshReply::Groups(self.offsets.borrow().groups_of_topic(&topic))
+            }
+            MeshRequest::SeedOffsets {
+                topic,
+                queues,
+                groups,
+            } => match self.seed_offsets(&topic, &queues, &groups).await {
+                Ok(()) => MeshReply::Ack,
                 Err(e) => {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }

@@ -204,6 +204,17 @@ impl OffsetStore {
             .copied()
     }
 
+    /// Groups with an offset of `topic` kept here.
+    pub fn groups_of_topic(&self, topic: &str) -> Vec<String> {
+        let mut groups: Vec<String> = (self.offsets.keys())
+            .filter(|(_, t, _)| t == topic)
+            .map(|(g, _, _)| g.clone())
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
+    }
+
     /// Marks `group`'s offsets of `topic` here as reset at offsets epoch `epoch`, before
     /// the reset itself: commits of positions read under an earlier epoch are refused from
     /// now on. `Err` with the later epoch when a later reset got here first (this one

@@ -90,6 +90,43 @@ impl ShardCtx {
         Ok(Empty {})
     }
 
+    /// Offsets at the start (0) of `queues` of `topic` (new queues a topic update is about
+    /// to add, owned here) for each of `groups` (those with offsets of the topic when the
+    /// update came), written and fdatasynced before it returns: a group that consumed the
+    /// topic before the update starts the new queues at their first message, not at their
+    /// end, even with no member running while they were added (under `LastOffset`, a
+    /// member starting a queue with no offset starts at its end, and would skip what was
+    /// sent to it meanwhile). A group this shard has no room for (`--groups-max`) is
+    /// skipped, with a warning.
+    pub(super) async fn seed_offsets(
+        &self,
+        topic: &str,
+        queues: &[u32],
+        groups: &[String],
+    ) -> Result<(), ErrorBody> {
+        let mut generation = 0;
+        for group in groups {
+            if let Err(e) = self.offsets_admit(group) {
+                crate::warn!(
+                    "ringmq: shard {}: group {group} gets no offsets at the start of the queues added to {topic}: {}; without a member running, it starts them at their end",
+                    self.id,
+                    e.message
+                );
+                continue;
+            }
+            for &queue_id in queues {
+                let (_, changed) = self.offsets.borrow_mut().commit(group, topic, queue_id, 0);
+                generation = generation.max(changed);
+            }
+        }
+        while generation != 0 && !self.offsets.borrow().is_synced(generation) {
+            self.sync_offsets()
+                .await
+                .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// Offsets of a group new to this shard are kept only below `--groups-max` groups.
     pub(super) fn offsets_admit(&self, group: &str) -> Result<(), ErrorBody> {
         let offsets = self.offsets.borrow();

@@ -321,6 +321,13 @@ impl ShardCtx {
                 ),
             ));
         }
+        // Queues added to a topic start at their first message for the groups consuming it,
+        // before any member can see them (a failure refuses the update).
+        if let (Some(cur), Some(q)) = (current, queues) {
+            if q > cur {
+                self.seed_added_queues(topic, cur..q).await?;
+            }
+        }
         // What a refused creation removes: none of the topic's queues was here before (a
         // topic missing from the table can still have queues recovery found on disk, with
         // records: those stay).
@@ -397,6 +404,49 @@ impl ShardCtx {
             self.forget_tombstone(topic).await;
         }
         first_failure.map_or(Ok(true), Err)
+    }
+
+    /// Shard 0, before a topic update adds `added` queues to `topic`: every group with an
+    /// offset of the topic on any shard gets one at the start of each added queue, on the
+    /// queue's shard ([`ShardCtx::seed_offsets`]), durable before this returns.
+    async fn seed_added_queues(
+        self: &Rc<Self>,
+        topic: &str,
+        added: std::ops::Range<u32>,
+    ) -> Result<(), ErrorBody> {
+        let mut groups = self.offsets.borrow().groups_of_topic(topic);
+        for to in 1..self.shard_count {
+            let ask = MeshRequest::GroupsOfTopic {
+                topic: topic.to_owned(),
+            };
+            if let MeshReply::Groups(more) = self.call(to, ask).await? {
+                groups.extend(more);
+            }
+        }
+        groups.sort_unstable();
+        groups.dedup();
+        if groups.is_empty() {
+            return Ok(());
+        }
+        for shard in 0..self.shard_count {
+            let queues: Vec<u32> = (added.clone())
+                .filter(|&q| self.owner_of(topic, q) == shard)
+                .collect();
+            if queues.is_empty() {
+                continue;
+            }
+            if shard == self.id {
+                self.seed_offsets(topic, &queues, &groups).await?;
+            } else {
+                let seed = MeshRequest::SeedOffsets {
+                    topic: topic.to_owned(),
+                    queues,
+                    groups: groups.clone(),
+                };
+                self.call(shard, seed).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Tells shard `to` again what the table says of `topic` (its queue count, or that it
