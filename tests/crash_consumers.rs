@@ -297,6 +297,39 @@ async fn a_reset_after_a_broker_restart_reaches_a_member_that_saw_one_before() {
     }
 }
 
+/// A reset's fence outlives a kill: a member's commit of a position read before the reset,
+/// arriving after the broker was killed and started again, is refused (it would undo the
+/// reset), and a member joining then is told the reset's epoch in its assignment, so its
+/// own commits are taken (told nothing, each would be refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_outlives_a_kill_and_a_position_read_before_it_is_refused_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = sync_broker_on_one_port(&data);
+    let addr = broker.addr_string();
+    send_old(&addr, 20).await;
+    let admin = connect(&addr).await.client().clone();
+    // A member's position, read before any reset (epoch 0).
+    (admin.commit_offset_from("g", "lost", 0, 20, 0, Some(0)))
+        .await
+        .unwrap();
+    admin.reset_offset_by_time("g", "lost", 0).await.unwrap();
+    broker.kill();
+    broker.restart();
+    let admin = connect(&addr).await.client().clone();
+    let stale = admin
+        .commit_offset_from("g", "lost", 0, 20, 0, Some(0))
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Some(ErrorCode::OffsetsReset), "{stale}");
+    assert_eq!(admin.query_offset("g", "lost", 0).await.unwrap(), Some(0));
+    let consumer = Collector::default().start(&addr, clustering()).await;
+    consumer.wait_for("the 20", |b| b.len() >= 20).await;
+    // The shutdown commits where the member is.
+    consumer.consumer.shutdown().await.unwrap();
+    assert_eq!(admin.query_offset("g", "lost", 0).await.unwrap(), Some(20));
+}
+
 /// The offsets a start lowers (past what a crash kept) are durable before the broker
 /// serves: a second crash after producers refilled those offsets, with no commit in
 /// between, finds the lowered ones, not the old ones (within the refilled queue by then,

@@ -712,13 +712,43 @@ impl ShardCtx {
         self.locks.borrow_mut().forget_group(group);
         if !self.offsets.borrow().has_group(group) {
             // A reset that failed before writing offsets may have left a fence.
-            self.offsets.borrow_mut().unfence(group);
-            return Ok(());
+            if self.offsets.borrow_mut().unfence(group) == 0 {
+                return Ok(());
+            }
+        } else {
+            self.offsets.borrow_mut().forget_group(group);
         }
-        self.offsets.borrow_mut().forget_group(group);
         self.sync_offsets()
             .await
             .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))
+    }
+
+    /// At a start, before connections are taken: each group's coordinator is told the
+    /// epoch of the latest reset of its offsets this shard keeps (fences outlive restarts),
+    /// so a member holding a position read before that reset learns the epoch from its
+    /// assignment and re-reads the reset offsets, instead of having each commit refused.
+    /// A coordinator that cannot be told is logged (the member's queues then wait, their
+    /// commits refused, until a reset publishes a later epoch).
+    pub async fn publish_fences(self: &Rc<Self>) {
+        let fences = self.offsets.borrow().fences();
+        for (group, epoch) in fences {
+            let coordinator = self.coordinator_of(&group);
+            if coordinator == self.id {
+                self.offsets_were_reset(&group, epoch).await;
+                continue;
+            }
+            let told = MeshRequest::OffsetsReset {
+                group: group.clone(),
+                epoch,
+            };
+            if let Err(e) = self.call(coordinator, told).await {
+                crate::warn!(
+                    "ringmq: shard {}: telling shard {coordinator} of group {group}'s reset (epoch {epoch}): {}",
+                    self.id,
+                    e.message
+                );
+            }
+        }
     }
 
     /// On the group's coordinator: a reset at `epoch` is done; members re-read their

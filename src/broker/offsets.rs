@@ -17,8 +17,13 @@ use std::sync::Arc;
 /// rewrites stay rare, amortized over the appends, however many offsets there are).
 const OFFSETS_FILE_BYTES_MAX: u64 = 4 << 20;
 const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RMQO");
+/// The queue id of a record that keeps a reset's fence (its offset: the epoch), not an
+/// offset: no queue has it (a topic has at most 1,024).
+const FENCE_QUEUE: u32 = u32::MAX;
 
 type Key = (String, String, u32);
+/// group → topic → the epoch of its latest reset.
+type Fences = HashMap<String, HashMap<String, u64>>;
 
 pub struct OffsetStore {
     path: PathBuf,
@@ -35,12 +40,12 @@ pub struct OffsetStore {
     snapshot_bytes: u64,
     /// The next write rewrites the file as a snapshot (it grew, or a topic was forgotten).
     rewrite: bool,
-    /// Per group and topic, the offsets epoch of the latest reset here (in memory): a
-    /// member's position read under an earlier epoch may not be committed over the reset
-    /// offsets. Set only for a topic with queues here and a group admitted to keep offsets
-    /// here (bounded by `--groups-max`), before its offsets are written; forgotten with the
-    /// topic or the group.
-    reset_epochs: HashMap<String, HashMap<String, u64>>,
+    /// Per group and topic, the offsets epoch of the latest reset here: a member's position
+    /// read under an earlier epoch may not be committed over the reset offsets. Set only
+    /// for a topic with queues here and a group admitted to keep offsets here (bounded by
+    /// `--groups-max`), before its offsets are written, and written with them (a record of
+    /// queue [`FENCE_QUEUE`]), so a restart keeps it; forgotten with the topic or the group.
+    reset_epochs: Fences,
     /// Changes made / written to the file / covered by a finished fdatasync.
     changed_gen: u64,
     written_gen: u64,
@@ -103,8 +108,9 @@ fn count_groups(offsets: &HashMap<Key, u64>) -> HashMap<String, usize> {
     groups
 }
 
-/// Decodes records until the first incomplete or bad one (a torn tail after a crash).
-fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>) -> usize {
+/// Decodes records until the first incomplete or bad one (a torn tail after a crash):
+/// offsets, and the fences of resets (the latest epoch of each group and topic).
+fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>, fences: &mut Fences) -> usize {
     let mut at = 0;
     loop {
         let rest = &bytes[at..];
@@ -135,8 +141,15 @@ fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>) -> usize {
         };
         // A record whose length and CRC check out but whose body does not parse was
         // written by a buggy version: skip it rather than drop everything after it.
-        if let Some((k, o)) = parse() {
-            offsets.insert(k, o);
+        match parse() {
+            Some(((group, topic, FENCE_QUEUE), epoch)) => {
+                let kept = fences.entry(group).or_default().entry(topic).or_default();
+                *kept = (*kept).max(epoch);
+            }
+            Some((k, o)) => {
+                offsets.insert(k, o);
+            }
+            None => {}
         }
         at += len;
     }
@@ -157,10 +170,10 @@ impl OffsetStore {
                 ))
             }
         };
-        let mut offsets = HashMap::new();
+        let (mut offsets, mut reset_epochs) = (HashMap::new(), HashMap::new());
         // A torn last record (a crash during a write) ends the replay; it is dropped by
         // the snapshot below.
-        replay(&bytes, &mut offsets);
+        replay(&bytes, &mut offsets, &mut reset_epochs);
         let mut store = OffsetStore {
             file: Arc::new(
                 std::fs::OpenOptions::new()
@@ -175,7 +188,7 @@ impl OffsetStore {
             file_bytes: 0,
             snapshot_bytes: 0,
             rewrite: true,
-            reset_epochs: HashMap::new(),
+            reset_epochs,
             changed_gen: 0,
             written_gen: 0,
             synced_gen: 0,
@@ -225,8 +238,18 @@ impl OffsetStore {
         if *kept > epoch {
             return Err(*kept);
         }
-        *kept = epoch;
+        if *kept < epoch {
+            *kept = epoch;
+            self.append(group, topic, FENCE_QUEUE, epoch);
+        }
         Ok(())
+    }
+
+    /// Every group's latest reset epoch here (of any topic).
+    pub fn fences(&self) -> Vec<(String, u64)> {
+        (self.reset_epochs.iter())
+            .filter_map(|(group, topics)| Some((group.clone(), *topics.values().max()?)))
+            .collect()
     }
 
     /// The epoch of the latest reset of `group`'s offsets of `topic` here, when a commit of
@@ -237,9 +260,15 @@ impl OffsetStore {
         epoch.filter(|e| *e < reset).map(|_| reset)
     }
 
-    /// Forgets `group`'s reset epochs (with its offsets, or when it has none here).
-    pub fn unfence(&mut self, group: &str) {
-        self.reset_epochs.remove(group);
+    /// Forgets `group`'s reset epochs (with its offsets, or when it has none here); the
+    /// file is rewritten without them. Returns the change's generation (0: none kept).
+    pub fn unfence(&mut self, group: &str) -> u64 {
+        if self.reset_epochs.remove(group).is_none() {
+            return 0;
+        }
+        self.rewrite = true;
+        self.changed_gen += 1;
+        self.changed_gen
     }
 
     /// Records a commit; offsets never go backwards (a lower one is ignored). Returns the
@@ -253,9 +282,6 @@ impl OffsetStore {
 
     /// Sets an offset, backwards too (an admin reset). Returns the change's generation.
     pub fn reset(&mut self, group: &str, topic: &str, queue_id: u32, offset: u64) -> u64 {
-        let before = self.pending.len();
-        encode(group, topic, queue_id, offset, &mut self.pending);
-        self.file_bytes += (self.pending.len() - before) as u64;
         if self
             .offsets
             .insert((group.to_owned(), topic.to_owned(), queue_id), offset)
@@ -263,6 +289,14 @@ impl OffsetStore {
         {
             *self.groups.entry(group.to_owned()).or_default() += 1;
         }
+        self.append(group, topic, queue_id, offset)
+    }
+
+    /// Appends a record to write; returns the change's generation.
+    fn append(&mut self, group: &str, topic: &str, queue_id: u32, value: u64) -> u64 {
+        let before = self.pending.len();
+        encode(group, topic, queue_id, value, &mut self.pending);
+        self.file_bytes += (self.pending.len() - before) as u64;
         if self.file_bytes > OFFSETS_FILE_BYTES_MAX.max(2 * self.snapshot_bytes) {
             self.rewrite = true;
         }
@@ -299,6 +333,11 @@ impl OffsetStore {
             let mut snapshot = Vec::new();
             for ((g, t, q), o) in &self.offsets {
                 encode(g, t, *q, *o, &mut snapshot);
+            }
+            for (g, topics) in &self.reset_epochs {
+                for (t, epoch) in topics {
+                    encode(g, t, FENCE_QUEUE, *epoch, &mut snapshot);
+                }
             }
             self.rewrite = false;
             self.pending.clear();
@@ -531,6 +570,48 @@ mod tests {
         assert_eq!(s.fence("g", "u", 9), Ok(()));
         s.unfence("g");
         assert_eq!(s.refuses("g", "u", Some(0)), None);
+    }
+
+    /// Writes what waits to be written (appends, or a rewrite).
+    fn write_all(s: &mut OffsetStore) {
+        while let Some((io, covered)) = s.take_io() {
+            s.written(covered, io.run().unwrap());
+        }
+    }
+
+    #[test]
+    fn fences_outlive_a_reopen_appended_or_in_a_snapshot_until_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 9);
+        s.commit("g", "u", 0, 9);
+        assert_eq!(s.fence("g", "t", 7), Ok(()));
+        s.reset("g", "t", 0, 2);
+        assert_eq!(s.fence("g", "u", 3), Ok(()));
+        assert_eq!(s.fence("h", "t", 5), Ok(()), "a fence without offsets");
+        write_all(&mut s);
+        drop(s);
+        // Appended records, replayed (and written again as the start's snapshot).
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.refuses("g", "t", Some(6)), Some(7));
+        assert_eq!(s.refuses("g", "u", Some(2)), Some(3));
+        assert_eq!(s.refuses("h", "t", Some(0)), Some(5));
+        assert_eq!(s.get("g", "t", 0), Some(2), "a fence is no offset");
+        assert_eq!(s.get("g", "t", FENCE_QUEUE), None);
+        assert_eq!(s.group_count(), 1, "a fence keeps no group's offsets");
+        let mut fences = s.fences();
+        fences.sort();
+        assert_eq!(fences, [("g".to_owned(), 7), ("h".to_owned(), 5)]);
+        s.forget_topic("u");
+        assert_eq!(s.unfence("h"), s.changed_generation());
+        assert_eq!(s.unfence("h"), 0, "nothing left to forget");
+        write_all(&mut s);
+        drop(s);
+        // From the snapshot: what was forgotten stays forgotten.
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.refuses("g", "t", Some(6)), Some(7));
+        assert_eq!(s.refuses("g", "u", Some(0)), None);
+        assert_eq!(s.refuses("h", "t", Some(0)), None);
     }
 
     #[test]

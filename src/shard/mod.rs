@@ -304,6 +304,8 @@ struct Boot {
     table: OnceLock<(Vec<String>, Vec<usize>)>,
     /// Shards whose transactions are rebuilt and whose mesh receivers run.
     recovered: std::sync::atomic::AtomicUsize,
+    /// Shards that told the coordinators of their resets' epochs (`publish_fences`).
+    fences_told: std::sync::atomic::AtomicUsize,
 }
 
 impl Broker {
@@ -454,6 +456,7 @@ impl Broker {
             main_addr: OnceLock::new(),
             table: OnceLock::new(),
             recovered: std::sync::atomic::AtomicUsize::new(0),
+            fences_told: std::sync::atomic::AtomicUsize::new(0),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mesh: MeshBuilder<MeshMsg, Full> = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
@@ -877,6 +880,14 @@ async fn shard_main(
     if i == 0 {
         ctx.finish_undone_deletions();
     }
+    // Before a member's heartbeat can reach a coordinator, on any shard: the epochs of
+    // resets of earlier runs.
+    ctx.publish_fences().await;
+    boot.fences_told.fetch_add(1, Ordering::SeqCst);
+    wait_until(&stop, None, || {
+        (boot.fences_told.load(Ordering::SeqCst) >= shards).then_some(())
+    })
+    .await?;
     let read_budget = ReadBudget::new(limits.frame_bytes_max() as usize);
     for listener in [main_listener, direct] {
         let ctx = ctx.clone();
