@@ -17,7 +17,8 @@ pub(crate) enum TopicCommand {
               value_parser = clap::value_parser!(u32).range(1..))]
         queues: u32,
     },
-    /// Change a topic's queue count (queue counts only grow)
+    /// Change a topic's queue count (queue counts only grow; groups that consume the topic
+    /// start the added queues at their first message)
     Update {
         /// Topic name
         name: String,
