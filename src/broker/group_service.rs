@@ -727,23 +727,14 @@ impl ShardCtx {
     /// epoch of the latest reset of its offsets this shard keeps (fences outlive restarts),
     /// so a member holding a position read before that reset learns the epoch from its
     /// assignment and re-reads the reset offsets, instead of having each commit refused.
-    /// A coordinator that cannot be told is logged (the member's queues then wait, their
-    /// commits refused, until a reset publishes a later epoch).
+    /// A coordinator that cannot be told is logged; a commit this shard refuses for the
+    /// fence tells it again ([`Self::tell_coordinator_of_reset`]).
     pub async fn publish_fences(self: &Rc<Self>) {
         let fences = self.offsets.borrow().fences();
         for (group, epoch) in fences {
-            let coordinator = self.coordinator_of(&group);
-            if coordinator == self.id {
-                self.offsets_were_reset(&group, epoch).await;
-                continue;
-            }
-            let told = MeshRequest::OffsetsReset {
-                group: group.clone(),
-                epoch,
-            };
-            if let Err(e) = self.call(coordinator, told).await {
+            if let Err(e) = self.tell_coordinator_of_reset(&group, epoch).await {
                 crate::warn!(
-                    "ringmq: shard {}: telling shard {coordinator} of group {group}'s reset (epoch {epoch}): {}",
+                    "ringmq: shard {}: telling group {group}'s coordinator of its reset (epoch {epoch}): {}",
                     self.id,
                     e.message
                 );
@@ -751,8 +742,41 @@ impl ShardCtx {
         }
     }
 
+    /// Has `group`'s coordinator publish offsets epoch `epoch` (a reset fenced here) if it
+    /// does not know it ([`Self::fence_seen`]): a member whose commit this shard refused for
+    /// the fence then learns it from its assignment and re-reads its offsets, even when the
+    /// coordinator forgot the reset (a restart).
+    pub(super) async fn tell_coordinator_of_reset(
+        self: &Rc<Self>,
+        group: &str,
+        epoch: u64,
+    ) -> Result<(), ErrorBody> {
+        let coordinator = self.coordinator_of(group);
+        if coordinator == self.id {
+            self.fence_seen(group, epoch).await;
+            return Ok(());
+        }
+        let told = MeshRequest::FenceSeen {
+            group: group.to_owned(),
+            epoch,
+        };
+        self.call(coordinator, told).await.map(|_| ())
+    }
+
+    /// On the group's coordinator: a shard keeps a fence at `epoch`. Published unless this
+    /// coordinator reserved that epoch (or a later one) itself: a reset still running
+    /// publishes its epoch only once every shard is done, since a member re-reading before
+    /// then would take a shard's offsets from before the reset for after it.
+    pub(super) async fn fence_seen(self: &Rc<Self>, group: &str, epoch: u64) {
+        let reserved = (self.groups.borrow().get(group)).map_or(0, |(_, e)| e.reserved_epoch);
+        if reserved < epoch {
+            self.offsets_were_reset(group, epoch).await;
+        }
+    }
+
     /// On the group's coordinator: a reset at `epoch` is done; members re-read their
     /// offsets when they see it.
+    /// Told again of an epoch already published, it changes nothing.
     pub(super) async fn offsets_were_reset(self: &Rc<Self>, group: &str, epoch: u64) {
         {
             let mut groups = self.groups.borrow_mut();
@@ -760,8 +784,11 @@ impl ShardCtx {
             let (state, extra) = groups
                 .entry(group.to_owned())
                 .or_insert_with(|| self.new_group(group));
-            extra.offsets_epoch = extra.offsets_epoch.max(epoch);
             extra.reserved_epoch = extra.reserved_epoch.max(epoch);
+            if extra.offsets_epoch >= epoch {
+                return;
+            }
+            extra.offsets_epoch = epoch;
             state.bump();
         }
         self.notify_members(group).await;

@@ -92,6 +92,10 @@ pub enum MeshRequest {
     /// (to a coordinator) the group's offsets were reset at `epoch`: members must re-read
     /// them.
     OffsetsReset { group: String, epoch: u64 },
+    /// (to a coordinator) a shard keeps a fence of the group's offsets at `epoch`: publish
+    /// it, unless it is the epoch of a reset this coordinator reserved (which publishes it
+    /// once every shard is done).
+    FenceSeen { group: String, epoch: u64 },
     /// The group's progress on this shard's queues of the topic.
     Progress { group: String, topic: String },
     /// The groups with an offset of the topic kept on this shard.
@@ -404,6 +408,10 @@ impl ShardCtx {
             }
             MeshRequest::OffsetsReset { group, epoch } => {
                 self.offsets_were_reset(&group, epoch).await;
+                MeshReply::Ack
+            }
+            MeshRequest::FenceSeen { group, epoch } => {
+                self.fence_seen(&group, epoch).await;
                 MeshReply::Ack
             }
             MeshRequest::Progress { group, topic } => match self.local_progress(&group, &topic) {

@@ -59,6 +59,18 @@ impl ShardCtx {
             .borrow()
             .refuses(&m.group, &m.topic, m.offsets_epoch);
         if let (Some(reset), Some(read)) = (refused, m.offsets_epoch) {
+            // The member re-reads once its coordinator publishes the epoch; it may not have
+            // (a call that failed, a restart): told again, in the background.
+            let (ctx, group) = (self.clone(), m.group.clone());
+            crate::io::spawn(async move {
+                if let Err(e) = ctx.tell_coordinator_of_reset(&group, reset).await {
+                    crate::warn!(
+                        "ringmq: shard {}: telling group {group}'s coordinator of its reset (epoch {reset}): {}",
+                        ctx.id,
+                        e.message
+                    );
+                }
+            });
             return Err(err(
                 ErrorCode::OffsetsReset,
                 format!(
@@ -96,24 +108,31 @@ impl ShardCtx {
     /// topic before the update starts the new queues at their first message, not at their
     /// end, even with no member running while they were added (under `LastOffset`, a
     /// member starting a queue with no offset starts at its end, and would skip what was
-    /// sent to it meanwhile). A group this shard has no room for (`--groups-max`) is
-    /// skipped, with a warning.
+    /// sent to it meanwhile). Refused, nothing seeded here, when this shard has no room for
+    /// one of the groups (`--groups-max`): the update is refused rather than leave that
+    /// group to skip what the added queues take before it comes back.
     pub(super) async fn seed_offsets(
         &self,
         topic: &str,
         queues: &[u32],
         groups: &[String],
     ) -> Result<(), ErrorBody> {
+        let new_here = {
+            let offsets = self.offsets.borrow();
+            groups.iter().filter(|g| !offsets.has_group(g)).count()
+        };
+        let kept = self.offsets.borrow().group_count();
+        if kept + new_here > self.cfg.groups_max {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} keeps offsets of {kept} groups and would need {new_here} more, past its limit (--groups-max), to start the queues added to {topic} at their first message for every group consuming it; `ringmq group delete` forgets one",
+                    self.id
+                ),
+            ));
+        }
         let mut generation = 0;
         for group in groups {
-            if let Err(e) = self.offsets_admit(group) {
-                crate::warn!(
-                    "ringmq: shard {}: group {group} gets no offsets at the start of the queues added to {topic}: {}; without a member running, it starts them at their end",
-                    self.id,
-                    e.message
-                );
-                continue;
-            }
             for &queue_id in queues {
                 let (_, changed) = self.offsets.borrow_mut().commit(group, topic, queue_id, 0);
                 generation = generation.max(changed);
