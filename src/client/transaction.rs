@@ -223,7 +223,15 @@ async fn serve(
                     tokio::spawn(async move { answer(client, group, checker, check).await });
                 }
                 Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                // Checks among the missed frames are asked again within the broker's check
+                // interval (each counted against its --transaction-check-max): said, not
+                // dropped unseen.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    crate::warn!(
+                        "ringmq transaction producer {group} ({}): {missed} pushed frames were missed (more than push_buffer_max waited); their checks come again",
+                        client.config().client_id
+                    );
+                }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
         }
