@@ -98,7 +98,8 @@ pub enum MeshRequest {
     FenceSeen { group: String, epoch: u64 },
     /// The group's progress on this shard's queues of the topic.
     Progress { group: String, topic: String },
-    /// The groups with an offset of the topic kept on this shard.
+    /// The groups with an offset of the topic kept on this shard, and those this shard
+    /// coordinates with a live clustering member subscribed to it.
     GroupsOfTopic { topic: String },
     /// (from shard 0, before a topic update adds queues) offsets at the start of these new
     /// queues of the topic this shard owns, for these groups, durable before the answer.
@@ -420,9 +421,7 @@ impl ShardCtx {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }
             },
-            MeshRequest::GroupsOfTopic { topic } => {
-                MeshReply::Groups(self.offsets.borrow().groups_of_topic(&topic))
-            }
+            MeshRequest::GroupsOfTopic { topic } => MeshReply::Groups(self.groups_of_topic(&topic)),
             MeshRequest::SeedOffsets {
                 topic,
                 queues,

@@ -321,9 +321,11 @@ impl ShardCtx {
                 ),
             ));
         }
-        // Queues added to a topic start at their first message for the groups consuming it,
-        // before any member can see them (a failure refuses the update).
-        if let (Some(cur), Some(q)) = (current, queues) {
+        // Queues added to a topic (or a topic created, again perhaps) start at their first
+        // message for the groups consuming it, before any member can see them (a failure
+        // refuses the change).
+        if let Some(q) = queues {
+            let cur = current.unwrap_or(0);
             if q > cur {
                 self.seed_added_queues(topic, cur..q).await?;
             }
@@ -406,15 +408,19 @@ impl ShardCtx {
         first_failure.map_or(Ok(true), Err)
     }
 
-    /// Shard 0, before a topic update adds `added` queues to `topic`: every group with an
-    /// offset of the topic on any shard gets one at the start of each added queue, on the
-    /// queue's shard ([`ShardCtx::seed_offsets`]), durable before this returns.
+    /// Shard 0, before a topic's creation or an update adds `added` queues to it: every
+    /// group with an offset of the topic on any shard, or a live clustering member
+    /// subscribed to it, gets an offset at the start of each added queue, on the queue's
+    /// shard ([`ShardCtx::seed_offsets`]), durable before this returns. A member of such a
+    /// group starts the queue there, not at the end it has by the time the member hears
+    /// of it (it counts the queues only when it starts: a topic deleted and created again
+    /// under it has queues it took for old).
     async fn seed_added_queues(
         self: &Rc<Self>,
         topic: &str,
         added: std::ops::Range<u32>,
     ) -> Result<(), ErrorBody> {
-        let mut groups = self.offsets.borrow().groups_of_topic(topic);
+        let mut groups = self.groups_of_topic(topic);
         for to in 1..self.shard_count {
             let ask = MeshRequest::GroupsOfTopic {
                 topic: topic.to_owned(),
@@ -447,6 +453,18 @@ impl ShardCtx {
             }
         }
         Ok(())
+    }
+
+    /// The groups with an offset of `topic` kept here, and those this shard coordinates
+    /// with a live clustering member subscribed to it.
+    pub(super) fn groups_of_topic(&self, topic: &str) -> Vec<String> {
+        let mut groups = self.offsets.borrow().groups_of_topic(topic);
+        let coordinated = self.groups.borrow();
+        let consuming = (coordinated.iter()).filter(|(_, (state, _))| state.consumes(topic));
+        groups.extend(consuming.map(|(group, _)| group.clone()));
+        groups.sort_unstable();
+        groups.dedup();
+        groups
     }
 
     /// Tells shard `to` again what the table says of `topic` (its queue count, or that it

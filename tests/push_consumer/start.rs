@@ -1,9 +1,23 @@
 //! Where a group's queues start when it has no committed offset there: the first message,
 //! the last or a timestamp; queues made after the group subscribed (a topic a send made,
-//! queues an update added, with or without a member running) at their first message; and
-//! the start committed before the first message. Helpers are the parent module's.
+//! queues an update added, with or without a member running, a topic deleted and made
+//! again under a member) at their first message; and the start committed before the first
+//! message. Helpers are the parent module's.
 
 use super::*;
+
+/// A producer, its client, `topic` made with two queues, and options that start a queue
+/// with no offset at its end (`LastOffset`).
+async fn two_queues_and_last(addr: &str, topic: &str) -> (Producer, Client, PushConsumerOptions) {
+    let producer = Producer::connect(ClientConfig::new(addr)).await.unwrap();
+    let client = producer.client().clone();
+    client.create_topic(topic, 2).await.unwrap();
+    let last = PushConsumerOptions {
+        consume_from: ConsumeFrom::LastOffset,
+        ..options()
+    };
+    (producer, client, last)
+}
 
 #[test]
 fn a_new_group_starts_from_the_first_the_last_or_a_timestamp() {
@@ -139,14 +153,8 @@ fn a_new_group_commits_where_it_starts_before_consuming() {
 fn queues_added_while_no_member_runs_start_at_their_first_message() {
     with_broker(|addr| async move {
         let topic = "grown-unwatched";
-        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
-        let client = producer.client().clone();
-        client.create_topic(topic, 2).await.unwrap();
+        let (producer, client, last) = two_queues_and_last(&addr, topic).await;
         let log: Log = Arc::default();
-        let last = PushConsumerOptions {
-            consume_from: ConsumeFrom::LastOffset,
-            ..options()
-        };
         let member = concurrent(&addr, "g-away", topic, "*", last.clone(), &log, 0).await;
         settled(&[&member], 2).await;
         send_all(&producer, topic, bodies("before", 10)).await;
@@ -180,5 +188,60 @@ fn queues_added_while_no_member_runs_start_at_their_first_message() {
         check_exactly_once(&later, &names("after", 8));
         back.shutdown().await.unwrap();
         newcomer.shutdown().await.unwrap();
+    });
+}
+
+/// A topic deleted and created again under a running member starts its queues at their
+/// first message for the member's group: the creation gives the groups with a live member
+/// subscribed offsets there first. The member counted the topic's queues when it started,
+/// so it would take the new queues for old ones and start them at their end, skipping
+/// what was sent to them before it heard of them (checked with a member that never starts
+/// a queue, where the push consumer's race is hard to lose on purpose). A group with no
+/// member keeps nothing of the old topic.
+#[test]
+fn a_topic_created_again_under_a_running_member_starts_at_its_first_message() {
+    with_broker(|addr| async move {
+        let topic = "made-again";
+        let (producer, client, last) = two_queues_and_last(&addr, topic).await;
+        let log: Log = Arc::default();
+        let member = concurrent(&addr, "g-again", topic, "*", last, &log, 0).await;
+        settled(&[&member], 2).await;
+        send_all(&producer, topic, bodies("first", 10)).await;
+        eventually("the 10 first", || counts(&log).len() >= 10).await;
+        caught_up(&client, "g-again", topic).await;
+
+        // A member that never starts a queue (the race the push consumer can lose, made
+        // sure), and a group without members that had consumed the topic.
+        let raw = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let spec = ringmq::client::MemberSpec {
+            subscriptions: vec![(topic.to_owned(), "*".into())],
+            ..Default::default()
+        };
+        raw.group_heartbeat("g-raw", &spec).await.unwrap();
+        client.commit_offset("g-gone", topic, 0, 5).await.unwrap();
+
+        client.delete_topic(topic).await.unwrap();
+        client.create_topic(topic, 2).await.unwrap();
+        for q in 0..2 {
+            let at = client.query_offset("g-raw", topic, q).await.unwrap();
+            assert_eq!(
+                at,
+                Some(0),
+                "queue {q}: its start is the group's before any member"
+            );
+            let at = client.query_offset("g-gone", topic, q).await.unwrap();
+            assert_eq!(
+                at, None,
+                "queue {q}: no member, nothing kept from the old topic"
+            );
+        }
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        send_all(&producer, topic, bodies("again", 20)).await;
+        eventually("the 30", || counts(&log).len() >= 30).await;
+        caught_up(&client, "g-again", topic).await;
+        let mut all = names("first", 10);
+        all.extend(names("again", 20));
+        check_exactly_once(&log, &all);
+        member.shutdown().await.unwrap();
     });
 }

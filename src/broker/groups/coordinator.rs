@@ -362,6 +362,12 @@ impl GroupState {
             .collect()
     }
 
+    /// Whether a member consumes `topic` with offsets kept by the broker (clustering).
+    pub fn consumes(&self, topic: &str) -> bool {
+        (self.members.values())
+            .any(|m| m.info.model == MessageModel::Clustering && subscribes(&m.info, topic))
+    }
+
     /// The members subscribed to `topic`, sorted.
     pub fn subscribers(&self, topic: &str) -> Vec<String> {
         self.members
