@@ -553,9 +553,7 @@ impl ShardCtx {
                 .map_err(store_error)?;
             self.offsets.borrow_mut().reset(group, topic, q, offset);
         }
-        self.sync_offsets()
-            .await
-            .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+        self.offsets_durable().await?;
         Ok(())
     }
 
@@ -718,9 +716,7 @@ impl ShardCtx {
         } else {
             self.offsets.borrow_mut().forget_group(group);
         }
-        self.sync_offsets()
-            .await
-            .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))
+        self.offsets_durable().await
     }
 
     /// At a start, before connections are taken: each group's coordinator is told the
@@ -732,35 +728,32 @@ impl ShardCtx {
     pub async fn publish_fences(self: &Rc<Self>) {
         let fences = self.offsets.borrow().fences();
         for (group, epoch) in fences {
-            if let Err(e) = self.tell_coordinator_of_reset(&group, epoch).await {
-                crate::warn!(
-                    "ringmq: shard {}: telling group {group}'s coordinator of its reset (epoch {epoch}): {}",
-                    self.id,
-                    e.message
-                );
-            }
+            self.tell_coordinator_of_reset(&group, epoch).await;
         }
     }
 
     /// Has `group`'s coordinator publish offsets epoch `epoch` (a reset fenced here) if it
     /// does not know it ([`Self::fence_seen`]): a member whose commit this shard refused for
     /// the fence then learns it from its assignment and re-reads its offsets, even when the
-    /// coordinator forgot the reset (a restart).
-    pub(super) async fn tell_coordinator_of_reset(
-        self: &Rc<Self>,
-        group: &str,
-        epoch: u64,
-    ) -> Result<(), ErrorBody> {
+    /// coordinator forgot the reset (a restart). A coordinator that cannot be told is
+    /// logged (the next refused commit tells it again).
+    pub(super) async fn tell_coordinator_of_reset(self: &Rc<Self>, group: &str, epoch: u64) {
         let coordinator = self.coordinator_of(group);
         if coordinator == self.id {
             self.fence_seen(group, epoch).await;
-            return Ok(());
+            return;
         }
         let told = MeshRequest::FenceSeen {
             group: group.to_owned(),
             epoch,
         };
-        self.call(coordinator, told).await.map(|_| ())
+        if let Err(e) = self.call(coordinator, told).await {
+            crate::warn!(
+                "ringmq: shard {}: telling group {group}'s coordinator of its reset (epoch {epoch}): {}",
+                self.id,
+                e.message
+            );
+        }
     }
 
     /// On the group's coordinator: a shard keeps a fence at `epoch`. Published unless this

@@ -396,6 +396,13 @@ impl ShardCtx {
         self.flush_offsets(true).await
     }
 
+    /// [`sync_offsets`](Self::sync_offsets) for a request's answer: every offset changed
+    /// before the call is durable when it returns `Ok`.
+    pub(super) async fn offsets_durable(&self) -> Result<(), ErrorBody> {
+        (self.sync_offsets().await)
+            .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))
+    }
+
     /// Writes the offsets store's pending changes (and, with `sync`, fdatasyncs them) off
     /// the shard's thread, one flush at a time so writes keep their order. A change made
     /// before the call is written (and with `sync` durable) when it returns `Ok`.

@@ -217,15 +217,11 @@ impl OffsetStore {
             .copied()
     }
 
-    /// Groups with an offset of `topic` kept here.
-    pub fn groups_of_topic(&self, topic: &str) -> Vec<String> {
-        let mut groups: Vec<String> = (self.offsets.keys())
-            .filter(|(_, t, _)| t == topic)
-            .map(|(g, _, _)| g.clone())
-            .collect();
-        groups.sort_unstable();
-        groups.dedup();
-        groups
+    /// Groups with an offset of `topic` kept here (once per offset).
+    pub fn groups_of_topic<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = &'a str> {
+        (self.offsets.keys())
+            .filter(move |(_, t, _)| t == topic)
+            .map(|(g, _, _)| g.as_str())
     }
 
     /// Marks `group`'s offsets of `topic` here as reset at offsets epoch `epoch`, before

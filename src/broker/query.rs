@@ -62,15 +62,7 @@ impl ShardCtx {
             // The member re-reads once its coordinator publishes the epoch; it may not have
             // (a call that failed, a restart): told again, in the background.
             let (ctx, group) = (self.clone(), m.group.clone());
-            crate::io::spawn(async move {
-                if let Err(e) = ctx.tell_coordinator_of_reset(&group, reset).await {
-                    crate::warn!(
-                        "ringmq: shard {}: telling group {group}'s coordinator of its reset (epoch {reset}): {}",
-                        ctx.id,
-                        e.message
-                    );
-                }
-            });
+            crate::io::spawn(async move { ctx.tell_coordinator_of_reset(&group, reset).await });
             return Err(err(
                 ErrorCode::OffsetsReset,
                 format!(
@@ -92,9 +84,7 @@ impl ShardCtx {
                 changed => changed,
             };
             while !self.offsets.borrow().is_synced(generation) {
-                self.sync_offsets()
-                    .await
-                    .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
+                self.offsets_durable().await?;
             }
         } else if generation != 0 {
             self.write_offsets_behind();
@@ -131,19 +121,12 @@ impl ShardCtx {
                 ),
             ));
         }
-        let mut generation = 0;
         for group in groups {
             for &queue_id in queues {
-                let (_, changed) = self.offsets.borrow_mut().commit(group, topic, queue_id, 0);
-                generation = generation.max(changed);
+                self.offsets.borrow_mut().commit(group, topic, queue_id, 0);
             }
         }
-        while generation != 0 && !self.offsets.borrow().is_synced(generation) {
-            self.sync_offsets()
-                .await
-                .map_err(|e| err(ErrorCode::StoreIo, format!("syncing offsets: {e}")))?;
-        }
-        Ok(())
+        self.offsets_durable().await
     }
 
     /// Offsets of a group new to this shard are kept only below `--groups-max` groups.

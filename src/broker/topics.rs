@@ -420,7 +420,8 @@ impl ShardCtx {
         topic: &str,
         added: std::ops::Range<u32>,
     ) -> Result<(), ErrorBody> {
-        let mut groups = self.groups_of_topic(topic);
+        let mut groups: std::collections::BTreeSet<String> =
+            self.groups_of_topic(topic).into_iter().collect();
         for to in 1..self.shard_count {
             let ask = MeshRequest::GroupsOfTopic {
                 topic: topic.to_owned(),
@@ -429,8 +430,7 @@ impl ShardCtx {
                 groups.extend(more);
             }
         }
-        groups.sort_unstable();
-        groups.dedup();
+        let groups: Vec<String> = groups.into_iter().collect();
         if groups.is_empty() {
             return Ok(());
         }
@@ -458,13 +458,13 @@ impl ShardCtx {
     /// The groups with an offset of `topic` kept here, and those this shard coordinates
     /// with a live clustering member subscribed to it.
     pub(super) fn groups_of_topic(&self, topic: &str) -> Vec<String> {
-        let mut groups = self.offsets.borrow().groups_of_topic(topic);
+        let offsets = self.offsets.borrow();
         let coordinated = self.groups.borrow();
         let consuming = (coordinated.iter()).filter(|(_, (state, _))| state.consumes(topic));
-        groups.extend(consuming.map(|(group, _)| group.clone()));
-        groups.sort_unstable();
-        groups.dedup();
-        groups
+        let groups: std::collections::BTreeSet<&str> = (offsets.groups_of_topic(topic))
+            .chain(consuming.map(|(group, _)| group.as_str()))
+            .collect();
+        groups.into_iter().map(str::to_owned).collect()
     }
 
     /// Tells shard `to` again what the table says of `topic` (its queue count, or that it

@@ -27,9 +27,11 @@ fn a_new_group_starts_from_the_first_the_last_or_a_timestamp() {
         let client = producer.client().clone();
         client.create_topic(topic, 2).await.unwrap();
         send_all(&producer, topic, bodies("old", 20)).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let middle = now_ms();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Every old message was stored before `middle`, every new one after it.
+        let middle = now_ms() + 1;
+        while now_ms() <= middle {
+            tokio::task::yield_now().await;
+        }
         send_all(&producer, topic, bodies("new", 20)).await;
 
         let check = |from: ConsumeFrom, group: &'static str, expected: BTreeSet<String>| {
