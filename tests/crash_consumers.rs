@@ -733,3 +733,95 @@ impl Drop for KilledOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A topic deleted and created again starts its queues' offsets over. A position read in
+/// the old topic, pulled or committed once the new queue holds that many messages, names
+/// the run it was read under, earlier than the new topic's creation stamp: the pull goes
+/// back to the queue's start and the commit stores the start, so the new topic's messages
+/// below it are consumed, not skipped (before the stamps, both were taken as positions of
+/// the new queue). Positions read in the new topic stand, before and after a SIGKILL and
+/// restart. Two shards: the queues' shards learn the stamp from shard 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_read_before_its_topic_was_created_again_goes_back_to_the_start_even_within_it()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut broker = BrokerProcess::start(&data, 2, &["--flush", "sync"]);
+    let producer = connect(&broker.addr_string()).await;
+    let client = producer.client().clone();
+    client.create_topic("again", 2).await.unwrap();
+    for i in 0..40 {
+        let m = OutgoingMessage::new(format!("old-{i}"));
+        producer.send("again", m).await.unwrap();
+    }
+    let mut old = Vec::new();
+    for q in 0..2 {
+        let read = client.pull("again", q, 0, 64, Duration::ZERO, &[]);
+        let read = read.await.unwrap();
+        assert!(read.next_offset > 0, "queue {q} holds old messages");
+        old.push((read.next_offset, read.incarnation));
+    }
+    client.delete_topic("again").await.unwrap();
+    client.create_topic("again", 2).await.unwrap();
+    for i in 0..200 {
+        let m = OutgoingMessage::new(format!("new-{i}"));
+        producer.send("again", m).await.unwrap();
+    }
+    let stale_is_sent_back = |client: ringmq::client::Client, committed: u64| {
+        let old = old.clone();
+        async move {
+            for (q, &(position, run)) in (0u32..).zip(&old) {
+                let stale =
+                    client.pull_with("again", q, position, 64, Duration::ZERO, &[], "", run);
+                let stale = stale.await.unwrap();
+                assert!(
+                    stale.max_offset > position,
+                    "the new queue {q} holds the position"
+                );
+                assert_eq!(
+                    (stale.status, stale.next_offset, stale.messages.len()),
+                    (PullStatus::OffsetTooBig, 0, 0),
+                    "queue {q}"
+                );
+                let commit = client.commit_offset_from("g", "again", q, position, run, None);
+                commit.await.unwrap();
+                let kept = client.query_offset("g", "again", q).await.unwrap();
+                assert_eq!(kept, Some(committed), "queue {q}");
+            }
+        }
+    };
+    stale_is_sent_back(client.clone(), 0).await;
+    // Read in the new topic: the position stands.
+    let mut new = Vec::new();
+    for q in 0..2 {
+        let read = client.pull("again", q, 0, 10, Duration::ZERO, &[]).await;
+        let read = read.unwrap();
+        assert_eq!(read.next_offset, 10);
+        new.push(read.incarnation);
+    }
+    let new_positions_stand = |client: ringmq::client::Client| {
+        let new = new.clone();
+        async move {
+            for (q, &run) in (0u32..).zip(&new) {
+                let read = client.pull_with("again", q, 10, 1, Duration::ZERO, &[], "", run);
+                let read = read.await.unwrap();
+                assert_eq!(read.status, PullStatus::Found, "queue {q}");
+                let first = &read.messages[0];
+                assert_eq!(first.queue_offset(), 10, "queue {q}");
+                assert!(first.body().starts_with(b"new-"), "queue {q}");
+            }
+        }
+    };
+    new_positions_stand(client.clone()).await;
+    for (q, &run) in (0u32..).zip(&new) {
+        let commit = client.commit_offset_from("g", "again", q, 10, run, None);
+        commit.await.unwrap();
+    }
+    drop((producer, client));
+    broker.kill();
+    broker.restart();
+    let client = connect(&broker.addr_string()).await.client().clone();
+    new_positions_stand(client.clone()).await;
+    // The old positions are past 10: taken, they would move the offsets up to them.
+    stale_is_sent_back(client, 10).await;
+}

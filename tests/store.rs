@@ -467,6 +467,31 @@ fn invalid_topics_are_refused() {
     });
 }
 
+/// A start is named by an incarnation later than `incarnation_after` (the broker passes the
+/// last topic creation stamp it gave), even when the clock is earlier, and later than
+/// every earlier start's.
+#[test]
+fn a_start_is_named_after_the_incarnation_it_is_told_to_follow() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let first = MessageStore::open(dir.path(), small_config())
+            .await
+            .unwrap()
+            .0;
+        let first_run = first.incarnation();
+        first.close().await.unwrap();
+        let ahead = first_run + 3_600_000_000_000;
+        let mut cfg = small_config();
+        cfg.incarnation_after = ahead;
+        let second = MessageStore::open(dir.path(), cfg).await.unwrap().0;
+        let second_run = second.incarnation();
+        assert!(second_run > ahead, "{second_run} after {ahead}");
+        second.close().await.unwrap();
+        let third = open_small(dir.path()).await;
+        assert!(third.incarnation() > second_run);
+    });
+}
+
 /// Pulls near the tail share the buffers the log wrote (no copy); pulls of older records
 /// read the file; both give the stored bytes, and the runs a vectored answer sends are the
 /// records in order.

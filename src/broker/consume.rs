@@ -75,7 +75,7 @@ impl ShardCtx {
             .map_err(store_error)?;
         Ok(Offset {
             offset: pick(min, max),
-            incarnation: self.store.incarnation(),
+            incarnation: self.position_incarnation(topic),
         })
     }
 
@@ -92,7 +92,7 @@ impl ShardCtx {
             .map_err(store_error)?;
         Ok(Offset {
             offset,
-            incarnation: self.store.incarnation(),
+            incarnation: self.position_incarnation(&m.topic),
         })
     }
 
@@ -130,7 +130,7 @@ impl ShardCtx {
         let started = Instant::now();
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
-        let incarnation = self.incarnation;
+        let incarnation = self.position_incarnation(&p.topic);
         let status = |status, next_offset, min_offset, max_offset| {
             let r = PullResult {
                 status,
@@ -145,10 +145,11 @@ impl ShardCtx {
         // A position read under an earlier run of this shard, past where the queue ended
         // when a later run started: what the puller read there, a crash lost (an async
         // log's unsynced tail), and those offsets hold other messages now. Back to that
-        // end, even if the queue has grown past the position since.
+        // end, even if the queue has grown past the position since. Or one read in an
+        // older topic of the name (deleted, and this one created since): back to the
+        // start, even if it is within the queue now.
         let lost_past = self
-            .store
-            .lost_past(&p.topic, p.queue_id, p.offset, p.incarnation)
+            .position_moved(&p.topic, p.queue_id, p.offset, p.incarnation)
             .map_err(store_error)?;
         if let Some(kept) = lost_past {
             let (min, max) = self
@@ -265,7 +266,7 @@ impl ShardCtx {
                         .store
                         .queue_range(&p.topic, p.queue_id)
                         .map_err(store_error)?;
-                    let this_run = p.incarnation == self.store.incarnation();
+                    let this_run = p.incarnation == incarnation;
                     let next = if this_run && min == 0 { min } else { max };
                     return status(PullStatus::OffsetTooBig, next, min, max);
                 }

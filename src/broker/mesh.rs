@@ -30,8 +30,13 @@ pub enum MeshRequest {
         /// The largest frame the connection takes.
         frame_max: u32,
     },
-    /// Shard 0 tells the others of a topic change (None: deleted).
-    TopicChanged { topic: String, queues: Option<u32> },
+    /// Shard 0 tells the others of a topic change (None: deleted), with the topic's
+    /// creation stamp (`TopicTable::born`).
+    TopicChanged {
+        topic: String,
+        queues: Option<u32>,
+        born: u64,
+    },
     /// Shard 0 is asked about a topic the asking shard's table lacks: to create it if it
     /// does not exist (`create`: auto-create), and, if it does, to tell the asking shard
     /// again (a change it missed: its call failed or timed out). `queues` and `origin` are
@@ -290,9 +295,11 @@ impl ShardCtx {
                             }),
                         }
                     }
-                    MeshRequest::TopicChanged { topic, queues } => {
-                        ctx.on_topic_changed(topic, queues)
-                    }
+                    MeshRequest::TopicChanged {
+                        topic,
+                        queues,
+                        born,
+                    } => ctx.on_topic_changed(topic, queues, born),
                     // From the shard that asked: it may be told of the topic again.
                     MeshRequest::EnsureTopic {
                         topic,

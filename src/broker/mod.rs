@@ -146,6 +146,9 @@ pub struct ShardCtx {
     next_conn: Cell<u64>,
     /// Serializes topic table changes on shard 0.
     topic_changes: tokio::sync::Mutex<()>,
+    /// Shard 0: the last topic creation stamp given, or the latest shard's incarnation
+    /// at the start, whichever is later (`topics::born`).
+    last_stamp: Cell<u64>,
     /// Applies the topic changes shard 0 sends, one at a time in arrival order.
     topic_turns: Rc<turns::Turns>,
     /// Shard 0: (shard, topic) pairs being told a topic change again in the background.
@@ -312,6 +315,7 @@ impl ShardCtx {
             conn_groups: RefCell::new(HashMap::new()),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
+            last_stamp: Cell::new(0),
             topic_turns: Rc::default(),
             telling_again: RefCell::new(HashSet::new()),
             asking: RefCell::new(HashMap::new()),

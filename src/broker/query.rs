@@ -29,10 +29,11 @@ impl ShardCtx {
         self.learn_queue(&m.topic, m.queue_id).await?;
         // A position from an earlier run, past where the queue ended at a later run's start:
         // what the committer read past that end, a crash lost, and the offsets hold other
-        // messages now (see `pull`). Stored as that end, or the group would skip them.
+        // messages now (see `pull`). Stored as that end, or the group would skip them. One
+        // read in an older topic of the name is stored as the queue's start (offsets only
+        // go forward: a group that consumed this topic keeps its offset).
         let lost_past = self
-            .store
-            .lost_past(&m.topic, m.queue_id, m.offset, m.incarnation)
+            .position_moved(&m.topic, m.queue_id, m.offset, m.incarnation)
             .map_err(store_error)?;
         if let Some(kept) = lost_past {
             m.offset = kept;
@@ -163,7 +164,7 @@ impl ShardCtx {
             })?;
         Ok(Offset {
             offset,
-            incarnation: self.store.incarnation(),
+            incarnation: self.position_incarnation(&m.topic),
         })
     }
 

@@ -12,6 +12,7 @@ use crate::protocol::{
 };
 use crate::store::validate_topic;
 
+mod born;
 mod table;
 pub use table::TopicTable;
 
@@ -122,6 +123,7 @@ impl ShardCtx {
         self: &Rc<Self>,
         topic: &str,
         queues: Option<u32>,
+        born: u64,
     ) -> Result<(), String> {
         if let Some(count) = queues {
             // Before the table names them: a send to a queue being opened is refused.
@@ -132,7 +134,13 @@ impl ShardCtx {
                 );
             }
         }
-        self.topics.borrow_mut().set(topic, queues);
+        {
+            let mut table = self.topics.borrow_mut();
+            table.set(topic, queues);
+            if queues.is_some() {
+                table.set_born(topic, born);
+            }
+        }
         self.topic_changed_for_groups(topic).await;
         if queues.is_none() {
             // What the shard keeps per topic goes with it (topics created and deleted over
@@ -335,8 +343,10 @@ impl ShardCtx {
         // records: those stay).
         let undo = current.is_none() && !self.store.holds_topic(topic);
         table.set(topic, queues);
-        if queues.is_none() {
-            table.mark_deleting(topic);
+        match queues {
+            None => table.mark_deleting(topic),
+            Some(_) if current.is_none() => self.stamp_creation(&mut table, topic),
+            Some(_) => {}
         }
         // This shard's queues first, then the table saved: a failure refuses the change.
         let made = async {
@@ -373,7 +383,8 @@ impl ShardCtx {
             not_durable = Some(e);
         }
         *self.topics.borrow_mut() = table;
-        let applied_here = self.apply_topic_change(topic, queues).await;
+        let born = self.topics.borrow().born(topic);
+        let applied_here = self.apply_topic_change(topic, queues, born).await;
         // Every shard is told, all at once: one slow or unreachable shard must not keep the
         // change from the others (the first failure is the answer). A shard whose call
         // failed is told again in the background until it takes the change.
@@ -383,6 +394,7 @@ impl ShardCtx {
                 MeshRequest::TopicChanged {
                     topic: topic.to_owned(),
                     queues,
+                    born,
                 },
             )
         }))
@@ -481,7 +493,10 @@ impl ShardCtx {
     ) -> Result<Option<Option<u32>>, ErrorBody> {
         let (told, queues) = {
             let _one_at_a_time = self.topic_changes.lock().await;
-            let queues = self.topics.borrow().get(topic);
+            let (queues, born) = {
+                let table = self.topics.borrow();
+                (table.get(topic), table.born(topic))
+            };
             if queues.is_none() && !tell_absent {
                 return Ok(None);
             }
@@ -499,6 +514,7 @@ impl ShardCtx {
             let change = MeshRequest::TopicChanged {
                 topic: topic.to_owned(),
                 queues,
+                born,
             };
             (
                 self.request(to, change, MESH_CALL_TIMEOUT_MS).await?,
@@ -727,6 +743,7 @@ impl ShardCtx {
         self: Rc<Self>,
         topic: String,
         queues: Option<u32>,
+        born: u64,
     ) -> LocalBoxFuture<'static, MeshReply> {
         let turn = self.topic_turns.take();
         match self.testing_fault(&topic, queues) {
@@ -739,7 +756,7 @@ impl ShardCtx {
                 let applied = match (current, queues) {
                     (None, None) => self.make_deletion_durable(&topic).await,
                     _ if current == queues => Ok(()),
-                    _ => self.apply_topic_change(&topic, queues).await,
+                    _ => self.apply_topic_change(&topic, queues, born).await,
                 };
                 match applied {
                     Ok(()) => MeshReply::Ack,
@@ -759,7 +776,7 @@ impl ShardCtx {
                     while !turn.later_taken() && since.elapsed() < late {
                         crate::io::sleep(std::time::Duration::from_millis(5)).await;
                     }
-                    if let Err(message) = self.apply_topic_change(&topic, queues).await {
+                    if let Err(message) = self.apply_topic_change(&topic, queues, born).await {
                         crate::warn!("ringmq: shard {}: {message}", self.id);
                     }
                 });

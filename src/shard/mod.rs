@@ -306,6 +306,9 @@ struct Boot {
     recovered: std::sync::atomic::AtomicUsize,
     /// Shards that told the coordinators of their resets' epochs (`publish_fences`).
     fences_told: std::sync::atomic::AtomicUsize,
+    /// The latest incarnation of the shards' stores (each sets it before it binds): topic
+    /// creation stamps are later (`ShardCtx::stamp_creations_after`).
+    runs_max: std::sync::atomic::AtomicU64,
 }
 
 impl Broker {
@@ -457,6 +460,7 @@ impl Broker {
             table: OnceLock::new(),
             recovered: std::sync::atomic::AtomicUsize::new(0),
             fences_told: std::sync::atomic::AtomicUsize::new(0),
+            runs_max: std::sync::atomic::AtomicU64::new(0),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mesh: MeshBuilder<MeshMsg, Full> = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
@@ -746,6 +750,8 @@ async fn shard_main(
     // Fitted to the machine's memory before the start (`fit_tail_cache`).
     store_cfg.log.tail_cache_bytes =
         usize::try_from(cfg.tail_cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let topics = TopicTable::load(&cfg.data_dir).map_err(|e| e.to_string())?;
+    store_cfg.incarnation_after = topics.last_born();
     let opened = Instant::now();
     let (store, recovery) = MessageStore::open(&shard_dir, store_cfg)
         .await
@@ -754,6 +760,8 @@ async fn shard_main(
         "ringmq-broker: shard {i}: {}",
         recovery.summary(opened.elapsed())
     );
+    boot.runs_max
+        .fetch_max(store.incarnation(), Ordering::SeqCst);
     // Nothing leaves the log before the schedule and the transactions say what they still
     // need.
     for holder in crate::store::Holder::ALL {
@@ -772,7 +780,6 @@ async fn shard_main(
             "ringmq-broker: shard {i}: {lowered} committed offsets were past their queue's end (the last crash lost records not yet synced): lowered to it, so the messages stored there next are consumed"
         );
     }
-    let topics = TopicTable::load(&cfg.data_dir).map_err(|e| e.to_string())?;
     let (main_listener, main_stop) = if i == 0 {
         let (l, stop) = bind(cfg.listen)?;
         let addr = l.local_addr().map_err(|e| e.to_string())?;
@@ -845,6 +852,8 @@ async fn shard_main(
         peers,
     );
     ctx.set_shard_addrs(addrs);
+    // Every shard opened its store before the address table was complete.
+    ctx.stamp_creations_after(boot.runs_max.load(Ordering::SeqCst));
     // Before any send or topic change can reach a queue.
     ctx.open_all_local_queues().await;
     if lowered > 0 {

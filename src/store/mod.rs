@@ -60,6 +60,11 @@ pub struct StoreConfig {
     /// free space than this (checked every second), so indexes and checkpoints always find
     /// room.
     pub disk_free_min_bytes: u64,
+    /// This start's incarnation is later than this (besides every earlier start's): the
+    /// broker passes the last topic creation stamp it gave (`TopicTable::last_born`), so a
+    /// run started after a creation is named by a later incarnation even if the clock
+    /// went back.
+    pub incarnation_after: u64,
 }
 
 /// Default of [`StoreConfig::disk_free_min_bytes`]: 256 MiB.
@@ -81,6 +86,7 @@ impl Default for StoreConfig {
             retention_check_interval_ms: 60_000,
             index_idle_close_ms: INDEX_IDLE_CLOSE_MS_DEFAULT,
             disk_free_min_bytes: DISK_FREE_MIN_BYTES_DEFAULT,
+            incarnation_after: 0,
         }
     }
 }

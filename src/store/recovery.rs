@@ -97,7 +97,8 @@ impl MessageStore {
         }
         let now_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
+            .map_or(1, |d| d.as_nanos() as u64)
+            .max(cfg.incarnation_after.saturating_add(1));
         let runs = runs::Runs::start(dir, log.readable_end(), now_nanos).map_err(StoreError::Io)?;
         let trimmed_to = log.min_offset();
         std::fs::write(&abort_path, b"ringmq store open\n")

@@ -1,6 +1,6 @@
-//! The topic table (`topics.json`): topic name to queue count, the topics sends created,
-//! and the tombstones of deletions not yet durable on every shard. Shard 0 saves it
-//! (atomically); every shard loads it at start.
+//! The topic table (`topics.json`): topic name to queue count, when each topic was created,
+//! the topics sends created, and the tombstones of deletions not yet durable on every
+//! shard. Shard 0 saves it (atomically); every shard loads it at start.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,6 +18,18 @@ pub struct TopicTable {
     /// again meanwhile, and a start tells every shard of the deletion again.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     deleting: BTreeSet<String>,
+    /// Each topic's creation stamp (see [`TopicTable::born`]); absent for topics created
+    /// before stamps were kept.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    born: BTreeMap<String, u64>,
+    /// The highest creation stamp ever given (deleted topics' too): stamps only grow, and
+    /// every start of a shard's store is named by a later incarnation.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    last_born: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TopicTable {
@@ -69,6 +81,14 @@ impl TopicTable {
                         )));
                     }
                 }
+                for (topic, &born) in &table.born {
+                    if !table.topics.contains_key(topic) || born > table.last_born {
+                        return Err(invalid(format!(
+                            "creation stamp {born} of topic {topic:?}: not a topic of the table, or past the last stamp given ({})",
+                            table.last_born
+                        )));
+                    }
+                }
                 Ok(table)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TopicTable::default()),
@@ -96,8 +116,33 @@ impl TopicTable {
             None => {
                 self.topics.remove(topic);
                 self.auto.remove(topic);
+                self.born.remove(topic);
             }
         }
+    }
+
+    /// The topic's creation stamp: a broker-wide incarnation (as a shard's run is named,
+    /// `MessageStore::incarnation`) later than every run started before the creation and
+    /// earlier than every run started after it; 0 for a topic created before stamps were
+    /// kept, or unknown. A position (`PullResult::incarnation`) named by an earlier one was
+    /// read in another topic of the name: one deleted before this one was created.
+    pub fn born(&self, topic: &str) -> u64 {
+        self.born.get(topic).copied().unwrap_or(0)
+    }
+
+    /// Stamps a topic's creation (0: unknown, forgets it). Stamps given here only grow.
+    pub fn set_born(&mut self, topic: &str, born: u64) {
+        if born == 0 {
+            self.born.remove(topic);
+        } else {
+            self.born.insert(topic.to_owned(), born);
+            self.last_born = self.last_born.max(born);
+        }
+    }
+
+    /// The highest creation stamp ever given.
+    pub fn last_born(&self) -> u64 {
+        self.last_born
     }
 
     /// Topics whose deletion not every shard has made durable yet.
@@ -175,6 +220,43 @@ mod tests {
         for bad in [
             r#"{"topics":{"live":4},"deleting":["%SYS_SCHEDULE%"]}"#,
             r#"{"topics":{"live":4},"deleting":["live"]}"#,
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let e = TopicTable::load(dir.path()).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn creation_stamps_are_saved_forgotten_with_their_topic_and_only_grow() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = TopicTable::default();
+        table.set("a", Some(2));
+        table.set_born("a", 500);
+        table.set("b", Some(1));
+        table.set_born("b", 700);
+        table.set("b", None);
+        assert_eq!((table.born("a"), table.born("b")), (500, 0));
+        assert_eq!(
+            table.last_born(),
+            700,
+            "a deleted topic's stamp still counts"
+        );
+        table.save(dir.path()).unwrap();
+        let loaded = TopicTable::load(dir.path()).unwrap();
+        assert_eq!(loaded, table);
+        assert_eq!((loaded.born("a"), loaded.last_born()), (500, 700));
+
+        // A file from before stamps loads, with none.
+        let path = TopicTable::path(dir.path());
+        std::fs::write(&path, br#"{"topics":{"a":2}}"#).unwrap();
+        let old = TopicTable::load(dir.path()).unwrap();
+        assert_eq!((old.born("a"), old.last_born()), (0, 0));
+
+        // A stamp of no topic of the table, or past the last one given, is refused.
+        for bad in [
+            r#"{"topics":{"a":2},"born":{"b":5},"last_born":9}"#,
+            r#"{"topics":{"a":2},"born":{"a":10},"last_born":9}"#,
         ] {
             std::fs::write(&path, bad).unwrap();
             let e = TopicTable::load(dir.path()).unwrap_err();
