@@ -219,7 +219,10 @@ pub(crate) fn store_error(e: StoreError) -> ErrorBody {
         | StoreError::Log(LogError::RecordTooLarge { .. }) => {
             err(ErrorCode::InvalidMessage, e.to_string())
         }
-        StoreError::Log(LogError::Corrupt { .. }) => err(ErrorCode::StoreCorrupt, e.to_string()),
+        StoreError::Log(LogError::Corrupt { .. })
+        | StoreError::Index(crate::index::IndexError::Corrupt { .. }) => {
+            err(ErrorCode::StoreCorrupt, e.to_string())
+        }
         StoreError::Log(LogError::NoRecord { .. }) => err(ErrorCode::OffsetNotFound, e.to_string()),
         StoreError::Log(LogError::OffsetTooSmall { .. }) => {
             err(ErrorCode::OffsetTooSmall, e.to_string())

@@ -4,7 +4,12 @@
 //! Layout: segment files of `entries_per_file` fixed 20-byte entries, each file named by the
 //! queue offset of its first entry (20 zero-padded digits). An entry is, little-endian:
 //! physical offset `u64`, size `u32`, tag hash `u64`. An all-zero entry is empty: a real
-//! entry never has size 0, because every record has a header.
+//! entry never has size 0, because every record has a header. The physical offset's top 16
+//! bits are the entry's check: bit 63 set, and in bits 48..63 the low 15 bits of the
+//! CRC32C of the entry with those bits zero (log offsets stay below 2^48, 256 TiB). A read
+//! whose check fails is an error (the tag hash of a damaged entry would otherwise let a
+//! tag-filtered pull skip its message unseen: the record itself is not read). Entries
+//! written before checks were kept have the 16 bits zero and are read unchecked.
 //!
 //! Invariants held between calls (checked in [`ConsumeQueue::check_invariants`] by tests):
 //! - segment bases are contiguous: `segments[i + 1].base == segments[i].base + entries_per_file`;
@@ -48,6 +53,14 @@ const SIZE_AT: usize = 8;
 const TAG_HASH_AT: usize = 12;
 const _: () = assert!(TAG_HASH_AT + 8 == CQ_ENTRY_BYTES as usize);
 
+/// Bits of the physical-offset field that hold the offset; the bits above hold the check.
+const OFFSET_BITS: u32 = 48;
+/// The highest log offset an entry can name (256 TiB).
+pub const CQ_PHYSICAL_OFFSET_MAX: u64 = (1 << OFFSET_BITS) - 1;
+/// Set in every entry written with a check.
+const CHECKED: u64 = 1 << 63;
+const CHECK_MASK: u64 = 0x7fff;
+
 /// One consume-queue entry: where the message is in the commit log, and its tag hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqEntry {
@@ -59,22 +72,62 @@ pub struct CqEntry {
 }
 
 impl CqEntry {
-    fn encode(&self, out: &mut [u8]) {
-        write_u64(out, PHYSICAL_OFFSET_AT, self.physical_offset);
-        write_u32(out, SIZE_AT, self.size);
-        write_u64(out, TAG_HASH_AT, self.tag_hash);
+    /// The entry's bytes without the check (the physical offset below 2^48).
+    fn plain_bytes(&self) -> [u8; CQ_ENTRY_BYTES as usize] {
+        let mut out = [0u8; CQ_ENTRY_BYTES as usize];
+        write_u64(&mut out, PHYSICAL_OFFSET_AT, self.physical_offset);
+        write_u32(&mut out, SIZE_AT, self.size);
+        write_u64(&mut out, TAG_HASH_AT, self.tag_hash);
+        out
     }
 
-    /// `None` for an empty (all-zero) slot.
-    fn decode(bytes: &[u8]) -> Option<CqEntry> {
+    /// The top 16 bits of the physical-offset field: the flag and 15 bits of CRC32C.
+    fn check_bits(&self) -> u64 {
+        let crc = u64::from(crc32c::crc32c(&self.plain_bytes()));
+        CHECKED | (crc & CHECK_MASK) << OFFSET_BITS
+    }
+
+    /// Writes the entry with its check; the physical offset is at most
+    /// [`CQ_PHYSICAL_OFFSET_MAX`] (`put` refuses others).
+    fn encode(&self, out: &mut [u8]) {
+        let plain = self.plain_bytes();
+        out[..plain.len()].copy_from_slice(&plain);
+        let field = self.physical_offset | self.check_bits();
+        write_u64(out, PHYSICAL_OFFSET_AT, field);
+    }
+
+    /// The entry in `bytes` and whether its check holds (an entry written before checks
+    /// were kept holds); `None` for an empty slot.
+    fn decode(bytes: &[u8]) -> Option<(CqEntry, bool)> {
+        let field = read_u64(bytes, PHYSICAL_OFFSET_AT);
         let entry = CqEntry {
-            physical_offset: read_u64(bytes, PHYSICAL_OFFSET_AT),
+            physical_offset: field & CQ_PHYSICAL_OFFSET_MAX,
             size: read_u32(bytes, SIZE_AT),
             tag_hash: read_u64(bytes, TAG_HASH_AT),
         };
         // Size 0 is the empty marker. A torn page could leave a non-zero offset with size 0;
         // that is no entry either.
-        (entry.size != 0).then_some(entry)
+        if entry.size == 0 {
+            return None;
+        }
+        let check = field & !CQ_PHYSICAL_OFFSET_MAX;
+        Some((entry, check == 0 || check == entry.check_bits()))
+    }
+
+    /// The entry in `bytes`, `None` for an empty slot; one whose check fails is an error
+    /// naming `path` and the entry's place in it.
+    fn decode_checked(bytes: &[u8], path: &Path, i: u64) -> Result<Option<CqEntry>, IndexError> {
+        match Self::decode(bytes) {
+            None => Ok(None),
+            Some((entry, true)) => Ok(Some(entry)),
+            Some((entry, false)) => Err(IndexError::Corrupt {
+                path: path.to_owned(),
+                reason: format!(
+                    "entry {i} fails its check (reads as physical offset {}, size {}, tag hash {:#x}): the index is damaged; its messages are not served until it is rebuilt from the log: stop the broker and remove the `checkpoint` file of the shard's directory, and its next start re-indexes the log",
+                    entry.physical_offset, entry.size, entry.tag_hash
+                ),
+            }),
+        }
     }
 
     /// The first byte after the record.
@@ -182,12 +235,18 @@ impl Segment {
     }
 
     /// The entry at index `i` of the file; `None` for an empty slot.
-    fn entry(&self, i: u64, file_bytes: u64) -> Result<Option<CqEntry>, IndexError> {
+    /// `checked`: an entry whose check fails is an error. Reads check; the searches by
+    /// physical offset do not, which a torn entry of the tail (one the store's replay
+    /// overwrites) must not fail.
+    fn entry(&self, i: u64, file_bytes: u64, checked: bool) -> Result<Option<CqEntry>, IndexError> {
         let at = entry_at(i);
         let open = self.file(file_bytes)?;
-        Ok(CqEntry::decode(
-            &open.mmap[at..at + CQ_ENTRY_BYTES as usize],
-        ))
+        let bytes = &open.mmap[at..at + CQ_ENTRY_BYTES as usize];
+        if checked {
+            CqEntry::decode_checked(bytes, &self.path, i)
+        } else {
+            Ok(CqEntry::decode(bytes).map(|(entry, _)| entry))
+        }
     }
 
     /// The paths to remove to remove the file: its spare's name first, so that a sync
@@ -373,9 +432,20 @@ impl ConsumeQueue {
         &self.dir
     }
 
-    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`. Fails only
-    /// when the file holding it cannot be mapped.
+    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`. Fails when
+    /// the file holding it cannot be mapped, or the entry fails its check
+    /// ([`IndexError::Corrupt`]: damaged on disk).
     pub fn get(&self, queue_offset: u64) -> Result<Option<CqEntry>, IndexError> {
+        self.get_checked(queue_offset, true)
+    }
+
+    /// [`Self::get`] without the check: for the searches and bounds a torn entry of the
+    /// tail (which the store's replay overwrites) must not fail.
+    fn get_unchecked(&self, queue_offset: u64) -> Result<Option<CqEntry>, IndexError> {
+        self.get_checked(queue_offset, false)
+    }
+
+    fn get_checked(&self, queue_offset: u64, checked: bool) -> Result<Option<CqEntry>, IndexError> {
         if queue_offset < self.min_offset || queue_offset >= self.max_offset {
             return Ok(None);
         }
@@ -384,7 +454,7 @@ impl ConsumeQueue {
         };
         // `None` only for a zero entry inside the range, which a torn write in a power loss
         // could leave; the store's replay overwrites it.
-        segment.entry(i, self.file_bytes)
+        segment.entry(i, self.file_bytes, checked)
     }
 
     /// The newest entry and its queue offset (kept in memory: no file is read).
@@ -409,7 +479,7 @@ impl ConsumeQueue {
             .max(self.min_offset);
         let mut end = self.max_offset - 1;
         while end > walk_to {
-            match self.get(end - 1)? {
+            match self.get_unchecked(end - 1)? {
                 Some(e) if e.end() > log_end => end -= 1,
                 _ => return Ok(end),
             }
@@ -420,7 +490,7 @@ impl ConsumeQueue {
     /// Re-reads the last entry after the end moved back.
     fn reload_last(&mut self) -> Result<(), IndexError> {
         self.last = match self.max_offset.checked_sub(1) {
-            Some(last) if self.min_offset < self.max_offset => self.get(last)?,
+            Some(last) if self.min_offset < self.max_offset => self.get_unchecked(last)?,
             _ => None,
         };
         Ok(())
@@ -469,6 +539,15 @@ impl ConsumeQueue {
     /// truncation and retention rely on.
     pub fn put(&mut self, queue_offset: u64, entry: CqEntry) -> Result<(), IndexError> {
         assert!(entry.size > 0, "consume-queue entry of size 0: {entry:?}");
+        if entry.physical_offset > CQ_PHYSICAL_OFFSET_MAX {
+            return Err(IndexError::Corrupt {
+                path: self.dir.clone(),
+                reason: format!(
+                    "log offset {} is past what a consume-queue entry holds ({CQ_PHYSICAL_OFFSET_MAX}, 256 TiB)",
+                    entry.physical_offset
+                ),
+            });
+        }
         if queue_offset < self.min_offset {
             return Ok(());
         }
@@ -647,7 +726,7 @@ impl ConsumeQueue {
             e.physical_offset < log_min
         })?;
         self.min_offset = new_min;
-        self.first_physical = self.get(new_min)?.map(|e| e.physical_offset);
+        self.first_physical = self.get_unchecked(new_min)?.map(|e| e.physical_offset);
         if new_min == self.max_offset {
             self.last = None;
         }
@@ -745,7 +824,7 @@ impl ConsumeQueue {
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             let is_below = match self.locate(mid) {
-                Some((segment, i)) => match segment.entry(i, self.file_bytes)? {
+                Some((segment, i)) => match segment.entry(i, self.file_bytes, false)? {
                     Some(entry) => below(&entry),
                     None => true,
                 },
@@ -840,7 +919,10 @@ impl ConsumeQueue {
         for segment in &self.segments {
             for i in 0..self.entries_per_file {
                 let queue_offset = segment.base + i;
-                let present = segment.entry(i, self.file_bytes).expect("mapped").is_some();
+                let present = segment
+                    .entry(i, self.file_bytes, false)
+                    .expect("mapped")
+                    .is_some();
                 assert_eq!(present, queue_offset < self.max_offset, "at {queue_offset}");
             }
         }
@@ -870,7 +952,8 @@ fn entries_in_file(path: &Path, file_bytes: u64) -> Result<Option<(u64, CqEntry)
         let mut entries = buf.chunks_exact(CQ_ENTRY_BYTES as usize);
         if let Some(i) = entries.rposition(|e| CqEntry::decode(e).is_some()) {
             let at = i * CQ_ENTRY_BYTES as usize;
-            if let Some(last) = CqEntry::decode(&buf[at..at + CQ_ENTRY_BYTES as usize]) {
+            // Not checked: the last entry may be torn by a crash (the replay overwrites it).
+            if let Some((last, _)) = CqEntry::decode(&buf[at..at + CQ_ENTRY_BYTES as usize]) {
                 return Ok(Some((start / CQ_ENTRY_BYTES + i as u64 + 1, last)));
             }
         }
@@ -886,7 +969,7 @@ fn read_entry(path: &Path, i: u64) -> Result<Option<CqEntry>, IndexError> {
     let mut bytes = [0u8; CQ_ENTRY_BYTES as usize];
     file.read_exact_at(&mut bytes, i * CQ_ENTRY_BYTES)
         .map_err(io_err("read", path))?;
-    Ok(CqEntry::decode(&bytes))
+    Ok(CqEntry::decode(&bytes).map(|(entry, _)| entry))
 }
 
 /// Byte position of entry `i` in its file.

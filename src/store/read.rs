@@ -299,7 +299,15 @@ impl MessageStore {
             if let Some(q) = queues.get(&(topic.to_owned(), queue_id)) {
                 let scan_end = max.min(offset + SCAN_ENTRIES_MAX);
                 while next < scan_end && picked.len() < max_messages as usize {
-                    let Some(e) = q.cq.get(next)? else { break };
+                    // A damaged entry (its check fails) ends the read before it: what comes
+                    // before is answered, and the read that starts at it fails, naming it.
+                    // Its tag hash cannot be trusted to skip it, nor its place to read it.
+                    let e = match q.cq.get(next) {
+                        Ok(Some(e)) => e,
+                        Ok(None) => break,
+                        Err(_) if next > offset => break,
+                        Err(e) => return Err(e.into()),
+                    };
                     if picked.is_empty() || bytes + e.size as usize <= max_bytes {
                         if tag_hashes.is_empty() || tag_hashes.contains(&e.tag_hash) {
                             bytes += e.size as usize;

@@ -187,7 +187,7 @@ fn entry_layout_is_little_endian_20_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let mut queue = open(dir.path(), 4);
     let e = CqEntry {
-        physical_offset: 0x0102_0304_0506_0708,
+        physical_offset: 0x0000_0304_0506_0708,
         size: 0x1112_1314,
         tag_hash: 0x2122_2324_2526_2728,
     };
@@ -195,13 +195,15 @@ fn entry_layout_is_little_endian_20_bytes() {
     queue.flush().unwrap();
     let bytes = std::fs::read(dir.path().join("00000000000000000000")).unwrap();
     assert_eq!(bytes.len(), 4 * 20);
-    assert_eq!(
-        &bytes[..20],
-        &[
-            8, 7, 6, 5, 4, 3, 2, 1, 0x14, 0x13, 0x12, 0x11, 0x28, 0x27, 0x26, 0x25, 0x24, 0x23,
-            0x22, 0x21
-        ]
-    );
+    let plain = [
+        8, 7, 6, 5, 4, 3, 0, 0, 0x14, 0x13, 0x12, 0x11, 0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22,
+        0x21,
+    ];
+    // The top 16 bits of the offset: bit 63 set, then 15 bits of the CRC32C of the rest.
+    let check = 0x8000 | (crc32c::crc32c(&plain) & 0x7fff) as u16;
+    let mut want = plain;
+    want[6..8].copy_from_slice(&check.to_le_bytes());
+    assert_eq!(&bytes[..20], &want);
     assert!(bytes[20..].iter().all(|&b| b == 0));
 }
 
@@ -729,4 +731,5 @@ fn give_spare(queue: &mut ConsumeQueue) {
     assert!(queue.spare_ahead().is_none(), "one spare held at a time");
 }
 
+mod checks;
 mod spares;
