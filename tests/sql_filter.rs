@@ -290,9 +290,10 @@ fn the_cli_consumes_with_an_sql_filter_and_refuses_a_bad_one() {
 /// A tag-filtered pull decides by each consume-queue entry's tag hash, without reading the
 /// record. A damaged entry (one bit of its tag hash flipped on disk while the broker was
 /// stopped) must not make its message vanish: the pull answers the messages before it, the
-/// pull that starts at it fails with `StoreCorrupt` naming it, and once the index is
-/// rebuilt (the shard's checkpoint removed: the next start re-indexes the log) every
-/// message is served again. Before entries were checked, the pull skipped it unseen.
+/// pull that starts at it fails with `StoreCorrupt` naming it (an unfiltered pull serves
+/// all), and once the index is rebuilt (the shard's checkpoint removed: the next start
+/// re-indexes the log) every message is served again. Before entries were checked, the
+/// pull skipped it unseen.
 #[test]
 fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_it() {
     runtime().block_on(async {
@@ -329,6 +330,10 @@ fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_i
             }
             other => panic!("{other:?}"),
         }
+        // Without a filter each record read is checked against its entry, whose tag hash
+        // plays no part: every message is served.
+        let plain = client.pull("tagged", 0, 0, 32, Duration::ZERO, &[]).await;
+        assert_eq!(plain.unwrap().messages.len(), 10);
         drop(client);
         assert!(broker.stop(), "a clean stop");
         std::fs::remove_file(data.join("shard-0/checkpoint")).unwrap();

@@ -130,7 +130,9 @@ impl ShardCtx {
         let started = Instant::now();
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
-        let incarnation = self.position_incarnation(&p.topic);
+        // What names the answer's position: changed only by the topic's creation again.
+        let incarnation = std::cell::Cell::new(self.position_incarnation(&p.topic));
+        let born = self.topics.borrow().born(&p.topic);
         let status = |status, next_offset, min_offset, max_offset| {
             let r = PullResult {
                 status,
@@ -138,7 +140,7 @@ impl ShardCtx {
                 min_offset,
                 max_offset,
                 count: 0,
-                incarnation,
+                incarnation: incarnation.get(),
             };
             Ok(Answer::from(pull_frame(request_id, &r, &[])))
         };
@@ -210,7 +212,7 @@ impl ShardCtx {
                         min_offset: r.min_offset,
                         max_offset: r.max_offset,
                         count: r.len() as u32,
-                        incarnation,
+                        incarnation: incarnation.get(),
                     };
                     // The records follow the head from where the store read them.
                     let head = records_head(request_id, &meta, bytes)?;
@@ -247,6 +249,21 @@ impl ShardCtx {
                     // Woken by the topic's deletion (its notifier is gone): say so now rather
                     // than park again on a notifier nothing wakes.
                     self.known_queue(&p.topic, p.queue_id)?;
+                    // Deleted and created again meanwhile: the position, checked against
+                    // the topic before, names an offset of the old one (`position_moved`).
+                    if self.topics.borrow().born(&p.topic) != born {
+                        let (min, max) = self
+                            .store
+                            .queue_range(&p.topic, p.queue_id)
+                            .map_err(store_error)?;
+                        incarnation.set(self.position_incarnation(&p.topic));
+                        let moved = if p.offset > min {
+                            PullStatus::OffsetTooBig
+                        } else {
+                            PullStatus::NoNewMessage
+                        };
+                        return status(moved, min, min, max);
+                    }
                 }
                 Err(StoreError::OffsetTooSmall { min, .. }) => {
                     let (_, max) = self
@@ -266,7 +283,7 @@ impl ShardCtx {
                         .store
                         .queue_range(&p.topic, p.queue_id)
                         .map_err(store_error)?;
-                    let this_run = p.incarnation == incarnation;
+                    let this_run = p.incarnation == incarnation.get();
                     let next = if this_run && min == 0 { min } else { max };
                     return status(PullStatus::OffsetTooBig, next, min, max);
                 }

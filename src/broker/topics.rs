@@ -752,10 +752,13 @@ impl ShardCtx {
                 // Told again what it already has (told again after asking while the first
                 // telling was on its way): nothing to do, and no rebalance; but a deletion
                 // told again may be one whose durable steps failed here: only those run.
-                let current = self.topics.borrow().get(&topic);
+                let (current, current_born) = {
+                    let table = self.topics.borrow();
+                    (table.get(&topic), table.born(&topic))
+                };
                 let applied = match (current, queues) {
                     (None, None) => self.make_deletion_durable(&topic).await,
-                    _ if current == queues => Ok(()),
+                    _ if current == queues && current_born == born => Ok(()),
                     _ => self.apply_topic_change(&topic, queues, born).await,
                 };
                 match applied {

@@ -432,20 +432,23 @@ impl ConsumeQueue {
         &self.dir
     }
 
-    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`. Fails when
-    /// the file holding it cannot be mapped, or the entry fails its check
-    /// ([`IndexError::Corrupt`]: damaged on disk).
+    /// The entry at `queue_offset`; `None` outside `[min_offset, max_offset)`. Fails only
+    /// when the file holding it cannot be mapped. Its check is not verified: for the
+    /// searches, bounds and floors that go by its place in the log, which the record read
+    /// there is checked against (a torn entry of the tail, which the store's replay
+    /// overwrites, must fail none of them). A read that decides by the tag hash alone, not
+    /// reading the record, uses [`Self::get_checked`].
     pub fn get(&self, queue_offset: u64) -> Result<Option<CqEntry>, IndexError> {
-        self.get_checked(queue_offset, true)
+        self.entry_of(queue_offset, false)
     }
 
-    /// [`Self::get`] without the check: for the searches and bounds a torn entry of the
-    /// tail (which the store's replay overwrites) must not fail.
-    fn get_unchecked(&self, queue_offset: u64) -> Result<Option<CqEntry>, IndexError> {
-        self.get_checked(queue_offset, false)
+    /// [`Self::get`], failing with [`IndexError::Corrupt`] (naming the file) when the
+    /// entry fails its check: damaged on disk.
+    pub fn get_checked(&self, queue_offset: u64) -> Result<Option<CqEntry>, IndexError> {
+        self.entry_of(queue_offset, true)
     }
 
-    fn get_checked(&self, queue_offset: u64, checked: bool) -> Result<Option<CqEntry>, IndexError> {
+    fn entry_of(&self, queue_offset: u64, checked: bool) -> Result<Option<CqEntry>, IndexError> {
         if queue_offset < self.min_offset || queue_offset >= self.max_offset {
             return Ok(None);
         }
@@ -479,7 +482,7 @@ impl ConsumeQueue {
             .max(self.min_offset);
         let mut end = self.max_offset - 1;
         while end > walk_to {
-            match self.get_unchecked(end - 1)? {
+            match self.get(end - 1)? {
                 Some(e) if e.end() > log_end => end -= 1,
                 _ => return Ok(end),
             }
@@ -490,7 +493,7 @@ impl ConsumeQueue {
     /// Re-reads the last entry after the end moved back.
     fn reload_last(&mut self) -> Result<(), IndexError> {
         self.last = match self.max_offset.checked_sub(1) {
-            Some(last) if self.min_offset < self.max_offset => self.get_unchecked(last)?,
+            Some(last) if self.min_offset < self.max_offset => self.get(last)?,
             _ => None,
         };
         Ok(())
@@ -726,7 +729,7 @@ impl ConsumeQueue {
             e.physical_offset < log_min
         })?;
         self.min_offset = new_min;
-        self.first_physical = self.get_unchecked(new_min)?.map(|e| e.physical_offset);
+        self.first_physical = self.get(new_min)?.map(|e| e.physical_offset);
         if new_min == self.max_offset {
             self.last = None;
         }

@@ -299,10 +299,17 @@ impl MessageStore {
             if let Some(q) = queues.get(&(topic.to_owned(), queue_id)) {
                 let scan_end = max.min(offset + SCAN_ENTRIES_MAX);
                 while next < scan_end && picked.len() < max_messages as usize {
-                    // A damaged entry (its check fails) ends the read before it: what comes
+                    // A tag filter decides by the entry alone, not reading the record: a
+                    // damaged entry (its check fails) ends the read before it, what comes
                     // before is answered, and the read that starts at it fails, naming it.
-                    // Its tag hash cannot be trusted to skip it, nor its place to read it.
-                    let e = match q.cq.get(next) {
+                    // Its tag hash cannot be trusted to skip it. (Without a filter, each
+                    // record read is checked against its entry.)
+                    let got = if tag_hashes.is_empty() {
+                        q.cq.get(next)
+                    } else {
+                        q.cq.get_checked(next)
+                    };
+                    let e = match got {
                         Ok(Some(e)) => e,
                         Ok(None) => break,
                         Err(_) if next > offset => break,

@@ -1,6 +1,6 @@
-//! Each entry's check: a damaged entry is an error to a read, never a message skipped or
-//! misplaced; a torn entry at the tail does not stop a reopen (the store's replay
-//! overwrites it); entries written before checks were kept read as they did.
+//! Each entry's check: a damaged entry is an error to a checked read (a tag filter's),
+//! never a message skipped; a torn entry at the tail does not stop a reopen (the store's
+//! replay overwrites it); entries written before checks were kept read as they did.
 
 use super::*;
 
@@ -25,7 +25,7 @@ fn a_damaged_entry_fails_its_read_and_only_its_own() {
         drop(queue);
         flip(dir.path(), 4, at);
         let queue = open(dir.path(), 16);
-        match queue.get(4) {
+        match queue.get_checked(4) {
             Err(IndexError::Corrupt { path, reason }) => {
                 assert!(path.ends_with("00000000000000000000"), "{path:?}");
                 assert!(reason.contains("entry 4 fails its check"), "{reason}");
@@ -33,7 +33,18 @@ fn a_damaged_entry_fails_its_read_and_only_its_own() {
             other => panic!("byte {at}: {other:?}"),
         }
         for queue_offset in (0..10).filter(|&q| q != 4) {
-            assert_eq!(queue.get(queue_offset).unwrap(), Some(entry(queue_offset)));
+            let e = queue.get_checked(queue_offset).unwrap();
+            assert_eq!(e, Some(entry(queue_offset)));
+        }
+        // Unchecked (the searches by place in the log), it reads with the check's bits
+        // taken off the offset.
+        let unchecked = queue.get(4).unwrap().unwrap();
+        if at >= 6 {
+            assert_eq!(
+                unchecked.physical_offset,
+                entry(4).physical_offset,
+                "byte {at}"
+            );
         }
     }
 }
@@ -69,7 +80,7 @@ fn a_torn_last_entry_is_reopened_cut_and_overwritten() {
     flip(dir.path(), 5, TAG_HASH_AT + 3);
     let mut queue = ConsumeQueue::open(dir.path(), cfg(16)).unwrap();
     assert_eq!(queue.max_offset(), 6);
-    assert!(queue.get(5).is_err());
+    assert!(queue.get_checked(5).is_err());
     queue.truncate_after_log_end(entry(5).end()).unwrap();
     assert_eq!(queue.max_offset(), 6, "the record is within the log");
     queue.put(5, entry(5)).unwrap();
@@ -88,5 +99,5 @@ fn a_log_offset_past_what_an_entry_holds_is_refused() {
     assert!(matches!(queue.put(0, far), Err(IndexError::Corrupt { .. })));
     far.physical_offset = CQ_PHYSICAL_OFFSET_MAX - 200;
     queue.put(0, far).unwrap();
-    assert_eq!(queue.get(0).unwrap(), Some(far));
+    assert_eq!(queue.get_checked(0).unwrap(), Some(far));
 }
