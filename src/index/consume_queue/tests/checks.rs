@@ -3,6 +3,7 @@
 //! replay overwrites it); entries written before checks were kept read as they did.
 
 use super::*;
+use crate::index::consume_queue::entry::TAG_HASH_AT;
 
 /// Flips one bit of byte `at` of entry `i` of the queue's first file.
 fn flip(dir: &Path, i: u64, at: usize) {
