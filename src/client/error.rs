@@ -38,6 +38,19 @@ pub enum ClientError {
     /// names the file and the operation).
     #[error("local offsets: {0}")]
     OffsetStore(String),
+    /// The first record a pull of the queue from `offset` read is damaged (its CRC or its
+    /// structure fails): it is not delivered, and nothing after it is until the consumer
+    /// moves past it (the records before it in the same answer were delivered).
+    #[error(
+        "the record at offset {offset} of {topic}[{queue_id}] (the first one a pull from there reads) is damaged: {reason}; nothing from there on is consumed until the group's offset is moved past it (its members stopped: `ringmq offset commit GROUP {topic} {queue_id} {}`)",
+        .offset + 1
+    )]
+    DamagedRecord {
+        topic: String,
+        queue_id: u32,
+        offset: u64,
+        reason: String,
+    },
 }
 
 fn display_code(code: Option<ErrorCode>, raw_code: u16) -> String {
@@ -56,6 +69,7 @@ impl ClientError {
             ClientError::Broker { code, .. } => code.is_some_and(ErrorCode::is_retriable),
             ClientError::Timeout { .. } | ClientError::Connection(_) => true,
             ClientError::Protocol(_)
+            | ClientError::DamagedRecord { .. }
             | ClientError::BadHandshake(_)
             | ClientError::BodyTooLarge { .. }
             | ClientError::InvalidArgument(_)

@@ -342,8 +342,23 @@ impl Client {
             .await?;
         let (meta, mut messages) = match reply.response()? {
             Response::Pull(pull) => {
-                let messages = self.messages(&reply, &pull, None)?;
-                (pull.meta().clone(), messages)
+                let (messages, damaged) = self.messages_until_damaged(&reply, &pull, None)?;
+                let mut meta = pull.meta().clone();
+                // A damaged record: those before it are answered, and the next pull
+                // starts at it (so fails there, naming it), never past it.
+                match (damaged, messages.last()) {
+                    (None, _) => {}
+                    (Some(e), None) => {
+                        return Err(ClientError::DamagedRecord {
+                            topic: topic.to_owned(),
+                            queue_id,
+                            offset,
+                            reason: e.to_string(),
+                        })
+                    }
+                    (Some(_), Some(last)) => meta.next_offset = last.queue_offset() + 1,
+                }
+                (meta, messages)
             }
             other => return Err(unexpected(Kind::PullResult, &other)),
         };
@@ -672,6 +687,20 @@ impl Client {
         answer: &WithRecords<'_, M>,
         store_id: Option<u32>,
     ) -> Result<Vec<Message>> {
+        match self.messages_until_damaged(reply, answer, store_id)? {
+            (messages, None) => Ok(messages),
+            (_, Some(e)) => Err(ProtocolError::BadRecord(e).into()),
+        }
+    }
+
+    /// [`Self::messages`], stopping at a damaged record: the messages before it, and its
+    /// error (the count the answer names is not checked then).
+    fn messages_until_damaged<M: RecordCount>(
+        &self,
+        reply: &Reply,
+        answer: &WithRecords<'_, M>,
+        store_id: Option<u32>,
+    ) -> Result<(Vec<Message>, Option<crate::protocol::record::RecordError>)> {
         // The ids only: the whole `BrokerInfo` clones a string per shard.
         let (broker_id, shard_count) = self.inner.ids();
         let expected = answer.meta().record_count();
@@ -682,7 +711,10 @@ impl Client {
         // A pull's records share one queue: its owner is computed once.
         let mut last: Option<((&str, u32), u32)> = None;
         for record in RecordIter::new(answer.raw_records()) {
-            let record = record.map_err(ProtocolError::BadRecord)?;
+            let record = match record {
+                Ok(record) => record,
+                Err(e) => return Ok((messages, Some(e))),
+            };
             let len = record.as_bytes().len();
             let store = store_id.unwrap_or_else(|| {
                 let queue = (record.topic(), record.queue_id());
@@ -705,7 +737,7 @@ impl Client {
             }
             .into());
         }
-        Ok(messages)
+        Ok((messages, None))
     }
 }
 
