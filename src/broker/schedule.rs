@@ -286,15 +286,19 @@ impl Schedule {
 }
 
 /// The oldest log offset the schedule still needs: its oldest held message, or the first
-/// done record a recovery would read.
+/// done record a recovery would read. 0 (everything held) when either cannot be looked up:
+/// a lookup that failed is no absence, and retention must not pass what it could not see.
 fn retention_floor(store: &MessageStore, schedule: &Schedule, done_from: u64) -> u64 {
     let oldest = schedule.entries().map(|(_, off)| off).min();
-    let held = oldest
-        .and_then(|off| store.queue_entry(SCHEDULE_TOPIC, 0, off))
-        .map(|e| e.physical_offset);
-    let done = store
-        .queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from)
-        .map(|e| e.physical_offset);
+    let held = match oldest.map(|off| store.queue_entry(SCHEDULE_TOPIC, 0, off)) {
+        None => None,
+        Some(Ok(entry)) => entry.map(|e| e.physical_offset),
+        Some(Err(_)) => return 0,
+    };
+    let done = match store.queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from) {
+        Ok(entry) => entry.map(|e| e.physical_offset),
+        Err(_) => return 0,
+    };
     held.into_iter().chain(done).min().unwrap_or(u64::MAX)
 }
 

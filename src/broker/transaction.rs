@@ -485,19 +485,28 @@ impl ShardCtx {
     /// Keeps the oldest unresolved half message (and every later record) from retention:
     /// the pending ones, and those whose outcome is being written (one that fails is
     /// pending again). A half not in the index (its send was cut from the log by a full
-    /// disk, and failed) holds nothing.
+    /// disk, and failed) holds nothing; one whose lookup fails holds everything (0) until a
+    /// lookup works: retention must not pass what it could not see.
     fn hold_halves(&self) {
         let txn = self.txn.borrow();
-        let stored = |&half: &u64| self.store.queue_entry(HALF_TOPIC, 0, half);
-        let floor = [
-            txn.pending.keys().find_map(stored),
-            txn.resolving.keys().find_map(stored),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|entry| entry.physical_offset)
-        .min()
-        .unwrap_or(u64::MAX);
+        // The first half of `halves` the index holds: its place in the log.
+        let oldest = |halves: &mut dyn Iterator<Item = &u64>| -> Result<Option<u64>, ()> {
+            for &half in halves {
+                match self.store.queue_entry(HALF_TOPIC, 0, half) {
+                    Ok(Some(entry)) => return Ok(Some(entry.physical_offset)),
+                    Ok(None) => {}
+                    Err(_) => return Err(()),
+                }
+            }
+            Ok(None)
+        };
+        let floor = match (
+            oldest(&mut txn.pending.keys()),
+            oldest(&mut txn.resolving.keys()),
+        ) {
+            (Ok(a), Ok(b)) => a.into_iter().chain(b).min().unwrap_or(u64::MAX),
+            _ => 0,
+        };
         drop(txn);
         self.store.set_retention_floor(Holder::Transactions, floor);
     }
@@ -581,10 +590,10 @@ impl ShardCtx {
             if h.topic != topic || failed.contains_key(&half) {
                 continue;
             }
-            let size = self
-                .store
-                .queue_entry(HALF_TOPIC, 0, half)
-                .map_or(0, |entry| u64::from(entry.size));
+            let size = match self.store.queue_entry(HALF_TOPIC, 0, half) {
+                Ok(entry) => entry.map_or(0, |e| u64::from(e.size)),
+                Err(_) => 0,
+            };
             bytes += size;
             if halves.len() == DISCARDS_AT_ONCE
                 || (!halves.is_empty() && bytes > DISCARD_BYTES_AT_ONCE)
@@ -805,11 +814,13 @@ impl ShardCtx {
         let mut aged = Vec::new();
         for &half in self.txn.borrow().pending.keys() {
             match self.store.queue_entry(HALF_TOPIC, 0, half) {
-                Some(e) if e.physical_offset < wanted => aged.push(half),
+                Ok(Some(e)) if e.physical_offset < wanted => aged.push(half),
                 // The ones after it are stored later.
-                Some(_) => break,
+                Ok(Some(_)) => break,
                 // Not in the index: a send a full disk cut (it failed).
-                None => {}
+                Ok(None) => {}
+                // Not looked up: held (the floor holds it too), tried at the next pass.
+                Err(_) => break,
             }
             if aged.len() == HALVES_DISCARDED_PER_PASS {
                 break;

@@ -174,9 +174,21 @@ impl MessageStore {
         Ok(entries)
     }
 
-    /// The consume-queue entry at a queue offset, if the queue holds it.
-    pub fn queue_entry(&self, topic: &str, queue_id: u32, offset: u64) -> Option<CqEntry> {
-        self.entry(topic, queue_id, offset).ok()
+    /// The consume-queue entry at a queue offset, `None` if the queue does not hold it
+    /// (outside its range, or a slot a cut send left empty). Fails when the index cannot
+    /// be read (a file that cannot be mapped): a caller holding records from retention by
+    /// it must hold, not take the failure for an absence.
+    pub fn queue_entry(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+    ) -> Result<Option<CqEntry>, StoreError> {
+        match self.entry(topic, queue_id, offset) {
+            Ok(e) => Ok(Some(e)),
+            Err(StoreError::OffsetTooSmall { .. } | StoreError::OffsetTooBig { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads the message at a queue offset.

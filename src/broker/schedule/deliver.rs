@@ -264,6 +264,14 @@ impl ShardCtx {
         };
         let mut woken: Vec<(String, u32)> = Vec::new();
         for (off, copy) in local {
+            // Checked again with nothing awaited before the append: a move to the
+            // undeliverable topic above may have waited while the topic was deleted, and an
+            // append now would put the copy in a queue no one can read (or in the next topic
+            // of that name).
+            if self.known_queue(&copy.topic, copy.queue_id).is_err() {
+                self.retry_later([off], now + PARK_MS);
+                continue;
+            }
             match self.store.append(&copy.draft()) {
                 Ok(put) => {
                     written = written.max(put.written());
@@ -403,10 +411,16 @@ impl ShardCtx {
         let mut out = HashMap::with_capacity(offsets.len());
         let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
         let mut i = 0;
+        // Offsets below this are read one at a time: a read of a run failed, and only the
+        // offset whose own read fails may be taken for lost (its neighbours are not).
+        let mut alone_until = 0;
         while i < offsets.len() {
             let start = offsets[i];
             let mut run = 1;
-            while i + run < offsets.len() && offsets[i + run] == start + run as u64 {
+            while start >= alone_until
+                && i + run < offsets.len()
+                && offsets[i + run] == start + run as u64
+            {
                 run += 1;
             }
             let read = self
@@ -435,6 +449,9 @@ impl ShardCtx {
                             i += 1;
                         }
                     }
+                }
+                Err(StoreError::OffsetTooSmall { .. } | StoreError::Log(_)) if run > 1 => {
+                    alone_until = start + run as u64;
                 }
                 Err(e @ (StoreError::OffsetTooSmall { .. } | StoreError::Log(_))) => {
                     let failure = match &e {
@@ -511,9 +528,9 @@ impl ShardCtx {
                 .iter()
                 .filter(|(due, off)| *due > not_before && !s.superseded.contains(off))
                 .filter(|(_, off)| {
-                    self.store
-                        .queue_entry(SCHEDULE_TOPIC, 0, **off)
-                        .is_some_and(|e| e.physical_offset < wanted)
+                    let entry = self.store.queue_entry(SCHEDULE_TOPIC, 0, **off);
+                    // One that cannot be looked up stays (the floor holds it).
+                    matches!(entry, Ok(Some(e)) if e.physical_offset < wanted)
                 })
                 .map(|(due, off)| (due, *off))
                 .collect();

@@ -8,8 +8,10 @@ use super::{
     OUTCOME_DISCARDED, RESOLVED_REMEMBERED,
 };
 use crate::broker::ShardCtx;
+use crate::log::LogError;
 use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
 use crate::protocol::TRANSACTION_COMMIT;
+use crate::store::StoreError;
 
 impl ShardCtx {
     /// Rebuilds the unresolved half messages after a start: every op record (kept as one
@@ -31,8 +33,14 @@ impl ShardCtx {
             .queue_range(OP_TOPIC, 0)
             .map_err(|e| e.to_string())?;
         let mut next = op_min;
+        let mut chunks = Chunks::default();
         while next < op_end {
-            let read = self.read_chunk(OP_TOPIC, next, op_end - next).await?;
+            let read = self.read_chunk(OP_TOPIC, next, op_end - next, &mut chunks);
+            let Some(read) = read.await? else {
+                damaged.note("op record", next);
+                next += 1;
+                continue;
+            };
             let Some(&last) = read.queue_offsets().last() else {
                 break;
             };
@@ -58,8 +66,14 @@ impl ShardCtx {
         // Copies that could not be looked for: how many, and the first (transaction, why).
         let mut lookups_failed: Option<(usize, u64, String)> = None;
         let mut next = min;
+        let mut chunks = Chunks::default();
         while let Some((from, to)) = has_op.next_run_without(next) {
-            let read = self.read_chunk(HALF_TOPIC, from, to - from).await?;
+            let read = self.read_chunk(HALF_TOPIC, from, to - from, &mut chunks);
+            let Some(read) = read.await? else {
+                damaged.note("half message", from);
+                next = from + 1;
+                continue;
+            };
             let Some(&last) = read.queue_offsets().last() else {
                 break;
             };
@@ -183,18 +197,45 @@ impl ShardCtx {
     }
 
     /// Up to 1024 records (16 MiB) of queue 0 of a system topic from `from`, at most `n`.
+    /// A read that fails for a damaged record (not I/O) is made again one record at a
+    /// time over its offsets (`chunks`): `None` for the one record whose own read fails,
+    /// which the caller counts as damaged and passes; the others are read.
     async fn read_chunk(
         &self,
         topic: &str,
         from: u64,
         n: u64,
-    ) -> Result<crate::store::QueueRead, String> {
-        let max = u32::try_from(n.min(1024)).unwrap_or(1024);
-        self.store
-            .read_queue(topic, 0, from, max, 16 << 20, &[])
-            .await
-            .map_err(|e| format!("reading {topic} at {from}: {e}"))
+        chunks: &mut Chunks,
+    ) -> Result<Option<crate::store::QueueRead>, String> {
+        loop {
+            let alone = from < chunks.alone_until;
+            let max = if alone {
+                1
+            } else {
+                u32::try_from(n.min(1024)).unwrap_or(1024)
+            };
+            match self
+                .store
+                .read_queue(topic, 0, from, max, 16 << 20, &[])
+                .await
+            {
+                Ok(read) => return Ok(Some(read)),
+                Err(StoreError::Log(e)) if !matches!(e, LogError::Io { .. }) => {
+                    if max == 1 {
+                        return Ok(None);
+                    }
+                    chunks.alone_until = from + u64::from(max);
+                }
+                Err(e) => return Err(format!("reading {topic} at {from}: {e}")),
+            }
+        }
     }
+}
+
+/// Where reads go one record at a time ([`ShardCtx::read_chunk`]).
+#[derive(Default)]
+struct Chunks {
+    alone_until: u64,
 }
 
 /// Which half messages (queue offsets in `[min, end)` of the half topic) have an op record:
