@@ -271,6 +271,10 @@ fn a_commit_after_its_topic_was_deleted_is_refused_and_its_message_kept_as_disca
         assert_eq!(kept.transaction_id, sent.transaction_id);
         let copy = client.message_by_id(&kept.msg_id).await.unwrap().unwrap();
         assert_eq!(copy.body(), b"orphan");
+        // It says where it was going, for as long as it is kept (the list is memory only).
+        assert_eq!(copy.property("REAL_TOPIC"), Some("tx-gone"));
+        let queue = sent.queue_id.to_string();
+        assert_eq!(copy.property("REAL_QID"), Some(queue.as_str()));
         // The name, created again, holds nothing of it.
         assert!(visible(&client, "tx-gone").await.is_empty());
         tp.shutdown().await;

@@ -640,14 +640,18 @@ impl ShardCtx {
         // No await from here to the op record: the two appends are adjacent in the log.
         let mut copy = None;
         if let Some(view) = &view {
-            let (topic, queue_id) = if outcome == TRANSACTION_COMMIT {
-                (h.topic.as_str(), h.queue_id)
+            // A discarded copy keeps where it was going (`REAL_TOPIC`, `REAL_QID`), as a
+            // copy in the undeliverable topic does: the list of recent discards is memory
+            // only, and the copy may be looked at long after.
+            let (topic, queue_id, dropped) = if outcome == TRANSACTION_COMMIT {
+                let dropped: &[&str] = &[prop::TRAN_MSG, prop::REAL_TOPIC, prop::REAL_QID];
+                (h.topic.as_str(), h.queue_id, dropped)
             } else {
-                (DISCARDED_TOPIC, 0)
+                (DISCARDED_TOPIC, 0, &[prop::TRAN_MSG][..])
             };
             let props = rebuild_properties(
                 view.properties(),
-                &[prop::TRAN_MSG, prop::REAL_TOPIC, prop::REAL_QID],
+                dropped,
                 &[(prop::TRANSACTION_ID, &tran_id)],
             )?;
             let draft = RecordDraft {
@@ -737,9 +741,15 @@ impl ShardCtx {
                 if h.checks >= self.cfg.transaction_check_max {
                     match self.resolve_half(half, OUTCOME_DISCARDED).await {
                         Ok(_) => {
+                            // The kept copy's id (`ringmq message id` reads it; the half's
+                            // own is of a system topic).
+                            let copy = self.txn.borrow().discarded_recent.back().and_then(|d| {
+                                (d.transaction_id == half + 1).then(|| d.msg_id.clone())
+                            });
                             crate::warn!(
-                                "ringmq: shard {}: transaction {} of producer group {} ({}) discarded after {} checks; kept in {DISCARDED_TOPIC}",
-                                self.id, half + 1, h.group(), h.msg_id, h.checks
+                                "ringmq: shard {}: transaction {} of producer group {} (for {}[{}]) discarded after {} checks; kept in {DISCARDED_TOPIC} as message {}",
+                                self.id, half + 1, h.group(), h.topic, h.queue_id, h.checks,
+                                copy.as_deref().unwrap_or("(none: a full disk cut the copy)")
                             );
                         }
                         Err(e) => crate::warn!(
