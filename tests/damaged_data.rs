@@ -96,7 +96,10 @@ fn a_damaged_record_stops_its_queue_at_its_offset_and_names_it() {
             .unwrap();
         producer.client().create_topic("rot", 1).await.unwrap();
         for i in 0..10 {
-            let m = OutgoingMessage::new(format!("rot-body-{i:04}"));
+            let mut m = OutgoingMessage::new(format!("rot-body-{i:04}"));
+            if i % 2 == 1 {
+                m = m.with_tags("A");
+            }
             producer.send("rot", m).await.unwrap();
         }
         fill_four_segments(&producer).await;
@@ -139,6 +142,16 @@ fn a_damaged_record_stops_its_queue_at_its_offset_and_names_it() {
         let after = pull(6).await.unwrap();
         let offsets: Vec<u64> = after.messages.iter().map(|m| m.queue_offset()).collect();
         assert_eq!(offsets, [6, 7, 8, 9], "past it, the rest is there");
+        // Filtered, a pull's answer starts past where it started: the error names the
+        // damaged record's own offset, not the pull's.
+        let tagged = |offset| client.pull("rot", 0, offset, 32, Duration::ZERO, &["A"]);
+        let before = tagged(0).await.unwrap();
+        let offsets: Vec<u64> = before.messages.iter().map(|m| m.queue_offset()).collect();
+        assert_eq!((offsets, before.next_offset), (vec![1, 3], 4));
+        match tagged(4).await {
+            Err(ClientError::DamagedRecord { offset, .. }) => assert_eq!(offset, 5),
+            other => panic!("{other:?}"),
+        }
     });
 }
 

@@ -82,6 +82,9 @@ pub struct Schedule {
     running: bool,
     /// Something changed since the last snapshot.
     changed: bool,
+    /// The retention floor holds everything (0): a lookup failed when it was set. Set
+    /// again at each snapshot pass until one works, changed or not.
+    floor_held: bool,
 }
 
 /// A message to store, owned: a send that travels to another shard, a send-back, a
@@ -158,6 +161,7 @@ impl Schedule {
             marking: 0,
             running: false,
             changed: false,
+            floor_held: false,
         }
     }
 
@@ -279,27 +283,41 @@ impl Schedule {
                 done_end.saturating_sub(done_from.max(done_min)),
             );
         }
-        let floor = retention_floor(store, &schedule, done_from.max(done_min));
+        let floor = match retention_floor(store, &schedule, done_from.max(done_min)) {
+            Ok(floor) => floor,
+            Err(e) => {
+                crate::warn!(
+                    "ringmq: {}: the schedule holds the whole log from retention until a lookup works: {e}",
+                    store.dir().display()
+                );
+                schedule.floor_held = true;
+                0
+            }
+        };
         store.set_retention_floor(Holder::Schedule, floor);
         Ok(schedule)
     }
 }
 
 /// The oldest log offset the schedule still needs: its oldest held message, or the first
-/// done record a recovery would read. 0 (everything held) when either cannot be looked up:
-/// a lookup that failed is no absence, and retention must not pass what it could not see.
-fn retention_floor(store: &MessageStore, schedule: &Schedule, done_from: u64) -> u64 {
+/// done record a recovery would read. Fails when either cannot be looked up: a lookup that
+/// failed is no absence, and the caller holds everything (0) rather than pass what it could
+/// not see.
+fn retention_floor(
+    store: &MessageStore,
+    schedule: &Schedule,
+    done_from: u64,
+) -> Result<u64, crate::store::StoreError> {
     let oldest = schedule.entries().map(|(_, off)| off).min();
-    let held = match oldest.map(|off| store.queue_entry(SCHEDULE_TOPIC, 0, off)) {
+    let held = match oldest {
+        Some(off) => store.queue_entry(SCHEDULE_TOPIC, 0, off)?,
         None => None,
-        Some(Ok(entry)) => entry.map(|e| e.physical_offset),
-        Some(Err(_)) => return 0,
     };
-    let done = match store.queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from) {
-        Ok(entry) => entry.map(|e| e.physical_offset),
-        Err(_) => return 0,
-    };
-    held.into_iter().chain(done).min().unwrap_or(u64::MAX)
+    let done = store.queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from)?;
+    Ok((held.into_iter().chain(done))
+        .map(|e| e.physical_offset)
+        .min()
+        .unwrap_or(u64::MAX))
 }
 
 struct Snapshot {
@@ -446,6 +464,23 @@ impl ShardCtx {
         })
     }
 
+    /// Sets the retention floor to what the schedule still needs (records from the done
+    /// queue's `done_end` on); everything (0) while a lookup fails, said once a minute.
+    fn set_schedule_floor(&self, done_end: u64) {
+        let floor = retention_floor(&self.store, &self.schedule.borrow(), done_end);
+        let (floor, held) = match floor {
+            Ok(floor) => (floor, false),
+            Err(e) => {
+                self.log_rarely(format_args!(
+                    "the schedule holds the whole log from retention until a lookup works: {e}"
+                ));
+                (0, true)
+            }
+        };
+        self.schedule.borrow_mut().floor_held = held;
+        self.store.set_retention_floor(Holder::Schedule, floor);
+    }
+
     /// Writes a snapshot of the schedule if it changed, and moves the retention floor up
     /// to what the schedule still needs.
     pub async fn snapshot_schedule(&self) {
@@ -454,6 +489,12 @@ impl ShardCtx {
         let snapshot = {
             let mut s = self.schedule.borrow_mut();
             if !s.changed {
+                if s.floor_held {
+                    drop(s);
+                    if let Ok((_, done_end)) = self.store.queue_range(SCHEDULE_DONE_TOPIC, 0) {
+                        self.set_schedule_floor(done_end);
+                    }
+                }
                 return;
             }
             let ends = self
@@ -486,10 +527,7 @@ impl ShardCtx {
         let written =
             crate::io::blocking(move || write_snapshot(&dir, &encode_snapshot(&snapshot))).await;
         match written {
-            Ok(()) => {
-                let floor = retention_floor(&self.store, &self.schedule.borrow(), done_end);
-                self.store.set_retention_floor(Holder::Schedule, floor);
-            }
+            Ok(()) => self.set_schedule_floor(done_end),
             Err(e) => {
                 self.schedule.borrow_mut().changed = true;
                 crate::warn!(

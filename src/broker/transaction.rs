@@ -96,6 +96,8 @@ pub struct Transactions {
     checks_undelivered: u64,
     /// The latest discards (their copies in [`DISCARDED_TOPIC`]), newest last.
     discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
+    /// When a failed lookup that holds the whole log (`hold_halves`) may be said again.
+    hold_said_after_ms: u64,
 }
 
 /// Most discards a topic's deletion writes at once.
@@ -490,24 +492,31 @@ impl ShardCtx {
     fn hold_halves(&self) {
         let txn = self.txn.borrow();
         // The first half of `halves` the index holds: its place in the log.
-        let oldest = |halves: &mut dyn Iterator<Item = &u64>| -> Result<Option<u64>, ()> {
+        let oldest = |halves: &mut dyn Iterator<Item = &u64>| {
             for &half in halves {
-                match self.store.queue_entry(HALF_TOPIC, 0, half) {
-                    Ok(Some(entry)) => return Ok(Some(entry.physical_offset)),
-                    Ok(None) => {}
-                    Err(_) => return Err(()),
+                if let Some(entry) = self.store.queue_entry(HALF_TOPIC, 0, half)? {
+                    return Ok(Some(entry.physical_offset));
                 }
             }
-            Ok(None)
+            Ok::<_, crate::store::StoreError>(None)
         };
-        let floor = match (
-            oldest(&mut txn.pending.keys()),
-            oldest(&mut txn.resolving.keys()),
-        ) {
-            (Ok(a), Ok(b)) => a.into_iter().chain(b).min().unwrap_or(u64::MAX),
-            _ => 0,
-        };
+        let floor = oldest(&mut txn.pending.keys()).and_then(|a| {
+            let b = oldest(&mut txn.resolving.keys())?;
+            Ok(a.into_iter().chain(b).min().unwrap_or(u64::MAX))
+        });
         drop(txn);
+        let floor = floor.unwrap_or_else(|e| {
+            let now = now_ms();
+            let mut txn = self.txn.borrow_mut();
+            if now >= txn.hold_said_after_ms {
+                txn.hold_said_after_ms = now + 60_000;
+                crate::warn!(
+                    "ringmq: shard {}: unresolved transactions hold the whole log from retention until a lookup works: {e}",
+                    self.id
+                );
+            }
+            0
+        });
         self.store.set_retention_floor(Holder::Transactions, floor);
     }
 

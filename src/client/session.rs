@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::{sleep_until, timeout_at, Instant};
 
-use crate::protocol::record::RecordIter;
+use crate::protocol::record::{RecordError, RecordIter, RecordView};
 use crate::protocol::ErrorCode;
 use crate::protocol::{
     BrokerLimits, CommitOffset, CreateTopic, DeleteTopic, DescribeTopic, GetMaxOffset,
@@ -348,11 +348,13 @@ impl Client {
                 // starts at it (so fails there, naming it), never past it.
                 match (damaged, messages.last()) {
                     (None, _) => {}
-                    (Some(e), None) => {
+                    // Its own queue offset when its header still reads (the broker checked
+                    // it against its index entry): a filter's answer starts past the pull's.
+                    (Some((e, at)), None) => {
                         return Err(ClientError::DamagedRecord {
                             topic: topic.to_owned(),
                             queue_id,
-                            offset,
+                            offset: at.unwrap_or(offset),
                             reason: e.to_string(),
                         })
                     }
@@ -689,18 +691,19 @@ impl Client {
     ) -> Result<Vec<Message>> {
         match self.messages_until_damaged(reply, answer, store_id)? {
             (messages, None) => Ok(messages),
-            (_, Some(e)) => Err(ProtocolError::BadRecord(e).into()),
+            (_, Some((e, _))) => Err(ProtocolError::BadRecord(e).into()),
         }
     }
 
     /// [`Self::messages`], stopping at a damaged record: the messages before it, and its
-    /// error (the count the answer names is not checked then).
+    /// error with its queue offset if its header reads (the count the answer names is not
+    /// checked then).
     fn messages_until_damaged<M: RecordCount>(
         &self,
         reply: &Reply,
         answer: &WithRecords<'_, M>,
         store_id: Option<u32>,
-    ) -> Result<(Vec<Message>, Option<crate::protocol::record::RecordError>)> {
+    ) -> Result<(Vec<Message>, Option<Damage>)> {
         // The ids only: the whole `BrokerInfo` clones a string per shard.
         let (broker_id, shard_count) = self.inner.ids();
         let expected = answer.meta().record_count();
@@ -713,7 +716,10 @@ impl Client {
         for record in RecordIter::new(answer.raw_records()) {
             let record = match record {
                 Ok(record) => record,
-                Err(e) => return Ok((messages, Some(e))),
+                Err(e) => {
+                    let at = RecordView::parse_unchecked_crc(&frame[at..]).ok();
+                    return Ok((messages, Some((e, at.map(|v| v.queue_offset())))));
+                }
             };
             let len = record.as_bytes().len();
             let store = store_id.unwrap_or_else(|| {
@@ -740,6 +746,9 @@ impl Client {
         Ok((messages, None))
     }
 }
+
+/// A damaged record met in an answer: why, and its queue offset if its header reads.
+type Damage = (RecordError, Option<u64>);
 
 impl Inner {
     /// The broker's id and shard count ((0, 1) before the first handshake), read in place:

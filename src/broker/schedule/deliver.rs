@@ -618,7 +618,7 @@ impl ShardCtx {
     }
 
     /// Logs a line about the schedule at most once a minute (per shard).
-    fn log_rarely(&self, what: std::fmt::Arguments<'_>) {
+    pub(super) fn log_rarely(&self, what: std::fmt::Arguments<'_>) {
         let now = now_ms();
         if now >= self.schedule_log_after.get() {
             self.schedule_log_after.set(now + LOG_EVERY_MS);
