@@ -28,8 +28,12 @@
 //! Retention: the oldest unresolved half holds the store's retention floor, and a half
 //! stored where retention wants to delete is discarded as after its last check, so none
 //! goes unresolved with its segment and none holds the log for ever.
+//!
+//! Files: this one (halves, outcomes, checks, listing), `pending` (the unresolved halves),
+//! `recovery` (the rebuild at start), `retention` (floor and discards), `producers` (the
+//! producers checks go to).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -41,13 +45,16 @@ use crate::protocol::record::{
 };
 use crate::protocol::{
     encode_frame, CheckTransaction, EndTransaction, ErrorBody, ErrorCode, Flags, HalfMessageInfo,
-    ProducerHeartbeat, TransactionList, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK,
-    TRANSACTION_UNKNOWN,
+    TransactionList, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK, TRANSACTION_UNKNOWN,
 };
 use crate::store::{Holder, PutResult};
 
 mod pending;
+mod producers;
 mod recovery;
+mod retention;
+
+pub use producers::ProducerGroups;
 
 use pending::{Half, PendingHalves};
 
@@ -73,10 +80,6 @@ pub const TRANSACTION_PENDING_MAX_DEFAULT: usize = 200_000;
 pub const TRANSACTION_GROUP_PENDING_MAX_DEFAULT: usize = 50_000;
 /// Resolved transactions remembered per shard (to answer a repeated outcome).
 const RESOLVED_REMEMBERED: usize = 200_000;
-/// Most producers registered per producer group.
-const PRODUCERS_PER_GROUP_MAX: usize = 1024;
-/// Most half messages discarded in one pass for being past retention.
-const HALVES_DISCARDED_PER_PASS: usize = 1024;
 /// The op record's outcome for a half message given up after its checks.
 const OUTCOME_DISCARDED: u8 = 3;
 
@@ -99,13 +102,6 @@ pub struct Transactions {
     /// When a failed lookup that holds the whole log (`hold_halves`) may be said again.
     hold_said_after_ms: u64,
 }
-
-/// Most discards a topic's deletion writes at once.
-const DISCARDS_AT_ONCE: usize = 256;
-
-/// Most record bytes a topic's deletion reads and copies at once (each discard holds its
-/// half's record and its copy until written).
-const DISCARD_BYTES_AT_ONCE: u64 = 16 << 20;
 
 /// Discards listed by [`ListTransactions`](crate::protocol::ListTransactions), per shard.
 const DISCARDED_LISTED: usize = 100;
@@ -172,13 +168,6 @@ impl Transactions {
             }
         }
     }
-}
-
-/// Producers of each group with a live connection, kept by the group's coordinator shard:
-/// connection id → client id.
-#[derive(Default)]
-pub struct ProducerGroups {
-    groups: HashMap<String, BTreeMap<u64, String>>,
 }
 
 fn now_ms() -> u64 {
@@ -484,136 +473,6 @@ impl ShardCtx {
         result
     }
 
-    /// Keeps the oldest unresolved half message (and every later record) from retention:
-    /// the pending ones, and those whose outcome is being written (one that fails is
-    /// pending again). A half not in the index (its send was cut from the log by a full
-    /// disk, and failed) holds nothing; one whose lookup fails holds everything (0) until a
-    /// lookup works: retention must not pass what it could not see.
-    fn hold_halves(&self) {
-        let txn = self.txn.borrow();
-        // The first half of `halves` the index holds: its place in the log.
-        let oldest = |halves: &mut dyn Iterator<Item = &u64>| {
-            for &half in halves {
-                if let Some(entry) = self.store.queue_entry(HALF_TOPIC, 0, half)? {
-                    return Ok(Some(entry.physical_offset));
-                }
-            }
-            Ok::<_, crate::store::StoreError>(None)
-        };
-        let floor = oldest(&mut txn.pending.keys()).and_then(|a| {
-            let b = oldest(&mut txn.resolving.keys())?;
-            Ok(a.into_iter().chain(b).min().unwrap_or(u64::MAX))
-        });
-        drop(txn);
-        let floor = floor.unwrap_or_else(|e| {
-            let now = now_ms();
-            let mut txn = self.txn.borrow_mut();
-            if now >= txn.hold_said_after_ms {
-                txn.hold_said_after_ms = now + 60_000;
-                crate::warn!(
-                    "ringmq: shard {}: unresolved transactions hold the whole log from retention until a lookup works: {e}",
-                    self.id
-                );
-            }
-            0
-        });
-        self.store.set_retention_floor(Holder::Transactions, floor);
-    }
-
-    /// Pending halves at or past the next offset of the halves' queue were cut from the log
-    /// with the write that found the disk full, and their sends refused: no producer ends
-    /// them, and nothing is stored to check or discard. They leave the list (a half that
-    /// takes such an offset later is listed as it is appended).
-    fn forget_cut_halves(&self) {
-        let Ok(Some(next)) = self.store.queue_next_offset(HALF_TOPIC, 0) else {
-            return;
-        };
-        let cut = self.txn.borrow_mut().pending.split_off(&next);
-        if let (Some(first), Some(last)) = (cut.keys().next(), cut.keys().next_back()) {
-            crate::warn!(
-                "ringmq: shard {}: {} half message(s) (transactions {}..={}) were cut from the log by a full disk, their sends refused: no longer listed as unresolved",
-                self.id,
-                cut.len(),
-                first + 1,
-                last + 1
-            );
-        }
-    }
-
-    /// A deleted topic's pending transactions on this shard are discarded (kept, listed and
-    /// counted): a commit arriving later, even after a topic of the name was created
-    /// again, must not put an old transaction's message in the new topic. Run once the
-    /// shard's table has no topic of the name (no half is stored for it from then on); waits
-    /// for the outcomes being written for its halves (one that fails puts its half back).
-    /// An `Err` says how many could not be discarded and why: their halves stay pending,
-    /// and the deletion is retried.
-    pub(super) async fn discard_halves_of(&self, topic: &str) -> Result<(), String> {
-        let mut failed: BTreeMap<u64, String> = BTreeMap::new();
-        let mut discarded = 0usize;
-        loop {
-            Transactions::resolutions_ended(&self.txn, |_, t| t == topic).await;
-            let halves = self.next_discards(topic, &failed);
-            if halves.is_empty() {
-                break;
-            }
-            // Together, so their writes share the log's flushes.
-            let discards = halves
-                .iter()
-                .map(|&half| self.resolve_half(half, OUTCOME_DISCARDED));
-            let results = futures_util::future::join_all(discards).await;
-            for (half, result) in halves.into_iter().zip(results) {
-                match result {
-                    Ok(()) => discarded += 1,
-                    // Resolved meanwhile by its producer.
-                    Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
-                    Err(e) => {
-                        failed.insert(half, e.message);
-                    }
-                }
-            }
-        }
-        if discarded > 0 {
-            crate::warn!(
-                "ringmq: shard {}: {discarded} unresolved transaction(s) of deleted topic {topic} discarded, kept in {DISCARDED_TOPIC}",
-                self.id
-            );
-        }
-        match failed.first_key_value() {
-            None => Ok(()),
-            Some((half, why)) => Err(format!(
-                "discarding {} of its unresolved transactions (transaction {}: {why})",
-                failed.len(),
-                half + 1
-            )),
-        }
-    }
-
-    /// The next pending halves of `topic` to discard together (not those in `failed`): at
-    /// most [`DISCARDS_AT_ONCE`] of them, and past the first, at most
-    /// [`DISCARD_BYTES_AT_ONCE`] of records.
-    fn next_discards(&self, topic: &str, failed: &BTreeMap<u64, String>) -> Vec<u64> {
-        let txn = self.txn.borrow();
-        let mut bytes = 0u64;
-        let mut halves = Vec::new();
-        for (&half, h) in txn.pending.iter() {
-            if h.topic != topic || failed.contains_key(&half) {
-                continue;
-            }
-            let size = match self.store.queue_entry(HALF_TOPIC, 0, half) {
-                Ok(entry) => entry.map_or(0, |e| u64::from(e.size)),
-                Err(_) => 0,
-            };
-            bytes += size;
-            if halves.len() == DISCARDS_AT_ONCE
-                || (!halves.is_empty() && bytes > DISCARD_BYTES_AT_ONCE)
-            {
-                break;
-            }
-            halves.push(half);
-        }
-        halves
-    }
-
     /// Appends what an outcome writes; returns the put of the message's copy (commit,
     /// discard) and of the op record.
     async fn write_outcome(
@@ -817,130 +676,6 @@ impl ShardCtx {
                             now + interval / 2 + rand::random::<u64>() % (interval / 2);
                     }
                 }
-            }
-        }
-    }
-
-    /// Discards the unresolved half messages stored where retention wants to delete (past
-    /// `--retention-hours`, or beyond `--retention-bytes-max`): each is copied to
-    /// [`DISCARDED_TOPIC`] (listed and counted, as one out of checks), so that a half no
-    /// producer resolves (its group gone) neither goes with its segment unresolved nor keeps
-    /// the log from shrinking. Until then the halves' retention floor keeps them.
-    async fn discard_halves_past_retention(&self) {
-        let wanted = (self.store.log())
-            .retention_wanted_end(crate::log::now_ms())
-            .await;
-        let mut aged = Vec::new();
-        for &half in self.txn.borrow().pending.keys() {
-            match self.store.queue_entry(HALF_TOPIC, 0, half) {
-                Ok(Some(e)) if e.physical_offset < wanted => aged.push(half),
-                // The ones after it are stored later.
-                Ok(Some(_)) => break,
-                // Not in the index: a send a full disk cut (it failed).
-                Ok(None) => {}
-                // Not looked up: held (the floor holds it too), tried at the next pass.
-                Err(_) => break,
-            }
-            if aged.len() == HALVES_DISCARDED_PER_PASS {
-                break;
-            }
-        }
-        if aged.is_empty() {
-            return;
-        }
-        let mut discarded = 0;
-        let mut released = Vec::new();
-        for &half in &aged {
-            match self.resolve_half(half, OUTCOME_DISCARDED).await {
-                Ok(()) => discarded += 1,
-                // Resolved meanwhile by its producer.
-                Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
-                // Its copy cannot be written (a full disk, which only retention can give
-                // space back to) or its half read: held back, it would hold the log for
-                // ever. It ages out with its segment, said here.
-                Err(e) => {
-                    self.txn.borrow_mut().pending.remove(&half);
-                    released.push((half + 1, e.message));
-                }
-            }
-        }
-        self.hold_halves();
-        if discarded > 0 {
-            crate::warn!(
-                "ringmq: shard {}: {discarded} unresolved transactions discarded: their half messages were stored where retention deletes; kept in {DISCARDED_TOPIC}",
-                self.id
-            );
-        }
-        if let Some((first, why)) = released.first() {
-            crate::warn!(
-                "ringmq: shard {}: {} unresolved transactions age out with retention unresolved, as they could not be discarded (transaction {first}: {why}); ids: {:?}",
-                self.id,
-                released.len(),
-                released.iter().map(|(id, _)| id).collect::<Vec<_>>()
-            );
-        }
-    }
-
-    /// On the group's coordinator: pushes a check to one live producer of the group (the
-    /// `turn`-th, so that repeated checks go round the producers). False when the group
-    /// has no live producer, or the check could not be queued on its connection.
-    pub(super) async fn ask_producer(
-        self: &Rc<Self>,
-        group: &str,
-        turn: usize,
-        frame: Vec<u8>,
-    ) -> bool {
-        let conn = {
-            let producers = self.producers.borrow();
-            let Some(conns) = producers.groups.get(group).filter(|c| !c.is_empty()) else {
-                return false;
-            };
-            match conns.keys().nth(turn % conns.len()) {
-                Some(&c) => c,
-                None => return false,
-            }
-        };
-        self.push_to(conn, frame).await
-    }
-
-    /// `ProducerHeartbeat`, on the group's coordinator.
-    pub(super) fn producer_heartbeat(
-        &self,
-        h: ProducerHeartbeat,
-        conn: u64,
-    ) -> Result<crate::protocol::Empty, ErrorBody> {
-        let mut producers = self.producers.borrow_mut();
-        if !producers.groups.contains_key(&h.group) && producers.groups.len() >= self.cfg.groups_max
-        {
-            return Err(err(
-                ErrorCode::LimitReached,
-                format!(
-                    "shard {} keeps {} producer groups, its limit (--groups-max)",
-                    self.id, self.cfg.groups_max
-                ),
-            ));
-        }
-        let group = producers.groups.entry(h.group.clone()).or_default();
-        if !group.contains_key(&conn) && group.len() >= PRODUCERS_PER_GROUP_MAX {
-            return Err(err(
-                ErrorCode::LimitReached,
-                format!(
-                    "producer group {} has {PRODUCERS_PER_GROUP_MAX} producers",
-                    h.group
-                ),
-            ));
-        }
-        group.insert(conn, h.client_id);
-        Ok(crate::protocol::Empty {})
-    }
-
-    /// A connection carrying producers of `group` closed (on the coordinator).
-    pub(super) fn producer_connection_closed(&self, group: &str, conn: u64) {
-        let mut producers = self.producers.borrow_mut();
-        if let Some(g) = producers.groups.get_mut(group) {
-            g.remove(&conn);
-            if g.is_empty() {
-                producers.groups.remove(group);
             }
         }
     }
