@@ -88,13 +88,8 @@ fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_i
 #[test]
 fn a_damaged_record_stops_its_queue_at_its_offset_and_names_it() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut broker, producer) = small_segments_broker_with("rot").await;
         let data = dir.path().join("data");
-        let mut broker = small_segments_broker(&data);
-        let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
-            .await
-            .unwrap();
-        producer.client().create_topic("rot", 1).await.unwrap();
         for i in 0..10 {
             let mut m = OutgoingMessage::new(format!("rot-body-{i:04}"));
             if i % 2 == 1 {
@@ -163,13 +158,8 @@ fn a_damaged_record_stops_its_queue_at_its_offset_and_names_it() {
 #[test]
 fn a_damaged_delayed_message_is_the_only_one_of_its_run_lost() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut broker, producer) = small_segments_broker_with("later").await;
         let data = dir.path().join("data");
-        let mut broker = small_segments_broker(&data);
-        let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
-            .await
-            .unwrap();
-        producer.client().create_topic("later", 1).await.unwrap();
         for i in 0..10 {
             let m = OutgoingMessage::new(format!("later-body-{i:04}")).with_delay_ms(4_000);
             producer.send("later", m).await.unwrap();
@@ -209,6 +199,17 @@ fn a_damaged_delayed_message_is_the_only_one_of_its_run_lost() {
 /// A one-shard sync-flush broker whose log segments hold 64 KiB.
 fn small_segments_broker(data: &std::path::Path) -> BrokerProcess {
     BrokerProcess::start(data, 1, &["--flush", "sync", "--segment-bytes", "65536"])
+}
+
+/// [`small_segments_broker`] in a new temporary directory (its `data`), with a producer
+/// and the one-queue topic `topic`.
+async fn small_segments_broker_with(topic: &str) -> (tempfile::TempDir, BrokerProcess, Producer) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = small_segments_broker(&dir.path().join("data"));
+    let producer = Producer::connect(ClientConfig::new(broker.addr_string()));
+    let producer = producer.await.unwrap();
+    producer.client().create_topic(topic, 1).await.unwrap();
+    (dir, broker, producer)
 }
 
 /// Four segments of other messages: what was sent before lies in a segment older than

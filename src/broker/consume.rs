@@ -131,8 +131,8 @@ impl ShardCtx {
         let deadline =
             Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
         // What names the answer's position: changed only by the topic's creation again.
-        let incarnation = std::cell::Cell::new(self.position_incarnation(&p.topic));
         let born = self.topics.borrow().born(&p.topic);
+        let incarnation = std::cell::Cell::new(self.incarnation_after(born));
         let status = |status, next_offset, min_offset, max_offset| {
             let r = PullResult {
                 status,
@@ -151,7 +151,7 @@ impl ShardCtx {
         // older topic of the name (deleted, and this one created since): back to the
         // start, even if it is within the queue now.
         let lost_past = self
-            .position_moved(&p.topic, p.queue_id, p.offset, p.incarnation)
+            .position_moved(&p.topic, p.queue_id, p.offset, p.incarnation, born)
             .map_err(store_error)?;
         if let Some(kept) = lost_past {
             let (min, max) = self

@@ -32,8 +32,9 @@ impl ShardCtx {
         // messages now (see `pull`). Stored as that end, or the group would skip them. One
         // read in an older topic of the name is stored as the queue's start (offsets only
         // go forward: a group that consumed this topic keeps its offset).
+        let born = self.topics.borrow().born(&m.topic);
         let lost_past = self
-            .position_moved(&m.topic, m.queue_id, m.offset, m.incarnation)
+            .position_moved(&m.topic, m.queue_id, m.offset, m.incarnation, born)
             .map_err(store_error)?;
         if let Some(kept) = lost_past {
             m.offset = kept;

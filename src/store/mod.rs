@@ -40,7 +40,7 @@ use crate::log::{CommitLog, LogConfig, LogError};
 
 pub use checkpoint::Checkpoint;
 pub use housekeeping::Holder;
-pub use read::{QueuePlan, QueueRead, Runs};
+pub use read::{is_damage, AloneAfterDamage, QueuePlan, QueueRead, Runs};
 pub use recovery::StoreRecovery;
 
 /// Options of a store.

@@ -508,3 +508,39 @@ pub(super) fn store_timestamp_of_header(head: &[u8]) -> i64 {
     b.copy_from_slice(&head[48..56]);
     i64::from_le_bytes(b)
 }
+
+/// Reads of runs of a queue that go one record at a time over a run whose read failed for
+/// a damaged record (a read of several fails whole), so that only the record whose own
+/// read fails is taken for damaged, not its neighbours.
+#[derive(Debug, Default)]
+pub struct AloneAfterDamage {
+    /// Offsets below this are read one at a time.
+    until: u64,
+}
+
+impl AloneAfterDamage {
+    /// How many of the `n` records from `from` to read at once.
+    pub fn batch(&self, from: u64, n: u64) -> u64 {
+        if from < self.until {
+            1
+        } else {
+            n
+        }
+    }
+
+    /// After a read of `n` records from `from` failed with `e`: whether to read them again
+    /// one at a time (a damaged record's failure, in a read of several).
+    pub fn again_alone(&mut self, from: u64, n: u64, e: &StoreError) -> bool {
+        let again = n > 1 && is_damage(e);
+        if again {
+            self.until = from + n;
+        }
+        again
+    }
+}
+
+/// Whether a read failed for a damaged record (its structure, or where it points), not for
+/// I/O or an offset out of range.
+pub fn is_damage(e: &StoreError) -> bool {
+    matches!(e, StoreError::Log(l) if !matches!(l, LogError::Io { .. }))
+}

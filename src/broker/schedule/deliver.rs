@@ -411,18 +411,15 @@ impl ShardCtx {
         let mut out = HashMap::with_capacity(offsets.len());
         let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
         let mut i = 0;
-        // Offsets below this are read one at a time: a read of a run failed, and only the
-        // offset whose own read fails may be taken for lost (its neighbours are not).
-        let mut alone_until = 0;
+        // Only the offset whose own read fails may be taken for lost, not its neighbours.
+        let mut alone = crate::store::AloneAfterDamage::default();
         while i < offsets.len() {
             let start = offsets[i];
             let mut run = 1;
-            while start >= alone_until
-                && i + run < offsets.len()
-                && offsets[i + run] == start + run as u64
-            {
+            while i + run < offsets.len() && offsets[i + run] == start + run as u64 {
                 run += 1;
             }
+            let run = alone.batch(start, run as u64) as usize;
             let read = self
                 .store
                 .read_queue(SCHEDULE_TOPIC, 0, start, run as u32, max_bytes, &[])
@@ -450,9 +447,7 @@ impl ShardCtx {
                         }
                     }
                 }
-                Err(StoreError::OffsetTooSmall { .. } | StoreError::Log(_)) if run > 1 => {
-                    alone_until = start + run as u64;
-                }
+                Err(e) if alone.again_alone(start, run as u64, &e) => {}
                 Err(e @ (StoreError::OffsetTooSmall { .. } | StoreError::Log(_))) => {
                     let failure = match &e {
                         StoreError::Log(crate::log::LogError::Io { .. }) => {

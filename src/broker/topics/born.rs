@@ -34,11 +34,16 @@ impl ShardCtx {
     /// `Offset::incarnation`): the topic's creation stamp if it was created during this
     /// run, else this run.
     pub(in crate::broker) fn position_incarnation(&self, topic: &str) -> u64 {
-        self.incarnation.max(self.topics.borrow().born(topic))
+        self.incarnation_after(self.topics.borrow().born(topic))
     }
 
-    /// Where a position `offset` in a queue of `topic`, named by `incarnation`, must go
-    /// back to, if it must:
+    /// [`Self::position_incarnation`] of a topic created at `born`.
+    pub(in crate::broker) fn incarnation_after(&self, born: u64) -> u64 {
+        self.incarnation.max(born)
+    }
+
+    /// Where a position `offset` in a queue of `topic` (created at `born`), named by
+    /// `incarnation`, must go back to, if it must:
     /// - named before the topic was created (read in an older topic of the name): to the
     ///   queue's first kept message, when the position is past it; what the older topic's
     ///   offsets say of this one is nothing;
@@ -52,8 +57,8 @@ impl ShardCtx {
         queue_id: u32,
         offset: u64,
         incarnation: u64,
+        born: u64,
     ) -> Result<Option<u64>, StoreError> {
-        let born = self.topics.borrow().born(topic);
         if incarnation != 0 && incarnation < born {
             let (min, _) = self.store.queue_range(topic, queue_id)?;
             return Ok((offset > min).then_some(min));

@@ -8,10 +8,9 @@ use super::{
     OUTCOME_DISCARDED, RESOLVED_REMEMBERED,
 };
 use crate::broker::ShardCtx;
-use crate::log::LogError;
 use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
 use crate::protocol::TRANSACTION_COMMIT;
-use crate::store::StoreError;
+use crate::store::{is_damage, AloneAfterDamage};
 
 impl ShardCtx {
     /// Rebuilds the unresolved half messages after a start: every op record (kept as one
@@ -33,7 +32,7 @@ impl ShardCtx {
             .queue_range(OP_TOPIC, 0)
             .map_err(|e| e.to_string())?;
         let mut next = op_min;
-        let mut chunks = Chunks::default();
+        let mut chunks = AloneAfterDamage::default();
         while next < op_end {
             let read = self.read_chunk(OP_TOPIC, next, op_end - next, &mut chunks);
             let Some(read) = read.await? else {
@@ -66,7 +65,7 @@ impl ShardCtx {
         // Copies that could not be looked for: how many, and the first (transaction, why).
         let mut lookups_failed: Option<(usize, u64, String)> = None;
         let mut next = min;
-        let mut chunks = Chunks::default();
+        let mut chunks = AloneAfterDamage::default();
         while let Some((from, to)) = has_op.next_run_without(next) {
             let read = self.read_chunk(HALF_TOPIC, from, to - from, &mut chunks);
             let Some(read) = read.await? else {
@@ -205,37 +204,21 @@ impl ShardCtx {
         topic: &str,
         from: u64,
         n: u64,
-        chunks: &mut Chunks,
+        chunks: &mut AloneAfterDamage,
     ) -> Result<Option<crate::store::QueueRead>, String> {
         loop {
-            let alone = from < chunks.alone_until;
-            let max = if alone {
-                1
-            } else {
-                u32::try_from(n.min(1024)).unwrap_or(1024)
-            };
-            match self
+            let max = chunks.batch(from, n.min(1024));
+            let read = self
                 .store
-                .read_queue(topic, 0, from, max, 16 << 20, &[])
-                .await
-            {
+                .read_queue(topic, 0, from, max as u32, 16 << 20, &[]);
+            match read.await {
                 Ok(read) => return Ok(Some(read)),
-                Err(StoreError::Log(e)) if !matches!(e, LogError::Io { .. }) => {
-                    if max == 1 {
-                        return Ok(None);
-                    }
-                    chunks.alone_until = from + u64::from(max);
-                }
+                Err(e) if chunks.again_alone(from, max, &e) => {}
+                Err(e) if is_damage(&e) => return Ok(None),
                 Err(e) => return Err(format!("reading {topic} at {from}: {e}")),
             }
         }
     }
-}
-
-/// Where reads go one record at a time ([`ShardCtx::read_chunk`]).
-#[derive(Default)]
-struct Chunks {
-    alone_until: u64,
 }
 
 /// Which half messages (queue offsets in `[min, end)` of the half topic) have an op record:
