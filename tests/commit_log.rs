@@ -833,3 +833,49 @@ fn a_fresh_log_creates_its_first_segment_when_it_opens() {
         check_closed_and_reopened(log, dir.path(), cfg, &kept).await;
     });
 }
+
+/// Async mode: a sync begun while another is under way waits for that one's fdatasync (the
+/// first took the files to sync; the second, finding none, would otherwise say the log
+/// durable over data not yet synced), and a sync to an end already durable makes none.
+#[test]
+fn a_sync_begun_during_another_waits_for_its_fdatasync() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(1 << 20, FlushMode::Async);
+        cfg.flush_interval_ms = 3_600_000;
+        let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+        let syncs = || log.stats().fdatasync.borrow().count();
+        let append = |n: u64| {
+            let m = message(9, n, 4, 200);
+            let a = log.append(&m.draft(), n).unwrap();
+            let acked = log.wait_acked(a.end());
+            async move {
+                acked.await.unwrap();
+                a.end()
+            }
+        };
+        let end = append(0).await;
+        assert!(log.durable_end() < end, "written, not synced yet");
+        let before = syncs();
+        let first = {
+            let log = log.clone();
+            ringmq::io::spawn_joinable(async move { log.sync_all().await })
+        };
+        // The first pass takes the file and waits for its fdatasync.
+        ringmq::io::yield_now().await;
+        log.sync_all().await.unwrap();
+        assert_eq!(
+            syncs(),
+            before + 1,
+            "the second sync ended after the first one's fdatasync, and made none of its own"
+        );
+        assert!(log.durable_end() >= end);
+        first.await.unwrap().unwrap();
+        log.sync_to(end).await.unwrap();
+        assert_eq!(syncs(), before + 1, "durable already: nothing synced");
+        let end = append(1).await;
+        log.sync_to(end).await.unwrap();
+        assert_eq!(syncs(), before + 2);
+        assert!(log.durable_end() >= end);
+    });
+}

@@ -488,3 +488,59 @@ fn a_dead_letter_topic_past_the_topic_limit_keeps_its_messages_retried_here_unti
         consumer.shutdown().await.unwrap();
     });
 }
+
+/// Async flush: a send-back is answered once its copy is durable (the group commits past
+/// the original then, and a crash that kept the commit must not lose the copy), made so at
+/// once, whether the original is on the retry queue's shard or another: not at the
+/// flusher's next pass, here an hour away.
+#[test]
+fn a_send_back_is_answered_once_its_copy_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--flush-interval-ms",
+            "3600000",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    let addr = broker.addr_string();
+    let group = "g-durable";
+    let retry_shard = owner("%RETRY%g-durable", 0, 2).to_string();
+    let syncs = || {
+        let s = common::metrics::scrape_any(&metrics);
+        let shard = [("shard", retry_shard.as_str())];
+        common::metrics::sum(&s, "ringmq_fdatasync_seconds_count", &shard)
+    };
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("sb", 2).await.unwrap();
+        // A message stored on each shard.
+        let mut on_shard = [None, None];
+        for i in 0..16 {
+            let r = producer
+                .send("sb", OutgoingMessage::new(format!("sb-{i}")))
+                .await
+                .unwrap();
+            on_shard[owner("sb", r.queue_id, 2) as usize].get_or_insert(r.msg_id);
+        }
+        common::metrics::eventually("the metrics are published", || {
+            common::metrics::scrape_any(&metrics)
+                .samples
+                .iter()
+                .any(|x| x.metric == "ringmq_fdatasync_seconds_count")
+        });
+        let mut want = syncs();
+        for msg_id in on_shard {
+            let msg_id = msg_id.expect("round-robin reaches both shards");
+            let r = client.send_back(group, &msg_id, 0, 16).await.unwrap();
+            assert!(!r.dead_lettered);
+            want += 1.0;
+            common::metrics::eventually("an fdatasync made for the send-back", || syncs() >= want);
+        }
+    });
+}

@@ -114,8 +114,11 @@ pub enum MeshRequest {
         groups: Vec<String>,
     },
     /// Store a message in a queue this shard owns (held in its schedule if delayed);
-    /// answer once written (`durable`: once an fdatasync covers it).
-    Put { draft: OwnedDraft, durable: bool },
+    /// answer once an fdatasync covers it.
+    Put {
+        draft: OwnedDraft,
+        wait: super::retry::PutWait,
+    },
     /// This shard's schedule of delayed messages.
     ScheduleStats,
 }
@@ -439,7 +442,7 @@ impl ShardCtx {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
                 }
             },
-            MeshRequest::Put { draft, durable } => match self.put_owned(draft, durable).await {
+            MeshRequest::Put { draft, wait } => match self.put_owned(draft, wait).await {
                 Ok(done) => MeshReply::Put {
                     msg_id: done.msg_id,
                     queue_offset: done.queue_offset,

@@ -23,6 +23,17 @@ use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, MessageId, SendBac
 /// Queues of a retry or dead-letter topic.
 pub const SYSTEM_TOPIC_QUEUES: u32 = 1;
 
+/// Until when a put on the owning shard waits: until an fdatasync covers the message,
+/// made for it at once (async mode) or the flusher's next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutWait {
+    /// A message sent back for retry: its original's group commits past it once answered,
+    /// and a crash that kept the commit must not lose the copy.
+    SyncNow,
+    /// A scheduled message delivered to another shard: its done record waits, nobody else.
+    NextFlush,
+}
+
 /// What a put on the owning shard gives back.
 #[derive(Debug, Clone)]
 pub struct PutDone {
@@ -56,19 +67,15 @@ impl ShardCtx {
     }
 
     /// Stores a message on the shard that owns its queue (this one or another), holding it
-    /// in the schedule if it asks for a delay; waits until it is written (`durable`: until an
-    /// fdatasync covers it).
+    /// in the schedule if it asks for a delay; waits until an fdatasync covers it.
     pub(super) async fn put_owned(
         self: &Rc<Self>,
         draft: OwnedDraft,
-        durable: bool,
+        wait: PutWait,
     ) -> Result<PutDone, ErrorBody> {
         let owner = self.owner_of(&draft.topic, draft.queue_id);
         if owner != self.id {
-            return match self
-                .call(owner, MeshRequest::Put { draft, durable })
-                .await?
-            {
+            return match self.call(owner, MeshRequest::Put { draft, wait }).await? {
                 MeshReply::Put {
                     msg_id,
                     queue_offset,
@@ -84,12 +91,11 @@ impl ShardCtx {
         }
         self.known_queue(&draft.topic, draft.queue_id)?;
         let put = self.put_draft(&draft.draft())?;
-        let written = if durable {
-            self.store.durable(put.written()).await
-        } else {
-            self.store.acked(put.written()).await
+        let durable = match wait {
+            PutWait::SyncNow => self.store.made_durable(put.written()).await,
+            PutWait::NextFlush => self.store.durable(put.written()).await,
         };
-        written.map_err(store_error)?;
+        durable.map_err(store_error)?;
         self.wake_pollers(&draft.topic, draft.queue_id);
         Ok(PutDone {
             msg_id: self.msg_id(put.physical_offset),
@@ -141,7 +147,7 @@ impl ShardCtx {
         let (dead_lettered, draft) = self.retry_copy(m, view)?;
         self.ensure_system_topic(&draft.topic).await?;
         let reconsume_times = draft.reconsume_times;
-        let done = self.put_owned(draft, false).await?;
+        let done = self.put_owned(draft, PutWait::SyncNow).await?;
         let counter = if dead_lettered {
             &self.stats.dead_letters
         } else {

@@ -316,6 +316,12 @@ struct Inner {
     flusher_stop: Cell<bool>,
     /// A background pre-zeroing, or the removal of files past a cut, ended.
     zeroed: tokio::sync::Notify,
+    /// Held by the sync pass under way (async mode): a pass finds the files written since
+    /// the last one, fdatasyncs them, then advances the durable end to where the log was
+    /// readable when it began. A second pass beginning meanwhile would find no files (the
+    /// first took them) and advance the durable end over data whose fdatasync has not
+    /// completed: it waits its turn.
+    sync_turn: tokio::sync::Mutex<()>,
     /// Async mode's measure of how fast the log writes: (when, log offset) at the start of
     /// the current window, and whether the last window was slow enough to zero ahead.
     rate_mark: Cell<(std::time::Instant, u64)>,
@@ -432,6 +438,7 @@ impl CommitLog {
             durable: Watermark::default(),
             flusher_stop: Cell::new(false),
             zeroed: tokio::sync::Notify::new(),
+            sync_turn: tokio::sync::Mutex::new(()),
             rate_mark: Cell::new((std::time::Instant::now(), end)),
             writes_slowly: Cell::new(true),
             stats: Default::default(),
@@ -551,5 +558,13 @@ impl CommitLog {
     /// fdatasyncs every file written since the last sync and advances the durable end.
     pub async fn sync_all(&self) -> Result<(), LogError> {
         sync_unsynced(&self.inner).await
+    }
+
+    /// Makes the log durable up to `end` (readable already) now, not at the flusher's next
+    /// pass (async mode; in sync mode it is once readable): a pass of [`Self::sync_all`]
+    /// unless one that ended while this waited its turn covered `end`, so that many
+    /// callers at once share passes.
+    pub async fn sync_to(&self, end: u64) -> Result<(), LogError> {
+        sync_unsynced_to(&self.inner, Some(end)).await
     }
 }

@@ -373,6 +373,16 @@ impl MessageStore {
         Ok(self.inner.log.wait_durable_since(w.end, w.epoch).await?)
     }
 
+    /// Waits until the records are durable, syncing the log for them now in async mode
+    /// rather than at the flusher's next pass: for a record whose being durable lets a
+    /// client let go of one that was (a message sent back for retry, whose offset its
+    /// group then commits past).
+    pub async fn made_durable(&self, w: Written) -> Result<(), StoreError> {
+        self.acked(w).await?;
+        self.inner.log.sync_to(w.end).await?;
+        self.durable(w).await
+    }
+
     /// Waits until an fdatasync covers everything below `end`, which is readable already.
     pub async fn durable_readable(&self, end: u64) -> Result<(), StoreError> {
         Ok(self.inner.log.wait_durable(end).await?)

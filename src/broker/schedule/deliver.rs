@@ -12,6 +12,7 @@ use super::{
     UNDELIVERABLE_TOPIC,
 };
 use crate::broker::mesh::{MeshReply, MeshRequest};
+use crate::broker::retry::PutWait;
 use crate::broker::{err, ShardCtx};
 use crate::protocol::names::{DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
 use crate::protocol::record::{prop, RecordDraft, RecordView};
@@ -244,7 +245,7 @@ impl ShardCtx {
             crate::io::spawn(async move {
                 let put = MeshRequest::Put {
                     draft: copy,
-                    durable: true,
+                    wait: PutWait::NextFlush,
                 };
                 match ctx.call(owner, put).await {
                     Ok(MeshReply::Put { .. }) => ctx.mark_done(0, vec![off], true).await,

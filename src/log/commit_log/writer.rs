@@ -535,6 +535,16 @@ pub(super) async fn writer(weak: std::rc::Weak<Inner>) {
 }
 
 pub(super) async fn sync_unsynced(inner: &Inner) -> Result<(), LogError> {
+    sync_unsynced_to(inner, None).await
+}
+
+/// A sync pass ([`Inner::sync_turn`]), skipped when the durable end reached `covered` while
+/// this waited for its turn.
+pub(super) async fn sync_unsynced_to(inner: &Inner, covered: Option<u64>) -> Result<(), LogError> {
+    let _turn = inner.sync_turn.lock().await;
+    if covered.is_some_and(|end| inner.durable.value.get() >= end) {
+        return Ok(());
+    }
     let target = inner.readable.value.get();
     let files = std::mem::take(&mut inner.st.borrow_mut().unsynced);
     for f in files {
