@@ -402,11 +402,21 @@ impl PushConsumer {
                     .offsets_dir
                     .clone()
                     .unwrap_or_else(LocalOffsets::default_dir);
-                Some(Arc::new(LocalOffsets::open(
+                let local = Arc::new(LocalOffsets::open(
                     &dir,
                     &self.config.client_id,
                     &self.group,
-                )?))
+                )?);
+                // Written now (a new file) so that a directory it cannot be written in
+                // refuses the start, rather than each restart skipping what was sent
+                // while this consumer was down.
+                let flushing = local.clone();
+                tokio::task::spawn_blocking(move || flushing.flush())
+                    .await
+                    .map_err(|e| {
+                        ClientError::OffsetStore(format!("the offsets write did not finish: {e}"))
+                    })??;
+                Some(local)
             }
             MessageModel::Clustering => None,
         };

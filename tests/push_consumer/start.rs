@@ -247,3 +247,137 @@ fn a_topic_created_again_under_a_running_member_starts_at_its_first_message() {
         member.shutdown().await.unwrap();
     });
 }
+
+/// Broadcasting: the twin of the test above for a member's local offsets, which the broker
+/// cannot seed. Queues added while the member was down start at their first message when
+/// it comes back (its file knows the topic but not them), so it gets all that was sent.
+#[test]
+fn broadcasting_queues_added_while_the_member_was_down_start_at_their_first_message() {
+    with_broker(|addr| async move {
+        let topic = "grown-bcast";
+        let (producer, client, last) = two_queues_and_last(&addr, topic).await;
+        let offsets_dir = tempfile::tempdir().unwrap();
+        let broadcasting = PushConsumerOptions {
+            message_model: MessageModel::Broadcasting,
+            offsets_dir: Some(offsets_dir.path().to_owned()),
+            ..last
+        };
+        let mut config = ClientConfig::new(&addr);
+        config.client_id = stable_id("grown-bcast");
+        let log: Log = Arc::default();
+        let start = |log: Log| {
+            let (config, options) = (config.clone(), broadcasting.clone());
+            async move {
+                concurrent_with_config(config, "g-bcast-grown", topic, "*", options, &log, 0).await
+            }
+        };
+        let member = start(log.clone()).await;
+        all_consuming(&[&member], 2).await;
+        send_all(&producer, topic, bodies("before", 10)).await;
+        eventually("the 10 before", || counts(&log).len() >= 10).await;
+        member.shutdown().await.unwrap();
+
+        client.update_topic(topic, 6).await.unwrap();
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        send_all(&producer, topic, bodies("away", 36)).await;
+        let back = start(log.clone()).await;
+        all_consuming(&[&back], 6).await;
+        eventually("the 36 sent while it was down", || counts(&log).len() >= 46).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut all = names("before", 10);
+        all.extend(names("away", 36));
+        check_exactly_once(&log, &all);
+        let on_new_queues = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d.queue_id >= 2)
+            .count();
+        assert!(on_new_queues > 0, "some went to the added queues");
+        back.shutdown().await.unwrap();
+    });
+}
+
+/// Broadcasting: a member's start positions are in its offsets file before it consumes
+/// (committed there, not only at the committer's next pass or at shutdown: a member
+/// killed before either would start again from `consume_from` and skip what was sent
+/// meanwhile), and a directory the file cannot be written in refuses the start.
+#[test]
+fn broadcasting_start_positions_are_written_before_consuming() {
+    with_broker(|addr| async move {
+        let topic = "bcast-start";
+        let (producer, _client, last) = two_queues_and_last(&addr, topic).await;
+        send_all(&producer, topic, bodies("old", 6)).await;
+        let offsets_dir = tempfile::tempdir().unwrap();
+        let broadcasting = PushConsumerOptions {
+            message_model: MessageModel::Broadcasting,
+            offsets_dir: Some(offsets_dir.path().to_owned()),
+            // No periodic write during the test.
+            commit_interval_ms: 600_000,
+            ..last
+        };
+        let mut config = ClientConfig::new(&addr);
+        config.client_id = stable_id("bcast-start");
+        let log: Log = Arc::default();
+        let member = concurrent_with_config(
+            config.clone(),
+            "g-bcast-start",
+            topic,
+            "*",
+            broadcasting.clone(),
+            &log,
+            0,
+        )
+        .await;
+        all_consuming(&[&member], 2).await;
+        send_all(&producer, topic, bodies("new", 4)).await;
+        eventually("the 4 new", || counts(&log).len() >= 4).await;
+        check_exactly_once(&log, &names("new", 4));
+        // The file, as a member killed now would find it: both queues at their starts
+        // (the ends when it started: 3 old messages each).
+        let file = std::fs::read_dir(offsets_dir.path())
+            .unwrap()
+            .flat_map(|client| std::fs::read_dir(client.unwrap().path()).unwrap())
+            .map(|f| f.unwrap().path())
+            .find(|f| f.to_string_lossy().ends_with(".offsets.json"))
+            .expect("the offsets file is written");
+        let body: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let mut kept: Vec<(u64, u64)> = body["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["queue_id"].as_u64().unwrap(),
+                    e["offset"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        kept.sort();
+        assert_eq!(kept, vec![(0, 3), (1, 3)], "{body}");
+        member.shutdown().await.unwrap();
+
+        // A file that cannot be written (a directory where the write's temporary file
+        // goes; permissions would not stop root): refused at the start.
+        let blocked = tempfile::tempdir().unwrap();
+        let temporary = format!("g-bcast-start.offsets.json.{}.tmp", std::process::id());
+        let in_the_way = blocked.path().join(&config.client_id).join(temporary);
+        std::fs::create_dir_all(in_the_way.join("in-the-way")).unwrap();
+        let consumer = PushConsumer::new(
+            config,
+            "g-bcast-start",
+            PushConsumerOptions {
+                offsets_dir: Some(blocked.path().to_owned()),
+                ..broadcasting
+            },
+        )
+        .unwrap();
+        consumer.subscribe(topic, "*").unwrap();
+        consumer
+            .register_concurrent(|_| ConsumeStatus::Success)
+            .unwrap();
+        let e = consumer.start().await.unwrap_err();
+        assert!(e.to_string().contains("g-bcast-start.offsets.json"), "{e}");
+    });
+}

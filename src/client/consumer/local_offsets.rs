@@ -184,12 +184,15 @@ impl LocalOffsets {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_error("reading", &path, e)),
         }
+        // A new file is written by the first flush (the consumer's start), so that a
+        // directory it cannot be written in is found then, not once positions are lost.
+        let new = offsets.is_empty();
         Ok(LocalOffsets {
             path,
             group: group.to_owned(),
             client_id: client_id.to_owned(),
             offsets: Mutex::new(offsets),
-            dirty: AtomicBool::new(false),
+            dirty: AtomicBool::new(new),
         })
     }
 
@@ -200,6 +203,13 @@ impl LocalOffsets {
 
     pub(crate) fn get(&self, queue: &MessageQueue) -> Option<Position> {
         self.lock().get(queue).copied()
+    }
+
+    /// Whether a position of any queue of `topic` is kept: a queue of it without one was
+    /// not there when this consumer last ran (its start position is written before it is
+    /// consumed), and holds nothing older than that run.
+    pub(crate) fn knows_topic(&self, topic: &str) -> bool {
+        self.lock().keys().any(|q| q.topic == topic)
     }
 
     /// Records a queue's position; written to disk by the next [`flush`](Self::flush).
@@ -261,6 +271,13 @@ impl LocalOffsets {
             .and_then(|()| {
                 std::fs::rename(&tmp, &self.path)
                     .map_err(|e| io_error("renaming to", &self.path, e))
+            })
+            .and_then(|()| {
+                // The new name is durable once its directory is synced.
+                let dir = self.path.parent().unwrap_or(Path::new("."));
+                std::fs::File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| io_error("syncing", dir, e))
             });
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);

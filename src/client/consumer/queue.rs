@@ -146,8 +146,17 @@ struct Start {
 /// Where a queue starts: the committed offset (the broker's, or the local file's in
 /// broadcasting), else `consume_from`.
 async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
+    let mut from = shared.options.consume_from;
     let committed = match &shared.local {
-        Some(local) => local.get(mq),
+        Some(local) => {
+            // A queue added to a topic while this broadcasting consumer was down holds
+            // only what was sent since its last run: no broker-side offset was seeded for
+            // it (as one is for a group), so it starts at its first message here.
+            if local.knows_topic(&mq.topic) {
+                from = ConsumeFrom::FirstOffset;
+            }
+            local.get(mq)
+        }
         None => shared
             .client
             .query_offset_read(&shared.group, &mq.topic, mq.queue_id)
@@ -161,7 +170,7 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
         });
     }
     let client = &shared.client;
-    let from = super::start_from(mq, shared.options.consume_from, &shared.queues_at_start);
+    let from = super::start_from(mq, from, &shared.queues_at_start);
     // Named by the broker run it was read under, as a position pulled is: a crash before
     // the first pull that lost records below it sends it back rather than past what is
     // stored there by then.
@@ -295,10 +304,13 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     // stopped before its first commit would leave the next owner to start from its own
     // `consume_from` (the end of the queue, by default), skipping what came in between.
     // Until it is, the queue waits (a group whose offsets the broker refuses is not
-    // consumed unrecorded).
+    // consumed unrecorded). In broadcasting, the local file is written too: this consumer
+    // is the next owner, and a kill before the committer's next write would have it start
+    // from `consume_from` again.
     if !start.committed
-        && until_done(&shared, &pq, "committing where", false, || {
-            commit_queue(&shared, &pq)
+        && until_done(&shared, &pq, "committing where", false, || async {
+            commit_queue(&shared, &pq).await?;
+            shared.flush_local().await
         })
         .await
         .is_none()
