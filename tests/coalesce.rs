@@ -19,6 +19,13 @@ use ringmq::protocol::record::PropertiesBuilder;
 use ringmq::protocol::route::owner;
 use ringmq::protocol::{BatchItem, ErrorCode, Response, SendMulti};
 
+fn one_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 async fn coalescing_producer(addr: &str) -> Producer {
     let options = ProducerOptions {
         coalesce: true,
@@ -29,7 +36,9 @@ async fn coalescing_producer(addr: &str) -> Producer {
         .unwrap()
 }
 
-/// Runs `body` with a coalescing producer, and its client, against a broker of `shards`.
+/// Runs `body` with a coalescing producer, and its client, against a broker of `shards`,
+/// on one thread: nothing else runs while `body` polls (answers are taken between its
+/// polls, not during them), so what a test sees packed does not depend on the machine.
 fn with_producer<F, Fut>(shards: usize, body: F)
 where
     F: FnOnce(Producer, Client) -> Fut,
@@ -38,7 +47,7 @@ where
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::start(&dir.path().join("data"), shards, &[]);
     let addr = broker.addr_string();
-    runtime().block_on(async {
+    one_thread().block_on(async {
         let producer = coalescing_producer(&addr).await;
         let client = producer.client().clone();
         body(producer, client).await;
@@ -250,11 +259,7 @@ fn a_full_window_of_sends_goes_out_packed_round_after_round() {
     let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
     let addr = broker.addr_string();
     // One thread: what runs between an answer and the next request is deterministic.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    one_thread().block_on(async {
         let producer = coalescing_producer(&addr).await;
         producer.client().create_topic("win", 4).await.unwrap();
         producer

@@ -161,10 +161,15 @@ fn a_damaged_delayed_message_is_the_only_one_of_its_run_lost() {
         let (dir, mut broker, producer) = small_segments_broker_with("later").await;
         let data = dir.path().join("data");
         for i in 0..10 {
-            let m = OutgoingMessage::new(format!("later-body-{i:04}")).with_delay_ms(4_000);
+            let m = OutgoingMessage::new(format!("later-body-{i:04}")).with_delay_ms(10_000);
             producer.send("later", m).await.unwrap();
         }
         fill_four_segments(&producer).await;
+        let delivered = producer.client().max_offset("later", 0).await.unwrap();
+        assert_eq!(
+            delivered, 0,
+            "too slow a machine: delivered before the stop"
+        );
         drop(producer);
         assert!(broker.stop(), "a clean stop");
         damage_header_of(&data, b"later-body-0005");
@@ -216,9 +221,13 @@ async fn small_segments_broker_with(topic: &str) -> (tempfile::TempDir, BrokerPr
 /// the three a start verifies.
 async fn fill_four_segments(producer: &Producer) {
     producer.client().create_topic("filler", 1).await.unwrap();
-    for _ in 0..260 {
-        let m = OutgoingMessage::new(vec![7u8; 1024]);
-        producer.send("filler", m).await.unwrap();
+    // In flight together: their fdatasyncs are shared (sent one at a time, 260 of them on a
+    // slow disk outlasted the delayed messages' delay).
+    let sends: Vec<_> = (0..260)
+        .map(|_| producer.send_async("filler", OutgoingMessage::new(vec![7u8; 1024])))
+        .collect();
+    for send in sends {
+        send.await.unwrap();
     }
 }
 

@@ -68,12 +68,12 @@ fn settle_rss(broker: &BrokerProcess) -> u64 {
 }
 
 /// What the broker still holds (MiB): waits until its resident size is back within 16 MiB
-/// of `floor`, for 3 s at most, and returns the lowest size seen. Memory freed a moment ago
+/// of `floor`, for 15 s at most, and returns the lowest size seen. Memory freed a moment ago
 /// can stay resident for a while (the allocator gives it back lazily, more so on a loaded
 /// machine: CI saw 149 MiB two seconds after a round whose memory was gone), but held memory
 /// never drops below its size, so a leak still shows and adds up per round.
 fn held_rss(broker: &BrokerProcess, floor: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(15);
     let mut low = broker.rss_mib();
     while low > floor + 16 && Instant::now() < deadline {
         // Polls /proc without spinning on a core the broker needs to free its memory.

@@ -624,15 +624,15 @@ async fn produce_plain(producer: Producer, topic: &'static str) {
 }
 
 /// Bodies processed more than once must be: processed by different consumers each time
-/// (a consumer never processes a message twice), and re-processed only within
-/// `window_ns` after a membership change (the 4th joining, a member leaving), never before
-/// the first change. What the member that left cleanly (`leaver`, from `left_ns` on)
+/// (a consumer never processes a message twice), and re-processed only while a membership
+/// change (the 4th joining, a member leaving: from when it began to when the group settled)
+/// was under way or within `window_ns` after, never before the first change. What the member that left cleanly (`leaver`, from `left_ns` on)
 /// processed is never processed again after it began to leave: it committed everything
 /// before unregistering. Prints how many re-processings fell in each change's window and
 /// who re-did whose work; returns (bodies processed more than once, extra processings).
 fn check_duplicates(
     events: &[Event],
-    changes: &[(&str, u64)],
+    changes: &[(&str, u64, u64)],
     window_ns: u64,
     (leaver, left_ns): (&str, u64),
 ) -> (usize, usize) {
@@ -669,7 +669,7 @@ fn check_duplicates(
         for again in &list[1..] {
             let change = changes
                 .iter()
-                .rposition(|(_, at)| *at <= again.start_ns && again.start_ns - at <= window_ns);
+                .rposition(|(_, from, to)| (*from..=to + window_ns).contains(&again.start_ns));
             match change {
                 Some(c) => per_change[c] += 1,
                 None => panic!(
@@ -678,7 +678,7 @@ fn check_duplicates(
             }
         }
     }
-    for ((what, _), n) in changes.iter().zip(&per_change) {
+    for ((what, ..), n) in changes.iter().zip(&per_change) {
         eprintln!("re-processings within the window after {what}: {n}");
     }
     eprintln!(
@@ -725,14 +725,16 @@ fn concurrent_consumer_processes_lose_nothing_when_one_joins_and_one_leaves() {
         let join_ns = wall_ns();
         consumers.push(spawn(3));
         settled(&client, GROUP, 4, 16).await;
+        let joined_ns = wall_ns();
 
         eventually("2000 messages processed", || distinct(&events) >= 2000).await;
         assert!(!sending.is_finished(), "the leave must land mid-stream");
         let leave_ns = wall_ns();
         consumers[0].terminate_cleanly().await;
+        let left_ns = wall_ns();
         eprintln!(
             "c0 left cleanly in {:.1} ms",
-            ms(wall_ns().saturating_sub(leave_ns))
+            ms(left_ns.saturating_sub(leave_ns))
         );
 
         sending.await.unwrap();
@@ -750,7 +752,10 @@ fn concurrent_consumer_processes_lose_nothing_when_one_joins_and_one_leaves() {
         for id in ["c0", "c1", "c2", "c3"] {
             assert!(per_client(id) > 0, "{id} processed nothing");
         }
-        let changes = [("c3 joined", join_ns), ("c0 left", leave_ns)];
+        let changes = [
+            ("c3 joined", join_ns, joined_ns),
+            ("c0 left", leave_ns, left_ns),
+        ];
         let (bodies, extra) = check_duplicates(&events, &changes, 5_000_000_000, ("c0", leave_ns));
         eprintln!(
             "{} processings of {MESSAGES} messages: {bodies} message(s) processed more than \

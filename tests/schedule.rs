@@ -143,9 +143,19 @@ fn levels_delays_and_times_are_delivered_on_time() {
                 "{body} arrived {} ms early",
                 from + delay - at
             );
-            // Soon after: within a second of being due, even on a busy test machine.
+            // Soon after: stored by the broker within a second of being due, and seen by
+            // this test's pulls (one queue after another, 20 ms long polls, on a machine
+            // running other tests) within a few.
+            if *delay > 0 {
+                let stored = m.store_timestamp_ms() as u64;
+                assert!(
+                    stored <= until + delay + 1000,
+                    "{body} delivered {} ms late",
+                    stored - (until + delay)
+                );
+            }
             assert!(
-                *at <= until + delay + 1000,
+                *at <= until + delay + 5000,
                 "{body} arrived {} ms late",
                 at - (until + delay)
             );
@@ -252,7 +262,11 @@ fn scheduled_messages_survive_a_kill_and_come_out_in_due_order_per_queue() {
     const COUNT: u64 = 3000;
     const STEP_MS: u64 = 2;
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    // Deliveries are recorded once an fdatasync covers them: every 50 ms, not the default
+    // 500, so that the copies a kill delivers twice stay well under the bound below on a
+    // slow disk too (a lost record of deliveries would deliver about 1000 again).
+    let mut broker =
+        BrokerProcess::start(&dir.path().join("data"), 2, &["--flush-interval-ms", "50"]);
     let addr = broker.addr_string();
     let rt = runtime();
     // Due times are distinct and shuffled over the send order: message i is due at
@@ -261,7 +275,7 @@ fn scheduled_messages_survive_a_kill_and_come_out_in_due_order_per_queue() {
     let (base, queues) = rt.block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
         producer.client().create_topic("crash", 4).await.unwrap();
-        let base = now_ms() + 5_000;
+        let base = now_ms() + 8_000;
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..COUNT {
             let producer = producer.clone();
@@ -403,7 +417,7 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         let client = producer.client().clone();
         client.create_topic("held", 1).await.unwrap();
         client.create_topic("filler", 1).await.unwrap();
-        let due_in = Duration::from_secs(6);
+        let due_in = Duration::from_secs(15);
         let sent_at = Instant::now();
         producer
             .send(
@@ -415,7 +429,7 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         common::send_8_mib(&producer, "filler").await;
         // The first segments go although the held message was stored there.
         let first = data.join("shard-0/commitlog/00000000000000000000");
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while first.exists() {
             assert!(
                 Instant::now() < deadline,

@@ -548,7 +548,17 @@ fn commit_without_op_record_at_start(op_record_refused: bool) {
 #[test]
 fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
+    // Slower than FAST_CHECKS: the halves are listed unresolved before their first check
+    // (2 s), and an answer is never so late (1 s) that its half is asked again.
+    let timings = [
+        "--transaction-timeout-ms",
+        "2000",
+        "--transaction-check-interval-ms",
+        "1000",
+        "--transaction-check-max",
+        "3",
+    ];
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &timings);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let asked = Arc::new(AtomicU32::new(0));
@@ -903,8 +913,13 @@ fn checks_a_producers_connection_could_not_take_do_not_count() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let metrics = common::free_addr().to_string();
+    // The first check 8 s after a half, not FAST_CHECKS' 300 ms: their producer answers
+    // Unknown while the 400 are sent, and each check it answers counts, so on a slow
+    // machine the first halves would be discarded before the deaf producer comes.
     let mut args = vec!["--metrics-listen", metrics.as_str()];
     args.extend_from_slice(FAST_CHECKS);
+    args[3] = "8000";
+    assert_eq!(args[2], "--transaction-timeout-ms");
     let broker = BrokerProcess::start(&dir.path().join("data"), 1, &args);
     let addr = broker.addr_string();
     const HALVES: usize = 400;
@@ -914,11 +929,17 @@ fn checks_a_producers_connection_could_not_take_do_not_count() {
         // 400 halves of 64 KiB: 25 MiB of checks a round. Their producer goes.
         let tp = unsure_producer(&addr, "txfull").await;
         let pad = "x".repeat(64 << 10);
+        let sending = std::time::Instant::now();
         for i in 0..HALVES {
             let body = format!("commit-{i}-{pad}");
             pending_half(&tp, "txfull", OutgoingMessage::new(body)).await;
         }
         tp.shutdown().await;
+        assert!(
+            sending.elapsed() < Duration::from_secs(8),
+            "the halves took {:?} to send, past their first check: too slow a machine for this test",
+            sending.elapsed()
+        );
         // The group's only producer now: a connection that says it is one, and never reads.
         let mut deaf = std::net::TcpStream::connect(&addr).unwrap();
         let hb = ringmq::protocol::ProducerHeartbeat {
