@@ -825,3 +825,64 @@ async fn a_position_read_before_its_topic_was_created_again_goes_back_to_the_sta
     // The old positions are past 10: taken, they would move the offsets up to them.
     stale_is_sent_back(client, 10).await;
 }
+
+/// Async flush: a commit is answered once the offsets file has it, so one the file cannot
+/// take (its rewrite blocked) is answered `StoreIo` rather than acknowledged and only
+/// logged; taken once the way is clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_commit_the_offsets_file_cannot_take_is_answered_with_an_error() {
+    let (_dir, broker, obstacles) = delete_with_offsets_blocked().await;
+    let producer = connect(&broker.addr_string()).await;
+    let client = producer.client().clone();
+    client.create_topic("kept", 2).await.unwrap();
+    for i in 0..8 {
+        let m = OutgoingMessage::new(format!("k-{i}"));
+        producer.send("kept", m).await.unwrap();
+    }
+    for q in 0..2 {
+        let e = client.commit_offset("g2", "kept", q, 1).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::StoreIo), "{e}");
+        assert!(e.to_string().contains("offsets"), "{e}");
+    }
+    for o in &obstacles {
+        std::fs::remove_dir(o).unwrap();
+    }
+    for q in 0..2 {
+        client.commit_offset("g2", "kept", q, 2).await.unwrap();
+        assert_eq!(client.query_offset("g2", "kept", q).await.unwrap(), Some(2));
+    }
+}
+
+/// Async flush: an acknowledged commit outlives a kill of the broker's process, a queue's
+/// first one and later ones alike (written before the answer, not behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_commits_acknowledged_outlive_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let producer = connect(&broker.addr_string()).await;
+    producer.client().create_topic("k", 4).await.unwrap();
+    for i in 0..200 {
+        let m = OutgoingMessage::new(format!("k-{i}"));
+        producer.send("k", m).await.unwrap();
+    }
+    drop(producer);
+    for round in 1..=3u64 {
+        let client = connect(&broker.addr_string()).await.client().clone();
+        for q in 0..4u32 {
+            let offset = round * 10 + u64::from(q);
+            client.commit_offset("g", "k", q, offset).await.unwrap();
+        }
+        drop(client);
+        broker.kill();
+        broker.restart();
+        let client = connect(&broker.addr_string()).await.client().clone();
+        for q in 0..4u32 {
+            let kept = client.query_offset("g", "k", q).await.unwrap();
+            assert_eq!(
+                kept,
+                Some(round * 10 + u64::from(q)),
+                "round {round}, queue {q}"
+            );
+        }
+    }
+}

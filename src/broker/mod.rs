@@ -174,8 +174,6 @@ pub struct ShardCtx {
     snapshotting: tokio::sync::Mutex<()>,
     /// One offsets write at a time (they must land in order).
     offsets_io: tokio::sync::Mutex<()>,
-    /// A background offsets write is running.
-    offsets_writing: Cell<bool>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
     /// Sends waiting for the disk, oldest first: the log offset their acknowledgement waits
@@ -330,7 +328,6 @@ impl ShardCtx {
             schedule_log_after: Cell::new(0),
             snapshotting: tokio::sync::Mutex::new(()),
             offsets_io: tokio::sync::Mutex::new(()),
-            offsets_writing: Cell::new(false),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             sql_filters: RefCell::new(HashMap::new()),
             txn: RefCell::new(transaction::Transactions::default()),
@@ -431,28 +428,13 @@ impl ShardCtx {
         }
         if sync && self.offsets.borrow().needs_sync() {
             let (file, generation) = self.offsets.borrow().sync_handle();
-            crate::io::blocking(move || file.sync_data()).await?;
+            if let Err(e) = crate::io::blocking(move || file.sync_data()).await {
+                self.offsets.borrow_mut().sync_failed();
+                return Err(e);
+            }
             self.offsets.borrow_mut().synced(generation);
         }
         Ok(())
-    }
-
-    /// After a change of the offsets: written right behind (one background flush at a
-    /// time), so a process kill loses no commit; durable with the periodic sync.
-    pub(crate) fn write_offsets_behind(self: &Rc<Self>) {
-        if self.offsets_writing.replace(true) {
-            return;
-        }
-        let ctx = self.clone();
-        crate::io::spawn(async move {
-            while ctx.offsets.borrow().needs_write() {
-                if let Err(e) = ctx.flush_offsets(false).await {
-                    crate::warn!("ringmq: shard {}: writing offsets: {e}", ctx.id);
-                    crate::io::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            }
-            ctx.offsets_writing.set(false);
-        });
     }
 
     /// The topology part of a handshake answer.

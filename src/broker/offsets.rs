@@ -3,9 +3,12 @@
 //! rewritten as a snapshot when it grows.
 //!
 //! The map changes at once; the file is written by [`crate::broker::ShardCtx::flush_offsets`]
-//! off the shard's thread, one write at a time, in order: a commit is written right behind
-//! it (write-behind) and fdatasynced in the background, or, in sync flush mode, before it is
-//! acknowledged. This module is the state and the encoding; it does file I/O only when it
+//! off the shard's thread, one write at a time, in order. A commit is fdatasynced before it
+//! is acknowledged in sync flush mode, and so is a queue's first offset in async mode; any
+//! other async commit is written before it is acknowledged (a process kill keeps it) and
+//! fdatasynced in the background. A damaged record with whole records after it refuses the
+//! open (only the end of what was being written is torn by a crash); a failed fdatasync
+//! has the file written whole again. This module is the state and the encoding; it does file I/O only when it
 //! opens (before the shard serves) and in the [`OffsetsIo`] jobs it hands out.
 
 use std::collections::HashMap;
@@ -108,25 +111,36 @@ fn count_groups(offsets: &HashMap<Key, u64>) -> HashMap<String, usize> {
     groups
 }
 
+/// The length of the whole, checked record `rest` starts with, if it starts with one.
+fn record_len(rest: &[u8]) -> Option<usize> {
+    if rest.len() < 12 {
+        return None;
+    }
+    let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+    let magic = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+    let crc = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
+    let whole = magic == RECORD_MAGIC && (12 + 16..=rest.len()).contains(&len);
+    (whole && crc32c::crc32c(&rest[12..len]) == crc).then_some(len)
+}
+
+/// Where the first whole, checked record after byte `at` starts, if any: a replay that
+/// stopped at `at` with one after it met damage, not a torn tail (a crash tears only the
+/// end of what was being written).
+fn record_after(bytes: &[u8], at: usize) -> Option<usize> {
+    (at + 1..bytes.len().saturating_sub(12)).find(|&p| {
+        bytes[p + 4..p + 8] == RECORD_MAGIC.to_le_bytes() && record_len(&bytes[p..]).is_some()
+    })
+}
+
 /// Decodes records until the first incomplete or bad one (a torn tail after a crash):
 /// offsets, and the fences of resets (the latest epoch of each group and topic).
 fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>, fences: &mut Fences) -> usize {
     let mut at = 0;
     loop {
         let rest = &bytes[at..];
-        if rest.len() < 12 {
+        let Some(len) = record_len(rest) else {
             return at;
-        }
-        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let magic = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let crc = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
-        if magic != RECORD_MAGIC
-            || len < 12 + 16
-            || len > rest.len()
-            || crc32c::crc32c(&rest[12..len]) != crc
-        {
-            return at;
-        }
+        };
         let body = &rest[12..len];
         let parse = || -> Option<(Key, u64)> {
             let glen = u16::from_le_bytes([*body.first()?, *body.get(1)?]) as usize;
@@ -172,8 +186,25 @@ impl OffsetStore {
         };
         let (mut offsets, mut reset_epochs) = (HashMap::new(), HashMap::new());
         // A torn last record (a crash during a write) ends the replay; it is dropped by
-        // the snapshot below.
-        replay(&bytes, &mut offsets, &mut reset_epochs);
+        // the snapshot below. Damage before whole records is not cut away with them: the
+        // groups whose offsets they hold would start again from their `consume_from`.
+        let end = replay(&bytes, &mut offsets, &mut reset_epochs);
+        if end < bytes.len() {
+            if let Some(next) = record_after(&bytes, end) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is damaged at byte {end} (a whole record follows at byte {next}, so it is no torn tail): restore it from a backup, or move it aside to start this shard with no committed offsets (its groups then start from their consume_from)",
+                        path.display()
+                    ),
+                ));
+            }
+            crate::warn!(
+                "ringmq: {}: cut a torn tail of {} bytes at byte {end} (a crash during a write)",
+                path.display(),
+                bytes.len() - end
+            );
+        }
         let mut store = OffsetStore {
             file: Arc::new(
                 std::fs::OpenOptions::new()
@@ -367,6 +398,20 @@ impl OffsetStore {
         }
     }
 
+    /// An fdatasync of the file failed: what it was to cover may never reach the disk,
+    /// though a later fdatasync can succeed (the kernel reports a failed writeback once,
+    /// and may drop the pages), so it is not tried again: the file is written whole
+    /// again (a new file, synced before its rename).
+    pub fn sync_failed(&mut self) {
+        self.rewrite = true;
+        self.written_gen = self.synced_gen;
+    }
+
+    /// Whether the changes up to `generation` are written (a process kill keeps them).
+    pub fn is_written(&self, generation: u64) -> bool {
+        self.written_gen >= generation
+    }
+
     /// A write covering `generation` is done (`file`: the file a rewrite made).
     pub fn written(&mut self, generation: u64, file: Option<Arc<std::fs::File>>) {
         if let Some(file) = file {
@@ -516,6 +561,44 @@ mod tests {
         assert_eq!(s.get("g", "t", 1), Some(12));
         assert_eq!(s.get("g2", "t", 0), Some(3), "a reset may go backwards");
         assert_eq!(s.get("g", "t", 0), None);
+    }
+
+    /// A damaged record with whole records after it refuses the open, naming the file and
+    /// where: cutting there would drop the offsets after it (their groups would start
+    /// from `consume_from`). The file is left as it was.
+    #[test]
+    fn damage_before_whole_records_refuses_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 10);
+        s.commit("g", "t", 1, 11);
+        s.commit("g", "t", 2, 12);
+        let (io, covered) = s.take_io().unwrap();
+        s.written(covered, io.run().unwrap());
+        drop(s);
+        let path = dir.path().join("offsets.log");
+        let whole = std::fs::read(&path).unwrap();
+        let first = record_len(&whole).unwrap();
+        for damaged_at in [0, 14, first + 20] {
+            let mut bytes = whole.clone();
+            bytes[damaged_at] ^= 0x40;
+            std::fs::write(&path, &bytes).unwrap();
+            let e = OffsetStore::open(dir.path()).err().expect("refused");
+            let said = e.to_string();
+            assert!(said.contains("offsets.log is damaged at byte"), "{said}");
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
+        }
+        // Damage in the last record alone is a torn tail: cut, the others kept.
+        let mut bytes = whole.clone();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(
+            (s.get("g", "t", 0), s.get("g", "t", 1)),
+            (Some(10), Some(11))
+        );
+        assert_eq!(s.get("g", "t", 2), None);
     }
 
     #[test]

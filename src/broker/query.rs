@@ -73,23 +73,35 @@ impl ShardCtx {
                 ),
             ));
         }
+        let first = (self.offsets.borrow())
+            .get(&m.group, &m.topic, m.queue_id)
+            .is_none();
         let (_, generation) = self
             .offsets
             .borrow_mut()
             .commit(&m.group, &m.topic, m.queue_id, m.offset);
-        if self.cfg.flush == FlushMode::Sync {
-            // Durable before the answer (the write and fdatasync run off the shard). An
-            // offset this commit leaves as it is may still be on its way to the disk, under
-            // an earlier commit that waits for its sync: this answer waits for it too.
-            let generation = match generation {
-                0 => self.offsets.borrow().changed_generation(),
-                changed => changed,
-            };
+        // An offset this commit leaves as it is may still be on its way to the disk, under
+        // an earlier commit: this answer waits for it too.
+        let generation = match generation {
+            0 => self.offsets.borrow().changed_generation(),
+            changed => changed,
+        };
+        if self.cfg.flush == FlushMode::Sync || first {
+            // Durable before the answer (the write and fdatasync run off the shard). So is
+            // a queue's first offset in async mode: a member commits where it starts before
+            // consuming, and a crash that lost that commit would have the queue's next
+            // owner start from its own `consume_from`, past what came in between.
             while !self.offsets.borrow().is_synced(generation) {
                 self.offsets_durable().await?;
             }
-        } else if generation != 0 {
-            self.write_offsets_behind();
+        } else {
+            // Written before the answer (off the shard), so that a process kill loses no
+            // commit and a failing disk is answered, not only logged; durable with the
+            // periodic sync.
+            while !self.offsets.borrow().is_written(generation) {
+                (self.flush_offsets(false).await)
+                    .map_err(|e| err(ErrorCode::StoreIo, format!("writing offsets: {e}")))?;
+            }
         }
         Ok(Empty {})
     }

@@ -772,9 +772,21 @@ async fn shard_main(
         .map_err(|e| format!("recovering the schedule in {}: {e}", shard_dir.display()))?;
     let mut offsets = OffsetStore::open(&shard_dir)
         .map_err(|e| format!("opening offsets in {}: {e}", shard_dir.display()))?;
+    // A queue whose end cannot be read refuses the start: an offset left past its end
+    // would skip the messages stored there next.
+    let mut unread = None;
     let lowered = offsets.lower_past_ends(|topic, queue_id| {
-        store.queue_range(topic, queue_id).ok().map(|(_, end)| end)
+        match store.queue_range(topic, queue_id) {
+            Ok((_, end)) => Some(end),
+            Err(e) => {
+                unread.get_or_insert_with(|| format!("reading the end of {topic}[{queue_id}] in {}, to check the offsets committed there: {e}", shard_dir.display()));
+                None
+            }
+        }
     });
+    if let Some(e) = unread {
+        return Err(e);
+    }
     if lowered > 0 {
         crate::warn!(
             "ringmq-broker: shard {i}: {lowered} committed offsets were past their queue's end (the last crash lost records not yet synced): lowered to it, so the messages stored there next are consumed"
