@@ -32,9 +32,18 @@ where
     F: FnOnce(String) -> Fut,
     Fut: Future<Output = ()>,
 {
+    with_broker_and(|_| {}, test)
+}
+
+/// [`with_broker`] with `configure` applied to the broker's configuration first.
+fn with_broker_and<F, Fut>(configure: impl FnOnce(&mut BrokerConfig), test: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(BrokerConfig {
+    let mut config = BrokerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.path().to_owned(),
         shards: 2,
@@ -45,8 +54,9 @@ where
         // Preallocated segments: keep them small when many brokers run at once.
         segment_bytes: 64 << 20,
         ..Default::default()
-    })
-    .unwrap();
+    };
+    configure(&mut config);
+    let broker = Broker::start(config).unwrap();
     let addr = broker.addr().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -40,6 +40,11 @@
 //! - **committer**: commits every queue's commit point each `commit_interval_ms` (to the
 //!   broker, or to the local file in broadcasting mode).
 //!
+//! `shutdown` stops the committer and the queues (waiting for their listener calls,
+//! committing, unlocking), then the heartbeats, then unregisters: a member must stay one
+//! while its calls end, or the broker would drop it and its locks after the session timeout
+//! and another member would take an orderly queue under a call still running.
+//!
 //! Listeners are plain closures `Fn(&[Message]) -> status`, run on the consumer's own
 //! threads (up to `consume_threads`, started as needed; see `workers.rs` for why not
 //! tokio's blocking pool), at most `consume_threads` calls at once over all queues: a
@@ -463,12 +468,13 @@ impl PushConsumer {
         shared.heartbeat_ok_ms.store(sent_ms, Ordering::SeqCst);
 
         let (stop_tx, stop_rx) = watch::channel(false);
+        let (leave_tx, leave_rx) = watch::channel(false);
         let (assignment_tx, assignment_rx) = watch::channel(Some(first));
         let membership = tokio::spawn(membership_loop(
             shared.clone(),
             assignment_tx,
             pushes,
-            stop_rx.clone(),
+            leave_rx,
         ));
         let controller = Controller::new(shared.clone());
         let controller = tokio::spawn(controller.run(assignment_rx, stop_rx.clone()));
@@ -477,6 +483,7 @@ impl PushConsumer {
         *lifecycle = Lifecycle::Running(Running {
             shared,
             stop: stop_tx,
+            leave: leave_tx,
             membership,
             controller,
             committer,
@@ -564,7 +571,10 @@ impl Drop for PushConsumer {
 
 struct Running {
     shared: Arc<Shared>,
+    /// Stops the queues' tasks and the committer.
     stop: watch::Sender<bool>,
+    /// Stops the heartbeats: only once the queues are stopped (see `shutdown`).
+    leave: watch::Sender<bool>,
     membership: JoinHandle<()>,
     controller: JoinHandle<Controller>,
     committer: JoinHandle<()>,
@@ -577,14 +587,16 @@ impl Running {
         self.stop.send_replace(true);
         let mut first_error: Option<ClientError> = None;
         // Neither task returns an error; a join error means a panic, only logged.
-        for (name, task) in [
-            ("membership", self.membership),
-            ("committer", self.committer),
-        ] {
-            if let Err(e) = task.await {
+        let ended = |name: &str, joined: std::result::Result<(), tokio::task::JoinError>| {
+            if let Err(e) = joined {
                 shared.log(format_args!("{name} task ended abnormally: {e}"));
             }
-        }
+        };
+        ended("committer", self.committer.await);
+        // Heartbeats go on while the queues stop (their listener calls may run for up to
+        // `shutdown_timeout_ms`): a member the broker no longer heard from would be
+        // dropped with its locks, and another member would take an orderly queue while a
+        // call on it still runs here.
         match self.controller.await {
             Ok(mut controller) => {
                 if let Err(e) = controller.shutdown().await {
@@ -602,6 +614,8 @@ impl Running {
                 )));
             }
         }
+        self.leave.send_replace(true);
+        ended("membership", self.membership.await);
         if let Err(e) = shared.client.unregister(&shared.group).await {
             first_error.get_or_insert(e);
         }

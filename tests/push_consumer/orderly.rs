@@ -3,6 +3,7 @@
 //! orderly), each message once and in order. Helpers are the parent module's.
 
 use super::*;
+use std::time::Instant;
 
 /// Key → sequence numbers in delivery order.
 type OrderLog = Arc<Mutex<BTreeMap<String, Vec<u32>>>>;
@@ -307,4 +308,85 @@ fn consumers_catching_up_a_backlog_pipeline_pulls_and_get_each_message_once_in_o
             consumer.shutdown().await.unwrap();
         }
     });
+}
+
+/// A member shutting down keeps its heartbeats while its last listener calls end, so a
+/// call that outlasts the broker's session timeout keeps its queue's lock: another member
+/// takes the queue only once the call ended and the lock was given up. Before, the
+/// heartbeats stopped first: the broker dropped the member and its locks after the session
+/// timeout, and the other member consumed the queue while the call still ran.
+#[test]
+fn a_member_shutting_down_keeps_its_queues_locked_until_its_last_call_ends() {
+    with_broker_and(
+        |cfg| cfg.session_timeout_ms = 1_000,
+        |addr| async move {
+            let topic = "slow-end";
+            let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+            producer.client().create_topic(topic, 1).await.unwrap();
+            // (member, body, started, ended)
+            type Calls = Arc<Mutex<Vec<(&'static str, String, Instant, Instant)>>>;
+            let calls: Calls = Arc::default();
+            let member = |name: &'static str| {
+                let (addr, calls) = (addr.clone(), calls.clone());
+                async move {
+                    let mut config = ClientConfig::new(&addr);
+                    // Sorted first, the first member keeps the one queue when the second
+                    // joins.
+                    config.client_id = stable_id(name);
+                    let consumer = PushConsumer::new(config, "g-slow-end", options()).unwrap();
+                    consumer.subscribe(topic, "*").unwrap();
+                    consumer
+                        .register_orderly(move |messages| {
+                            for m in messages {
+                                let body = String::from_utf8_lossy(m.body()).into_owned();
+                                let started = Instant::now();
+                                if body == "slow" {
+                                    std::thread::sleep(Duration::from_secs(3));
+                                }
+                                let call = (name, body, started, Instant::now());
+                                calls.lock().unwrap().push(call);
+                            }
+                            OrderlyStatus::Success
+                        })
+                        .unwrap();
+                    consumer.start().await.unwrap();
+                    consumer
+                }
+            };
+            let a = member("a-slow").await;
+            all_consuming(&[&a], 1).await;
+            producer
+                .send(topic, OutgoingMessage::new("slow"))
+                .await
+                .unwrap();
+            let b = member("b-slow").await;
+            producer
+                .send(topic, OutgoingMessage::new("after"))
+                .await
+                .unwrap();
+            // The slow call is under way (it ends in 3 s): a shuts down meanwhile.
+            let shutdown = tokio::spawn(async move { a.shutdown().await });
+            eventually("b consumes what came after", || {
+                calls
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c.0 == "b-slow" && c.1 == "after")
+            })
+            .await;
+            shutdown.await.unwrap().unwrap();
+            let calls = calls.lock().unwrap().clone();
+            let slow_ended = (calls.iter())
+                .find(|c| c.0 == "a-slow" && c.1 == "slow")
+                .map(|c| c.3)
+                .expect("a consumed the slow one");
+            for (_, body, started, _) in calls.iter().filter(|c| c.0 == "b-slow") {
+                assert!(
+                    *started >= slow_ended,
+                    "b consumed {body} while a's call on the slow one still ran: {calls:?}"
+                );
+            }
+            b.shutdown().await.unwrap();
+        },
+    );
 }
