@@ -454,6 +454,7 @@ impl PushConsumer {
             started_at: Instant::now(),
             queues_at_start,
             heartbeat_ok_ms: AtomicU64::new(0),
+            lapses: AtomicU64::new(0),
             counters: Counters::default(),
             spec,
             client,
@@ -696,6 +697,9 @@ struct Shared {
     queues_at_start: BTreeMap<String, u32>,
     /// When (ms since `started_at`) the last acknowledged heartbeat was sent.
     heartbeat_ok_ms: AtomicU64,
+    /// Heartbeats acknowledged after a time in which the broker may have dropped this
+    /// member (see `Shared::heartbeat_acked`): a lease granted before the latest is void.
+    lapses: AtomicU64,
     counters: Counters,
 }
 
@@ -733,10 +737,25 @@ impl Shared {
     /// Whether the broker surely still counts this client as a member: its last
     /// acknowledged heartbeat is at least one heartbeat interval within the session.
     fn membership_fresh(&self) -> bool {
-        let age = self
-            .now_ms()
-            .saturating_sub(self.heartbeat_ok_ms.load(Ordering::SeqCst));
+        self.fresh_at(self.now_ms())
+    }
+
+    fn fresh_at(&self, ms: u64) -> bool {
+        let age = ms.saturating_sub(self.heartbeat_ok_ms.load(Ordering::SeqCst));
         age < self.options.session_timeout_ms - self.options.heartbeat_interval_ms
+    }
+
+    /// A heartbeat sent at `sent_ms` was acknowledged. If the membership was not fresh
+    /// when it was sent (a stalled process, a stalled network: the broker may have dropped
+    /// the member and its locks, and the heartbeat joined it again as a new member), the
+    /// locks held before are void: another member may have taken and consumed their
+    /// queues meanwhile, so they are locked again and restarted from the committed
+    /// offsets (`Controller::check_locks`) rather than consumed on.
+    fn heartbeat_acked(&self, sent_ms: u64) {
+        if !self.fresh_at(sent_ms) && self.heartbeat_ok_ms.load(Ordering::SeqCst) > 0 {
+            self.lapses.fetch_add(1, Ordering::SeqCst);
+        }
+        self.heartbeat_ok_ms.fetch_max(sent_ms, Ordering::SeqCst);
     }
 
     /// Consumers are libraries without a logger: what must not go unnoticed (a message
@@ -754,6 +773,8 @@ impl Shared {
 struct Lease {
     /// `Client::bootstrap_session` when the lock was granted.
     session: u64,
+    /// `Shared::lapses` when the lock was granted.
+    lapses: u64,
     /// When (ms since start) the request that last granted or renewed it was sent.
     confirmed_ms: AtomicU64,
 }
@@ -830,6 +851,7 @@ impl ProcessQueue {
                     .saturating_sub(lease.confirmed_ms.load(Ordering::SeqCst));
                 age < shared.options.lock_valid_ms
                     && shared.client.bootstrap_session() == Some(lease.session)
+                    && shared.lapses.load(Ordering::SeqCst) == lease.lapses
                     && shared.membership_fresh()
             }
         }

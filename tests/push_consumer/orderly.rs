@@ -323,36 +323,11 @@ fn a_member_shutting_down_keeps_its_queues_locked_until_its_last_call_ends() {
             let topic = "slow-end";
             let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
             producer.client().create_topic(topic, 1).await.unwrap();
-            // (member, body, started, ended)
-            type Calls = Arc<Mutex<Vec<(&'static str, String, Instant, Instant)>>>;
             let calls: Calls = Arc::default();
-            let member = |name: &'static str| {
-                let (addr, calls) = (addr.clone(), calls.clone());
-                async move {
-                    let mut config = ClientConfig::new(&addr);
-                    // Sorted first, the first member keeps the one queue when the second
-                    // joins.
-                    config.client_id = stable_id(name);
-                    let consumer = PushConsumer::new(config, "g-slow-end", options()).unwrap();
-                    consumer.subscribe(topic, "*").unwrap();
-                    consumer
-                        .register_orderly(move |messages| {
-                            for m in messages {
-                                let body = String::from_utf8_lossy(m.body()).into_owned();
-                                let started = Instant::now();
-                                if body == "slow" {
-                                    std::thread::sleep(Duration::from_secs(3));
-                                }
-                                let call = (name, body, started, Instant::now());
-                                calls.lock().unwrap().push(call);
-                            }
-                            OrderlyStatus::Success
-                        })
-                        .unwrap();
-                    consumer.start().await.unwrap();
-                    consumer
-                }
-            };
+            let slow = ("slow", Duration::from_secs(3));
+            // Sorted first, the first member keeps the one queue when the second joins.
+            let member =
+                |name| recording_member(&addr, ("g-slow-end", topic), name, &calls, slow, false);
             let a = member("a-slow").await;
             all_consuming(&[&a], 1).await;
             producer
@@ -387,6 +362,138 @@ fn a_member_shutting_down_keeps_its_queues_locked_until_its_last_call_ends() {
                 );
             }
             b.shutdown().await.unwrap();
+        },
+    );
+}
+
+/// (member, body, started, ended) of each listener call.
+type Calls = Arc<Mutex<Vec<(&'static str, String, Instant, Instant)>>>;
+
+/// An orderly member of `group` on `topic` named `name` (sorted by it among members),
+/// one message a call, recording its calls; `slow` bodies take `slow_for`, blocking the
+/// listener's thread (with `non_blocking`, the member's whole runtime).
+async fn recording_member(
+    addr: &str,
+    (group, topic): (&str, &str),
+    name: &'static str,
+    calls: &Calls,
+    (slow, slow_for): (&'static str, Duration),
+    non_blocking: bool,
+) -> PushConsumer {
+    let mut config = ClientConfig::new(addr);
+    config.client_id = stable_id(name);
+    let options = PushConsumerOptions {
+        consume_batch_max: 1,
+        listener_non_blocking: non_blocking,
+        ..options()
+    };
+    let consumer = PushConsumer::new(config, group, options).unwrap();
+    consumer.subscribe(topic, "*").unwrap();
+    let calls = calls.clone();
+    consumer
+        .register_orderly(move |messages| {
+            for m in messages {
+                let body = String::from_utf8_lossy(m.body()).into_owned();
+                let started = Instant::now();
+                if body == slow {
+                    std::thread::sleep(slow_for);
+                }
+                calls
+                    .lock()
+                    .unwrap()
+                    .push((name, body, started, Instant::now()));
+            }
+            OrderlyStatus::Success
+        })
+        .unwrap();
+    consumer.start().await.unwrap();
+    consumer
+}
+
+/// A member whose heartbeats stalled past the session timeout (its whole process stood
+/// still, its connection open) was dropped by the broker with its locks, and another
+/// member took its queue. When it runs again, its next heartbeat joins the group anew: the
+/// locks it held before are void, so it consumes the queue only after locking it again
+/// (once the other member gave it up) and from the committed offset. Before, the
+/// acknowledged heartbeat made its old lease look valid, and it consumed the messages it
+/// had cached while the other member still held the queue.
+#[test]
+fn a_member_whose_heartbeats_lapsed_locks_its_queues_again_before_consuming() {
+    with_broker_and(
+        |cfg| cfg.session_timeout_ms = 1_000,
+        |addr| async move {
+            let (group, topic) = ("g-lapse", "lapse");
+            let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+            producer.client().create_topic(topic, 1).await.unwrap();
+            let calls: Calls = Arc::default();
+            // The first member on a runtime of its own, one thread: its "stall" call stops
+            // all of it, heartbeats included, for 2.5 s.
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let first = {
+                let (addr, calls) = (addr.clone(), calls.clone());
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async move {
+                        let stall = ("stall", Duration::from_millis(2_500));
+                        let a =
+                            recording_member(&addr, (group, topic), "a-lapse", &calls, stall, true)
+                                .await;
+                        let _ = ready_tx.send(());
+                        let _ = stop_rx.await;
+                        a.shutdown().await.unwrap();
+                    });
+                })
+            };
+            ready_rx.await.unwrap();
+            producer
+                .send(topic, OutgoingMessage::new("first"))
+                .await
+                .unwrap();
+            eventually("a consumes the first", || calls.lock().unwrap().len() == 1).await;
+            // Sorted after it, the second member gets no queue while the first is live.
+            let slow = ("stall", Duration::from_secs(3));
+            let b = recording_member(&addr, (group, topic), "b-lapse", &calls, slow, false).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let messages: Vec<OutgoingMessage> = std::iter::once("stall".to_owned())
+                .chain((0..5).map(|i| format!("m{i}")))
+                .map(OutgoingMessage::new)
+                .collect();
+            producer.send_batch(topic, messages).await.unwrap();
+            // The first member has the queue back (sorted first) and consumes to the end.
+            eventually("a consumes m4", || {
+                let calls = calls.lock().unwrap();
+                calls.iter().any(|c| c.0 == "a-lapse" && c.1 == "m4")
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let _ = stop_tx.send(());
+            first.join().unwrap();
+            b.shutdown().await.unwrap();
+            let calls = calls.lock().unwrap().clone();
+            let stalled =
+                |c: &&(&str, String, Instant, Instant)| c.0 == "a-lapse" && c.1 == "stall";
+            assert!(calls.iter().any(|c| stalled(&c)), "a stalled: {calls:?}");
+            assert!(
+                calls.iter().any(|c| c.0 == "b-lapse" && c.1 == "stall"),
+                "b took the queue while a stood still: {calls:?}"
+            );
+            // Apart from the call a was in when it stood still, no call of one member ran
+            // while one of the other did.
+            let of = |who: &'static str| calls.iter().filter(move |c| c.0 == who && !stalled(c));
+            for a in of("a-lapse") {
+                for b in of("b-lapse") {
+                    assert!(
+                        a.3 <= b.2 || b.3 <= a.2,
+                        "a consumed {} while b consumed {}: {calls:?}",
+                        a.1,
+                        b.1
+                    );
+                }
+            }
         },
     );
 }

@@ -102,7 +102,7 @@ async fn heartbeat_now(shared: &Shared) -> Result<Assignment> {
         .client
         .group_heartbeat(&shared.group, &shared.spec)
         .await?;
-    shared.heartbeat_ok_ms.fetch_max(sent_ms, Ordering::SeqCst);
+    shared.heartbeat_acked(sent_ms);
     Ok(assignment)
 }
 
@@ -167,6 +167,8 @@ struct Granted {
     topic: String,
     /// `Client::bootstrap_session` before and after the request.
     session: u64,
+    /// `Shared::lapses` before the request.
+    lapses: u64,
     /// When (ms since start) the request was sent: the lock's validity counts from then.
     sent_ms: u64,
     /// Queues held now, sorted.
@@ -261,6 +263,7 @@ impl Controller {
                 if target.contains(&pq.mq) {
                     let lease = pq.lease.as_ref().map(|l| Lease {
                         session: l.session,
+                        lapses: l.lapses,
                         confirmed_ms: AtomicU64::new(l.confirmed_ms.load(Ordering::SeqCst)),
                     });
                     self.start_queue(pq.mq.clone(), lease);
@@ -423,6 +426,7 @@ impl Controller {
         let mut answers = Vec::new();
         for (topic, ids) in by_topic {
             let before = client.bootstrap_session();
+            let lapses = self.shared.lapses.load(Ordering::SeqCst);
             let sent_ms = self.shared.now_ms();
             match client.lock_batch(&self.shared.group, topic, &ids).await {
                 Ok(held) => {
@@ -434,6 +438,7 @@ impl Controller {
                             answers.push(Granted {
                                 topic: topic.to_owned(),
                                 session: before,
+                                lapses,
                                 sent_ms,
                                 queues: held,
                             });
@@ -466,6 +471,7 @@ impl Controller {
                 if self.pending.remove(&mq) {
                     let lease = Lease {
                         session: granted.session,
+                        lapses: granted.lapses,
                         confirmed_ms: AtomicU64::new(granted.sent_ms),
                     };
                     self.start_queue(mq, Some(lease));
@@ -519,27 +525,35 @@ impl Controller {
         self.pending.extend(lost);
     }
 
-    /// Every `lock_retry_ms`: queues locked on a bootstrap connection that is gone lost
-    /// their locks (the broker released them); pending queues are tried again.
+    /// Every `lock_retry_ms`: queues locked on a bootstrap connection that is gone, or
+    /// before a lapse of the membership (`Shared::heartbeat_acked`), lost their locks
+    /// (the broker released them); pending queues are tried again.
     async fn check_locks(&mut self) {
         let session = self.shared.client.bootstrap_session();
-        let lost: Vec<MessageQueue> = self
-            .running
-            .iter()
-            .filter(|(_, t)| {
-                t.pq.lease
-                    .as_ref()
-                    .is_some_and(|l| Some(l.session) != session)
-            })
-            .map(|(mq, _)| mq.clone())
-            .collect();
-        if !lost.is_empty() {
+        let lapses = self.shared.lapses.load(Ordering::SeqCst);
+        let void = |lease: &Lease| (Some(lease.session) != session, lease.lapses != lapses);
+        let (mut moved, mut lapsed) = (Vec::new(), Vec::new());
+        for (mq, tasks) in &self.running {
+            match tasks.pq.lease.as_ref().map(void) {
+                Some((true, _)) => moved.push(mq.clone()),
+                Some((false, true)) => lapsed.push(mq.clone()),
+                _ => {}
+            }
+        }
+        if !moved.is_empty() {
             self.shared.log(format_args!(
                 "the bootstrap connection changed: {} queue lock(s) are void; joining again",
-                lost.len()
+                moved.len()
             ));
             self.shared.rejoin.notify_one();
-            self.release_lost(lost).await;
+            self.release_lost(moved).await;
+        }
+        if !lapsed.is_empty() {
+            self.shared.log(format_args!(
+                "heartbeats lapsed past the session timeout (the broker may have given the queues to others): {} queue lock(s) are void; locking them again",
+                lapsed.len()
+            ));
+            self.release_lost(lapsed).await;
         }
         self.lock_pending().await;
     }
