@@ -519,8 +519,9 @@ impl ShardCtx {
     }
 
     /// This shard's part of a reset: every owned queue of the topic to the offset of the
-    /// first message stored at or after the time. From the start, the group's commits of
-    /// positions read under an earlier offsets epoch than `epoch` are refused here.
+    /// first message stored at or after the time. From when they are set on, the group's
+    /// commits of positions read under an earlier offsets epoch than `epoch` are refused
+    /// here (one on its way before is set over by the reset).
     pub(super) async fn local_reset(
         &self,
         group: &str,
@@ -532,6 +533,15 @@ impl ShardCtx {
         let queues = self.local_ranges(topic)?;
         if queues.is_empty() {
             return Ok(());
+        }
+        // Every queue's offset is looked up first (a lookup may wait for a read), then the
+        // fence is checked and the offsets set with nothing awaited in between: a later
+        // reset coming while this one waited would otherwise fence and set all the queues,
+        // and this one then set the rest over it, mixing the two.
+        let mut reset_to = Vec::with_capacity(queues.len());
+        for (q, _, _) in queues {
+            let offset = self.store.offset_by_timestamp(topic, q, timestamp_ms).await;
+            reset_to.push((q, offset.map_err(store_error)?));
         }
         let fenced = self.offsets.borrow_mut().fence(group, topic, epoch);
         if let Err(later) = fenced {
@@ -545,12 +555,7 @@ impl ShardCtx {
                 ),
             ));
         }
-        for (q, _, _) in queues {
-            let offset = self
-                .store
-                .offset_by_timestamp(topic, q, timestamp_ms)
-                .await
-                .map_err(store_error)?;
+        for (q, offset) in reset_to {
             self.offsets.borrow_mut().reset(group, topic, q, offset);
         }
         self.offsets_durable().await?;
