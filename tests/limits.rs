@@ -777,3 +777,31 @@ fn a_topic_update_whose_added_queues_cannot_start_for_a_consuming_group_is_refus
         }
     });
 }
+
+/// Queue locks are kept for at most `--groups-max` groups a shard (anyone may lock under
+/// any group name, member or not): past it a lock under a new group is refused with
+/// `LimitReached`, the groups holding locks renew them, and a group whose locks are given
+/// up frees its place.
+#[test]
+fn queue_locks_of_groups_past_the_cap_are_refused_until_one_is_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--groups-max", "3"]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("locked", 2).await.unwrap();
+        for g in ["l0", "l1", "l2"] {
+            assert_eq!(
+                client.lock_batch(g, "locked", &[0, 1]).await.unwrap(),
+                [0, 1]
+            );
+        }
+        let (c, m) = code(client.lock_batch("l3", "locked", &[0]).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--groups-max"), "{m}");
+        // Renewals of the groups holding locks go on.
+        assert_eq!(client.lock_batch("l1", "locked", &[1]).await.unwrap(), [1]);
+        client.unlock_batch("l0", "locked", &[0, 1]).await.unwrap();
+        assert_eq!(client.lock_batch("l3", "locked", &[0]).await.unwrap(), [0]);
+    });
+}

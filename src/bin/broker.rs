@@ -89,9 +89,9 @@ struct Cli {
     /// Most topics sends may create when --auto-create-topics is on [default: 1024]
     #[arg(long)]
     auto_create_topics_max: Option<usize>,
-    /// Most consumer groups each shard coordinates, and most groups whose committed offsets
-    /// each shard keeps; beyond it a new group gets LimitReached (`ringmq group delete`
-    /// frees one) [default: 4096]
+    /// Most consumer groups each shard coordinates, most groups whose committed offsets
+    /// each shard keeps, and most groups holding queue locks on each shard; beyond it a new
+    /// group gets LimitReached (`ringmq group delete` frees one) [default: 4096]
     #[arg(long)]
     groups_max: Option<usize>,
     /// Most queues of all topics together (each maps a file while in use); lowered at

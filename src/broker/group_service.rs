@@ -441,13 +441,31 @@ impl ShardCtx {
         client_id: &str,
         topic: &str,
         queues: &[u32],
-    ) -> Vec<u32> {
+    ) -> Result<Vec<u32>, ErrorBody> {
         let mut locks = self.locks.borrow_mut();
         match op {
-            LockOp::Lock => locks.lock_batch(group, topic, queues, client_id, now_ms()),
+            LockOp::Lock => {
+                // Bounded like offsets: locks of at most `--groups-max` groups (a client
+                // may lock under any group name, member or not).
+                let now = now_ms();
+                if !locks.has_group(group) && locks.group_count() >= self.cfg.groups_max {
+                    locks.purge_expired(now);
+                    if locks.group_count() >= self.cfg.groups_max {
+                        return Err(err(
+                            ErrorCode::LimitReached,
+                            format!(
+                                "shard {} holds queue locks of {} groups, its limit (--groups-max); locks are given up by their holders, or lapse",
+                                self.id,
+                                locks.group_count()
+                            ),
+                        ));
+                    }
+                }
+                Ok(locks.lock_batch(group, topic, queues, client_id, now))
+            }
             LockOp::Unlock => {
                 locks.unlock_batch(group, topic, queues, client_id);
-                Vec::new()
+                Ok(Vec::new())
             }
         }
     }
@@ -482,7 +500,7 @@ impl ShardCtx {
             let mut held = Vec::new();
             for (shard, qs) in by_shard {
                 if shard == ctx.id {
-                    held.extend(ctx.local_locks(op, &group, &client_id, &topic, &qs));
+                    held.extend(ctx.local_locks(op, &group, &client_id, &topic, &qs)?);
                 } else {
                     let req = MeshRequest::Locks {
                         op,

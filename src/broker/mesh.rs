@@ -391,7 +391,12 @@ impl ShardCtx {
                 client_id,
                 topic,
                 queues,
-            } => MeshReply::Queues(self.local_locks(op, &group, &client_id, &topic, &queues)),
+            } => match self.local_locks(op, &group, &client_id, &topic, &queues) {
+                Ok(held) => MeshReply::Queues(held),
+                Err(e) => {
+                    MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)
+                }
+            },
             MeshRequest::ResetOffsets {
                 group,
                 topic,

@@ -180,6 +180,16 @@ impl LockTable {
         });
     }
 
+    /// Whether `group` holds (or held, until purged) a lock here.
+    pub fn has_group(&self, group: &str) -> bool {
+        self.locks.contains_key(group)
+    }
+
+    /// Groups with locks here, expired ones included until purged.
+    pub fn group_count(&self) -> usize {
+        self.locks.len()
+    }
+
     /// Entries kept, expired ones included until purged.
     pub fn len(&self) -> usize {
         self.locks
