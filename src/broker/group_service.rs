@@ -23,8 +23,20 @@ pub const CONN_SHARD_SHIFT: u32 = 48;
 /// Most consumer groups whose members one connection carries.
 pub const GROUPS_PER_CONNECTION_MAX: usize = 64;
 
+/// The wall clock's milliseconds: offsets epochs, which must pass those of earlier broker
+/// runs.
 pub fn now_ms() -> u64 {
     crate::log::now_ms().max(0) as u64
+}
+
+/// Milliseconds on the monotonic clock, from the process's first call (one origin for
+/// every shard): members' sessions and queue locks' expiry. A step of the wall clock
+/// (NTP setting it at boot, an operator) would otherwise expire every member at once, or
+/// keep a dead one's queues for as long as it stepped back.
+pub fn steady_ms() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The coordinator's record of a group beyond membership.
@@ -181,7 +193,7 @@ impl ShardCtx {
 
     /// Every second: members that missed their heartbeats leave.
     pub async fn expire_members(self: &Rc<Self>) {
-        let now = now_ms();
+        let now = steady_ms();
         let expired: Vec<(String, Vec<String>)> = self
             .groups
             .borrow_mut()
@@ -348,7 +360,7 @@ impl ShardCtx {
                     };
                     return Err(err(code, e.to_string()));
                 }
-                let changed = state.heartbeat(member, now_ms());
+                let changed = state.heartbeat(member, steady_ms());
                 if changed {
                     for line in state.differing_subscriptions(&h.client_id) {
                         crate::warn!(
@@ -447,7 +459,7 @@ impl ShardCtx {
             LockOp::Lock => {
                 // Bounded like offsets: locks of at most `--groups-max` groups (a client
                 // may lock under any group name, member or not).
-                let now = now_ms();
+                let now = steady_ms();
                 if !locks.has_group(group) && locks.group_count() >= self.cfg.groups_max {
                     locks.purge_expired(now);
                     if locks.group_count() >= self.cfg.groups_max {
