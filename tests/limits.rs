@@ -805,3 +805,34 @@ fn queue_locks_of_groups_past_the_cap_are_refused_until_one_is_given_up() {
         assert_eq!(client.lock_batch("l3", "locked", &[0]).await.unwrap(), [0]);
     });
 }
+
+/// A lock request over queues of two shards, one of which has no room for the group's
+/// locks: the other shard's queues are answered as held (they are), not an error that
+/// would leave them locked for a client that took them for none held.
+#[test]
+fn a_lock_request_one_shard_refuses_answers_what_the_others_granted() {
+    use ringmq::protocol::route::owner;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--groups-max", "1"]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("split", 8).await.unwrap();
+        let on =
+            |shard| -> Vec<u32> { (0..8).filter(|&q| owner("split", q, 2) == shard).collect() };
+        let (full, free) = (on(0), on(1));
+        assert!(!full.is_empty() && !free.is_empty());
+        // Shard 0 holds locks of one group: its limit.
+        assert_eq!(
+            client.lock_batch("first", "split", &full).await.unwrap(),
+            full
+        );
+        let all: Vec<u32> = (0..8).collect();
+        assert_eq!(
+            client.lock_batch("second", "split", &all).await.unwrap(),
+            free
+        );
+        let (c, m) = code(client.lock_batch("second", "split", &full).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+    });
+}

@@ -509,10 +509,15 @@ impl ShardCtx {
                     by_shard.entry(ctx.owner_of(&topic, q)).or_default().push(q);
                 }
             }
+            // A shard that fails (no room for the group's locks, unreachable) holds none of
+            // its queues for the client: the others' are answered, not left locked under
+            // an error the client takes for none held. Only if none is held is the failure
+            // the answer.
             let mut held = Vec::new();
+            let mut failed = None;
             for (shard, qs) in by_shard {
-                if shard == ctx.id {
-                    held.extend(ctx.local_locks(op, &group, &client_id, &topic, &qs)?);
+                let here = if shard == ctx.id {
+                    ctx.local_locks(op, &group, &client_id, &topic, &qs)
                 } else {
                     let req = MeshRequest::Locks {
                         op,
@@ -521,9 +526,21 @@ impl ShardCtx {
                         topic: topic.clone(),
                         queues: qs,
                     };
-                    if let MeshReply::Queues(q) = ctx.call(shard, req).await? {
-                        held.extend(q);
+                    ctx.call(shard, req).await.map(|reply| match reply {
+                        MeshReply::Queues(q) => q,
+                        _ => Vec::new(),
+                    })
+                };
+                match here {
+                    Ok(q) => held.extend(q),
+                    Err(e) => {
+                        failed.get_or_insert(e);
                     }
+                }
+            }
+            if let Some(e) = failed {
+                if op == LockOp::Unlock || held.is_empty() {
+                    return Err(e);
                 }
             }
             held.sort_unstable();

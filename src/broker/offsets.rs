@@ -6,9 +6,10 @@
 //! off the shard's thread, one write at a time, in order. A commit is fdatasynced before it
 //! is acknowledged in sync flush mode, and so is a queue's first offset in async mode; any
 //! other async commit is written before it is acknowledged (a process kill keeps it) and
-//! fdatasynced in the background. A damaged record with whole records after it refuses the
-//! open (only the end of what was being written is torn by a crash); a failed fdatasync
-//! has the file written whole again. This module is the state and the encoding; it does file I/O only when it
+//! fdatasynced in the background. At open, a bad stretch with whole records after it
+//! (damage, or a crash that kept later pages of its last writes and not earlier ones) is
+//! skipped with a warning and the file as found kept beside it; a torn tail is cut. A
+//! failed fdatasync has the file written whole again. This module is the state and the encoding; it does file I/O only when it
 //! opens (before the shard serves) and in the [`OffsetsIo`] jobs it hands out.
 
 use std::collections::HashMap;
@@ -124,8 +125,8 @@ fn record_len(rest: &[u8]) -> Option<usize> {
 }
 
 /// Where the first whole, checked record after byte `at` starts, if any: a replay that
-/// stopped at `at` with one after it met damage, not a torn tail (a crash tears only the
-/// end of what was being written).
+/// stopped at `at` with one after it met damage, or a crash that wrote later pages of its
+/// last writes and not earlier ones, not merely a torn tail.
 fn record_after(bytes: &[u8], at: usize) -> Option<usize> {
     (at + 1..bytes.len().saturating_sub(12)).find(|&p| {
         bytes[p + 4..p + 8] == RECORD_MAGIC.to_le_bytes() && record_len(&bytes[p..]).is_some()
@@ -186,23 +187,41 @@ impl OffsetStore {
         };
         let (mut offsets, mut reset_epochs) = (HashMap::new(), HashMap::new());
         // A torn last record (a crash during a write) ends the replay; it is dropped by
-        // the snapshot below. Damage before whole records is not cut away with them: the
-        // groups whose offsets they hold would start again from their `consume_from`.
-        let end = replay(&bytes, &mut offsets, &mut reset_epochs);
-        if end < bytes.len() {
-            if let Some(next) = record_after(&bytes, end) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "{} is damaged at byte {end} (a whole record follows at byte {next}, so it is no torn tail): restore it from a backup, or move it aside to start this shard with no committed offsets (its groups then start from their consume_from)",
-                        path.display()
-                    ),
-                ));
-            }
+        // the snapshot below. A bad stretch with whole records after it (damage, or a crash
+        // that kept later pages of its last writes and not earlier ones) is skipped, not
+        // cut with them: the offsets after it stand. What it held is lost: said, and the
+        // file as found is kept beside it.
+        let mut end = replay(&bytes, &mut offsets, &mut reset_epochs);
+        let mut skipped = Vec::new();
+        while end < bytes.len() {
+            let Some(next) = record_after(&bytes, end) else {
+                crate::warn!(
+                    "ringmq: {}: cut a torn tail of {} bytes at byte {end} (a crash during a write)",
+                    path.display(),
+                    bytes.len() - end
+                );
+                break;
+            };
+            skipped.push(format!("{end}..{next}"));
+            end = next + replay(&bytes[next..], &mut offsets, &mut reset_epochs);
+        }
+        if !skipped.is_empty() {
+            let at = crate::log::now_ms();
+            let kept = (0..)
+                .map(|n| dir.join(format!("offsets.log.damaged-{at}-{n}")))
+                .find(|p| !p.exists())
+                .unwrap_or_else(|| dir.join("offsets.log.damaged"));
+            let kept = match std::fs::write(&kept, &bytes) {
+                Ok(()) => format!("the file as found is kept as {}", kept.display()),
+                Err(e) => format!(
+                    "keeping the file as found as {} failed: {e}",
+                    kept.display()
+                ),
+            };
             crate::warn!(
-                "ringmq: {}: cut a torn tail of {} bytes at byte {end} (a crash during a write)",
+                "ringmq: {}: bytes {} hold no whole record, with whole records after them (damage, or a crash that wrote later pages of its last writes and not earlier ones): skipped, and the offsets they held are lost (those groups start the queues from an earlier commit, or from their consume_from); {kept}",
                 path.display(),
-                bytes.len() - end
+                skipped.join(", ")
             );
         }
         let mut store = OffsetStore {
@@ -563,11 +582,11 @@ mod tests {
         assert_eq!(s.get("g", "t", 0), None);
     }
 
-    /// A damaged record with whole records after it refuses the open, naming the file and
-    /// where: cutting there would drop the offsets after it (their groups would start
-    /// from `consume_from`). The file is left as it was.
+    /// A damaged record with whole records after it is skipped, not cut with them (their
+    /// groups would start from `consume_from`): the offsets after it stand, and the file
+    /// as found is kept beside it.
     #[test]
-    fn damage_before_whole_records_refuses_the_open() {
+    fn damage_before_whole_records_is_skipped_and_the_file_kept() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = OffsetStore::open(dir.path()).unwrap();
         s.commit("g", "t", 0, 10);
@@ -579,14 +598,26 @@ mod tests {
         let path = dir.path().join("offsets.log");
         let whole = std::fs::read(&path).unwrap();
         let first = record_len(&whole).unwrap();
-        for damaged_at in [0, 14, first + 20] {
+        let kept_copies = || {
+            let names = std::fs::read_dir(dir.path()).unwrap();
+            let names = names.map(|e| e.unwrap().file_name().to_string_lossy().into_owned());
+            names
+                .filter(|n| n.starts_with("offsets.log.damaged-"))
+                .count()
+        };
+        for (damaged_at, lost) in [(0, 0), (14, 0), (first + 20, 1)] {
             let mut bytes = whole.clone();
             bytes[damaged_at] ^= 0x40;
             std::fs::write(&path, &bytes).unwrap();
-            let e = OffsetStore::open(dir.path()).err().expect("refused");
-            let said = e.to_string();
-            assert!(said.contains("offsets.log is damaged at byte"), "{said}");
-            assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
+            let copies = kept_copies();
+            let s = OffsetStore::open(dir.path()).unwrap();
+            let got: Vec<Option<u64>> = (0..3).map(|q| s.get("g", "t", q)).collect();
+            let mut want = vec![Some(10), Some(11), Some(12)];
+            want[lost] = None;
+            assert_eq!(got, want, "damage at {damaged_at}");
+            assert_eq!(kept_copies(), copies + 1, "the file as found is kept");
+            drop(s);
+            std::fs::write(&path, &whole).unwrap();
         }
         // Damage in the last record alone is a torn tail: cut, the others kept.
         let mut bytes = whole.clone();

@@ -737,22 +737,21 @@ impl Shared {
     /// Whether the broker surely still counts this client as a member: its last
     /// acknowledged heartbeat is at least one heartbeat interval within the session.
     fn membership_fresh(&self) -> bool {
-        self.fresh_at(self.now_ms())
-    }
-
-    fn fresh_at(&self, ms: u64) -> bool {
-        let age = ms.saturating_sub(self.heartbeat_ok_ms.load(Ordering::SeqCst));
+        let age = self
+            .now_ms()
+            .saturating_sub(self.heartbeat_ok_ms.load(Ordering::SeqCst));
         age < self.options.session_timeout_ms - self.options.heartbeat_interval_ms
     }
 
-    /// A heartbeat sent at `sent_ms` was acknowledged. If the membership was not fresh
-    /// when it was sent (a stalled process, a stalled network: the broker may have dropped
-    /// the member and its locks, and the heartbeat joined it again as a new member), the
-    /// locks held before are void: another member may have taken and consumed their
-    /// queues meanwhile, so they are locked again and restarted from the committed
-    /// offsets (`Controller::check_locks`) rather than consumed on.
+    /// A heartbeat sent at `sent_ms` was acknowledged. If the membership is not fresh now,
+    /// before this acknowledgement counts (a stalled process, a stalled network, a
+    /// heartbeat held up on its way: the broker may have dropped the member and its locks,
+    /// and this heartbeat joined it again as a new member), the locks held before are void:
+    /// another member may have taken and consumed their queues meanwhile, so they are
+    /// locked again and restarted from the committed offsets (`Controller::check_locks`)
+    /// rather than consumed on.
     fn heartbeat_acked(&self, sent_ms: u64) {
-        if !self.fresh_at(sent_ms) && self.heartbeat_ok_ms.load(Ordering::SeqCst) > 0 {
+        if !self.membership_fresh() {
             self.lapses.fetch_add(1, Ordering::SeqCst);
         }
         self.heartbeat_ok_ms.fetch_max(sent_ms, Ordering::SeqCst);

@@ -69,6 +69,8 @@ pub(crate) struct LocalOffsets {
     group: String,
     client_id: String,
     offsets: Mutex<BTreeMap<MessageQueue, Position>>,
+    /// The topics the file held positions of when it was opened.
+    topics_at_open: std::collections::BTreeSet<String>,
     dirty: AtomicBool,
 }
 
@@ -184,15 +186,16 @@ impl LocalOffsets {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_error("reading", &path, e)),
         }
-        // A new file is written by the first flush (the consumer's start), so that a
-        // directory it cannot be written in is found then, not once positions are lost.
-        let new = offsets.is_empty();
+        let topics_at_open = offsets.keys().map(|q| q.topic.clone()).collect();
+        // Written again by the first flush (the consumer's start), so that a directory it
+        // cannot be written in is found then, not once positions are lost.
         Ok(LocalOffsets {
             path,
             group: group.to_owned(),
             client_id: client_id.to_owned(),
             offsets: Mutex::new(offsets),
-            dirty: AtomicBool::new(new),
+            topics_at_open,
+            dirty: AtomicBool::new(true),
         })
     }
 
@@ -205,11 +208,13 @@ impl LocalOffsets {
         self.lock().get(queue).copied()
     }
 
-    /// Whether a position of any queue of `topic` is kept: a queue of it without one was
-    /// not there when this consumer last ran (its start position is written before it is
-    /// consumed), and holds nothing older than that run.
+    /// Whether the file held a position of any queue of `topic` when it was opened: a queue
+    /// of it without one was not there when this consumer last ran (its start position is
+    /// written before it is consumed), and holds nothing older than that run. (Positions
+    /// set during this run do not count: a queue whose start is slow to be read would be
+    /// taken for a new one.)
     pub(crate) fn knows_topic(&self, topic: &str) -> bool {
-        self.lock().keys().any(|q| q.topic == topic)
+        self.topics_at_open.contains(topic)
     }
 
     /// Records a queue's position; written to disk by the next [`flush`](Self::flush).
@@ -300,6 +305,22 @@ mod tests {
             offset,
             incarnation: 0,
         }
+    }
+
+    /// A topic counts as known when the file named it at open, not once a position of it
+    /// is set during this run (a queue whose start is slow to be read would otherwise be
+    /// taken for one added while the consumer was down, and replayed from its start).
+    #[test]
+    fn a_topic_is_known_from_the_file_as_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = |t: &str, n| MessageQueue::new(t, n);
+        let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        store.set(&q("t", 0), at(5));
+        assert!(!store.knows_topic("t"), "set in this run");
+        store.flush().unwrap();
+        let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        assert!(store.knows_topic("t"));
+        assert!(!store.knows_topic("u"));
     }
 
     #[test]
