@@ -170,7 +170,7 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
         });
     }
     let client = &shared.client;
-    let from = super::start_from(mq, from, &shared.queues_at_start);
+    let from = super::start::start_from(mq, from, &shared.queues_at_start);
     // Named by the broker run it was read under, as a position pulled is: a crash before
     // the first pull that lost records below it sends it back rather than past what is
     // stored there by then.
