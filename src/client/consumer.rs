@@ -453,6 +453,7 @@ impl PushConsumer {
             stopping: AtomicBool::new(false),
             rejoin: Notify::new(),
             started_at: Instant::now(),
+            started_boot_ms: boot_ms(),
             queues_at_start,
             heartbeat_ok_ms: AtomicU64::new(0),
             lapses: AtomicU64::new(0),
@@ -649,6 +650,8 @@ struct Shared {
     /// Asks the membership task for a heartbeat now (after a reconnect).
     rejoin: Notify,
     started_at: Instant,
+    /// `boot_ms()` at the start, if the clock reads.
+    started_boot_ms: Option<u64>,
     /// How many queues each subscribed topic had when this consumer started (0: it did
     /// not exist): see [`start::queues_at_start`].
     queues_at_start: BTreeMap<String, u32>,
@@ -660,9 +663,29 @@ struct Shared {
     counters: Counters,
 }
 
+/// Milliseconds on CLOCK_BOOTTIME, which goes on while the machine is suspended (the
+/// monotonic clock tokio's `Instant` reads does not): a lease or a membership aged by it
+/// is not taken for fresh after a resume, when the broker, which kept running, may have
+/// dropped the member and its locks long ago. `None` if the clock cannot be read.
+fn boot_ms() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the one we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let ms = u64::try_from(ts.tv_nsec).ok()? / 1_000_000;
+    (rc == 0).then(|| secs.saturating_mul(1000).saturating_add(ms))
+}
+
 impl Shared {
+    /// Milliseconds since the start, on CLOCK_BOOTTIME (see [`boot_ms`]).
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.started_at.elapsed().as_millis()).unwrap_or(u64::MAX)
+        match (self.started_boot_ms, boot_ms()) {
+            (Some(start), Some(now)) => now.saturating_sub(start),
+            _ => u64::try_from(self.started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
     }
 
     fn needs_locks(&self) -> bool {
@@ -825,6 +848,19 @@ impl ProcessQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Leases and heartbeats are aged on CLOCK_BOOTTIME: it reads, and keeps pace with the
+    /// monotonic clock while the machine runs.
+    #[test]
+    fn the_boot_clock_reads_and_keeps_pace() {
+        let from = boot_ms().expect("CLOCK_BOOTTIME reads on Linux");
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(30) {
+            std::hint::spin_loop();
+        }
+        let passed = boot_ms().unwrap() - from;
+        assert!((29..1_000).contains(&passed), "{passed} ms");
+    }
 
     fn check_options(f: fn(&mut PushConsumerOptions), ok: bool) {
         let mut options = PushConsumerOptions::default();
