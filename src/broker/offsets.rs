@@ -207,16 +207,15 @@ impl OffsetStore {
         }
         if !skipped.is_empty() {
             let at = crate::log::now_ms();
-            let kept = (0..)
+            let free = (0..1_000)
                 .map(|n| dir.join(format!("offsets.log.damaged-{at}-{n}")))
-                .find(|p| !p.exists())
-                .unwrap_or_else(|| dir.join("offsets.log.damaged"));
-            let kept = match std::fs::write(&kept, &bytes) {
-                Ok(()) => format!("the file as found is kept as {}", kept.display()),
-                Err(e) => format!(
-                    "keeping the file as found as {} failed: {e}",
-                    kept.display()
-                ),
+                .find(|p| !p.exists());
+            let kept = match free.map(|p| (std::fs::write(&p, &bytes), p)) {
+                Some((Ok(()), p)) => format!("the file as found is kept as {}", p.display()),
+                Some((Err(e), p)) => {
+                    format!("keeping the file as found as {} failed: {e}", p.display())
+                }
+                None => "no free name to keep the file as found under".to_owned(),
             };
             crate::warn!(
                 "ringmq: {}: bytes {} hold no whole record, with whole records after them (damage, or a crash that wrote later pages of its last writes and not earlier ones): skipped, and the offsets they held are lost (those groups start the queues from an earlier commit, or from their consume_from); {kept}",
@@ -511,6 +510,12 @@ impl OffsetStore {
 mod tests {
     use super::*;
 
+    /// Writes what `s` has pending, as a flush does.
+    fn write_pending(s: &mut OffsetStore) {
+        let (io, covered) = s.take_io().unwrap();
+        s.written(covered, io.run().unwrap());
+    }
+
     #[test]
     fn groups_are_counted_and_a_forgotten_group_stays_gone_after_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -525,8 +530,7 @@ mod tests {
         s.forget_group("g1");
         assert_eq!(s.group_count(), 1);
         assert!(!s.has_group("g1") && s.has_group("g2"));
-        let (io, covered) = s.take_io().unwrap();
-        s.written(covered, io.run().unwrap());
+        write_pending(&mut s);
         drop(s);
         let s = OffsetStore::open(dir.path()).unwrap();
         assert_eq!(s.group_count(), 1);
@@ -592,8 +596,7 @@ mod tests {
         s.commit("g", "t", 0, 10);
         s.commit("g", "t", 1, 11);
         s.commit("g", "t", 2, 12);
-        let (io, covered) = s.take_io().unwrap();
-        s.written(covered, io.run().unwrap());
+        write_pending(&mut s);
         drop(s);
         let path = dir.path().join("offsets.log");
         let whole = std::fs::read(&path).unwrap();
@@ -729,8 +732,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = OffsetStore::open(dir.path()).unwrap();
         s.commit("g", "t", 0, 1);
-        let (io, covered) = s.take_io().unwrap();
-        s.written(covered, io.run().unwrap());
+        write_pending(&mut s);
         s.commit("g", "t", 1, 5);
         let (io, _) = s.take_io().unwrap();
         // Half of the write lands, then it fails (a full disk).
@@ -770,8 +772,7 @@ mod tests {
         assert!(matches!(io, OffsetsIo::Rewrite { .. }));
         s.commit("g", "t", 1, 7);
         s.written(covered, io.run().unwrap());
-        let (io, covered) = s.take_io().unwrap();
-        s.written(covered, io.run().unwrap());
+        write_pending(&mut s);
         assert!(s.take_io().is_none());
         drop(s);
         let s = OffsetStore::open(dir.path()).unwrap();

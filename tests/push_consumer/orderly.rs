@@ -456,8 +456,8 @@ fn a_member_whose_heartbeats_lapsed_locks_its_queues_again_before_consuming() {
             eventually("a consumes the first", || calls.lock().unwrap().len() == 1).await;
             // Sorted after it, the second member gets no queue while the first is live.
             let slow = ("stall", Duration::from_secs(3));
+            // A member once started: its first heartbeat was answered.
             let b = recording_member(&addr, (group, topic), "b-lapse", &calls, slow, false).await;
-            tokio::time::sleep(Duration::from_millis(500)).await;
             let messages: Vec<OutgoingMessage> = std::iter::once("stall".to_owned())
                 .chain((0..5).map(|i| format!("m{i}")))
                 .map(OutgoingMessage::new)
@@ -469,7 +469,7 @@ fn a_member_whose_heartbeats_lapsed_locks_its_queues_again_before_consuming() {
                 calls.iter().any(|c| c.0 == "a-lapse" && c.1 == "m4")
             })
             .await;
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Both shut down, their calls ended: every call is in the record.
             let _ = stop_tx.send(());
             first.join().unwrap();
             b.shutdown().await.unwrap();

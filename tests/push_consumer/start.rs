@@ -248,6 +248,24 @@ fn a_topic_created_again_under_a_running_member_starts_at_its_first_message() {
     });
 }
 
+/// A client config with a stable id named after `name` (started again, a member resumes
+/// from its file) and `options` made broadcasting, with their offsets files in `dir`.
+fn broadcasting_as(
+    addr: &str,
+    name: &str,
+    dir: &tempfile::TempDir,
+    options: PushConsumerOptions,
+) -> (ClientConfig, PushConsumerOptions) {
+    let mut config = ClientConfig::new(addr);
+    config.client_id = stable_id(name);
+    let options = PushConsumerOptions {
+        message_model: MessageModel::Broadcasting,
+        offsets_dir: Some(dir.path().to_owned()),
+        ..options
+    };
+    (config, options)
+}
+
 /// Broadcasting: the twin of the test above for a member's local offsets, which the broker
 /// cannot seed. Queues added while the member was down start at their first message when
 /// it comes back (its file knows the topic but not them), so it gets all that was sent.
@@ -257,13 +275,7 @@ fn broadcasting_queues_added_while_the_member_was_down_start_at_their_first_mess
         let topic = "grown-bcast";
         let (producer, client, last) = two_queues_and_last(&addr, topic).await;
         let offsets_dir = tempfile::tempdir().unwrap();
-        let broadcasting = PushConsumerOptions {
-            message_model: MessageModel::Broadcasting,
-            offsets_dir: Some(offsets_dir.path().to_owned()),
-            ..last
-        };
-        let mut config = ClientConfig::new(&addr);
-        config.client_id = stable_id("grown-bcast");
+        let (config, broadcasting) = broadcasting_as(&addr, "grown-bcast", &offsets_dir, last);
         let log: Log = Arc::default();
         let start = |log: Log| {
             let (config, options) = (config.clone(), broadcasting.clone());
@@ -283,7 +295,8 @@ fn broadcasting_queues_added_while_the_member_was_down_start_at_their_first_mess
         let back = start(log.clone()).await;
         all_consuming(&[&back], 6).await;
         eventually("the 36 sent while it was down", || counts(&log).len() >= 46).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Shut down, its calls ended: a message consumed twice is in the record.
+        back.shutdown().await.unwrap();
         let mut all = names("before", 10);
         all.extend(names("away", 36));
         check_exactly_once(&log, &all);
@@ -294,7 +307,6 @@ fn broadcasting_queues_added_while_the_member_was_down_start_at_their_first_mess
             .filter(|d| d.queue_id >= 2)
             .count();
         assert!(on_new_queues > 0, "some went to the added queues");
-        back.shutdown().await.unwrap();
     });
 }
 
@@ -309,15 +321,12 @@ fn broadcasting_start_positions_are_written_before_consuming() {
         let (producer, _client, last) = two_queues_and_last(&addr, topic).await;
         send_all(&producer, topic, bodies("old", 6)).await;
         let offsets_dir = tempfile::tempdir().unwrap();
-        let broadcasting = PushConsumerOptions {
-            message_model: MessageModel::Broadcasting,
-            offsets_dir: Some(offsets_dir.path().to_owned()),
-            // No periodic write during the test.
+        // No periodic write during the test.
+        let last = PushConsumerOptions {
             commit_interval_ms: 600_000,
             ..last
         };
-        let mut config = ClientConfig::new(&addr);
-        config.client_id = stable_id("bcast-start");
+        let (config, broadcasting) = broadcasting_as(&addr, "bcast-start", &offsets_dir, last);
         let log: Log = Arc::default();
         let member = concurrent_with_config(
             config.clone(),
