@@ -34,9 +34,18 @@ pub fn now_ms() -> u64 {
 /// (NTP setting it at boot, an operator) would otherwise expire every member at once, or
 /// keep a dead one's queues for as long as it stepped back.
 pub fn steady_ms() -> u64 {
+    u64::try_from(steady().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Nanoseconds on the same clock: the stamps that order lock requests and releases made
+/// on different shards (`groups::locks`).
+pub fn steady_ns() -> u64 {
+    u64::try_from(steady().as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn steady() -> std::time::Duration {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
-    u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
 }
 
 /// The coordinator's record of a group beyond membership.
@@ -157,8 +166,10 @@ impl ShardCtx {
         }
     }
 
-    /// Members left: release their locks on every shard at once, then rebalance the rest.
-    async fn members_left(self: &Rc<Self>, group: &str, left: Vec<String>) {
+    /// Members left (taken out of the group at `decided`, a [`steady_ns`] stamp): release
+    /// their locks on every shard at once, then rebalance the rest. A shard keeps the locks
+    /// a client took again after `decided` (it rejoined while the release was on its way).
+    async fn members_left(self: &Rc<Self>, group: &str, left: Vec<String>, decided: u64) {
         if left.is_empty() {
             return;
         }
@@ -167,9 +178,12 @@ impl ShardCtx {
                 let req = MeshRequest::ReleaseClient {
                     group: group.to_owned(),
                     client_id: client_id.clone(),
+                    stamp: decided,
                 };
                 if to == self.id {
-                    self.locks.borrow_mut().release_client(group, client_id);
+                    self.locks
+                        .borrow_mut()
+                        .release_client(group, client_id, decided);
                 } else {
                     let _ = self.call(to, req).await;
                 }
@@ -194,6 +208,7 @@ impl ShardCtx {
     /// Every second: members that missed their heartbeats leave.
     pub async fn expire_members(self: &Rc<Self>) {
         let now = steady_ms();
+        let decided = steady_ns();
         let expired: Vec<(String, Vec<String>)> = self
             .groups
             .borrow_mut()
@@ -202,7 +217,7 @@ impl ShardCtx {
             .filter(|(_, left)| !left.is_empty())
             .collect();
         for (group, left) in expired {
-            self.members_left(&group, left).await;
+            self.members_left(&group, left, decided).await;
         }
         self.locks.borrow_mut().purge_expired(now);
     }
@@ -236,7 +251,7 @@ impl ShardCtx {
             Some((s, _)) => s.connection_closed(conn),
             None => Vec::new(),
         };
-        self.members_left(group, left).await;
+        self.members_left(group, left, steady_ns()).await;
     }
 
     /// A topic's queue count changed: groups subscribed to it rebalance.
@@ -393,12 +408,13 @@ impl ShardCtx {
                 Some((s, _)) => s.unregister(&u.client_id),
                 None => false,
             };
+            let decided = steady_ns();
             let left = if removed {
                 vec![u.client_id.clone()]
             } else {
                 Vec::new()
             };
-            ctx.members_left(&u.group, left).await;
+            ctx.members_left(&u.group, left, decided).await;
             Ok(Response::Empty(crate::protocol::Empty {}))
         })
     }
@@ -453,6 +469,7 @@ impl ShardCtx {
         client_id: &str,
         topic: &str,
         queues: &[u32],
+        stamp: u64,
     ) -> Result<Vec<u32>, ErrorBody> {
         let mut locks = self.locks.borrow_mut();
         match op {
@@ -473,10 +490,10 @@ impl ShardCtx {
                         ));
                     }
                 }
-                Ok(locks.lock_batch(group, topic, queues, client_id, now))
+                Ok(locks.lock_batch(group, topic, queues, client_id, now, stamp))
             }
             LockOp::Unlock => {
-                locks.unlock_batch(group, topic, queues, client_id);
+                locks.unlock_batch(group, topic, queues, client_id, stamp);
                 Ok(Vec::new())
             }
         }
@@ -492,6 +509,9 @@ impl ShardCtx {
         queues: Vec<u32>,
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
         let ctx = self.clone();
+        // When the request was made, before anything is awaited: requests of one
+        // connection are stamped in the order they came (`groups::locks`).
+        let stamp = steady_ns();
         Box::pin(async move {
             if queues.len() > QUEUES_PER_TOPIC_MAX as usize {
                 return Err(err(
@@ -517,7 +537,7 @@ impl ShardCtx {
             let mut failed = None;
             for (shard, qs) in by_shard {
                 let here = if shard == ctx.id {
-                    ctx.local_locks(op, &group, &client_id, &topic, &qs)
+                    ctx.local_locks(op, &group, &client_id, &topic, &qs, stamp)
                 } else {
                     let req = MeshRequest::Locks {
                         op,
@@ -525,6 +545,7 @@ impl ShardCtx {
                         client_id: client_id.clone(),
                         topic: topic.clone(),
                         queues: qs,
+                        stamp,
                     };
                     ctx.call(shard, req).await.map(|reply| match reply {
                         MeshReply::Queues(q) => q,

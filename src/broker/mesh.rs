@@ -59,8 +59,12 @@ pub enum MeshRequest {
     },
     /// Write a pushed frame to a client connection of this shard.
     Push { conn: u64, frame: Vec<u8> },
-    /// A member left: drop its locks here.
-    ReleaseClient { group: String, client_id: String },
+    /// A member left (decided at `stamp`): drop its locks here.
+    ReleaseClient {
+        group: String,
+        client_id: String,
+        stamp: u64,
+    },
     /// (to a coordinator) a connection carrying members of the group closed.
     ConnectionClosed { group: String, conn: u64 },
     /// A connection of the asking shard closed while a request of it forwarded here was
@@ -81,6 +85,8 @@ pub enum MeshRequest {
         client_id: String,
         topic: String,
         queues: Vec<u32>,
+        /// When the request was made ([`super::group_service::steady_ns`]).
+        stamp: u64,
     },
     /// Reset the group's offsets of this shard's queues of the topic; refuse the group's
     /// commits of positions read under an offsets epoch before `epoch`.
@@ -359,8 +365,14 @@ impl ShardCtx {
                     )
                 }
             }
-            MeshRequest::ReleaseClient { group, client_id } => {
-                self.locks.borrow_mut().release_client(&group, &client_id);
+            MeshRequest::ReleaseClient {
+                group,
+                client_id,
+                stamp,
+            } => {
+                self.locks
+                    .borrow_mut()
+                    .release_client(&group, &client_id, stamp);
                 MeshReply::Ack
             }
             MeshRequest::ConnectionClosed { group, conn } => {
@@ -391,7 +403,8 @@ impl ShardCtx {
                 client_id,
                 topic,
                 queues,
-            } => match self.local_locks(op, &group, &client_id, &topic, &queues) {
+                stamp,
+            } => match self.local_locks(op, &group, &client_id, &topic, &queues, stamp) {
                 Ok(held) => MeshReply::Queues(held),
                 Err(e) => {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)

@@ -5,6 +5,17 @@
 //! `expires_ms = now_ms + lock_expiry_ms` (never moving it backwards). Expired entries stay
 //! until [`LockTable::purge_expired`] or until someone takes the queue, so callers purge
 //! periodically to keep memory bounded by the live locks.
+//!
+//! Requests reach the owning shard by different ways (a member's own connection, forwarded
+//! between shards; a coordinator's release), so they may arrive out of the order they were
+//! made in. Each carries a *stamp*: when it was made, in nanoseconds of the process's
+//! monotonic clock (one clock for every shard). A lock remembers the stamp of the request
+//! that last took or renewed it, and a request older than what it would undo is not
+//! applied: a release of a member that left does not drop the lock its client took again
+//! after rejoining; an unlock does not drop a lock the client took again after it; a lock
+//! request made before the client's release, or before its unlock of that queue, does not
+//! take the queue for a client that has given it up (it would sit there, held by nobody
+//! consuming, until it lapsed).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -17,7 +28,10 @@ struct Lock {
     /// Shared by every lock one request took: a client id is stored once per request, not
     /// once per queue.
     holder: Rc<str>,
+    /// 0: given up by its holder (kept, with the unlock's stamp, until purged).
     expires_ms: u64,
+    /// The stamp of the latest request that took, renewed or gave it up.
+    stamp: u64,
 }
 
 impl Lock {
@@ -25,6 +39,13 @@ impl Lock {
         now_ms < self.expires_ms
     }
 }
+
+/// Most releases remembered per shard (their stamps refuse older lock requests of their
+/// clients for `lock_expiry_ms`); past it the oldest is forgotten, which can leave one late
+/// lock held by nobody until it lapses, never two holders.
+const RELEASES_MAX: usize = 65_536;
+
+const NANOS_PER_MS: u64 = 1_000_000;
 
 type QueueLocks = BTreeMap<u32, Lock>;
 
@@ -34,6 +55,8 @@ pub struct LockTable {
     lock_expiry_ms: u64,
     /// group -> topic -> queue -> lock. No inner map is ever left empty.
     locks: BTreeMap<String, BTreeMap<String, QueueLocks>>,
+    /// (group, client id) -> the stamp of the latest release of that member's locks here.
+    released: BTreeMap<(String, String), u64>,
 }
 
 impl Default for LockTable {
@@ -47,6 +70,7 @@ impl LockTable {
         LockTable {
             lock_expiry_ms,
             locks: BTreeMap::new(),
+            released: BTreeMap::new(),
         }
     }
 
@@ -56,7 +80,8 @@ impl LockTable {
 
     /// Locks (or renews) each queue for `client_id` if it is free, expired, or already held
     /// by that client. Returns the queues it now holds among those asked for, ascending and
-    /// distinct.
+    /// distinct. A request made (`stamp`) before the client's locks here were released, or
+    /// before it gave a queue up, takes nothing, or not that queue.
     pub fn lock_batch(
         &mut self,
         group: &str,
@@ -64,12 +89,17 @@ impl LockTable {
         queues: &[u32],
         client_id: &str,
         now_ms: u64,
+        stamp: u64,
     ) -> Vec<u32> {
         let mut asked = queues.to_vec();
         asked.sort_unstable();
         asked.dedup();
-        if asked.is_empty() {
-            return asked;
+        let released = self
+            .released
+            .get(&(group.to_owned(), client_id.to_owned()))
+            .is_some_and(|&r| stamp < r);
+        if asked.is_empty() || released {
+            return Vec::new();
         }
         let expires_ms = now_ms.saturating_add(self.lock_expiry_ms);
         let table = self
@@ -83,13 +113,19 @@ impl LockTable {
         for q in asked {
             match table.get_mut(&q) {
                 Some(lock) if &*lock.holder == client_id => {
+                    if lock.expires_ms == 0 && stamp < lock.stamp {
+                        // Given up by a later request of the client.
+                        continue;
+                    }
                     lock.expires_ms = lock.expires_ms.max(expires_ms);
+                    lock.stamp = lock.stamp.max(stamp);
                 }
                 Some(lock) if lock.is_live(now_ms) => continue,
                 Some(lock) => {
                     *lock = Lock {
                         holder: holder.clone(),
                         expires_ms,
+                        stamp,
                     }
                 }
                 None => {
@@ -98,6 +134,7 @@ impl LockTable {
                         Lock {
                             holder: holder.clone(),
                             expires_ms,
+                            stamp,
                         },
                     );
                 }
@@ -110,30 +147,56 @@ impl LockTable {
         held
     }
 
-    /// Unlocks the queues `client_id` holds among `queues`; queues held by others (or by
-    /// nobody) are left alone.
-    pub fn unlock_batch(&mut self, group: &str, topic: &str, queues: &[u32], client_id: &str) {
+    /// Unlocks the queues `client_id` holds among `queues` unless it locked them again
+    /// after this request was made (`stamp`); queues held by others (or by nobody) are left
+    /// alone. A given-up lock stays, free, until taken or purged: a lock request of the
+    /// client made before this one does not take the queue again.
+    pub fn unlock_batch(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queues: &[u32],
+        client_id: &str,
+        stamp: u64,
+    ) {
         let Some(table) = self.locks.get_mut(group).and_then(|t| t.get_mut(topic)) else {
             return;
         };
         for q in queues {
-            if table.get(q).is_some_and(|l| &*l.holder == client_id) {
-                table.remove(q);
+            if let Some(lock) = table.get_mut(q) {
+                if &*lock.holder == client_id && lock.stamp <= stamp {
+                    lock.expires_ms = 0;
+                    lock.stamp = stamp;
+                }
             }
         }
-        self.drop_empty(group, topic);
     }
 
-    /// A member left the group: drops every lock it holds in it, live or expired, at once
-    /// (so its queues can be taken without waiting for expiry). Returns how many.
-    pub fn release_client(&mut self, group: &str, client_id: &str) -> usize {
+    /// A member left the group (decided at `stamp`): drops every lock it holds in it, live
+    /// or expired, at once (so its queues can be taken without waiting for expiry), except
+    /// those its client took again after `stamp`; lock requests of the client made before
+    /// `stamp` are refused from now on. Returns how many it dropped.
+    pub fn release_client(&mut self, group: &str, client_id: &str, stamp: u64) -> usize {
+        let key = (group.to_owned(), client_id.to_owned());
+        let latest = self.released.get(&key).map_or(stamp, |&r| r.max(stamp));
+        self.released.insert(key, latest);
+        if self.released.len() > RELEASES_MAX {
+            if let Some(oldest) = self
+                .released
+                .iter()
+                .min_by_key(|(_, &r)| r)
+                .map(|(k, _)| k.clone())
+            {
+                self.released.remove(&oldest);
+            }
+        }
         let Some(topics) = self.locks.get_mut(group) else {
             return 0;
         };
         let mut released = 0;
         for table in topics.values_mut() {
             let before = table.len();
-            table.retain(|_, l| &*l.holder != client_id);
+            table.retain(|_, l| &*l.holder != client_id || l.stamp >= stamp);
             released += before - table.len();
         }
         topics.retain(|_, t| !t.is_empty());
@@ -146,6 +209,11 @@ impl LockTable {
     /// A deleted group: every lock in it goes.
     pub fn forget_group(&mut self, group: &str) {
         self.locks.remove(group);
+    }
+
+    /// Releases remembered (until `lock_expiry_ms` past their stamps, or [`RELEASES_MAX`]).
+    pub fn releases_len(&self) -> usize {
+        self.released.len()
     }
 
     /// The client holding the lock, `None` if free or expired.
@@ -169,8 +237,12 @@ impl LockTable {
         self.holder(group, topic, queue, now_ms) == Some(client_id)
     }
 
-    /// Forgets expired locks, so memory is bounded by the live ones.
+    /// Forgets expired and given-up locks, so memory is bounded by the live ones, and
+    /// releases older than the lock expiry (a lock request that late has been given up on).
     pub fn purge_expired(&mut self, now_ms: u64) {
+        let keep_ms = self.lock_expiry_ms;
+        self.released
+            .retain(|_, &mut r| (r / NANOS_PER_MS).saturating_add(keep_ms) > now_ms);
         self.locks.retain(|_, topics| {
             topics.retain(|_, table| {
                 table.retain(|_, l| l.is_live(now_ms));
@@ -222,6 +294,11 @@ mod tests {
 
     const EXPIRY: u64 = 1_000;
 
+    /// A request's stamp made at `ms` on the lock table's clock.
+    fn at(ms: u64) -> u64 {
+        ms.saturating_mul(NANOS_PER_MS)
+    }
+
     fn check(table: &LockTable, queue: u32, now_ms: u64, expected: Option<&str>) {
         assert_eq!(
             table.holder("g", "t", queue, now_ms),
@@ -236,36 +313,46 @@ mod tests {
     #[test]
     fn lock_is_exclusive() {
         let mut t = LockTable::new(EXPIRY);
-        assert_eq!(t.lock_batch("g", "t", &[2, 0, 1, 1], "a", 0), vec![0, 1, 2]);
-        assert_eq!(t.lock_batch("g", "t", &[1, 2, 3], "b", 10), vec![3]);
+        assert_eq!(
+            t.lock_batch("g", "t", &[2, 0, 1, 1], "a", 0, at(0)),
+            vec![0, 1, 2]
+        );
+        assert_eq!(t.lock_batch("g", "t", &[1, 2, 3], "b", 10, at(10)), vec![3]);
         check(&t, 1, 10, Some("a"));
         check(&t, 3, 10, Some("b"));
         assert!(!t.is_locked_by("g", "t", 1, "b", 10));
         // Other groups and topics are independent.
-        assert_eq!(t.lock_batch("g2", "t", &[1], "b", 10), vec![1]);
-        assert_eq!(t.lock_batch("g", "t2", &[1], "b", 10), vec![1]);
+        assert_eq!(t.lock_batch("g2", "t", &[1], "b", 10, at(10)), vec![1]);
+        assert_eq!(t.lock_batch("g", "t2", &[1], "b", 10, at(10)), vec![1]);
     }
 
     #[test]
     fn expiry_lets_another_take_it() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0], "a", 0);
+        t.lock_batch("g", "t", &[0], "a", 0, at(0));
         check(&t, 0, EXPIRY - 1, Some("a"));
-        assert!(t.lock_batch("g", "t", &[0], "b", EXPIRY - 1).is_empty());
+        assert!(t
+            .lock_batch("g", "t", &[0], "b", EXPIRY - 1, at(EXPIRY - 1))
+            .is_empty());
         check(&t, 0, EXPIRY, None);
-        assert_eq!(t.lock_batch("g", "t", &[0], "b", EXPIRY), vec![0]);
+        assert_eq!(
+            t.lock_batch("g", "t", &[0], "b", EXPIRY, at(EXPIRY)),
+            vec![0]
+        );
         check(&t, 0, EXPIRY, Some("b"));
     }
 
     #[test]
     fn renewal_extends() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0], "a", 0);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 900), vec![0]);
+        t.lock_batch("g", "t", &[0], "a", 0, at(0));
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 900, at(900)), vec![0]);
         check(&t, 0, 1_500, Some("a"));
-        assert!(t.lock_batch("g", "t", &[0], "b", 1_500).is_empty());
+        assert!(t
+            .lock_batch("g", "t", &[0], "b", 1_500, at(1_500))
+            .is_empty());
         // A renewal with an older clock never shortens the lock.
-        t.lock_batch("g", "t", &[0], "a", 100);
+        t.lock_batch("g", "t", &[0], "a", 100, at(100));
         check(&t, 0, 1_899, Some("a"));
         check(&t, 0, 1_900, None);
     }
@@ -273,38 +360,118 @@ mod tests {
     #[test]
     fn release_client_frees_at_once() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0, 1], "a", 0);
-        t.lock_batch("g", "t2", &[5], "a", 0);
-        t.lock_batch("g", "t", &[2], "b", 0);
-        t.lock_batch("other", "t", &[0], "a", 0);
-        assert_eq!(t.release_client("g", "a"), 3);
-        assert_eq!(t.release_client("g", "a"), 0);
-        assert_eq!(t.lock_batch("g", "t", &[0, 1, 2], "b", 1), vec![0, 1, 2]);
+        t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
+        t.lock_batch("g", "t2", &[5], "a", 0, at(0));
+        t.lock_batch("g", "t", &[2], "b", 0, at(0));
+        t.lock_batch("other", "t", &[0], "a", 0, at(0));
+        assert_eq!(t.release_client("g", "a", at(1)), 3);
+        assert_eq!(t.release_client("g", "a", at(1)), 0);
+        assert_eq!(
+            t.lock_batch("g", "t", &[0, 1, 2], "b", 1, at(1)),
+            vec![0, 1, 2]
+        );
         assert_eq!(t.holder("other", "t", 0, 1), Some("a"));
     }
 
     #[test]
     fn unlock_only_by_holder() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0, 1], "a", 0);
-        t.unlock_batch("g", "t", &[0, 1, 7], "b");
-        t.unlock_batch("nope", "t", &[0], "a");
+        t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
+        t.unlock_batch("g", "t", &[0, 1, 7], "b", at(1));
+        t.unlock_batch("nope", "t", &[0], "a", at(1));
         check(&t, 0, 1, Some("a"));
         check(&t, 1, 1, Some("a"));
-        t.unlock_batch("g", "t", &[0], "a");
+        t.unlock_batch("g", "t", &[0], "a", at(1));
         check(&t, 0, 1, None);
         check(&t, 1, 1, Some("a"));
-        t.unlock_batch("g", "t", &[1], "a");
+        t.unlock_batch("g", "t", &[1], "a", at(1));
+        check(&t, 1, 1, None);
+        // Given-up locks are kept (with their unlocks' stamps) until purged.
+        t.purge_expired(1);
         assert!(t.is_empty());
+    }
+
+    /// A member's release that arrives after its client rejoined and locked again (the
+    /// release was decided before that) leaves the new lock alone: the client consumes
+    /// under it, and another member must not be able to take the queue.
+    #[test]
+    fn a_late_release_keeps_what_the_client_locked_after_it() {
+        let mut t = LockTable::new(EXPIRY);
+        t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
+        // Rejoined: queue 0 locked again after the release was decided (at 20).
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(30)), vec![0]);
+        assert_eq!(t.release_client("g", "a", at(20)), 1);
+        check(&t, 0, 40, Some("a"));
+        check(&t, 1, 40, None);
+        assert_eq!(t.lock_batch("g", "t", &[0, 1], "b", 40, at(40)), vec![1]);
+    }
+
+    /// A lock request made before its client's release but arriving after it takes
+    /// nothing (it would hold queues for a member that left); one made after is served.
+    #[test]
+    fn a_lock_request_made_before_a_release_takes_nothing() {
+        let mut t = LockTable::new(EXPIRY);
+        assert_eq!(t.release_client("g", "a", at(20)), 0);
+        assert!(t.lock_batch("g", "t", &[0], "a", 25, at(10)).is_empty());
+        assert!(t.is_empty());
+        check(&t, 0, 25, None);
+        // Another client, or this one's later requests, are not affected.
+        assert_eq!(t.lock_batch("g", "t", &[1], "b", 25, at(10)), vec![1]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(30)), vec![0]);
+        // A release is remembered for as long as a lock lasts, then forgotten.
+        assert_eq!(t.releases_len(), 1);
+        t.purge_expired(20 + EXPIRY - 1);
+        assert_eq!(t.releases_len(), 1);
+        t.purge_expired(20 + EXPIRY);
+        assert_eq!(t.releases_len(), 0);
+    }
+
+    /// An unlock does not drop a lock its client took again after making it, and a lock
+    /// request made before an unlock does not take the queue back once it has come.
+    #[test]
+    fn lock_and_unlock_of_one_client_apply_in_the_order_they_were_made() {
+        let mut t = LockTable::new(EXPIRY);
+        t.lock_batch("g", "t", &[0], "a", 0, at(10));
+        t.lock_batch("g", "t", &[0], "a", 0, at(30));
+        t.unlock_batch("g", "t", &[0], "a", at(20));
+        check(&t, 0, 1, Some("a"));
+        t.unlock_batch("g", "t", &[0], "a", at(40));
+        check(&t, 0, 1, None);
+        assert!(t.lock_batch("g", "t", &[0], "a", 1, at(35)).is_empty());
+        check(&t, 0, 1, None);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, at(50)), vec![0]);
+        t.unlock_batch("g", "t", &[0], "a", at(60));
+        // A given-up lock is free for anyone else at once.
+        assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, at(55)), vec![0]);
+        check(&t, 0, 1, Some("b"));
+    }
+
+    #[test]
+    fn releases_remembered_are_bounded() {
+        let mut t = LockTable::new(u64::MAX);
+        for i in 0..=RELEASES_MAX as u64 {
+            t.release_client("g", &format!("c{i}"), at(i + 1));
+        }
+        assert_eq!(t.releases_len(), RELEASES_MAX);
+        // The oldest went: its late lock requests are served again.
+        assert_eq!(t.lock_batch("g", "t", &[0], "c0", 0, at(0)), vec![0]);
+        assert!(t.lock_batch("g", "t", &[1], "c1", 0, at(0)).is_empty());
     }
 
     #[test]
     fn purge_bounds_memory() {
         let mut t = LockTable::new(EXPIRY);
         for i in 0..100u32 {
-            t.lock_batch(&format!("g{i}"), "t", &[0, 1, 2], "a", u64::from(i));
+            t.lock_batch(
+                &format!("g{i}"),
+                "t",
+                &[0, 1, 2],
+                "a",
+                u64::from(i),
+                at(u64::from(i)),
+            );
         }
-        t.lock_batch("g", "t", &[0], "b", 5_000);
+        t.lock_batch("g", "t", &[0], "b", 5_000, at(5_000));
         assert_eq!(t.len(), 301);
         t.purge_expired(5_000);
         assert_eq!(t.len(), 1);
@@ -316,14 +483,14 @@ mod tests {
     #[test]
     fn failed_lock_leaves_no_empty_entries() {
         let mut t = LockTable::new(EXPIRY);
-        assert!(t.lock_batch("g", "t", &[], "a", 0).is_empty());
+        assert!(t.lock_batch("g", "t", &[], "a", 0, at(0)).is_empty());
         assert!(t.is_empty());
     }
 
     #[test]
     fn expiry_saturates() {
         let mut t = LockTable::new(u64::MAX);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 10), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 10, at(10)), vec![0]);
         check(&t, 0, u64::MAX - 1, Some("a"));
     }
 }
