@@ -37,10 +37,21 @@ pub fn steady_ms() -> u64 {
     u64::try_from(steady().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Nanoseconds on the same clock: the stamps that order lock requests and releases made
-/// on different shards (`groups::locks`).
+/// Nanoseconds on the same clock, never the same twice: the stamps that order lock
+/// requests and releases made on different shards (`groups::locks`). Strictly increasing
+/// over the process (a coarse clock source could otherwise give two the same stamp).
 pub fn steady_ns() -> u64 {
-    u64::try_from(steady().as_nanos()).unwrap_or(u64::MAX)
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = u64::try_from(steady().as_nanos()).unwrap_or(u64::MAX);
+    let ordering = std::sync::atomic::Ordering::SeqCst;
+    let mut last = LAST.load(ordering);
+    loop {
+        let next = now.max(last.saturating_add(1));
+        match LAST.compare_exchange_weak(last, next, ordering, ordering) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
 }
 
 fn steady() -> std::time::Duration {
@@ -208,7 +219,6 @@ impl ShardCtx {
     /// Every second: members that missed their heartbeats leave.
     pub async fn expire_members(self: &Rc<Self>) {
         let now = steady_ms();
-        let decided = steady_ns();
         let expired: Vec<(String, Vec<String>)> = self
             .groups
             .borrow_mut()
@@ -216,6 +226,9 @@ impl ShardCtx {
             .map(|(g, (s, _))| (g.clone(), s.expire(now)))
             .filter(|(_, left)| !left.is_empty())
             .collect();
+        // Once they are out (nothing awaited since): a lock request they made before is
+        // older, and one made after a rejoin is newer.
+        let decided = steady_ns();
         for (group, left) in expired {
             self.members_left(&group, left, decided).await;
         }

@@ -466,7 +466,12 @@ impl ShardCtx {
             "ringmq_locks_held",
             "Queue locks held.",
             false,
-            (sl(), self.locks.borrow().len() as f64),
+            (
+                sl(),
+                self.locks
+                    .borrow()
+                    .live_len(super::group_service::steady_ms()) as f64,
+            ),
         );
         s.add(
             "ringmq_schedule_pending",

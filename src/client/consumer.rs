@@ -456,6 +456,7 @@ impl PushConsumer {
             started_boot_ms: boot_ms(),
             queues_at_start,
             heartbeat_ok_ms: AtomicU64::new(0),
+            joined_session: AtomicU64::new(0),
             lapses: AtomicU64::new(0),
             counters: Counters::default(),
             spec,
@@ -464,11 +465,13 @@ impl PushConsumer {
         // Subscribed before the first heartbeat, so no notification is missed.
         let pushes = shared.client.pushes();
         let sent_ms = shared.now_ms();
+        let session = shared.client.bootstrap_session();
         let first = shared
             .client
             .group_heartbeat(&shared.group, &shared.spec)
             .await?;
         shared.heartbeat_ok_ms.store(sent_ms, Ordering::SeqCst);
+        shared.joined_on(session);
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let (leave_tx, leave_rx) = watch::channel(false);
@@ -657,6 +660,12 @@ struct Shared {
     queues_at_start: BTreeMap<String, u32>,
     /// When (ms since `started_at`) the last acknowledged heartbeat was sent.
     heartbeat_ok_ms: AtomicU64,
+    /// The bootstrap session (`Client::bootstrap_session`, never 0) a heartbeat was last
+    /// sent and acknowledged on, 0 before the first. Locks are asked for on this session
+    /// only: on a new connection the broker may still count the member on the old one,
+    /// and its release of the old member's locks, decided once it drops it, can come
+    /// after a lock asked for before that and take it away (`Controller::lock`).
+    joined_session: AtomicU64,
     /// Heartbeats acknowledged after a time in which the broker may have dropped this
     /// member (see `Shared::heartbeat_acked`): a lease granted before the latest is void.
     lapses: AtomicU64,
@@ -735,6 +744,15 @@ impl Shared {
             self.lapses.fetch_add(1, Ordering::SeqCst);
         }
         self.heartbeat_ok_ms.fetch_max(sent_ms, Ordering::SeqCst);
+    }
+
+    /// A heartbeat sent on the bootstrap session `session` was acknowledged: if that
+    /// connection is still the live one, the broker counts the member on it, and locks
+    /// may be asked for on it (`joined_session`).
+    fn joined_on(&self, session: Option<u64>) {
+        if let Some(session) = session.filter(|&s| Some(s) == self.client.bootstrap_session()) {
+            self.joined_session.fetch_max(session, Ordering::SeqCst);
+        }
     }
 
     /// Consumers are libraries without a logger: what must not go unnoticed (a message

@@ -22,6 +22,7 @@ use crate::protocol::{
 use super::route::{owner, tag_hash};
 use super::*;
 
+mod consumer;
 mod producer;
 
 /// What the fake broker does after a request.
@@ -599,6 +600,41 @@ fn empty_answer(id: u64) -> Out {
     Out::Frame(answer(id, &Response::Empty(crate::protocol::Empty {})))
 }
 
+/// What a consumer asks of a topic of `queues` queues, each holding 5 messages and no
+/// committed offset, none coming: its queues, their ends, and pulls answered after 20 ms
+/// with no new message. Any other request is answered empty.
+fn idle_topic(id: u64, request: Request, topic: &str, queues: u32) -> Vec<Out> {
+    match request {
+        Request::DescribeTopic(_) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(topic, queues)),
+        ))],
+        Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::OffsetNotFound, "none"))],
+        Request::GetMaxOffset(_) => vec![Out::Frame(answer(
+            id,
+            &Response::Offset(Offset {
+                offset: 5,
+                incarnation: 1,
+            }),
+        ))],
+        Request::Pull(p) => {
+            let meta = crate::protocol::PullResult {
+                status: PullStatus::NoNewMessage,
+                next_offset: p.offset,
+                min_offset: 0,
+                max_offset: p.offset,
+                count: 0,
+                incarnation: 7,
+            };
+            vec![Out::Later(
+                Duration::from_millis(20),
+                answer(id, &Response::Pull(PullResponse::new(meta, &[]))),
+            )]
+        }
+        _ => vec![empty_answer(id)],
+    }
+}
+
 fn assignment(generation: u64, topic: &str, queues: &[u32]) -> Response<'static> {
     Response::Assignment(crate::protocol::Assignment {
         generation,
@@ -759,33 +795,7 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
         }
         Request::QueryAssignment(_) => vec![Out::Frame(answer(id, &assignment(2, "t", &[0, 1])))],
         // Both queues exist when the consumer starts: they start at their end.
-        Request::DescribeTopic(_) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info("t", 2)),
-        ))],
-        Request::QueryOffset(_) => vec![Out::Frame(error(id, ErrorCode::OffsetNotFound, "none"))],
-        Request::GetMaxOffset(_) => vec![Out::Frame(answer(
-            id,
-            &Response::Offset(Offset {
-                offset: 5,
-                incarnation: 1,
-            }),
-        ))],
-        Request::Pull(p) => {
-            let meta = crate::protocol::PullResult {
-                status: PullStatus::NoNewMessage,
-                next_offset: p.offset,
-                min_offset: 0,
-                max_offset: p.offset,
-                count: 0,
-                incarnation: 7,
-            };
-            vec![Out::Later(
-                Duration::from_millis(20),
-                answer(id, &Response::Pull(PullResponse::new(meta, &[]))),
-            )]
-        }
-        _ => vec![empty_answer(id)],
+        other => idle_topic(id, other, "t", 2),
     });
     let fake = Fake::start(2, handler).await;
     let consumer = PushConsumer::new(fake.config(), "g", PushConsumerOptions::default()).unwrap();

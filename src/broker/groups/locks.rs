@@ -17,7 +17,7 @@
 //! take the queue for a client that has given it up (it would sit there, held by nobody
 //! consuming, until it lapsed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 /// How long a lock lasts without renewal (RocketMQ's default; clients renew every 20 s).
@@ -55,8 +55,10 @@ pub struct LockTable {
     lock_expiry_ms: u64,
     /// group -> topic -> queue -> lock. No inner map is ever left empty.
     locks: BTreeMap<String, BTreeMap<String, QueueLocks>>,
-    /// (group, client id) -> the stamp of the latest release of that member's locks here.
-    released: BTreeMap<(String, String), u64>,
+    /// group -> client id -> the stamp of the latest release of that member's locks here.
+    released: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The same releases by stamp, oldest first (what is forgotten first).
+    release_order: BTreeSet<(u64, String, String)>,
 }
 
 impl Default for LockTable {
@@ -71,6 +73,7 @@ impl LockTable {
             lock_expiry_ms,
             locks: BTreeMap::new(),
             released: BTreeMap::new(),
+            release_order: BTreeSet::new(),
         }
     }
 
@@ -96,7 +99,8 @@ impl LockTable {
         asked.dedup();
         let released = self
             .released
-            .get(&(group.to_owned(), client_id.to_owned()))
+            .get(group)
+            .and_then(|clients| clients.get(client_id))
             .is_some_and(|&r| stamp < r);
         if asked.is_empty() || released {
             return Vec::new();
@@ -177,19 +181,7 @@ impl LockTable {
     /// those its client took again after `stamp`; lock requests of the client made before
     /// `stamp` are refused from now on. Returns how many it dropped.
     pub fn release_client(&mut self, group: &str, client_id: &str, stamp: u64) -> usize {
-        let key = (group.to_owned(), client_id.to_owned());
-        let latest = self.released.get(&key).map_or(stamp, |&r| r.max(stamp));
-        self.released.insert(key, latest);
-        if self.released.len() > RELEASES_MAX {
-            if let Some(oldest) = self
-                .released
-                .iter()
-                .min_by_key(|(_, &r)| r)
-                .map(|(k, _)| k.clone())
-            {
-                self.released.remove(&oldest);
-            }
-        }
+        self.remember_release(group, client_id, stamp);
         let Some(topics) = self.locks.get_mut(group) else {
             return 0;
         };
@@ -213,7 +205,51 @@ impl LockTable {
 
     /// Releases remembered (until `lock_expiry_ms` past their stamps, or [`RELEASES_MAX`]).
     pub fn releases_len(&self) -> usize {
-        self.released.len()
+        self.release_order.len()
+    }
+
+    fn remember_release(&mut self, group: &str, client_id: &str, stamp: u64) {
+        let clients = self.released.entry(group.to_owned()).or_default();
+        let latest = match clients.get_mut(client_id) {
+            Some(r) if *r >= stamp => return,
+            Some(r) => {
+                let older = std::mem::replace(r, stamp);
+                self.release_order
+                    .remove(&(older, group.to_owned(), client_id.to_owned()));
+                stamp
+            }
+            None => {
+                clients.insert(client_id.to_owned(), stamp);
+                stamp
+            }
+        };
+        self.release_order
+            .insert((latest, group.to_owned(), client_id.to_owned()));
+        while self.release_order.len() > RELEASES_MAX {
+            self.forget_oldest_release();
+        }
+    }
+
+    fn forget_oldest_release(&mut self) {
+        let Some((_, group, client_id)) = self.release_order.pop_first() else {
+            return;
+        };
+        if let Some(clients) = self.released.get_mut(&group) {
+            clients.remove(&client_id);
+            if clients.is_empty() {
+                self.released.remove(&group);
+            }
+        }
+    }
+
+    /// Locks held now (given-up and expired entries kept until purged are not counted).
+    pub fn live_len(&self, now_ms: u64) -> usize {
+        self.locks
+            .values()
+            .flat_map(|topics| topics.values())
+            .flat_map(BTreeMap::values)
+            .filter(|l| l.is_live(now_ms))
+            .count()
     }
 
     /// The client holding the lock, `None` if free or expired.
@@ -240,9 +276,11 @@ impl LockTable {
     /// Forgets expired and given-up locks, so memory is bounded by the live ones, and
     /// releases older than the lock expiry (a lock request that late has been given up on).
     pub fn purge_expired(&mut self, now_ms: u64) {
-        let keep_ms = self.lock_expiry_ms;
-        self.released
-            .retain(|_, &mut r| (r / NANOS_PER_MS).saturating_add(keep_ms) > now_ms);
+        while self.release_order.first().is_some_and(|(r, _, _)| {
+            (r / NANOS_PER_MS).saturating_add(self.lock_expiry_ms) <= now_ms
+        }) {
+            self.forget_oldest_release();
+        }
         self.locks.retain(|_, topics| {
             topics.retain(|_, table| {
                 table.retain(|_, l| l.is_live(now_ms));
@@ -384,6 +422,7 @@ mod tests {
         t.unlock_batch("g", "t", &[0], "a", at(1));
         check(&t, 0, 1, None);
         check(&t, 1, 1, Some("a"));
+        assert_eq!((t.len(), t.live_len(1)), (2, 1));
         t.unlock_batch("g", "t", &[1], "a", at(1));
         check(&t, 1, 1, None);
         // Given-up locks are kept (with their unlocks' stamps) until purged.
@@ -398,12 +437,16 @@ mod tests {
     fn a_late_release_keeps_what_the_client_locked_after_it() {
         let mut t = LockTable::new(EXPIRY);
         t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
-        // Rejoined: queue 0 locked again after the release was decided (at 20).
+        // Rejoined: queue 0 locked again after the release was decided (at 20); a renewal
+        // made before that arrives after it and does not make the lock older.
         assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(30)), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(10)), vec![0]);
         assert_eq!(t.release_client("g", "a", at(20)), 1);
         check(&t, 0, 40, Some("a"));
         check(&t, 1, 40, None);
         assert_eq!(t.lock_batch("g", "t", &[0, 1], "b", 40, at(40)), vec![1]);
+        assert_eq!(t.live_len(40), 2);
+        assert_eq!(t.live_len(30 + EXPIRY), 1, "a's lapsed, b's (from 40) held");
     }
 
     /// A lock request made before its client's release but arriving after it takes

@@ -98,11 +98,13 @@ pub(super) async fn membership_loop(
 
 async fn heartbeat_now(shared: &Shared) -> Result<Assignment> {
     let sent_ms = shared.now_ms();
+    let before = shared.client.bootstrap_session();
     let assignment = shared
         .client
         .group_heartbeat(&shared.group, &shared.spec)
         .await?;
     shared.heartbeat_acked(sent_ms);
+    shared.joined_on(before);
     Ok(assignment)
 }
 
@@ -426,6 +428,13 @@ impl Controller {
         let mut answers = Vec::new();
         for (topic, ids) in by_topic {
             let before = client.bootstrap_session();
+            // Not before this connection's heartbeat is acknowledged: the member's release
+            // on the old one could take the lock away after it was granted (tried again at
+            // the next `lock_retry_ms`).
+            if before != Some(self.shared.joined_session.load(Ordering::SeqCst)) {
+                self.shared.rejoin.notify_one();
+                continue;
+            }
             let lapses = self.shared.lapses.load(Ordering::SeqCst);
             let sent_ms = self.shared.now_ms();
             match client.lock_batch(&self.shared.group, topic, &ids).await {

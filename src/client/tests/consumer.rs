@@ -1,0 +1,117 @@
+//! Push consumer tests against the fake broker (see the parent module) that need a broker
+//! to misbehave on cue.
+
+use super::*;
+
+/// What the fake saw on which connection, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    HeartbeatRefused,
+    HeartbeatAnswered,
+    Lock,
+}
+
+/// An orderly member whose bootstrap connection drops asks for no lock on the new one
+/// before a heartbeat on it is acknowledged. Until the broker has handled the old
+/// connection's close it refuses the member's heartbeats there (`ClientIdInUse`), and its
+/// release of the old member's locks, decided then, could take away a lock granted in the
+/// meantime while the member went on consuming under it.
+#[tokio::test]
+async fn an_orderly_member_locks_on_a_new_connection_only_once_its_heartbeat_is_taken() {
+    let seen: Arc<Mutex<Vec<(usize, Seen)>>> = Arc::default();
+    let first_conn: Arc<Mutex<Option<usize>>> = Arc::default();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let (log, first, refusals) = (seen.clone(), first_conn.clone(), refused.clone());
+    let handler: Handler = Arc::new(move |ctx, id, request| {
+        let conn = ctx.conn_no;
+        let note = |what| log.lock().unwrap().push((conn, what));
+        let on_first = *first.lock().unwrap().get_or_insert(conn) == conn;
+        match request {
+            Request::GroupHeartbeat(_)
+                if !on_first && refusals.fetch_add(1, Ordering::SeqCst) < 2 =>
+            {
+                note(Seen::HeartbeatRefused);
+                vec![Out::Frame(error(
+                    id,
+                    ErrorCode::ClientIdInUse,
+                    "still on the old connection",
+                ))]
+            }
+            Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+                note(Seen::HeartbeatAnswered);
+                vec![Out::Frame(answer(id, &assignment(1, "t", &[0])))]
+            }
+            Request::LockBatch(l) => {
+                let renewals = log
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(c, s)| *c == conn && *s == Seen::Lock)
+                    .count();
+                note(Seen::Lock);
+                if on_first && renewals >= 1 {
+                    // The bootstrap connection drops at the first renewal.
+                    return vec![Out::Close];
+                }
+                vec![Out::Frame(answer(
+                    id,
+                    &Response::Locked(crate::protocol::Locked { queues: l.queues }),
+                ))]
+            }
+            other => idle_topic(id, other, "t", 1),
+        }
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = PushConsumerOptions {
+        heartbeat_interval_ms: 100,
+        lock_renew_ms: 200,
+        lock_retry_ms: 50,
+        ..PushConsumerOptions::default()
+    };
+    let consumer = PushConsumer::new(fake.config(), "g", options).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_orderly(|_| OrderlyStatus::Success)
+        .unwrap();
+    consumer.start().await.unwrap();
+
+    // Wait for a lock granted on a connection after the first, and the queue consumed
+    // again under it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let first = *first_conn.lock().unwrap();
+        let relocked = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(c, s)| s == Seen::Lock && Some(c) != first);
+        if relocked && consumer.consuming_queues() == [MessageQueue::new("t", 0)] {
+            break first;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    consumer.shutdown().await.unwrap();
+
+    let seen = seen.lock().unwrap().clone();
+    for conn in seen.iter().map(|&(c, _)| c).filter(|&c| Some(c) != first) {
+        let on_it: Vec<Seen> = seen
+            .iter()
+            .filter(|&&(c, _)| c == conn)
+            .map(|&(_, s)| s)
+            .collect();
+        let first_lock = on_it.iter().position(|&s| s == Seen::Lock);
+        let first_answer = on_it.iter().position(|&s| s == Seen::HeartbeatAnswered);
+        if let Some(lock) = first_lock {
+            assert!(
+                first_answer.is_some_and(|answered| answered < lock),
+                "connection {conn}: a lock asked for before a heartbeat was answered: {on_it:?} (all: {seen:?})"
+            );
+        }
+    }
+    assert!(refused.load(Ordering::SeqCst) >= 2, "{seen:?}");
+}
