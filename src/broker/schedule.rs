@@ -85,6 +85,8 @@ pub struct Schedule {
     /// The retention floor holds everything (0): a lookup failed when it was set. Set
     /// again at each snapshot pass until one works, changed or not.
     floor_held: bool,
+    /// The log's cut count at the last append to the schedule's queue (`appended`).
+    epoch: u64,
 }
 
 /// A message to store, owned: a send that travels to another shard, a send-back, a
@@ -162,7 +164,27 @@ impl Schedule {
             running: false,
             changed: false,
             floor_held: false,
+            epoch: 0,
         }
+    }
+
+    /// A record was appended to the schedule's queue at `offset` under the log's cut count
+    /// `epoch`. If the log was cut since the last one, the entries at or past `offset`
+    /// name records the cut dropped (their sends were refused): they go now, before
+    /// their offsets hold other messages, which they would deliver a second time (a
+    /// delivery already under way is not stopped). Returns how many went.
+    fn appended(&mut self, epoch: u64, offset: u64) -> usize {
+        if epoch == self.epoch {
+            return 0;
+        }
+        self.epoch = epoch;
+        let before = self.wheel.len();
+        self.wheel.retain(|_, &off| off < offset);
+        self.parked.retain(|&off, _| off < offset);
+        self.superseded.retain(|&off| off < offset);
+        let dropped = before - self.wheel.len();
+        self.changed |= dropped > 0;
+        dropped
     }
 
     /// Messages held: waiting in the wheel or being delivered.
@@ -268,6 +290,7 @@ impl Schedule {
         let mut pending: Vec<(u64, u64)> = pending.into_iter().map(|(o, d)| (d, o)).collect();
         pending.sort_unstable();
         let mut schedule = Schedule::new(now_ms());
+        schedule.epoch = store.log().epoch();
         for (due, off) in pending {
             schedule.wheel.insert(due, off);
         }
@@ -453,6 +476,7 @@ impl ShardCtx {
         let put = self.store.append(&held).map_err(super::store_error)?;
         // Kept from retention from now on (the snapshot's floor comes later).
         (self.store).lower_retention_floor(Holder::Schedule, put.physical_offset);
+        self.schedule_appended(&put);
         let mut s = self.schedule.borrow_mut();
         s.wheel.insert(due, put.queue_offset);
         s.changed = true;
@@ -462,6 +486,19 @@ impl ShardCtx {
             queue_offset: crate::protocol::QUEUE_OFFSET_SCHEDULED,
             ..put
         })
+    }
+
+    /// Every append to the schedule's queue: entries a cut of the log left go first
+    /// ([`Schedule::appended`]).
+    fn schedule_appended(&self, put: &PutResult) {
+        let dropped = (self.schedule.borrow_mut()).appended(put.written().epoch, put.queue_offset);
+        if dropped > 0 {
+            crate::warn!(
+                "ringmq: shard {}: {dropped} schedule entries from offset {} on named delayed sends a full disk cut from the log (they were refused): dropped",
+                self.id,
+                put.queue_offset
+            );
+        }
     }
 
     /// Sets the retention floor to what the schedule still needs (records from the done

@@ -207,6 +207,24 @@ impl<T> TimingWheel<T> {
         }
     }
 
+    /// Keeps only the items `keep` says yes to, each where it was.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64, &T) -> bool) {
+        self.ready.retain(|(d, t)| keep(*d, t));
+        let mut len = self.ready.len();
+        for level in &mut self.levels {
+            for (i, slot) in level.slots.iter_mut().enumerate() {
+                slot.retain(|(d, t)| keep(*d, t));
+                if slot.is_empty() {
+                    level.occupied &= !(1 << i);
+                }
+                len += slot.len();
+            }
+        }
+        self.overflow.retain(|(d, t)| keep(*d, t));
+        self.overflow_min = self.overflow.iter().map(|(d, _)| *d).min();
+        self.len = len + self.overflow.len();
+    }
+
     /// Every item with its due time, in no particular order (snapshots, statistics).
     pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> + '_ {
         self.ready
@@ -260,6 +278,25 @@ mod tests {
         want.sort_unstable();
         assert_eq!(got, want);
         assert!(wheel.is_empty());
+    }
+
+    /// Items taken out by `retain` never come out; the rest come out in due order, from
+    /// every part of the wheel (ready list, levels, overflow).
+    #[test]
+    fn retain_drops_only_what_it_is_told_to() {
+        let mut w = TimingWheel::new(1_000);
+        let items = [(500, 1u32), (1_000, 2), (1_001, 3), (5_000, 4), (70_000, 5)];
+        let far = 1_000 + SPAN_MS + 7;
+        for (due, id) in items.into_iter().chain([(far, 6), (far + 1, 7)]) {
+            w.insert(due, id);
+        }
+        w.retain(|_, id| id % 2 == 1);
+        assert_eq!(w.len(), 4);
+        let mut out = Vec::new();
+        w.poll(u64::MAX, usize::MAX, &mut out);
+        assert_eq!(out, [(500, 1), (1_001, 3), (70_000, 5), (far + 1, 7)]);
+        assert!(w.is_empty());
+        assert_eq!(w.next_wake_ms(), None);
     }
 
     #[test]

@@ -141,9 +141,10 @@ impl ShardCtx {
         for &(entry_due, off) in due {
             match records.remove(&off) {
                 // A stale entry: the message it was made for was cut from the log by a full
-                // disk (its send failed) and its offset holds a later one now. It moves to
-                // that one's own time (which a duplicate entry there delivers twice rather
-                // than a lost one never).
+                // disk (its send failed) and its offset holds a later one now (the entries a
+                // cut leaves go at the next append, `Schedule::appended`, but not one being
+                // delivered then). It moves to that one's own time (which a duplicate entry
+                // there delivers twice rather than a lost one never).
                 Some(Ok(bytes)) if record_due(&bytes).is_some_and(|own| own > entry_due) => {
                     let own = record_due(&bytes).unwrap_or(entry_due);
                     let mut s = self.schedule.borrow_mut();
@@ -565,6 +566,7 @@ impl ShardCtx {
             };
             match self.store.append(&draft) {
                 Ok(put) => {
+                    self.schedule_appended(&put);
                     written = Some(written.map_or(put.written(), |w| w.max(put.written())));
                     copies.push((due, put.queue_offset));
                     moved.push(off);
