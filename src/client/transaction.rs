@@ -65,6 +65,8 @@ pub struct TransactionSendResult {
 /// the broker's check-backs. Plain sends go through [`producer`](Self::producer).
 pub struct TransactionProducer {
     producer: Producer,
+    /// Sends the half messages: no retries (see `send_in_transaction`).
+    halves: Producer,
     group: String,
     background: JoinHandle<()>,
 }
@@ -85,7 +87,12 @@ impl TransactionProducer {
         heartbeat(&client, group).await?;
         let checker: Arc<TransactionChecker> = Arc::new(checker);
         let background = tokio::spawn(serve(client.clone(), group.to_owned(), checker, pushes));
+        let no_retries = ProducerOptions {
+            retries: 0,
+            ..ProducerOptions::default()
+        };
         Ok(TransactionProducer {
+            halves: Producer::from_client(client.clone(), no_retries),
             producer: Producer::from_client(client, ProducerOptions::default()),
             group: group.to_owned(),
             background,
@@ -103,7 +110,11 @@ impl TransactionProducer {
 
     /// Sends `message` as a half message, runs `local_tx` with where it was stored, and
     /// tells the broker its outcome. Fails only if the half message could not be stored
-    /// (then nothing was stored and `local_tx` did not run).
+    /// as far as this producer knows; `local_tx` did not run then. The half is sent once,
+    /// not retried: after a timeout or a broken connection it may have been stored all the
+    /// same, and the broker then asks the checker about it (which answers from the
+    /// application's state: a transaction whose `local_tx` never ran is rolled back). A
+    /// retried send would leave two halves of one call for the checker to commit.
     pub async fn send_in_transaction(
         &self,
         topic: &str,
@@ -114,7 +125,7 @@ impl TransactionProducer {
         let message = message
             .with_property(prop::TRAN_MSG, "true")
             .with_property(prop::PRODUCER_GROUP, self.group.clone());
-        let send = self.producer.send(topic, message).await?;
+        let send = self.halves.send(topic, message).await?;
         let outcome = local_tx(&send);
         let end_error = self
             .end(topic, send.queue_id, send.transaction_id, outcome, false)
@@ -242,24 +253,47 @@ async fn answer(
     client: Client,
     group: String,
     checker: Arc<TransactionChecker>,
-    check: CheckTransaction,
+    mut check: CheckTransaction,
 ) {
-    let mut record = Bytes::from(check.record);
-    let Ok(view) = crate::protocol::record::RecordView::parse(&record) else {
-        return;
+    // What goes wrong here is said: the broker asks again unless it has resolved the
+    // transaction meanwhile, and then the application must hear that its answer came late.
+    let said = |what: std::fmt::Arguments<'_>| {
+        crate::warn!(
+            "ringmq transaction producer {group} ({}): transaction {} of {}[{}]: {what}",
+            client.config().client_id,
+            check.transaction_id,
+            check.topic,
+            check.queue_id
+        )
+    };
+    let mut record = Bytes::from(std::mem::take(&mut check.record));
+    let view = match crate::protocol::record::RecordView::parse(&record) {
+        Ok(view) => view,
+        Err(e) => {
+            said(format_args!(
+                "the check's record cannot be read ({e}); not answered, asked again later"
+            ));
+            return;
+        }
     };
     // Exactly the record, as `Message::new` requires (a check carries one record).
     let len = view.as_bytes().len();
     record.truncate(len);
     let broker_id = client.broker_info().broker_id;
     let message = Message::new(record, broker_id, 0);
-    let Ok(outcome) = tokio::task::spawn_blocking(move || checker(&message)).await else {
-        return;
+    let outcome = match tokio::task::spawn_blocking(move || checker(&message)).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            said(format_args!(
+                "the checker failed ({e}); not answered, asked again later"
+            ));
+            return;
+        }
     };
     if outcome == TransactionOutcome::Unknown {
         return;
     }
-    let _ = end_transaction(
+    let ended = end_transaction(
         &client,
         &group,
         &check.topic,
@@ -269,6 +303,15 @@ async fn answer(
         true,
     )
     .await;
+    match ended {
+        Ok(()) => {}
+        Err(e) if e.code() == Some(crate::protocol::ErrorCode::TransactionResolved) => said(format_args!(
+            "the checker's {outcome:?} came after the broker resolved the transaction otherwise ({e}); see the broker's list of discarded transactions"
+        )),
+        Err(e) => said(format_args!(
+            "telling the broker the checker's {outcome:?} failed ({e}); it asks again"
+        )),
+    }
 }
 
 impl Client {

@@ -179,20 +179,30 @@ impl ShardCtx {
             return;
         }
         let mut discarded = 0;
-        let mut released = Vec::new();
+        let (mut released, mut held) = (Vec::new(), Vec::new());
         for &half in &aged {
             match self.resolve_half(half, OUTCOME_DISCARDED).await {
                 Ok(()) => discarded += 1,
                 // Resolved meanwhile by its producer.
                 Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
                 // Its copy cannot be written (a full disk, which only retention can give
-                // space back to) or its half read: held back, it would hold the log for
-                // ever. It ages out with its segment, said here.
-                Err(e) => {
+                // space back to) or its half read (damaged, or gone): held back, it would
+                // hold the log for ever. It ages out with its segment, said here.
+                Err(e) if e.error_code().is_some_and(never_discarded) => {
                     self.txn.borrow_mut().pending.remove(&half);
                     released.push((half + 1, e.message));
                 }
+                // Anything else may pass (a read or write that failed once, a busy store):
+                // tried again at the next pass, the floor holding it meanwhile.
+                Err(e) => held.push((half + 1, e.message)),
             }
+        }
+        if let Some((first, why)) = held.first() {
+            crate::warn!(
+                "ringmq: shard {}: {} unresolved transactions past retention could not be discarded this time (transaction {first}: {why}); tried again at the next retention pass, held until then",
+                self.id,
+                held.len()
+            );
         }
         self.hold_halves();
         if discarded > 0 {
@@ -208,6 +218,49 @@ impl ShardCtx {
                 released.len(),
                 released.iter().map(|(id, _)| id).collect::<Vec<_>>()
             );
+        }
+    }
+}
+
+/// Whether a discard that failed with `code` will fail the same way every time: the disk is
+/// full (only retention gives space back, and the half holds it), or the half cannot be
+/// read as a message (damaged, or gone from the log).
+fn never_discarded(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::DiskFull
+            | ErrorCode::StoreCorrupt
+            | ErrorCode::InvalidMessage
+            | ErrorCode::OffsetNotFound
+            | ErrorCode::OffsetTooSmall
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A half past retention is let go (to age out unresolved) only for a failure that
+    /// would come again; one that may pass keeps it for the next try.
+    #[test]
+    fn only_lasting_failures_let_a_half_past_retention_go() {
+        for code in [
+            ErrorCode::DiskFull,
+            ErrorCode::StoreCorrupt,
+            ErrorCode::InvalidMessage,
+            ErrorCode::OffsetNotFound,
+            ErrorCode::OffsetTooSmall,
+        ] {
+            assert!(never_discarded(code), "{code:?}");
+        }
+        for code in [
+            ErrorCode::StoreIo,
+            ErrorCode::BrokerBusy,
+            ErrorCode::StoreUnavailable,
+            ErrorCode::Internal,
+            ErrorCode::TopicNotFound,
+        ] {
+            assert!(!never_discarded(code), "{code:?}");
         }
     }
 }

@@ -197,3 +197,35 @@ async fn a_coalesced_sends_look_up_that_times_out_is_retried() {
     assert_eq!(queues.len(), 1);
     assert!((0..4).contains(&queues[0]), "{queues:?}");
 }
+
+/// A half message whose send broke off (it may be stored) is not sent again: the broker
+/// asks the checker about the one it may hold, and a second copy would leave two halves of
+/// one transaction for the checker to commit. The local transaction does not run.
+#[tokio::test]
+async fn a_half_message_whose_send_broke_off_is_not_sent_again() {
+    let handler: Handler = Arc::new(|ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 1)),
+        ))],
+        // The shard's first connection breaks at the half's send; later ones answer.
+        Request::SendMessage(_) if ctx.conn_no == 1 => vec![Out::Close],
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 5)))],
+        _ => vec![empty_answer(id)],
+    });
+    let fake = Fake::start(1, handler).await;
+    let tp = TransactionProducer::start(fake.config(), "txg", |_| TransactionOutcome::Rollback)
+        .await
+        .unwrap();
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let sent = tp
+        .send_in_transaction("t", OutgoingMessage::new("a"), |_| {
+            ran.store(true, Ordering::SeqCst);
+            TransactionOutcome::Commit
+        })
+        .await;
+    assert!(matches!(sent, Err(ClientError::Connection(_))), "{sent:?}");
+    assert!(!ran.load(Ordering::SeqCst), "the local transaction ran");
+    let sends = fake.sends();
+    assert_eq!(sends.len(), 1, "{sends:?}");
+}
