@@ -24,18 +24,7 @@ fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_i
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let mut broker = BrokerProcess::start(&data, 1, &["--flush", "sync"]);
-        let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
-            .await
-            .unwrap();
-        producer.client().create_topic("tagged", 1).await.unwrap();
-        for i in 0..10 {
-            let m = OutgoingMessage::new(format!("t-{i}")).with_tags("A");
-            producer.send("tagged", m).await.unwrap();
-        }
-        drop(producer);
-        assert!(broker.stop(), "a clean stop");
-        let index = data.join("shard-0/consumequeue/tagged/0/00000000000000000000");
+        let (mut broker, index) = ten_tagged_then_stopped(&data, "tagged", "t").await;
         let mut bytes = std::fs::read(&index).unwrap();
         bytes[4 * 20 + 12 + 3] ^= 0x10;
         std::fs::write(&index, bytes).unwrap();
@@ -76,6 +65,68 @@ fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_i
         let want: Vec<String> = (0..10).map(|i| format!("t-{i}")).collect();
         assert_eq!(bodies, want);
     });
+}
+
+/// An index entry found empty inside its queue (a zeroed stretch of the file; a power loss
+/// can leave entries past a lost tail that the replay does not reach) stops pulls at it,
+/// filtered or not: the ones before it are answered and the pull that starts at it fails
+/// with `StoreCorrupt` naming it. Before, the queue looked as if it ended there: every pull
+/// at it waited and answered `NoNewMessage` for ever while the queue's end said more.
+#[test]
+fn an_empty_index_entry_inside_a_queue_fails_the_pull_at_it_instead_of_ending_the_queue() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let (mut broker, index) = ten_tagged_then_stopped(&data, "holed", "h").await;
+        let mut bytes = std::fs::read(&index).unwrap();
+        bytes[4 * 20..5 * 20].fill(0);
+        std::fs::write(&index, bytes).unwrap();
+        broker.restart();
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        for tags in [&[][..], &["A"][..]] {
+            let pull =
+                |offset| client.pull("holed", 0, offset, 32, Duration::from_millis(200), tags);
+            let before = pull(0).await.unwrap();
+            let bodies: Vec<&[u8]> = before.messages.iter().map(|m| m.body()).collect();
+            assert_eq!(bodies, [&b"h-0"[..], b"h-1", b"h-2", b"h-3"], "{tags:?}");
+            assert_eq!(before.next_offset, 4, "{tags:?}");
+            match pull(4).await {
+                Err(ClientError::Broker { code, message, .. }) => {
+                    assert_eq!(code, Some(ErrorCode::StoreCorrupt), "{message}");
+                    assert!(message.contains("entry 4 is empty"), "{message}");
+                }
+                other => panic!("{tags:?}: {other:?}"),
+            }
+            // Past it, the rest is served.
+            assert_eq!(pull(5).await.unwrap().messages.len(), 5, "{tags:?}");
+        }
+    });
+}
+
+/// A one-shard broker (sync flush) on `data` given ten messages `{prefix}-0`.. tagged `A` in
+/// `topic`'s one queue, then stopped cleanly; with the index file of that queue.
+async fn ten_tagged_then_stopped(
+    data: &std::path::Path,
+    topic: &str,
+    prefix: &str,
+) -> (BrokerProcess, std::path::PathBuf) {
+    let mut broker = BrokerProcess::start(data, 1, &["--flush", "sync"]);
+    let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
+        .await
+        .unwrap();
+    producer.client().create_topic(topic, 1).await.unwrap();
+    for i in 0..10 {
+        let m = OutgoingMessage::new(format!("{prefix}-{i}")).with_tags("A");
+        producer.send(topic, m).await.unwrap();
+    }
+    drop(producer);
+    assert!(broker.stop(), "a clean stop");
+    let index = data.join(format!(
+        "shard-0/consumequeue/{topic}/0/00000000000000000000"
+    ));
+    (broker, index)
 }
 
 /// A record damaged on a disk after the start-up checks (a body byte flipped in a segment

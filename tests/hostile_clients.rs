@@ -193,6 +193,121 @@ fn producer_heartbeats_with_refused_group_names_are_answered_and_not_held() {
     drop(conn);
 }
 
+/// The header of a 5 MiB `Pull` frame (what follows is up to the caller).
+fn announce_5_mib() -> Vec<u8> {
+    let mut head = Vec::new();
+    head.extend_from_slice(&(5u32 << 20).to_le_bytes());
+    head.extend_from_slice(&[FRAME_MAGIC, PROTOCOL_VERSION]);
+    head.extend_from_slice(&ringmq::protocol::Kind::Pull.as_u16().to_le_bytes());
+    head.extend_from_slice(&1u64.to_le_bytes());
+    head.extend_from_slice(&0u32.to_le_bytes());
+    head.extend_from_slice(&((5u32 << 20) - FRAME_HEADER_BYTES as u32).to_le_bytes());
+    assert_eq!(head.len(), FRAME_HEADER_BYTES);
+    head
+}
+
+/// Bytes received on loopback connections to `port` that their reader has not read yet, and
+/// how many such connections there are (from /proc/net/tcp).
+fn unread_on(port: u16) -> (u64, usize) {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let mut unread = (0, 0);
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields[1].rsplit(':').next().unwrap();
+        // Established connections on the broker's side.
+        if u16::from_str_radix(local_port, 16).unwrap() == port && fields[3] == "01" {
+            let rx = fields[4].rsplit(':').next().unwrap();
+            unread.0 += u64::from_str_radix(rx, 16).unwrap();
+            unread.1 += 1;
+        }
+    }
+    unread
+}
+
+/// 65 connections each send 4 MiB less a byte of a 5 MiB frame: together they hold the
+/// shard's receive budget for large frames (256 MiB) if each takes room as its bytes come.
+/// Then each sends one byte more, so that every one needs more room at once. None may hold
+/// part of what it needs while waiting for the rest: they used to wait on each other for
+/// ever, reading nothing (not even that their peers went), and every large frame on the
+/// shard after them waited too. Now each takes its whole frame's room at once: those that
+/// got it stall and are closed (`Timeout`), the others are refused (`BrokerBusy`) once
+/// their wait passes the connection timeout, and a large send goes through.
+#[test]
+fn large_frames_stalled_past_the_read_budget_do_not_hold_it_for_ever() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--conn-timeout-ms", "3000"]);
+    let addr = broker.addr_string();
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let mut frame = announce_5_mib();
+    frame.resize(4 << 20, 7);
+    let frame = std::sync::Arc::new(frame);
+    let n = 65;
+    let written = std::sync::Arc::new(std::sync::Barrier::new(n + 1));
+    let last_byte = std::sync::Arc::new(std::sync::Barrier::new(n + 1));
+    let stalled: Vec<_> = (0..n)
+        .map(|_| {
+            let (addr, frame) = (addr.clone(), frame.clone());
+            let (written, last_byte) = (written.clone(), last_byte.clone());
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(&addr).unwrap();
+                c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                let sent = c.write_all(&frame[..frame.len() - 1]).is_ok();
+                written.wait();
+                last_byte.wait();
+                if sent {
+                    let _ = c.write_all(&frame[frame.len() - 1..]);
+                }
+                // Open until the broker closes it, with its reason.
+                c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let mut all = Vec::new();
+                let _ = c.read_to_end(&mut all);
+                let f = FrameDecoder::default().decode(&all).ok().flatten()?;
+                match f.decode_response().ok()? {
+                    Response::Error(e) => e.error_code(),
+                    _ => None,
+                }
+            })
+        })
+        .collect();
+    written.wait();
+    // Every connection's bytes read by the broker (as far as it reads them) before the
+    // last bytes go.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while unread_on(port) != (0, n) && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    last_byte.wait();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("big", 1).await.unwrap();
+        let started = Instant::now();
+        loop {
+            let sent = producer
+                .send("big", OutgoingMessage::new(vec![1u8; 3 << 20]))
+                .await;
+            match sent {
+                Ok(_) => break,
+                Err(e) => assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "a 3 MiB send still fails after {:?}: {e}",
+                    started.elapsed()
+                ),
+            }
+        }
+    });
+    // Every one was closed (a refused one's unread bytes may reset the connection before
+    // its error is read); those that had their room stalled and were told so.
+    let codes: Vec<Option<ErrorCode>> = stalled.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        codes
+            .iter()
+            .all(|c| matches!(c, None | Some(ErrorCode::Timeout | ErrorCode::BrokerBusy))),
+        "{codes:?}"
+    );
+    assert!(codes.contains(&Some(ErrorCode::Timeout)), "{codes:?}");
+    still_serves(&addr);
+}
+
 #[test]
 fn huge_announced_frames_stalls_and_silent_connections_hold_little_and_are_closed() {
     let dir = tempfile::tempdir().unwrap();
@@ -204,14 +319,7 @@ fn huge_announced_frames_stalls_and_silent_connections_hold_little_and_are_close
     let mut conns = Vec::new();
     for _ in 0..400 {
         let mut c = TcpStream::connect(&addr).unwrap();
-        let mut head = Vec::new();
-        head.extend_from_slice(&(5u32 << 20).to_le_bytes());
-        head.extend_from_slice(&[FRAME_MAGIC, PROTOCOL_VERSION]);
-        head.extend_from_slice(&ringmq::protocol::Kind::Pull.as_u16().to_le_bytes());
-        head.extend_from_slice(&1u64.to_le_bytes());
-        head.extend_from_slice(&0u32.to_le_bytes());
-        head.extend_from_slice(&((5u32 << 20) - FRAME_HEADER_BYTES as u32).to_le_bytes());
-        assert_eq!(head.len(), FRAME_HEADER_BYTES);
+        let mut head = announce_5_mib();
         head.extend_from_slice(&[0u8; 100]);
         c.write_all(&head).unwrap();
         conns.push(c);

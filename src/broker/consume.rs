@@ -96,6 +96,27 @@ impl ShardCtx {
         })
     }
 
+    /// Where a pull's position goes when its topic was deleted and created again while it
+    /// waited (an offset of the old topic names nothing in the new one): the new queue's
+    /// start, under the new topic's incarnation; (status, next, min, max).
+    fn moved_to_new_topic(
+        &self,
+        p: &Pull,
+        incarnation: &std::cell::Cell<u64>,
+    ) -> Result<(PullStatus, u64, u64, u64), ErrorBody> {
+        let (min, max) = self
+            .store
+            .queue_range(&p.topic, p.queue_id)
+            .map_err(store_error)?;
+        incarnation.set(self.position_incarnation(&p.topic));
+        let moved = if p.offset > min {
+            PullStatus::OffsetTooBig
+        } else {
+            PullStatus::NoNewMessage
+        };
+        Ok((moved, min, min, max))
+    }
+
     /// A pull with long polling: answered at once when records (or a definite status) are
     /// there, else held until a message lands in the queue or the wait runs out.
     pub(super) async fn pull(
@@ -178,7 +199,15 @@ impl ShardCtx {
                     // Room for the answer first: a client that does not read its answers
                     // holds its pulls here, not their records in memory.
                     let mut hold = self.answers.reserve(conn, plan.bytes()).await?;
-                    let mut r = self.store.fetch(plan).await.map_err(store_error)?;
+                    let fetched = self.store.fetch(plan).await;
+                    // Deleted, or deleted and created again, while the answer's room or
+                    // the records were waited for: what was read is the old topic's.
+                    self.known_queue(&p.topic, p.queue_id)?;
+                    if self.topics.borrow().born(&p.topic) != born {
+                        let (moved, next, min, max) = self.moved_to_new_topic(&p, &incarnation)?;
+                        return status(moved, next, min, max);
+                    }
+                    let mut r = fetched.map_err(store_error)?;
                     // Records shared with the cache keep its whole buffers alive while the
                     // answer waits: that memory is reserved too, or the records are copied.
                     let pinned = r.pinned_beyond();
@@ -252,17 +281,8 @@ impl ShardCtx {
                     // Deleted and created again meanwhile: the position, checked against
                     // the topic before, names an offset of the old one (`position_moved`).
                     if self.topics.borrow().born(&p.topic) != born {
-                        let (min, max) = self
-                            .store
-                            .queue_range(&p.topic, p.queue_id)
-                            .map_err(store_error)?;
-                        incarnation.set(self.position_incarnation(&p.topic));
-                        let moved = if p.offset > min {
-                            PullStatus::OffsetTooBig
-                        } else {
-                            PullStatus::NoNewMessage
-                        };
-                        return status(moved, min, min, max);
+                        let (moved, next, min, max) = self.moved_to_new_topic(&p, &incarnation)?;
+                        return status(moved, next, min, max);
                     }
                 }
                 Err(StoreError::OffsetTooSmall { min, .. }) => {

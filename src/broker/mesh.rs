@@ -145,12 +145,8 @@ pub enum MeshReply {
         queue_offset: u64,
     },
     Schedule(crate::protocol::ShardScheduleInfo),
-    /// Unresolved half messages, discards, the latest discards.
-    Transactions(
-        Vec<crate::protocol::HalfMessageInfo>,
-        u64,
-        Vec<crate::protocol::HalfMessageInfo>,
-    ),
+    /// This shard's oldest unresolved half messages, their count, discards.
+    Transactions(crate::protocol::TransactionList),
     Failed(ErrorCode, String),
 }
 
@@ -393,10 +389,7 @@ impl ShardCtx {
                     )
                 }
             }
-            MeshRequest::ListTransactions => {
-                let (halves, discarded, recent) = self.local_transactions();
-                MeshReply::Transactions(halves, discarded, recent)
-            }
+            MeshRequest::ListTransactions => MeshReply::Transactions(self.local_transactions()),
             MeshRequest::Locks {
                 op,
                 group,

@@ -105,6 +105,8 @@ pub struct Transactions {
 
 /// Discards listed by [`ListTransactions`](crate::protocol::ListTransactions), per shard.
 const DISCARDED_LISTED: usize = 100;
+/// Most unresolved half messages one `ListTransactions` answer lists (the oldest).
+pub const TRANSACTIONS_LISTED_MAX: usize = 1_000;
 
 impl Transactions {
     /// Half messages waiting for an outcome.
@@ -680,13 +682,13 @@ impl ShardCtx {
         }
     }
 
-    /// This shard's unresolved half messages, discards, and the latest discards.
-    pub(super) fn local_transactions(&self) -> (Vec<HalfMessageInfo>, u64, Vec<HalfMessageInfo>) {
+    /// This shard's part of `ListTransactions`: its oldest unresolved half messages (at
+    /// most [`TRANSACTIONS_LISTED_MAX`]), their count, and its discards.
+    pub(super) fn local_transactions(&self) -> TransactionList {
         let now = now_ms();
         let txn = self.txn.borrow();
-        let halves = txn
-            .pending
-            .iter()
+        let halves = (txn.pending.iter())
+            .take(TRANSACTIONS_LISTED_MAX)
             .map(|(half, h)| HalfMessageInfo {
                 shard: self.id,
                 transaction_id: half + 1,
@@ -698,32 +700,36 @@ impl ShardCtx {
                 checks: h.checks,
             })
             .collect();
-        (
+        TransactionList {
             halves,
-            txn.discarded,
-            txn.discarded_recent.iter().cloned().collect(),
-        )
+            unresolved: txn.pending.len() as u64,
+            discarded: txn.discarded,
+            recently_discarded: txn.discarded_recent.iter().cloned().collect(),
+        }
     }
 
-    /// `ListTransactions`: every shard's unresolved half messages.
+    /// `ListTransactions`: every shard's unresolved half messages, the oldest
+    /// [`TRANSACTIONS_LISTED_MAX`] of them listed (an answer must fit a frame, and 200,000
+    /// a shard would not), and all of them counted.
     pub(super) async fn list_transactions(self: Rc<Self>) -> Result<TransactionList, ErrorBody> {
-        let (mut halves, mut discarded, mut recent) = self.local_transactions();
+        let mut all = self.local_transactions();
         for to in (0..self.shard_count).filter(|&s| s != self.id) {
-            if let MeshReply::Transactions(h, d, r) =
+            if let MeshReply::Transactions(part) =
                 self.call(to, MeshRequest::ListTransactions).await?
             {
-                halves.extend(h);
-                discarded += d;
-                recent.extend(r);
+                all.halves.extend(part.halves);
+                all.unresolved += part.unresolved;
+                all.discarded += part.discarded;
+                all.recently_discarded.extend(part.recently_discarded);
             }
         }
-        halves.sort_by_key(|h| (h.shard, h.transaction_id));
-        recent.sort_by_key(|h| (h.shard, h.transaction_id));
-        Ok(TransactionList {
-            halves,
-            discarded,
-            recently_discarded: recent,
-        })
+        // The oldest first, then in order of shard and id.
+        all.halves.sort_by_key(|h| std::cmp::Reverse(h.age_ms));
+        all.halves.truncate(TRANSACTIONS_LISTED_MAX);
+        all.halves.sort_by_key(|h| (h.shard, h.transaction_id));
+        all.recently_discarded
+            .sort_by_key(|h| (h.shard, h.transaction_id));
+        Ok(all)
     }
 }
 

@@ -357,6 +357,24 @@ impl ConsumeQueue {
         self.entry_of(queue_offset, true)
     }
 
+    /// What an empty entry at `queue_offset`, inside the queue, is: damage (a zeroed
+    /// stretch of the file, or entries a power loss kept past a lost tail that the replay
+    /// did not reach), named with the file. Reads stop before it rather than wait there for
+    /// ever as if the queue ended.
+    pub fn hole(&self, queue_offset: u64) -> IndexError {
+        let path = self
+            .locate(queue_offset)
+            .map(|(segment, _)| segment.path.clone())
+            .unwrap_or_default();
+        IndexError::Corrupt {
+            path,
+            reason: format!(
+                "entry {queue_offset} is empty inside the queue ({}..{})",
+                self.min_offset, self.max_offset
+            ),
+        }
+    }
+
     fn entry_of(&self, queue_offset: u64, checked: bool) -> Result<Option<CqEntry>, IndexError> {
         if queue_offset < self.min_offset || queue_offset >= self.max_offset {
             return Ok(None);

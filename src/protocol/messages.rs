@@ -191,7 +191,10 @@ wire_type! {
 wire_type! {
     /// Answer to [`ListTransactions`].
     pub struct TransactionList {
+        /// The oldest unresolved half messages, at most 1,000 (of `unresolved`).
         pub halves: Vec<HalfMessageInfo>,
+        /// Every unresolved half message, listed or not.
+        pub unresolved: u64,
         /// Half messages discarded after their last check, since each shard started
         /// (kept in the `%SYS_TXN_DISCARDED%` topic).
         pub discarded: u64,

@@ -55,12 +55,25 @@ const READ_BUFFER_KEEP_MS: u64 = 100;
 /// reads nothing meanwhile) looks whether the peer went.
 const PEER_CHECK_MS: u64 = 200;
 
-/// Shrinks a grown receive buffer back to its base size, giving the rest of the budget back.
+/// Shrinks a grown receive buffer back to its base size, giving its budget back.
 fn shrink(buf: &mut Vec<u8>, budget: &ReadBudget, taken: &mut usize) {
     buf.truncate(CONN_READ_BUFFER_BYTES);
     buf.shrink_to_fit();
-    budget.give(*taken - CONN_READ_BUFFER_BYTES);
-    *taken = CONN_READ_BUFFER_BYTES;
+    budget.give(*taken);
+    *taken = 0;
+}
+
+/// Takes `bytes` of the budget, waiting up to `within_ms` for them; false if they did not
+/// come by then.
+async fn take_budget(budget: &ReadBudget, bytes: usize, within_ms: u64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_millis(within_ms);
+    while !budget.try_take(bytes) {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        crate::io::sleep(Duration::from_millis(READ_BUDGET_RETRY_MS)).await;
+    }
+    true
 }
 
 /// How connections of a shard are served.
@@ -71,7 +84,11 @@ pub struct ConnSettings {
     pub timeout_ms: u64,
 }
 
-/// Receive-buffer bytes of all connections of a shard (grown as frames arrive).
+/// Receive-buffer bytes of all connections of a shard beyond their base buffers (bounded by
+/// the connection cap): what frames larger than a base buffer take. A connection takes what
+/// its frame needs all at once (its buffer then grows as the bytes arrive), so none holds
+/// part of what it needs while waiting for the rest: connections doing that would wait on
+/// each other for ever.
 pub struct ReadBudget {
     used: Cell<usize>,
     max: usize,
@@ -100,7 +117,8 @@ impl ReadBudget {
     }
 
     /// Bytes taken now.
-    pub fn used(&self) -> usize {
+    #[cfg(test)]
+    fn used(&self) -> usize {
         self.used.get()
     }
 }
@@ -338,6 +356,38 @@ async fn write_answers(
     }
 }
 
+/// A peer gone without a word (its host lost, a cable pulled) is found by TCP keepalive
+/// probes after [`KEEPALIVE_IDLE_S`] of silence, then [`KEEPALIVE_PROBES`] unanswered ones
+/// [`KEEPALIVE_INTERVAL_S`] apart (2 minutes in all): the connection's read fails and what
+/// it held is freed. An idle connection otherwise lasts for ever.
+const KEEPALIVE_IDLE_S: i32 = 60;
+const KEEPALIVE_INTERVAL_S: i32 = 10;
+const KEEPALIVE_PROBES: i32 = 6;
+
+fn keep_alive(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    let set = |level: i32, name: i32, value: i32| {
+        // SAFETY: an int socket option set on a socket descriptor the caller holds open.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &value as *const i32 as *const libc::c_void,
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)
+}
+
 /// An error frame for a request that could not be read; the connection then closes.
 fn closing_error(body: &ErrorBody) -> Vec<u8> {
     let mut out = Vec::new();
@@ -359,6 +409,12 @@ pub async fn serve_connection(
 ) {
     let ConnSettings { limits, timeout_ms } = settings;
     let _ = stream.set_nodelay(true);
+    if let Err(e) = keep_alive(stream.as_raw_fd()) {
+        crate::warn!(
+            "ringmq: shard {}: TCP keepalive not set on a connection: {e}",
+            ctx.id
+        );
+    }
     let peer = stream
         .peer_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -390,9 +446,8 @@ pub async fn serve_connection(
     let in_flight = Rc::new(InFlight::default());
     let decoder = FrameDecoder::new(limits);
     let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
-    let mut taken = CONN_READ_BUFFER_BYTES;
-    // The first buffer is always allowed; growth beyond it counts against the budget.
-    read_budget.used.set(read_budget.used() + taken);
+    // Budget held for growth beyond the base buffer (which is always allowed).
+    let mut taken = 0;
     let (mut start, mut end) = (0usize, 0usize);
     let mut frames_seen = false;
     // The last frame needed more than half the base buffer: more like it may follow, so a
@@ -473,10 +528,23 @@ pub async fn serve_connection(
         let needed = decoder.bytes_needed(&buf[..end]).unwrap_or(0);
         if end == buf.len() {
             let grown = (buf.len() * 2).min(needed.max(end + 1));
-            while !read_budget.try_take(grown - buf.len()) {
-                crate::io::sleep(Duration::from_millis(READ_BUDGET_RETRY_MS)).await;
+            // The whole frame's need at once (see `ReadBudget`), for as long as a stalled
+            // frame is waited for at most; then a typed refusal.
+            let need = needed.max(grown) - CONN_READ_BUFFER_BYTES;
+            if need > taken {
+                if !take_budget(&read_budget, need - taken, timeout_ms).await {
+                    let e = ErrorBody::new(
+                        ErrorCode::BrokerBusy,
+                        format!(
+                            "the shard's receive buffers for large frames ({} MiB) stayed taken by other connections for {timeout_ms} ms; send the {needed}-byte frame again later",
+                            read_budget.max >> 20
+                        ),
+                    );
+                    outbox.push(Answer::from(closing_error(&e)));
+                    break;
+                }
+                taken = need;
             }
-            taken += grown - buf.len();
             buf.resize(grown, 0);
         } else if buf.len() > CONN_READ_BUFFER_BYTES
             && end <= CONN_READ_BUFFER_BYTES / 2
@@ -581,6 +649,38 @@ mod tests {
         });
         assert_eq!(received.len(), expected.len());
         assert!(received == expected, "bytes differ");
+    }
+
+    #[test]
+    fn connections_probe_a_silent_peer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        let fd = served.as_raw_fd();
+        keep_alive(fd).unwrap();
+        let get = |level: i32, name: i32| {
+            let mut value = 0i32;
+            let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+            // SAFETY: reads an int socket option of a socket this test owns.
+            let rc = unsafe {
+                libc::getsockopt(
+                    fd,
+                    level,
+                    name,
+                    &mut value as *mut i32 as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            value
+        };
+        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), KEEPALIVE_IDLE_S);
+        assert_eq!(
+            get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+            KEEPALIVE_INTERVAL_S
+        );
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), KEEPALIVE_PROBES);
     }
 
     #[test]

@@ -323,7 +323,10 @@ impl MessageStore {
                     };
                     let e = match got {
                         Ok(Some(e)) => e,
-                        Ok(None) => break,
+                        // Empty inside the queue (`next < max`): damage. What comes before
+                        // is answered; the read that starts at it fails, naming it.
+                        Ok(None) if next > offset => break,
+                        Ok(None) => return Err(q.cq.hole(next).into()),
                         Err(_) if next > offset => break,
                         Err(e) => return Err(e.into()),
                     };

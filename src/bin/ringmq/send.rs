@@ -192,9 +192,13 @@ async fn send_in_transaction(
         let client = tp.producer().client().clone();
         while std::time::Instant::now() < deadline {
             let list = client.list_transactions().await.map_err(|e| ctx.fail(e))?;
-            if !list.halves.iter().any(|h| {
-                h.transaction_id == id && h.topic == topic && h.queue_id == r.send.queue_id
-            }) {
+            // Only a whole list tells (past 1,000 unresolved it holds the oldest).
+            let whole = list.halves.len() as u64 == list.unresolved;
+            if whole
+                && !list.halves.iter().any(|h| {
+                    h.transaction_id == id && h.topic == topic && h.queue_id == r.send.queue_id
+                })
+            {
                 resolved = true;
                 break;
             }

@@ -50,6 +50,7 @@ pub(crate) async fn run(ctx: &Ctx, command: TransactionCommand) -> CmdResult {
             if ctx.json {
                 emit_json(&json!({
                     "unresolved": list.halves.iter().map(item).collect::<Vec<_>>(),
+                    "unresolved_total": list.unresolved,
                     "discarded": list.discarded,
                     "recently_discarded": list.recently_discarded.iter().map(item).collect::<Vec<_>>(),
                 }));
@@ -65,9 +66,17 @@ pub(crate) async fn run(ctx: &Ctx, command: TransactionCommand) -> CmdResult {
                 ];
                 let rows: Vec<Vec<String>> = list.halves.iter().map(row).collect();
                 emit(&table(&headers, &rows));
+                let listed = if list.halves.len() as u64 == list.unresolved {
+                    format!("{} unresolved", list.unresolved)
+                } else {
+                    format!(
+                        "{} unresolved, the oldest {} listed",
+                        list.unresolved,
+                        list.halves.len()
+                    )
+                };
                 emit(&format!(
-                    "{} unresolved; {} discarded after their last check (kept in %SYS_TXN_DISCARDED%)",
-                    list.halves.len(),
+                    "{listed}; {} discarded after their last check (kept in %SYS_TXN_DISCARDED%)",
                     list.discarded
                 ));
                 if !list.recently_discarded.is_empty() {

@@ -475,6 +475,7 @@ fn sample_responses(raw: &[u8]) -> Vec<Response<'_>> {
                 age_ms: 7_000,
                 checks: 2,
             }],
+            unresolved: 4,
             discarded: 3,
             recently_discarded: Vec::new(),
         }),
