@@ -193,6 +193,10 @@ fn producer_heartbeats_with_refused_group_names_are_answered_and_not_held() {
     drop(conn);
 }
 
+/// The broker's receive buffer between large frames (a frame past it takes room of the
+/// shard's receive budget).
+const CONN_BASE_BUFFER: usize = 64 * 1024;
+
 /// The header of a 5 MiB `Pull` frame (what follows is up to the caller).
 fn announce_5_mib() -> Vec<u8> {
     let mut head = Vec::new();
@@ -270,11 +274,13 @@ fn large_frames_stalled_past_the_read_budget_do_not_hold_it_for_ever() {
         })
         .collect();
     written.wait();
-    // Every connection's bytes read by the broker (as far as it reads them) before the
-    // last bytes go.
+    // The broker reads what it will of every connection before the last bytes go: all of
+    // it when each takes room as its bytes come (the setting that used to lock up), only
+    // what room was found for when each takes its frame's at once, so this is a bounded
+    // wait rather than a check (well within the connection timeout).
     let deadline = Instant::now() + Duration::from_secs(2);
     while unread_on(port) != (0, n) && Instant::now() < deadline {
-        std::thread::yield_now();
+        std::thread::sleep(Duration::from_millis(10));
     }
     last_byte.wait();
     runtime().block_on(async {
@@ -306,6 +312,51 @@ fn large_frames_stalled_past_the_read_budget_do_not_hold_it_for_ever() {
     );
     assert!(codes.contains(&Some(ErrorCode::Timeout)), "{codes:?}");
     still_serves(&addr);
+}
+
+/// A connection that sends the start of a large frame (taking the frame's room of the
+/// shard's receive budget) and then a byte now and then, each within the connection
+/// timeout: it is closed once the timeout has passed since the frame's first bytes, not
+/// kept for as long as it trickles.
+#[test]
+fn a_large_frame_trickled_a_byte_at_a_time_is_cut_off_at_the_connection_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--conn-timeout-ms", "2000"]);
+    let mut c = TcpStream::connect(broker.addr_string()).unwrap();
+    let mut start = announce_5_mib();
+    start.resize(CONN_BASE_BUFFER + 1, 7);
+    c.write_all(&start).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    // A byte every 300 ms (the pace is the test, not a wait), until the broker answers
+    // and closes.
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still open after {:?} of trickling",
+            started.elapsed()
+        );
+        let _ = c.write_all(&[7]);
+        match c.read_to_end(&mut all) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let f = FrameDecoder::default().decode(&all).unwrap().unwrap();
+    let Response::Error(e) = f.decode_response().unwrap() else {
+        panic!("not an error answer")
+    };
+    assert_eq!(e.error_code(), Some(ErrorCode::Timeout), "{e}");
+    assert!(e.message.contains("did not arrive whole"), "{e}");
 }
 
 #[test]

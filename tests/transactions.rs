@@ -324,53 +324,6 @@ fn a_deletion_discards_every_unresolved_transaction_of_its_topic_and_no_other() 
     });
 }
 
-/// More unresolved transactions than one answer lists (it must fit a frame): the oldest
-/// 1,000 are listed, in order of shard and id, and all are counted.
-#[test]
-fn a_long_list_of_unresolved_transactions_shows_the_oldest_and_counts_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let tp = unsure_producer(&addr, "txl").await;
-        let client = tp.producer().client().clone();
-        client.create_topic("tx-long", 2).await.unwrap();
-        let mut sent = Vec::new();
-        for i in 0..1_100 {
-            let s = pending_half(&tp, "tx-long", OutgoingMessage::new(format!("m-{i}"))).await;
-            sent.push((s.queue_id, s.transaction_id));
-        }
-        let list = client.list_transactions().await.unwrap();
-        assert_eq!(list.unresolved, 1_100);
-        assert_eq!(list.halves.len(), 1_000);
-        let listed: Vec<(u32, u64)> = list
-            .halves
-            .iter()
-            .map(|h| (h.queue_id, h.transaction_id))
-            .collect();
-        let by_shard: Vec<(u32, u64)> = list
-            .halves
-            .iter()
-            .map(|h| (h.shard, h.transaction_id))
-            .collect();
-        assert!(
-            by_shard.windows(2).all(|w| w[0] < w[1]),
-            "in order of shard and id"
-        );
-        // The newest are the ones left out (ages are in ms: a few at the edge may tie).
-        let newest = &sent[sent.len() - 50..];
-        assert!(
-            newest.iter().all(|s| !listed.contains(s)),
-            "a newest one listed"
-        );
-        assert!(
-            sent[..50].iter().all(|s| listed.contains(s)),
-            "an oldest one left out"
-        );
-        tp.shutdown().await;
-    });
-}
-
 /// Commits racing their topic's deletion: each transaction ends exactly one way, committed
 /// (answered OK) or discarded (answered with an error and counted), and none is left
 /// pending.

@@ -723,8 +723,10 @@ impl ShardCtx {
                 all.recently_discarded.extend(part.recently_discarded);
             }
         }
-        // The oldest first, then in order of shard and id.
-        all.halves.sort_by_key(|h| std::cmp::Reverse(h.age_ms));
+        // The oldest first (within a shard, ties of a millisecond go to the lower id: the
+        // listed ones of each shard are its lowest ids), then in order of shard and id.
+        all.halves
+            .sort_by_key(|h| (std::cmp::Reverse(h.age_ms), h.shard, h.transaction_id));
         all.halves.truncate(TRANSACTIONS_LISTED_MAX);
         all.halves.sort_by_key(|h| (h.shard, h.transaction_id));
         all.recently_discarded

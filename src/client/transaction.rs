@@ -114,7 +114,9 @@ impl TransactionProducer {
     /// not retried: after a timeout or a broken connection it may have been stored all the
     /// same, and the broker then asks the checker about it (which answers from the
     /// application's state: a transaction whose `local_tx` never ran is rolled back). A
-    /// retried send would leave two halves of one call for the checker to commit.
+    /// retried send would leave two halves of one call for the checker to commit. Failures
+    /// that store nothing (a refused connection, a stale route) are not retried here either:
+    /// they come back as retriable errors, and sending again is the caller's choice.
     pub async fn send_in_transaction(
         &self,
         topic: &str,

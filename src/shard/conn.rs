@@ -454,6 +454,10 @@ pub async fn serve_connection(
     // grown buffer is kept (regrowing it for every large frame zeroes and faults in fresh
     // memory each time) until a small frame comes or the connection pauses.
     let mut last_frame_large = false;
+    // When the first bytes of the frame being received came: a frame holding room of the
+    // budget must arrive whole within the connection timeout of them (a peer trickling a
+    // byte now and then would hold its room for ever otherwise).
+    let mut partial_since: Option<std::time::Instant> = None;
     'conn: loop {
         // Hand every whole frame in the buffer to the services.
         loop {
@@ -491,6 +495,7 @@ pub async fn serve_connection(
             match decoder.decode(&buf[start..end]) {
                 Ok(Some(frame)) => {
                     frames_seen = true;
+                    partial_since = None;
                     let len = frame.frame_len();
                     last_frame_large = len > CONN_READ_BUFFER_BYTES / 2;
                     let bytes = &buf[start..start + len];
@@ -561,12 +566,25 @@ pub async fn serve_connection(
             }
             continue;
         }
-        let deadline_ms = (!frames_seen || end > 0).then_some(timeout_ms);
+        if end == 0 {
+            partial_since = None;
+        } else if partial_since.is_none() {
+            partial_since = Some(std::time::Instant::now());
+        }
+        // A large frame's whole time, from its first bytes; otherwise the time to the next
+        // bytes.
+        let large_left = partial_since.filter(|_| taken > 0).map(|since| {
+            let spent = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+            timeout_ms.saturating_sub(spent).max(1)
+        });
+        let deadline_ms = large_left.or((!frames_seen || end > 0).then_some(timeout_ms));
         let read = match deadline_ms {
             Some(ms) => match within(ms, reader.read(&mut buf[end..])).await {
                 Some(r) => r,
                 None => {
-                    let why = if frames_seen {
+                    let why = if large_left.is_some() {
+                        "a frame over 64 KiB did not arrive whole within --conn-timeout-ms of its first bytes"
+                    } else if frames_seen {
                         "the connection stopped in the middle of a frame"
                     } else {
                         "the connection sent no request"

@@ -192,13 +192,23 @@ async fn send_in_transaction(
         let client = tp.producer().client().clone();
         while std::time::Instant::now() < deadline {
             let list = client.list_transactions().await.map_err(|e| ctx.fail(e))?;
-            // Only a whole list tells (past 1,000 unresolved it holds the oldest).
+            // Past 1,000 unresolved the list holds the oldest: this one is resolved if it is
+            // not listed while a later one of its queue (so of its shard) is.
+            let of_its_queue = |h: &&ringmq::protocol::HalfMessageInfo| {
+                h.topic == topic && h.queue_id == r.send.queue_id
+            };
+            let listed = list
+                .halves
+                .iter()
+                .filter(of_its_queue)
+                .any(|h| h.transaction_id == id);
+            let later_listed = list
+                .halves
+                .iter()
+                .filter(of_its_queue)
+                .any(|h| h.transaction_id > id);
             let whole = list.halves.len() as u64 == list.unresolved;
-            if whole
-                && !list.halves.iter().any(|h| {
-                    h.transaction_id == id && h.topic == topic && h.queue_id == r.send.queue_id
-                })
-            {
+            if !listed && (whole || later_listed) {
                 resolved = true;
                 break;
             }

@@ -14,6 +14,8 @@ pub struct Half {
     pub(super) checks: u32,
     /// Not checked before this time (ms since the epoch).
     pub(super) next_check_ms: u64,
+    /// Passes of retention in a row whose discard of it failed (`discard_halves_past_retention`).
+    pub(super) discard_failures: u32,
 }
 
 impl Half {
@@ -34,6 +36,7 @@ impl Half {
             stored_ms,
             checks: 0,
             next_check_ms,
+            discard_failures: 0,
         }
     }
 

@@ -186,20 +186,34 @@ impl ShardCtx {
                 // Resolved meanwhile by its producer.
                 Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
                 // Its copy cannot be written (a full disk, which only retention can give
-                // space back to) or its half read (damaged, or gone): held back, it would
-                // hold the log for ever. It ages out with its segment, said here.
+                // space back to) or its half read (damaged, or gone), or its discard
+                // failed at every pass of a few: held back, it would hold the log for
+                // ever. It ages out with its segment, said here.
                 Err(e) if e.error_code().is_some_and(never_discarded) => {
                     self.txn.borrow_mut().pending.remove(&half);
                     released.push((half + 1, e.message));
                 }
                 // Anything else may pass (a read or write that failed once, a busy store):
-                // tried again at the next pass, the floor holding it meanwhile.
-                Err(e) => held.push((half + 1, e.message)),
+                // tried again at the next pass, the floor holding it meanwhile, unless it
+                // failed at the last few too (an I/O error under the half, every time).
+                Err(e) => {
+                    let mut txn = self.txn.borrow_mut();
+                    let failures = txn.pending.get_mut(&half).map(|h| {
+                        h.discard_failures += 1;
+                        h.discard_failures
+                    });
+                    if failures.is_some_and(|n| n >= DISCARD_PASSES_MAX) {
+                        txn.pending.remove(&half);
+                        released.push((half + 1, e.message));
+                    } else {
+                        held.push((half + 1, e.message));
+                    }
+                }
             }
         }
         if let Some((first, why)) = held.first() {
             crate::warn!(
-                "ringmq: shard {}: {} unresolved transactions past retention could not be discarded this time (transaction {first}: {why}); tried again at the next retention pass, held until then",
+                "ringmq: shard {}: {} unresolved transactions past retention could not be discarded this time (transaction {first}: {why}); tried again at the next retention pass (let go after {DISCARD_PASSES_MAX} such passes), held until then",
                 self.id,
                 held.len()
             );
@@ -221,6 +235,10 @@ impl ShardCtx {
         }
     }
 }
+
+/// Passes of retention in a row a half past it may fail to be discarded for a reason that
+/// could pass, before it is let go all the same.
+const DISCARD_PASSES_MAX: u32 = 3;
 
 /// Whether a discard that failed with `code` will fail the same way every time: the disk is
 /// full (only retention gives space back, and the half holds it), or the half cannot be
