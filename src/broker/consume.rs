@@ -96,14 +96,20 @@ impl ShardCtx {
         })
     }
 
-    /// Where a pull's position goes when its topic was deleted and created again while it
-    /// waited (an offset of the old topic names nothing in the new one): the new queue's
-    /// start, under the new topic's incarnation; (status, next, min, max).
-    fn moved_to_new_topic(
+    /// After a pull awaited something: its topic deleted meanwhile is an error; deleted and
+    /// created again (`born` changed), its position, an offset of the old topic, names
+    /// nothing in the new one and goes to the new queue's start, under the new topic's
+    /// incarnation: `Some((status, next, min, max))`. `None`: the topic is as it was.
+    fn topic_changed(
         &self,
         p: &Pull,
+        born: u64,
         incarnation: &std::cell::Cell<u64>,
-    ) -> Result<(PullStatus, u64, u64, u64), ErrorBody> {
+    ) -> Result<Option<(PullStatus, u64, u64, u64)>, ErrorBody> {
+        self.known_queue(&p.topic, p.queue_id)?;
+        if self.topics.borrow().born(&p.topic) == born {
+            return Ok(None);
+        }
         let (min, max) = self
             .store
             .queue_range(&p.topic, p.queue_id)
@@ -114,7 +120,7 @@ impl ShardCtx {
         } else {
             PullStatus::NoNewMessage
         };
-        Ok((moved, min, min, max))
+        Ok(Some((moved, min, min, max)))
     }
 
     /// A pull with long polling: answered at once when records (or a definite status) are
@@ -202,9 +208,9 @@ impl ShardCtx {
                     let fetched = self.store.fetch(plan).await;
                     // Deleted, or deleted and created again, while the answer's room or
                     // the records were waited for: what was read is the old topic's.
-                    self.known_queue(&p.topic, p.queue_id)?;
-                    if self.topics.borrow().born(&p.topic) != born {
-                        let (moved, next, min, max) = self.moved_to_new_topic(&p, &incarnation)?;
+                    if let Some((moved, next, min, max)) =
+                        self.topic_changed(&p, born, &incarnation)?
+                    {
                         return status(moved, next, min, max);
                     }
                     let mut r = fetched.map_err(store_error)?;
@@ -276,12 +282,12 @@ impl ShardCtx {
                     let closed = self.answers.closed(conn, self.conn_is_ours(conn));
                     futures_lite::future::or(woken, async { Err(closed.await) }).await?;
                     // Woken by the topic's deletion (its notifier is gone): say so now rather
-                    // than park again on a notifier nothing wakes.
-                    self.known_queue(&p.topic, p.queue_id)?;
-                    // Deleted and created again meanwhile: the position, checked against
-                    // the topic before, names an offset of the old one (`position_moved`).
-                    if self.topics.borrow().born(&p.topic) != born {
-                        let (moved, next, min, max) = self.moved_to_new_topic(&p, &incarnation)?;
+                    // than park again on a notifier nothing wakes. Deleted and created again
+                    // meanwhile: the position, checked against the topic before, names an
+                    // offset of the old one (`position_moved`).
+                    if let Some((moved, next, min, max)) =
+                        self.topic_changed(&p, born, &incarnation)?
+                    {
                         return status(moved, next, min, max);
                     }
                 }
