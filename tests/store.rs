@@ -343,6 +343,81 @@ fn pulls_return_stored_bytes_in_order_and_filter_tags() {
     });
 }
 
+/// Retention moves the log's start first and trims the indexes after (off the shard's
+/// thread, in between), and a pull planned before a pass of it may read after it. In both
+/// windows a pull below what the log kept is told the queue's new start (`OffsetTooSmall`
+/// naming the first kept offset), not a store error, and a pull from there reads the
+/// kept records.
+#[test]
+fn pulls_below_what_retention_kept_are_told_the_queues_new_start() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config();
+        cfg.log.retention_bytes_max = 512 * 1024;
+        let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+        let stored = fill(&store, 21, 1200).await;
+        let queue: Vec<&Stored> = (stored.iter())
+            .filter(|s| s.topic == "topic0" && s.queue_id == 2)
+            .collect();
+        let planned = store
+            .plan_queue_read("topic0", 2, 0, 32, 1 << 20, &[])
+            .unwrap();
+        assert_eq!(planned.len(), 32);
+
+        // The log's part of a retention pass, the indexes not trimmed yet.
+        let log_min = store
+            .log()
+            .apply_retention(ringmq::log::now_ms(), u64::MAX)
+            .await;
+        assert!(log_min > 0, "retention deleted nothing");
+        let physical = |s: &Stored| RecordView::parse(&s.bytes).unwrap().physical_offset();
+        let first_kept = queue.iter().find(|s| physical(s) >= log_min).unwrap();
+        assert!(first_kept.queue_offset > 0);
+        let told_start = |r: Result<_, StoreError>, what: &str| match r {
+            Err(StoreError::OffsetTooSmall { min, .. }) => assert_eq!(min, first_kept.queue_offset),
+            Err(e) => panic!("{what}: {e}"),
+            Ok(_) => panic!("{what}: records answered below the log's start"),
+        };
+        assert_eq!(
+            store.queue_range("topic0", 2).unwrap().0,
+            first_kept.queue_offset
+        );
+        told_start(
+            store
+                .read_queue("topic0", 2, 0, 32, 1 << 20, &[])
+                .await
+                .map(|_| ()),
+            "a pull from the old start",
+        );
+        told_start(
+            store.fetch(planned).await.map(|_| ()),
+            "a pull planned before",
+        );
+
+        let last_gone = first_kept.queue_offset - 1;
+        let r = store.read_queue("topic0", 2, first_kept.queue_offset, 1000, 1 << 20, &[]);
+        let kept = r.await.unwrap();
+        let want: Vec<&[u8]> = (queue.iter())
+            .filter(|s| s.queue_offset >= first_kept.queue_offset)
+            .map(|s| &s.bytes[..])
+            .collect();
+        assert_eq!(kept.records().collect::<Vec<_>>(), want);
+        store.apply_retention(ringmq::log::now_ms()).await.unwrap();
+        assert_eq!(
+            store.queue_range("topic0", 2).unwrap().0,
+            first_kept.queue_offset
+        );
+        told_start(
+            store
+                .read_queue("topic0", 2, last_gone, 32, 1 << 20, &[])
+                .await
+                .map(|_| ()),
+            "a pull below the trimmed start",
+        );
+        store.close().await.unwrap();
+    });
+}
+
 #[test]
 fn timestamp_search_returns_first_offset_at_or_after_the_time() {
     run_local(|| async {

@@ -652,9 +652,7 @@ impl ConsumeQueue {
         if self.min_offset >= self.max_offset || self.first_physical.is_some_and(|p| p >= log_min) {
             return Ok(self.min_offset);
         }
-        let new_min = self.partition_point(self.min_offset, self.max_offset, |e| {
-            e.physical_offset < log_min
-        })?;
+        let new_min = self.first_at_or_past(log_min)?;
         self.min_offset = new_min;
         self.first_physical = self.get(new_min)?.map(|e| e.physical_offset);
         if new_min == self.max_offset {
@@ -672,6 +670,29 @@ impl ConsumeQueue {
             }
         }
         Ok(new_min)
+    }
+
+    /// The queue's first offset whose record the log still holds, `log_min` being the
+    /// log's first byte: `min_offset` unless retention deleted records its oldest entries
+    /// point at and the queue is not trimmed yet (the log moves first, the indexes after;
+    /// a trim that failed waits for the next pass). One comparison then; a search of the
+    /// entries only inside that window. An oldest entry that cannot be read (damage) is
+    /// taken as kept: the read at it says what is wrong.
+    pub fn first_kept(&self, log_min: u64) -> Result<u64, IndexError> {
+        match self.first_physical {
+            Some(p) if p < log_min && self.min_offset < self.max_offset => {
+                self.first_at_or_past(log_min)
+            }
+            _ => Ok(self.min_offset),
+        }
+    }
+
+    /// The first queue offset at or past `min_offset` whose record starts at or after
+    /// `log_min` (`max_offset` if none does).
+    fn first_at_or_past(&self, log_min: u64) -> Result<u64, IndexError> {
+        self.partition_point(self.min_offset, self.max_offset, |e| {
+            e.physical_offset < log_min
+        })
     }
 
     /// msyncs every file written since the last flush (on the calling thread: for a

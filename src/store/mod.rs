@@ -413,7 +413,14 @@ impl MessageStore {
             .queues
             .borrow()
             .iter()
-            .map(|((t, q), s)| Ok((t.clone(), *q, s.cq.min_offset(), self.visible_max(&s.cq)?)))
+            .map(|((t, q), s)| {
+                Ok((
+                    t.clone(),
+                    *q,
+                    self.kept_min(&s.cq)?,
+                    self.visible_max(&s.cq)?,
+                ))
+            })
             .collect::<Result<_, StoreError>>()?;
         v.sort();
         Ok(v)
@@ -422,6 +429,12 @@ impl MessageStore {
     /// The readable end of a queue: entries whose record is not written yet are not visible.
     fn visible_max(&self, cq: &ConsumeQueue) -> Result<u64, StoreError> {
         Ok(cq.end_within(self.inner.log.readable_end())?)
+    }
+
+    /// The start of a queue: its first entry whose record the log still holds (retention
+    /// moves the log before it trims the indexes; [`ConsumeQueue::first_kept`]).
+    fn kept_min(&self, cq: &ConsumeQueue) -> Result<u64, StoreError> {
+        Ok(cq.first_kept(self.inner.log.min_offset())?)
     }
 
     /// Whether any queue of `topic` is open here (recovery opens every queue found on disk,
@@ -435,7 +448,7 @@ impl MessageStore {
     pub fn queue_range(&self, topic: &str, queue_id: u32) -> Result<(u64, u64), StoreError> {
         let queues = self.inner.queues.borrow();
         match queues.get(&(topic.to_owned(), queue_id)) {
-            Some(q) => Ok((q.cq.min_offset(), self.visible_max(&q.cq)?)),
+            Some(q) => Ok((self.kept_min(&q.cq)?, self.visible_max(&q.cq)?)),
             None => Ok((0, 0)),
         }
     }

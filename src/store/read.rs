@@ -395,7 +395,22 @@ impl MessageStore {
                 carried += e.size as u64;
                 j += 1;
             }
-            let buf = self.inner.log.read(start, (end - start) as usize).await?;
+            let buf = match self.inner.log.read(start, (end - start) as usize).await {
+                Ok(buf) => buf,
+                // Retention deleted the records since they were planned (the pull waited
+                // for room, or for the read before): the queue starts later now, which the
+                // consumer is told as for any position below its start.
+                Err(LogError::OffsetTooSmall { .. }) => {
+                    let (min, _) = self.queue_range(&topic, queue_id)?;
+                    return Err(StoreError::OffsetTooSmall {
+                        topic,
+                        queue_id,
+                        offset: picked[i].0,
+                        min,
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            };
             let b = bufs.len() as u32;
             for &(qo, e) in &picked[i..j] {
                 let s = (e.physical_offset - start) as usize;
