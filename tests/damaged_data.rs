@@ -201,6 +201,60 @@ fn a_damaged_record_stops_its_queue_at_its_offset_and_names_it() {
     });
 }
 
+/// A record damaged in its structure on disk (its header's magic flipped, in a segment older
+/// than the three a start verifies), and an index entry whose size says one byte more than
+/// its record has: the broker's own check of each record read stops the pull before each,
+/// answering what comes before, and the pull that starts at one fails with `StoreCorrupt`
+/// naming its queue offset; past each, the rest is served. Before, the first failed every
+/// pull that reached it, naming no queue offset (the records before it held up too), and
+/// the second sent the next record's first byte with its record, which the consumer could
+/// not parse.
+#[test]
+fn records_that_are_not_what_their_entries_say_stop_the_pull_at_their_offsets() {
+    runtime().block_on(async {
+        let (dir, mut broker, producer) = small_segments_broker_with("bent").await;
+        let data = dir.path().join("data");
+        for i in 0..10 {
+            let m = OutgoingMessage::new(format!("bent-body-{i:04}"));
+            producer.send("bent", m).await.unwrap();
+        }
+        fill_four_segments(&producer).await;
+        drop(producer);
+        assert!(broker.stop(), "a clean stop");
+        damage_header_of(&data, b"bent-body-0005");
+        let index = data.join("shard-0/consumequeue/bent/0/00000000000000000000");
+        let mut bytes = std::fs::read(&index).unwrap();
+        let size = 2 * 20 + 8;
+        let longer = u32::from_le_bytes(bytes[size..size + 4].try_into().unwrap()) + 1;
+        bytes[size..size + 4].copy_from_slice(&longer.to_le_bytes());
+        std::fs::write(&index, bytes).unwrap();
+        broker.restart();
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let pull = |offset| client.pull("bent", 0, offset, 32, Duration::ZERO, &[]);
+        for (from, answered, damaged, said) in
+            [(0, vec![0, 1], 2, "says"), (3, vec![3, 4], 5, "magic")]
+        {
+            let before = pull(from).await.unwrap();
+            let offsets: Vec<u64> = before.messages.iter().map(|m| m.queue_offset()).collect();
+            assert_eq!((offsets, before.next_offset), (answered, damaged));
+            match pull(damaged).await {
+                Err(ClientError::Broker { code, message, .. }) => {
+                    assert_eq!(code, Some(ErrorCode::StoreCorrupt), "{message}");
+                    let named = format!("bent:0:{damaged}");
+                    assert!(message.contains(&named), "{message}");
+                    assert!(message.contains(said), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let after = pull(6).await.unwrap();
+        let offsets: Vec<u64> = after.messages.iter().map(|m| m.queue_offset()).collect();
+        assert_eq!(offsets, [6, 7, 8, 9], "past it, the rest is there");
+    });
+}
+
 /// Delayed messages due together are read from the log in one run. One of them damaged on
 /// disk (its header's magic flipped, in a segment older than the three a start verifies)
 /// is the only one lost (counted as undeliverable): the others of its run are delivered.

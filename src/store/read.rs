@@ -150,6 +150,37 @@ impl<'a> Iterator for Runs<'a> {
     }
 }
 
+/// Whether the bytes read for a consume-queue entry are the record it names, checked as
+/// they come off the disk: their structure (not the CRC: it was computed when the record
+/// was encoded and the consumer verifies it on receipt, the other end of this boundary;
+/// checking it here too would double the pull path's CRC work), their place in the log and
+/// the queue, and their length (an entry longer than its record would send the next
+/// record's first bytes with it). What is wrong, if not.
+fn record_of_entry(
+    bytes: &[u8],
+    topic: &str,
+    queue_id: u32,
+    queue_offset: u64,
+    entry: &CqEntry,
+) -> Result<(), String> {
+    let view = RecordView::parse_unchecked_crc(bytes).map_err(|e| e.to_string())?;
+    if view.physical_offset() != entry.physical_offset
+        || view.queue_offset() != queue_offset
+        || view.queue_id() != queue_id
+        || view.topic() != topic
+    {
+        return Err("its consume-queue entry points at another record".into());
+    }
+    if view.total_len() != entry.size {
+        return Err(format!(
+            "its consume-queue entry says {} bytes, the record has {}",
+            entry.size,
+            view.total_len()
+        ));
+    }
+    Ok(())
+}
+
 impl MessageStore {
     /// Up to `max` consume-queue entries of a queue from `from` (recovery scans of the
     /// broker's own queues), with their queue offsets.
@@ -361,7 +392,7 @@ impl MessageStore {
             topic,
             queue_id,
             picked,
-            next_offset: next,
+            next_offset: mut next,
             min_offset: min,
             max_offset: max,
             ..
@@ -412,30 +443,31 @@ impl MessageStore {
                 Err(e) => return Err(e.into()),
             };
             let b = bufs.len() as u32;
+            let mut damaged = None;
             for &(qo, e) in &picked[i..j] {
                 let s = (e.physical_offset - start) as usize;
                 let bytes = &buf[s..s + e.size as usize];
-                // The other end of the boundary: what comes off the disk is checked.
-                // Structure, not CRC: the CRC was computed when the record was encoded and
-                // the consumer verifies it on receipt (the other end of this boundary);
-                // checking it here too would double the pull path's CRC work.
-                let view = RecordView::parse_unchecked_crc(bytes).map_err(|err| {
-                    self.inner
-                        .log
-                        .corrupt_at(e.physical_offset, err.to_string())
-                })?;
-                if view.physical_offset() != e.physical_offset || view.queue_offset() != qo {
-                    return Err(StoreError::Log(self.inner.log.corrupt_at(
-                        e.physical_offset,
-                        format!(
-                            "consume queue entry {topic}:{queue_id}:{qo} points at another record"
-                        ),
-                    )));
+                if let Err(reason) = record_of_entry(bytes, &topic, queue_id, qo, &e) {
+                    damaged = Some((qo, e.physical_offset, reason));
+                    break;
                 }
                 slices.push((b, s as u32, e.size));
                 offsets.push(qo);
             }
-            bufs.push(buf);
+            if slices.last().is_some_and(|s| s.0 == b) {
+                bufs.push(buf);
+            }
+            // A damaged record ends the read before it: what comes before is answered, and
+            // the read that starts at it fails, naming its queue offset (nothing past it is
+            // answered, so nothing is skipped unseen).
+            if let Some((qo, physical, reason)) = damaged {
+                if slices.is_empty() {
+                    let why = format!("the record at {topic}:{queue_id}:{qo}: {reason}");
+                    return Err(self.inner.log.corrupt_at(physical, why).into());
+                }
+                next = qo;
+                break;
+            }
             i = j;
         }
         Ok(QueueRead {
