@@ -183,6 +183,24 @@ impl ShardCtx {
 
     /// The stored record a message id names, on this shard.
     pub(super) async fn read_by_msg_id(&self, msg_id: &str) -> Result<ReadBuf, ErrorBody> {
+        let at = self.msg_id_here(msg_id)?;
+        let read = self.store.read_message_at(at).await;
+        let buf = read.map_err(|e| msg_id_error(msg_id, e))?;
+        // The broker's own records (held delayed messages, done records) are not messages;
+        // discarded half messages are kept for inspection by id.
+        match RecordView::parse_unchecked_crc(&buf) {
+            Ok(view)
+                if !crate::protocol::names::is_system_topic(view.topic())
+                    || view.topic() == super::transaction::DISCARDED_TOPIC =>
+            {
+                Ok(buf)
+            }
+            _ => Err(no_message(msg_id)),
+        }
+    }
+
+    /// The physical offset a message id names, when it names this shard.
+    fn msg_id_here(&self, msg_id: &str) -> Result<u64, ErrorBody> {
         let id = MessageId::parse(msg_id).map_err(|e| {
             err(
                 ErrorCode::InvalidMessage,
@@ -195,32 +213,7 @@ impl ShardCtx {
                 format!("message id {msg_id} names another broker or shard"),
             ));
         }
-        let no_message = || {
-            err(
-                ErrorCode::OffsetNotFound,
-                format!("no message with id {msg_id}"),
-            )
-        };
-        let buf = self
-            .store
-            .read_message_at(id.physical_offset)
-            .await
-            .map_err(|e| match e {
-                // No record starts there: a wrong id. A damaged one is a storage error.
-                StoreError::Log(LogError::NoRecord { .. }) => no_message(),
-                other => store_error(other),
-            })?;
-        // The broker's own records (held delayed messages, done records) are not messages;
-        // discarded half messages are kept for inspection by id.
-        match RecordView::parse_unchecked_crc(&buf) {
-            Ok(view)
-                if !crate::protocol::names::is_system_topic(view.topic())
-                    || view.topic() == super::transaction::DISCARDED_TOPIC =>
-            {
-                Ok(buf)
-            }
-            _ => Err(no_message()),
-        }
+        Ok(id.physical_offset)
     }
 
     /// `MessageById`: the record at the id's physical offset on this shard.
@@ -230,8 +223,16 @@ impl ShardCtx {
         conn: u64,
         m: MessageById,
     ) -> Result<Answer, ErrorBody> {
+        // Room for the answer first, then the read: a connection that reads no answers
+        // would otherwise have up to 1,024 of these each hold a record (up to 4 MiB) in
+        // memory while they wait for room. The read finds the record again (a cut of the
+        // log's tail meanwhile can have put another one of another size there; the room
+        // taken is then off by that difference, for this one answer).
+        let at = self.msg_id_here(&m.msg_id)?;
+        let size =
+            (self.store.message_size_at(at).await).map_err(|e| msg_id_error(&m.msg_id, e))?;
+        let hold = self.answers.reserve(conn, size as usize).await?;
         let buf = self.read_by_msg_id(&m.msg_id).await?;
-        let hold = self.answers.reserve(conn, buf.len()).await?;
         Ok(Answer::held(records_frame(request_id, &[&buf[..]]), hold))
     }
 
@@ -308,6 +309,22 @@ impl ShardCtx {
             .collect();
         keep_within(&mut found, max_bytes);
         Ok(found)
+    }
+}
+
+fn no_message(msg_id: &str) -> ErrorBody {
+    err(
+        ErrorCode::OffsetNotFound,
+        format!("no message with id {msg_id}"),
+    )
+}
+
+/// A failed look-up of a message id: no record starts there (a wrong id), or a storage
+/// error (a damaged record is one).
+fn msg_id_error(msg_id: &str, e: StoreError) -> ErrorBody {
+    match e {
+        StoreError::Log(LogError::NoRecord { .. }) => no_message(msg_id),
+        other => store_error(other),
     }
 }
 

@@ -252,6 +252,15 @@ impl MessageStore {
     /// deleted topic's records, still in the log until retention); then the record is read
     /// and checked as any other.
     pub async fn read_message_at(&self, physical_offset: u64) -> Result<ReadBuf, StoreError> {
+        let size = self.message_size_at(physical_offset).await?;
+        Ok(self.inner.log.read_record(physical_offset, size).await?)
+    }
+
+    /// The size of the message stored at a physical offset, found as
+    /// [`read_message_at`](Self::read_message_at) finds it (the header and the topic read,
+    /// the index asked), without reading the rest of the record: a caller can make room for
+    /// it first.
+    pub async fn message_size_at(&self, physical_offset: u64) -> Result<u32, StoreError> {
         let no_record = || {
             StoreError::Log(LogError::NoRecord {
                 offset: physical_offset,
@@ -277,9 +286,7 @@ impl MessageStore {
         };
         let topic = std::str::from_utf8(&named[HEADER_BYTES..]).map_err(|_| no_record())?;
         match self.entry(topic, queue_id, queue_offset) {
-            Ok(e) if e.physical_offset == physical_offset => {
-                Ok(self.inner.log.read_record(physical_offset, e.size).await?)
-            }
+            Ok(e) if e.physical_offset == physical_offset => Ok(e.size),
             Ok(_) | Err(StoreError::OffsetTooSmall { .. } | StoreError::OffsetTooBig { .. }) => {
                 Err(no_record())
             }
