@@ -516,3 +516,64 @@ fn a_low_open_file_limit_caps_connections_and_keeps_descriptors_for_the_store() 
     let log = broker.stderr();
     assert!(!log.contains("Too many open files"), "{log}");
 }
+
+/// Long polls sent to a shard that does not own their queue (from a client that is not
+/// shard-aware), on an empty queue, waiting 30 s: they hold no room for their answers while
+/// they wait, so a pull of a queue with a message in it is answered at once on either
+/// shard. Before, each held room for the largest answer (4 MiB) on the shard of its
+/// connection for its whole wait: 70 of them took all of that shard's 256 MiB, and its own
+/// pulls waited for them to end.
+#[test]
+fn forwarded_long_polls_hold_no_answer_room_while_they_wait() {
+    use ringmq::client::Client;
+    use ringmq::protocol::{route::owner, Handshake};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let client = runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(addr.as_str()));
+        let client = client.await.unwrap();
+        client.create_topic("full", 8).await.unwrap();
+        client.create_topic("empty", 8).await.unwrap();
+        client
+    });
+    for q in 0..8 {
+        let sent = common::raw::call(&addr, common::raw::send_to("full", q, b"here").into());
+        assert!(matches!(sent, Response::SendResult(_)), "{sent:?}");
+    }
+    // Ten connections on each shard, each with seven polls (what its own room for answers,
+    // 32 MiB, holds) of an empty queue the other shard owns.
+    let mut polls: [Vec<TcpStream>; 2] = Default::default();
+    while polls.iter().any(|on| on.len() < 10) {
+        let mut conn = TcpStream::connect(&addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let shard = match common::raw::answer_on(&mut conn, Handshake::new("lp").into()) {
+            Some(Response::HandshakeOk(h)) => h.shard_id as usize,
+            other => panic!("{other:?}"),
+        };
+        if polls[shard].len() == 10 {
+            continue;
+        }
+        let queue = (0..8).find(|&q| owner("empty", q, 2) as usize != shard);
+        for id in 0..7 {
+            let mut pull = Pull::new("empty", queue.unwrap(), 0);
+            pull.max_wait_ms = 30_000;
+            conn.write_all(&frame(pull.into(), id)).unwrap();
+        }
+        // Answered after the polls were taken in (a connection's requests are taken in
+        // order).
+        assert_eq!(heartbeat_answer(&mut conn), Some(Ok(())));
+        polls[shard].push(conn);
+    }
+    runtime().block_on(async {
+        for shard in 0..2 {
+            let queue = (0..8).find(|&q| owner("full", q, 2) == shard).unwrap();
+            let pull = client.pull("full", queue, 0, 32, Duration::ZERO, &[]);
+            let pulled = tokio::time::timeout(Duration::from_secs(5), pull).await;
+            let pulled = pulled.unwrap_or_else(|_| panic!("shard {shard}: no answer in 5 s"));
+            assert_eq!(pulled.unwrap().messages.len(), 1, "shard {shard}");
+        }
+    });
+    drop(polls);
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::answer::Answer;
-use super::{err, error_frame};
+use super::{err, error_frame, PollStep};
 use super::{store_error, ShardCtx};
 use crate::protocol::record::RecordView;
 use crate::protocol::sql::SqlFilter;
@@ -124,12 +124,14 @@ impl ShardCtx {
     }
 
     /// A pull with long polling: answered at once when records (or a definite status) are
-    /// there, else held until a message lands in the queue or the wait runs out.
+    /// there, else held until a message lands in the queue or the wait runs out. `poll`:
+    /// all of it, or one of the two steps of a forwarded one ([`PollStep`]).
     pub(super) async fn pull(
         self: Rc<Self>,
         request_id: u64,
         conn: u64,
         max_bytes: usize,
+        poll: PollStep,
         p: Pull,
     ) -> Result<Answer, ErrorBody> {
         self.learn_queue(&p.topic, p.queue_id).await?;
@@ -155,8 +157,11 @@ impl ShardCtx {
         };
 
         let started = Instant::now();
-        let deadline =
-            Instant::now() + Duration::from_millis(p.max_wait_ms.min(PULL_WAIT_MS_MAX) as u64);
+        let wait_ms = match poll {
+            PollStep::Read => 0,
+            PollStep::Whole | PollStep::Wait => p.max_wait_ms.min(PULL_WAIT_MS_MAX),
+        };
+        let deadline = Instant::now() + Duration::from_millis(wait_ms as u64);
         // What names the answer's position: changed only by the topic's creation again.
         let born = self.topics.borrow().born(&p.topic);
         let incarnation = std::cell::Cell::new(self.incarnation_after(born));
@@ -201,6 +206,15 @@ impl ShardCtx {
                 &p.tag_hashes,
             );
             match plan {
+                // Records to read: what the wait of a forwarded pull waits for.
+                Ok(plan) if !plan.is_empty() && poll == PollStep::Wait => {
+                    return status(
+                        PullStatus::Found,
+                        p.offset,
+                        plan.min_offset,
+                        plan.max_offset,
+                    );
+                }
                 Ok(plan) if !plan.is_empty() => {
                     // Room for the answer first: a client that does not read its answers
                     // holds its pulls here, not their records in memory.

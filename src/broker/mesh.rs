@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::answer::Answer;
 use super::group_service::LockOp;
 use super::schedule::OwnedDraft;
-use super::{err, Handled, LocalBoxFuture, ShardCtx};
+use super::{err, Handled, LocalBoxFuture, PollStep, ShardCtx};
 use crate::protocol::{ErrorBody, ErrorCode};
 
 /// How long a shard waits for another shard's answer.
@@ -29,6 +29,8 @@ pub enum MeshRequest {
         conn: u64,
         /// The largest frame the connection takes.
         frame_max: u32,
+        /// The part of a pull to run (other requests: [`PollStep::Whole`]).
+        poll: PollStep,
     },
     /// Shard 0 tells the others of a topic change (None: deleted), with the topic's
     /// creation stamp (`TopicTable::born`).
@@ -282,11 +284,12 @@ impl ShardCtx {
                         peer,
                         conn,
                         frame_max,
+                        poll,
                     } => {
                         // Known before a word of its close can arrive (it comes after the
                         // frame, in this FIFO), for as long as the request is handled.
                         let forwarded = (conn != 0).then(|| ctx.answers.forwarded(conn));
-                        match ctx.handle_frame(&bytes, peer, conn, Some(frame_max)) {
+                        match ctx.handle_frame(&bytes, peer, conn, Some(frame_max), poll) {
                             // The answer's reservation on this shard ends here: the bytes
                             // move to the shard of the connection, which accounts for them
                             // there.

@@ -467,13 +467,15 @@ impl ShardCtx {
     /// here or forward the frame to the shard that handles it. The synchronous part
     /// (decoding, routing, appending) runs now, in arrival order.
     /// `frame_max`: the largest frame the connection takes, when the request was forwarded
-    /// (else it is looked up: a connection says it in its handshake).
+    /// (else it is looked up: a connection says it in its handshake). `poll`: the part of a
+    /// pull to run ([`PollStep`]).
     pub fn handle_frame(
         self: &Rc<Self>,
         bytes: &[u8],
         peer: SocketAddr,
         conn: u64,
         frame_max: Option<u32>,
+        poll: PollStep,
     ) -> Handled {
         let frame_max = self.answer_frame_max(conn, frame_max);
         let decoder = FrameDecoder::new(self.cfg.frame_limits);
@@ -552,25 +554,32 @@ impl ShardCtx {
                 return self.forward(to, &at, timeout_ms, kind);
             }
         }
-        self.run_request(req.kind(), oneway, || {
+        // A forwarded pull's second step is the same request: counted once, at its wait.
+        let counted = poll != PollStep::Read;
+        self.run_request(req.kind(), oneway, counted, || {
             req.dispatch(&Req {
                 ctx: self,
                 request_id,
                 peer,
                 conn,
                 frame_max,
+                poll,
             })
         })
     }
 
-    /// Handles a request of this shard: counted, and in flight until it is answered.
+    /// Handles a request of this shard: counted (unless not `counted`), and in flight
+    /// until it is answered.
     fn run_request(
         self: &Rc<Self>,
         kind: crate::protocol::Kind,
         oneway: bool,
+        counted: bool,
         handle: impl FnOnce() -> Handled,
     ) -> Handled {
-        self.stats.request(kind.name());
+        if counted {
+            self.stats.request(kind.name());
+        }
         self.in_flight.set(self.in_flight.get() + 1);
         let guard = InFlight(self.clone());
         let handled = handle();
@@ -592,8 +601,12 @@ impl ShardCtx {
     /// `timeout_ms`; its answer comes back as the bytes to write. An answer with records
     /// ([`Forward`]) is built on the other shard: room for the largest one is reserved here
     /// first, so a client that does not read cannot make the shards hold its answers
-    /// (shard-aware clients send these straight to the owner). Such a request ends with
-    /// its connection, and a long poll ended so is ended on the other shard too.
+    /// (shard-aware clients send these straight to the owner). A pull is passed on in two
+    /// steps ([`PollStep`]): its wait, holding no room (long polls held for their whole
+    /// wait with the room of the largest answer each, about 50 of them took all of a
+    /// shard's, and its own pulls waited behind them), then, once records are there, its
+    /// read, with the room. Such a request ends with its connection, and a long poll ended
+    /// so is ended on the other shard too.
     fn forward(
         self: &Rc<Self>,
         to: u32,
@@ -615,6 +628,30 @@ impl ShardCtx {
         } = at;
         let largest = frame_max as usize;
         Handled::Later(Box::pin(async move {
+            let ask = |bytes, poll, timeout_ms| {
+                let body = MeshRequest::Frame {
+                    bytes,
+                    peer,
+                    conn,
+                    frame_max,
+                    poll,
+                };
+                ctx.forwarded_call(to, (body, request_id, conn), timeout_ms, kind)
+            };
+            let read_step = if kind == Forward::LongPoll {
+                // A pull's frame is small: copied for this step.
+                let waited = match ask(frame_bytes.clone(), PollStep::Wait, timeout_ms).await? {
+                    Ok(frame) => frame,
+                    Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
+                };
+                if !records_ready(&ctx, &waited) {
+                    // A status (no records, an error, a position moved): the answer.
+                    return Some(Answer::from(waited));
+                }
+                PollStep::Read
+            } else {
+                PollStep::Whole
+            };
             let mut hold = if carries_records {
                 match ctx.answers.reserve(conn, largest).await {
                     // Its connection closed while it waited for room: nobody to answer.
@@ -625,38 +662,12 @@ impl ShardCtx {
             } else {
                 None
             };
-            let body = MeshRequest::Frame {
-                bytes: frame_bytes,
-                peer,
-                conn,
-                frame_max,
+            let timeout_ms = match read_step {
+                PollStep::Read => MESH_CALL_TIMEOUT_MS,
+                _ => timeout_ms,
             };
-            let call = ctx.call_with_timeout(to, body, timeout_ms);
-            // A long poll held for the other shard ends with the connection here, as one
-            // of this shard's does, and that shard is told so: its poll ends too.
-            let called = if carries_records {
-                let closed = ctx.answers.closed(conn, ctx.conn_is_ours(conn));
-                futures_lite::future::or(async { Some(call.await) }, async {
-                    closed.await;
-                    None
-                })
-                .await
-            } else {
-                Some(call.await)
-            };
-            let Some(called) = called else {
-                if kind == Forward::LongPoll {
-                    ctx.tell_forwarded_close(to, conn);
-                }
-                return None;
-            };
-            let frame = match called {
-                Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
-                Ok(MeshReply::Frame(f)) => f,
-                Ok(other) => error_frame(
-                    request_id,
-                    &err(ErrorCode::Internal, format!("unexpected reply {other:?}")),
-                ),
+            let frame = match ask(frame_bytes, read_step, timeout_ms).await? {
+                Ok(frame) => frame,
                 Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
             };
             Some(match hold.take() {
@@ -668,6 +679,73 @@ impl ShardCtx {
             })
         }))
     }
+}
+
+impl ShardCtx {
+    /// One call of [`forward`](Self::forward): the answer's frame; `None` when there is
+    /// no answer to give (none for a one-way request, or the connection closed). A
+    /// request with records ends with its connection here, as one of this shard's does,
+    /// and a long poll's shard is told so: its poll ends too.
+    async fn forwarded_call(
+        self: &Rc<Self>,
+        to: u32,
+        (body, request_id, conn): (MeshRequest, u64, u64),
+        timeout_ms: u64,
+        kind: Forward,
+    ) -> Option<Result<Vec<u8>, ErrorBody>> {
+        let call = self.call_with_timeout(to, body, timeout_ms);
+        let called = if kind != Forward::Plain {
+            let closed = self.answers.closed(conn, self.conn_is_ours(conn));
+            futures_lite::future::or(async { Some(call.await) }, async {
+                closed.await;
+                None
+            })
+            .await
+        } else {
+            Some(call.await)
+        };
+        let Some(called) = called else {
+            if kind == Forward::LongPoll {
+                self.tell_forwarded_close(to, conn);
+            }
+            return None;
+        };
+        Some(match called {
+            Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
+            Ok(MeshReply::Frame(f)) => Ok(f),
+            Ok(other) => Ok(error_frame(
+                request_id,
+                &err(ErrorCode::Internal, format!("unexpected reply {other:?}")),
+            )),
+            Err(e) => Err(e),
+        })
+    }
+}
+
+/// Whether the answer to a pull's [`PollStep::Wait`] says records are there to read: the
+/// `Found` with no records that only that step gives.
+fn records_ready(ctx: &ShardCtx, frame: &[u8]) -> bool {
+    let decoded = FrameDecoder::new(ctx.cfg.frame_limits).decode(frame);
+    match decoded.ok().flatten().map(|f| f.decode_response()) {
+        Some(Ok(Response::Pull(p))) => {
+            p.meta().status == crate::protocol::PullStatus::Found && p.meta().count == 0
+        }
+        _ => false,
+    }
+}
+
+/// The part of a pull a shard runs. A pull forwarded from the shard of its connection runs
+/// in two steps, so that the room for its answer, reserved on that shard, is held only
+/// once there are records to read, not for the whole wait.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PollStep {
+    /// All of it, as it arrived.
+    Whole,
+    /// The wait only: answered `Found` with no records once there are records to read
+    /// (none are read), else with the status the whole pull would give.
+    Wait,
+    /// The read only: answered with what is there now, no wait.
+    Read,
 }
 
 /// What a forwarded request's answer carries.
@@ -710,6 +788,7 @@ struct Req<'a> {
     conn: u64,
     /// The largest frame the connection takes.
     frame_max: u32,
+    poll: PollStep,
 }
 
 impl Req<'_> {
@@ -840,11 +919,13 @@ impl Handlers for Req<'_> {
     }
 
     fn pull(&self, m: Pull) -> Handled {
-        self.later_frame(
-            self.ctx
-                .clone()
-                .pull(self.request_id, self.conn, self.records_max(), m),
-        )
+        self.later_frame(self.ctx.clone().pull(
+            self.request_id,
+            self.conn,
+            self.records_max(),
+            self.poll,
+            m,
+        ))
     }
 
     fn get_min_offset(&self, m: GetMinOffset) -> Handled {

@@ -13,7 +13,9 @@ use super::mesh::MESH_CALL_TIMEOUT_MS;
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::goes_straight;
 use super::transaction::is_half;
-use super::{err, error_frame, response_frame, store_error, Arrival, Forward, Handled, ShardCtx};
+use super::{
+    err, error_frame, response_frame, store_error, Arrival, Forward, Handled, PollStep, ShardCtx,
+};
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{
     Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
@@ -169,7 +171,7 @@ impl ShardCtx {
                 return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, Forward::Plain));
             }
             let item = [SendItem::from(m)];
-            Some(self.run_request(kind, at.oneway, || {
+            Some(self.run_request(kind, at.oneway, true, || {
                 self.send(
                     request_id,
                     topic,
@@ -202,7 +204,7 @@ impl ShardCtx {
                 .collect();
             let items: Vec<SendItem<'_>> =
                 m.messages.iter().take(limit).map(SendItem::from).collect();
-            Some(self.run_request(kind, at.oneway, || {
+            Some(self.run_request(kind, at.oneway, true, || {
                 self.send_multi_items(request_id, topic, queue_ids, &items, m.wait_durable, peer)
             }))
         } else {
@@ -212,7 +214,7 @@ impl ShardCtx {
                 return Some(self.forward(to, at, MESH_CALL_TIMEOUT_MS, Forward::Plain));
             }
             let items: Vec<SendItem<'_>> = b.messages.iter().map(SendItem::from).collect();
-            Some(self.run_request(kind, at.oneway, || {
+            Some(self.run_request(kind, at.oneway, true, || {
                 self.send_items(request_id, topic, queue_id, &items, b.wait_durable, peer)
             }))
         }
@@ -399,6 +401,7 @@ impl ShardCtx {
                                     peer,
                                     conn: 0,
                                     frame_max: ctx.cfg.frame_limits.frame_bytes_max(),
+                                    poll: PollStep::Whole,
                                 },
                             )
                             .await

@@ -31,7 +31,7 @@ use glommio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::broker::answer::Answer;
-use crate::broker::{Handled, ShardCtx};
+use crate::broker::{Handled, PollStep, ShardCtx};
 use crate::protocol::{encode_error, ErrorBody, ErrorCode, FrameDecoder, FrameLimits};
 
 /// Requests of one connection being handled at once.
@@ -500,7 +500,7 @@ pub async fn serve_connection(
                     last_frame_large = len > CONN_READ_BUFFER_BYTES / 2;
                     let bytes = &buf[start..start + len];
                     start += len;
-                    match ctx.handle_frame(bytes, peer, conn, None) {
+                    match ctx.handle_frame(bytes, peer, conn, None, PollStep::Whole) {
                         Handled::Now(Some(answer)) => outbox.push(answer),
                         Handled::Now(None) => {}
                         Handled::Later(fut) => {
