@@ -437,6 +437,58 @@ async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
     assert!(unchecked.dead_lettered);
 }
 
+/// A crash that lost a half message (its place in the log cut) gives its offset in the
+/// halves' queue to the next half stored, another producer's transaction maybe. An outcome
+/// meant for the lost one (its producer's local transaction ended after the restart) is
+/// refused as naming no transaction, and the other stays unresolved until its own id
+/// resolves it. Before, a transaction's id was that offset alone, and the outcome
+/// committed the other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_for_a_half_a_crash_lost_does_not_resolve_the_one_stored_in_its_place() {
+    use ringmq::client::{ClientError, TransactionOutcome, TransactionProducer};
+    let (_dir, data, mut broker) = sync_broker();
+    let unsure = |_: &_| TransactionOutcome::Unknown;
+    let start = |addr: String| TransactionProducer::start(config(&addr, true), "tg", unsure);
+    let tp = start(broker.addr_string()).await.unwrap();
+    tp.producer().client().create_topic("txl", 1).await.unwrap();
+    let lost = unresolved_half(&tp, "lost").await;
+    drop(tp);
+    crash_losing_from(&mut broker, &data, lost.physical_offset);
+    let tp = start(broker.addr_string()).await.unwrap();
+    let other = unresolved_half(&tp, "other").await;
+    let commit = TransactionOutcome::Commit;
+    match tp.end("txl", 0, lost.transaction_id, commit, false).await {
+        Err(ClientError::Broker { code, message, .. }) => {
+            assert_eq!(code, Some(ErrorCode::TransactionNotFound), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let listed = tp.producer().client().list_transactions().await.unwrap();
+    let ids: Vec<u64> = listed.halves.iter().map(|h| h.transaction_id).collect();
+    assert_eq!(ids, [other.transaction_id], "the other stays unresolved");
+    tp.end("txl", 0, other.transaction_id, commit, false)
+        .await
+        .unwrap();
+    let pulled = tp
+        .producer()
+        .client()
+        .pull("txl", 0, 0, 32, Duration::ZERO, &[]);
+    let bodies: Vec<Vec<u8>> = (pulled.await.unwrap().messages.iter())
+        .map(|m| m.body().to_vec())
+        .collect();
+    assert_eq!(bodies, [b"other".to_vec()]);
+}
+
+/// A half message of `body` for topic `txl`, its local transaction undecided.
+async fn unresolved_half(
+    tp: &ringmq::client::TransactionProducer,
+    body: &str,
+) -> ringmq::client::SendResult {
+    let unsure = |_: &_| ringmq::client::TransactionOutcome::Unknown;
+    let sent = tp.send_in_transaction("txl", OutgoingMessage::new(body.to_owned()), unsure);
+    sent.await.unwrap().send
+}
+
 /// A one-shard sync-flush broker in `data` on a port it listens on again after a restart
 /// (the address stays valid for clients across crashes).
 fn sync_broker_on_one_port(data: &std::path::Path) -> BrokerProcess {

@@ -671,8 +671,14 @@ impl ShardCtx {
                     last.queue_offset
                 },
                 physical_offset: last.physical_offset,
-                // The half's offset in its queue, plus one.
-                transaction_id: if half { last.queue_offset + 1 } else { 0 },
+                transaction_id: if half {
+                    super::transaction::transaction_id(
+                        last.queue_offset,
+                        last.store_timestamp_ms.max(0) as u64,
+                    )
+                } else {
+                    0
+                },
             };
             response_frame(request_id, &Response::SendResult(r))
         }

@@ -88,8 +88,9 @@ const OUTCOME_DISCARDED: u8 = 3;
 pub struct Transactions {
     /// Unresolved half messages by their offset in [`HALF_TOPIC`].
     pending: PendingHalves,
-    /// Recent outcomes by half offset.
-    resolved: BTreeMap<u64, u8>,
+    /// Recent outcomes by half offset, with the half's [`time_bits`] (`None`: not known, for
+    /// outcomes read at start).
+    resolved: BTreeMap<u64, (u8, Option<u16>)>,
     /// Halves whose outcome is being written and acknowledged (resolved until it fails),
     /// with the topic each is bound for.
     resolving: BTreeMap<u64, (Rc<tokio::sync::Notify>, String)>,
@@ -108,6 +109,27 @@ const DISCARDED_LISTED: usize = 100;
 /// Most unresolved half messages one `ListTransactions` answer lists (the oldest).
 pub const TRANSACTIONS_LISTED_MAX: usize = 1_000;
 
+/// A transaction's id: its half message's offset in [`HALF_TOPIC`] plus one, above the low
+/// 16 bits of the half's store time (ms). The offset alone could name two halves: a crash
+/// that lost an unsynced half (async flush) gives its offset to the next half stored, and
+/// an outcome meant for the lost one would resolve that one, another producer's
+/// transaction maybe. The time bits tell them apart (but for halves stored a multiple of
+/// 65.536 s apart). Ids of one shard still grow with the offset.
+pub(super) fn transaction_id(half: u64, stored_ms: u64) -> u64 {
+    ((half + 1) << 16) | (stored_ms & 0xffff)
+}
+
+/// The half message a transaction id names (its offset in [`HALF_TOPIC`]) and the time
+/// bits that tell it from another stored there since; `None` for an id that names none.
+fn named_half(id: u64) -> Option<(u64, u16)> {
+    Some(((id >> 16).checked_sub(1)?, id as u16))
+}
+
+/// The time bits of [`transaction_id`].
+fn time_bits(stored_ms: u64) -> u16 {
+    stored_ms as u16
+}
+
 impl Transactions {
     /// Half messages waiting for an outcome.
     pub fn pending_count(&self) -> usize {
@@ -120,8 +142,8 @@ impl Transactions {
     }
 
     fn resolve(&mut self, half: u64, outcome: u8) {
-        self.pending.remove(&half);
-        self.resolved.insert(half, outcome);
+        let bits = (self.pending.remove(&half)).map(|h| time_bits(h.stored_ms));
+        self.resolved.insert(half, (outcome, bits));
         while self.resolved.len() > RESOLVED_REMEMBERED {
             self.resolved.pop_first();
         }
@@ -268,7 +290,8 @@ impl ShardCtx {
                 draft.queue_id,
                 group.to_owned(),
                 self.msg_id(put.physical_offset),
-                now,
+                // The record's own: what a start reads back, and the id's time bits.
+                put.store_timestamp_ms.max(0) as u64,
                 now + self.cfg.transaction_timeout_ms,
             ),
         );
@@ -319,18 +342,31 @@ impl ShardCtx {
                 ),
             ));
         }
-        let half = e.transaction_id.checked_sub(1).ok_or_else(|| {
+        let (half, bits) = named_half(e.transaction_id).ok_or_else(|| {
             err(
                 ErrorCode::TransactionNotFound,
-                "transaction id 0 names no transaction",
+                format!("transaction id {} names no transaction", e.transaction_id),
             )
         })?;
+        let not_here = || {
+            err(
+                ErrorCode::TransactionNotFound,
+                format!(
+                    "no transaction {} waits for an outcome on shard {}",
+                    e.transaction_id, self.id
+                ),
+            )
+        };
         // An outcome being written for it: its answer waits for that one's end (which may
         // put the half back to pending).
         Transactions::resolutions_ended(&self.txn, |h, _| h == half).await;
         {
             let txn = self.txn.borrow();
             if let Some(h) = txn.pending.get(&half) {
+                // Another half stored where one a crash lost was.
+                if time_bits(h.stored_ms) != bits {
+                    return Err(not_here());
+                }
                 if h.topic != e.topic || h.queue_id != e.queue_id || h.group() != e.producer_group {
                     return Err(err(
                         ErrorCode::TransactionNotFound,
@@ -343,10 +379,11 @@ impl ShardCtx {
                 }
             } else {
                 return match txn.resolved.get(&half) {
-                    Some(&done) if done == e.outcome || e.outcome == TRANSACTION_UNKNOWN => {
+                    Some(&(_, Some(b))) if b != bits => Err(not_here()),
+                    Some(&(done, _)) if done == e.outcome || e.outcome == TRANSACTION_UNKNOWN => {
                         Ok(crate::protocol::Empty {})
                     }
-                    Some(&done) => Err(err(
+                    Some(&(done, _)) => Err(err(
                         ErrorCode::TransactionResolved,
                         format!(
                             "transaction {} was {}",
@@ -354,13 +391,7 @@ impl ShardCtx {
                             outcome_name(done)
                         ),
                     )),
-                    None => Err(err(
-                        ErrorCode::TransactionNotFound,
-                        format!(
-                            "no transaction {} waits for an outcome on shard {}",
-                            e.transaction_id, self.id
-                        ),
-                    )),
+                    None => Err(not_here()),
                 };
             }
         }
@@ -429,7 +460,7 @@ impl ShardCtx {
         let Some(h) = self.txn.borrow_mut().pending.remove(&half) else {
             return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
         };
-        self.txn.borrow_mut().resolved.insert(half, outcome);
+        (self.txn.borrow_mut().resolved).insert(half, (outcome, Some(time_bits(h.stored_ms))));
         let resolving = Resolving::start(&self.txn, half, &h.topic);
         let result = match self.write_outcome(half, &h, outcome).await {
             Ok((copy, put)) => self.acked(put).await.map(|()| (copy, put)),
@@ -445,7 +476,7 @@ impl ShardCtx {
                     txn.discarded += 1;
                     txn.discarded_recent.push_back(HalfMessageInfo {
                         shard: self.id,
-                        transaction_id: half + 1,
+                        transaction_id: h.id(half),
                         topic: h.topic.clone(),
                         queue_id: h.queue_id,
                         producer_group: h.group().to_owned(),
@@ -506,7 +537,7 @@ impl ShardCtx {
             // changed the table, and waits for those being resolved).
             self.known_queue(&h.topic, h.queue_id)?;
         }
-        let tran_id = (half + 1).to_string();
+        let tran_id = h.id(half).to_string();
         // No await from here to the op record: the two appends are adjacent in the log.
         let mut copy = None;
         if let Some(view) = &view {
@@ -550,7 +581,7 @@ impl ShardCtx {
                 crate::warn!(
                     "ringmq: shard {}: op record of transaction {}: {}; a restart writes it",
                     self.id,
-                    half + 1,
+                    h.id(half),
                     e.message
                 );
                 Ok((Some(copy), copy))
@@ -614,18 +645,18 @@ impl ShardCtx {
                             // The kept copy's id (`ringmq message id` reads it; the half's
                             // own is of a system topic).
                             let copy = self.txn.borrow().discarded_recent.back().and_then(|d| {
-                                (d.transaction_id == half + 1).then(|| d.msg_id.clone())
+                                (d.transaction_id == h.id(half)).then(|| d.msg_id.clone())
                             });
                             crate::warn!(
                                 "ringmq: shard {}: transaction {} of producer group {} (for {}[{}]) discarded after {} checks; kept in {DISCARDED_TOPIC} as message {}",
-                                self.id, half + 1, h.group(), h.topic, h.queue_id, h.checks,
+                                self.id, h.id(half), h.group(), h.topic, h.queue_id, h.checks,
                                 copy.as_deref().unwrap_or("(none: a full disk cut the copy)")
                             );
                         }
                         Err(e) => crate::warn!(
                             "ringmq: shard {}: discarding transaction {}: {}",
                             self.id,
-                            half + 1,
+                            h.id(half),
                             e.message
                         ),
                     }
@@ -641,7 +672,7 @@ impl ShardCtx {
                 let check = CheckTransaction {
                     topic: h.topic.clone(),
                     queue_id: h.queue_id,
-                    transaction_id: half + 1,
+                    transaction_id: h.id(half),
                     producer_group: h.group().to_owned(),
                     record,
                 };
@@ -691,7 +722,7 @@ impl ShardCtx {
             .take(TRANSACTIONS_LISTED_MAX)
             .map(|(half, h)| HalfMessageInfo {
                 shard: self.id,
-                transaction_id: half + 1,
+                transaction_id: h.id(*half),
                 topic: h.topic.clone(),
                 queue_id: h.queue_id,
                 producer_group: h.group().to_owned(),

@@ -44,6 +44,12 @@ impl Half {
     pub(super) fn group(&self) -> &str {
         &self.group
     }
+
+    /// The id of its transaction, `half` being its offset in the halves' queue
+    /// ([`super::transaction_id`]).
+    pub(super) fn id(&self, half: u64) -> u64 {
+        super::transaction_id(half, self.stored_ms)
+    }
 }
 
 /// Unresolved half messages by their offset in the halves' queue, with how many each

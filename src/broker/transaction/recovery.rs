@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    now_ms, outcome_name, parse_op, Half, PendingHalves, DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC,
-    OUTCOME_DISCARDED, RESOLVED_REMEMBERED,
+    now_ms, outcome_name, parse_op, time_bits, transaction_id, Half, PendingHalves,
+    DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC, OUTCOME_DISCARDED, RESOLVED_REMEMBERED,
 };
 use crate::broker::ShardCtx;
 use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
@@ -50,7 +50,7 @@ impl ShardCtx {
                 {
                     Some((half, outcome)) => {
                         has_op.set(half);
-                        resolved.insert(half, outcome);
+                        resolved.insert(half, (outcome, None));
                         if resolved.len() > RESOLVED_REMEMBERED {
                             resolved.pop_first();
                         }
@@ -85,6 +85,8 @@ impl ShardCtx {
                     damaged.note("half message", half);
                     continue;
                 };
+                let stored_ms = view.store_timestamp_ms().max(0) as u64;
+                let id = transaction_id(half, stored_ms);
                 let props = view.properties();
                 let (Some(topic), Some(queue_id)) = (
                     props.get(prop::REAL_TOPIC),
@@ -108,7 +110,7 @@ impl ShardCtx {
                                 break;
                             }
                             Err(e) => {
-                                let first = lookups_failed.get_or_insert((0, half, e));
+                                let first = lookups_failed.get_or_insert((0, id, e));
                                 first.0 += 1;
                             }
                         }
@@ -120,16 +122,15 @@ impl ShardCtx {
                             crate::warn!(
                                 "ringmq: shard {}: op record of transaction {} (found {}): {}; the next start writes it",
                                 self.id,
-                                half + 1,
+                                id,
                                 outcome_name(outcome),
                                 e.message
                             );
                         }
-                        resolved.insert(half, outcome);
+                        resolved.insert(half, (outcome, Some(time_bits(stored_ms))));
                         continue;
                     }
                 }
-                let stored_ms = view.store_timestamp_ms().max(0) as u64;
                 pending.insert(
                     half,
                     Half::new(
@@ -144,11 +145,10 @@ impl ShardCtx {
             }
         }
         damaged.warn(self.id);
-        if let Some((n, half, why)) = lookups_failed {
+        if let Some((n, id, why)) = lookups_failed {
             crate::warn!(
-                "ringmq: shard {}: {n} look-up(s) for the copy of a transaction failed (the first, transaction {}: {why}); their transactions are taken as unresolved and their producers asked (a commit may come twice, nothing is lost)",
+                "ringmq: shard {}: {n} look-up(s) for the copy of a transaction failed (the first, transaction {id}: {why}); their transactions are taken as unresolved and their producers asked (a commit may come twice, nothing is lost)",
                 self.id,
-                half + 1
             );
         }
         {
@@ -178,7 +178,10 @@ impl ShardCtx {
         half: u64,
         view: &RecordView<'_>,
     ) -> Result<bool, String> {
-        let want = (half + 1).to_string();
+        // The id as written by this version, or by one that named a transaction by its
+        // offset alone.
+        let stored_ms = view.store_timestamp_ms().max(0) as u64;
+        let want = [transaction_id(half, stored_ms), half + 1].map(|id| id.to_string());
         let half_at = view.physical_offset();
         let since = view.store_timestamp_ms().saturating_sub(60_000);
         let found = (self.store)
@@ -190,7 +193,8 @@ impl ShardCtx {
                 v.topic() == topic
                     && v.sys_flag() & SYS_FLAG_TRANSACTION_COMMIT != 0
                     && v.transaction_offset() == half_at
-                    && v.properties().get(prop::TRANSACTION_ID) == Some(want.as_str())
+                    && (v.properties().get(prop::TRANSACTION_ID))
+                        .is_some_and(|id| want.iter().any(|w| w == id))
             })
         }))
     }

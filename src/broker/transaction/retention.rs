@@ -66,13 +66,13 @@ impl ShardCtx {
             return;
         };
         let cut = self.txn.borrow_mut().pending.split_off(&next);
-        if let (Some(first), Some(last)) = (cut.keys().next(), cut.keys().next_back()) {
+        if let (Some((&first, f)), Some((&last, l))) = (cut.iter().next(), cut.iter().next_back()) {
             crate::warn!(
                 "ringmq: shard {}: {} half message(s) (transactions {}..={}) were cut from the log by a full disk, their sends refused: no longer listed as unresolved",
                 self.id,
                 cut.len(),
-                first + 1,
-                last + 1
+                f.id(first),
+                l.id(last)
             );
         }
     }
@@ -85,7 +85,9 @@ impl ShardCtx {
     /// An `Err` says how many could not be discarded and why: their halves stay pending,
     /// and the deletion is retried.
     pub(in crate::broker) async fn discard_halves_of(&self, topic: &str) -> Result<(), String> {
-        let mut failed: BTreeMap<u64, String> = BTreeMap::new();
+        // The halves whose discard failed: their transaction's id (unless resolved since),
+        // and why.
+        let mut failed: BTreeMap<u64, (Option<u64>, String)> = BTreeMap::new();
         let mut discarded = 0usize;
         loop {
             Transactions::resolutions_ended(&self.txn, |_, t| t == topic).await;
@@ -104,7 +106,8 @@ impl ShardCtx {
                     // Resolved meanwhile by its producer.
                     Err(e) if e.error_code() == Some(ErrorCode::TransactionNotFound) => {}
                     Err(e) => {
-                        failed.insert(half, e.message);
+                        let id = (self.txn.borrow().pending.get(&half)).map(|h| h.id(half));
+                        failed.insert(half, (id, e.message));
                     }
                 }
             }
@@ -117,10 +120,12 @@ impl ShardCtx {
         }
         match failed.first_key_value() {
             None => Ok(()),
-            Some((half, why)) => Err(format!(
-                "discarding {} of its unresolved transactions (transaction {}: {why})",
+            Some((half, (id, why))) => Err(format!(
+                "discarding {} of its unresolved transactions (the first, {}: {why})",
                 failed.len(),
-                half + 1
+                id.map_or(format!("at {half} of {HALF_TOPIC}"), |id| format!(
+                    "transaction {id}"
+                ))
             )),
         }
     }
@@ -128,7 +133,7 @@ impl ShardCtx {
     /// The next pending halves of `topic` to discard together (not those in `failed`): at
     /// most [`DISCARDS_AT_ONCE`] of them, and past the first, at most
     /// [`DISCARD_BYTES_AT_ONCE`] of records.
-    pub(super) fn next_discards(&self, topic: &str, failed: &BTreeMap<u64, String>) -> Vec<u64> {
+    pub(super) fn next_discards<T>(&self, topic: &str, failed: &BTreeMap<u64, T>) -> Vec<u64> {
         let txn = self.txn.borrow();
         let mut bytes = 0u64;
         let mut halves = Vec::new();
@@ -190,23 +195,25 @@ impl ShardCtx {
                 // failed at every pass of a few: held back, it would hold the log for
                 // ever. It ages out with its segment, said here.
                 Err(e) if e.error_code().is_some_and(never_discarded) => {
-                    self.txn.borrow_mut().pending.remove(&half);
-                    released.push((half + 1, e.message));
+                    if let Some(h) = self.txn.borrow_mut().pending.remove(&half) {
+                        released.push((h.id(half), e.message));
+                    }
                 }
                 // Anything else may pass (a read or write that failed once, a busy store):
                 // tried again at the next pass, the floor holding it meanwhile, unless it
                 // failed at the last few too (an I/O error under the half, every time).
                 Err(e) => {
                     let mut txn = self.txn.borrow_mut();
-                    let failures = txn.pending.get_mut(&half).map(|h| {
-                        h.discard_failures += 1;
-                        h.discard_failures
-                    });
-                    if failures.is_some_and(|n| n >= DISCARD_PASSES_MAX) {
+                    let Some(h) = txn.pending.get_mut(&half) else {
+                        continue;
+                    };
+                    h.discard_failures += 1;
+                    let id = h.id(half);
+                    if h.discard_failures >= DISCARD_PASSES_MAX {
                         txn.pending.remove(&half);
-                        released.push((half + 1, e.message));
+                        released.push((id, e.message));
                     } else {
-                        held.push((half + 1, e.message));
+                        held.push((id, e.message));
                     }
                 }
             }
