@@ -191,64 +191,6 @@ async fn long_polling_answers_when_a_message_lands() {
     drop(broker);
 }
 
-/// A long poll sent to a shard that does not own its queue (from a client that is not
-/// shard aware) is passed on in two steps, its wait and then its read: one whose wait runs
-/// out answers `NoNewMessage` after it, and one waiting when a message lands answers it.
-#[test]
-fn a_forwarded_long_poll_answers_when_a_message_lands() {
-    use ringmq::protocol::{route::owner, Pull, PullStatus};
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
-    let addr = broker.addr_string();
-    let create = ringmq::protocol::CreateTopic {
-        topic: "fwd".into(),
-        queue_count: 8,
-    };
-    let created = common::raw::call(&addr, create.into());
-    assert!(matches!(created, Response::Empty(_)), "{created:?}");
-    let mut conn = TcpStream::connect(&addr).unwrap();
-    let shard = match common::raw::answer_on(&mut conn, Handshake::new("fwd").into()) {
-        Some(Response::HandshakeOk(h)) => h.shard_id,
-        other => panic!("{other:?}"),
-    };
-    let queue = (0..8).find(|&q| owner("fwd", q, 2) != shard).unwrap();
-    let poll = |wait_ms| {
-        let mut pull = Pull::new("fwd", queue, 0);
-        pull.max_wait_ms = wait_ms;
-        Request::from(pull)
-    };
-    let started = Instant::now();
-    match common::raw::answer_on(&mut conn, poll(200)) {
-        Some(Response::Pull(p)) => assert_eq!(p.meta().status, PullStatus::NoNewMessage),
-        other => panic!("{other:?}"),
-    }
-    assert!(started.elapsed() >= Duration::from_millis(150), "it waited");
-    common::raw::write(&mut conn, 7, poll(20_000));
-    // Answered after the poll was taken in (a connection's requests are taken in order).
-    let beat = Heartbeat {
-        client_id: "fwd".into(),
-    };
-    let beat = common::raw::answer_on(&mut conn, beat.into());
-    assert!(matches!(beat, Some(Response::Empty(_))), "{beat:?}");
-    let sent = common::raw::call(
-        &addr,
-        common::raw::send_to("fwd", queue as i32, "wake up").into(),
-    );
-    assert!(matches!(sent, Response::SendResult(_)), "{sent:?}");
-    let (id, answer) = common::raw::read_answers(&mut conn, 1).pop().unwrap();
-    assert_eq!(id, 7);
-    let Response::Pull(p) = answer else {
-        panic!("{answer:?}")
-    };
-    assert_eq!((p.meta().status, p.meta().count), (PullStatus::Found, 1));
-    let record = p.records().next().unwrap().unwrap();
-    assert_eq!(record.body(), b"wake up");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "answered when the message landed, not at the deadline"
-    );
-}
-
 /// Sends `n` messages with keys and commits offsets; returns (queue, offset, body) acked.
 async fn produce_and_commit(addr: &str, topic: &str, n: usize) -> Vec<(u32, u64, Vec<u8>)> {
     let producer = Producer::connect(config(addr, true)).await.unwrap();

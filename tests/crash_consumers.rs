@@ -445,7 +445,7 @@ async fn a_lost_message_is_not_sent_back_as_the_one_stored_at_its_id_since() {
 /// committed the other one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_for_a_half_a_crash_lost_does_not_resolve_the_one_stored_in_its_place() {
-    use ringmq::client::{ClientError, TransactionOutcome, TransactionProducer};
+    use ringmq::client::{TransactionOutcome, TransactionProducer};
     let (_dir, data, mut broker) = sync_broker();
     let unsure = |_: &_| TransactionOutcome::Unknown;
     let start = |addr: String| TransactionProducer::start(config(&addr, true), "tg", unsure);
@@ -457,12 +457,7 @@ async fn an_outcome_for_a_half_a_crash_lost_does_not_resolve_the_one_stored_in_i
     let tp = start(broker.addr_string()).await.unwrap();
     let other = unresolved_half(&tp, "other").await;
     let commit = TransactionOutcome::Commit;
-    match tp.end("txl", 0, lost.transaction_id, commit, false).await {
-        Err(ClientError::Broker { code, message, .. }) => {
-            assert_eq!(code, Some(ErrorCode::TransactionNotFound), "{message}")
-        }
-        other => panic!("{other:?}"),
-    }
+    stale_commit_refused(&tp, lost.transaction_id).await;
     let listed = tp.producer().client().list_transactions().await.unwrap();
     let ids: Vec<u64> = listed.halves.iter().map(|h| h.transaction_id).collect();
     assert_eq!(ids, [other.transaction_id], "the other stays unresolved");
@@ -477,6 +472,26 @@ async fn an_outcome_for_a_half_a_crash_lost_does_not_resolve_the_one_stored_in_i
         .map(|m| m.body().to_vec())
         .collect();
     assert_eq!(bodies, [b"other".to_vec()]);
+    // Not taken for the outcome of the other once that one is resolved either (told it
+    // was committed, the producer would take its lost message for delivered), nor after a
+    // restart (the outcome read back from its op record).
+    stale_commit_refused(&tp, lost.transaction_id).await;
+    drop(tp);
+    assert!(broker.stop(), "a clean stop");
+    broker.restart();
+    let tp = start(broker.addr_string()).await.unwrap();
+    stale_commit_refused(&tp, lost.transaction_id).await;
+}
+
+/// A commit of transaction `id` of topic `txl` is refused as naming no transaction.
+async fn stale_commit_refused(tp: &ringmq::client::TransactionProducer, id: u64) {
+    let commit = ringmq::client::TransactionOutcome::Commit;
+    match tp.end("txl", 0, id, commit, false).await {
+        Err(ringmq::client::ClientError::Broker { code, message, .. }) => {
+            assert_eq!(code, Some(ErrorCode::TransactionNotFound), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A half message of `body` for topic `txl`, its local transaction undecided.

@@ -176,6 +176,13 @@ impl ShardCtx {
             };
             Ok(Answer::from(pull_frame(request_id, &r, &[])))
         };
+        // Below the queue's start (`min`: where it starts now).
+        let below_start = |min| {
+            let (_, max) = (self.store)
+                .queue_range(&p.topic, p.queue_id)
+                .map_err(store_error)?;
+            status(PullStatus::OffsetTooSmall, min, min, max)
+        };
         // A position read under an earlier run of this shard, past where the queue ended
         // when a later run started: what the puller read there, a crash lost (an async
         // log's unsynced tail), and those offsets hold other messages now. Back to that
@@ -227,7 +234,12 @@ impl ShardCtx {
                     {
                         return status(moved, next, min, max);
                     }
-                    let mut r = fetched.map_err(store_error)?;
+                    let mut r = match fetched {
+                        Ok(r) => r,
+                        // Retention deleted the records while the room was waited for.
+                        Err(StoreError::OffsetTooSmall { min, .. }) => return below_start(min),
+                        Err(e) => return Err(store_error(e)),
+                    };
                     // Records shared with the cache keep its whole buffers alive while the
                     // answer waits: that memory is reserved too, or the records are copied.
                     let pinned = r.pinned_beyond();
@@ -305,13 +317,7 @@ impl ShardCtx {
                         return status(moved, next, min, max);
                     }
                 }
-                Err(StoreError::OffsetTooSmall { min, .. }) => {
-                    let (_, max) = self
-                        .store
-                        .queue_range(&p.topic, p.queue_id)
-                        .map_err(store_error)?;
-                    return status(PullStatus::OffsetTooSmall, min, min, max);
-                }
+                Err(StoreError::OffsetTooSmall { min, .. }) => return below_start(min),
                 // Past the end. A position read under this run (named by it: one read under
                 // an earlier run was looked at above) names another queue than this one,
                 // such as one of a topic deleted and created again, whose new messages sit

@@ -363,7 +363,7 @@ impl ShardCtx {
         ));
         s.histograms.push((
             "ringmq_pull_seconds",
-            "Pulls that answered with records, from the request to the answer.",
+            "Pulls that answered with records, from the request to the answer (a pull forwarded from the shard of its connection: from the end of its wait).",
             self.id,
             st.pull.borrow().clone(),
         ));

@@ -662,10 +662,6 @@ impl ShardCtx {
             } else {
                 None
             };
-            let timeout_ms = match read_step {
-                PollStep::Read => MESH_CALL_TIMEOUT_MS,
-                _ => timeout_ms,
-            };
             let frame = match ask(frame_bytes, read_step, timeout_ms).await? {
                 Ok(frame) => frame,
                 Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),

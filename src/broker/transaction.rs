@@ -3,9 +3,10 @@
 //! A send carrying `TRAN_MSG=true` (and its producer group in `PGROUP`) is stored as a
 //! *half message* in [`HALF_TOPIC`] (queue 0 of the shard that owns the queue it is bound
 //! for, which it names in `REAL_TOPIC`/`REAL_QID`): invisible to consumers. Its
-//! transaction id is its offset in that queue plus one. An [`EndTransaction`] with commit
-//! appends the message to its real queue (same body, properties and keys, plus `TRAN_ID`)
-//! and then an *op record* in [`OP_TOPIC`] (body: the half's offset and the outcome), in
+//! transaction id is its offset in that queue plus one, above 16 bits of its store time
+//! ([`transaction_id`]). An [`EndTransaction`] with commit appends the message to its real
+//! queue (same body, properties and keys, plus `TRAN_ID`) and then an *op record* in
+//! [`OP_TOPIC`] (body: the half's offset, the outcome and the id's time bits), in
 //! the same synchronous step, so the log holds either neither, the commit alone or both;
 //! rollback appends only the op record. The answer waits for the op record (acked or
 //! durable, as for sends). A restart rebuilds the unresolved half messages from the two
@@ -141,9 +142,10 @@ impl Transactions {
         self.checks_undelivered
     }
 
-    fn resolve(&mut self, half: u64, outcome: u8) {
-        let bits = (self.pending.remove(&half)).map(|h| time_bits(h.stored_ms));
-        self.resolved.insert(half, (outcome, bits));
+    /// Remembers the outcome of the half at `half` (taken out of the pending ones already),
+    /// with its time bits.
+    fn resolve(&mut self, half: u64, outcome: u8, bits: u16) {
+        self.resolved.insert(half, (outcome, Some(bits)));
         while self.resolved.len() > RESOLVED_REMEMBERED {
             self.resolved.pop_first();
         }
@@ -198,16 +200,22 @@ fn now_ms() -> u64 {
     crate::log::now_ms().max(0) as u64
 }
 
-fn op_body(half: u64, outcome: u8) -> [u8; 9] {
-    let mut b = [0u8; 9];
+/// An op record's body: the half's offset, the outcome, and the [`time_bits`] of the half's
+/// transaction id.
+fn op_body(half: u64, outcome: u8, bits: u16) -> [u8; 11] {
+    let mut b = [0u8; 11];
     b[..8].copy_from_slice(&half.to_le_bytes());
     b[8] = outcome;
+    b[9..].copy_from_slice(&bits.to_le_bytes());
     b
 }
 
-fn parse_op(body: &[u8]) -> Option<(u64, u8)> {
+/// An op record's half, outcome and time bits (`None`: written before op records kept
+/// them).
+fn parse_op(body: &[u8]) -> Option<(u64, u8, Option<u16>)> {
     let half = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
-    Some((half, *body.get(8)?))
+    let bits = (body.get(9..11)).and_then(|b| Some(u16::from_le_bytes(b.try_into().ok()?)));
+    Some((half, *body.get(8)?, bits))
 }
 
 /// Whether `e` says a commit's topic or queue is gone.
@@ -488,7 +496,7 @@ impl ShardCtx {
                         txn.discarded_recent.pop_front();
                     }
                 }
-                self.txn.borrow_mut().resolve(half, outcome);
+                (self.txn.borrow_mut()).resolve(half, outcome, time_bits(h.stored_ms));
                 if outcome == TRANSACTION_COMMIT {
                     self.wake_pollers(&h.topic, h.queue_id);
                 }
@@ -571,7 +579,7 @@ impl ShardCtx {
             };
             copy = Some(self.store.append(&draft).map_err(store_error)?);
         }
-        match (self.append_op(half, outcome), copy) {
+        match (self.append_op(half, outcome, time_bits(h.stored_ms)), copy) {
             (Ok(op), copy) => Ok((copy, op)),
             // The message is in the log but its op record is not (a full disk between the
             // two): the outcome stands, answered once the message is written; a restart
@@ -590,8 +598,8 @@ impl ShardCtx {
         }
     }
 
-    fn append_op(&self, half: u64, outcome: u8) -> Result<PutResult, ErrorBody> {
-        let body = op_body(half, outcome);
+    fn append_op(&self, half: u64, outcome: u8, bits: u16) -> Result<PutResult, ErrorBody> {
+        let body = op_body(half, outcome, bits);
         let draft = RecordDraft {
             topic: OP_TOPIC,
             queue_id: 0,
@@ -772,9 +780,14 @@ mod tests {
 
     #[test]
     fn op_records_round_trip() {
-        for (half, outcome) in [(0, TRANSACTION_COMMIT), (u64::MAX, OUTCOME_DISCARDED)] {
-            assert_eq!(parse_op(&op_body(half, outcome)), Some((half, outcome)));
+        for (half, outcome, bits) in [(0, TRANSACTION_COMMIT, 7), (u64::MAX, OUTCOME_DISCARDED, 0)]
+        {
+            let parsed = parse_op(&op_body(half, outcome, bits));
+            assert_eq!(parsed, Some((half, outcome, Some(bits))));
         }
         assert_eq!(parse_op(&[1, 2, 3]), None);
+        // Written before op records kept the time bits.
+        let older = &op_body(5, TRANSACTION_ROLLBACK, 9)[..9];
+        assert_eq!(parse_op(older), Some((5, TRANSACTION_ROLLBACK, None)));
     }
 }

@@ -567,8 +567,9 @@ pub(super) fn store_timestamp_of_header(head: &[u8]) -> i64 {
 }
 
 /// Reads of runs of a queue that go one record at a time over a run whose read failed for
-/// a damaged record (a read of several fails whole), so that only the record whose own
-/// read fails is taken for damaged, not its neighbours.
+/// a damaged record, so that only the record whose own read fails is taken for damaged,
+/// not its neighbours. (A read of several stops before a damaged record, answering those
+/// before it, and fails only when it starts at one; it failed whole once.)
 #[derive(Debug, Default)]
 pub struct AloneAfterDamage {
     /// Offsets below this are read one at a time.

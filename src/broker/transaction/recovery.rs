@@ -48,9 +48,9 @@ impl ShardCtx {
                     .ok()
                     .and_then(|view| parse_op(view.body()))
                 {
-                    Some((half, outcome)) => {
+                    Some((half, outcome, bits)) => {
                         has_op.set(half);
-                        resolved.insert(half, (outcome, None));
+                        resolved.insert(half, (outcome, bits));
                         if resolved.len() > RESOLVED_REMEMBERED {
                             resolved.pop_first();
                         }
@@ -118,7 +118,7 @@ impl ShardCtx {
                     if let Some(outcome) = copied {
                         // Resolved all the same when the op record is refused (a full disk):
                         // the copy stays, and the next start finds it again.
-                        if let Err(e) = self.append_op(half, outcome) {
+                        if let Err(e) = self.append_op(half, outcome, time_bits(stored_ms)) {
                             crate::warn!(
                                 "ringmq: shard {}: op record of transaction {} (found {}): {}; the next start writes it",
                                 self.id,
