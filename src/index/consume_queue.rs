@@ -676,8 +676,9 @@ impl ConsumeQueue {
     /// log's first byte: `min_offset` unless retention deleted records its oldest entries
     /// point at and the queue is not trimmed yet (the log moves first, the indexes after;
     /// a trim that failed waits for the next pass). One comparison then; a search of the
-    /// entries only inside that window. An oldest entry that cannot be read (damage) is
-    /// taken as kept: the read at it says what is wrong.
+    /// entries only inside that window, which fails if an entry there cannot be read. An
+    /// oldest entry found empty at the start (damage) is taken as kept: the read at it says
+    /// what is wrong.
     pub fn first_kept(&self, log_min: u64) -> Result<u64, IndexError> {
         match self.first_physical {
             Some(p) if p < log_min && self.min_offset < self.max_offset => {
