@@ -492,6 +492,11 @@ impl ShardCtx {
                 let now = steady_ms();
                 if !locks.has_group(group) && locks.group_count() >= self.cfg.groups_max {
                     locks.purge_expired(now);
+                    // Given-up locks are kept to refuse late lock requests; a group's
+                    // locks given up still free its place at once.
+                    if locks.group_count() >= self.cfg.groups_max {
+                        locks.forget_given_up(now);
+                    }
                     if locks.group_count() >= self.cfg.groups_max {
                         return Err(err(
                             ErrorCode::LimitReached,

@@ -28,7 +28,7 @@ struct Lock {
     /// Shared by every lock one request took: a client id is stored once per request, not
     /// once per queue.
     holder: Rc<str>,
-    /// 0: given up by its holder (kept, with the unlock's stamp, until purged).
+    /// 0: given up by its holder (kept, with the unlock's stamp, for the lock expiry).
     expires_ms: u64,
     /// The stamp of the latest request that took, renewed or gave it up.
     stamp: u64,
@@ -273,17 +273,31 @@ impl LockTable {
         self.holder(group, topic, queue, now_ms) == Some(client_id)
     }
 
-    /// Forgets expired and given-up locks, so memory is bounded by the live ones, and
-    /// releases older than the lock expiry (a lock request that late has been given up on).
+    /// Forgets expired locks, so memory is bounded by the live ones (and the queues given
+    /// up within the lock expiry), and releases and unlocks older than the lock expiry (a
+    /// lock request that late has been given up on). Until then an unlock's stamp is kept:
+    /// a lock request of its client made before it, however late it arrives, takes nothing.
     pub fn purge_expired(&mut self, now_ms: u64) {
-        while self.release_order.first().is_some_and(|(r, _, _)| {
-            (r / NANOS_PER_MS).saturating_add(self.lock_expiry_ms) <= now_ms
-        }) {
+        let expiry = self.lock_expiry_ms;
+        let remembered = |stamp: u64| (stamp / NANOS_PER_MS).saturating_add(expiry) > now_ms;
+        while (self.release_order.first()).is_some_and(|&(r, _, _)| !remembered(r)) {
             self.forget_oldest_release();
         }
+        self.retain_locks(|l| l.is_live(now_ms) || l.expires_ms == 0 && remembered(l.stamp));
+    }
+
+    /// Forgets the given-up locks too, before their lock expiry: room for another group's
+    /// locks at the `--groups-max` cap. A lock request of a client made before its unlock
+    /// of one of them and arriving after this can then take the queue again (held by
+    /// nobody consuming until it lapses; never two holders).
+    pub fn forget_given_up(&mut self, now_ms: u64) {
+        self.retain_locks(|l| l.is_live(now_ms));
+    }
+
+    fn retain_locks(&mut self, keep: impl Fn(&Lock) -> bool) {
         self.locks.retain(|_, topics| {
             topics.retain(|_, table| {
-                table.retain(|_, l| l.is_live(now_ms));
+                table.retain(|_, l| keep(l));
                 !table.is_empty()
             });
             !topics.is_empty()
@@ -425,8 +439,10 @@ mod tests {
         assert_eq!((t.len(), t.live_len(1)), (2, 1));
         t.unlock_batch("g", "t", &[1], "a", at(1));
         check(&t, 1, 1, None);
-        // Given-up locks are kept (with their unlocks' stamps) until purged.
+        // Given-up locks are kept (with their unlocks' stamps) for the lock expiry.
         t.purge_expired(1);
+        assert_eq!((t.len(), t.live_len(1)), (2, 0));
+        t.purge_expired(1 + EXPIRY);
         assert!(t.is_empty());
     }
 
@@ -487,6 +503,28 @@ mod tests {
         // A given-up lock is free for anyone else at once.
         assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, at(55)), vec![0]);
         check(&t, 0, 1, Some("b"));
+    }
+
+    /// An unlock is remembered for the lock expiry, purges or not: a lock request of its
+    /// client made before it and arriving later takes nothing. Before, a purge (every
+    /// second) forgot it, and the late request took the queue for a client that had given
+    /// it up.
+    #[test]
+    fn an_unlock_is_remembered_across_purges_for_the_lock_expiry() {
+        let mut t = LockTable::new(EXPIRY);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 0, at(0)), vec![0]);
+        t.unlock_batch("g", "t", &[0], "a", at(20));
+        t.purge_expired(500);
+        assert!(t.lock_batch("g", "t", &[0], "a", 600, at(10)).is_empty());
+        check(&t, 0, 600, None);
+        assert_eq!(t.live_len(600), 0);
+        t.purge_expired(20 + EXPIRY);
+        assert!(t.is_empty(), "forgotten past the lock expiry");
+        // Forgotten at once when another group's locks need the room.
+        t.lock_batch("g", "t", &[0], "a", 0, at(0));
+        t.unlock_batch("g", "t", &[0], "a", at(20));
+        t.forget_given_up(30);
+        assert!(t.is_empty());
     }
 
     #[test]
