@@ -136,6 +136,17 @@ struct Outbox {
 }
 
 impl Outbox {
+    fn new() -> Rc<Outbox> {
+        Rc::new(Outbox {
+            queue: RefCell::new(VecDeque::new()),
+            bytes: Cell::new(0),
+            closed: Cell::new(false),
+            producers: Cell::new(0),
+            wake_writer: Notify::new(),
+            space: Notify::new(),
+        })
+    }
+
     fn push(&self, answer: Answer) {
         if self.closed.get() || answer.is_empty() {
             return;
@@ -287,10 +298,13 @@ fn send_now(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<usize> {
 /// Writes the answers' parts (frame heads, stored records where they were read) to the
 /// socket in order: vectored writes while the socket has room; when it has none, the
 /// runtime's write waits for room.
+/// Writes `answers` whole. A peer that takes none of the bytes for `stall_ms` is stalled
+/// (`TimedOut`); one that takes them slowly is not cut off while it takes some.
 async fn write_parts(
     fd: RawFd,
     writer: &mut (impl futures_lite::AsyncWrite + Unpin),
     answers: &[Answer],
+    stall_ms: u64,
 ) -> io::Result<()> {
     let mut iov: Vec<IoSlice<'_>> = answers
         .iter()
@@ -302,7 +316,12 @@ async fn write_parts(
     while let Some(first) = rest.first() {
         let n = match send_now(fd, rest) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writer.write(first).await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match within(stall_ms, writer.write(first)).await {
+                    Some(written) => written?,
+                    None => return Err(io::ErrorKind::TimedOut.into()),
+                }
+            }
             Err(e) => return Err(e),
         };
         if n == 0 {
@@ -342,12 +361,12 @@ async fn write_answers(
             written += next.len();
             sent.push(next);
         }
-        let result = within(stall_ms, write_parts(fd, &mut writer, &sent)).await;
+        let result = write_parts(fd, &mut writer, &sent, stall_ms).await;
         // Written (or not): their reservations go back either way.
         sent.clear();
         outbox.bytes.set(outbox.bytes.get().saturating_sub(written));
         outbox.space.notify_waiters();
-        if !matches!(result, Some(Ok(()))) {
+        if result.is_err() {
             // A broken or stalled peer: nothing more is written.
             outbox.close();
             let _ = writer.close().await;
@@ -420,14 +439,7 @@ pub async fn serve_connection(
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let fd = stream.as_raw_fd();
     let (mut reader, writer) = futures_lite::io::split(stream);
-    let outbox = Rc::new(Outbox {
-        queue: RefCell::new(VecDeque::new()),
-        bytes: Cell::new(0),
-        closed: Cell::new(false),
-        producers: Cell::new(0),
-        wake_writer: Notify::new(),
-        space: Notify::new(),
-    });
+    let outbox = Outbox::new();
     let reading = Producer::new(&outbox);
     let writer_task =
         glommio::spawn_local(write_answers(outbox.clone(), writer, fd, timeout_ms)).detach();
@@ -614,6 +626,47 @@ pub async fn serve_connection(
 mod tests {
     use super::*;
 
+    /// A connection accepted here (its send buffer 4 KiB) whose peer, a thread, reads 4 KiB
+    /// at a time with `pause` before each read until the end; the thread returns what it
+    /// read.
+    async fn slow_reader(
+        pause: Duration,
+    ) -> (
+        glommio::net::TcpStream,
+        RawFd,
+        std::thread::JoinHandle<Vec<u8>>,
+    ) {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let reader = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                std::thread::sleep(pause);
+                match std::io::Read::read(&mut s, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            got
+        });
+        let stream = listener.accept().await.expect("accept");
+        let fd = stream.as_raw_fd();
+        let small = 4096i32;
+        // SAFETY: setting an int socket option on a socket this test owns.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                &small as *const i32 as *const libc::c_void,
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            );
+        }
+        (stream, fd, reader)
+    }
+
     /// Many answers (more parts than one `sendmsg` takes) to a peer that reads slowly
     /// through a small socket buffer: the vectored writes stop part-way and wait for room,
     /// and the peer receives every byte once, in order.
@@ -627,44 +680,41 @@ mod tests {
             .collect();
         let expected: Vec<u8> = answers.iter().flatten().copied().collect();
         let received = crate::io::run_local(move || async move {
-            let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr = listener.local_addr().expect("addr");
-            let reader = std::thread::spawn(move || {
-                let mut s = std::net::TcpStream::connect(addr).expect("connect");
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    // Slower than the writer: its socket buffer fills and writes stop.
-                    std::thread::sleep(Duration::from_micros(50));
-                    match std::io::Read::read(&mut s, &mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                got
-            });
-            let stream = listener.accept().await.expect("accept");
-            let fd = stream.as_raw_fd();
-            let small = 4096i32;
-            // SAFETY: setting an int socket option on a socket this test owns.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUF,
-                    &small as *const i32 as *const libc::c_void,
-                    std::mem::size_of::<i32>() as libc::socklen_t,
-                );
-            }
+            // Slower than the writer: its socket buffer fills and writes stop.
+            let (stream, fd, reader) = slow_reader(Duration::from_micros(50)).await;
             let (_, mut writer) = futures_lite::io::split(stream);
             let answers: Vec<Answer> = answers.into_iter().map(Answer::from).collect();
-            write_parts(fd, &mut writer, &answers)
+            write_parts(fd, &mut writer, &answers, 60_000)
                 .await
                 .expect("written");
             writer.close().await.expect("closed");
             drop(writer);
             reader.join().expect("reader")
         });
+        assert_eq!(received.len(), expected.len());
+        assert!(received == expected, "bytes differ");
+    }
+
+    /// A peer that reads slowly but steadily (1 MB/s through a small socket buffer) is not
+    /// taken for stalled: the stall timeout (here 500 ms) is for a write that takes none of
+    /// the bytes, and every answer arrives though a batch of them takes twice that. Before,
+    /// the timeout covered a whole batch (1 MiB) and the connection was cut mid-answer.
+    #[test]
+    fn a_slow_reader_that_keeps_reading_is_not_cut_off() {
+        let answers: Vec<Vec<u8>> = (0..20u32).map(|i| vec![i as u8; 100 << 10]).collect();
+        let expected: Vec<u8> = answers.iter().flatten().copied().collect();
+        let (received, closed) = crate::io::run_local(move || async move {
+            // The pace under test: 4 KiB every 4 ms.
+            let (stream, fd, reader) = slow_reader(Duration::from_millis(4)).await;
+            let (_, writer) = futures_lite::io::split(stream);
+            let outbox = Outbox::new();
+            for a in answers {
+                outbox.push(Answer::from(a));
+            }
+            write_answers(outbox.clone(), writer, fd, 500).await;
+            (reader.join().expect("reader"), outbox.closed.get())
+        });
+        assert!(!closed, "taken for stalled");
         assert_eq!(received.len(), expected.len());
         assert!(received == expected, "bytes differ");
     }
