@@ -75,7 +75,8 @@ struct Cli {
     #[arg(long)]
     connections_max: Option<usize>,
     /// Close a connection that sends no request within this many ms, stops in the middle of
-    /// a frame this long, or takes none of the bytes written to it this long [default: 30000]
+    /// a frame this long, or takes a batch of answers (1 MiB or one answer) slower than
+    /// this plus a second for every 64 KiB of it [default: 30000]
     #[arg(long)]
     conn_timeout_ms: Option<u64>,
     /// The largest frame the broker takes and sends (answers to a client stay within the

@@ -12,8 +12,9 @@
 //!   a client that does not read its answers is held back by TCP. Answers that carry
 //!   records also reserve their bytes before they are built (`broker::answer`).
 //! - Timeouts (`--conn-timeout-ms`, 30 s): a connection that sends no whole frame within it,
-//!   stops in the middle of a frame for that long, or takes none of the bytes written to it
-//!   for that long, is closed. An established connection may be idle between frames.
+//!   stops in the middle of a frame for that long, or takes a batch of answers slower than
+//!   that plus a second for every [`ANSWER_RATE_MIN_BYTES_PER_S`] of it, is closed. An
+//!   established connection may be idle between frames.
 //! - When the connection ends, queued answers are dropped (with their reservations), answers
 //!   still being built are dropped when they complete, and the services are told at once
 //!   (group members on it leave, its answer budget closes).
@@ -38,13 +39,16 @@ use crate::protocol::{encode_error, ErrorBody, ErrorCode, FrameDecoder, FrameLim
 const CONN_IN_FLIGHT_MAX: usize = 1024;
 /// Bytes gathered into one socket write.
 const CONN_WRITE_BATCH_BYTES: usize = 1 << 20;
+/// The slowest a peer may take its answers: a batch of answers must go out within the
+/// connection timeout plus a second for every this many bytes of it.
+pub const ANSWER_RATE_MIN_BYTES_PER_S: u64 = 64 << 10;
 /// Receive buffer of a connection between large frames.
 pub const CONN_READ_BUFFER_BYTES: usize = 64 * 1024;
 /// Answer bytes queued for one connection past which its requests are not read.
 pub const CONN_QUEUED_BYTES_MAX: usize = 16 << 20;
 /// Default of `--conn-timeout-ms`: a new connection must send a whole frame within this
-/// time; one that stops in the middle of a frame, or takes none of the bytes written to it,
-/// for this long is closed.
+/// time; one that stops in the middle of a frame for this long, or takes a batch of answers
+/// slower than this plus a second for every [`ANSWER_RATE_MIN_BYTES_PER_S`], is closed.
 pub const CONN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// How long a connection waits before it looks again for room in the shard's read budget.
 const READ_BUDGET_RETRY_MS: u64 = 5;
@@ -298,13 +302,10 @@ fn send_now(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<usize> {
 /// Writes the answers' parts (frame heads, stored records where they were read) to the
 /// socket in order: vectored writes while the socket has room; when it has none, the
 /// runtime's write waits for room.
-/// Writes `answers` whole. A peer that takes none of the bytes for `stall_ms` is stalled
-/// (`TimedOut`); one that takes them slowly is not cut off while it takes some.
 async fn write_parts(
     fd: RawFd,
     writer: &mut (impl futures_lite::AsyncWrite + Unpin),
     answers: &[Answer],
-    stall_ms: u64,
 ) -> io::Result<()> {
     let mut iov: Vec<IoSlice<'_>> = answers
         .iter()
@@ -316,12 +317,7 @@ async fn write_parts(
     while let Some(first) = rest.first() {
         let n = match send_now(fd, rest) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match within(stall_ms, writer.write(first)).await {
-                    Some(written) => written?,
-                    None => return Err(io::ErrorKind::TimedOut.into()),
-                }
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writer.write(first).await?,
             Err(e) => return Err(e),
         };
         if n == 0 {
@@ -361,12 +357,18 @@ async fn write_answers(
             written += next.len();
             sent.push(next);
         }
-        let result = write_parts(fd, &mut writer, &sent, stall_ms).await;
+        // The peer has `stall_ms`, and a second more for every 64 KiB of the batch, to take
+        // it: one reading slowly but steadily is not cut off in the middle of a large
+        // answer (one batch), and one that trickles cannot hold the connection's room for
+        // answers for ever.
+        let allowed_ms =
+            (stall_ms).saturating_add(written as u64 * 1000 / ANSWER_RATE_MIN_BYTES_PER_S);
+        let result = within(allowed_ms, write_parts(fd, &mut writer, &sent)).await;
         // Written (or not): their reservations go back either way.
         sent.clear();
         outbox.bytes.set(outbox.bytes.get().saturating_sub(written));
         outbox.space.notify_waiters();
-        if result.is_err() {
+        if !matches!(result, Some(Ok(()))) {
             // A broken or stalled peer: nothing more is written.
             outbox.close();
             let _ = writer.close().await;
@@ -684,7 +686,7 @@ mod tests {
             let (stream, fd, reader) = slow_reader(Duration::from_micros(50)).await;
             let (_, mut writer) = futures_lite::io::split(stream);
             let answers: Vec<Answer> = answers.into_iter().map(Answer::from).collect();
-            write_parts(fd, &mut writer, &answers, 60_000)
+            write_parts(fd, &mut writer, &answers)
                 .await
                 .expect("written");
             writer.close().await.expect("closed");
@@ -696,9 +698,10 @@ mod tests {
     }
 
     /// A peer that reads slowly but steadily (1 MB/s through a small socket buffer) is not
-    /// taken for stalled: the stall timeout (here 500 ms) is for a write that takes none of
-    /// the bytes, and every answer arrives though a batch of them takes twice that. Before,
-    /// the timeout covered a whole batch (1 MiB) and the connection was cut mid-answer.
+    /// taken for stalled: a batch of answers (1 MiB) may take the connection timeout (here
+    /// 500 ms) and a second for every 64 KiB, and every answer arrives though a batch takes
+    /// twice the timeout. Before, the timeout alone covered a whole batch and the
+    /// connection was cut mid-answer.
     #[test]
     fn a_slow_reader_that_keeps_reading_is_not_cut_off() {
         let answers: Vec<Vec<u8>> = (0..20u32).map(|i| vec![i as u8; 100 << 10]).collect();

@@ -153,7 +153,7 @@ impl LockTable {
 
     /// Unlocks the queues `client_id` holds among `queues` unless it locked them again
     /// after this request was made (`stamp`); queues held by others (or by nobody) are left
-    /// alone. A given-up lock stays, free, until taken or purged: a lock request of the
+    /// alone. A given-up lock stays, free, until taken or its lock expiry: a lock request of the
     /// client made before this one does not take the queue again.
     pub fn unlock_batch(
         &mut self,
@@ -242,7 +242,8 @@ impl LockTable {
         }
     }
 
-    /// Locks held now (given-up and expired entries kept until purged are not counted).
+    /// Locks held now (given-up entries, kept for the lock expiry, and expired ones kept
+    /// until purged are not counted).
     pub fn live_len(&self, now_ms: u64) -> usize {
         self.locks
             .values()
@@ -286,12 +287,17 @@ impl LockTable {
         self.retain_locks(|l| l.is_live(now_ms) || l.expires_ms == 0 && remembered(l.stamp));
     }
 
-    /// Forgets the given-up locks too, before their lock expiry: room for another group's
-    /// locks at the `--groups-max` cap. A lock request of a client made before its unlock
-    /// of one of them and arriving after this can then take the queue again (held by
-    /// nobody consuming until it lapses; never two holders).
+    /// Forgets the groups whose locks were all given up (or lapsed), before their lock
+    /// expiry: room for another group's locks at the `--groups-max` cap. A lock request of
+    /// a client made before its unlock of one of them and arriving after this can then take
+    /// the queue again (held by nobody consuming until it lapses; never two holders).
+    /// Groups holding a live lock keep their given-up ones.
     pub fn forget_given_up(&mut self, now_ms: u64) {
-        self.retain_locks(|l| l.is_live(now_ms));
+        self.locks.retain(|_, topics| {
+            (topics.values())
+                .flat_map(BTreeMap::values)
+                .any(|l| l.is_live(now_ms))
+        });
     }
 
     fn retain_locks(&mut self, keep: impl Fn(&Lock) -> bool) {
@@ -304,17 +310,19 @@ impl LockTable {
         });
     }
 
-    /// Whether `group` holds (or held, until purged) a lock here.
+    /// Whether `group` holds a lock here (or held one: given up within the lock expiry, or
+    /// lapsed and not purged yet).
     pub fn has_group(&self, group: &str) -> bool {
         self.locks.contains_key(group)
     }
 
-    /// Groups with locks here, expired ones included until purged.
+    /// Groups with locks here, given-up and expired ones included as in
+    /// [`has_group`](Self::has_group).
     pub fn group_count(&self) -> usize {
         self.locks.len()
     }
 
-    /// Entries kept, expired ones included until purged.
+    /// Entries kept, given-up and expired ones included as in [`has_group`](Self::has_group).
     pub fn len(&self) -> usize {
         self.locks
             .values()
@@ -520,11 +528,15 @@ mod tests {
         assert_eq!(t.live_len(600), 0);
         t.purge_expired(20 + EXPIRY);
         assert!(t.is_empty(), "forgotten past the lock expiry");
-        // Forgotten at once when another group's locks need the room.
+        // Forgotten at once when another group's locks need the room, unless the group
+        // holds a live lock (its place is not freed anyway).
         t.lock_batch("g", "t", &[0], "a", 0, at(0));
         t.unlock_batch("g", "t", &[0], "a", at(20));
+        t.lock_batch("h", "t", &[0, 1], "b", 0, at(0));
+        t.unlock_batch("h", "t", &[0], "b", at(20));
         t.forget_given_up(30);
-        assert!(t.is_empty());
+        assert_eq!((t.group_count(), t.len()), (1, 2));
+        assert!(t.lock_batch("h", "t", &[0], "b", 40, at(10)).is_empty());
     }
 
     #[test]
