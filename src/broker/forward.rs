@@ -41,7 +41,7 @@ impl ShardCtx {
         } = at;
         let largest = frame_max as usize;
         Handled::Later(Box::pin(async move {
-            let ask = |bytes, poll, timeout_ms| {
+            let ask = |bytes, poll| {
                 let body = MeshRequest::Frame {
                     bytes,
                     peer,
@@ -49,13 +49,15 @@ impl ShardCtx {
                     frame_max,
                     poll,
                 };
-                ctx.forwarded_call(to, (body, request_id, conn), timeout_ms, kind)
+                ctx.forwarded_call(to, conn, body, timeout_ms, kind)
             };
+            let failed =
+                |e: ErrorBody| (!oneway).then(|| Answer::from(error_frame(request_id, &e)));
             let read_step = if kind == Forward::LongPoll {
                 // A pull's frame is small: copied for this step.
-                let waited = match ask(frame_bytes.clone(), PollStep::Wait, timeout_ms).await? {
+                let waited = match ask(frame_bytes.clone(), PollStep::Wait).await? {
                     Ok(frame) => frame,
-                    Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
+                    Err(e) => return failed(e),
                 };
                 if !records_ready(&ctx, &waited) {
                     // A status (no records, an error, a position moved): the answer.
@@ -65,21 +67,21 @@ impl ShardCtx {
             } else {
                 PollStep::Whole
             };
-            let mut hold = if carries_records {
+            let hold = if carries_records {
                 match ctx.answers.reserve(conn, largest).await {
                     // Its connection closed while it waited for room: nobody to answer.
                     Ok(_) if ctx.conn_closed(conn) => return None,
                     Ok(hold) => Some(hold),
-                    Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
+                    Err(e) => return failed(e),
                 }
             } else {
                 None
             };
-            let frame = match ask(frame_bytes, read_step, timeout_ms).await? {
+            let frame = match ask(frame_bytes, read_step).await? {
                 Ok(frame) => frame,
-                Err(e) => return (!oneway).then(|| Answer::from(error_frame(request_id, &e))),
+                Err(e) => return failed(e),
             };
-            Some(match hold.take() {
+            Some(match hold {
                 Some(mut hold) => {
                     hold.shrink_to(frame.len());
                     Answer::held(frame, hold)
@@ -89,14 +91,15 @@ impl ShardCtx {
         }))
     }
 
-    /// One call of [`forward`](Self::forward): the answer's frame; `None` when there is
-    /// no answer to give (none for a one-way request, or the connection closed). A
-    /// request with records ends with its connection here, as one of this shard's does,
-    /// and a long poll's shard is told so: its poll ends too.
+    /// One call of [`forward`](Self::forward) for connection `conn`: the answer's frame;
+    /// `None` when there is no answer to give (none for a one-way request, or the
+    /// connection closed). A request with records ends with its connection here, as one of
+    /// this shard's does, and a long poll's shard is told so: its poll ends too.
     async fn forwarded_call(
         self: &Rc<Self>,
         to: u32,
-        (body, request_id, conn): (MeshRequest, u64, u64),
+        conn: u64,
+        body: MeshRequest,
         timeout_ms: u64,
         kind: Forward,
     ) -> Option<Result<Vec<u8>, ErrorBody>> {
@@ -120,9 +123,9 @@ impl ShardCtx {
         Some(match called {
             Ok(MeshReply::Frame(f)) if f.is_empty() => return None,
             Ok(MeshReply::Frame(f)) => Ok(f),
-            Ok(other) => Ok(error_frame(
-                request_id,
-                &err(ErrorCode::Internal, format!("unexpected reply {other:?}")),
+            Ok(other) => Err(err(
+                ErrorCode::Internal,
+                format!("unexpected reply {other:?}"),
             )),
             Err(e) => Err(e),
         })
