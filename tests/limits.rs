@@ -166,6 +166,50 @@ fn one_connection_carries_members_of_at_most_64_groups() {
     });
 }
 
+/// Group members count their bytes (ids, subscriptions, strategies) against
+/// `--group-members-mb` on their coordinator: a heartbeat that would join or grow a member
+/// past it is refused with a typed error naming the flag, members already in keep
+/// refreshing, and a member that leaves frees its bytes.
+#[test]
+fn group_members_past_the_shards_memory_budget_are_refused_until_one_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--group-members-mb", "1"]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        // About 620 KB held: one fits in 1 MiB, two do not.
+        let tag = "x".repeat(3000);
+        let large = MemberSpec {
+            subscriptions: (0..200)
+                .map(|i| (format!("t{i}"), tag.as_str().into()))
+                .collect(),
+            ..MemberSpec::default()
+        };
+        let small = MemberSpec {
+            subscriptions: vec![("t0".into(), "*".into())],
+            ..MemberSpec::default()
+        };
+        client.group_heartbeat("a", &large).await.unwrap();
+        let (c, m) = code(client.group_heartbeat("b", &large).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--group-members-mb"), "{m}");
+        assert!(client.group_members("b").await.unwrap().members.is_empty());
+        // What is in goes on, and a member that still fits joins.
+        client.group_heartbeat("a", &large).await.unwrap();
+        client.group_heartbeat("b", &small).await.unwrap();
+        // A member may not grow past it either; it stays in as it was.
+        let (c, m) = code(client.group_heartbeat("b", &large).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert_eq!(client.group_members("b").await.unwrap().members.len(), 1);
+        client.group_heartbeat("b", &small).await.unwrap();
+        // a leaves: its bytes are free for b.
+        client.unregister("a").await.unwrap();
+        client.group_heartbeat("b", &large).await.unwrap();
+        let (c, _) = code(client.group_heartbeat("a", &large).await);
+        assert_eq!(c, ErrorCode::LimitReached, "b holds them now");
+    });
+}
+
 #[test]
 fn queues_of_all_topics_are_capped() {
     let dir = tempfile::tempdir().unwrap();

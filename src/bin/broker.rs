@@ -95,6 +95,11 @@ struct Cli {
     /// group gets LimitReached (`ringmq group delete` frees one) [default: 4096]
     #[arg(long)]
     groups_max: Option<usize>,
+    /// MiB of consumer-group members (client ids, subscriptions, by-config strategies) each
+    /// shard coordinates; a heartbeat that would join or grow a member past it gets
+    /// LimitReached, refreshes of members already in go on [default: 256]
+    #[arg(long, value_name = "MIB")]
+    group_members_mb: Option<u64>,
     /// Most queues of all topics together (each maps a file while in use); lowered at
     /// start-up to half of the kernel's vm.max_map_count, with a line saying so
     /// [default: 30000]
@@ -251,6 +256,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.groups_max {
         cfg.groups_max = v;
+    }
+    if let Some(v) = cli.group_members_mb {
+        cfg.group_members_mb = v;
     }
     if let Some(v) = cli.queues_max {
         cfg.queues_max = v;

@@ -2,7 +2,7 @@
 //! pushed to members at once on every change, queue locks kept by the owning shards and
 //! released at once when a member leaves, offset resets and consumer progress.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 
 use super::groups::{
@@ -373,20 +373,30 @@ impl ShardCtx {
                         ),
                     ));
                 }
+                let over = ctx.members_over_budget(&groups, &h.group, &member);
                 let (state, extra) = groups
                     .entry(h.group.clone())
                     .or_insert_with(|| ctx.new_group(&h.group));
-                if let Err(e) = state.check_heartbeat(&member) {
+                let refused = match state.check_heartbeat(&member) {
+                    Err(e) => Some(err(
+                        match e {
+                            super::groups::GroupError::ClientIdInUse { .. } => {
+                                ErrorCode::ClientIdInUse
+                            }
+                            super::groups::GroupError::GroupFull { .. } => ErrorCode::LimitReached,
+                            _ => ErrorCode::InvalidMessage,
+                        },
+                        e.to_string(),
+                    )),
+                    Ok(()) => over,
+                };
+                if let Some(e) = refused {
                     // A refused first heartbeat must not leave an empty group behind (one
                     // whose offsets were reset stays: its epoch is the one members need).
                     if state.is_empty() && !extra.had_reset() {
                         groups.remove(&h.group);
                     }
-                    let code = match e {
-                        super::groups::GroupError::ClientIdInUse { .. } => ErrorCode::ClientIdInUse,
-                        _ => ErrorCode::InvalidMessage,
-                    };
-                    return Err(err(code, e.to_string()));
+                    return Err(e);
                 }
                 let changed = state.heartbeat(member, steady_ms());
                 if changed {
@@ -408,6 +418,38 @@ impl ShardCtx {
             Ok(Response::Assignment(
                 ctx.assignment_of(&h.group, &h.client_id)?,
             ))
+        })
+    }
+
+    /// The refusal of a heartbeat that would take this shard's group members past
+    /// `--group-members-mb`, if it would: one that joins a member or makes one larger. A
+    /// member that stays as large (its refreshes) always goes on.
+    fn members_over_budget(
+        &self,
+        groups: &HashMap<String, (GroupState, GroupExtra)>,
+        group: &str,
+        member: &MemberInfo,
+    ) -> Option<ErrorBody> {
+        let before = groups
+            .get(group)
+            .and_then(|(s, _)| s.member(&member.client_id))
+            .map_or(0, MemberInfo::held_bytes);
+        let after = member.held_bytes();
+        if after <= before {
+            return None;
+        }
+        let held: usize = groups.values().map(|(s, _)| s.held_bytes()).sum();
+        let max = self.cfg.group_members_bytes_max;
+        (held - before + after > max).then(|| {
+            err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} holds {held} bytes of consumer-group members, its limit is {max} \
+                     (--group-members-mb); member {} of group {group} ({after} bytes) cannot \
+                     join or grow until members leave",
+                    self.id, member.client_id
+                ),
+            )
         })
     }
 

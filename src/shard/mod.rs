@@ -52,6 +52,8 @@ pub const AUTO_CREATE_TOPICS_MAX_DEFAULT: usize = 1024;
 pub const QUEUES_MAX_DEFAULT: usize = 30_000;
 /// Default of `--groups-max`.
 pub const GROUPS_MAX_DEFAULT: usize = 4096;
+/// Default of `--group-members-mb`.
+pub const GROUP_MEMBERS_MB_DEFAULT: u64 = 256;
 /// Bounds of `--session-timeout-ms`.
 const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
 const SESSION_TIMEOUT_MS_MAX: u64 = 600_000;
@@ -120,6 +122,9 @@ pub struct BrokerConfig {
     /// Most consumer groups one shard coordinates, and most groups whose committed offsets
     /// one shard keeps.
     pub groups_max: usize,
+    /// MiB of consumer-group members (client ids, subscriptions, strategies) one shard
+    /// coordinates; a heartbeat that would add past it is refused.
+    pub group_members_mb: u64,
     /// Most queues of all topics together (each maps a file while in use); lowered at
     /// start-up to half the kernel's `vm.max_map_count`.
     pub queues_max: usize,
@@ -195,6 +200,7 @@ impl Default for BrokerConfig {
             topics_max: TOPICS_MAX_DEFAULT,
             auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
             groups_max: GROUPS_MAX_DEFAULT,
+            group_members_mb: GROUP_MEMBERS_MB_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
             index_idle_close_ms: crate::store::INDEX_IDLE_CLOSE_MS_DEFAULT,
             transaction_timeout_ms: crate::broker::transaction::TRANSACTION_TIMEOUT_MS_DEFAULT,
@@ -390,6 +396,11 @@ impl Broker {
             if v == 0 {
                 return Err(BrokerError::Config(format!("{name} must be at least 1")));
             }
+        }
+        if cfg.group_members_mb == 0 {
+            return Err(BrokerError::Config(
+                "group-members-mb must be at least 1".into(),
+            ));
         }
         if cfg.schedule_pending_max == 0 {
             return Err(BrokerError::Config(
@@ -838,6 +849,8 @@ async fn shard_main(
         topics_max: cfg.topics_max,
         auto_create_topics_max: cfg.auto_create_topics_max,
         groups_max: cfg.groups_max,
+        group_members_bytes_max: usize::try_from(cfg.group_members_mb.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX),
         queues_max: cfg.queues_max,
         transaction_timeout_ms: cfg.transaction_timeout_ms,
         transaction_check_interval_ms: cfg.transaction_check_interval_ms,

@@ -80,6 +80,40 @@ pub struct MemberInfo {
     pub connection: u64,
 }
 
+/// What one entry of a `BTreeMap` costs beyond its key and value, about: the coordinator's
+/// member table and a by-config strategy's client table ([`MemberInfo::held_bytes`]).
+const MAP_ENTRY_BYTES: usize = 32;
+
+impl MemberInfo {
+    /// About the memory the coordinator holds for this member once it has joined: its
+    /// entry in the member table (the id twice, as key and in the info), its
+    /// subscriptions and a by-config strategy's table. What `--group-members-mb` counts.
+    pub fn held_bytes(&self) -> usize {
+        let subscriptions: usize = self
+            .subscriptions
+            .iter()
+            .map(|s| std::mem::size_of::<Subscription>() + s.topic.len() + s.expression.len())
+            .sum();
+        let strategy: usize = match &self.strategy {
+            Strategy::ByConfig(config) => config
+                .iter()
+                .map(|(client, queues)| {
+                    MAP_ENTRY_BYTES
+                        + std::mem::size_of::<(String, Vec<u32>)>()
+                        + client.len()
+                        + std::mem::size_of_val(queues.as_slice())
+                })
+                .sum(),
+            _ => 0,
+        };
+        MAP_ENTRY_BYTES
+            + std::mem::size_of::<(String, Member)>()
+            + 2 * self.client_id.len()
+            + subscriptions
+            + strategy
+    }
+}
+
 /// Why a heartbeat is refused ([`GroupState::check_heartbeat`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GroupError {
@@ -115,6 +149,8 @@ pub struct GroupState {
     members: BTreeMap<String, Member>,
     generation: u64,
     declarations: u64,
+    /// [`MemberInfo::held_bytes`] of all members.
+    held_bytes: usize,
 }
 
 static STRATEGY_WITHOUT_MEMBERS: Strategy = Strategy::Averagely;
@@ -127,6 +163,7 @@ impl GroupState {
             members: BTreeMap::new(),
             generation: 0,
             declarations: 0,
+            held_bytes: 0,
         }
     }
 
@@ -238,8 +275,10 @@ impl GroupState {
         if declares {
             self.declarations += 1;
         }
+        self.held_bytes += m.held_bytes();
         let changed = match self.members.get_mut(&m.client_id) {
             Some(member) => {
+                self.held_bytes -= member.info.held_bytes();
                 let subscriptions_changed = member.info.subscriptions != m.subscriptions;
                 if declares {
                     member.declared = self.declarations;
@@ -267,7 +306,7 @@ impl GroupState {
 
     /// The member leaves (it said goodbye). Returns whether it was a member.
     pub fn unregister(&mut self, client_id: &str) -> bool {
-        let left = self.members.remove(client_id).is_some();
+        let left = self.remove(client_id);
         if left {
             self.bump();
         }
@@ -318,6 +357,12 @@ impl GroupState {
 
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
+    }
+
+    /// [`MemberInfo::held_bytes`] of all members: what the group counts against its
+    /// coordinator's `--group-members-mb`.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     /// Where member `client_id` subscribes to a topic with another expression than another
@@ -436,6 +481,16 @@ impl GroupState {
         self.members.values().max_by_key(|m| m.declared)
     }
 
+    fn remove(&mut self, client_id: &str) -> bool {
+        match self.members.remove(client_id) {
+            Some(m) => {
+                self.held_bytes -= m.info.held_bytes();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn remove_where(&mut self, leaves: impl Fn(&Member) -> bool) -> Vec<String> {
         let gone: Vec<String> = self
             .members
@@ -444,7 +499,7 @@ impl GroupState {
             .map(|m| m.info.client_id.clone())
             .collect();
         for id in &gone {
-            self.members.remove(id);
+            self.remove(id);
         }
         if !gone.is_empty() {
             self.bump();
@@ -752,6 +807,36 @@ mod tests {
             Err(GroupError::GroupFull { .. })
         ));
         assert_eq!(g.check_heartbeat(&member("m0", &["t"])), Ok(()));
+    }
+
+    /// The bytes a group counts against `--group-members-mb` follow its members: a join
+    /// adds, a changed heartbeat replaces, and every way of leaving takes its share back.
+    #[test]
+    fn a_groups_held_bytes_follow_its_members() {
+        let mut g = GroupState::new("g".into(), TIMEOUT);
+        assert_eq!(g.held_bytes(), 0);
+        let small = member("a", &["t"]);
+        let mut large = member("a", &["t", "u", "v"]);
+        large.subscriptions[0].expression = "x".repeat(4000);
+        large.strategy = Strategy::ByConfig([("a".to_owned(), (0..1000).collect())].into());
+        assert!(large.held_bytes() > small.held_bytes() + 4000 + 4000);
+        join(&mut g, small.clone(), 0);
+        assert_eq!(g.held_bytes(), small.held_bytes());
+        join(&mut g, large.clone(), 1);
+        assert_eq!(g.held_bytes(), large.held_bytes(), "replaced, not added");
+        // The same topic twice counts once, as it is kept once.
+        let mut twice = member("b", &["t", "t"]);
+        twice.connection = 2;
+        join(&mut g, twice, 1);
+        let b = member("b", &["t"]).held_bytes();
+        assert_eq!(g.held_bytes(), large.held_bytes() + b);
+        assert!(g.unregister("a"));
+        assert_eq!(g.held_bytes(), b);
+        join(&mut g, member("c", &["t"]), 1);
+        assert_eq!(g.connection_closed(2), vec!["b".to_owned()]);
+        assert_eq!(g.held_bytes(), member("c", &["t"]).held_bytes());
+        assert_eq!(g.expire(1 + TIMEOUT + 1), vec!["c".to_owned()]);
+        assert_eq!(g.held_bytes(), 0);
     }
 
     #[test]
