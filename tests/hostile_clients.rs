@@ -577,3 +577,71 @@ fn forwarded_long_polls_hold_no_answer_room_while_they_wait() {
     });
     drop(polls);
 }
+
+/// Requests sent to another shard than their queue's owner (a client that is not shard
+/// aware) are copied and held until the owner answers. Each connection's requests in flight
+/// are bounded by count (1,024); their bytes are bounded by the shard's budget of held
+/// requests (256 MiB): past it, such a request is refused at once with `BrokerBusy`
+/// instead of being held too. Before, one connection could have its shard hold 1,024 of
+/// the largest frames (5 GiB) while the owner's disk was slow.
+#[test]
+fn sends_held_for_another_shard_are_bounded_in_bytes() {
+    use ringmq::client::Client;
+    use ringmq::protocol::{route::owner, Handshake};
+    let dir = tempfile::tempdir().unwrap();
+    // The owner's first write takes 10 s: what is forwarded to it waits for its answer.
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--testing-write-delay-us",
+            "10000000",
+            "--send-backlog-max-mb",
+            "2048",
+            "--send-wait-max-ms",
+            "60000",
+        ],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(addr.as_str())).await;
+        client.unwrap().create_topic("far", 8).await.unwrap();
+    });
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    let shard = match common::raw::answer_on(&mut conn, Handshake::new("far").into()) {
+        Some(Response::HandshakeOk(h)) => h.shard_id,
+        other => panic!("{other:?}"),
+    };
+    let queue = (0..8).find(|&q| owner("far", q, 2) != shard).unwrap();
+    // 80 sends of 3.5 MiB: 73 fit in 256 MiB.
+    let body = vec![b'x'; 3584 << 10];
+    for id in 0..80 {
+        let send = common::raw::send_to("far", queue as i32, &body);
+        conn.write_all(&frame(send.into(), id)).unwrap();
+    }
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let refused = common::raw::read_answers(&mut conn, 7);
+    for (id, answer) in refused {
+        assert!(id >= 73, "send {id} refused");
+        let (code, message) = common::raw::error_of(answer);
+        assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
+        assert!(message.contains("waiting for another shard"), "{message}");
+    }
+    // A send whose queue the broker is to choose is kept too, on that shard's budget.
+    let mut other = loop {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        match common::raw::answer_on(&mut c, Handshake::new("far").into()) {
+            Some(Response::HandshakeOk(h)) if h.shard_id == shard => break c,
+            Some(Response::HandshakeOk(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    };
+    other
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let any = ringmq::protocol::QUEUE_ID_ANY;
+    let send = common::raw::send_to("far", any, vec![b'y'; 1 << 20]);
+    common::raw::write(&mut other, 1, send.into());
+    let (code, message) = common::raw::error_of(common::raw::read_answer(&mut other));
+    assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
+}

@@ -97,6 +97,69 @@ impl From<Vec<u8>> for Answer {
     }
 }
 
+/// Bytes of requests one shard holds copied while they wait, at least; raised to hold eight
+/// of the largest frames.
+pub const SHARD_HELD_REQUEST_BYTES_MIN: usize = 256 << 20;
+
+/// The requests a shard holds copied while they wait, all connections together: frames
+/// passed on to another shard until its answer comes (a client that sends a queue's
+/// requests to another shard than its owner, as a client that is not shard aware does),
+/// and sends kept until their topic is known or their turn in its line comes. Each
+/// connection's requests in flight are bounded by count; this bounds their bytes. Past it
+/// such a request is refused at once with `BrokerBusy` (it is not read into the budget
+/// and then waited on: the copy is what the budget counts).
+pub struct HeldRequests {
+    used: Cell<usize>,
+    max: usize,
+}
+
+/// A request's bytes in [`HeldRequests`]; dropping it gives them back.
+pub struct HeldRequest {
+    of: Rc<HeldRequests>,
+    bytes: usize,
+}
+
+impl Drop for HeldRequest {
+    fn drop(&mut self) {
+        self.of.used.set(self.of.used.get() - self.bytes);
+    }
+}
+
+impl HeldRequests {
+    pub fn new(frame_bytes_max: usize) -> Rc<HeldRequests> {
+        Rc::new(HeldRequests {
+            used: Cell::new(0),
+            max: SHARD_HELD_REQUEST_BYTES_MIN.max(frame_bytes_max.saturating_mul(8)),
+        })
+    }
+
+    /// Takes `bytes` for a request held on shard `shard`, or refuses it.
+    pub fn hold(self: &Rc<Self>, bytes: usize, shard: u32) -> Result<HeldRequest, ErrorBody> {
+        let used = self.used.get();
+        if used.saturating_add(bytes) > self.max {
+            return Err(err(
+                ErrorCode::BrokerBusy,
+                format!(
+                    "shard {shard} holds {used} bytes of requests waiting for another shard or \
+                     for their topic, its limit is {}; send again shortly (a shard-aware client sends each queue's requests \
+                     to its own shard, which holds none)",
+                    self.max
+                ),
+            ));
+        }
+        self.used.set(used + bytes);
+        Ok(HeldRequest {
+            of: self.clone(),
+            bytes,
+        })
+    }
+
+    #[cfg(test)]
+    fn used(&self) -> usize {
+        self.used.get()
+    }
+}
+
 /// A reservation of answer bytes; dropping it gives them back.
 pub struct AnswerHold {
     conn: Option<OwnedSemaphorePermit>,
@@ -358,6 +421,34 @@ impl AnswerBudgets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_requests_past_the_budget_are_refused_and_their_bytes_come_back_when_dropped() {
+        let held = HeldRequests::new(1 << 20);
+        let first = held.hold(200 << 20, 3).ok().unwrap();
+        let Err(e) = held.hold(100 << 20, 3) else {
+            panic!("300 MiB held in a 256 MiB budget")
+        };
+        assert_eq!(e.code, ErrorCode::BrokerBusy.as_u16());
+        assert!(
+            e.message.starts_with("shard 3 holds 209715200 bytes"),
+            "{e:?}"
+        );
+        let second = held.hold(56 << 20, 3).ok().unwrap();
+        assert_eq!(held.used(), 256 << 20);
+        drop(first);
+        assert_eq!(held.used(), 56 << 20);
+        assert!(held.hold(200 << 20, 3).is_ok());
+        drop(second);
+        assert_eq!(held.used(), 0);
+        // Eight of the largest frames fit, whatever the floor.
+        let large = HeldRequests::new(64 << 20);
+        let eight: Vec<_> = (0..8)
+            .map(|_| large.hold(64 << 20, 0).ok().unwrap())
+            .collect();
+        assert!(large.hold(1, 0).is_err());
+        drop(eight);
+    }
 
     #[test]
     fn reservations_wait_for_room_and_fail_once_the_connection_closes() {

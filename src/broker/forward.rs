@@ -1,6 +1,7 @@
-//! Requests passed on to the shard that handles them: the frame as it came, its answer
-//! back as the bytes to write. Room for an answer with records is reserved here first; a
-//! pull runs there in two steps ([`PollStep`]).
+//! Requests passed on to the shard that handles them: the frame as it came (its copy held
+//! in the shard's [`HeldRequests`](super::answer::HeldRequests)), its answer back as the
+//! bytes to write. Room for an answer with records is reserved here first; a pull runs
+//! there in two steps ([`PollStep`]).
 
 use std::rc::Rc;
 
@@ -28,6 +29,14 @@ impl ShardCtx {
         kind: Forward,
     ) -> Handled {
         let carries_records = kind != Forward::Plain;
+        let held = match self.held.hold(at.bytes.len(), self.id) {
+            Ok(held) => held,
+            Err(e) => {
+                self.count_error(&e);
+                let answer = (!at.oneway).then(|| Answer::from(error_frame(at.request_id, &e)));
+                return Handled::Now(answer);
+            }
+        };
         self.stats.forwarded.set(self.stats.forwarded.get() + 1);
         let ctx = self.clone();
         let frame_bytes = at.bytes.to_vec();
@@ -41,6 +50,7 @@ impl ShardCtx {
         } = at;
         let largest = frame_max as usize;
         Handled::Later(Box::pin(async move {
+            let _held = held;
             let ask = |bytes, poll| {
                 let body = MeshRequest::Frame {
                     bytes,

@@ -45,7 +45,7 @@ use crate::log::{FlushMode, LogError};
 use crate::protocol::route::owner;
 use crate::protocol::*;
 use crate::store::{MessageStore, StoreError};
-use answer::{Answer, AnswerBudgets};
+use answer::{Answer, AnswerBudgets, HeldRequests};
 use forward::Forward;
 pub use forward::PollStep;
 use group_service::{GroupExtra, CONN_SHARD_SHIFT};
@@ -182,6 +182,8 @@ pub struct ShardCtx {
     offsets_io: tokio::sync::Mutex<()>,
     /// Bytes of record-carrying answers, per connection and for the shard.
     answers: AnswerBudgets,
+    /// Requests held copied while they wait for another shard or for their topic.
+    held: Rc<HeldRequests>,
     /// Sends waiting for the disk, oldest first: the log offset their acknowledgement waits
     /// for, when they were appended, and the log's cut count then (flow control,
     /// `produce.rs`).
@@ -335,6 +337,7 @@ impl ShardCtx {
             snapshotting: tokio::sync::Mutex::new(()),
             offsets_io: tokio::sync::Mutex::new(()),
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
+            held: HeldRequests::new(cfg_frame_bytes_max),
             sql_filters: RefCell::new(HashMap::new()),
             txn: RefCell::new(transaction::Transactions::default()),
             waiting_sends: RefCell::new(std::collections::VecDeque::new()),

@@ -122,6 +122,20 @@ impl<'a> SendItem<'a> {
 }
 
 impl OwnedItem {
+    /// Copies of `items`, kept across a wait, their bytes held in shard `ctx`'s budget of
+    /// held requests ([`HeldRequests`](super::answer::HeldRequests)); refused past it.
+    fn keep(
+        ctx: &ShardCtx,
+        items: &[SendItem<'_>],
+    ) -> Result<(Vec<OwnedItem>, super::answer::HeldRequest), ErrorBody> {
+        let bytes: usize = items
+            .iter()
+            .map(|i| std::mem::size_of::<OwnedItem>() + i.properties.len() + i.body.len())
+            .sum();
+        let held = ctx.held.hold(bytes, ctx.id)?;
+        Ok((items.iter().map(OwnedItem::of).collect(), held))
+    }
+
     fn of(i: &SendItem<'_>) -> OwnedItem {
         OwnedItem {
             flag: i.flag,
@@ -352,11 +366,15 @@ impl ShardCtx {
                 // Unknown topic (maybe auto-created) or a queue left to the broker. A named
                 // queue is this shard's (`send_in_place` forwards the others): the send keeps
                 // its place among the topic's sends while it waits.
+                let (items, held) = match OwnedItem::keep(self, items) {
+                    Ok(kept) => kept,
+                    Err(e) => return self.refuse(request_id, e),
+                };
                 let place = named.then(|| self.send_lines.place(topic));
                 let ctx = self.clone();
                 let topic = topic.to_owned();
-                let items: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
                 Handled::later(async move {
+                    let _held = held;
                     let items: Vec<SendItem<'_>> = items.iter().map(OwnedItem::borrow).collect();
                     let mut count = match ctx.ensure_topic(&topic).await {
                         Ok(c) => c,

@@ -56,11 +56,15 @@ impl ShardCtx {
         };
         let ask = self.id != 0 && checked.as_ref().is_err_and(missed);
         if ask || self.send_lines.has(topic) {
+            let (owned, held) = match OwnedItem::keep(self, items) {
+                Ok(kept) => kept,
+                Err(e) => return self.refuse(request_id, e),
+            };
             let place = self.send_lines.place(topic);
             let ctx = self.clone();
             let topic = topic.to_owned();
-            let owned: Vec<OwnedItem> = items.iter().map(OwnedItem::of).collect();
             return Handled::Later(Box::pin(async move {
+                let _held = held;
                 if ask {
                     // Not found here either is check_multi's error, given again below.
                     let _ = ctx.refresh_topic(&topic).await;
