@@ -425,3 +425,33 @@ fn bad_sql_filters_are_refused_with_their_column_before_anything_is_read() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Each key of a message is an entry of the key index: a message has at most 64
+/// (`InvalidMessage` past them, single or in a batch), so a block of one-letter keys cannot
+/// grow the index many times faster than the log. Up to the bound, every key finds it.
+#[test]
+fn messages_with_more_keys_than_the_bound_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("k", 1).await.unwrap();
+        let keys = |n: usize| (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>();
+        let many = OutgoingMessage::new("many").with_keys(keys(65));
+        let e = producer.send("k", many.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidMessage), "{e}");
+        assert!(e.to_string().contains("65 keys"), "{e}");
+        let batch = vec![OutgoingMessage::new("ok"), many];
+        let e = producer.send_batch("k", batch).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidMessage), "{e}");
+        let enough = OutgoingMessage::new("enough").with_keys(keys(64));
+        producer.send("k", enough).await.unwrap();
+        for key in ["k0", "k63"] {
+            let found = producer.client().messages_by_key("k", key, 0, i64::MAX, 10);
+            let found = found.await.unwrap();
+            let bodies: Vec<&[u8]> = found.iter().map(|m| m.body()).collect();
+            assert_eq!(bodies, [&b"enough"[..]], "{key}");
+        }
+    });
+}

@@ -593,6 +593,86 @@ fn pulls_and_offset_requests_through_a_shard_that_missed_a_creation_ask_shard_0(
     }
 }
 
+/// Whether shard 1's `ringmq_sends_in_line` comes to `want` within 10 s (published every
+/// second).
+async fn sends_in_line_come_to(metrics: std::net::SocketAddr, want: f64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    tokio::task::spawn_blocking(move || loop {
+        let text = common::http_get(metrics, "/metrics");
+        // None until shard 1 has published once.
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("ringmq_sends_in_line{") && l.contains("shard=\"1\""));
+        if line.is_some_and(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() == want) {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    })
+    .await
+    .unwrap()
+}
+
+/// Sends that waited for their topic (shard 1 creates it through shard 0, whose answer
+/// comes late) or behind such a send in the topic's line are refused when the topic is
+/// deleted meanwhile (`Conflict`, `TopicNotFound`). Before, the one in line was appended to
+/// the queue being removed and acknowledged: a message acknowledged and gone with the
+/// topic.
+#[test]
+fn sends_waiting_for_their_topic_are_refused_when_it_is_deleted_meanwhile() {
+    use ringmq::protocol::route::owner;
+    use ringmq::protocol::Response;
+    use std::time::Instant;
+    const SLOW_MS: u64 = 5_000;
+    let topic = (0..)
+        .map(|i| format!("gone-{i}"))
+        .find(|t| owner(t, 0, 2) == 1)
+        .unwrap();
+    let fault = TopicChangeFault::SlowCreationAnswer(SLOW_MS);
+    let name = topic.clone();
+    let metrics = common::free_addr();
+    with_a_fault_and_metrics(&topic, fault, true, Some(metrics), |zero, one| async move {
+        let addr = one.client().config().broker.clone();
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        common::raw::write(&mut conn, 1, common::raw::send_to(&name, 0, "first").into());
+        let sent_at = Instant::now();
+        while !one.client().list_topics().await.unwrap().contains(&name) {
+            assert!(sent_at.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        common::raw::write(
+            &mut conn,
+            2,
+            common::raw::send_to(&name, 0, "second").into(),
+        );
+        assert!(
+            sends_in_line_come_to(metrics, 2.0).await,
+            "two sends in line"
+        );
+        zero.client().delete_topic(&name).await.unwrap();
+        assert!(
+            sent_at.elapsed() < Duration::from_millis(SLOW_MS),
+            "the test's premise: deleted while the first send waits"
+        );
+        let answers = tokio::task::spawn_blocking(move || common::raw::read_answers(&mut conn, 2));
+        for (id, answer) in answers.await.unwrap() {
+            // The first is told its creation was undone; the one in line, that the topic
+            // is not there.
+            let want = [ErrorCode::Conflict, ErrorCode::TopicNotFound][id as usize - 1];
+            match answer {
+                Response::Error(e) => assert_eq!(e.error_code(), Some(want), "{id}: {e}"),
+                other => panic!("send {id}: {other:?}"),
+            }
+        }
+        assert!(!zero.client().list_topics().await.unwrap().contains(&name));
+        assert!(!one.client().list_topics().await.unwrap().contains(&name));
+    });
+}
+
 /// Sends naming a queue are stored in the order they arrived even while the first of them
 /// waits for its shard to learn the topic. Here shard 1 creates the topic through shard 0
 /// (auto-create), whose answer comes late; a send pipelined after it on the same
@@ -616,24 +696,6 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
         properties: Vec::new(),
         body: bytes::Bytes::from_static(b"second"),
         born_timestamp_ms: 0,
-    };
-    // Whether shard 1's `ringmq_sends_in_line` comes to `want` (published every second).
-    let comes_to = |metrics: std::net::SocketAddr, want: f64| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        tokio::task::spawn_blocking(move || loop {
-            let text = common::http_get(metrics, "/metrics");
-            // None until shard 1 has published once.
-            let line = text
-                .lines()
-                .find(|l| l.starts_with("ringmq_sends_in_line{") && l.contains("shard=\"1\""));
-            if line.is_some_and(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() == want) {
-                return true;
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        })
     };
     for kind in ["single", "batch", "multi"] {
         let fault = TopicChangeFault::SlowCreationAnswer(SLOW_MS);
@@ -677,7 +739,7 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
             );
             conn.set_nonblocking(false).unwrap();
             common::raw::write(&mut conn, 2, second);
-            let two = comes_to(metrics, 2.0).await.unwrap();
+            let two = sends_in_line_come_to(metrics, 2.0).await;
             assert!(two, "{kind}: two sends in line");
             let answers =
                 tokio::task::spawn_blocking(move || common::raw::read_answers(&mut conn, 2));
@@ -695,7 +757,7 @@ fn a_send_arriving_while_an_earlier_one_learns_its_topic_is_stored_after_it() {
             let pulled = pulled.await.unwrap();
             let bodies: Vec<&[u8]> = pulled.messages.iter().map(|m| m.body()).collect();
             assert_eq!(bodies, [&b"first"[..], &b"second"[..]], "{kind}");
-            let gone = comes_to(metrics, 0.0).await.unwrap();
+            let gone = sends_in_line_come_to(metrics, 0.0).await;
             assert!(gone, "{kind}: the line is gone");
         });
     }

@@ -578,28 +578,46 @@ fn forwarded_long_polls_hold_no_answer_room_while_they_wait() {
     drop(polls);
 }
 
-/// Requests sent to another shard than their queue's owner (a client that is not shard
-/// aware) are copied and held until the owner answers. Each connection's requests in flight
-/// are bounded by count (1,024); their bytes are bounded by the shard's budget of held
-/// requests (256 MiB): past it, such a request is refused at once with `BrokerBusy`
-/// instead of being held too. Before, one connection could have its shard hold 1,024 of
-/// the largest frames (5 GiB) while the owner's disk was slow.
+/// A new connection, answered by shard `shard` of a broker of two.
+fn connection_on(addr: &str, shard: u32) -> TcpStream {
+    use ringmq::protocol::Handshake;
+    loop {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        match common::raw::answer_on(&mut conn, Handshake::new("on").into()) {
+            Some(Response::HandshakeOk(h)) if h.shard_id == shard => {
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                return conn;
+            }
+            Some(Response::HandshakeOk(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Requests sent to another shard than the one that handles them (a queue's sends from a
+/// client that is not shard aware) are copied and held until that shard answers. Each
+/// connection's requests in flight are bounded by count (1,024); their bytes are bounded
+/// per connection (32 MiB) and per shard (256 MiB for large requests, 32 MiB more for small
+/// ones): past either, such a request is refused at once with `BrokerBusy` instead of
+/// being held too. Before, one connection could have its shard hold 1,024 of the largest
+/// frames (5 GiB) while the owner's disk was slow; and small requests (a group heartbeat
+/// on a client's bootstrap connection) still pass once large ones fill the shard's part.
 #[test]
-fn sends_held_for_another_shard_are_bounded_in_bytes() {
+fn requests_held_for_another_shard_are_bounded_in_bytes() {
     use ringmq::client::Client;
-    use ringmq::protocol::{route::owner, Handshake};
+    use ringmq::protocol::route::owner;
     let dir = tempfile::tempdir().unwrap();
-    // The owner's first write takes 10 s: what is forwarded to it waits for its answer.
+    // The owner's first write takes 60 s: what is passed on to it waits for its answer.
     let broker = BrokerProcess::start(
         &dir.path().join("data"),
         2,
         &[
             "--testing-write-delay-us",
-            "10000000",
+            "60000000",
             "--send-backlog-max-mb",
             "2048",
             "--send-wait-max-ms",
-            "60000",
+            "120000",
         ],
     );
     let addr = broker.addr_string();
@@ -607,41 +625,57 @@ fn sends_held_for_another_shard_are_bounded_in_bytes() {
         let client = Client::connect(ClientConfig::new(addr.as_str())).await;
         client.unwrap().create_topic("far", 8).await.unwrap();
     });
-    let mut conn = TcpStream::connect(&addr).unwrap();
-    let shard = match common::raw::answer_on(&mut conn, Handshake::new("far").into()) {
-        Some(Response::HandshakeOk(h)) => h.shard_id,
-        other => panic!("{other:?}"),
-    };
-    let queue = (0..8).find(|&q| owner("far", q, 2) != shard).unwrap();
-    // 80 sends of 3.5 MiB: 73 fit in 256 MiB.
-    let body = vec![b'x'; 3584 << 10];
-    for id in 0..80 {
-        let send = common::raw::send_to("far", queue as i32, &body);
-        conn.write_all(&frame(send.into(), id)).unwrap();
-    }
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let refused = common::raw::read_answers(&mut conn, 7);
-    for (id, answer) in refused {
-        assert!(id >= 73, "send {id} refused");
-        let (code, message) = common::raw::error_of(answer);
-        assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
-        assert!(message.contains("waiting for another shard"), "{message}");
-    }
-    // A send whose queue the broker is to choose is kept too, on that shard's budget.
-    let mut other = loop {
-        let mut c = TcpStream::connect(&addr).unwrap();
-        match common::raw::answer_on(&mut c, Handshake::new("far").into()) {
-            Some(Response::HandshakeOk(h)) if h.shard_id == shard => break c,
-            Some(Response::HandshakeOk(_)) => {}
-            other => panic!("{other:?}"),
+    let (here, there) = (0, 1);
+    let queue = (0..8).find(|&q| owner("far", q, 2) == there).unwrap() as i32;
+    let body = vec![b'x'; 3 << 20];
+    let send = |id| frame(common::raw::send_to("far", queue, &body).into(), id);
+    let len = send(0).len();
+    let per_conn = (32 << 20) / len;
+    let shard_fit = (256 << 20) / len;
+    let refusals = |conn: &mut TcpStream, n: usize, first: usize, what: &str| {
+        for (id, answer) in common::raw::read_answers(conn, n) {
+            assert!(id as usize >= first, "send {id} refused");
+            let (code, message) = common::raw::error_of(answer);
+            assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
+            assert!(message.contains(what), "{message}");
         }
     };
-    other
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    // One connection: its share, then refusals.
+    let mut conns = vec![connection_on(&addr, here)];
+    for id in 0..per_conn + 2 {
+        conns[0].write_all(&send(id as u64)).unwrap();
+    }
+    refusals(&mut conns[0], 2, per_conn, "its share is");
+    // More connections, each its share, until the shard's part for large requests is full:
+    // the last one's sends past it are refused.
+    let mut held = per_conn;
+    while held + per_conn <= shard_fit {
+        let mut conn = connection_on(&addr, here);
+        for id in 0..per_conn {
+            conn.write_all(&send(id as u64)).unwrap();
+        }
+        held += per_conn;
+        conns.push(conn);
+    }
+    let mut last = connection_on(&addr, here);
+    for id in 0..per_conn {
+        last.write_all(&send(id as u64)).unwrap();
+    }
+    let over = held + per_conn - shard_fit;
+    refusals(&mut last, over, per_conn - over, "requests, its limit is");
+    // A small request passed on still goes: a pull of the other shard's queue (nothing is
+    // readable there while its first write waits).
+    let mut small = connection_on(&addr, here);
+    let mut pull = Pull::new("far", queue as u32, 0);
+    pull.max_wait_ms = 0;
+    common::raw::write(&mut small, 1, pull.into());
+    let answer = common::raw::read_answer(&mut small);
+    assert!(matches!(answer, Response::Pull(_)), "{answer:?}");
+    // A send whose queue the broker is to choose is kept on that shard's budget too.
     let any = ringmq::protocol::QUEUE_ID_ANY;
     let send = common::raw::send_to("far", any, vec![b'y'; 1 << 20]);
-    common::raw::write(&mut other, 1, send.into());
-    let (code, message) = common::raw::error_of(common::raw::read_answer(&mut other));
+    common::raw::write(&mut small, 2, send.into());
+    let (code, message) = common::raw::error_of(common::raw::read_answer(&mut small));
     assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
+    drop(conns);
 }

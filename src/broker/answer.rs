@@ -13,6 +13,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -100,58 +101,103 @@ impl From<Vec<u8>> for Answer {
 /// Bytes of requests one shard holds copied while they wait, at least; raised to hold eight
 /// of the largest frames.
 pub const SHARD_HELD_REQUEST_BYTES_MIN: usize = 256 << 20;
+/// Bytes of those one client connection may have held on a shard, at least; raised to hold
+/// two of the largest frames.
+pub const CONN_HELD_REQUEST_BYTES_MIN: usize = 32 << 20;
+/// The last this many bytes of a shard's budget are for requests of at most
+/// [`HELD_SMALL_REQUEST_BYTES`] (group heartbeats, locks, topic admin: what a shard-aware
+/// client's bootstrap connection has passed on), so large sends held for a slow shard do not
+/// refuse them.
+pub const HELD_RESERVE_BYTES: usize = 32 << 20;
+pub const HELD_SMALL_REQUEST_BYTES: usize = 64 << 10;
 
-/// The requests a shard holds copied while they wait, all connections together: frames
-/// passed on to another shard until its answer comes (a client that sends a queue's
-/// requests to another shard than its owner, as a client that is not shard aware does),
-/// and sends kept until their topic is known or their turn in its line comes. Each
-/// connection's requests in flight are bounded by count; this bounds their bytes. Past it
-/// such a request is refused at once with `BrokerBusy` (it is not read into the budget
-/// and then waited on: the copy is what the budget counts).
+/// The requests a shard holds copied while they wait: frames passed on to another shard
+/// until its answer comes (what a client sends to another shard than the one that handles
+/// it: a queue's sends from a client that is not shard aware, group and admin requests on a
+/// client's bootstrap connection), sends kept until their topic is known or their turn in
+/// its line comes, and messages sent back for retry until their copy is durable. Each
+/// connection's requests in flight are bounded by count; this bounds their bytes, per
+/// client connection (by its address, which a request passed on keeps) and for the shard.
+/// Past either such a request is refused at once with `BrokerBusy` (the copy is what is
+/// counted: it is not made and then waited on).
 pub struct HeldRequests {
     used: Cell<usize>,
     max: usize,
+    conn_max: usize,
+    by_conn: RefCell<HashMap<SocketAddr, usize>>,
 }
 
 /// A request's bytes in [`HeldRequests`]; dropping it gives them back.
 pub struct HeldRequest {
     of: Rc<HeldRequests>,
+    peer: SocketAddr,
     bytes: usize,
 }
 
 impl Drop for HeldRequest {
     fn drop(&mut self) {
         self.of.used.set(self.of.used.get() - self.bytes);
+        let mut by_conn = self.of.by_conn.borrow_mut();
+        if let Some(held) = by_conn.get_mut(&self.peer) {
+            *held -= self.bytes;
+            if *held == 0 {
+                by_conn.remove(&self.peer);
+            }
+        }
     }
 }
 
 impl HeldRequests {
     pub fn new(frame_bytes_max: usize) -> Rc<HeldRequests> {
+        let max = SHARD_HELD_REQUEST_BYTES_MIN.max(frame_bytes_max.saturating_mul(8));
         Rc::new(HeldRequests {
             used: Cell::new(0),
-            max: SHARD_HELD_REQUEST_BYTES_MIN.max(frame_bytes_max.saturating_mul(8)),
+            max: max.saturating_add(HELD_RESERVE_BYTES),
+            conn_max: CONN_HELD_REQUEST_BYTES_MIN.max(frame_bytes_max.saturating_mul(2)),
+            by_conn: RefCell::new(HashMap::new()),
         })
     }
 
-    /// Takes `bytes` for a request held on shard `shard`, or refuses it.
-    pub fn hold(self: &Rc<Self>, bytes: usize, shard: u32) -> Result<HeldRequest, ErrorBody> {
+    /// Takes `bytes` for a request of the client at `peer` held on shard `shard`, or
+    /// refuses it.
+    pub fn hold(
+        self: &Rc<Self>,
+        bytes: usize,
+        shard: u32,
+        peer: SocketAddr,
+    ) -> Result<HeldRequest, ErrorBody> {
         let used = self.used.get();
-        if used.saturating_add(bytes) > self.max {
-            return Err(err(
-                ErrorCode::BrokerBusy,
-                format!(
-                    "shard {shard} holds {used} bytes of requests waiting for another shard or \
-                     for their topic, its limit is {}; send again shortly (a shard-aware client sends each queue's requests \
-                     to its own shard, which holds none)",
-                    self.max
-                ),
-            ));
-        }
-        self.used.set(used + bytes);
-        Ok(HeldRequest {
-            of: self.clone(),
-            bytes,
-        })
+        let conn_used = self.by_conn.borrow().get(&peer).copied().unwrap_or(0);
+        let room = if bytes <= HELD_SMALL_REQUEST_BYTES {
+            self.max
+        } else {
+            self.max - HELD_RESERVE_BYTES
+        };
+        let why = if conn_used.saturating_add(bytes) > self.conn_max {
+            format!(
+                "connection {peer} has {conn_used} bytes of requests held on shard {shard}, \
+                 its share is {}",
+                self.conn_max
+            )
+        } else if used.saturating_add(bytes) > room {
+            format!("shard {shard} holds {used} bytes of requests, its limit is {room}")
+        } else {
+            self.used.set(used + bytes);
+            *self.by_conn.borrow_mut().entry(peer).or_default() += bytes;
+            return Ok(HeldRequest {
+                of: self.clone(),
+                peer,
+                bytes,
+            });
+        };
+        Err(err(
+            ErrorCode::BrokerBusy,
+            format!(
+                "{why} (waiting for another shard, their topic or the disk); send again once \
+                 some are answered (sends made to their queue's own shard, as ringmq's producer \
+                 makes them, are not held)"
+            ),
+        ))
     }
 
     #[cfg(test)]
@@ -423,31 +469,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn held_requests_past_the_budget_are_refused_and_their_bytes_come_back_when_dropped() {
+    fn held_requests_past_a_share_or_the_budget_are_refused_and_their_bytes_come_back() {
         let held = HeldRequests::new(1 << 20);
-        let first = held.hold(200 << 20, 3).ok().unwrap();
-        let Err(e) = held.hold(100 << 20, 3) else {
-            panic!("300 MiB held in a 256 MiB budget")
+        let conn = |i: u16| SocketAddr::from(([127, 0, 0, 1], i));
+        let busy = |r: Result<HeldRequest, ErrorBody>| match r {
+            Err(e) if e.code == ErrorCode::BrokerBusy.as_u16() => e.message,
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("held"),
         };
-        assert_eq!(e.code, ErrorCode::BrokerBusy.as_u16());
+        // One connection: 32 MiB.
+        let first = held.hold(30 << 20, 3, conn(1)).ok().unwrap();
+        let m = busy(held.hold(3 << 20, 3, conn(1)));
         assert!(
-            e.message.starts_with("shard 3 holds 209715200 bytes"),
-            "{e:?}"
+            m.starts_with("connection 127.0.0.1:1 has 31457280 bytes"),
+            "{m}"
         );
-        let second = held.hold(56 << 20, 3).ok().unwrap();
-        assert_eq!(held.used(), 256 << 20);
+        assert!(m.contains("shard 3"), "{m}");
+        let second = held.hold(2 << 20, 3, conn(1)).ok().unwrap();
         drop(first);
-        assert_eq!(held.used(), 56 << 20);
-        assert!(held.hold(200 << 20, 3).is_ok());
-        drop(second);
-        assert_eq!(held.used(), 0);
-        // Eight of the largest frames fit, whatever the floor.
-        let large = HeldRequests::new(64 << 20);
-        let eight: Vec<_> = (0..8)
-            .map(|_| large.hold(64 << 20, 0).ok().unwrap())
+        assert_eq!(held.used(), 2 << 20);
+        let first = held.hold(30 << 20, 3, conn(1)).ok().unwrap();
+        // The shard: 256 MiB for requests over 64 KiB, 32 MiB more for smaller ones.
+        let others: Vec<_> = (2..9)
+            .map(|i| held.hold(32 << 20, 3, conn(i)).ok().unwrap())
             .collect();
-        assert!(large.hold(1, 0).is_err());
-        drop(eight);
+        assert_eq!(held.used(), 256 << 20);
+        let m = busy(held.hold(65 << 10, 3, conn(9)));
+        assert!(m.starts_with("shard 3 holds 268435456 bytes"), "{m}");
+        let small: Vec<_> = (0..512)
+            .map(|_| held.hold(64 << 10, 3, conn(9)).ok().unwrap())
+            .collect();
+        busy(held.hold(1, 3, conn(10)));
+        drop((first, second, others, small));
+        assert_eq!(held.used(), 0);
+        assert!(held.by_conn.borrow().is_empty());
+        // Two and eight of the largest frames fit, whatever the floors.
+        let large = HeldRequests::new(64 << 20);
+        let two: Vec<_> = (0..2)
+            .map(|_| large.hold(64 << 20, 0, conn(1)).ok().unwrap())
+            .collect();
+        busy(large.hold(64 << 20, 0, conn(1)));
+        let six: Vec<_> = (2..8)
+            .map(|i| large.hold(64 << 20, 0, conn(i)).ok().unwrap())
+            .collect();
+        busy(large.hold(1 << 20, 0, conn(9)));
+        drop((two, six));
     }
 
     #[test]

@@ -29,7 +29,7 @@ impl ShardCtx {
         kind: Forward,
     ) -> Handled {
         let carries_records = kind != Forward::Plain;
-        let held = match self.held.hold(at.bytes.len(), self.id) {
+        let held = match self.held.hold(at.bytes.len(), self.id, at.peer) {
             Ok(held) => held,
             Err(e) => {
                 self.count_error(&e);

@@ -325,7 +325,7 @@ impl ShardCtx {
                     ),
                 ));
             }
-            let member = MemberInfo {
+            let mut member = MemberInfo {
                 client_id: h.client_id.clone(),
                 subscriptions: h
                     .subscriptions
@@ -348,6 +348,15 @@ impl ShardCtx {
                 },
                 strategy,
                 connection: conn,
+            };
+            // Measured against --group-members-mb as it is kept.
+            member.normalize();
+            // The request's own copy of what `member` now holds is not kept across the
+            // waits below.
+            let h = GroupHeartbeat {
+                subscriptions: Vec::new(),
+                strategy: String::new(),
+                ..h
             };
             for s in &member.subscriptions {
                 crate::store::validate_topic(&s.topic).map_err(store_error)?;

@@ -876,7 +876,7 @@ impl Handlers for Req<'_> {
     }
 
     fn consumer_send_back(&self, m: ConsumerSendBack) -> Handled {
-        self.later(self.ctx.clone().send_back(m))
+        self.later(self.ctx.clone().send_back(m, self.peer))
     }
 
     fn schedule_stats(&self, _: ScheduleStats) -> Handled {

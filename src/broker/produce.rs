@@ -38,6 +38,8 @@ pub const BATCH_MESSAGES_MAX: usize = 4096;
 pub const SEND_WAIT_MAX_MS_DEFAULT: u64 = 200;
 /// Default of `--send-backlog-max-mb`.
 pub const SEND_BACKLOG_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+/// Most keys of one message (the KEYS property, space separated).
+pub const KEYS_PER_MESSAGE_MAX: usize = 64;
 /// Sends one shard tracks waiting for the disk at most; past it sends are refused too.
 const WAITING_SENDS_MAX: usize = 1 << 20;
 
@@ -127,12 +129,13 @@ impl OwnedItem {
     fn keep(
         ctx: &ShardCtx,
         items: &[SendItem<'_>],
+        peer: SocketAddr,
     ) -> Result<(Vec<OwnedItem>, super::answer::HeldRequest), ErrorBody> {
         let bytes: usize = items
             .iter()
             .map(|i| std::mem::size_of::<OwnedItem>() + i.properties.len() + i.body.len())
             .sum();
-        let held = ctx.held.hold(bytes, ctx.id)?;
+        let held = ctx.held.hold(bytes, ctx.id, peer)?;
         Ok((items.iter().map(OwnedItem::of).collect(), held))
     }
 
@@ -366,7 +369,7 @@ impl ShardCtx {
                 // Unknown topic (maybe auto-created) or a queue left to the broker. A named
                 // queue is this shard's (`send_in_place` forwards the others): the send keeps
                 // its place among the topic's sends while it waits.
-                let (items, held) = match OwnedItem::keep(self, items) {
+                let (kept, held) = match OwnedItem::keep(self, items, peer) {
                     Ok(kept) => kept,
                     Err(e) => return self.refuse(request_id, e),
                 };
@@ -374,8 +377,7 @@ impl ShardCtx {
                 let ctx = self.clone();
                 let topic = topic.to_owned();
                 Handled::later(async move {
-                    let _held = held;
-                    let items: Vec<SendItem<'_>> = items.iter().map(OwnedItem::borrow).collect();
+                    let items: Vec<SendItem<'_>> = kept.iter().map(OwnedItem::borrow).collect();
                     let mut count = match ctx.ensure_topic(&topic).await {
                         Ok(c) => c,
                         Err(e) => {
@@ -411,6 +413,10 @@ impl ShardCtx {
                         drop(place);
                         let frame =
                             reencode_send(request_id, &topic, q, &items, wait_durable, batch);
+                        // The frame is held from here on, in the copies' place.
+                        drop(items);
+                        drop(kept);
+                        let _held = held;
                         return match ctx
                             .call(
                                 to,
@@ -435,13 +441,21 @@ impl ShardCtx {
                             }
                         };
                     }
-                    if let Err(e) = ctx.admit_send() {
+                    // The topic may have been deleted (or made smaller) while this send waited
+                    // for it or for its turn: looked at again with nothing awaited before the
+                    // append, or the message would be stored in a queue being removed, or one
+                    // a later topic of the name adopts, and acknowledged all the same.
+                    if let Err(e) = ctx.known_queue(&topic, q).and_then(|()| ctx.admit_send()) {
                         ctx.count_error(&e);
                         return Some(error_frame(request_id, &e));
                     }
                     let appended = ctx.append_all(&topic, q, &items, peer);
-                    // Appended (or refused): the next send in line goes on.
+                    // Appended (or refused): the next send in line goes on, and the copies
+                    // are not needed while the send waits for the disk.
                     drop(place);
+                    drop(items);
+                    drop(kept);
+                    drop(held);
                     match appended {
                         Ok(puts) => {
                             ctx.note_waiting(&puts);
@@ -734,6 +748,20 @@ fn check_items(topic: &str, items: &[SendItem<'_>], batch: bool) -> Result<(), E
         }
         if let Err(e) = Properties::new(props).validate() {
             return Err(err(ErrorCode::InvalidMessage, e.to_string()));
+        }
+        // Each key is an entry of the key index (24 bytes, whatever its length): without a
+        // bound, a 63 KiB property block of one-letter keys grew the index by 12 times the
+        // log's growth, which retention by size does not count. (A block too short to
+        // hold more than the bound is not looked at.)
+        if props.len() > 2 * KEYS_PER_MESSAGE_MAX {
+            let keys = Properties::new(props).get(crate::protocol::record::prop::KEYS);
+            let count = keys.map_or(0, |k| k.split(' ').filter(|k| !k.is_empty()).count());
+            if count > KEYS_PER_MESSAGE_MAX {
+                return Err(err(
+                    ErrorCode::InvalidMessage,
+                    format!("{count} keys; a message has at most {KEYS_PER_MESSAGE_MAX}"),
+                ));
+            }
         }
     }
     if crate::protocol::names::is_system_topic(topic) {

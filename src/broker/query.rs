@@ -199,6 +199,14 @@ impl ShardCtx {
         }
     }
 
+    /// The size of the record a message id names on this shard, from its header and
+    /// topic, before it is read ([`read_by_msg_id`](Self::read_by_msg_id)).
+    pub(super) async fn message_size_by_id(&self, msg_id: &str) -> Result<usize, ErrorBody> {
+        let at = self.msg_id_here(msg_id)?;
+        let size = self.store.message_size_at(at).await;
+        Ok(size.map_err(|e| msg_id_error(msg_id, e))? as usize)
+    }
+
     /// The physical offset a message id names, when it names this shard.
     fn msg_id_here(&self, msg_id: &str) -> Result<u64, ErrorBody> {
         let id = MessageId::parse(msg_id).map_err(|e| {
@@ -228,10 +236,8 @@ impl ShardCtx {
         // memory while they wait for room. The read finds the record again (a cut of the
         // log's tail meanwhile can have put another one of another size there; the room
         // taken is then off by that difference, for this one answer).
-        let at = self.msg_id_here(&m.msg_id)?;
-        let size =
-            (self.store.message_size_at(at).await).map_err(|e| msg_id_error(&m.msg_id, e))?;
-        let hold = self.answers.reserve(conn, size as usize).await?;
+        let size = self.message_size_by_id(&m.msg_id).await?;
+        let hold = self.answers.reserve(conn, size).await?;
         let buf = self.read_by_msg_id(&m.msg_id).await?;
         Ok(Answer::held(records_frame(request_id, &[&buf[..]]), hold))
     }

@@ -103,12 +103,17 @@ impl ShardCtx {
         })
     }
 
-    /// `ConsumerSendBack`, on the shard that stored the message.
+    /// `ConsumerSendBack` of the client at `peer`, on the shard that stored the message.
+    /// The record (sent back, or read by its id) and the copy made of it are held until
+    /// the copy is durable: their bytes count in the shard's
+    /// [`HeldRequests`](super::answer::HeldRequests), taken before the record is read.
     pub(super) async fn send_back(
         self: Rc<Self>,
         m: ConsumerSendBack,
+        peer: std::net::SocketAddr,
     ) -> Result<SendBackResult, ErrorBody> {
         if !m.record.is_empty() {
+            let _held = self.held.hold(2 * m.record.len(), self.id, peer)?;
             // The consumer's own copy of a message this broker no longer holds at its id:
             // whole (its CRC), the one named (the CRC given, the id's place in the log).
             let bad = |why: String| {
@@ -124,6 +129,8 @@ impl ShardCtx {
             }
             return self.store_retry_copy(&m, &view).await;
         }
+        let size = self.message_size_by_id(&m.msg_id).await?;
+        let _held = self.held.hold(2 * size, self.id, peer)?;
         let buf = self.read_by_msg_id(&m.msg_id).await?;
         let view = RecordView::parse(&buf).map_err(|e| err(ErrorCode::StoreIo, e.to_string()))?;
         if m.record_crc != 0 && view.crc() != m.record_crc {

@@ -322,20 +322,38 @@ impl Schedule {
     }
 }
 
-/// The oldest log offset the schedule still needs: its oldest held message, or the first
-/// done record a recovery would read. Fails when either cannot be looked up: a lookup that
-/// failed is no absence, and the caller holds everything (0) rather than pass what it could
-/// not see.
+/// Held messages the index lacks that [`retention_floor`] passes over before it holds
+/// everything.
+const FLOOR_ABSENT_MAX: usize = 64;
+
+/// The oldest log offset the schedule still needs: its oldest held message the index holds,
+/// or the first done record a recovery would read. Fails when either cannot be looked up: a
+/// lookup that failed is no absence, and the caller holds everything (0) rather than pass
+/// what it could not see. A held message the index lacks (an empty entry: its send cut from
+/// the log, or damage) is passed over for the next one, as the transactions' floor does,
+/// rather than taken to mean that nothing is held; past [`FLOOR_ABSENT_MAX`] such ones,
+/// everything is held.
 fn retention_floor(
     store: &MessageStore,
     schedule: &Schedule,
     done_from: u64,
 ) -> Result<u64, crate::store::StoreError> {
-    let oldest = schedule.entries().map(|(_, off)| off).min();
-    let held = match oldest {
-        Some(off) => store.queue_entry(SCHEDULE_TOPIC, 0, off)?,
-        None => None,
-    };
+    let mut after = None;
+    let mut held = None;
+    for _ in 0..FLOOR_ABSENT_MAX {
+        let next = (schedule.entries().map(|(_, off)| off))
+            .filter(|&off| after.is_none_or(|a| off > a))
+            .min();
+        let Some(off) = next else { break };
+        held = store.queue_entry(SCHEDULE_TOPIC, 0, off)?;
+        if held.is_some() {
+            break;
+        }
+        after = Some(off);
+    }
+    if held.is_none() && after.is_some() && schedule.entries().any(|(_, off)| Some(off) > after) {
+        return Ok(0);
+    }
     let done = store.queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from)?;
     Ok((held.into_iter().chain(done))
         .map(|e| e.physical_offset)

@@ -691,9 +691,8 @@ impl ConsumeQueue {
     /// The first queue offset at or past `min_offset` whose record starts at or after
     /// `log_min` (`max_offset` if none does).
     fn first_at_or_past(&self, log_min: u64) -> Result<u64, IndexError> {
-        self.partition_point(self.min_offset, self.max_offset, |e| {
-            e.physical_offset < log_min
-        })
+        let below = |e: &CqEntry| e.physical_offset < log_min;
+        self.search(self.min_offset, self.max_offset, below, true)
     }
 
     /// msyncs every file written since the last flush (on the calling thread: for a
@@ -772,14 +771,51 @@ impl ConsumeQueue {
         to: u64,
         below: impl Fn(&CqEntry) -> bool,
     ) -> Result<u64, IndexError> {
+        self.search(from, to, below, false)
+    }
+
+    /// [`partition_point`](Self::partition_point), or with `look_past_empty` an empty entry
+    /// (damage) judged by the next entry before `to` that is not empty, and taken as not
+    /// `below` when there is none: retention must not pass entries past damage it could not
+    /// see (counted as below, a zeroed entry met by the search moved a queue's start past
+    /// records the log still held).
+    fn search(
+        &self,
+        from: u64,
+        to: u64,
+        below: impl Fn(&CqEntry) -> bool,
+        look_past_empty: bool,
+    ) -> Result<u64, IndexError> {
+        let entry_at = |at: u64| match self.locate(at) {
+            Some((segment, i)) => segment.entry(i, self.file_bytes, false).map(Some),
+            None => Ok(None),
+        };
         let (mut lo, mut hi) = (from, to);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let is_below = match self.locate(mid) {
-                Some((segment, i)) => match segment.entry(i, self.file_bytes, false)? {
-                    Some(entry) => below(&entry),
-                    None => true,
-                },
+            let is_below = match entry_at(mid)? {
+                Some(Some(entry)) => below(&entry),
+                Some(None) if !look_past_empty => true,
+                Some(None) => {
+                    let mut next = mid + 1;
+                    let mut judged = false;
+                    while next < hi {
+                        match entry_at(next)? {
+                            Some(Some(entry)) => {
+                                judged = below(&entry);
+                                break;
+                            }
+                            Some(None) => next += 1,
+                            None => break,
+                        }
+                    }
+                    if judged {
+                        // Below, and so is everything before it.
+                        lo = next + 1;
+                        continue;
+                    }
+                    false
+                }
                 None => false,
             };
             if is_below {

@@ -186,7 +186,7 @@ impl Default for BrokerConfig {
             retention_bytes_max: 0,
             frame_bytes_max: crate::protocol::FRAME_BYTES_MAX_DEFAULT,
             broker_id: 0,
-            session_timeout_ms: 10_000,
+            session_timeout_ms: crate::broker::groups::SESSION_TIMEOUT_MS_DEFAULT,
             lock_expiry_ms: crate::broker::groups::LOCK_EXPIRY_MS_DEFAULT,
             delay_levels: crate::protocol::delay::DELAY_LEVELS_DEFAULT.to_owned(),
             delay_max_ms: crate::protocol::delay::DELAY_MAX_MS_DEFAULT,

@@ -14,10 +14,11 @@ use super::allocate::{allocate, Strategy, VIRTUAL_NODES_MAX};
 use super::TagFilter;
 use crate::broker::topics::QUEUES_PER_TOPIC_MAX;
 
-/// A member that has not sent a heartbeat for this long leaves the group. Upstream waits
-/// 120 s (30 s heartbeats), which stalls ordered queues for minutes after a crash; clients
-/// of ringmq are expected to heartbeat at least three times per timeout.
-pub const SESSION_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// A member that has not sent a heartbeat for this long leaves the group (the default of
+/// `--session-timeout-ms`). Upstream waits 120 s (30 s heartbeats), which stalls ordered
+/// queues for minutes after a crash; clients of ringmq are expected to heartbeat at least
+/// three times per timeout.
+pub const SESSION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Most members of one group.
 pub const MEMBERS_PER_GROUP_MAX: usize = 1024;
 /// Most subscriptions of one member.
@@ -85,9 +86,16 @@ pub struct MemberInfo {
 const MAP_ENTRY_BYTES: usize = 32;
 
 impl MemberInfo {
+    /// Its subscriptions as the coordinator keeps them: sorted by topic, one per topic (the
+    /// last one given wins).
+    pub fn normalize(&mut self) {
+        self.subscriptions = normalize(std::mem::take(&mut self.subscriptions));
+    }
+
     /// About the memory the coordinator holds for this member once it has joined: its
     /// entry in the member table (the id twice, as key and in the info), its
     /// subscriptions and a by-config strategy's table. What `--group-members-mb` counts.
+    /// Measured as kept: subscriptions sorted by topic, one per topic ([`Self::normalize`]).
     pub fn held_bytes(&self) -> usize {
         let subscriptions: usize = self
             .subscriptions
@@ -264,7 +272,7 @@ impl GroupState {
     /// without a bump. Subscriptions are kept sorted by topic, one per topic (the last
     /// one given wins), so their order in the heartbeat does not matter.
     pub fn heartbeat(&mut self, mut m: MemberInfo, now_ms: u64) -> bool {
-        m.subscriptions = normalize(std::mem::take(&mut m.subscriptions));
+        m.normalize();
         // Compared by reference before anything moves: a by-config strategy can be large.
         let declares = match self.members.get(&m.client_id) {
             Some(old) => old.info.strategy != m.strategy || old.info.model != m.model,

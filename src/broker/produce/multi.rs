@@ -56,7 +56,7 @@ impl ShardCtx {
         };
         let ask = self.id != 0 && checked.as_ref().is_err_and(missed);
         if ask || self.send_lines.has(topic) {
-            let (owned, held) = match OwnedItem::keep(self, items) {
+            let (owned, held) = match OwnedItem::keep(self, items, peer) {
                 Ok(kept) => kept,
                 Err(e) => return self.refuse(request_id, e),
             };
@@ -64,7 +64,6 @@ impl ShardCtx {
             let ctx = self.clone();
             let topic = topic.to_owned();
             return Handled::Later(Box::pin(async move {
-                let _held = held;
                 if ask {
                     // Not found here either is check_multi's error, given again below.
                     let _ = ctx.refresh_topic(&topic).await;
@@ -81,8 +80,12 @@ impl ShardCtx {
                     peer,
                     checked,
                 );
-                // Appended (or refused): the next send in line goes on.
+                // Appended (or refused): the next send in line goes on, and the copies are
+                // not needed while the send waits for the disk.
                 drop(place);
+                drop(items);
+                drop(owned);
+                drop(held);
                 match handled {
                     Handled::Now(answer) => answer,
                     Handled::Later(answer) => answer.await,

@@ -102,3 +102,43 @@ fn a_log_offset_past_what_an_entry_holds_is_refused() {
     queue.put(0, far).unwrap();
     assert_eq!(queue.get_checked(0).unwrap(), Some(far));
 }
+
+/// Retention's search for a queue's new start judges an empty (zeroed) entry by the next
+/// entry that is not empty: counted as below the log's start, it moved the start past
+/// entries whose records the log still held (here 2 and 3), and past the damage itself.
+#[test]
+fn an_empty_entry_met_by_retentions_search_keeps_the_entries_after_the_logs_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 16);
+    append(&mut queue, 0..8);
+    queue.flush().unwrap();
+    drop(queue);
+    let path = dir.path().join("00000000000000000000");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = (4 * CQ_ENTRY_BYTES) as usize;
+    bytes[at..at + CQ_ENTRY_BYTES as usize].fill(0);
+    std::fs::write(&path, bytes).unwrap();
+    // Opened without the helper's invariants, which hold for undamaged queues only.
+    let reopen = || ConsumeQueue::open(dir.path(), cfg(16)).unwrap();
+    let mut queue = reopen();
+    assert_eq!(queue.max_offset(), 8);
+    assert_eq!(queue.get(4).unwrap(), None);
+    // The log starts between entries 1 and 2.
+    let log_min = entry(2).physical_offset - 1;
+    assert_eq!(queue.first_kept(log_min).unwrap(), 2);
+    assert_eq!(
+        queue
+            .trim_before_physical(log_min, &mut Vec::new())
+            .unwrap(),
+        2
+    );
+    // Past the entries after the damage too: the start is at the first one kept.
+    let log_min = entry(6).physical_offset;
+    assert_eq!(queue.first_kept(log_min).unwrap(), 6);
+    // Nothing after the damage: it is kept, and the read at it says what is wrong.
+    drop(queue);
+    let mut queue = reopen();
+    queue.truncate_after_log_end(entry(4).end()).unwrap();
+    assert_eq!(queue.max_offset(), 5);
+    assert_eq!(queue.first_kept(entry(3).end()).unwrap(), 4);
+}
