@@ -15,18 +15,18 @@ use ringmq::shard::{Broker, BrokerConfig};
 #[command(name = "ringmq-broker", version, about = "The ringmq message broker")]
 struct Cli {
     /// TOML file with the same keys as the long flags (listen, data-dir, shards, flush,
-    /// flush-interval-ms, auto-create-topics, default-queues, segment-bytes, retention-hours,
-    /// retention-bytes-max, frame-bytes-max, broker-id, session-timeout-ms, lock-expiry-ms,
-    /// tail-cache-mb). Flags override it.
+    /// groups-max, tail-cache-mb, ...: every flag but --config and --log-level), plus broker-id (the
+    /// id message ids carry, 0 by default). Flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Shared native port; shard i also listens on port+1+i (ephemeral ports when 0).
+    /// Shared native port; shard i also listens on port+1+i (ephemeral ports when 0)
+    /// [default: 127.0.0.1:7800]
     #[arg(long)]
     listen: Option<SocketAddr>,
     /// Data directory [default: ./data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Number of shards, any N >= 1 [default: one per CPU listed in --cpus, else one per
+    /// Number of shards, 1 to 256 [default: one per CPU listed in --cpus, else one per
     /// core]. Fixed for a data directory.
     #[arg(long)]
     shards: Option<usize>,
@@ -53,10 +53,12 @@ struct Cli {
     /// Delete the oldest segments of a shard's log beyond this size (0: no limit) [default: 0]
     #[arg(long)]
     retention_bytes_max: Option<u64>,
-    /// A consumer-group member that sends no heartbeat for this long leaves [default: 10000]
+    /// A consumer-group member that sends no heartbeat for this long leaves; 1000 to 600000
+    /// [default: 10000]
     #[arg(long)]
     session_timeout_ms: Option<u64>,
-    /// A queue lock of ordered consumption not renewed for this long is free [default: 60000]
+    /// A queue lock of ordered consumption not renewed for this long is free; at least
+    /// --session-timeout-ms + 5000 (raise both together), at most 3600000 [default: 60000]
     #[arg(long)]
     lock_expiry_ms: Option<u64>,
     /// Delay levels, level 1 first, as RocketMQ's messageDelayLevel (units ms, s, m, h, d)

@@ -115,8 +115,8 @@ struct Cli {
     /// [default: 8; 1 pulls one batch at a time, as RocketMQ].
     #[arg(long, value_name = "N", requires = "group")]
     pulls_in_flight: Option<usize>,
-    /// With --group: run the listener on the consumer's own tokio tasks instead of the
-    /// blocking pool (the bench's listener never blocks; this is the setting for cheap,
+    /// With --group: run the listener on the consumer's own tokio tasks instead of its
+    /// consume threads (the bench's listener never blocks; this is the setting for cheap,
     /// non-blocking listeners).
     #[arg(long, requires = "group")]
     non_blocking_listener: bool,
@@ -130,8 +130,9 @@ struct Cli {
     /// latency then includes the wait in the backlog).
     #[arg(long, requires = "group")]
     consume_after_produce: bool,
-    /// Producers pack single sends made while a send to the same queue is in flight into
-    /// one batch request (ProducerOptions::coalesce); each send keeps its own result.
+    /// Producers pack single sends of a topic made while a send to the same broker shard
+    /// is in flight into one request (SendMulti, each message to its own queue;
+    /// ProducerOptions::coalesce); each send keeps its own result.
     #[arg(long)]
     coalesce: bool,
     /// Consumers keep only messages matching this SQL92 filter, evaluated by the broker.

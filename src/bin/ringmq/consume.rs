@@ -94,8 +94,8 @@ pub(crate) struct ConsumeArgs {
     /// local file per client id and group, under ~/.ringmq/offsets (default: clustering)
     #[arg(long, requires = "group", help_heading = GROUP_ONLY)]
     broadcast: bool,
-    /// This member's client id (default: ringmq-<pid>-0); with --broadcast, a stable id
-    /// resumes from the offsets of an earlier run
+    /// This member's client id (default: <host>-<pid>-<random>-0, new on each run); with
+    /// --broadcast, a stable id resumes from the offsets of an earlier run
     #[arg(long, value_name = "ID", requires = "group", help_heading = GROUP_ONLY)]
     client_id: Option<String>,
     /// Heartbeat interval, in ms [default: 3000, or a third of --session-timeout-ms]
