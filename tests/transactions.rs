@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -978,5 +978,91 @@ fn checks_a_producers_connection_could_not_take_do_not_count() {
         .await;
         assert_eq!(client.list_transactions().await.unwrap().discarded, 0);
         checker.shutdown().await;
+    });
+}
+
+/// The message a check-back hands the checker has the message id its send was answered
+/// with, on every shard: a checker that keeps its local transactions by message id finds
+/// them. Before, the id named shard 0 whichever shard held the half, so a checker looking
+/// up a half stored on another shard found nothing (and would typically roll back).
+#[test]
+fn a_checked_half_has_the_message_id_its_send_was_answered_with() {
+    use ringmq::protocol::MessageId;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let checked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = checked.clone();
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txid", move |m| {
+            seen.lock().unwrap().push(m.msg_id().to_string());
+            TransactionOutcome::Rollback
+        })
+        .await
+        .unwrap();
+        tp.producer().client().create_topic("tid", 4).await.unwrap();
+        let mut sent = Vec::new();
+        for i in 0..8 {
+            let message = OutgoingMessage::new(format!("half-{i}"));
+            sent.push(pending_half(&tp, "tid", message).await.msg_id);
+        }
+        let stores: BTreeSet<u32> = sent
+            .iter()
+            .map(|id| MessageId::parse(id).unwrap().store_id)
+            .collect();
+        assert_eq!(stores, BTreeSet::from([0, 1]), "halves on both shards");
+        eventually("every half checked", Duration::from_secs(20), async || {
+            checked.lock().unwrap().len() >= sent.len()
+        })
+        .await;
+        let checked: BTreeSet<String> = checked.lock().unwrap().iter().cloned().collect();
+        assert_eq!(checked, sent.into_iter().collect::<BTreeSet<_>>());
+        tp.shutdown().await;
+    });
+}
+
+/// `ringmq send --transaction` fails, naming its transaction, when its half message is
+/// discarded before its outcome lands (here its topic is deleted while it waits for the
+/// check-back), instead of printing `resolved=true` and exiting 0: a script checking the
+/// exit code took the message for delivered.
+#[test]
+fn the_cli_fails_when_its_half_is_discarded_before_its_outcome_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow_checks = ["--transaction-timeout-ms", "5000"];
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &slow_checks);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("txgone", 2).await.unwrap();
+        let cli = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq"))
+            .args([
+                "--broker",
+                &addr,
+                "send",
+                "txgone",
+                "x",
+                "--transaction",
+                "unknown",
+            ])
+            .args(["--check-answer", "commit", "--wait-ms", "20000"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        eventually("the half listed", Duration::from_secs(10), async || {
+            let list = client.list_transactions().await.unwrap();
+            list.halves.iter().any(|h| h.topic == "txgone")
+        })
+        .await;
+        client.delete_topic("txgone").await.unwrap();
+        let out = tokio::task::spawn_blocking(|| cli.wait_with_output().unwrap());
+        let out = out.await.unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(!out.status.success(), "{stdout}{stderr}");
+        assert!(stderr.contains("was discarded"), "{stdout}{stderr}");
+        assert!(!stdout.contains("resolved=true"), "{stdout}");
     });
 }

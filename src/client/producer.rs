@@ -491,6 +491,7 @@ impl ProducerInner {
         }
         // A selector sees the first message whole: a copy of its body, made once.
         let mut first_body: Option<Vec<u8>> = None;
+        let n = messages.len();
         let mut request = SendBatch {
             topic: topic.to_owned(),
             queue_id: QUEUE_ID_ANY,
@@ -515,6 +516,20 @@ impl ProducerInner {
                 request.queue_id
             },
             |response| match response {
+                // One place per message, or the ids the result makes would be wrong.
+                Response::SendBatchResult(result)
+                    if result.count as usize != n || result.physical_offsets.len() != n =>
+                {
+                    Err(ClientError::Protocol(ProtocolError::BadPayload {
+                        kind: Kind::SendBatchResult,
+                        reason: format!(
+                            "{} messages at {} places for a batch of {}",
+                            result.count,
+                            result.physical_offsets.len(),
+                            n
+                        ),
+                    }))
+                }
                 Response::SendBatchResult(result) => Ok(result),
                 other => Err(unexpected(Kind::SendBatchResult, &other)),
             },

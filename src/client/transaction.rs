@@ -56,8 +56,12 @@ pub struct TransactionSendResult {
     pub send: SendResult,
     /// What the local transaction said.
     pub outcome: TransactionOutcome,
-    /// Why the outcome could not be told to the broker, if it could not: the broker then
-    /// asks the checker later, so the outcome is not lost.
+    /// Why the outcome could not be told to the broker, if it could not. A retriable error
+    /// (`is_retriable`: a timeout, a broken connection, a busy broker) leaves the
+    /// transaction pending: the broker asks the checker later, so the outcome is not lost.
+    /// Any other is final: the transaction was resolved otherwise (`TransactionResolved`)
+    /// or discarded (its topic deleted: `TopicNotFound`, `QueueNotFound`; listed by
+    /// `Client::list_transactions`), and nothing asks again.
     pub end_error: Option<ClientError>,
 }
 
@@ -281,8 +285,10 @@ async fn answer(
     // Exactly the record, as `Message::new` requires (a check carries one record).
     let len = view.as_bytes().len();
     record.truncate(len);
+    // Its id names the shard that holds the half, the queue's owner, as its send's did.
     let broker_id = client.broker_info().broker_id;
-    let message = Message::new(record, broker_id, 0);
+    let store = crate::protocol::route::owner(&check.topic, check.queue_id, client.shard_count());
+    let message = Message::new(record, broker_id, store);
     let outcome = match tokio::task::spawn_blocking(move || checker(&message)).await {
         Ok(outcome) => outcome,
         Err(e) => {

@@ -49,17 +49,15 @@ pub(crate) struct SendArgs {
     /// --wait-ms passes
     #[arg(long, value_enum, value_name = "OUTCOME", conflicts_with = "delay")]
     transaction: Option<Outcome>,
-    /// With --transaction: how this producer answers check-backs
-    #[arg(long, value_enum, value_name = "OUTCOME", requires = "transaction", default_value_t = Outcome::Unknown)]
-    check_answer: Outcome,
+    /// With --transaction: how this producer answers the check-backs of its own half
+    /// message (others of its group are answered unknown) [default: the --transaction
+    /// outcome]
+    #[arg(long, value_enum, value_name = "OUTCOME", requires = "transaction")]
+    check_answer: Option<Outcome>,
     /// With --transaction: the producer group (check-backs go to its live producers)
-    #[arg(
-        long,
-        value_name = "G",
-        requires = "transaction",
-        default_value = "ringmq-cli"
-    )]
-    producer_group: String,
+    /// [default: ringmq-cli-<pid>-<random>, this run alone]
+    #[arg(long, value_name = "G", requires = "transaction")]
+    producer_group: Option<String>,
     /// With --transaction unknown: how long to wait for the transaction to be resolved
     #[arg(
         long,
@@ -99,8 +97,13 @@ impl Outcome {
 pub(crate) async fn run(ctx: &Ctx, args: SendArgs) -> CmdResult {
     let txn = args.transaction.map(|outcome| TxnArgs {
         outcome,
-        check_answer: args.check_answer,
-        group: args.producer_group.clone(),
+        check_answer: args.check_answer.unwrap_or(outcome),
+        // Its own group: a shared one would have this run answer other runs' check-backs.
+        group: args.producer_group.clone().unwrap_or_else(|| {
+            let random = std::collections::hash_map::RandomState::new();
+            let nonce = std::hash::BuildHasher::hash_one(&random, std::process::id()) as u32;
+            format!("ringmq-cli-{}-{nonce:08x}", std::process::id())
+        }),
         wait_ms: args.wait_ms,
     });
     let body = if args.body == "-" {
@@ -174,24 +177,60 @@ async fn send_in_transaction(
 ) -> CmdResult {
     let outcome = args.outcome;
     let answer = args.check_answer.client();
-    let tp = TransactionProducer::start(ctx.config(), &args.group, move |_| answer)
-        .await
-        .map_err(|e| ctx.fail(e))?;
+    // Only its own half is answered (known once sent); any other of the group is unknown.
+    let ours = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+    let mine = ours.clone();
+    let tp = TransactionProducer::start(ctx.config(), &args.group, move |half| match mine.get() {
+        Some(id) if *id == half.msg_id().to_string() => answer,
+        _ => TransactionOutcome::Unknown,
+    })
+    .await
+    .map_err(|e| ctx.fail(e))?;
     let r = tp
         .send_in_transaction(topic, message, |_| outcome.client())
         .await
         .map_err(|e| ctx.fail(e))?;
-    if let Some(e) = &r.end_error {
-        eprintln!("ringmq: telling the outcome failed ({e}); the broker will ask again");
-    }
+    let _ = ours.set(r.send.msg_id.clone());
     let id = r.send.transaction_id;
+    let said = format!("transaction {id} (msg_id {})", r.send.msg_id);
+    if let Some(e) = &r.end_error {
+        if !e.is_retriable() {
+            // Refused for good (resolved otherwise, or discarded with its topic): nothing
+            // asks again, and the outcome asked for did not happen.
+            tp.shutdown().await;
+            return Err(Failure::Failed(format!(
+                "{said}: telling the outcome failed for good: {e}; `ringmq transaction list` \
+                 shows it if the broker discarded it"
+            )));
+        }
+        eprintln!("ringmq: {said}: telling the outcome failed ({e}); the broker will ask again");
+    }
     let mut resolved = outcome != Outcome::Unknown && r.end_error.is_none();
     if !resolved {
         // Stay up to answer check-backs until the broker no longer lists the transaction.
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(args.wait_ms);
         let client = tp.producer().client().clone();
         while std::time::Instant::now() < deadline {
-            let list = client.list_transactions().await.map_err(|e| ctx.fail(e))?;
+            let list = match client.list_transactions().await {
+                Ok(list) => list,
+                Err(e) => {
+                    tp.shutdown().await;
+                    return Err(Failure::Failed(format!(
+                        "{said}: listing the unresolved transactions failed: {e}"
+                    )));
+                }
+            };
+            // Discarded (its topic deleted, its checks used up, past retention): resolved,
+            // but not as asked.
+            if list.recently_discarded.iter().any(|h| {
+                h.transaction_id == id && h.topic == topic && h.queue_id == r.send.queue_id
+            }) {
+                tp.shutdown().await;
+                return Err(Failure::Failed(format!(
+                    "{said} was discarded by the broker (kept in %SYS_TXN_DISCARDED%, see \
+                     `ringmq transaction list`), not committed"
+                )));
+            }
             // Past 1,000 unresolved the list holds the oldest: this one is resolved if it is
             // not listed while a later one of its queue (so of its shard) is.
             let of_its_queue = |h: &&ringmq::protocol::HalfMessageInfo| {

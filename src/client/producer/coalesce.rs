@@ -277,15 +277,17 @@ impl ProducerInner {
         // runs on a task of its own, so the sends that queue meanwhile go once it is
         // answered whether or not its caller still polls it (dropped, the send may still be
         // stored, as any request already written).
+        // The slot is made before the task: a task dropped unpolled (its runtime shutting
+        // down) still hands the request slot on, or every later send to the shard waited.
         let inner = self.clone();
+        let mut slot = Slot {
+            inner: inner.clone(),
+            topic: request.topic.clone(),
+            co,
+            leader: true,
+            released: false,
+        };
         let leader = tokio::spawn(async move {
-            let mut slot = Slot {
-                inner: inner.clone(),
-                topic: request.topic.clone(),
-                co,
-                leader: true,
-                released: false,
-            };
             let topic = slot.topic.clone();
             let result = inner.send_to_queue(&topic, &mut request, queue).await;
             slot.pass_on();
@@ -415,6 +417,11 @@ impl ProducerInner {
                         ..
                     } = request;
                     for ((queue, item), tx) in queue_ids.into_iter().zip(messages).zip(senders) {
+                        // A caller that gave up on its send is not sent again (it would be
+                        // stored with nobody told).
+                        if tx.is_closed() {
+                            continue;
+                        }
                         let _ = tx.send(self.resend_alone(topic, queue, item).await);
                     }
                 }
