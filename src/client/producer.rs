@@ -66,7 +66,9 @@ pub struct ProducerOptions {
     pub selector: Option<Arc<dyn QueueSelector>>,
     /// Packs single sends to a topic made while a send of that topic to the same broker
     /// shard is in flight into one request (`SendMulti`: each message to its own queue,
-    /// each queue's messages in send order, per-message results as for single sends), sent
+    /// each queue's messages in send order once the topic's queue count is known: a
+    /// topic's first sends each look it up and go in the order their look-ups end;
+    /// per-message results as for single sends), sent
     /// as soon as that send is answered: no timer, so nothing waits when the pipe is idle.
     /// Delayed and transactional messages, and sends with a custom selector, are always
     /// sent alone. A packed request the broker refuses for one message or queue (a queue
