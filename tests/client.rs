@@ -617,7 +617,7 @@ async fn sends_in_line_come_to(metrics: std::net::SocketAddr, want: f64) -> bool
 
 /// Sends that waited for their topic (shard 1 creates it through shard 0, whose answer
 /// comes late) or behind such a send in the topic's line are refused when the topic is
-/// deleted meanwhile (`Conflict`, `TopicNotFound`). Before, the one in line was appended to
+/// deleted meanwhile (`Conflict`: auto-create is on). Before, the one in line was appended to
 /// the queue being removed and acknowledged: a message acknowledged and gone with the
 /// topic.
 #[test]
@@ -660,9 +660,9 @@ fn sends_waiting_for_their_topic_are_refused_when_it_is_deleted_meanwhile() {
         );
         let answers = tokio::task::spawn_blocking(move || common::raw::read_answers(&mut conn, 2));
         for (id, answer) in answers.await.unwrap() {
-            // The first is told its creation was undone; the one in line, that the topic
-            // is not there.
-            let want = [ErrorCode::Conflict, ErrorCode::TopicNotFound][id as usize - 1];
+            // Both are told to try again (auto-create is on: sent again, they create the
+            // topic anew); neither is stored in the queue being removed.
+            let want = ErrorCode::Conflict;
             match answer {
                 Response::Error(e) => assert_eq!(e.error_code(), Some(want), "{id}: {e}"),
                 other => panic!("send {id}: {other:?}"),

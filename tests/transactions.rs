@@ -1012,7 +1012,8 @@ fn a_checked_half_has_the_message_id_its_send_was_answered_with() {
             .collect();
         assert_eq!(stores, BTreeSet::from([0, 1]), "halves on both shards");
         eventually("every half checked", Duration::from_secs(20), async || {
-            checked.lock().unwrap().len() >= sent.len()
+            let checked = checked.lock().unwrap();
+            sent.iter().all(|id| checked.contains(id))
         })
         .await;
         let checked: BTreeSet<String> = checked.lock().unwrap().iter().cloned().collect();

@@ -194,8 +194,8 @@ impl HeldRequests {
             ErrorCode::BrokerBusy,
             format!(
                 "{why} (waiting for another shard, their topic or the disk); send again once \
-                 some are answered (sends made to their queue's own shard, as ringmq's producer \
-                 makes them, are not held)"
+                 some are answered (a send to a known topic's queue made on the queue's own \
+                 shard, as ringmq's producer makes them, is not held)"
             ),
         ))
     }

@@ -322,38 +322,39 @@ impl Schedule {
     }
 }
 
-/// Held messages the index lacks that [`retention_floor`] passes over before it holds
-/// everything.
-const FLOOR_ABSENT_MAX: usize = 64;
-
 /// The oldest log offset the schedule still needs: its oldest held message the index holds,
 /// or the first done record a recovery would read. Fails when either cannot be looked up: a
 /// lookup that failed is no absence, and the caller holds everything (0) rather than pass
-/// what it could not see. A held message the index lacks (an empty entry: its send cut from
-/// the log, or damage) is passed over for the next one, as the transactions' floor does,
-/// rather than taken to mean that nothing is held; past [`FLOOR_ABSENT_MAX`] such ones,
-/// everything is held.
+/// what it could not see. A held message the index lacks (below the queue's start, or past
+/// its end: its send cut from the log by a full disk) is passed over for the next one, as
+/// the transactions' floor does, rather than taken to mean that nothing is held.
 fn retention_floor(
     store: &MessageStore,
     schedule: &Schedule,
     done_from: u64,
 ) -> Result<u64, crate::store::StoreError> {
-    let mut after = None;
-    let mut held = None;
-    for _ in 0..FLOOR_ABSENT_MAX {
-        let next = (schedule.entries().map(|(_, off)| off))
-            .filter(|&off| after.is_none_or(|a| off > a))
-            .min();
-        let Some(off) = next else { break };
-        held = store.queue_entry(SCHEDULE_TOPIC, 0, off)?;
-        if held.is_some() {
-            break;
-        }
-        after = Some(off);
-    }
-    if held.is_none() && after.is_some() && schedule.entries().any(|(_, off)| Some(off) > after) {
-        return Ok(0);
-    }
+    let held = match schedule.entries().map(|(_, off)| off).min() {
+        None => None,
+        Some(oldest) => match store.queue_entry(SCHEDULE_TOPIC, 0, oldest)? {
+            Some(entry) => Some(entry),
+            // The next ones up, in order (the rare case: one pass, then a heap).
+            None => {
+                let mut rest: std::collections::BinaryHeap<std::cmp::Reverse<u64>> = (schedule
+                    .entries())
+                .filter(|&(_, off)| off > oldest)
+                .map(|(_, off)| std::cmp::Reverse(off))
+                .collect();
+                let mut found = None;
+                while let Some(std::cmp::Reverse(off)) = rest.pop() {
+                    found = store.queue_entry(SCHEDULE_TOPIC, 0, off)?;
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                found
+            }
+        },
+    };
     let done = store.queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from)?;
     Ok((held.into_iter().chain(done))
         .map(|e| e.physical_offset)

@@ -193,19 +193,29 @@ async fn send_in_transaction(
     let _ = ours.set(r.send.msg_id.clone());
     let id = r.send.transaction_id;
     let said = format!("transaction {id} (msg_id {})", r.send.msg_id);
-    if let Some(e) = &r.end_error {
-        if !e.is_retriable() {
-            // Refused for good (resolved otherwise, or discarded with its topic): nothing
-            // asks again, and the outcome asked for did not happen.
-            tp.shutdown().await;
-            return Err(Failure::Failed(format!(
-                "{said}: telling the outcome failed for good: {e}; `ringmq transaction list` \
-                 shows it if the broker discarded it"
-            )));
+    // What this run asks for: the outcome it tells, else the one its checker answers.
+    let intended = match outcome {
+        Outcome::Unknown => args.check_answer,
+        told => told,
+    };
+    let mut resolved = match r.end_error {
+        None => outcome != Outcome::Unknown,
+        Some(e) if e.is_retriable() => {
+            eprintln!(
+                "ringmq: {said}: telling the outcome failed ({e}); the broker will ask again"
+            );
+            false
         }
-        eprintln!("ringmq: {said}: telling the outcome failed ({e}); the broker will ask again");
-    }
-    let mut resolved = outcome != Outcome::Unknown && r.end_error.is_none();
+        // Refused for good (resolved otherwise, or discarded with its topic): nothing asks
+        // again.
+        Some(e) => match settled(&said, intended, Err(e)) {
+            Ok(()) => true,
+            Err(failure) => {
+                tp.shutdown().await;
+                return Err(failure);
+            }
+        },
+    };
     if !resolved {
         // Stay up to answer check-backs until the broker no longer lists the transaction.
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(args.wait_ms);
@@ -220,17 +230,6 @@ async fn send_in_transaction(
                     )));
                 }
             };
-            // Discarded (its topic deleted, its checks used up, past retention): resolved,
-            // but not as asked.
-            if list.recently_discarded.iter().any(|h| {
-                h.transaction_id == id && h.topic == topic && h.queue_id == r.send.queue_id
-            }) {
-                tp.shutdown().await;
-                return Err(Failure::Failed(format!(
-                    "{said} was discarded by the broker (kept in %SYS_TXN_DISCARDED%, see \
-                     `ringmq transaction list`), not committed"
-                )));
-            }
             // Past 1,000 unresolved the list holds the oldest: this one is resolved if it is
             // not listed while a later one of its queue (so of its shard) is.
             let of_its_queue = |h: &&ringmq::protocol::HalfMessageInfo| {
@@ -248,8 +247,27 @@ async fn send_in_transaction(
                 .any(|h| h.transaction_id > id);
             let whole = list.halves.len() as u64 == list.unresolved;
             if !listed && (whole || later_listed) {
-                resolved = true;
-                break;
+                if intended == Outcome::Unknown {
+                    // Whichever outcome (another producer of the group answered).
+                    resolved = true;
+                    break;
+                }
+                // Not listed is not yet as asked (discarded: its topic deleted, its checks
+                // used up, past retention). The broker confirms: an outcome for a resolved
+                // transaction is answered Ok when it is the one it had, TransactionResolved
+                // naming it when not (after any resolution under way).
+                let queue = r.send.queue_id;
+                match tp.end(topic, queue, id, intended.client(), false).await {
+                    Err(e) if e.is_retriable() => {}
+                    told => {
+                        if let Err(failure) = settled(&said, intended, told) {
+                            tp.shutdown().await;
+                            return Err(failure);
+                        }
+                        resolved = true;
+                        break;
+                    }
+                }
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
@@ -280,6 +298,36 @@ async fn send_in_transaction(
             args.wait_ms
         )))
     }
+}
+
+/// Whether transaction `said`'s end, as the broker answered it, is what the run asked for
+/// (`intended`): its own outcome, or for a rollback a half discarded or whose topic went
+/// (nothing delivered either way); a failure naming what happened instead if not.
+fn settled(
+    said: &str,
+    intended: Outcome,
+    told: Result<(), ringmq::client::ClientError>,
+) -> Result<(), Failure> {
+    use ringmq::protocol::ErrorCode;
+    let Err(e) = told else { return Ok(()) };
+    let nothing_delivered = matches!(
+        e.code(),
+        Some(ErrorCode::TopicNotFound | ErrorCode::QueueNotFound)
+    ) || (e.code() == Some(ErrorCode::TransactionResolved)
+        // The broker's words for a discarded half (`outcome_name`).
+        && e.to_string().contains("was discarded"));
+    if intended == Outcome::Rollback && nothing_delivered {
+        return Ok(());
+    }
+    let asked = match intended {
+        Outcome::Commit => "committed",
+        Outcome::Rollback => "rolled back",
+        Outcome::Unknown => "resolved",
+    };
+    Err(Failure::Failed(format!(
+        "{said}: {e}; not {asked} as asked (`ringmq transaction list` shows the halves the broker \
+         discarded)"
+    )))
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
