@@ -679,3 +679,61 @@ fn requests_held_for_another_shard_are_bounded_in_bytes() {
     assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
     drop(conns);
 }
+
+/// Messages sent back for retry with their own record (what a consumer sends when the
+/// broker no longer holds the message at its id) hold the record and the copy made of it
+/// until the copy is durable: they count in the shard's budget of held requests, so one
+/// connection's are refused with `BrokerBusy` past its share (32 MiB) instead of holding
+/// 1,024 records of up to 4 MiB twice each while the disk is slow.
+#[test]
+fn records_sent_back_for_retry_are_held_within_the_connections_share() {
+    use ringmq::client::Client;
+    use ringmq::protocol::ConsumerSendBack;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // A 3 MiB message, stored and read back by a broker whose disk is quick.
+    let mut broker = BrokerProcess::start(&data, 1, &[]);
+    let addr = broker.addr_string();
+    let received = runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(addr.as_str())).await;
+        let producer = producer.unwrap();
+        producer.client().create_topic("back", 1).await.unwrap();
+        let body = vec![b'x'; 3 << 20];
+        producer
+            .send("back", OutgoingMessage::new(body))
+            .await
+            .unwrap();
+        let client = Client::connect(ClientConfig::new(addr.as_str()))
+            .await
+            .unwrap();
+        let pulled = client
+            .pull("back", 0, 0, 1, Duration::ZERO, &[])
+            .await
+            .unwrap();
+        pulled.messages.into_iter().next().unwrap()
+    });
+    assert!(broker.stop());
+    // Again with every write taking 60 s: each send-back's copy waits to be durable.
+    let broker = BrokerProcess::start(&data, 1, &["--testing-write-delay-us", "60000000"]);
+    let addr = broker.addr_string();
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let record = received.view().as_bytes().to_vec();
+    for id in 0..8 {
+        let back = ConsumerSendBack {
+            group: "g".into(),
+            msg_id: received.msg_id().encode(),
+            delay_level: 1,
+            max_reconsume_times: 16,
+            record_crc: received.view().crc(),
+            record: record.clone(),
+        };
+        conn.write_all(&frame(back.into(), id)).unwrap();
+    }
+    // Each holds the record twice (6 MiB): five fit in the share, three are refused.
+    for (_, answer) in common::raw::read_answers(&mut conn, 3) {
+        let (code, message) = common::raw::error_of(answer);
+        assert_eq!(code, ErrorCode::BrokerBusy, "{message}");
+        assert!(message.contains("its share is"), "{message}");
+    }
+}
