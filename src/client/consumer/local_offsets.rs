@@ -183,7 +183,18 @@ impl LocalOffsets {
                     offsets.insert(MessageQueue::new(e.topic, e.queue_id), position);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Said: a member whose client id changes from run to run (the default one
+                // does) starts each run here, and whatever was sent while it was down is
+                // not delivered to it.
+                crate::warn!(
+                    "ringmq broadcasting consumer {client_id} of group {group}: no earlier \
+                     positions ({} does not exist): every queue starts from consume_from; \
+                     give the member a client id that stays the same across runs to resume \
+                     where it stopped",
+                    path.display()
+                );
+            }
             Err(e) => return Err(io_error("reading", &path, e)),
         }
         let topics_at_open = offsets.keys().map(|q| q.topic.clone()).collect();
