@@ -20,16 +20,7 @@ use ringmq::client::{
 use ringmq::protocol::record::RecordView;
 use ringmq::protocol::ErrorCode;
 
-/// Short check-back timings: asked 300 ms after the half message, then every 300 ms, at
-/// most 3 times.
-const FAST_CHECKS: &[&str] = &[
-    "--transaction-timeout-ms",
-    "300",
-    "--transaction-check-interval-ms",
-    "300",
-    "--transaction-check-max",
-    "3",
-];
+use common::FAST_CHECKS;
 
 /// Every message of every queue of `topic`: body → how many times.
 async fn visible(client: &Client, topic: &str) -> BTreeMap<String, Vec<Message>> {
@@ -773,69 +764,6 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
     }
 }
 
-#[test]
-fn the_cli_sends_in_transactions_answers_check_backs_and_lists_the_unresolved() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
-    let addr = broker.addr_string();
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq"))
-            .args(["--broker", &addr])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
-    let (ok, out, err) = cli(&["send", "txcli", "yes", "--transaction", "commit"]);
-    assert!(
-        ok && out.contains("outcome=commit resolved=true"),
-        "{out}{err}"
-    );
-    let (ok, out, _) = cli(&["send", "txcli", "no", "--transaction", "rollback"]);
-    assert!(ok && out.contains("outcome=rollback"), "{out}");
-    // Unknown: the command stays up and answers the broker's check with commit.
-    let (ok, out, err) = cli(&[
-        "send",
-        "txcli",
-        "later",
-        "--transaction",
-        "unknown",
-        "--check-answer",
-        "commit",
-        "--producer-group",
-        "gcli",
-    ]);
-    assert!(ok && out.contains("resolved=true"), "{out}{err}");
-    // Never answered within the wait: a failure, and the transaction is listed.
-    let (ok, _, err) = cli(&[
-        "send",
-        "txcli",
-        "pending",
-        "--transaction",
-        "unknown",
-        "--producer-group",
-        "gwait",
-        "--wait-ms",
-        "100",
-    ]);
-    assert!(!ok && err.contains("was not resolved"), "{err}");
-    let (ok, out, _) = cli(&["transaction", "list"]);
-    assert!(ok, "{out}");
-    assert!(out.contains("txcli:") && out.contains("gwait"), "{out}");
-    let (ok, out, _) = cli(&["consume", "txcli"]);
-    assert!(ok);
-    let mut bodies: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split("body=").nth(1))
-        .collect();
-    bodies.sort();
-    assert_eq!(bodies, ["later", "yes"], "{out}");
-}
-
 /// A half message no producer resolves (its check says "unknown" every time) does not go
 /// with its segment when retention deletes it, nor keep the log from shrinking: retention
 /// moves it to the discarded topic (listed, its copy readable by id, never pending
@@ -1019,51 +947,5 @@ fn a_checked_half_has_the_message_id_its_send_was_answered_with() {
         let checked: BTreeSet<String> = checked.lock().unwrap().iter().cloned().collect();
         assert_eq!(checked, sent.into_iter().collect::<BTreeSet<_>>());
         tp.shutdown().await;
-    });
-}
-
-/// `ringmq send --transaction` fails, naming its transaction, when its half message is
-/// discarded before its outcome lands (here its topic is deleted while it waits for the
-/// check-back), instead of printing `resolved=true` and exiting 0: a script checking the
-/// exit code took the message for delivered.
-#[test]
-fn the_cli_fails_when_its_half_is_discarded_before_its_outcome_lands() {
-    let dir = tempfile::tempdir().unwrap();
-    let slow_checks = ["--transaction-timeout-ms", "5000"];
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &slow_checks);
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
-        client.create_topic("txgone", 2).await.unwrap();
-        let cli = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq"))
-            .args([
-                "--broker",
-                &addr,
-                "send",
-                "txgone",
-                "x",
-                "--transaction",
-                "unknown",
-            ])
-            .args(["--check-answer", "commit", "--wait-ms", "20000"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        eventually("the half listed", Duration::from_secs(10), async || {
-            let list = client.list_transactions().await.unwrap();
-            list.halves.iter().any(|h| h.topic == "txgone")
-        })
-        .await;
-        client.delete_topic("txgone").await.unwrap();
-        let out = tokio::task::spawn_blocking(|| cli.wait_with_output().unwrap());
-        let out = out.await.unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert!(!out.status.success(), "{stdout}{stderr}");
-        assert!(stderr.contains("was discarded"), "{stdout}{stderr}");
-        assert!(!stdout.contains("resolved=true"), "{stdout}");
     });
 }

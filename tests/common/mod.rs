@@ -9,6 +9,17 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::protocol::record::{PropertiesBuilder, RecordDraft};
 
+/// Broker flags for short transaction check-backs: asked 300 ms after the half message,
+/// then every 300 ms, at most 3 times.
+pub const FAST_CHECKS: &[&str] = &[
+    "--transaction-timeout-ms",
+    "300",
+    "--transaction-check-interval-ms",
+    "300",
+    "--transaction-check-max",
+    "3",
+];
+
 /// Broker flags under which retention keeps about 2 MiB of a shard's log (1 MiB segments),
 /// looked at every 300 ms.
 pub const SMALL_RETENTION: &[&str] = &[
