@@ -445,21 +445,7 @@ impl ShardCtx {
                     // for it or for its turn: looked at again with nothing awaited before the
                     // append, or the message would be stored in a queue being removed, or one
                     // a later topic of the name adopts, and acknowledged all the same.
-                    let known = ctx.known_queue(&topic, q).map_err(|e| {
-                        // As a send whose creation a deletion undid is told: sent again, it
-                        // creates the topic anew.
-                        if ctx.cfg.auto_create_topics && e.code == ErrorCode::TopicNotFound.as_u16()
-                        {
-                            err(
-                                ErrorCode::Conflict,
-                                format!(
-                                    "topic {topic} was deleted while this send waited; try again"
-                                ),
-                            )
-                        } else {
-                            e
-                        }
-                    });
+                    let known = ctx.known_queue_after_wait(&topic, q);
                     if let Err(e) = known.and_then(|()| ctx.admit_send()) {
                         ctx.count_error(&e);
                         return Some(error_frame(request_id, &e));

@@ -834,6 +834,24 @@ impl ShardCtx {
         }
     }
 
+    /// [`known_queue`](Self::known_queue) for a send that waited for its topic or its turn
+    /// in the topic's line: a topic deleted meanwhile is `Conflict` when sends create topics
+    /// (sent again, it creates the topic anew), as the send whose creation the deletion
+    /// undid is told.
+    pub(super) fn known_queue_after_wait(
+        &self,
+        topic: &str,
+        queue_id: u32,
+    ) -> Result<(), ErrorBody> {
+        self.known_queue(topic, queue_id).map_err(|e| {
+            if self.cfg.auto_create_topics && e.code == ErrorCode::TopicNotFound.as_u16() {
+                deleted_while(topic, "this send waited")
+            } else {
+                e
+            }
+        })
+    }
+
     /// `CreateTopic`: an existing topic is an error.
     pub(super) async fn create_topic(self: Rc<Self>, m: CreateTopic) -> Result<Empty, ErrorBody> {
         if self.cfg.testing_panic_topic.as_deref() == Some(m.topic.as_str()) {
@@ -925,9 +943,14 @@ fn not_found_no_auto_create(topic: &str) -> ErrorBody {
 }
 
 fn deleted_while_created(topic: &str) -> ErrorBody {
+    deleted_while(topic, "it was being created")
+}
+
+/// `Conflict`: sent again, the request creates the topic anew.
+fn deleted_while(topic: &str, what: &str) -> ErrorBody {
     err(
         ErrorCode::Conflict,
-        format!("topic {topic} was deleted while it was being created; try again"),
+        format!("topic {topic} was deleted while {what}; try again"),
     )
 }
 
