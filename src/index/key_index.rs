@@ -9,7 +9,9 @@
 //!                     begin_phys u64, end_phys u64, slot_count u32, entries_max u32,
 //!                     entry_count u32, reserved
 //! slots    slot_count * u32          1-based index of the newest entry of the slot's chain;
-//!                                    0 = empty
+//!                                    0 = empty; an entry's slot is its key_hash modulo
+//!                                    slot_count (version 1: the key's 64-bit hash modulo
+//!                                    slot_count)
 //! entries  entries_max * 24 bytes    key_hash u32, physical_offset u64,
 //!                                    store_timestamp_ms i64, prev u32 (older entry of the
 //!                                    same slot, 0 = none)
@@ -24,6 +26,12 @@
 //! The header's begin/end fields cover the file's entries: `[begin_timestamp_ms,
 //! end_timestamp_ms]` lets a query skip files, and `end_phys` (the highest physical offset
 //! indexed) drives replay after a crash and retention.
+//!
+//! After an unclean stop, [`KeyIndex::open_after_crash`] trusts only the entries the last
+//! checkpoint found synced ([`KeyIndex::entries_below`]): pages written since may have
+//! reached the disk in any order (a power loss), so the files after that point are removed,
+//! and its file gets its count, ranges and slots again from those entries (a version 2 file
+//! can tell an entry's slot from its stored hash). Replay puts the rest again from the log.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -40,7 +48,10 @@ use super::{
 };
 
 const KI_MAGIC: u32 = u32::from_le_bytes(*b"RMKI");
-const KI_VERSION: u32 = 1;
+const KI_VERSION: u32 = 2;
+/// Files made before version 2: an entry's slot came from the key's whole 64-bit hash, not
+/// stored, so their slots cannot be rebuilt from their entries.
+const KI_VERSION_1: u32 = 1;
 
 const KI_HEADER_BYTES: usize = 64;
 const MAGIC_AT: usize = 0;
@@ -106,8 +117,12 @@ fn file_bytes(slot_count: u32, entries_max: u32) -> Option<usize> {
     usize::try_from(bytes).ok()
 }
 
-/// The key's hash: the slot comes from the whole 64 bits, the stored 32-bit hash from both
-/// halves folded, so keys sharing a slot still differ in their stored hash.
+/// The key's hash: the stored 32-bit hash folds both halves of the 64-bit one, and the slot
+/// is the stored hash modulo the slot count (a version 1 file took the whole 64 bits modulo
+/// the slot count), so a slot can be rebuilt from its entries. Keys sharing a slot share
+/// their stored hash modulo the slot count, and still differ in the rest of it (about
+/// 2^32 / slot_count values: a rare false candidate, which the caller's check of the key
+/// drops).
 struct KeyHash {
     full: u64,
     stored: u32,
@@ -143,6 +158,7 @@ struct IndexFile {
     mmap: MmapMut,
     backing: Backing,
     /// Copied from the header, which open validated against the file size.
+    version: u32,
     slot_count: u32,
     entries_max: u32,
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
@@ -175,6 +191,7 @@ impl IndexFile {
             link_to,
             mmap,
             backing,
+            version: KI_VERSION,
             slot_count: cfg.slots_per_file,
             entries_max: cfg.entries_per_file,
             dirty_gen: 1,
@@ -214,7 +231,7 @@ impl IndexFile {
         let header = &mut self.mmap[..KI_HEADER_BYTES];
         header.fill(0);
         write_u32(header, MAGIC_AT, KI_MAGIC);
-        write_u32(header, VERSION_AT, KI_VERSION);
+        write_u32(header, VERSION_AT, self.version);
         write_u32(header, SLOT_COUNT_AT, self.slot_count);
         write_u32(header, ENTRIES_MAX_AT, self.entries_max);
         self.dirty_gen += 1;
@@ -256,7 +273,7 @@ impl IndexFile {
             return Err(corrupt(&path, format!("bad magic {magic:#010x}")));
         }
         let version = read_u32(header, VERSION_AT);
-        if version != KI_VERSION {
+        if version != KI_VERSION && version != KI_VERSION_1 {
             return Err(corrupt(&path, format!("unsupported version {version}")));
         }
         let slot_count = read_u32(header, SLOT_COUNT_AT);
@@ -290,6 +307,7 @@ impl IndexFile {
             link_to: None,
             mmap,
             backing: Backing::new(len_bytes),
+            version,
             slot_count,
             entries_max,
             dirty_gen: 0,
@@ -343,7 +361,16 @@ impl IndexFile {
     }
 
     fn slot_at(&self, hash: &KeyHash) -> usize {
-        let slot = hash.full % u64::from(self.slot_count);
+        if self.version == KI_VERSION_1 {
+            let slot = hash.full % u64::from(self.slot_count);
+            return KI_HEADER_BYTES + slot as usize * KI_SLOT_BYTES;
+        }
+        self.slot_of_stored(hash.stored)
+    }
+
+    /// The slot of an entry with this stored hash (version 2 on).
+    fn slot_of_stored(&self, stored: u32) -> usize {
+        let slot = stored % self.slot_count;
         KI_HEADER_BYTES + slot as usize * KI_SLOT_BYTES
     }
 
@@ -412,6 +439,71 @@ impl IndexFile {
         self.dirty_gen += 1;
     }
 
+    /// After an unclean stop: the file holds its first `count` entries, those the last
+    /// checkpoint found synced (written before it and never since); the header and slots
+    /// are made again from them, whatever pages of them reached the disk since. A version 1
+    /// file cannot tell an entry's slot: its entries past `count` are forgotten as after a
+    /// cut, and a slot whose newest entries were lost may lose its older ones.
+    fn keep_synced(&mut self, count: u32) -> Result<(), IndexError> {
+        if count > self.entries_max {
+            return Err(IndexError::Corrupt {
+                path: self.path.clone(),
+                reason: format!(
+                    "the checkpoint counts {count} entries synced, past entries_max {}",
+                    self.entries_max
+                ),
+            });
+        }
+        if self.version == KI_VERSION_1 {
+            crate::warn!(
+                "ringmq: key index file {} is of version 1, whose slots cannot be rebuilt \
+                 after an unclean stop: after a power loss, lookups by key may miss messages \
+                 it indexed",
+                self.path.display()
+            );
+            self.forget_from(count.saturating_add(1));
+            return Ok(());
+        }
+        let mut heads = vec![0u32; self.slot_count as usize];
+        let (mut begin_ts, mut end_ts) = (i64::MAX, i64::MIN);
+        let (mut begin_phys, mut end_phys) = (u64::MAX, 0);
+        for index in 1..=count {
+            let entry = self.entry(index);
+            let slot = (entry.key_hash % self.slot_count) as usize;
+            if entry.prev != heads[slot] {
+                let at = self.entry_at(index) + ENTRY_PREV_AT;
+                write_u32(&mut self.mmap, at, heads[slot]);
+            }
+            heads[slot] = index;
+            begin_ts = begin_ts.min(entry.store_timestamp_ms);
+            end_ts = end_ts.max(entry.store_timestamp_ms);
+            begin_phys = begin_phys.min(entry.physical_offset);
+            end_phys = end_phys.max(entry.physical_offset);
+        }
+        for (slot, &head) in heads.iter().enumerate() {
+            let at = KI_HEADER_BYTES + slot * KI_SLOT_BYTES;
+            if read_u32(&self.mmap, at) != head {
+                write_u32(&mut self.mmap, at, head);
+            }
+        }
+        if count == 0 {
+            (begin_ts, end_ts, begin_phys, end_phys) = (0, 0, 0, 0);
+        }
+        self.set_header(count, (begin_ts, end_ts), (begin_phys, end_phys));
+        Ok(())
+    }
+
+    /// Writes the header's count and ranges (timestamps, physical offsets).
+    fn set_header(&mut self, count: u32, timestamps: (i64, i64), phys: (u64, u64)) {
+        let header = &mut self.mmap[..KI_HEADER_BYTES];
+        write_i64(header, BEGIN_TIMESTAMP_MS_AT, timestamps.0);
+        write_i64(header, END_TIMESTAMP_MS_AT, timestamps.1);
+        write_u64(header, BEGIN_PHYS_AT, phys.0);
+        write_u64(header, END_PHYS_AT, phys.1);
+        write_u32(header, ENTRY_COUNT_AT, count);
+        self.dirty_gen += 1;
+    }
+
     /// Appends an entry; the file must not be full.
     fn put(&mut self, hash: &KeyHash, physical_offset: u64, store_timestamp_ms: i64) {
         let entry_count = self.entry_count();
@@ -424,8 +516,9 @@ impl IndexFile {
         let prev = self.live_head(slot_at);
         let entry_at = self.entry_at(index);
         // Entry, then slot, then count: within the process every step leaves a consistent
-        // file. After a power loss the pages may land in any order; queries tolerate slots
-        // and links beyond entry_count (they are ignored), and replay re-puts what is lost.
+        // file. After a power loss the pages may land in any order: the next open keeps
+        // only the entries the last checkpoint found synced (`keep_synced`), and replay
+        // puts the rest again.
         let entry = &mut self.mmap[entry_at..][..KI_ENTRY_BYTES];
         write_u32(entry, ENTRY_KEY_HASH_AT, hash.stored);
         write_u64(entry, ENTRY_PHYS_AT, physical_offset);
@@ -448,13 +541,11 @@ impl IndexFile {
                 self.end_phys().max(physical_offset),
             )
         };
-        let header = &mut self.mmap[..KI_HEADER_BYTES];
-        write_i64(header, BEGIN_TIMESTAMP_MS_AT, begin_timestamp_ms);
-        write_i64(header, END_TIMESTAMP_MS_AT, end_timestamp_ms);
-        write_u64(header, BEGIN_PHYS_AT, begin_phys);
-        write_u64(header, END_PHYS_AT, end_phys);
-        write_u32(header, ENTRY_COUNT_AT, index);
-        self.dirty_gen += 1;
+        self.set_header(
+            index,
+            (begin_timestamp_ms, end_timestamp_ms),
+            (begin_phys, end_phys),
+        );
     }
 
     /// Pushes onto `out` the physical offsets of `hash`'s entries stored in
@@ -496,6 +587,22 @@ impl IndexFile {
     }
 }
 
+/// What of the key index a checkpoint found synced: the entries of records below its log
+/// offset ([`KeyIndex::entries_below`]). A cut of the log is at or past its durable end and
+/// retention removes whole files, so those entries are never written again: they survive a
+/// power loss whatever else of the files does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeysSynced {
+    /// Not recorded (a checkpoint of an earlier version, or one written by hand): an unclean
+    /// start takes the files as it finds them.
+    Unknown,
+    /// No entry (or no checkpoint).
+    #[default]
+    Nothing,
+    /// The first `count` entries of file `seq`, and every entry of the files before it.
+    UpTo { seq: u64, count: u32 },
+}
+
 /// The key index over all files of one directory.
 pub struct KeyIndex {
     dir: PathBuf,
@@ -514,6 +621,20 @@ impl KeyIndex {
     /// If `cfg` has a zero dimension, `entries_per_file == u32::MAX`, or a file of that size
     /// cannot be mapped.
     pub fn open(dir: &Path, cfg: KeyIndexConfig) -> Result<Self, IndexError> {
+        Self::open_after_crash(dir, cfg, KeysSynced::Unknown)
+    }
+
+    /// [`open`](Self::open) after an unclean stop, keeping only what the last checkpoint
+    /// found `synced`: files past it are removed (all of them for
+    /// [`KeysSynced::Nothing`]), and its file is cut to its synced entries, with its header
+    /// and slots made again from them. The caller's replay from the checkpoint puts the
+    /// rest again (it starts past [`last_physical_offset`](Self::last_physical_offset)).
+    /// Costs a walk of that file's synced entries and slots.
+    pub fn open_after_crash(
+        dir: &Path,
+        cfg: KeyIndexConfig,
+        synced: KeysSynced,
+    ) -> Result<Self, IndexError> {
         assert!(cfg.slots_per_file > 0, "slots_per_file must be positive");
         assert!(
             cfg.entries_per_file > 0,
@@ -530,10 +651,25 @@ impl KeyIndex {
         std::fs::create_dir_all(dir).map_err(io_err("create_dir", dir))?;
         let (names, others) = list_files(dir)?;
         remove_leftovers(others)?;
+        let (names, past): (Vec<_>, Vec<_>) = match synced {
+            KeysSynced::Unknown => (names, Vec::new()),
+            KeysSynced::Nothing => (Vec::new(), names),
+            KeysSynced::UpTo { seq, .. } => names.into_iter().partition(|&(s, _)| s <= seq),
+        };
+        // Written since the checkpoint only (perhaps in part): replay indexes their records
+        // again. Newest first, so that a crash midway leaves numbers without a gap.
+        for (_, path) in past.iter().rev() {
+            remove_file(path)?;
+        }
         let last_seq = names.last().map(|&(seq, _)| seq);
         let mut files = VecDeque::with_capacity(names.len());
         for (seq, path) in names {
             files.push_back(IndexFile::open(dir, path, seq, Some(seq) == last_seq, cfg)?);
+        }
+        if let KeysSynced::UpTo { seq, count } = synced {
+            if let Some(last) = files.back_mut().filter(|f| f.seq == seq) {
+                last.keep_synced(count)?;
+            }
         }
         Ok(KeyIndex {
             dir: dir.to_path_buf(),
@@ -683,6 +819,25 @@ impl KeyIndex {
             file.collect(&hash, begin_ms, end_ms, max, &mut seen, &mut out);
         }
         out
+    }
+
+    /// Where the entries of records below `log_offset` end, for a checkpoint at that offset
+    /// to record once the files are synced. Entries follow the log, so this looks back from
+    /// the newest only past the records not yet durable.
+    pub fn entries_below(&self, log_offset: u64) -> KeysSynced {
+        for file in self.files.iter().rev() {
+            let mut count = file.entry_count();
+            while count > 0 && file.entry(count).physical_offset >= log_offset {
+                count -= 1;
+            }
+            if count > 0 {
+                return KeysSynced::UpTo {
+                    seq: file.seq,
+                    count,
+                };
+            }
+        }
+        KeysSynced::Nothing
     }
 
     /// The highest physical offset indexed; `None` if nothing is. Replay after a crash

@@ -35,6 +35,9 @@ impl MessageStore {
             .filter(|(_, files)| !files.is_empty())
             .collect();
         let keys = self.inner.keys.borrow().dirty_files();
+        // What an unclean start keeps of the key index (see `KeyIndex::open_after_crash`):
+        // those entries are in the mappings synced below, and never written again.
+        let keys_synced = self.inner.keys.borrow().entries_below(durable);
         let (queues, keys, gone) = if queues.is_empty() && keys.is_empty() {
             (queues, keys, Vec::new())
         } else {
@@ -87,6 +90,7 @@ impl MessageStore {
         let cp = lost.is_none().then(|| Checkpoint {
             log_offset: durable,
             timestamp_ms: crate::log::now_ms(),
+            keys: keys_synced,
         });
         let dir = self.inner.dir.clone();
         crate::io::blocking(move || {

@@ -63,7 +63,14 @@ impl MessageStore {
         cfg.log.known_durable = checkpoint_offset;
         // Consume queues and key index as they were flushed.
         let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue)?;
-        let mut keys = KeyIndex::open(&dir.join("index"), cfg.key_index)?;
+        // After an unclean stop, only what the checkpoint found synced: pages written since
+        // may have reached the disk in any order (a power loss).
+        let keys_dir = dir.join("index");
+        let mut keys = if clean_shutdown {
+            KeyIndex::open(&keys_dir, cfg.key_index)?
+        } else {
+            KeyIndex::open_after_crash(&keys_dir, cfg.key_index, checkpoint.keys)?
+        };
         let keys_last = keys.last_physical_offset();
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
