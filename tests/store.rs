@@ -717,9 +717,6 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
     });
 }
 
-/// Waits (up to 10 s) until the one queue of `store`, whose `files` files are all mapped
-/// (nothing closes them in these tests), holds a spare too: made in the blocking pool, it
-/// shows as one more mapping.
 /// Waits until every spare index file asked for has been made and handed back.
 async fn spares_made(store: &MessageStore) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

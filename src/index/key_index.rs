@@ -657,14 +657,22 @@ impl KeyIndex {
             KeysSynced::UpTo { seq, .. } => names.into_iter().partition(|&(s, _)| s <= seq),
         };
         // Written since the checkpoint only (perhaps in part): replay indexes their records
-        // again. Newest first, so that a crash midway leaves numbers without a gap.
+        // again. Newest first, so that a crash midway leaves numbers without a gap; synced,
+        // so that a later power loss cannot bring them back for a clean start to take.
         for (_, path) in past.iter().rev() {
             remove_file(path)?;
         }
+        if !past.is_empty() {
+            super::sync_dir(dir)?;
+        }
         let last_seq = names.last().map(|&(seq, _)| seq);
+        // A file holding synced entries is never a torn creation: an all-zero header there
+        // is damage, refused, not a file to make again empty.
+        let holds_synced = |seq: u64| matches!(synced, KeysSynced::UpTo { seq: s, count } if s == seq && count > 0);
         let mut files = VecDeque::with_capacity(names.len());
         for (seq, path) in names {
-            files.push_back(IndexFile::open(dir, path, seq, Some(seq) == last_seq, cfg)?);
+            let may_be_torn = Some(seq) == last_seq && !holds_synced(seq);
+            files.push_back(IndexFile::open(dir, path, seq, may_be_torn, cfg)?);
         }
         if let KeysSynced::UpTo { seq, count } = synced {
             if let Some(last) = files.back_mut().filter(|f| f.seq == seq) {
@@ -687,7 +695,10 @@ impl KeyIndex {
         }
         let next_seq = self.files.back().map_or(0, |last| last.seq + 1);
         match self.files.back_mut() {
-            Some(last) if last.entry_count() + n <= last.entries_max => {
+            // A version 1 file is written no more: a power loss would lose its slots.
+            Some(last)
+                if last.version != KI_VERSION_1 && last.entry_count() + n <= last.entries_max =>
+            {
                 if last.backing.allocated_to() == 0 {
                     last.allocate_slots()?;
                 }

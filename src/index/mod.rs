@@ -356,6 +356,13 @@ fn map_file(file: &std::fs::File, path: &Path) -> Result<memmap2::MmapMut, Index
     unsafe { memmap2::MmapMut::map_mut(file) }.map_err(io_err("mmap", path))
 }
 
+/// fsyncs directory `dir` (its entries: names made or removed).
+fn sync_dir(dir: &Path) -> Result<(), IndexError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync", dir))
+}
+
 pub(crate) fn remove_file(path: &Path) -> Result<(), IndexError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),

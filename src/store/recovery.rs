@@ -96,8 +96,12 @@ impl MessageStore {
         if let Some(e) = failure {
             return Err(e);
         }
-        // Drop index entries past the recovered end of the log, and below its start.
+        // Drop index entries past the recovered end of the log, and below its start. (The
+        // log can end below the checkpoint: a torn tail it may have when nothing valid
+        // follows. Key entries kept past the end would break the order of offsets that
+        // cuts and checkpoints look back through.)
         let end = log.write_offset();
+        keys.forget_from_physical(end);
         for q in queues.values_mut() {
             q.cq.truncate_after_log_end(end)?;
             q.cq.delete_before_physical(log.min_offset())?;
@@ -108,7 +112,9 @@ impl MessageStore {
             .max(cfg.incarnation_after.saturating_add(1));
         let runs = runs::Runs::start(dir, log.readable_end(), now_nanos).map_err(StoreError::Io)?;
         let trimmed_to = log.min_offset();
-        std::fs::write(&abort_path, b"ringmq store open\n")
+        // Durable before anything is appended: a marker a power loss took would have the
+        // next start taken for one after a clean stop, trusting index pages as it finds them.
+        crate::io::replace_file(&abort_path, b"ringmq store open\n")
             .map_err(|e| io_err("create", &abort_path, e))?;
         let report = StoreRecovery {
             log: log_report,
