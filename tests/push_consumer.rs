@@ -272,6 +272,8 @@ fn stable_id(name: &str) -> String {
     )
 }
 
+#[path = "push_consumer/memory.rs"]
+mod memory;
 #[path = "push_consumer/orderly.rs"]
 mod orderly;
 #[path = "push_consumer/reset.rs"]

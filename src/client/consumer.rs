@@ -802,7 +802,10 @@ struct ProcessQueue {
 
 #[derive(Default)]
 struct QueueState {
-    tracker: OffsetTracker<Message>,
+    /// The cached messages themselves only in orderly mode (where the queue's task takes
+    /// them from here), detached from their answers' buffers; concurrent mode hands each
+    /// answer's messages to listener calls at once and tracks offsets and sizes only.
+    tracker: OffsetTracker<Option<Message>>,
     /// The offset last committed (or read as committed at start).
     committed: Option<u64>,
     /// The broker run (`PullResult::incarnation`) the tracker's position was read under

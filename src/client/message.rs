@@ -218,6 +218,17 @@ impl Message {
         }
     }
 
+    /// The same message in an allocation of its own: a message received shares the buffer
+    /// its answer was read into (a read chunk of 256 KiB or more, with other answers), and
+    /// keeps all of it alive. One kept past its answer (a consumer's cache, a local retry)
+    /// is detached, so that what it holds is what flow control counts.
+    pub(crate) fn detached(&self) -> Message {
+        Message {
+            record: Bytes::copy_from_slice(&self.record),
+            ..*self
+        }
+    }
+
     /// All fields at once, read in place (one header check; use it in hot loops rather
     /// than several accessors).
     pub fn view(&self) -> RecordView<'_> {

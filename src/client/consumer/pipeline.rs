@@ -30,6 +30,19 @@ pub(crate) enum Verdict {
     Restart,
 }
 
+/// Whether a pull sent now, with `in_flight` pulls in flight, fits the cache's byte limit:
+/// it and each pull in flight counted as `answer_bytes` (the most record bytes an answer
+/// of the queue has had) within `room` (the limit less what the cache holds). With
+/// nothing in flight a pull is always sent (the flow-control check before it stops a
+/// queue over its limit), as [`PullPipeline::next_pull`] does for the message count.
+pub(crate) fn ahead_fits_bytes(in_flight: usize, answer_bytes: u64, room: u64) -> bool {
+    in_flight == 0
+        || (in_flight as u64)
+            .saturating_add(1)
+            .saturating_mul(answer_bytes)
+            <= room
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct PullPipeline {
     /// Most pulls in flight at once (1: one pull at a time, as upstream).
@@ -120,6 +133,18 @@ impl PullPipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pulls_ahead_count_as_the_largest_answer_against_the_byte_room() {
+        // Nothing in flight: always (the flow-control check stops a full cache).
+        assert!(ahead_fits_bytes(0, 5 << 20, 0));
+        // No answer yet: nothing known to count.
+        assert!(ahead_fits_bytes(3, 0, 0));
+        // Two in flight and this one, at 1 MiB each, in 3 MiB of room; not in 3 MiB - 1.
+        assert!(ahead_fits_bytes(2, 1 << 20, 3 << 20));
+        assert!(!ahead_fits_bytes(2, 1 << 20, (3 << 20) - 1));
+        assert!(!ahead_fits_bytes(usize::MAX, u64::MAX, u64::MAX - 1));
+    }
     use proptest::prelude::*;
 
     #[test]

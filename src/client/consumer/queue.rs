@@ -18,7 +18,7 @@ use super::super::error::Result;
 use super::super::message::Message;
 use super::super::session::PullResult;
 use super::local_offsets::Position;
-use super::pipeline::{PullPipeline, Verdict};
+use super::pipeline::{ahead_fits_bytes, PullPipeline, Verdict};
 use super::{
     add, AnyListener, ConcurrentListener, ConsumeFrom, ConsumeStatus, Listener, MessageQueue,
     OrderlyListener, OrderlyStatus, ProcessQueue, Shared, LOCK_WAIT_MS,
@@ -336,6 +336,9 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         start.at.offset,
     );
     let mut in_flight = InFlight(VecDeque::new());
+    // The most record bytes an answer of this queue has had: each pull ahead is counted
+    // as one such answer against the cache's byte limit.
+    let mut largest_answer = 0u64;
     loop {
         if stopped(&pq) {
             return;
@@ -344,7 +347,10 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         loop {
             let next = {
                 let state = pq.state();
-                if limits.check(&state.tracker).is_some() {
+                let bytes_room = limits.bytes_max.saturating_sub(state.tracker.bytes());
+                if limits.check(&state.tracker).is_some()
+                    || !ahead_fits_bytes(in_flight.0.len(), largest_answer, bytes_room)
+                {
                     None
                 } else {
                     pipeline.next_pull(state.tracker.len(), limits.messages_max)
@@ -432,11 +438,22 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         // `Client::pull` already re-checked the tag strings. Offsets below the position
         // were delivered by an earlier answer (a tag filter's answer can reach past where
         // the next pull started).
+        let answer_bytes: u64 = (pulled.messages.iter())
+            .map(|m| m.as_bytes().len() as u64)
+            .sum();
+        largest_answer = largest_answer.max(answer_bytes);
         let messages: Vec<Message> = pulled
             .messages
             .into_iter()
             .filter(|m| m.queue_offset() >= next)
             .collect();
+        // Orderly mode keeps the messages in the cache until the queue's task takes them:
+        // copies of their own (made before the lock), not the answer's read buffer.
+        let mut copies = match shared.listener {
+            Listener::Orderly(_) => messages.iter().map(Message::detached).collect(),
+            Listener::Concurrent(_) => Vec::new(),
+        }
+        .into_iter();
         {
             let mut state = pq.state();
             // Each is counted until done (concurrent: it goes to a listener now; orderly: the
@@ -444,7 +461,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             // the position back each in turn.
             for m in &messages {
                 let (offset, bytes) = (m.queue_offset(), m.as_bytes().len() as u64);
-                state.tracker.insert(offset, bytes, m.clone());
+                state.tracker.insert(offset, bytes, copies.next());
             }
             let after_last = messages.last().map_or(0, |m| m.queue_offset() + 1);
             let position = match pulled.status {
@@ -635,6 +652,7 @@ async fn failed_batch(
     listener: ConcurrentListener,
     mut messages: Vec<Message>,
 ) {
+    let mut detached = false;
     loop {
         if pq.is_dropped() {
             return;
@@ -644,6 +662,11 @@ async fn failed_batch(
             if messages.is_empty() {
                 return;
             }
+        }
+        // Kept here for as long as they fail: not holding their answers' read buffers.
+        if !detached {
+            messages = messages.iter().map(Message::detached).collect();
+            detached = true;
         }
         let Some(permit) = wait_to_retry(&shared, &pq).await else {
             return;
@@ -759,7 +782,8 @@ pub(super) async fn orderly_loop(
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
         // Those below the batch are finished (consumed or dead-lettered).
         failures = failures.split_off(&offsets[0]);
-        let mut messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
+        // Every cached message is kept in orderly mode.
+        let mut messages: Vec<Message> = batch.into_iter().filter_map(|(_, m)| m).collect();
         let mut retry_rest = false;
         let status = run_listener(&shared, listener.clone(), &messages).await;
         drop(permit);
