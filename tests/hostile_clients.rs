@@ -737,3 +737,58 @@ fn records_sent_back_for_retry_are_held_within_the_connections_share() {
         assert!(message.contains("its share is"), "{message}");
     }
 }
+
+/// Look-ups by key pipelined on a connection that never reads their answers (each answer a
+/// 3 MiB message). A shard runs a few look-ups at a time; one done gives its place up
+/// before it waits for room for its answer, so another client's look-up is still served,
+/// and what the waiting ones found is held within the connection's share (the rest are
+/// refused with `BrokerBusy`). Before, four of them waited for room holding the shard's
+/// four places, and every other look-up by key on the shard waited behind them.
+#[test]
+fn lookups_by_key_whose_answers_are_never_read_do_not_stop_anothers() {
+    use ringmq::client::Client;
+    use ringmq::protocol::MessagesByKey;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = BrokerProcess::start(&data, 1, &["--tail-cache-mb", "0"]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(addr.as_str()));
+        let producer = producer.await.unwrap();
+        producer.client().create_topic("keyed", 1).await.unwrap();
+        let big = OutgoingMessage::new(vec![b'k'; 3 << 20]).with_keys(["big"]);
+        producer.send("keyed", big).await.unwrap();
+        let small = OutgoingMessage::new("s").with_keys(["small"]);
+        producer.send("keyed", small).await.unwrap();
+    });
+    let before = settle_rss(&broker);
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    conn.set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    for id in 0..256 {
+        let by_key = MessagesByKey {
+            topic: "keyed".into(),
+            key: "big".into(),
+            begin_ms: 0,
+            end_ms: i64::MAX,
+            max_messages: 1,
+        };
+        if conn.write_all(&frame(by_key.into(), id)).is_err() {
+            break;
+        }
+    }
+    let during = settle_rss(&broker);
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(addr.as_str()));
+        let client = client.await.unwrap();
+        let found = client.messages_by_key("keyed", "small", 0, i64::MAX, 10);
+        let found = tokio::time::timeout(Duration::from_secs(10), found).await;
+        let found = found.expect("another client's look-up waited behind the unread ones");
+        assert_eq!(found.unwrap().len(), 1);
+    });
+    assert!(
+        during < before + 200,
+        "{before} MiB before, {during} MiB with unread answers"
+    );
+    drop(conn);
+}

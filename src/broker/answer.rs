@@ -115,7 +115,8 @@ pub const HELD_SMALL_REQUEST_BYTES: usize = 64 << 10;
 /// until its answer comes (what a client sends to another shard than the one that handles
 /// it: a queue's sends from a client that is not shard aware, group and admin requests on a
 /// client's bootstrap connection), sends kept until their topic is known or their turn in
-/// its line comes, and messages sent back for retry until their copy is durable. Each
+/// its line comes, messages sent back for retry until their copy is durable, and what a
+/// lookup by key found until there is room for its answer. Each
 /// connection's requests in flight are bounded by count; this bounds their bytes, per
 /// client connection (by its address, which a request passed on keeps) and for the shard.
 /// Past either such a request is refused at once with `BrokerBusy` (the copy is what is
@@ -193,8 +194,8 @@ impl HeldRequests {
         Err(err(
             ErrorCode::BrokerBusy,
             format!(
-                "{why} (waiting for another shard, their topic or the disk); send again once \
-                 some are answered (a send to a known topic's queue made on the queue's own \
+                "{why} (waiting for another shard, their topic, the disk or room for their \
+                 answers); send again once some are answered (a send to a known topic's queue made on the queue's own \
                  shard, as ringmq's producer makes them, is not held)"
             ),
         ))

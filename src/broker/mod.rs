@@ -834,6 +834,7 @@ impl Handlers for Req<'_> {
         self.later_frame(self.ctx.clone().messages_by_key(
             self.request_id,
             self.conn,
+            self.peer,
             self.records_max(),
             m,
         ))

@@ -243,11 +243,16 @@ impl ShardCtx {
     }
 
     /// `MessagesByKey`: this shard's matches and every other shard's, newest first, as many
-    /// as fit in one frame (the newest ones). Lookups run a few at a time per shard.
+    /// as fit in one frame (the newest ones). Lookups run a few at a time per shard; one
+    /// done gives its place up before it waits for room for its answer (a connection that
+    /// reads no answers would otherwise keep the shard's few places for ever), and what it
+    /// found is held meanwhile in the connection's share of
+    /// [`HeldRequests`](super::answer::HeldRequests) (`BrokerBusy` past it).
     pub(super) async fn messages_by_key(
         self: Rc<Self>,
         request_id: u64,
         conn: u64,
+        peer: std::net::SocketAddr,
         max_bytes: usize,
         m: MessagesByKey,
     ) -> Result<Answer, ErrorBody> {
@@ -257,7 +262,7 @@ impl ShardCtx {
                 format!("topic {} is reserved for the broker", m.topic),
             ));
         }
-        let _one_of_few = self
+        let one_of_few = self
             .key_lookups
             .acquire()
             .await
@@ -289,6 +294,8 @@ impl ShardCtx {
         found.truncate(max as usize);
         keep_within(&mut found, max_bytes);
         let bytes: usize = found.iter().map(Vec::len).sum();
+        let _held = self.held.hold(bytes, self.id, peer)?;
+        drop(one_of_few);
         let hold = self.answers.reserve(conn, bytes).await?;
         let parts: Vec<&[u8]> = found.iter().map(|b| &b[..]).collect();
         Ok(Answer::held(records_frame(request_id, &parts), hold))

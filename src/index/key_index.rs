@@ -740,7 +740,10 @@ impl KeyIndex {
             return self.spares.ask(&self.dir, u64::MAX, bytes, slots_end);
         };
         let ahead = (KI_ALLOC_STEP / KI_ENTRY_BYTES as u64) as u32;
-        if last.entry_count().saturating_add(ahead) < last.entries_max {
+        // A version 1 file is written no more: the next put rolls.
+        if last.version != KI_VERSION_1
+            && last.entry_count().saturating_add(ahead) < last.entries_max
+        {
             return None;
         }
         self.spares.ask(&self.dir, last.seq, bytes, slots_end)

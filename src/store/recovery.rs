@@ -106,6 +106,21 @@ impl MessageStore {
             q.cq.truncate_after_log_end(end)?;
             q.cq.delete_before_physical(log.min_offset())?;
         }
+        if end < checkpoint_offset {
+            // The indexes cut back to that end are synced and the checkpoint moved down to
+            // it before anything is appended: else a power loss would bring back, with the
+            // checkpoint's synced entries, entries of records this start cut.
+            for q in queues.values_mut() {
+                q.cq.flush()?;
+            }
+            keys.flush()?;
+            let checkpoint = Checkpoint {
+                log_offset: end,
+                timestamp_ms: crate::log::now_ms(),
+                keys: keys.entries_below(end),
+            };
+            checkpoint.write(dir)?;
+        }
         let now_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)

@@ -441,7 +441,9 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         let answer_bytes: u64 = (pulled.messages.iter())
             .map(|m| m.as_bytes().len() as u64)
             .sum();
-        largest_answer = largest_answer.max(answer_bytes);
+        // Halved at each smaller answer: one large answer narrows the pulls ahead for a
+        // while, not for good.
+        largest_answer = answer_bytes.max(largest_answer / 2);
         let messages: Vec<Message> = pulled
             .messages
             .into_iter()
@@ -650,9 +652,11 @@ async fn failed_batch(
     shared: Arc<Shared>,
     pq: Arc<ProcessQueue>,
     listener: ConcurrentListener,
-    mut messages: Vec<Message>,
+    messages: Vec<Message>,
 ) {
-    let mut detached = false;
+    // Kept here for as long as they fail, sent back one at a time meanwhile: not holding
+    // their answers' read buffers.
+    let mut messages: Vec<Message> = messages.iter().map(Message::detached).collect();
     loop {
         if pq.is_dropped() {
             return;
@@ -662,11 +666,6 @@ async fn failed_batch(
             if messages.is_empty() {
                 return;
             }
-        }
-        // Kept here for as long as they fail: not holding their answers' read buffers.
-        if !detached {
-            messages = messages.iter().map(Message::detached).collect();
-            detached = true;
         }
         let Some(permit) = wait_to_retry(&shared, &pq).await else {
             return;
@@ -766,7 +765,13 @@ pub(super) async fn orderly_loop(
             pq.pause(LOCK_WAIT_MS).await;
             continue;
         }
-        let batch = pq.state().tracker.first(shared.options.consume_batch_max);
+        // Every cached message is kept in orderly mode; were one not, its offset would stay
+        // cached (the queue waits), never be finished unseen.
+        let batch: Vec<(u64, Message)> =
+            (pq.state().tracker.first(shared.options.consume_batch_max))
+                .into_iter()
+                .map_while(|(offset, m)| Some((offset, m?)))
+                .collect();
         if batch.is_empty() {
             // The pull task (new messages) and a drop wake it.
             pq.wake.notified().await;
@@ -782,8 +787,7 @@ pub(super) async fn orderly_loop(
         let offsets: Vec<u64> = batch.iter().map(|(offset, _)| *offset).collect();
         // Those below the batch are finished (consumed or dead-lettered).
         failures = failures.split_off(&offsets[0]);
-        // Every cached message is kept in orderly mode.
-        let mut messages: Vec<Message> = batch.into_iter().filter_map(|(_, m)| m).collect();
+        let mut messages: Vec<Message> = batch.into_iter().map(|(_, m)| m).collect();
         let mut retry_rest = false;
         let status = run_listener(&shared, listener.clone(), &messages).await;
         drop(permit);
