@@ -229,3 +229,105 @@ async fn a_half_message_whose_send_broke_off_is_not_sent_again() {
     let sends = fake.sends();
     assert_eq!(sends.len(), 1, "{sends:?}");
 }
+
+/// A batch answered with fewer (or more) places than it had messages is a protocol error,
+/// not a result whose message ids would be made from the wrong places; the answer that fits
+/// is taken.
+#[tokio::test]
+async fn a_batch_answer_with_a_place_per_message_is_taken_and_another_refused() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 1)),
+        ))],
+        Request::SendBatch(b) => {
+            let n = b.messages.len() as u64;
+            // Batches of three are answered one place short.
+            let places = if n == 3 { n - 1 } else { n };
+            let result = crate::protocol::SendBatchResult {
+                queue_id: 0,
+                first_queue_offset: 0,
+                count: n as u32,
+                broker_id: 7,
+                store_id: 0,
+                physical_offsets: (0..places).map(|i| i * 100).collect(),
+            };
+            vec![Out::Frame(answer(id, &Response::SendBatchResult(result)))]
+        }
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let producer = Producer::connect_with(fake.config(), no_retries())
+        .await
+        .unwrap();
+    let batch = |n: usize| {
+        (0..n)
+            .map(|i| OutgoingMessage::new(i.to_string()))
+            .collect()
+    };
+    let taken = producer.send_batch("t", batch(2)).await.unwrap();
+    assert_eq!(taken.physical_offsets, [0, 100]);
+    match producer.send_batch("t", batch(3)).await {
+        Err(ClientError::Protocol(crate::protocol::ProtocolError::BadPayload {
+            reason, ..
+        })) => {
+            assert!(reason.contains("3 messages at 2 places"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A packed request (`coalesce`) the broker refuses for what one message is sends each of
+/// its messages again alone, except those whose caller gave up meanwhile: sent again, they
+/// would be stored with nobody told.
+#[tokio::test]
+async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => vec![Out::Frame(answer(
+            id,
+            &Response::TopicInfo(topic_info(&d.topic, 1)),
+        ))],
+        // The first send stays in flight a while, so the next ones are packed behind it.
+        Request::SendMessage(m) if m.body == b"s0" => vec![Out::Later(
+            Duration::from_millis(300),
+            answer(id, &send_result(0, 0)),
+        )],
+        Request::SendMessage(_) => vec![Out::Frame(answer(id, &send_result(0, 1)))],
+        Request::SendMulti(_) => vec![Out::Later(
+            Duration::from_millis(300),
+            error(id, ErrorCode::InvalidMessage, "one of them is refused"),
+        )],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = ProducerOptions {
+        coalesce: true,
+        ..no_retries()
+    };
+    let producer = Producer::connect_with(fake.config(), options)
+        .await
+        .unwrap();
+    // The topic's queue count is cached first, so every send below is decided at once.
+    producer.client().describe_topic("t").await.unwrap();
+    let send = |body: &str| producer.send_async("t", OutgoingMessage::new(body.to_owned()));
+    let s0 = tokio::spawn(send("s0"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (s1, s3) = (tokio::spawn(send("s1")), tokio::spawn(send("s3")));
+    // Given up while the packed request is in flight (sent at about 300 ms).
+    let s2 = tokio::time::timeout(Duration::from_millis(450), send("s2"));
+    assert!(s2.await.is_err(), "s2 was answered before it was given up");
+    for s in [s0, s1, s3] {
+        s.await.unwrap().unwrap();
+    }
+    let alone: Vec<Vec<u8>> = (fake.requests().into_iter())
+        .filter_map(|(_, r)| match r {
+            Request::SendMessage(m) => Some(m.body),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(alone, [&b"s0"[..], b"s1", b"s3"]);
+    let packed = (fake.requests().into_iter())
+        .filter(|(_, r)| matches!(r, Request::SendMulti(_)))
+        .count();
+    assert_eq!(packed, 1, "s1, s2 and s3 went packed first");
+}
