@@ -637,6 +637,57 @@ impl ShardCtx {
 mod tests {
     use super::*;
 
+    /// The retention floor when the oldest held message is no longer in the index (below
+    /// the queue's start after retention, or past its end after a cut): the next held one
+    /// the index has sets it; with none, nothing is held.
+    #[test]
+    fn the_floor_passes_over_held_messages_the_index_lacks() {
+        crate::io::run_local(|| async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = crate::store::StoreConfig::default();
+            cfg.log.segment_bytes = 256 * 1024;
+            cfg.log.retention_bytes_max = 512 * 1024;
+            let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+            let draft = OwnedDraft {
+                topic: SCHEDULE_TOPIC.to_owned(),
+                queue_id: 0,
+                flag: 0,
+                born_timestamp_ms: 0,
+                born_host: "127.0.0.1:1".parse().unwrap(),
+                reconsume_times: 0,
+                properties: Vec::new(),
+                body: vec![b'd'; 1000],
+            };
+            let mut placed = Vec::new();
+            for _ in 0..1200 {
+                placed.push(store.put(&draft.draft()).await.unwrap().physical_offset);
+            }
+            store.apply_retention(crate::log::now_ms()).await.unwrap();
+            let start = store.queue_range(SCHEDULE_TOPIC, 0).unwrap().0;
+            assert!(start > 2, "retention kept the whole queue");
+            let floor = |held: &[u64]| {
+                let mut schedule = Schedule::new(0);
+                for &off in held {
+                    schedule.wheel.insert(1_000, off);
+                }
+                retention_floor(&store, &schedule, 0).unwrap()
+            };
+            // The oldest held one gone with retention, the next two still there.
+            let kept = [start + 5, start + 2];
+            assert_eq!(
+                floor(&[start - 2, kept[0], kept[1]]),
+                placed[kept[1] as usize]
+            );
+            // Past the queue's end (a cut dropped their sends): passed over too.
+            assert_eq!(
+                floor(&[start - 1, 5_000, kept[0]]),
+                placed[kept[0] as usize]
+            );
+            // None the index has: nothing is held.
+            assert_eq!(floor(&[start - 1, 5_000]), u64::MAX);
+        });
+    }
+
     #[test]
     fn snapshots_round_trip_and_damage_is_detected() {
         let s = Snapshot {
