@@ -449,3 +449,64 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         assert!(sent_at.elapsed() >= due_in);
     });
 }
+
+/// A burst of large delayed messages due at the same moment (64 of 3 MiB) is delivered
+/// over several turns, each reading about 32 MiB of records: every one arrives, and the
+/// broker never holds the burst at once. Before turns were bounded in bytes, one turn read
+/// all 192 MiB and appended the copies into one write buffer grown to 256 MiB.
+#[test]
+fn a_burst_of_large_delayed_messages_is_delivered_in_turns_of_bounded_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--tail-cache-mb", "0"]);
+    let addr = broker.addr_string();
+    let pid = broker.pid().expect("the broker runs");
+    let rss_mib = move || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kb = status.lines().find(|l| l.starts_with("VmRSS:"));
+        let kb = kb.and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok());
+        kb.unwrap_or(0) / 1024
+    };
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("burst", 1).await.unwrap();
+        let due = now_ms() + 10_000;
+        for i in 0..64u64 {
+            let mut body = vec![b'b'; 3 << 20];
+            body[..8].copy_from_slice(&i.to_le_bytes());
+            let delayed = OutgoingMessage::new(body).with_deliver_at_ms(due);
+            producer.send("burst", delayed).await.unwrap();
+        }
+        let before = rss_mib();
+        assert!(
+            now_ms() + 500 < due,
+            "the sends took too long: the burst is due already"
+        );
+        // The broker's memory, sampled every 5 ms until every message is in.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    peak = peak.max(rss_mib());
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                peak
+            })
+        };
+        let mut seen = HashSet::new();
+        pull_until(&client, "burst", 1, Duration::from_secs(60), |m, _| {
+            let n = u64::from_le_bytes(m.body()[..8].try_into().unwrap());
+            seen.insert(n);
+            seen.len() == 64
+        })
+        .await;
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let peak = sampler.join().unwrap();
+        assert!(
+            peak < before + 200,
+            "{before} MiB before the burst fell due, {peak} MiB while it was delivered"
+        );
+    });
+}

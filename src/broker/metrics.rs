@@ -477,7 +477,8 @@ impl ShardCtx {
             "ringmq_schedule_pending",
             "Delayed messages waiting in the schedule.",
             false,
-            (sl(), self.local_schedule_info().pending as f64),
+            // The count alone: `local_schedule_info` walks every entry.
+            (sl(), self.schedule.borrow().pending() as f64),
         );
         s.add(
             "ringmq_transactions_unresolved",

@@ -200,6 +200,8 @@ pub struct ShardCtx {
     sql_filters: RefCell<HashMap<String, Rc<crate::protocol::sql::SqlFilter>>>,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
     key_lookups: tokio::sync::Semaphore,
+    /// The schedule's moves to another shard in flight (`schedule/deliver.rs`).
+    schedule_remote_moves: std::sync::Arc<tokio::sync::Semaphore>,
     /// The largest frame each connection of this shard takes (from its handshake).
     conn_frame_max: RefCell<HashMap<u64, u32>>,
 }
@@ -345,6 +347,9 @@ impl ShardCtx {
             stats: metrics::ShardStats::default(),
             producers: RefCell::new(transaction::ProducerGroups::default()),
             key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_AT_ONCE),
+            schedule_remote_moves: std::sync::Arc::new(tokio::sync::Semaphore::new(
+                schedule::REMOTE_MOVES_MAX,
+            )),
             conn_frame_max: RefCell::new(HashMap::new()),
         })
     }

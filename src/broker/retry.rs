@@ -17,7 +17,7 @@ use super::schedule::{rebuild_properties, OwnedDraft};
 use super::topics::NewTopic;
 use super::{err, store_error, ShardCtx};
 use crate::protocol::names::{dlq_topic, retry_topic};
-use crate::protocol::record::{prop, RecordView};
+use crate::protocol::record::{prop, Properties, RecordView};
 use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, MessageId, SendBackResult};
 
 /// Queues of a retry or dead-letter topic.
@@ -192,25 +192,39 @@ impl ShardCtx {
         if !dead {
             add.push((prop::DELAY, &level));
         }
+        let topic = if dead {
+            dlq_topic(&m.group)
+        } else {
+            retry_topic(&m.group)
+        };
+        // A retry is scheduled, which adds its target and due time: the copy must leave
+        // room for them (as many characters as they can take), or the schedule would
+        // refuse it on every send-back and it would never reach the dead-letter topic.
+        let (most_queue, most_due) = (u32::MAX.to_string(), u64::MAX.to_string());
+        let schedulable = |p: Vec<u8>| -> Result<Vec<u8>, ErrorBody> {
+            if !dead {
+                let scheduled = [
+                    (prop::REAL_TOPIC, topic.as_str()),
+                    (prop::REAL_QID, most_queue.as_str()),
+                    (prop::TIMER_OUT_MS, most_due.as_str()),
+                ];
+                rebuild_properties(Properties::new(&p), &[], &scheduled)?;
+            }
+            Ok(p)
+        };
         // A message the full copy cannot carry (properties of an older client at the
         // limit) still goes back, with what identifies it.
         let properties = rebuild_properties(props, &prop::DELAY_PROPERTIES, &add)
+            .and_then(schedulable)
             .or_else(|_| {
                 let keep: Vec<(&str, &str)> = [prop::TAGS, prop::KEYS]
                     .into_iter()
                     .filter_map(|name| props.get(name).map(|v| (name, v)))
                     .chain(add.iter().copied())
                     .collect();
-                rebuild_properties(crate::protocol::record::Properties::new(&[]), &[], &keep)
+                rebuild_properties(Properties::new(&[]), &[], &keep).and_then(schedulable)
             })
-            .or_else(|_| {
-                rebuild_properties(crate::protocol::record::Properties::new(&[]), &[], &add)
-            })?;
-        let topic = if dead {
-            dlq_topic(&m.group)
-        } else {
-            retry_topic(&m.group)
-        };
+            .or_else(|_| rebuild_properties(Properties::new(&[]), &[], &add))?;
         Ok((
             dead,
             OwnedDraft {

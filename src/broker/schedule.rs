@@ -10,7 +10,8 @@
 //! not yet delivered.
 //!
 //! Delivery: a task per shard takes what is due, at most [`DELIVER_BATCH_MAX`] at a time
-//! (so a burst is spread over several turns and the shard keeps serving), reads the records
+//! and about 32 MiB of records (the rest of a turn is taken again next turn; so a burst is
+//! spread over several turns and the shard keeps serving), reads the records
 //! (consecutive schedule offsets in one read), appends each to its real queue with its
 //! original properties (delay properties cleared, `ORIGIN_MESSAGE_ID` recorded), wakes the
 //! queues' long polls once written, and once an fdatasync covers the copies appends a "done"
@@ -61,6 +62,7 @@ const SNAPSHOT_FILE: &str = "schedule.snapshot";
 const SCHEDULE_PROPS: [&str; 6] = prop::DELAY_PROPERTIES;
 
 mod deliver;
+pub(super) use deliver::REMOTE_MOVES_MAX;
 
 /// The in-memory side of one shard's schedule.
 pub struct Schedule {

@@ -21,6 +21,15 @@ use crate::store::{StoreError, Written, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
 
 /// Most messages one delivery turn takes from the wheel.
 pub const DELIVER_BATCH_MAX: usize = 512;
+/// About the most record bytes one delivery turn reads (at least one read of the largest
+/// frame's): the rest of its messages are taken again at their own due time, next turn.
+/// 512 delayed messages of 4 MiB due together would otherwise have a turn read 2 GiB and
+/// append all their copies into one growing write buffer.
+const DELIVER_BYTES_MAX: usize = 32 << 20;
+/// Most moves to another shard (to the undeliverable topic) in flight at once; past it a
+/// move waits in the wheel for a while (a turn does not wait: the others' deliveries and a
+/// stop go on).
+pub const REMOTE_MOVES_MAX: usize = 16;
 /// How often the wheel is snapshotted (when it changed).
 const SNAPSHOT_INTERVAL_MS: u64 = 5_000;
 /// Most held messages moved forward in one pass.
@@ -184,8 +193,9 @@ impl ShardCtx {
                     self.retry_later([off], now + PARK_MS);
                 }
                 None => {
-                    // Not reached by the read (it ended early): next turn.
-                    self.retry_later([off], now + NOT_YET_WRITTEN_MS);
+                    // Not reached by the read (it ended early, or the turn's bytes were
+                    // read): next turn, in its place in due order.
+                    self.retry_later([off], entry_due);
                 }
             }
         }
@@ -243,7 +253,12 @@ impl ShardCtx {
         }
         for (off, owner, copy) in remote {
             let ctx = self.clone();
+            let Ok(one_of_few) = self.schedule_remote_moves.clone().try_acquire_owned() else {
+                self.retry_later([off], now + PARK_MS);
+                continue;
+            };
             crate::io::spawn(async move {
+                let _one_of_few = one_of_few;
                 let put = MeshRequest::Put {
                     draft: copy,
                     wait: PutWait::NextFlush,
@@ -412,10 +427,12 @@ impl ShardCtx {
         offsets.sort_unstable();
         let mut out = HashMap::with_capacity(offsets.len());
         let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
+        // Offsets not read within it get no answer: their turn comes again (`None`).
+        let mut budget = DELIVER_BYTES_MAX.max(max_bytes);
         let mut i = 0;
         // Only the offset whose own read fails may be taken for lost, not its neighbours.
         let mut alone = crate::store::AloneAfterDamage::default();
-        while i < offsets.len() {
+        while i < offsets.len() && budget > 0 {
             let start = offsets[i];
             let mut run = 1;
             while i + run < offsets.len() && offsets[i + run] == start + run as u64 {
@@ -424,11 +441,19 @@ impl ShardCtx {
             let run = alone.batch(start, run as u64) as usize;
             let read = self
                 .store
-                .read_queue(SCHEDULE_TOPIC, 0, start, run as u32, max_bytes, &[])
+                .read_queue(
+                    SCHEDULE_TOPIC,
+                    0,
+                    start,
+                    run as u32,
+                    max_bytes.min(budget),
+                    &[],
+                )
                 .await;
             match read {
                 Ok(r) if !r.is_empty() => {
                     let n = r.len();
+                    budget = budget.saturating_sub(r.records().map(<[u8]>::len).sum());
                     for (off, bytes) in r.queue_offsets().iter().zip(r.records()) {
                         out.insert(*off, Ok(bytes.to_vec()));
                     }
