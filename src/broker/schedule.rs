@@ -227,16 +227,21 @@ impl Schedule {
             .map_err(|e| e.to_string())?;
         let mut pending: HashMap<u64, u64> = HashMap::new();
         // A snapshot ahead of the log (the log lost a tail it had not made durable: a power
-        // loss) says nothing reliable about the offsets now reused: start from scratch.
-        let snapshot = snapshot.filter(|s| {
-            let fits = s.schedule_end <= end && s.done_end <= done_end;
-            if !fits {
+        // loss) still holds below the log's new ends: an entry left it only once its copy
+        // was durable (and with it every record before the copy, its schedule record among
+        // them), so the entries it kept below `end` are still pending and those it left
+        // are delivered, whatever done records the tail took. Its entries at or past `end`
+        // name records lost (the offsets are used again from now on): dropped below.
+        let snapshot = snapshot.map(|mut s| {
+            if s.schedule_end > end || s.done_end > done_end {
                 crate::warn!(
-                    "ringmq: {}: the schedule snapshot is ahead of the log (it lost its tail); rebuilding the schedule from the log",
+                    "ringmq: {}: the schedule snapshot is ahead of the log (it lost its tail): its entries past the log's end are dropped (their delayed sends were lost with it)",
                     store.dir().display()
                 );
+                s.schedule_end = s.schedule_end.min(end);
+                s.done_end = s.done_end.min(done_end);
             }
-            fits
+            s
         });
         let (from, done_from) = match &snapshot {
             Some(s) => {
@@ -639,6 +644,50 @@ impl ShardCtx {
 mod tests {
     use super::*;
 
+    /// A record for the schedule's queue.
+    fn held_draft(properties: Vec<u8>, body: Vec<u8>) -> OwnedDraft {
+        OwnedDraft {
+            topic: SCHEDULE_TOPIC.to_owned(),
+            queue_id: 0,
+            flag: 0,
+            born_timestamp_ms: 0,
+            born_host: "127.0.0.1:1".parse().unwrap(),
+            reconsume_times: 0,
+            properties,
+            body,
+        }
+    }
+
+    /// A snapshot ahead of the log (a power loss took the log's tail after it was written)
+    /// is kept below the log's new end: its entries there are pending, those it had left
+    /// are delivered, its entries past the end are dropped. Before, the whole log was
+    /// scanned again, every entry taken for pending and delivered a second time.
+    #[test]
+    fn a_snapshot_ahead_of_the_log_is_kept_below_its_end() {
+        crate::io::run_local(|| async {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = crate::store::StoreConfig::default();
+            let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+            let mut props = PropertiesBuilder::new();
+            props.put(prop::TIMER_OUT_MS, "5000").unwrap();
+            let draft = held_draft(props.into_bytes(), b"held".to_vec());
+            for _ in 0..10 {
+                store.put(&draft.draft()).await.unwrap();
+            }
+            // Written when 15 were scheduled and 2 and 5 (and 12) were still held.
+            let snapshot = Snapshot {
+                schedule_end: 15,
+                done_end: 3,
+                entries: vec![(5000, 2), (5000, 5), (5000, 12)],
+            };
+            write_snapshot(store.dir(), &encode_snapshot(&snapshot)).unwrap();
+            let schedule = Schedule::recover(&store).await.unwrap();
+            let mut held: Vec<u64> = schedule.entries().map(|(_, off)| off).collect();
+            held.sort_unstable();
+            assert_eq!(held, [2, 5]);
+        });
+    }
+
     /// The retention floor when the oldest held message is no longer in the index (below
     /// the queue's start after retention, or past its end after a cut): the next held one
     /// the index has sets it; with none, nothing is held.
@@ -650,16 +699,7 @@ mod tests {
             cfg.log.segment_bytes = 256 * 1024;
             cfg.log.retention_bytes_max = 512 * 1024;
             let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
-            let draft = OwnedDraft {
-                topic: SCHEDULE_TOPIC.to_owned(),
-                queue_id: 0,
-                flag: 0,
-                born_timestamp_ms: 0,
-                born_host: "127.0.0.1:1".parse().unwrap(),
-                reconsume_times: 0,
-                properties: Vec::new(),
-                body: vec![b'd'; 1000],
-            };
+            let draft = held_draft(Vec::new(), vec![b'd'; 1000]);
             let mut placed = Vec::new();
             for _ in 0..1200 {
                 placed.push(store.put(&draft.draft()).await.unwrap().physical_offset);
