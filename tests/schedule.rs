@@ -391,8 +391,20 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
         assert_eq!(m.property(prop::REAL_TOPIC), Some("gone"));
         assert_eq!(m.property(prop::REAL_QID), Some("0"));
         assert_eq!(m.origin_msg_id(), Some(sent.msg_id.as_str()));
-        let stats = client.schedule_stats().await.unwrap();
-        assert_eq!(stats.iter().map(|s| s.undeliverable_total).sum::<u64>(), 1);
+        // Counted once its move is recorded (after the copy is durable).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = client.schedule_stats().await.unwrap();
+            let counted: u64 = stats.iter().map(|s| s.undeliverable_total).sum();
+            if counted == 1 {
+                break;
+            }
+            assert!(
+                counted == 0 && Instant::now() < deadline,
+                "counted {counted}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     });
 }
 

@@ -215,9 +215,9 @@ impl ShardCtx {
             );
         }
         if !lost.is_empty() {
-            self.schedule.borrow_mut().undeliverable_total += lost.len() as u64;
             let ctx = self.clone();
-            crate::io::spawn(async move { ctx.mark_done(0, lost, false).await });
+            let count = lost.len() as u64;
+            crate::io::spawn(async move { ctx.mark_done(0, lost, false, count).await });
         }
         self.ensure_targets(&copies).await;
         let mut local: Vec<(u64, OwnedDraft)> = Vec::with_capacity(copies.len());
@@ -242,7 +242,6 @@ impl ShardCtx {
                     self.retry_later([off], now + PARK_MS);
                     continue;
                 }
-                self.schedule.borrow_mut().undeliverable_total += 1;
             }
             let owner = self.owner_of(&copy.topic, copy.queue_id);
             if owner == self.id {
@@ -252,6 +251,7 @@ impl ShardCtx {
             }
         }
         for (off, owner, copy) in remote {
+            let moved_away = copy.topic == UNDELIVERABLE_TOPIC;
             let ctx = self.clone();
             let Ok(one_of_few) = self.schedule_remote_moves.clone().try_acquire_owned() else {
                 self.retry_later([off], now + PARK_MS);
@@ -264,7 +264,10 @@ impl ShardCtx {
                     wait: PutWait::NextFlush,
                 };
                 match ctx.call(owner, put).await {
-                    Ok(MeshReply::Put { .. }) => ctx.mark_done(0, vec![off], true).await,
+                    Ok(MeshReply::Put { .. }) => {
+                        let moved = u64::from(moved_away);
+                        ctx.mark_done(0, vec![off], true, moved).await
+                    }
                     other => {
                         ctx.log_rarely(format_args!(
                             "delivering scheduled message {off} to shard {owner}: {other:?}; trying again"
@@ -280,6 +283,7 @@ impl ShardCtx {
             epoch: u64::MAX,
         };
         let mut woken: Vec<(String, u32)> = Vec::new();
+        let mut moved = 0u64;
         for (off, copy) in local {
             // Checked again with nothing awaited before the append: a move to the
             // undeliverable topic above may have waited while the topic was deleted, and an
@@ -293,6 +297,7 @@ impl ShardCtx {
                 Ok(put) => {
                     written = written.max(put.written());
                     delivered.push(off);
+                    moved += u64::from(copy.topic == UNDELIVERABLE_TOPIC);
                     if !woken
                         .iter()
                         .any(|(t, q)| *t == copy.topic && *q == copy.queue_id)
@@ -323,7 +328,7 @@ impl ShardCtx {
             self.wake_pollers(topic, *queue);
         }
         let ctx = self.clone();
-        crate::io::spawn(async move { ctx.mark_done(end, delivered, true).await });
+        crate::io::spawn(async move { ctx.mark_done(end, delivered, true, moved).await });
     }
 
     /// Creates the targets that do not exist: a group's retry or dead-letter topic always
@@ -368,7 +373,15 @@ impl ShardCtx {
     /// Once the copies (up to log offset `end`; 0: nothing to wait for) are durable,
     /// records that `offsets` were delivered and takes them out of the schedule. If that
     /// fails they go back in the wheel: delivered again (a duplicate), never lost.
-    async fn mark_done(self: Rc<Self>, end: u64, offsets: Vec<u64>, delivered: bool) {
+    /// `undeliverable` of them were (unreadable, or moved to the undeliverable topic):
+    /// counted once recorded, so a retried move is counted once.
+    async fn mark_done(
+        self: Rc<Self>,
+        end: u64,
+        offsets: Vec<u64>,
+        delivered: bool,
+        undeliverable: u64,
+    ) {
         self.schedule.borrow_mut().marking += 1;
         let recorded = self.record_done(end, &offsets).await;
         let mut s = self.schedule.borrow_mut();
@@ -382,6 +395,7 @@ impl ShardCtx {
                 if delivered {
                     s.delivered_total += offsets.len() as u64;
                 }
+                s.undeliverable_total += undeliverable;
                 s.changed = true;
             }
             Err(e) => {
