@@ -101,14 +101,7 @@ fn after_a_power_loss_every_message_is_found_by_queue_and_by_key() {
                 queue.push(n);
             }
             // Spares made in the blocking pool are in place before the files are read.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while store.index_spares_out() > 0 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "a spare not made in 10 s"
-                );
-                ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
-            }
+            common::spares_made(&store).await;
             drop(store);
             lose_power(data, &at_checkpoint, &mut rng);
 

@@ -472,17 +472,13 @@ fn a_burst_of_large_delayed_messages_is_delivered_in_turns_of_bounded_bytes() {
     let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--tail-cache-mb", "0"]);
     let addr = broker.addr_string();
     let pid = broker.pid().expect("the broker runs");
-    let rss_mib = move || -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let kb = status.lines().find(|l| l.starts_with("VmRSS:"));
-        let kb = kb.and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok());
-        kb.unwrap_or(0) / 1024
-    };
+    let rss_mib = move || common::broker::rss_mib_of(pid);
     runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
         let client = producer.client().clone();
         client.create_topic("burst", 1).await.unwrap();
-        let due = now_ms() + 10_000;
+        // Far enough for the 192 MiB of sends on a loaded machine.
+        let due = now_ms() + 20_000;
         for i in 0..64u64 {
             let mut body = vec![b'b'; 3 << 20];
             body[..8].copy_from_slice(&i.to_le_bytes());

@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use ringmq::index::tag_hash;
 use ringmq::io::run_local;
@@ -717,18 +716,6 @@ fn queues_opened_ahead_take_appends_without_opening_anything() {
     });
 }
 
-/// Waits until every spare index file asked for has been made and handed back.
-async fn spares_made(store: &MessageStore) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.index_spares_out() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a spare index file not made after 10 s"
-        );
-        ringmq::io::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 /// The names in `dir`.
 fn names_in(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -748,7 +735,7 @@ fn rolls_take_the_spare_files_made_ahead() {
         let store = open_small(dir.path()).await;
         let m = one_message(9, "rolling", 0);
         for i in 0..1_000u64 {
-            spares_made(&store).await;
+            common::spares_made(&store).await;
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
             if i % 250 == 0 {
                 store.checkpoint().await.unwrap();
@@ -756,7 +743,7 @@ fn rolls_take_the_spare_files_made_ahead() {
         }
         assert_eq!(store.index_rolls_inline(), 0);
         // The last files' spares (two keys a message: the key index rolls every 100).
-        spares_made(&store).await;
+        common::spares_made(&store).await;
         store.checkpoint().await.unwrap();
         let dir_of_queue = dir.path().join("consumequeue/rolling/0");
         let names = names_in(&dir_of_queue);
@@ -799,7 +786,7 @@ fn a_close_removes_the_spare_files_held() {
         for _ in 0..10 {
             store.put(&m.draft()).await.unwrap();
         }
-        spares_made(&store).await;
+        common::spares_made(&store).await;
         let spares = |sub: &str| {
             let names = names_in(&dir.path().join(sub));
             names.iter().filter(|n| n.starts_with("spare-")).count()
@@ -858,12 +845,12 @@ fn files_rolled_into_since_the_last_checkpoint_are_rebuilt_after_a_crash() {
         let store = open(dir.path().to_owned()).await;
         let m = one_message(11, "unnamed", 0);
         for i in 0..150u64 {
-            spares_made(&store).await;
+            common::spares_made(&store).await;
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
         }
         store.checkpoint().await.unwrap();
         for i in 150..450u64 {
-            spares_made(&store).await;
+            common::spares_made(&store).await;
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);
         }
         assert_eq!(store.index_rolls_inline(), 0);
@@ -888,14 +875,14 @@ fn files_rolled_into_since_the_last_checkpoint_are_rebuilt_after_a_crash() {
         assert_eq!(found.await.unwrap().len(), 450);
 
         // A spare taken by a roll, then removed from outside before a checkpoint names it.
-        spares_made(&store).await;
+        common::spares_made(&store).await;
         let spare_of_queue = || {
             let names = names_in(&dir_of_queue);
             let spare = names.into_iter().find(|n| n.starts_with("spare-"));
             spare.map(|n| dir_of_queue.join(n))
         };
         assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, 450);
-        spares_made(&store).await;
+        common::spares_made(&store).await;
         let held = spare_of_queue().expect("a spare held for the roll at 500");
         for i in 451..520u64 {
             assert_eq!(store.put(&m.draft()).await.unwrap().queue_offset, i);

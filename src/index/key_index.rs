@@ -675,8 +675,15 @@ impl KeyIndex {
             files.push_back(IndexFile::open(dir, path, seq, may_be_torn, cfg)?);
         }
         if let KeysSynced::UpTo { seq, count } = synced {
-            if let Some(last) = files.back_mut().filter(|f| f.seq == seq) {
-                last.keep_synced(count)?;
+            match files.back_mut().filter(|f| f.seq == seq) {
+                Some(last) => last.keep_synced(count)?,
+                // Retention removes a file only once the log no longer holds any of its
+                // records: nothing is lost then. Anything else removed it from outside.
+                None => crate::warn!(
+                    "ringmq: key index file {} (synced at the last checkpoint) is gone: \
+                     lookups by key miss its messages unless retention removed it",
+                    dir.join(numbered_file_name(seq)).display()
+                ),
             }
         }
         Ok(KeyIndex {
@@ -760,7 +767,7 @@ impl KeyIndex {
     /// [`reserve`](Self::reserve) still allocates whatever entries reach first.
     pub fn allocate_ahead(&mut self) -> Option<AllocAhead> {
         let last = self.files.back_mut()?;
-        if last.is_full() {
+        if last.is_full() || last.version == KI_VERSION_1 {
             return None;
         }
         let next_end = (last.entry_at(last.entry_count() + 1) + KI_ENTRY_BYTES) as u64;

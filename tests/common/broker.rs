@@ -181,15 +181,7 @@ impl BrokerProcess {
 
     /// The broker's resident memory now, in MiB (from /proc).
     pub fn rss_mib(&self) -> u64 {
-        let pid = self.pid().expect("the broker runs");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let kb: u64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kb / 1024
+        rss_mib_of(self.pid().expect("the broker runs"))
     }
 
     /// Bytes the broker read from the disk so far (`read_bytes` of /proc/PID/io: the log's
@@ -283,4 +275,17 @@ impl Drop for BrokerProcess {
             let _ = std::fs::remove_file(&self.stderr_log);
         }
     }
+}
+
+/// The resident memory of process `pid` now, in MiB (from /proc; for a sampler on another
+/// thread, which cannot hold the `BrokerProcess`).
+pub fn rss_mib_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb / 1024
 }

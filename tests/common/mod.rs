@@ -137,3 +137,15 @@ pub fn http_get(addr: impl std::net::ToSocketAddrs, path: &str) -> String {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     body.to_owned()
 }
+
+/// Waits until every spare index file asked for has been made and handed back.
+pub async fn spares_made(store: &ringmq::store::MessageStore) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.index_spares_out() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a spare index file not made after 10 s"
+        );
+        ringmq::io::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}

@@ -656,7 +656,8 @@ async fn failed_batch(
 ) {
     // Kept here for as long as they fail, sent back one at a time meanwhile: not holding
     // their answers' read buffers.
-    let mut messages: Vec<Message> = messages.iter().map(Message::detached).collect();
+    // (The originals go now: kept, they would hold the buffers as long as the copies.)
+    let mut messages: Vec<Message> = messages.into_iter().map(|m| m.detached()).collect();
     loop {
         if pq.is_dropped() {
             return;

@@ -293,8 +293,9 @@ async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() 
             answer(id, &send_result(0, 0)),
         )],
         Request::SendMessage(_) => vec![Out::Frame(answer(id, &send_result(0, 1)))],
+        // Long enough for s2 to give up first on a loaded machine.
         Request::SendMulti(_) => vec![Out::Later(
-            Duration::from_millis(300),
+            Duration::from_millis(1_500),
             error(id, ErrorCode::InvalidMessage, "one of them is refused"),
         )],
         _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
@@ -313,7 +314,8 @@ async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() 
     let s0 = tokio::spawn(send("s0"));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (s1, s3) = (tokio::spawn(send("s1")), tokio::spawn(send("s3")));
-    // Given up while the packed request is in flight (sent at about 300 ms).
+    // Given up while the packed request is in flight (sent at about 300 ms, answered at
+    // about 1.8 s).
     let s2 = tokio::time::timeout(Duration::from_millis(450), send("s2"));
     assert!(s2.await.is_err(), "s2 was answered before it was given up");
     for s in [s0, s1, s3] {
