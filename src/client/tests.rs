@@ -211,13 +211,18 @@ fn send_result(queue_id: u32, queue_offset: u64) -> Response<'static> {
     })
 }
 
+/// The answer to a `DescribeTopic` of `topic`: `queues` queues.
+fn described(id: u64, topic: &str, queues: u32) -> Vec<Out> {
+    vec![Out::Frame(answer(
+        id,
+        &Response::TopicInfo(topic_info(topic, queues)),
+    ))]
+}
+
 /// Answers DescribeTopic with `queues` queues and every send with its queue and offset 0.
 fn simple_handler(queues: u32) -> Handler {
     Arc::new(move |_ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, queues)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, queues),
         Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
         _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
     })
@@ -237,10 +242,7 @@ async fn pipelined_requests_are_matched_by_request_id() {
     // pipelining can finish this, and only matching by request id gets the answers right.
     let held: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
     let handler: Handler = Arc::new(move |_ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 4)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 4),
         Request::SendMessage(m) => {
             let n: u64 = std::str::from_utf8(&m.body).unwrap().parse().unwrap();
             let mut held = held.lock().unwrap();
@@ -269,10 +271,7 @@ async fn pipelined_requests_are_matched_by_request_id() {
 #[tokio::test]
 async fn a_timeout_is_typed_and_the_late_answer_is_ignored() {
     let handler: Handler = Arc::new(|_ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 2)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 2),
         Request::SendMessage(_) => vec![Out::Later(
             Duration::from_millis(400),
             answer(id, &send_result(0, 0)),
@@ -301,10 +300,7 @@ async fn a_timeout_is_typed_and_the_late_answer_is_ignored() {
 async fn a_broken_connection_fails_its_requests_and_the_next_request_reconnects() {
     // The first connection to the shard closes on its first send; later ones answer.
     let handler: Handler = Arc::new(|ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 2)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 2),
         Request::SendMessage(m) if ctx.conn_no == 1 => {
             let _ = m;
             vec![Out::Close]
@@ -331,10 +327,7 @@ async fn a_broken_connection_fails_its_requests_and_the_next_request_reconnects(
 #[tokio::test]
 async fn retries_carry_a_send_over_a_broken_connection() {
     let handler: Handler = Arc::new(|ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 2)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 2),
         Request::SendMessage(_) if ctx.conn_no == 1 => vec![Out::Close],
         Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 9)))],
         _ => Vec::new(),

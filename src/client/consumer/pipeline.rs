@@ -55,6 +55,9 @@ pub(crate) struct PullPipeline {
     ahead: u64,
     /// One past the queue's last message, as the latest answer said.
     known_end: u64,
+    /// The most record bytes a recent answer had (halved at each smaller one: one large
+    /// answer narrows the pulls ahead for a while, not for good).
+    largest_answer: u64,
 }
 
 impl PullPipeline {
@@ -65,6 +68,7 @@ impl PullPipeline {
             in_flight: VecDeque::new(),
             ahead: position,
             known_end: 0,
+            largest_answer: 0,
         }
     }
 
@@ -86,6 +90,17 @@ impl PullPipeline {
         let fits = (n + 1).saturating_mul(self.batch) <= room;
         (self.in_flight.len() < self.depth_max && self.ahead < self.known_end && fits)
             .then_some(self.ahead)
+    }
+
+    /// Whether a pull sent now fits `room` bytes of the cache ([`ahead_fits_bytes`], each
+    /// pull counted as the largest recent answer).
+    pub(crate) fn fits_bytes(&self, room: u64) -> bool {
+        ahead_fits_bytes(self.in_flight.len(), self.largest_answer, room)
+    }
+
+    /// An answer arrived with `bytes` of records.
+    pub(crate) fn answer_bytes(&mut self, bytes: u64) {
+        self.largest_answer = bytes.max(self.largest_answer / 2);
     }
 
     /// Records a pull sent at `offset` (the value `next_pull` gave).
@@ -144,6 +159,14 @@ mod tests {
         assert!(ahead_fits_bytes(2, 1 << 20, 3 << 20));
         assert!(!ahead_fits_bytes(2, 1 << 20, (3 << 20) - 1));
         assert!(!ahead_fits_bytes(usize::MAX, u64::MAX, u64::MAX - 1));
+        // The pipeline counts its pulls in flight as its largest recent answer, halved
+        // at each smaller one.
+        let mut p = PullPipeline::new(4, 32, 0);
+        p.sent(0);
+        p.answer_bytes(1 << 20);
+        assert!(p.fits_bytes(2 << 20) && !p.fits_bytes((2 << 20) - 1));
+        p.answer_bytes(1000);
+        assert!(p.fits_bytes(1 << 20) && !p.fits_bytes((1 << 20) - 1));
     }
     use proptest::prelude::*;
 

@@ -18,7 +18,7 @@ use super::super::error::Result;
 use super::super::message::Message;
 use super::super::session::PullResult;
 use super::local_offsets::Position;
-use super::pipeline::{ahead_fits_bytes, PullPipeline, Verdict};
+use super::pipeline::{PullPipeline, Verdict};
 use super::{
     add, AnyListener, ConcurrentListener, ConsumeFrom, ConsumeStatus, Listener, MessageQueue,
     OrderlyListener, OrderlyStatus, ProcessQueue, Shared, LOCK_WAIT_MS,
@@ -336,9 +336,6 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         start.at.offset,
     );
     let mut in_flight = InFlight(VecDeque::new());
-    // The most record bytes an answer of this queue has had: each pull ahead is counted
-    // as one such answer against the cache's byte limit.
-    let mut largest_answer = 0u64;
     loop {
         if stopped(&pq) {
             return;
@@ -348,9 +345,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
             let next = {
                 let state = pq.state();
                 let bytes_room = limits.bytes_max.saturating_sub(state.tracker.bytes());
-                if limits.check(&state.tracker).is_some()
-                    || !ahead_fits_bytes(in_flight.0.len(), largest_answer, bytes_room)
-                {
+                if limits.check(&state.tracker).is_some() || !pipeline.fits_bytes(bytes_room) {
                     None
                 } else {
                     pipeline.next_pull(state.tracker.len(), limits.messages_max)
@@ -438,12 +433,11 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         // `Client::pull` already re-checked the tag strings. Offsets below the position
         // were delivered by an earlier answer (a tag filter's answer can reach past where
         // the next pull started).
-        let answer_bytes: u64 = (pulled.messages.iter())
-            .map(|m| m.as_bytes().len() as u64)
-            .sum();
-        // Halved at each smaller answer: one large answer narrows the pulls ahead for a
-        // while, not for good.
-        largest_answer = answer_bytes.max(largest_answer / 2);
+        pipeline.answer_bytes(
+            (pulled.messages.iter())
+                .map(|m| m.as_bytes().len() as u64)
+                .sum(),
+        );
         let messages: Vec<Message> = pulled
             .messages
             .into_iter()

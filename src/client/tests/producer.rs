@@ -6,10 +6,7 @@ use super::*;
 #[tokio::test]
 async fn shard_aware_requests_go_to_the_queue_owner() {
     let handler: Handler = Arc::new(|_ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 16)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 16),
         Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
         Request::GetMaxOffset(_) => vec![Out::Frame(answer(
             id,
@@ -138,10 +135,7 @@ fn described_after_first(
         Request::DescribeTopic(d) if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
             first(id, &d.topic)
         }
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 4)),
-        ))],
+        Request::DescribeTopic(d) => super::described(id, &d.topic, 4),
         Request::SendMessage(m) => vec![Out::Frame(answer(
             id,
             &send_result(m.queue_id.max(0) as u32, 0),
@@ -204,10 +198,7 @@ async fn a_coalesced_sends_look_up_that_times_out_is_retried() {
 #[tokio::test]
 async fn a_half_message_whose_send_broke_off_is_not_sent_again() {
     let handler: Handler = Arc::new(|ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 1)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
         // The shard's first connection breaks at the half's send; later ones answer.
         Request::SendMessage(_) if ctx.conn_no == 1 => vec![Out::Close],
         Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 5)))],
@@ -236,10 +227,7 @@ async fn a_half_message_whose_send_broke_off_is_not_sent_again() {
 #[tokio::test]
 async fn a_batch_answer_with_a_place_per_message_is_taken_and_another_refused() {
     let handler: Handler = Arc::new(|_ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 1)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
         Request::SendBatch(b) => {
             let n = b.messages.len() as u64;
             // Batches of three are answered one place short.
@@ -283,10 +271,7 @@ async fn a_batch_answer_with_a_place_per_message_is_taken_and_another_refused() 
 #[tokio::test]
 async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() {
     let handler: Handler = Arc::new(|_ctx, id, request| match request {
-        Request::DescribeTopic(d) => vec![Out::Frame(answer(
-            id,
-            &Response::TopicInfo(topic_info(&d.topic, 1)),
-        ))],
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
         // The first send stays in flight a while, so the next ones are packed behind it.
         Request::SendMessage(m) if m.body == b"s0" => vec![Out::Later(
             Duration::from_millis(300),
@@ -312,7 +297,14 @@ async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() 
     producer.client().describe_topic("t").await.unwrap();
     let send = |body: &str| producer.send_async("t", OutgoingMessage::new(body.to_owned()));
     let s0 = tokio::spawn(send("s0"));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // s0 is on its way before the others are made.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(fake.requests().iter())
+        .any(|(_, r)| matches!(r, Request::SendMessage(m) if m.body == b"s0"))
+    {
+        assert!(tokio::time::Instant::now() < deadline, "s0 never arrived");
+        tokio::task::yield_now().await;
+    }
     let (s1, s3) = (tokio::spawn(send("s1")), tokio::spawn(send("s3")));
     // Given up while the packed request is in flight (sent at about 300 ms, answered at
     // about 1.8 s).
