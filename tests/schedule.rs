@@ -408,6 +408,60 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
     });
 }
 
+/// A message whose topic was deleted waits for it (parked, counted), and is delivered once
+/// the topic exists again (within the few seconds a parked message waits between looks).
+#[test]
+fn a_parked_message_is_delivered_once_its_topic_exists_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        2,
+        &["--auto-create-topics", "false"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("back", 1).await.unwrap();
+        let sent = producer
+            .send("back", OutgoingMessage::new("waited").with_delay_ms(300))
+            .await
+            .unwrap();
+        client.delete_topic("back").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let stats = client.schedule_stats().await.unwrap();
+            if stats.iter().map(|s| s.parked).sum::<u64>() == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never parked: {stats:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        client.create_topic("back", 1).await.unwrap();
+        let mut found = Vec::new();
+        pull_until(&client, "back", 1, Duration::from_secs(30), |m, _| {
+            found.push(m.clone());
+            true
+        })
+        .await;
+        assert_eq!(found[0].body(), b"waited");
+        assert_eq!(found[0].origin_msg_id(), Some(sent.msg_id.as_str()));
+        // Out of the schedule once its done record is written; nothing undeliverable.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = client.schedule_stats().await.unwrap();
+            let parked: u64 = stats.iter().map(|s| s.parked + s.pending).sum();
+            let undeliverable: u64 = stats.iter().map(|s| s.undeliverable_total).sum();
+            assert_eq!(undeliverable, 0, "{stats:?}");
+            if parked == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "still held: {stats:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
 /// The client, once `topic` exists (it is created when the first message goes there).
 async fn client_when_ready(client: &Client, topic: &str) -> Client {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -431,13 +485,12 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         client.create_topic("filler", 1).await.unwrap();
         let due_in = Duration::from_secs(15);
         let sent_at = Instant::now();
+        let (sent_ms, due_ms) = (now_ms(), due_in.as_millis() as u64);
         producer
-            .send(
-                "held",
-                OutgoingMessage::new("kept").with_delay_ms(due_in.as_millis() as u64),
-            )
+            .send("held", OutgoingMessage::new("kept").with_delay_ms(due_ms))
             .await
             .unwrap();
+        let sent_by_ms = now_ms();
         common::send_8_mib(&producer, "filler").await;
         // The first segments go although the held message was stored there.
         let first = data.join("shard-0/commitlog/00000000000000000000");
@@ -450,6 +503,17 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert!(sent_at.elapsed() < due_in, "the test machine is too slow");
+        // The schedule's statistics see one message (not it and the copy it was moved
+        // forward as), due when it was sent for, not overdue.
+        let stats = client.schedule_stats().await.unwrap();
+        assert_eq!(stats.len(), 1);
+        let s = &stats[0];
+        assert_eq!((s.pending, s.overdue), (1, 0), "{s:?}");
+        let due = s.next_due_ms as u64;
+        assert!(
+            (sent_ms + due_ms..=sent_by_ms + due_ms).contains(&due),
+            "next due {due}, sent between {sent_ms} and {sent_by_ms}"
+        );
         // And the message is still delivered, on time.
         let mut got = None;
         pull_until(&client, "held", 1, Duration::from_secs(20), |m, _| {

@@ -69,8 +69,13 @@ pub struct Schedule {
     wheel: TimingWheel<u64>,
     /// Taken from the wheel, not yet marked done: schedule offset → due time.
     in_flight: BTreeMap<u64, u64>,
-    /// Offsets waiting for their target topic to exist again: when they were first parked.
-    parked: BTreeMap<u64, u64>,
+    /// Offsets waiting for their target queue to exist again, with it and when they were
+    /// first parked. Until it exists (or they have waited their most), they come due and
+    /// go back to the wheel without their records being read again.
+    parked: BTreeMap<u64, Parked>,
+    /// The target topics of `parked`, each held once (a burst for one deleted topic
+    /// shares its name).
+    parked_topics: HashSet<Rc<str>>,
     /// Offsets whose message was copied to a newer schedule entry (so that retention can
     /// go on): skipped when they fall due.
     superseded: HashSet<u64>,
@@ -89,6 +94,15 @@ pub struct Schedule {
     floor_held: bool,
     /// The log's cut count at the last append to the schedule's queue (`appended`).
     epoch: u64,
+}
+
+/// A message waiting for its target queue to exist again.
+#[derive(Debug, Clone)]
+struct Parked {
+    /// When it was first found waiting (ms since the epoch).
+    since: u64,
+    topic: Rc<str>,
+    queue_id: u32,
 }
 
 /// A message to store, owned: a send that travels to another shard, a send-back, a
@@ -159,6 +173,7 @@ impl Schedule {
             wheel: TimingWheel::new(now),
             in_flight: BTreeMap::new(),
             parked: BTreeMap::new(),
+            parked_topics: HashSet::new(),
             superseded: HashSet::new(),
             delivered_total: 0,
             undeliverable_total: 0,
@@ -183,10 +198,73 @@ impl Schedule {
         let before = self.wheel.len();
         self.wheel.retain(|_, &off| off < offset);
         self.parked.retain(|&off, _| off < offset);
+        self.parked_topics.retain(|t| Rc::strong_count(t) > 1);
         self.superseded.retain(|&off| off < offset);
         let dropped = before - self.wheel.len();
         self.changed |= dropped > 0;
         dropped
+    }
+
+    /// Records that `off`, whose target `topic`[`queue_id`] does not exist, waits for it;
+    /// returns when it first did.
+    fn park(&mut self, off: u64, topic: &str, queue_id: u32, now: u64) -> u64 {
+        if let Some(p) = self.parked.get(&off) {
+            return p.since;
+        }
+        let topic = match self.parked_topics.get(topic) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Rc<str> = Rc::from(topic);
+                self.parked_topics.insert(t.clone());
+                t
+            }
+        };
+        let parked = Parked {
+            since: now,
+            topic,
+            queue_id,
+        };
+        self.parked.insert(off, parked);
+        now
+    }
+
+    /// Takes `off` out of the parked (delivered, moved, or no longer held).
+    fn unpark(&mut self, off: u64) {
+        if let Some(p) = self.parked.remove(&off) {
+            // This one and the set's: the last message parked for the topic.
+            if Rc::strong_count(&p.topic) == 2 {
+                self.parked_topics.remove(&p.topic);
+            }
+        }
+    }
+
+    /// Takes out of `due` (in flight) the parked messages whose target queue still does not
+    /// exist (`exists` says) and that may wait longer (parked less than `park_max_ms` ago):
+    /// each goes back to the wheel for `PARK_MS`, its record not read again. Returns how
+    /// many.
+    fn repark(
+        &mut self,
+        due: &mut Vec<(u64, u64)>,
+        now: u64,
+        park_max_ms: u64,
+        exists: impl Fn(&str, u32) -> bool,
+    ) -> usize {
+        if self.parked.is_empty() {
+            return 0;
+        }
+        let before = due.len();
+        due.retain(|&(_, off)| {
+            let Some(p) = self.parked.get(&off) else {
+                return true;
+            };
+            if now.saturating_sub(p.since) >= park_max_ms || exists(&p.topic, p.queue_id) {
+                return true;
+            }
+            self.in_flight.remove(&off);
+            self.wheel.insert(now + PARK_MS, off);
+            false
+        });
+        before - due.len()
     }
 
     /// Messages held: waiting in the wheel or being delivered.
@@ -605,14 +683,15 @@ impl ShardCtx {
     pub(super) fn local_schedule_info(&self) -> ShardScheduleInfo {
         let s = self.schedule.borrow();
         let now = now_ms();
-        let mut next: Option<u64> = None;
-        let mut overdue = 0u64;
-        for (due, _) in s.entries() {
+        // Not a walk of every entry (millions, on the shard's thread): the wheel's summary
+        // (a message moved forward has its copy, due at the same time, so the earliest is
+        // theirs) and the few in flight.
+        let (mut next, mut overdue) = s.wheel.due_summary(now, |off| s.superseded.contains(off));
+        for &due in s.in_flight.values() {
             next = Some(next.map_or(due, |n| n.min(due)));
-            if due <= now {
-                overdue += 1;
-            }
+            overdue += usize::from(due <= now);
         }
+        let overdue = overdue as u64;
         ShardScheduleInfo {
             shard: self.id,
             pending: s.pending() as u64,
@@ -656,6 +735,48 @@ mod tests {
             properties,
             body,
         }
+    }
+
+    /// A parked message comes due and goes back to the wheel without its record being
+    /// read while its target is missing and it may wait longer; it is read (kept in `due`)
+    /// once the target exists or it has waited its most. Its topic's name is held once.
+    #[test]
+    fn a_parked_message_waits_without_a_read_until_its_target_exists_or_its_time_is_up() {
+        let mut s = Schedule::new(0);
+        for off in [1, 2, 3] {
+            s.wheel.insert(10, off);
+        }
+        let mut due = Vec::new();
+        s.wheel.poll(10, 10, &mut due);
+        for &(d, off) in &due {
+            s.in_flight.insert(off, d);
+        }
+        // 1 and 2 wait for "gone" (2 since long ago), 3 for nothing.
+        assert_eq!(s.park(1, "gone", 0, 1_000), 1_000);
+        assert_eq!(s.park(2, "gone", 0, 0), 0);
+        assert_eq!(
+            s.park(1, "gone", 0, 2_000),
+            1_000,
+            "parked when first found"
+        );
+        assert_eq!(s.parked_topics.len(), 1);
+        let missing = |_: &str, _: u32| false;
+        assert_eq!(s.repark(&mut due, 3_000, 2_500, missing), 1);
+        assert_eq!(due, [(10, 2), (10, 3)], "2 has waited its most: read");
+        assert!(!s.in_flight.contains_key(&1));
+        let mut later = Vec::new();
+        s.wheel.poll(3_000 + PARK_MS, 10, &mut later);
+        assert_eq!(later, [(3_000 + PARK_MS, 1)]);
+        // Its topic exists now: read.
+        let mut due = later;
+        let exists = |t: &str, q: u32| t == "gone" && q == 0;
+        assert_eq!(s.repark(&mut due, 3_500, 10_000, exists), 0);
+        assert_eq!(due, [(3_000 + PARK_MS, 1)]);
+        // The name goes with the last message parked for it.
+        s.unpark(1);
+        assert_eq!(s.parked_topics.len(), 1);
+        s.unpark(2);
+        assert!(s.parked_topics.is_empty() && s.parked.is_empty());
     }
 
     /// A snapshot ahead of the log (a power loss took the log's tail after it was written)

@@ -27,6 +27,8 @@ struct Level<T> {
     /// Bit `i` set: slot `i` holds items.
     occupied: u64,
     slots: Vec<Vec<(u64, T)>>,
+    /// The earliest due time in each slot (`u64::MAX` when empty).
+    mins: [u64; SLOTS],
 }
 
 impl<T> Level<T> {
@@ -34,6 +36,7 @@ impl<T> Level<T> {
         Level {
             occupied: 0,
             slots: (0..SLOTS).map(|_| Vec::new()).collect(),
+            mins: [u64::MAX; SLOTS],
         }
     }
 }
@@ -109,6 +112,7 @@ impl<T> TimingWheel<T> {
             let (level, slot) = level_and_slot(self.elapsed, due);
             let l = &mut self.levels[level];
             l.slots[slot].push((due, item));
+            l.mins[slot] = l.mins[slot].min(due);
             l.occupied |= 1 << slot;
         }
     }
@@ -187,6 +191,7 @@ impl<T> TimingWheel<T> {
                     self.elapsed = self.elapsed.max(start);
                     let l = &mut self.levels[level];
                     l.occupied &= !(1 << slot);
+                    l.mins[slot] = u64::MAX;
                     let items = std::mem::take(&mut l.slots[slot]);
                     for (due, item) in items {
                         self.place(due, item);
@@ -217,12 +222,45 @@ impl<T> TimingWheel<T> {
                 if slot.is_empty() {
                     level.occupied &= !(1 << i);
                 }
+                level.mins[i] = slot.iter().map(|(d, _)| *d).min().unwrap_or(u64::MAX);
                 len += slot.len();
             }
         }
         self.overflow.retain(|(d, t)| keep(*d, t));
         self.overflow_min = self.overflow.iter().map(|(d, _)| *d).min();
         self.len = len + self.overflow.len();
+    }
+
+    /// The earliest due time, and how many items are due at or before `now_ms` (those
+    /// `skip` names not counted), without a walk of every item: the earliest comes from
+    /// the ready list's head and each slot's earliest, the count from the items that are
+    /// due (the ready list's, and those of the slots and overflow that hold any).
+    pub fn due_summary(&self, now_ms: u64, skip: impl Fn(&T) -> bool) -> (Option<u64>, usize) {
+        let slots_min = self.levels.iter().flat_map(|l| l.mins).min();
+        let earliest = [
+            self.ready.front().map(|(d, _)| *d),
+            slots_min.filter(|&m| m != u64::MAX),
+            self.overflow_min,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let due = |items: &mut dyn Iterator<Item = &(u64, T)>| {
+            items.filter(|(d, t)| *d <= now_ms && !skip(t)).count()
+        };
+        let ready_due = self.ready.partition_point(|(d, _)| *d <= now_ms);
+        let mut count = due(&mut self.ready.range(..ready_due));
+        for l in &self.levels {
+            for (slot, items) in l.slots.iter().enumerate() {
+                if l.mins[slot] <= now_ms {
+                    count += due(&mut items.iter());
+                }
+            }
+        }
+        if self.overflow_min.is_some_and(|m| m <= now_ms) {
+            count += due(&mut self.overflow.iter());
+        }
+        (earliest, count)
     }
 
     /// Every item with its due time, in no particular order (snapshots, statistics).
@@ -388,6 +426,37 @@ mod tests {
                 .map(|(i, &o)| (start + o, i as u32))
                 .collect();
             check(start, &items, &steps, max);
+        }
+
+        /// `due_summary` says what a walk of every item says, whatever inserts, polls
+        /// (some cut short by `max`) and retains came before, at times before and after
+        /// the wheel's.
+        #[test]
+        fn the_due_summary_matches_a_walk_of_every_item(
+            start in 0u64..1_000_000_000,
+            ops in proptest::collection::vec((0u64..5_000_000, 0u64..400_000, 0usize..20, 0u8..8), 1..120),
+        ) {
+            let mut wheel = TimingWheel::new(start);
+            let mut now = start;
+            let mut out = Vec::new();
+            let skip = |id: &u32| id % 5 == 0;
+            for (i, (delay, step, max, op)) in ops.into_iter().enumerate() {
+                match op {
+                    0 => wheel.retain(|_, id| id % 3 != 0),
+                    1 => wheel.insert(now.saturating_sub(delay % 10_000), i as u32),
+                    2 => wheel.insert(now + delay * 1_000_000, i as u32),
+                    _ => wheel.insert(now + delay, i as u32),
+                }
+                now += step;
+                if op != 4 {
+                    wheel.poll(now, max, &mut out);
+                }
+                for at in [now.saturating_sub(step), now, now + step, now + 10 * step] {
+                    let earliest = wheel.iter().map(|(d, _)| d).min();
+                    let due = wheel.iter().filter(|(d, id)| *d <= at && !skip(id)).count();
+                    prop_assert_eq!(wheel.due_summary(at, skip), (earliest, due));
+                }
+            }
         }
 
         #[test]

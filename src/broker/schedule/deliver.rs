@@ -87,11 +87,18 @@ impl ShardCtx {
                 let mut s = self.schedule.borrow_mut();
                 s.wheel.poll(now, DELIVER_BATCH_MAX, &mut due);
                 // Messages moved forward come due under their new offset.
-                due.retain(|(_, off)| !s.superseded.remove(off));
+                due.retain(|(_, off)| {
+                    let moved = s.superseded.remove(off);
+                    if moved {
+                        s.unpark(*off);
+                    }
+                    !moved
+                });
                 for &(d, off) in &due {
                     s.in_flight.insert(off, d);
                 }
             }
+            self.repark(&mut due).await;
             if due.is_empty() {
                 let wake = self.schedule.borrow().wheel.next_wake_ms();
                 let wait_ms = wake
@@ -136,6 +143,38 @@ impl ShardCtx {
             s.in_flight.remove(&off);
             s.wheel.insert(at, off);
         }
+    }
+
+    /// Puts the parked messages of `due` whose target queue still does not exist (after
+    /// trying to create it, as a delivery would) back in the wheel for a while, without
+    /// reading their records again: a message waits up to `schedule_park_max_ms` (an hour)
+    /// for its topic, and a read every few seconds of each would cost the disk and the
+    /// others' turns that long.
+    async fn repark(self: &Rc<Self>, due: &mut Vec<(u64, u64)>) {
+        let targets: Vec<(Rc<str>, u32)> = {
+            let s = self.schedule.borrow();
+            let mut targets: Vec<(Rc<str>, u32)> = Vec::new();
+            for p in due.iter().filter_map(|(_, off)| s.parked.get(off)) {
+                if !targets
+                    .iter()
+                    .any(|(t, q)| *t == p.topic && *q == p.queue_id)
+                {
+                    targets.push((p.topic.clone(), p.queue_id));
+                }
+            }
+            targets
+        };
+        if targets.is_empty() {
+            return;
+        }
+        self.ensure_targets(targets.iter().map(|(t, q)| (&**t, *q)))
+            .await;
+        self.schedule.borrow_mut().repark(
+            due,
+            now_ms(),
+            self.cfg.schedule_park_max_ms,
+            |topic, queue| self.known_queue(topic, queue).is_ok(),
+        );
     }
 
     /// Delivers one batch taken from the wheel (all now in flight).
@@ -219,12 +258,16 @@ impl ShardCtx {
             let count = lost.len() as u64;
             crate::io::spawn(async move { ctx.mark_done(0, lost, false, count).await });
         }
-        self.ensure_targets(&copies).await;
+        self.ensure_targets(copies.iter().map(|(_, d)| (d.topic.as_str(), d.queue_id)))
+            .await;
         let mut local: Vec<(u64, OwnedDraft)> = Vec::with_capacity(copies.len());
         let mut remote: Vec<(u64, u32, OwnedDraft)> = Vec::new();
         for (off, mut copy) in copies {
             if self.known_queue(&copy.topic, copy.queue_id).is_err() {
-                let since = *self.schedule.borrow_mut().parked.entry(off).or_insert(now);
+                let since = self
+                    .schedule
+                    .borrow_mut()
+                    .park(off, &copy.topic, copy.queue_id, now);
                 if now.saturating_sub(since) < self.cfg.schedule_park_max_ms {
                     self.log_rarely(format_args!(
                         "scheduled messages for {}[{}] wait: the queue does not exist",
@@ -333,11 +376,11 @@ impl ShardCtx {
 
     /// Creates the targets that do not exist: a group's retry or dead-letter topic always
     /// (as at a send-back), another topic if topics may be auto-created.
-    async fn ensure_targets(self: &Rc<Self>, copies: &[(u64, OwnedDraft)]) {
+    async fn ensure_targets<'a>(self: &Rc<Self>, targets: impl Iterator<Item = (&'a str, u32)>) {
         let mut missing: Vec<&str> = Vec::new();
-        for (_, d) in copies {
-            if self.known_queue(&d.topic, d.queue_id).is_err() && !missing.contains(&&*d.topic) {
-                missing.push(&d.topic);
+        for (topic, queue) in targets {
+            if self.known_queue(topic, queue).is_err() && !missing.contains(&topic) {
+                missing.push(topic);
             }
         }
         for topic in missing {
@@ -390,7 +433,7 @@ impl ShardCtx {
             Ok(()) => {
                 for off in &offsets {
                     s.in_flight.remove(off);
-                    s.parked.remove(off);
+                    s.unpark(*off);
                 }
                 if delivered {
                     s.delivered_total += offsets.len() as u64;
