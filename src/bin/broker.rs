@@ -43,11 +43,12 @@ struct Cli {
     /// Queues of an auto-created topic [default: 8]
     #[arg(long)]
     default_queues: Option<u32>,
-    /// Commit log segment size in bytes [default: 1073741824]
+    /// Commit log segment size in bytes: a multiple of 4096, at least 8192
+    /// [default: 1073741824]
     #[arg(long)]
     segment_bytes: Option<u64>,
-    /// Delete log segments older than this, in hours; at most 876000 (a century: every
-    /// duration option is capped there) [default: 72]
+    /// Delete log segments older than this, in hours; at most 876000 (a century: no
+    /// duration option may exceed it) [default: 72]
     #[arg(long)]
     retention_hours: Option<u64>,
     /// Delete the oldest segments of a shard's log beyond this size (0: no limit) [default: 0]
@@ -65,7 +66,8 @@ struct Cli {
     /// [default: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"]
     #[arg(long)]
     delay_levels: Option<String>,
-    /// The longest delay a message may ask for, in ms [default: 259200000 (3 days)]
+    /// The longest delay a message may ask for, in ms; 1 to 31622400000 (366 days)
+    /// [default: 259200000 (3 days)]
     #[arg(long)]
     delay_max_ms: Option<u64>,
     /// Most delayed messages one shard holds; sends past it get ScheduleFull [default: 2000000]
@@ -77,8 +79,9 @@ struct Cli {
     #[arg(long)]
     connections_max: Option<usize>,
     /// Close a connection that sends no request within this many ms, stops in the middle of
-    /// a frame this long, or takes a batch of answers (1 MiB or one answer) slower than
-    /// this plus a second for every 64 KiB of it [default: 30000]
+    /// a frame this long (a frame over 64 KiB must arrive whole within this time of its
+    /// first bytes), or takes a batch of answers (1 MiB or one answer) slower than this
+    /// plus a second for every 64 KiB of it [default: 30000]
     #[arg(long)]
     conn_timeout_ms: Option<u64>,
     /// The largest frame the broker takes and sends (answers to a client stay within the

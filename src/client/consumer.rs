@@ -129,7 +129,9 @@ pub enum ConsumeFrom {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsumeStatus {
     Success,
-    /// Deliver the batch again after `reconsume_delay_ms`.
+    /// Consume again later: clustering sends each message back to the group's retry topic
+    /// (its retry level's delay; past `max_reconsume_times`, the dead-letter topic);
+    /// broadcasting, or a refused send-back, delivers it here after `reconsume_delay_ms`.
     ReconsumeLater,
 }
 

@@ -16,7 +16,7 @@
 //!
 //! Files: `main.rs` (this one: the command tree's root, the context every command gets,
 //! failures and exit codes, dispatch), one file per command family (`topic.rs`, `send.rs`,
-//! `message.rs`, `offset.rs`, `group.rs`, `dlq.rs`, `schedule.rs`, `consume.rs` with
+//! `message.rs`, `offset.rs`, `group.rs`, `dlq.rs`, `schedule.rs`, `transaction.rs`, `consume.rs` with
 //! `consume/member.rs` for `consume --group`), `output.rs` (everything that renders text or JSON) and
 //! `datetime.rs` (RFC 3339 times, with the `time` crate).
 //!
@@ -98,7 +98,7 @@ enum Command {
     /// A consumer group's committed offsets
     #[command(subcommand)]
     Offset(OffsetCommand),
-    /// Consumer groups: members, progress (lag), offset reset by time
+    /// Consumer groups: members, progress (lag), offset reset by time, delete
     #[command(subcommand)]
     Group(GroupCommand),
     /// A consumer group's dead-letter topic: list its messages, resend them

@@ -58,7 +58,9 @@ pub(crate) struct SendArgs {
     /// [default: ringmq-cli-<pid>-<random>, this run alone]
     #[arg(long, value_name = "G", requires = "transaction")]
     producer_group: Option<String>,
-    /// With --transaction unknown: how long to wait for the transaction to be resolved
+    /// With --transaction: how long to wait for the transaction to be resolved when it is
+    /// not at once (unknown, or a commit or rollback that could not be told and is tried
+    /// again); past it the command exits 1
     #[arg(
         long,
         value_name = "MS",
