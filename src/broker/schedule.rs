@@ -779,6 +779,31 @@ mod tests {
         assert!(s.parked_topics.is_empty() && s.parked.is_empty());
     }
 
+    /// The held messages the retention pass moves forward are found by one search of the
+    /// schedule queue's index: the offsets whose records begin before where retention
+    /// wants the log to start.
+    #[test]
+    fn the_offsets_before_a_log_offset_are_found_by_a_search() {
+        crate::io::run_local(|| async {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = crate::store::StoreConfig::default();
+            let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+            let draft = held_draft(Vec::new(), b"held".to_vec());
+            let mut at = Vec::new();
+            for _ in 0..10 {
+                at.push(store.put(&draft.draft()).await.unwrap().physical_offset);
+            }
+            let before = |physical| store.queue_offsets_before(SCHEDULE_TOPIC, 0, physical);
+            assert_eq!(before(at[0]).unwrap(), 0..0);
+            assert_eq!(before(at[4]).unwrap(), 0..4);
+            assert_eq!(before(at[4] + 1).unwrap(), 0..5);
+            assert_eq!(before(at[9] + 1).unwrap(), 0..10);
+            assert_eq!(before(u64::MAX).unwrap(), 0..10);
+            let unknown = store.queue_offsets_before(SCHEDULE_DONE_TOPIC, 0, u64::MAX);
+            assert_eq!(unknown.unwrap(), 0..0);
+        });
+    }
+
     /// A snapshot ahead of the log (a power loss took the log's tail after it was written)
     /// is kept below the log's new end: its entries there are pending, those it had left
     /// are delivered, its entries past the end are dropped. Before, the whole log was

@@ -205,6 +205,24 @@ impl MessageStore {
         Ok(entries)
     }
 
+    /// The queue offsets, from the queue's start, whose records begin before the log offset
+    /// `physical` (retention wants the log below it gone): a search of the index, as a
+    /// queue's entries increase in log offset. Empty for an unknown queue. Fails when the
+    /// index cannot be read.
+    pub fn queue_offsets_before(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        physical: u64,
+    ) -> Result<std::ops::Range<u64>, StoreError> {
+        let queues = self.inner.queues.borrow();
+        let Some(q) = queues.get(&(topic.to_owned(), queue_id)) else {
+            return Ok(0..0);
+        };
+        let start = self.kept_min(&q.cq)?;
+        Ok(start..q.cq.first_kept(physical)?.max(start))
+    }
+
     /// The consume-queue entry at a queue offset, `None` if the queue does not hold it
     /// (outside its range, or a slot a cut send left empty). Fails when the index cannot
     /// be read (a file that cannot be mapped): a caller holding records from retention by

@@ -597,6 +597,16 @@ impl ShardCtx {
             .log()
             .retention_wanted_end(crate::log::now_ms())
             .await;
+        // One search of the index, not a look-up per held message (millions, on the
+        // shard's thread). If it fails, they stay this pass (the floor holds them).
+        let doomed = match self.store.queue_offsets_before(SCHEDULE_TOPIC, 0, wanted) {
+            Ok(doomed) if !doomed.is_empty() => doomed,
+            Ok(_) => return,
+            Err(e) => {
+                self.log_rarely(format_args!("moving held scheduled messages forward: {e}"));
+                return;
+            }
+        };
         let now = now_ms();
         // Messages due before the next pass are delivered rather than moved.
         let not_before = now + 2 * self.cfg.retention_check_interval_ms;
@@ -605,11 +615,8 @@ impl ShardCtx {
             let mut old: Vec<(u64, u64)> = s
                 .wheel
                 .iter()
-                .filter(|(due, off)| *due > not_before && !s.superseded.contains(off))
-                .filter(|(_, off)| {
-                    let entry = self.store.queue_entry(SCHEDULE_TOPIC, 0, **off);
-                    // One that cannot be looked up stays (the floor holds it).
-                    matches!(entry, Ok(Some(e)) if e.physical_offset < wanted)
+                .filter(|(due, off)| {
+                    *due > not_before && doomed.contains(*off) && !s.superseded.contains(off)
                 })
                 .map(|(due, off)| (due, *off))
                 .collect();
