@@ -45,7 +45,8 @@ pub fn read_answer(conn: &mut TcpStream) -> Response<'static> {
     read_answers(conn, 1).pop().unwrap().1
 }
 
-/// The next `n` answers on `conn`, each with its request id, in the order they came.
+/// The next `n` answers on `conn`, each with its request id, in the order they came
+/// (notifications the broker pushes, such as a group's rebalance, passed over).
 pub fn read_answers(conn: &mut TcpStream, n: usize) -> Vec<(u64, Response<'static>)> {
     let decoder = || {
         FrameDecoder::new(
@@ -61,7 +62,9 @@ pub fn read_answers(conn: &mut TcpStream, n: usize) -> Vec<(u64, Response<'stati
             let owned: &'static [u8] = Box::leak(buf[..len].to_vec().into_boxed_slice());
             buf.drain(..len);
             let frame = decoder().decode(owned).unwrap().unwrap();
-            answers.push((frame.request_id(), frame.decode_response().unwrap()));
+            if !frame.header().flags().is_push() {
+                answers.push((frame.request_id(), frame.decode_response().unwrap()));
+            }
             continue;
         }
         let read = conn.read(&mut chunk).unwrap();
