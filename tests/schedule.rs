@@ -424,7 +424,7 @@ fn a_parked_message_is_delivered_once_its_topic_exists_again() {
         let client = producer.client().clone();
         client.create_topic("back", 1).await.unwrap();
         let sent = producer
-            .send("back", OutgoingMessage::new("waited").with_delay_ms(300))
+            .send("back", OutgoingMessage::new("waited").with_delay_ms(2_000))
             .await
             .unwrap();
         client.delete_topic("back").await.unwrap();
@@ -504,11 +504,17 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         }
         assert!(sent_at.elapsed() < due_in, "the test machine is too slow");
         // The schedule's statistics see one message (not it and the copy it was moved
-        // forward as), due when it was sent for, not overdue.
-        let stats = client.schedule_stats().await.unwrap();
-        assert_eq!(stats.len(), 1);
-        let s = &stats[0];
-        assert_eq!((s.pending, s.overdue), (1, 0), "{s:?}");
+        // forward as, once the move is recorded), due when it was sent for, not overdue.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let s = loop {
+            let stats = client.schedule_stats().await.unwrap();
+            assert_eq!(stats.len(), 1);
+            if (stats[0].pending, stats[0].overdue) == (1, 0) {
+                break stats.into_iter().next().unwrap();
+            }
+            assert!(Instant::now() < deadline, "{stats:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         let due = s.next_due_ms as u64;
         assert!(
             (sent_ms + due_ms..=sent_by_ms + due_ms).contains(&due),

@@ -362,11 +362,15 @@ impl Schedule {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(chunk);
                 let named = u64::from_le_bytes(b);
+                // The snapshot's own (it may hold entries at or past its end: in the wheel
+                // from their append, before their records were written)...
+                if pending.remove(&named).is_some() {
+                    done += 1;
+                }
+                // ...and those of the scan.
                 if (scan_from..end).contains(&named) {
                     let bit = named - scan_from;
                     delivered[(bit / 64) as usize] |= 1 << (bit % 64);
-                } else if pending.remove(&named).is_some() {
-                    done += 1;
                 }
             }
         }

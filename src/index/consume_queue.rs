@@ -689,8 +689,8 @@ impl ConsumeQueue {
     }
 
     /// The first queue offset at or past `min_offset` whose record starts at or after
-    /// `log_min` (`max_offset` if none does).
-    fn first_at_or_past(&self, log_min: u64) -> Result<u64, IndexError> {
+    /// `log_min` (`max_offset` if none does): a search, whatever the oldest entry.
+    pub fn first_at_or_past(&self, log_min: u64) -> Result<u64, IndexError> {
         let below = |e: &CqEntry| e.physical_offset < log_min;
         self.search(self.min_offset, self.max_offset, below, true)
     }

@@ -220,7 +220,7 @@ impl MessageStore {
             return Ok(0..0);
         };
         let start = self.kept_min(&q.cq)?;
-        Ok(start..q.cq.first_kept(physical)?.max(start))
+        Ok(start..q.cq.first_at_or_past(physical)?.max(start))
     }
 
     /// The consume-queue entry at a queue offset, `None` if the queue does not hold it

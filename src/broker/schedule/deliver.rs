@@ -151,15 +151,17 @@ impl ShardCtx {
     /// for its topic, and a read every few seconds of each would cost the disk and the
     /// others' turns that long.
     async fn repark(self: &Rc<Self>, due: &mut Vec<(u64, u64)>) {
-        let targets: Vec<(Rc<str>, u32)> = {
+        // Names copied, not shared: a name shared across the wait would outlive the last
+        // message parked for it (`Schedule::unpark` goes by the name's count).
+        let targets: Vec<(String, u32)> = {
             let s = self.schedule.borrow();
-            let mut targets: Vec<(Rc<str>, u32)> = Vec::new();
+            let mut targets: Vec<(String, u32)> = Vec::new();
             for p in due.iter().filter_map(|(_, off)| s.parked.get(off)) {
                 if !targets
                     .iter()
-                    .any(|(t, q)| *t == p.topic && *q == p.queue_id)
+                    .any(|(t, q)| **t == *p.topic && *q == p.queue_id)
                 {
-                    targets.push((p.topic.clone(), p.queue_id));
+                    targets.push((p.topic.to_string(), p.queue_id));
                 }
             }
             targets
@@ -167,7 +169,7 @@ impl ShardCtx {
         if targets.is_empty() {
             return;
         }
-        self.ensure_targets(targets.iter().map(|(t, q)| (&**t, *q)))
+        self.ensure_targets(targets.iter().map(|(t, q)| (t.as_str(), *q)))
             .await;
         self.schedule.borrow_mut().repark(
             due,
@@ -216,6 +218,7 @@ impl ShardCtx {
                     // delayed send comes.
                     let mut s = self.schedule.borrow_mut();
                     s.in_flight.remove(&off);
+                    s.unpark(off);
                     s.changed = true;
                     no_message.push(off);
                 }
@@ -677,8 +680,12 @@ impl ShardCtx {
         }
         {
             let mut s = self.schedule.borrow_mut();
-            for (due, copy) in copies {
+            for (&old, (due, copy)) in moved.iter().zip(copies) {
                 s.wheel.insert(due, copy);
+                // A parked message's copy waits for its target from when it did.
+                if let Some(p) = s.parked.get(&old).cloned() {
+                    s.parked.insert(copy, p);
+                }
             }
             s.changed = true;
         }

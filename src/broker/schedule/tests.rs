@@ -113,11 +113,12 @@ fn recovery_keeps_only_what_no_done_record_names() {
                 store.put(&done.draft()).await.unwrap();
             }
             if with_snapshot {
-                // Taken after the first done record, when 0..6 were scheduled.
+                // Taken after the first done record, when 0..6 were written and 7 was in
+                // the wheel already (appended, not written yet).
                 let snapshot = Snapshot {
                     schedule_end: 6,
                     done_end: 1,
-                    entries: [0, 2, 3, 4, 5].map(|off| (5000, off)).to_vec(),
+                    entries: [0, 2, 3, 4, 5, 7].map(|off| (5000, off)).to_vec(),
                 };
                 write_snapshot(store.dir(), &encode_snapshot(&snapshot)).unwrap();
             }
