@@ -7,6 +7,11 @@
 //!   front with [`FrameDecoder`] (each frame becomes a shared `Bytes` slice of that buffer,
 //!   no copy), and hands each response to the request that waits for its `request_id`.
 //!
+//! A request's frame carries its deadline: one still queued when its deadline has passed
+//! (its caller was told `Timeout`) is not written, so a connection whose writes backed up
+//! does not send every timed-out request later beside its retries (a send stored two or
+//! three times).
+//!
 //! Callers wait on a oneshot channel registered under their request id. At most
 //! `in_flight_max` requests wait at once (a semaphore); the frame channel has the same
 //! bound, so memory is bounded however fast callers submit. When either task fails, every
@@ -203,10 +208,17 @@ pub(crate) struct ConnectionLimits {
     pub in_flight_max: usize,
 }
 
+/// A frame for the writer: a request's, not written past its deadline (`None`: oneway,
+/// always written).
+struct Outgoing {
+    frame: FrameParts,
+    deadline: Option<Instant>,
+}
+
 /// A pipelined connection to one broker address. Dropping the last handle closes it.
 pub(crate) struct Connection {
     shared: Arc<Shared>,
-    frames: mpsc::Sender<FrameParts>,
+    frames: mpsc::Sender<Outgoing>,
     permits: Arc<Semaphore>,
     next_request_id: AtomicU64,
     frame_bytes_max: u32,
@@ -319,6 +331,10 @@ impl Connection {
             shared: &self.shared,
             request_id,
         };
+        let frame = Outgoing {
+            frame,
+            deadline: Some(deadline),
+        };
         match timeout_at(deadline, self.frames.send(frame)).await {
             Err(_) => return Err(timed_out),
             Ok(Err(_)) => return Err(self.shared.broken_error()),
@@ -344,7 +360,10 @@ impl Connection {
             return Err(e);
         }
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let frame = self.encode(request_id, Flags::ONEWAY, meta)?;
+        let frame = Outgoing {
+            frame: self.encode(request_id, Flags::ONEWAY, meta)?,
+            deadline: None,
+        };
         match timeout_at(deadline, self.frames.send(frame)).await {
             Err(_) => Err(ClientError::Timeout { timeout_ms }),
             Ok(Err(_)) => Err(self.shared.broken_error()),
@@ -371,23 +390,28 @@ impl Connection {
 }
 
 async fn write_loop(
-    mut frames: mpsc::Receiver<FrameParts>,
+    mut frames: mpsc::Receiver<Outgoing>,
     mut out: OwnedWriteHalf,
     shared: Arc<Shared>,
 ) {
     // Frames ready together go out in one vectored write, without copying them together.
     let mut batch: Vec<FrameParts> = Vec::with_capacity(WRITE_BATCH_FRAMES_MAX);
     while let Some(first) = frames.recv().await {
-        let mut bytes = first.len();
-        batch.push(first);
-        while bytes < WRITE_BATCH_BYTES_MAX && batch.len() < WRITE_BATCH_FRAMES_MAX {
-            match frames.try_recv() {
-                Ok(frame) => {
-                    bytes += frame.len();
-                    batch.push(frame);
-                }
-                Err(_) => break,
+        // One clock reading a write: a request past its deadline was answered `Timeout`.
+        let now = Instant::now();
+        let mut bytes = 0;
+        let mut next = Some(first);
+        while let Some(outgoing) = next.take() {
+            if outgoing.deadline.is_none_or(|d| d > now) {
+                bytes += outgoing.frame.len();
+                batch.push(outgoing.frame);
             }
+            if bytes < WRITE_BATCH_BYTES_MAX && batch.len() < WRITE_BATCH_FRAMES_MAX {
+                next = frames.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         let written = write_frames(&mut out, &batch).await;
         batch.clear();

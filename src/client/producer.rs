@@ -558,9 +558,13 @@ impl ProducerInner {
         M: crate::protocol::Message,
     {
         let mut last_error = None;
-        // A busy broker (flow control) is waited out, backing off, within the request
-        // timeout; those answers do not use up retries.
-        let busy_until = Instant::now() + self.client.config().request_timeout();
+        // The first attempt whose outcome is unknown (no answer, or the connection broke
+        // with it in flight): the message may be stored, so the send never ends with a
+        // refusal that says nothing was (a later attempt's `BrokerBusy`, say), but with it.
+        let mut maybe_stored: Option<ClientError> = None;
+        // A busy broker (flow control) is waited out, backing off, for a request timeout
+        // from its first such answer; those answers do not use up retries.
+        let mut busy_until: Option<Instant> = None;
         let mut busy_answers = 0u32;
         let mut attempt = 0;
         while attempt <= self.options.retries {
@@ -576,7 +580,12 @@ impl ProducerInner {
             let queue_id = choose(request, queue_count, attempt);
             let outcome = match self.client.call(route(topic, queue_id), &*request).await {
                 Ok(reply) => reply.response().and_then(&answer),
-                Err(e) => Err(e),
+                Err(e) => {
+                    if matches!(e, ClientError::Timeout { .. } | ClientError::Connection(_)) {
+                        maybe_stored.get_or_insert_with(|| e.clone());
+                    }
+                    Err(e)
+                }
             };
             match outcome {
                 Ok(result) => {
@@ -592,8 +601,11 @@ impl ProducerInner {
                     let pause = Duration::from_millis(
                         (BUSY_PAUSE_MS_MIN << busy_answers.min(6)).min(BUSY_PAUSE_MS_MAX),
                     );
-                    if Instant::now() + pause >= busy_until {
-                        return Err(e);
+                    let now = Instant::now();
+                    let until =
+                        *busy_until.get_or_insert(now + self.client.config().request_timeout());
+                    if now + pause >= until {
+                        return Err(maybe_stored.unwrap_or(e));
                     }
                     busy_answers += 1;
                     tokio::time::sleep(pause).await;
@@ -604,11 +616,11 @@ impl ProducerInner {
                     last_error = Some(e);
                 }
                 Err(e) if e.is_retriable() => last_error = Some(e),
-                Err(e) => return Err(e),
+                Err(e) => return Err(maybe_stored.unwrap_or(e)),
             }
             attempt += 1;
         }
-        Err(last_error.unwrap_or_else(|| {
+        Err(maybe_stored.or(last_error).unwrap_or_else(|| {
             ClientError::Connection(format!("send to {topic} failed without an error"))
         }))
     }

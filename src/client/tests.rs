@@ -33,6 +33,9 @@ enum Out {
     Later(Duration, Vec<u8>),
     /// Close the connection.
     Close,
+    /// Read nothing more from the connection for this long (a broker that stops reading:
+    /// the client's writes back up).
+    Stall(Duration),
 }
 
 struct Ctx {
@@ -114,10 +117,16 @@ impl Fake {
                                         handler(&ctx, id, request)
                                     }
                                 };
+                                let mut stall = None;
                                 for out in outs {
-                                    if !write(&output, out).await {
+                                    if let Out::Stall(pause) = out {
+                                        stall = Some(pause);
+                                    } else if !write(&output, out).await {
                                         return;
                                     }
+                                }
+                                if let Some(pause) = stall {
+                                    tokio::time::sleep(pause).await;
                                 }
                             }
                         }
@@ -173,6 +182,7 @@ async fn write(output: &Arc<tokio::sync::Mutex<OwnedWriteHalf>>, out: Out) -> bo
             let _ = output.lock().await.shutdown().await;
             false
         }
+        Out::Stall(_) => true,
     }
 }
 

@@ -24,6 +24,25 @@ use crate::protocol::{
 /// How often a transaction producer tells the broker it is alive (it is also dropped at
 /// once when its connection closes).
 const PRODUCER_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+/// Most check-backs a producer answers at once (each holds its half message, up to a
+/// record's size, and a call of the checker); one past it, or one for a transaction being
+/// answered already, is skipped with a warning: the broker asks again.
+pub const CHECKS_IN_PROGRESS_MAX: usize = 64;
+
+/// Transactions whose check-back is being answered.
+type Answering = Arc<std::sync::Mutex<std::collections::HashSet<u64>>>;
+
+/// Takes `id` out of the transactions being answered when its answer ends.
+struct Answered(Answering, u64);
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.1);
+    }
+}
 
 /// What became of a local transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,12 +240,35 @@ async fn serve(
 ) {
     let mut beat = tokio::time::interval(PRODUCER_HEARTBEAT_INTERVAL);
     beat.tick().await;
+    let answering: Answering = Arc::default();
+    // Whether the last heartbeat failed (said once, when it starts and when it ends).
+    let mut failing = false;
+    let mut skipped_said = false;
     loop {
         tokio::select! {
             _ = beat.tick() => {
                 // A failed heartbeat is tried again at the next tick (the connection may
-                // be coming back).
-                let _ = heartbeat(&client, &group).await;
+                // be coming back); meanwhile the broker may not reach this producer with
+                // its check-backs, which the application must hear.
+                match heartbeat(&client, &group).await {
+                    Err(e) if !failing => {
+                        failing = true;
+                        crate::warn!(
+                            "ringmq transaction producer {group} ({}): registering with the broker failed ({e}); check-backs of its transactions may not reach it until it is registered again (tried every {} s)",
+                            client.config().client_id,
+                            PRODUCER_HEARTBEAT_INTERVAL.as_secs()
+                        );
+                    }
+                    Ok(()) if failing => {
+                        failing = false;
+                        crate::warn!(
+                            "ringmq transaction producer {group} ({}): registered with the broker again",
+                            client.config().client_id
+                        );
+                    }
+                    _ => {}
+                }
+                skipped_said = false;
             }
             push = pushes.recv() => match push {
                 Ok(push) if push.kind() == Kind::CheckTransaction => {
@@ -236,8 +278,28 @@ async fn serve(
                     if check.producer_group != group {
                         continue;
                     }
+                    let id = check.transaction_id;
+                    let taken = {
+                        let mut set = answering.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        set.len() < CHECKS_IN_PROGRESS_MAX && set.insert(id)
+                    };
+                    if !taken {
+                        // At most one warning a heartbeat interval.
+                        if !skipped_said {
+                            skipped_said = true;
+                            crate::warn!(
+                                "ringmq transaction producer {group} ({}): a check-back of transaction {id} skipped ({CHECKS_IN_PROGRESS_MAX} are being answered, or this one is): the broker asks again",
+                                client.config().client_id
+                            );
+                        }
+                        continue;
+                    }
+                    let answered = Answered(answering.clone(), id);
                     let (client, group, checker) = (client.clone(), group.clone(), checker.clone());
-                    tokio::spawn(async move { answer(client, group, checker, check).await });
+                    tokio::spawn(async move {
+                        let _answered = answered;
+                        answer(client, group, checker, check).await
+                    });
                 }
                 Ok(_) => {}
                 // Checks among the missed frames are asked again within the broker's check

@@ -267,11 +267,21 @@ impl ProducerInner {
             }
         };
         if let Some(rx) = waiter {
-            return rx.await.unwrap_or_else(|_| {
-                Err(ClientError::Connection(format!(
+            // Its wait to be taken (to `deadline`), then a whole send of its batch at most:
+            // one refused and sent again a message at a time could otherwise hold it for
+            // as long as every message before it takes. Past that it is `Timeout` (it may
+            // be stored) and, if not taken yet, it is not sent.
+            let config = self.client.config();
+            let send_span = config.request_timeout() * (self.options.retries + 2);
+            return match tokio::time::timeout_at(deadline + send_span, rx).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(ClientError::Connection(format!(
                     "the batch carrying a send to {topic} was dropped"
-                )))
-            });
+                ))),
+                Err(_) => Err(ClientError::Timeout {
+                    timeout_ms: config.request_timeout_ms,
+                }),
+            };
         }
         // This send holds the shard's one request slot until it is answered. Its request
         // runs on a task of its own, so the sends that queue meanwhile go once it is

@@ -325,3 +325,215 @@ async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() 
         .count();
     assert_eq!(packed, 1, "s1, s2 and s3 went packed first");
 }
+
+/// A send whose first attempt got no answer (it may be stored) never ends with an error
+/// that says nothing was stored: refused busy after it (flow control, waited out for a
+/// request timeout from the first busy answer), it ends `Timeout`.
+#[tokio::test]
+async fn a_send_that_may_be_stored_does_not_end_with_a_refusal() {
+    let sends = Arc::new(AtomicUsize::new(0));
+    let seen = sends.clone();
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        // The first is never answered; the later ones are refused busy.
+        Request::SendMessage(_) if seen.fetch_add(1, Ordering::SeqCst) == 0 => Vec::new(),
+        Request::SendMessage(_) => vec![Out::Frame(error(id, ErrorCode::BrokerBusy, "busy"))],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 200;
+    let producer = Producer::connect_with(config, ProducerOptions::default())
+        .await
+        .unwrap();
+    let sent = producer.send("t", OutgoingMessage::new("a")).await;
+    assert!(matches!(sent, Err(ClientError::Timeout { .. })), "{sent:?}");
+    assert!(
+        sends.load(Ordering::SeqCst) >= 3,
+        "the busy broker was waited out"
+    );
+}
+
+/// Sends packed behind one in flight whose packed request is refused are sent again one at
+/// a time; none of them waits past its own send's time for those before it (each unanswered
+/// here): each ends `Timeout` within a request timeout times (retries + 2) of its deadline.
+#[tokio::test]
+async fn a_packed_send_waits_no_longer_than_its_own_send_for_those_sent_again_before_it() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        // The first send stays in flight a while, so the next ones are packed behind it.
+        Request::SendMessage(m) if m.body == b"s0" => vec![Out::Later(
+            Duration::from_millis(100),
+            answer(id, &send_result(0, 0)),
+        )],
+        // Sent again alone: never answered.
+        Request::SendMessage(_) => Vec::new(),
+        Request::SendMulti(_) => vec![Out::Frame(error(
+            id,
+            ErrorCode::QueueNotFound,
+            "one of them is refused",
+        ))],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 200;
+    let options = ProducerOptions {
+        coalesce: true,
+        ..ProducerOptions::default()
+    };
+    let producer = Producer::connect_with(config, options).await.unwrap();
+    producer.client().describe_topic("t").await.unwrap();
+    let send = |body: String| producer.send_async("t", OutgoingMessage::new(body));
+    let started = tokio::time::Instant::now();
+    let s0 = tokio::spawn(send("s0".into()));
+    let deadline = started + Duration::from_secs(10);
+    while !(fake.requests().iter())
+        .any(|(_, r)| matches!(r, Request::SendMessage(m) if m.body == b"s0"))
+    {
+        assert!(tokio::time::Instant::now() < deadline, "s0 never arrived");
+        tokio::task::yield_now().await;
+    }
+    let packed: Vec<_> = (1..=8)
+        .map(|i| tokio::spawn(send(format!("s{i}"))))
+        .collect();
+    s0.await.unwrap().unwrap();
+    for s in packed {
+        let sent = s.await.unwrap();
+        assert!(matches!(sent, Err(ClientError::Timeout { .. })), "{sent:?}");
+    }
+    // Each sent again alone takes three unanswered attempts of 200 ms: one after the other,
+    // the last of eight would end after about 5 s.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+/// A request still queued for the writer when its deadline passes (its caller was told
+/// `Timeout`) is not written: a connection whose writes backed up behind a broker that
+/// stopped reading does not send every timed-out request once it reads again.
+#[tokio::test]
+async fn requests_past_their_deadline_are_not_written() {
+    const SENDS: usize = 16;
+    let first = Arc::new(AtomicUsize::new(0));
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        // The first large send stops the broker reading for a while: the client's socket
+        // fills, and the other sends wait in its writer past their deadlines.
+        Request::SendMessage(m)
+            if m.body.len() > 1024 && first.fetch_add(1, Ordering::SeqCst) == 0 =>
+        {
+            vec![Out::Stall(Duration::from_millis(1_500))]
+        }
+        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 0)))],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 300;
+    let producer = Producer::connect_with(config, no_retries()).await.unwrap();
+    producer.client().describe_topic("t").await.unwrap();
+    let large = vec![7u8; BODY_BYTES_MAX];
+    let sends: Vec<_> = (0..SENDS)
+        .map(|_| tokio::spawn(producer.send_async("t", OutgoingMessage::new(large.clone()))))
+        .collect();
+    for s in sends {
+        let sent = s.await.unwrap();
+        assert!(matches!(sent, Err(ClientError::Timeout { .. })), "{sent:?}");
+    }
+    // Once a later send is answered, the broker has read everything written before it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while producer
+        .send("t", OutgoingMessage::new("last"))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never answered again"
+        );
+    }
+    let written = (fake.requests().into_iter())
+        .filter(|(_, r)| matches!(r, Request::SendMessage(m) if m.body.len() > 1024))
+        .count();
+    assert!(
+        written < SENDS / 2,
+        "{written} of {SENDS} written after their deadline"
+    );
+}
+
+/// Check-backs pushed faster than the checker answers are answered at most
+/// `CHECKS_IN_PROGRESS_MAX` at a time and a transaction once at a time; the rest are
+/// skipped (the broker asks again), not each given a task and a blocking thread holding
+/// its half message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_backs_answered_at_once_are_bounded() {
+    use crate::client::transaction::CHECKS_IN_PROGRESS_MAX;
+    const DISTINCT: u64 = 100;
+    let pushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        // Every transaction twice, at once, after the first registration's answer.
+        Request::ProducerHeartbeat(h) if !pushed.swap(true, Ordering::SeqCst) => {
+            let mut outs = vec![empty_answer(id)];
+            for transaction_id in (0..DISTINCT).chain(0..DISTINCT) {
+                let check = crate::protocol::CheckTransaction {
+                    topic: "t".into(),
+                    queue_id: 0,
+                    transaction_id,
+                    producer_group: h.group.clone(),
+                    record: record("t", 0, transaction_id, "", b"half"),
+                };
+                let mut push = Vec::new();
+                crate::protocol::encode_frame(
+                    0,
+                    crate::protocol::Flags::NONE,
+                    &check,
+                    &[],
+                    &mut push,
+                )
+                .unwrap();
+                outs.push(Out::Frame(push));
+            }
+            outs
+        }
+        _ => vec![empty_answer(id)],
+    });
+    let fake = Fake::start(1, handler).await;
+    let (running, most, calls) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (r, m, c) = (running.clone(), most.clone(), calls.clone());
+    let _tp = TransactionProducer::start(fake.config(), "txg", move |_| {
+        c.fetch_add(1, Ordering::SeqCst);
+        let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+        m.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        r.fetch_sub(1, Ordering::SeqCst);
+        TransactionOutcome::Commit
+    })
+    .await
+    .unwrap();
+    // Every check the checker answered is ended (the rest were skipped).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ended = (fake.requests().iter())
+            .filter(|(_, r)| matches!(r, Request::EndTransaction(_)))
+            .count();
+        let called = calls.load(Ordering::SeqCst);
+        if called > 0 && ended == called && running.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{ended} of {called} ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        most <= CHECKS_IN_PROGRESS_MAX,
+        "{most} checks answered at once"
+    );
+    assert!(calls.load(Ordering::SeqCst) < 2 * DISTINCT as usize);
+}
