@@ -67,7 +67,9 @@ pub struct ProducerOptions {
     /// Packs single sends to a topic made while a send of that topic to the same broker
     /// shard is in flight into one request (`SendMulti`: each message to its own queue,
     /// each queue's messages in send order once the topic's queue count is known: a
-    /// topic's first sends each look it up and go in the order their look-ups end;
+    /// topic's first sends, and those made after a refusal had the count forgotten, each
+    /// look it up and go in the order their look-ups end; batches and oneway sends are
+    /// not packed, so one can pass single sends made before it;
     /// per-message results as for single sends), sent
     /// as soon as that send is answered: no timer, so nothing waits when the pipe is idle.
     /// Delayed and transactional messages, and sends with a custom selector, are always

@@ -843,3 +843,24 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
         requests.last()
     );
 }
+
+/// The client's connections probe a silent broker (TCP keepalive): a broker whose host
+/// vanished is found within minutes, not after the kernel's retransmissions give up.
+#[tokio::test]
+async fn connections_to_the_broker_probe_a_silent_peer() {
+    use std::os::fd::FromRawFd;
+    let fake = Fake::start(1, simple_handler(1)).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    client.describe_topic("t").await.unwrap();
+    let mut probed = Vec::new();
+    for fd in 0..4096 {
+        // SAFETY: the descriptor is only looked at (its peer, its options), never closed:
+        // ManuallyDrop keeps the stream from closing what it does not own.
+        let stream = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+        if stream.peer_addr().ok() == Some(fake.addrs[0]) {
+            probed.push(crate::protocol::keepalive::keepalive_of(fd).unwrap().0);
+        }
+    }
+    assert!(!probed.is_empty(), "the client's connection was not found");
+    assert!(probed.iter().all(|&on| on == 1), "{probed:?}");
+}

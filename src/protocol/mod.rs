@@ -24,6 +24,7 @@
 pub mod delay;
 pub mod error;
 pub mod frame;
+pub mod keepalive;
 pub mod kind;
 pub mod messages;
 pub mod msg_id;

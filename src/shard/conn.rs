@@ -377,38 +377,6 @@ async fn write_answers(
     }
 }
 
-/// A peer gone without a word (its host lost, a cable pulled) is found by TCP keepalive
-/// probes after [`KEEPALIVE_IDLE_S`] of silence, then [`KEEPALIVE_PROBES`] unanswered ones
-/// [`KEEPALIVE_INTERVAL_S`] apart (2 minutes in all): the connection's read fails and what
-/// it held is freed. An idle connection otherwise lasts for ever.
-const KEEPALIVE_IDLE_S: i32 = 60;
-const KEEPALIVE_INTERVAL_S: i32 = 10;
-const KEEPALIVE_PROBES: i32 = 6;
-
-fn keep_alive(fd: std::os::fd::RawFd) -> std::io::Result<()> {
-    let set = |level: i32, name: i32, value: i32| {
-        // SAFETY: an int socket option set on a socket descriptor the caller holds open.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                &value as *const i32 as *const libc::c_void,
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)
-}
-
 /// An error frame for a request that could not be read; the connection then closes.
 fn closing_error(body: &ErrorBody) -> Vec<u8> {
     let mut out = Vec::new();
@@ -430,7 +398,7 @@ pub async fn serve_connection(
 ) {
     let ConnSettings { limits, timeout_ms } = settings;
     let _ = stream.set_nodelay(true);
-    if let Err(e) = keep_alive(stream.as_raw_fd()) {
+    if let Err(e) = crate::protocol::keepalive::keep_alive(stream.as_raw_fd()) {
         crate::warn!(
             "ringmq: shard {}: TCP keepalive not set on a connection: {e}",
             ctx.id
@@ -720,38 +688,6 @@ mod tests {
         assert!(!closed, "taken for stalled");
         assert_eq!(received.len(), expected.len());
         assert!(received == expected, "bytes differ");
-    }
-
-    #[test]
-    fn connections_probe_a_silent_peer() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (served, _) = listener.accept().unwrap();
-        let fd = served.as_raw_fd();
-        keep_alive(fd).unwrap();
-        let get = |level: i32, name: i32| {
-            let mut value = 0i32;
-            let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
-            // SAFETY: reads an int socket option of a socket this test owns.
-            let rc = unsafe {
-                libc::getsockopt(
-                    fd,
-                    level,
-                    name,
-                    &mut value as *mut i32 as *mut libc::c_void,
-                    &mut len,
-                )
-            };
-            assert_eq!(rc, 0);
-            value
-        };
-        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
-        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), KEEPALIVE_IDLE_S);
-        assert_eq!(
-            get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
-            KEEPALIVE_INTERVAL_S
-        );
-        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), KEEPALIVE_PROBES);
     }
 
     #[test]

@@ -267,21 +267,11 @@ impl ProducerInner {
             }
         };
         if let Some(rx) = waiter {
-            // Its wait to be taken (to `deadline`), then a whole send of its batch at most:
-            // one refused and sent again a message at a time could otherwise hold it for
-            // as long as every message before it takes. Past that it is `Timeout` (it may
-            // be stored) and, if not taken yet, it is not sent.
-            let config = self.client.config();
-            let send_span = config.request_timeout() * (self.options.retries + 2);
-            return match tokio::time::timeout_at(deadline + send_span, rx).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err(ClientError::Connection(format!(
+            return rx.await.unwrap_or_else(|_| {
+                Err(ClientError::Connection(format!(
                     "the batch carrying a send to {topic} was dropped"
-                ))),
-                Err(_) => Err(ClientError::Timeout {
-                    timeout_ms: config.request_timeout_ms,
-                }),
-            };
+                )))
+            });
         }
         // This send holds the shard's one request slot until it is answered. Its request
         // runs on a task of its own, so the sends that queue meanwhile go once it is
@@ -352,6 +342,7 @@ impl ProducerInner {
                 }
                 take_batch(&mut st.waiting, Instant::now())
             };
+            let taken_at = Instant::now();
             let timeout_ms = self.client.config().request_timeout_ms;
             for tx in late {
                 let _ = tx.send(Err(ClientError::Timeout { timeout_ms }));
@@ -426,10 +417,20 @@ impl ProducerInner {
                         messages,
                         ..
                     } = request;
+                    // One after the other, the last would wait for all before it: a send
+                    // not begun within a whole send's time of its batch's start fails with
+                    // `Timeout`, unsent (a timer per queued send would cost every send).
+                    let config = self.client.config();
+                    let give_up_at =
+                        taken_at + config.request_timeout() * (self.options.retries + 2);
                     for ((queue, item), tx) in queue_ids.into_iter().zip(messages).zip(senders) {
                         // A caller that gave up on its send is not sent again (it would be
                         // stored with nobody told).
                         if tx.is_closed() {
+                            continue;
+                        }
+                        if Instant::now() >= give_up_at {
+                            let _ = tx.send(Err(ClientError::Timeout { timeout_ms }));
                             continue;
                         }
                         let _ = tx.send(self.resend_alone(topic, queue, item).await);
