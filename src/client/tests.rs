@@ -848,19 +848,30 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
 /// vanished is found within minutes, not after the kernel's retransmissions give up.
 #[tokio::test]
 async fn connections_to_the_broker_probe_a_silent_peer() {
-    use std::os::fd::FromRawFd;
     let fake = Fake::start(1, simple_handler(1)).await;
     let client = Client::connect(fake.config()).await.unwrap();
     client.describe_topic("t").await.unwrap();
+    // The port of the IPv4 peer of descriptor `fd`, if it is a connected socket.
+    let peer_port = |fd: i32| {
+        // SAFETY: getpeername writes at most `len` bytes into a zeroed local of that size.
+        let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let rc =
+            unsafe { libc::getpeername(fd, &mut addr as *mut _ as *mut libc::sockaddr, &mut len) };
+        (rc == 0 && i32::from(addr.sin_family) == libc::AF_INET)
+            .then(|| u16::from_be(addr.sin_port))
+    };
     let mut probed = Vec::new();
-    for fd in 0..4096 {
-        // SAFETY: the descriptor is only looked at (its peer, its options), never closed:
-        // ManuallyDrop keeps the stream from closing what it does not own.
-        let stream = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
-        if stream.peer_addr().ok() == Some(fake.addrs[0]) {
-            probed.push(crate::protocol::keepalive::keepalive_of(fd).unwrap().0);
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if peer_port(fd) == Some(fake.addrs[0].port()) {
+            let (on, .., user_timeout) = crate::protocol::keepalive::keepalive_of(fd).unwrap();
+            probed.push((on, user_timeout));
         }
     }
     assert!(!probed.is_empty(), "the client's connection was not found");
-    assert!(probed.iter().all(|&on| on == 1), "{probed:?}");
+    let want = (1, crate::protocol::keepalive::USER_TIMEOUT_MS);
+    assert!(probed.iter().all(|&p| p == want), "{probed:?}");
 }

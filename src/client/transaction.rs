@@ -25,22 +25,38 @@ use crate::protocol::{
 /// once when its connection closes).
 const PRODUCER_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
 /// Most check-backs a producer answers at once (each holds its half message, up to a
-/// record's size, and a call of the checker); one past it, or one for a transaction being
-/// answered already, is skipped with a warning: the broker asks again.
+/// record's size, and a call of the checker). Past it the pushed checks wait in the
+/// client's push buffer (`push_buffer_max`) until one ends: a check skipped would still
+/// count against the broker's `--transaction-check-max`, and a transaction checked that
+/// many times is discarded. A check of a transaction being answered already is skipped.
 pub const CHECKS_IN_PROGRESS_MAX: usize = 64;
 
-/// Transactions whose check-back is being answered.
-type Answering = Arc<std::sync::Mutex<std::collections::HashSet<u64>>>;
+/// A transaction by where its half is: the id alone is unique per shard only.
+type TransactionKey = (String, u32, u64);
 
-/// Takes `id` out of the transactions being answered when its answer ends.
-struct Answered(Answering, u64);
+/// The transactions whose check-back is being answered, and a wake-up when one ends.
+#[derive(Default)]
+struct Answering {
+    keys: std::sync::Mutex<std::collections::HashSet<TransactionKey>>,
+    ended: tokio::sync::Notify,
+}
+
+impl Answering {
+    fn keys(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<TransactionKey>> {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Takes its transaction out of those being answered when the answer ends (however it
+/// ends: answered, failed, panicked, or its task dropped).
+struct Answered(Arc<Answering>, TransactionKey);
 
 impl Drop for Answered {
     fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.1);
+        self.0.keys().remove(&self.1);
+        self.0.ended.notify_one();
     }
 }
 
@@ -240,12 +256,15 @@ async fn serve(
 ) {
     let mut beat = tokio::time::interval(PRODUCER_HEARTBEAT_INTERVAL);
     beat.tick().await;
-    let answering: Answering = Arc::default();
+    let answering: Arc<Answering> = Arc::default();
     // Whether the last heartbeat failed (said once, when it starts and when it ends).
     let mut failing = false;
     let mut skipped_said = false;
     loop {
+        let full = answering.keys().len() >= CHECKS_IN_PROGRESS_MAX;
         tokio::select! {
+            // Full: the pushes wait until an answer ends.
+            _ = answering.ended.notified(), if full => {}
             _ = beat.tick() => {
                 // A failed heartbeat is tried again at the next tick (the connection may
                 // be coming back); meanwhile the broker may not reach this producer with
@@ -270,7 +289,7 @@ async fn serve(
                 }
                 skipped_said = false;
             }
-            push = pushes.recv() => match push {
+            push = pushes.recv(), if !full => match push {
                 Ok(push) if push.kind() == Kind::CheckTransaction => {
                     let Ok(check) = push.frame().and_then(|f| f.decode_meta::<CheckTransaction>()) else {
                         continue;
@@ -278,23 +297,21 @@ async fn serve(
                     if check.producer_group != group {
                         continue;
                     }
-                    let id = check.transaction_id;
-                    let taken = {
-                        let mut set = answering.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        set.len() < CHECKS_IN_PROGRESS_MAX && set.insert(id)
-                    };
-                    if !taken {
-                        // At most one warning a heartbeat interval.
+                    let key = (check.topic.clone(), check.queue_id, check.transaction_id);
+                    if !answering.keys().insert(key.clone()) {
+                        // Being answered: that answer resolves it. At most one warning a
+                        // heartbeat interval.
                         if !skipped_said {
                             skipped_said = true;
                             crate::warn!(
-                                "ringmq transaction producer {group} ({}): a check-back of transaction {id} skipped ({CHECKS_IN_PROGRESS_MAX} are being answered, or this one is): the broker asks again",
-                                client.config().client_id
+                                "ringmq transaction producer {group} ({}): a check-back of transaction {} skipped: the last one asked about it is being answered",
+                                client.config().client_id,
+                                key.2
                             );
                         }
                         continue;
                     }
-                    let answered = Answered(answering.clone(), id);
+                    let answered = Answered(answering.clone(), key);
                     let (client, group, checker) = (client.clone(), group.clone(), checker.clone());
                     tokio::spawn(async move {
                         let _answered = answered;

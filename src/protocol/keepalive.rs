@@ -10,6 +10,11 @@
 pub const KEEPALIVE_IDLE_S: i32 = 60;
 pub const KEEPALIVE_INTERVAL_S: i32 = 10;
 pub const KEEPALIVE_PROBES: i32 = 6;
+/// Keepalive probes wait while sent data is unacknowledged (a peer that vanished with a
+/// request in flight), and the kernel would retransmit for about 15 minutes: data
+/// unacknowledged this long (ms) fails the connection too, the same 2 minutes.
+pub const USER_TIMEOUT_MS: i32 =
+    (KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES) * 1000;
 
 /// Turns keepalive on for socket `fd`, with the settings above.
 pub fn keep_alive(fd: std::os::fd::RawFd) -> std::io::Result<()> {
@@ -33,11 +38,12 @@ pub fn keep_alive(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)?;
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 }
 
-/// The keepalive settings of socket `fd`: (on, idle s, interval s, probes).
-pub fn keepalive_of(fd: std::os::fd::RawFd) -> std::io::Result<(i32, i32, i32, i32)> {
+/// The keepalive settings of socket `fd`: (on, idle s, interval s, probes, user timeout ms).
+pub fn keepalive_of(fd: std::os::fd::RawFd) -> std::io::Result<(i32, i32, i32, i32, i32)> {
     let get = |level: i32, name: i32| {
         let mut value = 0i32;
         let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
@@ -62,6 +68,7 @@ pub fn keepalive_of(fd: std::os::fd::RawFd) -> std::io::Result<(i32, i32, i32, i
         get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE)?,
         get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL)?,
         get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT)?,
+        get(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)?,
     ))
 }
 
@@ -80,7 +87,13 @@ mod tests {
         keep_alive(fd).unwrap();
         assert_eq!(
             keepalive_of(fd).unwrap(),
-            (1, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES)
+            (
+                1,
+                KEEPALIVE_IDLE_S,
+                KEEPALIVE_INTERVAL_S,
+                KEEPALIVE_PROBES,
+                USER_TIMEOUT_MS
+            )
         );
     }
 }

@@ -421,8 +421,8 @@ impl ProducerInner {
                     // not begun within a whole send's time of its batch's start fails with
                     // `Timeout`, unsent (a timer per queued send would cost every send).
                     let config = self.client.config();
-                    let give_up_at =
-                        taken_at + config.request_timeout() * (self.options.retries + 2);
+                    let give_up_at = taken_at
+                        + config.request_timeout() * self.options.retries.saturating_add(2);
                     for ((queue, item), tx) in queue_ids.into_iter().zip(messages).zip(senders) {
                         // A caller that gave up on its send is not sent again (it would be
                         // stored with nobody told).
