@@ -1,6 +1,7 @@
 //! Clients that misbehave, against the real broker binary: pipelining pulls without ever
 //! reading the answers, announcing huge frames and sending nothing, stalling in the middle
-//! of a frame, opening more connections than the broker takes. The broker's memory stays
+//! of a frame, opening more connections than the broker takes, registering more members
+//! than a group takes. The broker's memory stays
 //! bounded (its resident size is read from /proc), what a closed connection held is given
 //! back, and well-behaved clients keep being served.
 
@@ -791,4 +792,53 @@ fn lookups_by_key_whose_answers_are_never_read_do_not_stop_anothers() {
         "{before} MiB before, {during} MiB with unread answers"
     );
     drop(conn);
+}
+
+/// A group holds at most 1,024 members: the next one is refused with `LimitReached` (the
+/// group-full error mapped to the typed code a client retries on, not `InvalidMessage`),
+/// members already in keep refreshing, and one leaving frees its place.
+#[test]
+fn members_past_a_groups_cap_are_refused_until_one_leaves() {
+    use ringmq::protocol::{GroupHeartbeat, Response, SubscriptionData, Unregister};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let heartbeat = |member: usize| -> ringmq::protocol::Request {
+        GroupHeartbeat {
+            group: "full".into(),
+            client_id: format!("member-{member}"),
+            subscriptions: vec![SubscriptionData {
+                topic: "t".into(),
+                expression: "*".into(),
+                expression_type: ringmq::protocol::EXPRESSION_TAG,
+            }],
+            consume_mode: ringmq::protocol::CONSUME_MODE_CONCURRENT,
+            message_model: ringmq::protocol::MESSAGE_MODEL_CLUSTERING,
+            strategy: "averagely".into(),
+        }
+        .into()
+    };
+    let mut call = |request: ringmq::protocol::Request| {
+        common::raw::write(&mut conn, 1, request);
+        common::raw::read_answer(&mut conn)
+    };
+    for member in 0..1024 {
+        match call(heartbeat(member)) {
+            Response::Assignment(_) => {}
+            other => panic!("member {member}: {other:?}"),
+        }
+    }
+    let (c, m) = common::raw::error_of(call(heartbeat(1024)));
+    assert_eq!(c, ErrorCode::LimitReached, "{m}");
+    assert!(m.contains("1024"), "{m}");
+    assert!(matches!(call(heartbeat(7)), Response::Assignment(_)));
+    let leave = Unregister {
+        group: "full".into(),
+        client_id: "member-7".into(),
+    };
+    assert!(matches!(call(leave.into()), Response::Empty(_)));
+    assert!(matches!(call(heartbeat(1024)), Response::Assignment(_)));
 }

@@ -130,8 +130,7 @@ pub enum ConsumeFrom {
 pub enum ConsumeStatus {
     Success,
     /// Consume again later: clustering sends each message back to the group's retry topic
-    /// (its retry level's delay; past `max_reconsume_times`, the dead-letter topic);
-    /// broadcasting, or a refused send-back, delivers it here after `reconsume_delay_ms`.
+    /// (then DLQ); broadcasting, or a refused send-back, redelivers after `reconsume_delay_ms`.
     ReconsumeLater,
 }
 
