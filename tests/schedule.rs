@@ -40,6 +40,24 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// Every shard's schedule statistics, asked again every 20 ms until `done` says they are
+/// what the test waits for (it may assert on them too), for `patience` at most.
+async fn stats_until(
+    client: &Client,
+    patience: Duration,
+    mut done: impl FnMut(&[ringmq::protocol::ShardScheduleInfo]) -> bool,
+) -> Vec<ringmq::protocol::ShardScheduleInfo> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let stats = client.schedule_stats().await.unwrap();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Pulls every queue of `topic` from its start, calling `seen` with each message and the
 /// wall time it was pulled, until `seen` says it has enough (or the patience runs out).
 async fn pull_until(
@@ -169,19 +187,16 @@ fn levels_delays_and_times_are_delivered_on_time() {
             }
         }
         // Nothing waits any more; the four delayed ones were delivered by the schedules.
-        let mut pending = u64::MAX;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while pending != 0 {
-            let stats = client.schedule_stats().await.unwrap();
+        stats_until(&client, Duration::from_secs(10), |stats| {
             assert_eq!(stats.len(), 2, "one schedule per shard");
-            pending = stats.iter().map(|s| s.pending).sum();
+            let pending: u64 = stats.iter().map(|s| s.pending).sum();
             let delivered: u64 = stats.iter().map(|s| s.delivered_total).sum();
             if pending == 0 {
                 assert_eq!(delivered, 4);
             }
-            assert!(Instant::now() < deadline, "schedules still hold {pending}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            pending == 0
+        })
+        .await;
     });
 }
 
@@ -338,15 +353,10 @@ fn scheduled_messages_survive_a_kill_and_come_out_in_due_order_per_queue() {
             copies - COUNT
         );
         // Deliveries leave the schedules once an fdatasync covers them.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let stats = client.schedule_stats().await.unwrap();
-            if stats.iter().map(|s| s.pending).sum::<u64>() == 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{stats:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        stats_until(&client, Duration::from_secs(10), |stats| {
+            stats.iter().map(|s| s.pending).sum::<u64>() == 0
+        })
+        .await;
     });
 }
 
@@ -392,19 +402,12 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
         assert_eq!(m.property(prop::REAL_QID), Some("0"));
         assert_eq!(m.origin_msg_id(), Some(sent.msg_id.as_str()));
         // Counted once its move is recorded (after the copy is durable).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let stats = client.schedule_stats().await.unwrap();
+        stats_until(&client, Duration::from_secs(10), |stats| {
             let counted: u64 = stats.iter().map(|s| s.undeliverable_total).sum();
-            if counted == 1 {
-                break;
-            }
-            assert!(
-                counted == 0 && Instant::now() < deadline,
-                "counted {counted}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            assert!(counted <= 1, "counted {counted}");
+            counted == 1
+        })
+        .await;
     });
 }
 
@@ -428,15 +431,10 @@ fn a_parked_message_is_delivered_once_its_topic_exists_again() {
             .await
             .unwrap();
         client.delete_topic("back").await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let stats = client.schedule_stats().await.unwrap();
-            if stats.iter().map(|s| s.parked).sum::<u64>() == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "never parked: {stats:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        stats_until(&client, Duration::from_secs(20), |stats| {
+            stats.iter().map(|s| s.parked).sum::<u64>() == 1
+        })
+        .await;
         client.create_topic("back", 1).await.unwrap();
         let mut found = Vec::new();
         pull_until(&client, "back", 1, Duration::from_secs(30), |m, _| {
@@ -447,18 +445,13 @@ fn a_parked_message_is_delivered_once_its_topic_exists_again() {
         assert_eq!(found[0].body(), b"waited");
         assert_eq!(found[0].origin_msg_id(), Some(sent.msg_id.as_str()));
         // Out of the schedule once its done record is written; nothing undeliverable.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let stats = client.schedule_stats().await.unwrap();
-            let parked: u64 = stats.iter().map(|s| s.parked + s.pending).sum();
+        stats_until(&client, Duration::from_secs(10), |stats| {
+            let held: u64 = stats.iter().map(|s| s.parked + s.pending).sum();
             let undeliverable: u64 = stats.iter().map(|s| s.undeliverable_total).sum();
             assert_eq!(undeliverable, 0, "{stats:?}");
-            if parked == 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "still held: {stats:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            held == 0
+        })
+        .await;
     });
 }
 
@@ -505,17 +498,12 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         assert!(sent_at.elapsed() < due_in, "the test machine is too slow");
         // The schedule's statistics see one message (not it and the copy it was moved
         // forward as, once the move is recorded), due when it was sent for, not overdue.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let s = loop {
-            let stats = client.schedule_stats().await.unwrap();
+        let stats = stats_until(&client, Duration::from_secs(5), |stats| {
             assert_eq!(stats.len(), 1);
-            if (stats[0].pending, stats[0].overdue) == (1, 0) {
-                break stats.into_iter().next().unwrap();
-            }
-            assert!(Instant::now() < deadline, "{stats:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let due = s.next_due_ms as u64;
+            (stats[0].pending, stats[0].overdue) == (1, 0)
+        })
+        .await;
+        let due = stats[0].next_due_ms as u64;
         assert!(
             (sent_ms + due_ms..=sent_by_ms + due_ms).contains(&due),
             "next due {due}, sent between {sent_ms} and {sent_by_ms}"

@@ -152,6 +152,20 @@ impl Fake {
         self.log.lock().unwrap().clone()
     }
 
+    /// Waits (10 s at most) until a single send of `body` has arrived.
+    async fn received_send(&self, body: &[u8]) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !(self.requests().iter())
+            .any(|(_, r)| matches!(r, Request::SendMessage(m) if m.body == body))
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the send of {body:?} never arrived"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
     fn sends(&self) -> Vec<(u32, i32)> {
         self.requests()
             .into_iter()

@@ -155,6 +155,9 @@ impl ShardCtx {
         // message parked for it (`Schedule::unpark` goes by the name's count).
         let targets: Vec<(String, u32)> = {
             let s = self.schedule.borrow();
+            if s.parked.is_empty() {
+                return;
+            }
             let mut targets: Vec<(String, u32)> = Vec::new();
             for p in due.iter().filter_map(|(_, off)| s.parked.get(off)) {
                 if !targets

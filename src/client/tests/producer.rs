@@ -298,13 +298,7 @@ async fn a_refused_packed_sends_messages_go_again_alone_except_those_given_up() 
     let send = |body: &str| producer.send_async("t", OutgoingMessage::new(body.to_owned()));
     let s0 = tokio::spawn(send("s0"));
     // s0 is on its way before the others are made.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !(fake.requests().iter())
-        .any(|(_, r)| matches!(r, Request::SendMessage(m) if m.body == b"s0"))
-    {
-        assert!(tokio::time::Instant::now() < deadline, "s0 never arrived");
-        tokio::task::yield_now().await;
-    }
+    fake.received_send(b"s0").await;
     let (s1, s3) = (tokio::spawn(send("s1")), tokio::spawn(send("s3")));
     // Given up while the packed request is in flight (sent at about 300 ms, answered at
     // about 1.8 s).
@@ -388,13 +382,7 @@ async fn a_packed_send_waits_no_longer_than_its_own_send_for_those_sent_again_be
     let send = |body: String| producer.send_async("t", OutgoingMessage::new(body));
     let started = tokio::time::Instant::now();
     let s0 = tokio::spawn(send("s0".into()));
-    let deadline = started + Duration::from_secs(10);
-    while !(fake.requests().iter())
-        .any(|(_, r)| matches!(r, Request::SendMessage(m) if m.body == b"s0"))
-    {
-        assert!(tokio::time::Instant::now() < deadline, "s0 never arrived");
-        tokio::task::yield_now().await;
-    }
+    fake.received_send(b"s0").await;
     let packed: Vec<_> = (1..=8)
         .map(|i| tokio::spawn(send(format!("s{i}"))))
         .collect();
