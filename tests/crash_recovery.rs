@@ -393,6 +393,27 @@ fn a_flipped_byte_in_an_early_record_stops_start_up() {
     flip_and_expect_refusal(&built, 2, 150, all);
 }
 
+/// Rot in an early record with the checkpoint removed (the documented way to re-index: a
+/// clean stop, then remove `checkpoint`) or damaged stops the start as with it: after a
+/// clean stop nothing was in flight, so a bad record followed by good ones is not a torn
+/// tail. Before, a missing checkpoint counted the whole log as past the durable point: the
+/// log was cut at the bad record and every later segment moved to quarantine, their
+/// messages gone from their queues.
+#[test]
+fn rot_stops_the_start_after_a_clean_stop_without_a_usable_checkpoint() {
+    let mut cfg = tiny_config();
+    cfg.log.segment_bytes = 1 << 20;
+    let built = build_store(800, cfg.clone());
+    let checkpoint = built.dir.path().join("checkpoint");
+    let good = std::fs::read(&checkpoint).unwrap();
+    std::fs::remove_file(&checkpoint).unwrap();
+    flip_and_expect_refusal(&built, 3, 200, cfg.clone());
+    let mut damaged = good;
+    damaged[9] ^= 1;
+    std::fs::write(&checkpoint, damaged).unwrap();
+    flip_and_expect_refusal(&built, 3, 200, cfg);
+}
+
 /// A copy of `built` whose checkpoint says the log was known durable only up to the start
 /// of record `durable_record` (as if the broker crashed before its next checkpoint), with
 /// `damage` done to the segment files.
@@ -543,6 +564,64 @@ fn damage_a_crash_leaves_after_the_durable_point_is_cut_and_quarantined_before_i
         }
         other => panic!("rot before the durable point must refuse, got {other:?}"),
     }
+}
+
+/// A power loss kept a later page of a consume queue and lost the one before it, while
+/// the log lost the records of both: the queue ends after the last entry the replay wrote
+/// (its first lost record's offset), with no hole of lost entries inside it. Before, the
+/// lost entries stayed as a hole before the end (they counted as below the log's end),
+/// and pulls stopped at it with `StoreCorrupt` until an operator moved the group past.
+#[test]
+fn entries_a_power_loss_lost_before_kept_ones_leave_no_hole_in_the_queue() {
+    let built = build_store(1500, tiny_config());
+    let n = built.records.len();
+    let lost = n - 60;
+    let lost_at = built.records[lost].3;
+    let (topic, queue_id, first_lost, _, _) = built.records[lost].clone();
+    let (work, _) = crashed_copy(&built, n - 120, |dir| {
+        // The log from the lost record on never reached the disk.
+        let (file, at) = segment_of(dir, lost_at);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at..].iter_mut().for_each(|b| *b = 0);
+        std::fs::write(&file, &bytes).unwrap();
+        // Nor did the queue's entries of its first three lost records (the entries after
+        // them did).
+        let per_file = tiny_config().consume_queue.entries_per_file;
+        for qo in first_lost..first_lost + 3 {
+            let file = dir
+                .join("consumequeue")
+                .join(&topic)
+                .join(queue_id.to_string())
+                .join(format!("{:020}", qo - qo % per_file));
+            let mut bytes = std::fs::read(&file).unwrap();
+            let at = (qo % per_file) as usize * 20;
+            bytes[at..at + 20].fill(0);
+            std::fs::write(&file, &bytes).unwrap();
+        }
+    });
+    let kept_after = built.records[lost..]
+        .iter()
+        .filter(|r| (&r.0, r.1) == (&topic, queue_id))
+        .count();
+    assert!(kept_after > 3, "entries past the lost ones: {kept_after}");
+    let path = work.path().to_owned();
+    let records = built.records.clone();
+    run_local(move || async move {
+        let (store, _) = MessageStore::open(&path, tiny_config()).await.unwrap();
+        for (t, q, qo, phys, bytes) in &records {
+            let want_end = records[..lost]
+                .iter()
+                .filter(|r| (&r.0, r.1) == (t, *q))
+                .count() as u64;
+            assert_eq!(store.queue_range(t, *q).unwrap().1, want_end, "{t}:{q}");
+            if *phys < lost_at {
+                let got = store.read_at(t, *q, *qo).await.unwrap();
+                assert_eq!(&got[..], &bytes[..], "{t}:{q}:{qo}");
+            }
+        }
+        assert_eq!(store.queue_range(&topic, queue_id).unwrap().1, first_lost);
+        store.close().await.unwrap();
+    });
 }
 
 #[test]

@@ -239,19 +239,61 @@ fn records_that_are_not_what_their_entries_say_stop_the_pull_at_their_offsets() 
             let before = pull(from).await.unwrap();
             let offsets: Vec<u64> = before.messages.iter().map(|m| m.queue_offset()).collect();
             assert_eq!((offsets, before.next_offset), (answered, damaged));
-            match pull(damaged).await {
-                Err(ClientError::Broker { code, message, .. }) => {
-                    assert_eq!(code, Some(ErrorCode::StoreCorrupt), "{message}");
-                    let named = format!("bent:0:{damaged}");
-                    assert!(message.contains(&named), "{message}");
-                    assert!(message.contains(said), "{message}");
-                }
-                other => panic!("{other:?}"),
-            }
+            expect_store_corrupt(pull(damaged).await, &format!("bent:0:{damaged}"), said);
         }
         let after = pull(6).await.unwrap();
         let offsets: Vec<u64> = after.messages.iter().map(|m| m.queue_offset()).collect();
         assert_eq!(offsets, [6, 7, 8, 9], "past it, the rest is there");
+    });
+}
+
+/// Index entries damaged in their offset or their size, read by pulls without a filter
+/// (which take entries unchecked and check the records read): an entry pointing back at an
+/// earlier record, last of the entries a pull reads, and one whose size is 4 GiB. Each
+/// stops the pull before it, and the pull that starts at it fails with `StoreCorrupt`
+/// naming it; the rest is served. Before, the first made the read of the run shorter than
+/// the records before it, and slicing them panicked the shard (the broker stopped); the
+/// second sized a read of 4 GiB.
+#[test]
+fn entries_pointing_back_or_sized_past_any_record_stop_the_pull_at_their_offsets() {
+    runtime().block_on(async {
+        let (dir, mut broker, producer) = small_segments_broker_with("askew").await;
+        for i in 0..10 {
+            let m = OutgoingMessage::new(format!("askew-body-{i:04}"));
+            producer.send("askew", m).await.unwrap();
+        }
+        drop(producer);
+        assert!(broker.stop(), "a clean stop");
+        let index = dir
+            .path()
+            .join("data/shard-0/consumequeue/askew/0/00000000000000000000");
+        let mut bytes = std::fs::read(&index).unwrap();
+        let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        // Entry 3's offset is entry 1's (its check bits kept: unfiltered reads skip them).
+        let low = (1u64 << 48) - 1;
+        let pointing_back = (u64_at(&bytes, 60) & !low) | (u64_at(&bytes, 20) & low);
+        bytes[60..68].copy_from_slice(&pointing_back.to_le_bytes());
+        // Entry 6's size.
+        bytes[128..132].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        std::fs::write(&index, bytes).unwrap();
+        broker.restart();
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let pull = |offset, max| client.pull("askew", 0, offset, max, Duration::ZERO, &[]);
+        for (from, max, answered, damaged, said) in [
+            (0, 4, vec![0, 1, 2], 3, "another record"),
+            (4, 32, vec![4, 5], 6, "a record has"),
+        ] {
+            let before = pull(from, max).await.unwrap();
+            let offsets: Vec<u64> = before.messages.iter().map(|m| m.queue_offset()).collect();
+            assert_eq!((offsets, before.next_offset), (answered, damaged));
+            let named = format!("askew:0:{damaged}");
+            expect_store_corrupt(pull(damaged, 32).await, &named, said);
+        }
+        let after = pull(7, 32).await.unwrap();
+        let offsets: Vec<u64> = after.messages.iter().map(|m| m.queue_offset()).collect();
+        assert_eq!(offsets, [7, 8, 9], "past them, the rest is there");
     });
 }
 
@@ -320,6 +362,22 @@ async fn small_segments_broker_with(topic: &str) -> (tempfile::TempDir, BrokerPr
     let producer = producer.await.unwrap();
     producer.client().create_topic(topic, 1).await.unwrap();
     (dir, broker, producer)
+}
+
+/// A pull's `StoreCorrupt` answer naming `named` and saying `said`.
+fn expect_store_corrupt<T: std::fmt::Debug>(
+    pulled: Result<T, ClientError>,
+    named: &str,
+    said: &str,
+) {
+    match pulled {
+        Err(ClientError::Broker { code, message, .. }) => {
+            assert_eq!(code, Some(ErrorCode::StoreCorrupt), "{message}");
+            assert!(message.contains(named), "{message}");
+            assert!(message.contains(said), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// Four segments of other messages: what was sent before lies in a segment older than

@@ -84,16 +84,24 @@ impl Checkpoint {
     /// Reads the checkpoint in `dir`. A missing or damaged file reads as offset 0: recovery
     /// then re-indexes the whole log, which is slower but never wrong.
     pub fn read(dir: &Path) -> std::io::Result<Checkpoint> {
+        Ok(Checkpoint::read_found(dir)?.unwrap_or_default())
+    }
+
+    /// The checkpoint in `dir`; `None` if the file is missing or damaged.
+    pub fn read_found(dir: &Path) -> std::io::Result<Option<Checkpoint>> {
         let path = dir.join("checkpoint");
         match std::fs::read(&path) {
-            Ok(bytes) => Ok(Checkpoint::decode(&bytes).unwrap_or_else(|| {
-                crate::warn!(
-                    "ringmq: checkpoint {} is damaged; re-indexing from the start",
-                    path.display()
-                );
-                Checkpoint::default()
-            })),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+            Ok(bytes) => {
+                let found = Checkpoint::decode(&bytes);
+                if found.is_none() {
+                    crate::warn!(
+                        "ringmq: checkpoint {} is damaged; re-indexing from the start",
+                        path.display()
+                    );
+                }
+                Ok(found)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(std::io::Error::new(
                 e.kind(),
                 format!("read {}: {e}", path.display()),

@@ -169,6 +169,8 @@ impl Written {
 
 struct QueueState {
     cq: ConsumeQueue,
+    /// Recovery only: one past the last entry the replay from the checkpoint wrote.
+    replayed_end: Option<u64>,
 }
 
 struct Inner {
@@ -248,7 +250,10 @@ fn queue_state<'q>(
             let qdir = queue_dir(&dir.join("consumequeue"), topic, queue_id);
             let cq = ConsumeQueue::open(&qdir, cfg.consume_queue)?;
             inline_opens.set(inline_opens.get() + 1);
-            Ok(e.insert(QueueState { cq }))
+            Ok(e.insert(QueueState {
+                cq,
+                replayed_end: None,
+            }))
         }
     }
 }
@@ -362,7 +367,11 @@ impl MessageStore {
         for (q, result) in results {
             match result {
                 Ok(cq) => {
-                    queues.insert((topic.to_owned(), q), QueueState { cq });
+                    let state = QueueState {
+                        cq,
+                        replayed_end: None,
+                    };
+                    queues.insert((topic.to_owned(), q), state);
                     opened += 1;
                 }
                 Err(e) => {

@@ -5,7 +5,7 @@
 use super::append::index_key;
 use super::*;
 use crate::io::ReadBuf;
-use crate::protocol::record::{prop, RecordView, HEADER_BYTES};
+use crate::protocol::record::{prop, RecordView, HEADER_BYTES, RECORD_BYTES_MAX};
 
 /// The records a queue read will take (see [`MessageStore::plan_queue_read`]).
 pub struct QueuePlan {
@@ -156,6 +156,11 @@ impl<'a> Iterator for Runs<'a> {
 /// checking it here too would double the pull path's CRC work), their place in the log and
 /// the queue, and their length (an entry longer than its record would send the next
 /// record's first bytes with it). What is wrong, if not.
+/// Whether `entry`'s size is one a record may have.
+fn size_of_a_record(entry: &CqEntry) -> bool {
+    (HEADER_BYTES..=RECORD_BYTES_MAX).contains(&(entry.size as usize))
+}
+
 fn record_of_entry(
     bytes: &[u8],
     topic: &str,
@@ -428,6 +433,20 @@ impl MessageStore {
         let mut offsets = Vec::with_capacity(picked.len());
         let mut i = 0;
         while i < picked.len() {
+            // An entry whose size no record has is damaged (unfiltered reads take entries
+            // unchecked): not read, so its size sizes no buffer.
+            if !size_of_a_record(&picked[i].1) {
+                let (qo, e) = picked[i];
+                if slices.is_empty() {
+                    let why = format!(
+                        "the consume-queue entry {topic}:{queue_id}:{qo} is damaged: it says {} bytes, and a record has {HEADER_BYTES} to {RECORD_BYTES_MAX}",
+                        e.size
+                    );
+                    return Err(self.inner.log.corrupt_at(e.physical_offset, why).into());
+                }
+                next = qo;
+                break;
+            }
             let start = picked[i].1.physical_offset;
             let mut end = start + picked[i].1.size as u64;
             let mut carried = picked[i].1.size as u64;
@@ -437,6 +456,11 @@ impl MessageStore {
             let mut j = i + 1;
             while j < picked.len() {
                 let e = picked[j].1;
+                // A queue's records lie in log order: an entry pointing back (damaged) or
+                // with a size no record has starts a run of its own, which checks it.
+                if e.physical_offset < end || !size_of_a_record(&e) {
+                    break;
+                }
                 let new_end = e.physical_offset + e.size as u64;
                 let same_segment = e.physical_offset / seg == start / seg;
                 let span = new_end - start;

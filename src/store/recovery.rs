@@ -55,12 +55,20 @@ impl MessageStore {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
         let abort_path = dir.join("abort");
         let clean_shutdown = !abort_path.exists();
-        let checkpoint = Checkpoint::read(dir)?;
+        let found = Checkpoint::read_found(dir)?;
+        let checkpoint = found.unwrap_or_default();
         let checkpoint_offset = checkpoint.log_offset;
         // The checkpoint records the log's durable end when it was written: a bad record
         // before it is rot, one after it is what a crash leaves in writes in flight.
+        // Without one (removed to re-index, or damaged), a clean stop left nothing in
+        // flight: every bad record followed by a good one is rot, and refuses the start
+        // (before, the log was cut at it and every later segment moved out).
         let mut cfg = cfg;
-        cfg.log.known_durable = checkpoint_offset;
+        cfg.log.known_durable = match found {
+            Some(c) => c.log_offset,
+            None if clean_shutdown => u64::MAX,
+            None => 0,
+        };
         // Consume queues and key index as they were flushed.
         let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue)?;
         // After an unclean stop, only what the checkpoint found synced: pages written since
@@ -104,6 +112,13 @@ impl MessageStore {
         keys.forget_from_physical(end);
         for q in queues.values_mut() {
             q.cq.truncate_after_log_end(end)?;
+            // The replay wrote the entry of every record in the log from the checkpoint on,
+            // in queue order: entries past the last it wrote have no record. (Those a power
+            // loss kept past entries it lost are cut with them; the search above counts
+            // empty entries as below the end, since before the checkpoint they are damage.)
+            if let Some(replayed_end) = q.replayed_end.take() {
+                q.cq.truncate_to(replayed_end)?;
+            }
             q.cq.delete_before_physical(log.min_offset())?;
         }
         if end < checkpoint_offset {
@@ -193,7 +208,11 @@ fn open_queues(
                 continue;
             };
             let cq = ConsumeQueue::open(&q.path(), *cfg)?;
-            out.insert((name.clone(), qid), QueueState { cq });
+            let state = QueueState {
+                cq,
+                replayed_end: None,
+            };
+            out.insert((name.clone(), qid), state);
         }
     }
     Ok(out)
@@ -234,6 +253,9 @@ fn dispatch_record(
             view.queue_id(),
             q.cq.max_offset()
         )));
+    }
+    if qo >= q.cq.min_offset() {
+        q.replayed_end = Some(qo + 1);
     }
     q.cq.put(qo, entry)?;
     if keys_last.is_none_or(|last| view.physical_offset() > last) {
