@@ -171,7 +171,7 @@ impl Client {
             config,
         });
         let deadline = Instant::now() + inner.config.connect_timeout();
-        inner.connection(&inner.bootstrap, true, deadline).await?;
+        inner.connection(&inner.bootstrap, None, deadline).await?;
         Ok(Client { inner })
     }
 
@@ -768,37 +768,62 @@ impl Inner {
             .clone()
     }
 
-    /// The connection `route` leads to, opened (or reopened) as needed.
+    /// The connection `route` leads to, opened (or reopened) as needed. Before a shard's
+    /// connection is opened again, the bootstrap connection is made live: a broker that
+    /// stopped broke it too, and the new handshake tells where queues are now (a broker
+    /// started in its place may have other shards; `Route::Queue` is routed again with it).
     async fn route(&self, route: Route<'_>, deadline: Instant) -> Result<Arc<Connection>> {
-        let topology = match self.topology() {
-            Some(t) => t,
-            None => {
-                self.connection(&self.bootstrap, true, deadline).await?;
-                self.topology().ok_or_else(|| {
-                    ClientError::Connection(format!("no handshake with {}", self.config.broker))
-                })?
+        let mut bootstrap_checked = false;
+        loop {
+            let topology = match self.topology() {
+                Some(t) => t,
+                None => {
+                    self.connection(&self.bootstrap, None, deadline).await?;
+                    self.topology().ok_or_else(|| {
+                        ClientError::Connection(format!("no handshake with {}", self.config.broker))
+                    })?
+                }
+            };
+            let shard = match route {
+                Route::Bootstrap => None,
+                Route::Queue { topic, queue_id } => {
+                    Some(owner(topic, queue_id, topology.info.shard_count))
+                }
+                Route::Shard(shard) => Some(shard),
+            };
+            let Some((shard, slot)) =
+                shard.and_then(|s| Some((s, topology.shards.get(s as usize)?)))
+            else {
+                return self.connection(&self.bootstrap, None, deadline).await;
+            };
+            if let Some(c) = slot.live() {
+                return Ok(c);
             }
-        };
-        let shard = match route {
-            Route::Bootstrap => None,
-            Route::Queue { topic, queue_id } => {
-                Some(owner(topic, queue_id, topology.info.shard_count))
+            if !bootstrap_checked {
+                bootstrap_checked = true;
+                self.connection(&self.bootstrap, None, deadline).await?;
+                if !self.topology().is_some_and(|t| Arc::ptr_eq(&t, &topology)) {
+                    continue;
+                }
             }
-            Route::Shard(shard) => Some(shard),
-        };
-        match shard.and_then(|s| topology.shards.get(s as usize)) {
-            Some(slot) => self.connection(slot, false, deadline).await,
-            None => self.connection(&self.bootstrap, true, deadline).await,
+            let expected = Expected {
+                info: &topology.info,
+                shard,
+            };
+            return self.connection(slot, Some(expected), deadline).await;
         }
     }
 
-    /// The live connection of `slot`, or a new one (connect and handshake).
+    /// The live connection of `slot`, or a new one (connect and handshake). `shard` is
+    /// `None` for the bootstrap slot, whose handshake sets the topology; a shard's
+    /// handshake must match what the topology expects of it.
     async fn connection(
         &self,
         slot: &Slot,
-        bootstrap: bool,
+        shard: Option<Expected<'_>>,
         deadline: Instant,
     ) -> Result<Arc<Connection>> {
+        let bootstrap = shard.is_none();
         if let Some(c) = slot.live() {
             return Ok(c);
         }
@@ -834,8 +859,24 @@ impl Inner {
         match self.open(&slot.addr, attempt_deadline).await {
             Ok((connection, ok)) => {
                 *backoff = Backoff::default();
-                if bootstrap {
-                    self.set_topology(&ok.ok, &ok.limits, connection.peer_addr());
+                match shard {
+                    None => self.set_topology(&ok.ok, &ok.limits, connection.peer_addr()),
+                    Some(expected) if !expected.matches(&ok.ok) => {
+                        // Another broker answers there (its handshake is as good as the
+                        // bootstrap's): route with what it says, and send again.
+                        self.set_topology(&ok.ok, &ok.limits, connection.peer_addr());
+                        return Err(ClientError::Connection(format!(
+                            "{} answered as shard {} of {} of broker {}, not shard {} of {} of broker {}: the broker changed; routes are refreshed",
+                            slot.addr,
+                            ok.ok.shard_id,
+                            ok.ok.shard_count,
+                            ok.ok.broker_id,
+                            expected.shard,
+                            expected.info.shard_count,
+                            expected.info.broker_id
+                        )));
+                    }
+                    Some(_) => {}
                 }
                 let connection = Arc::new(connection);
                 let mut live = slot.live.lock().unwrap_or_else(PoisonError::into_inner);
@@ -907,6 +948,21 @@ impl Inner {
             Vec::new()
         };
         *topology = Some(Arc::new(Topology { info, shards }));
+    }
+}
+
+/// What a shard's handshake must say: the topology the client routed with.
+#[derive(Clone, Copy)]
+struct Expected<'a> {
+    info: &'a BrokerInfo,
+    shard: u32,
+}
+
+impl Expected<'_> {
+    fn matches(&self, ok: &HandshakeOk) -> bool {
+        ok.broker_id == self.info.broker_id
+            && ok.shard_count == self.info.shard_count
+            && ok.shard_id == self.shard
     }
 }
 
