@@ -553,3 +553,80 @@ fn a_send_back_is_answered_once_its_copy_is_durable() {
         }
     });
 }
+
+/// Dead letters kept past retention's reach: the oldest are gone with their segments, and
+/// `ringmq dlq list` and `dlq resend` read on from the queue's first kept one. Before, the
+/// read from offset 0 got `OffsetTooSmall` with no messages and stopped there: the group
+/// "had no dead letters", and a resend sent none.
+#[test]
+fn dlq_commands_read_on_past_dead_letters_that_retention_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &[
+            "--segment-bytes",
+            "65536",
+            "--retention-bytes-max",
+            "131072",
+            "--retention-check-interval-ms",
+            "100",
+        ],
+    );
+    let addr = broker.addr_string();
+    let dlq = "%DLQ%g-old";
+    let sent = 48u64;
+    let min = runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("old", 1).await.unwrap();
+        let consumer = PushConsumer::new(
+            ClientConfig::new(&addr),
+            "g-old",
+            PushConsumerOptions {
+                max_reconsume_times: 0,
+                ..options()
+            },
+        )
+        .unwrap();
+        consumer.subscribe("old", "*").unwrap();
+        consumer
+            .register_concurrent(|_| ConsumeStatus::ReconsumeLater)
+            .unwrap();
+        consumer.start().await.unwrap();
+        for i in 0..sent {
+            let body = format!("{i:04}{}", "x".repeat(4000));
+            producer
+                .send("old", OutgoingMessage::new(body))
+                .await
+                .unwrap();
+        }
+        eventually(
+            "every message dead-lettered",
+            Duration::from_secs(30),
+            || consumer.stats().dead_lettered == sent,
+        )
+        .await;
+        consumer.shutdown().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let min = client.min_offset(dlq, 0).await.unwrap();
+            if min > 0 {
+                break min;
+            }
+            assert!(Instant::now() < deadline, "retention took no dead letter");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert!(min < sent, "retention took every dead letter ({min})");
+    let listed: serde_json::Value =
+        serde_json::from_str(&ringmq(&addr, &["--json", "dlq", "list", "g-old"])).unwrap();
+    let listed = listed["messages"].as_array().unwrap();
+    assert!(listed.len() as u64 >= sent - min, "{} listed", listed.len());
+    let last = listed.last().unwrap();
+    assert_eq!(last["offset"], sent - 1, "{last}");
+    let resent = ringmq(&addr, &["dlq", "resend", "g-old"]);
+    let want = format!("resent; next: --from-offset {sent}");
+    assert!(resent.contains(&want), "{resent}");
+    assert!(!resent.starts_with("0 resent"), "{resent}");
+}

@@ -43,8 +43,9 @@ struct Cli {
     /// Queues of an auto-created topic [default: 8]
     #[arg(long)]
     default_queues: Option<u32>,
-    /// Commit log segment size in bytes: a multiple of 4096, at least 8192
-    /// [default: 1073741824]
+    /// Commit log segment size in bytes: a multiple of 4096, at least 8192; a message whose
+    /// record is larger than a segment is refused (InvalidMessage), so below 4263936 not
+    /// every message the protocol allows (4 MiB bodies) fits [default: 1073741824]
     #[arg(long)]
     segment_bytes: Option<u64>,
     /// Delete log segments older than this, in hours; at most 876000 (a century: no

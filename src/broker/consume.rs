@@ -12,7 +12,7 @@ use super::answer::Answer;
 use super::{err, error_frame, PollStep};
 use super::{store_error, ShardCtx};
 use crate::protocol::record::RecordView;
-use crate::protocol::sql::SqlFilter;
+use crate::protocol::sql::{with_values_of, SqlFilter};
 use crate::protocol::{
     encode_frame_head, ErrorBody, ErrorCode, Flags, Offset, Pull, PullResult, PullStatus,
     SearchOffsetByTimestamp,
@@ -28,6 +28,10 @@ pub const PULL_MESSAGES_MAX: u32 = 1024;
 /// Distinct SQL92 filters a shard keeps parsed (4 KiB each at most); past it the cache
 /// starts over.
 pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
+/// Most bytes of expressions the filters a shard keeps parsed may have together; past it
+/// the cache starts over. A parsed expression takes up to about 30 times its text, so the
+/// cache holds about 8 MiB at most (1,024 filters of 4 KiB held over 100 MiB a shard).
+pub const SQL_FILTERS_CACHED_BYTES_MAX: usize = 256 << 10;
 
 impl ShardCtx {
     fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
@@ -48,7 +52,10 @@ impl ShardCtx {
                 .map_err(|e| err(ErrorCode::BadFilterExpression, e.to_string()))?,
         );
         let mut cache = self.sql_filters.borrow_mut();
-        if cache.len() >= SQL_FILTERS_CACHED_MAX {
+        let cached_bytes: usize = cache.keys().map(String::len).sum();
+        if cache.len() >= SQL_FILTERS_CACHED_MAX
+            || cached_bytes + expression.len() > SQL_FILTERS_CACHED_BYTES_MAX
+        {
             cache.clear();
         }
         cache.insert(expression.to_owned(), parsed.clone());
@@ -348,8 +355,12 @@ fn matches_sql(bytes: &[u8], filter: &SqlFilter) -> bool {
     let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
         return true;
     };
+    // One pass over the record's properties, however often the expression names them
+    // (a lookup per name walked them all each time: a long expression over records of
+    // many properties held the shard for seconds).
     let props = view.properties();
-    filter.matches(&|name| props.get(name)) || RecordView::parse(bytes).is_err()
+    with_values_of(filter, &props, |values| filter.matches_values(values))
+        || RecordView::parse(bytes).is_err()
 }
 
 /// An answer whose meta part is followed by stored records, copied straight from where

@@ -585,6 +585,28 @@ impl<'a> Properties<'a> {
         })
     }
 
+    /// In one pass over the pairs, `values[i]` becomes the value of the first pair whose
+    /// name `index` maps to `i` and whose value is UTF-8 (as [`get`](Self::get) finds it);
+    /// the pass ends once every slot holds one.
+    pub fn values_of(
+        &self,
+        index: impl Fn(&[u8]) -> Option<usize>,
+        values: &mut [Option<&'a str>],
+    ) {
+        let mut empty = values.iter().filter(|v| v.is_none()).count();
+        for (name, value) in self.pairs() {
+            if empty == 0 {
+                break;
+            }
+            if let Some(slot @ None) = index(name).and_then(|i| values.get_mut(i)) {
+                if let Ok(value) = std::str::from_utf8(value) {
+                    *slot = Some(value);
+                    empty -= 1;
+                }
+            }
+        }
+    }
+
     /// The value of the first pair named `name` whose value is UTF-8 (as [`iter`](Self::iter)
     /// finds it; only the values of pairs so named are checked).
     pub fn get(&self, name: &str) -> Option<&'a str> {
@@ -737,9 +759,20 @@ mod proptests {
         ) {
             let props = Properties::new(&bytes);
             let names: Vec<&str> = props.iter().map(|(n, _)| n).chain(["A", "TAGS"]).collect();
-            for name in names {
-                let by_iter = props.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+            for name in &names {
+                let by_iter = props.iter().find(|(n, _)| n == name).map(|(_, v)| v);
                 prop_assert_eq!(props.get(name), by_iter, "{}", name);
+            }
+            // One pass for them all finds what a `get` of each finds (repeated names too).
+            let mut values = vec![None; names.len()];
+            let index = |n: &[u8]| names.iter().position(|m| m.as_bytes() == n);
+            props.values_of(index, &mut values);
+            for (name, value) in names.iter().zip(&values) {
+                let first = names.iter().position(|m| m == name).unwrap();
+                prop_assert_eq!(values[first], props.get(name), "{}", name);
+                if first == names.iter().rposition(|m| m == name).unwrap() {
+                    prop_assert_eq!(*value, props.get(name), "{}", name);
+                }
             }
         }
     }

@@ -36,6 +36,8 @@ use std::fmt;
 pub const SQL_EXPRESSION_BYTES_MAX: usize = 4096;
 /// Deepest nesting of parentheses and `NOT`s.
 pub const SQL_DEPTH_MAX: usize = 32;
+/// Most distinct properties one expression may name.
+pub const SQL_PROPERTIES_MAX: usize = 64;
 
 /// A bad expression: where (1-based column, in characters) and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,11 +47,20 @@ pub struct SqlError {
     pub message: String,
 }
 
-/// A parsed filter. Evaluate it with [`SqlFilter::matches`].
+/// A parsed filter. Evaluate it with [`SqlFilter::matches`], or with
+/// [`SqlFilter::matches_values`] once the values of its [`properties`](SqlFilter::properties)
+/// are found (one pass over a record's properties, however often the expression names them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqlFilter {
     root: Expr,
+    /// The distinct properties the expression names, in the order they first appear.
+    properties: Vec<String>,
+    /// Their indexes by name, when more than a few (else found by comparing each).
+    index: Option<std::collections::HashMap<Box<[u8]>, usize>>,
 }
+
+/// Properties past which [`SqlFilter::property_index`] hashes instead of comparing each.
+const PROPERTIES_COMPARED_MAX: usize = 8;
 
 /// A node of the expression.
 #[derive(Debug, Clone, PartialEq)]
@@ -235,10 +246,56 @@ impl SqlFilter {
             depth: 0,
         };
         let root = parser.expr()?;
-        match parser.peek() {
-            None => Ok(SqlFilter { root }),
-            Some(t) => Err(parser.error_at(t.start, format!("unexpected {}", t.kind))),
+        if let Some(t) = parser.peek() {
+            return Err(parser.error_at(t.start, format!("unexpected {}", t.kind)));
         }
+        let mut properties: Vec<String> = Vec::new();
+        let mut named = |name: &String| {
+            if !properties.contains(name) {
+                properties.push(name.clone());
+            }
+        };
+        each_property(&root, &mut named);
+        if properties.len() > SQL_PROPERTIES_MAX {
+            return Err(SqlError {
+                column: 1,
+                message: format!(
+                    "names {} distinct properties; at most {SQL_PROPERTIES_MAX}",
+                    properties.len()
+                ),
+            });
+        }
+        let index = (properties.len() > PROPERTIES_COMPARED_MAX).then(|| {
+            let named = properties.iter().enumerate();
+            named.map(|(i, p)| (p.as_bytes().into(), i)).collect()
+        });
+        Ok(SqlFilter {
+            root,
+            properties,
+            index,
+        })
+    }
+
+    /// The distinct properties the expression names, in the order they first appear.
+    pub fn properties(&self) -> &[String] {
+        &self.properties
+    }
+
+    /// The index of `name` in [`properties`](Self::properties), if the expression names it.
+    pub fn property_index(&self, name: &[u8]) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(name).copied(),
+            None => self.properties.iter().position(|p| p.as_bytes() == name),
+        }
+    }
+
+    /// [`matches`](Self::matches) with `values[i]` the value of `properties()[i]`.
+    pub fn matches_values(&self, values: &[Option<&str>]) -> bool {
+        let property = |name: &str| {
+            let i = self.property_index(name.as_bytes())?;
+            values.get(i).copied().flatten()
+        };
+        eval(&self.root, &property) == Some(true)
     }
 
     /// The expression tree.
@@ -250,6 +307,54 @@ impl SqlFilter {
     /// property's value (`TAGS` included), `None` when absent. Unknown is no match.
     pub fn matches<'r>(&self, property: &impl Fn(&str) -> Option<&'r str>) -> bool {
         eval(&self.root, property) == Some(true)
+    }
+}
+
+/// Calls `f` with the values `props` has of the properties `filter` names (see
+/// [`SqlFilter::matches_values`]), found in one pass over them.
+pub fn with_values_of<'a, T>(
+    filter: &SqlFilter,
+    props: &crate::protocol::record::Properties<'a>,
+    f: impl FnOnce(&[Option<&'a str>]) -> T,
+) -> T {
+    // A few on the stack (zeroing room for all 64 cost more than the usual filter's pass).
+    let n = filter.properties.len();
+    let mut few = [None; PROPERTIES_COMPARED_MAX];
+    let mut many = Vec::new();
+    let values: &mut [Option<&'a str>] = if n <= PROPERTIES_COMPARED_MAX {
+        &mut few[..n]
+    } else {
+        many.resize(n, None);
+        &mut many
+    };
+    props.values_of(|name| filter.property_index(name), values);
+    f(values)
+}
+
+/// Calls `f` with each property name in `expr`.
+fn each_property(expr: &Expr, f: &mut impl FnMut(&String)) {
+    let mut operand = |o: &Operand| {
+        if let Operand::Property(name) = o {
+            f(name);
+        }
+    };
+    match expr {
+        Expr::Const(_) => {}
+        Expr::And(parts) | Expr::Or(parts) => parts.iter().for_each(|e| each_property(e, f)),
+        Expr::Not(e) => each_property(e, f),
+        Expr::Compare(_, l, r) => {
+            operand(l);
+            operand(r);
+        }
+        Expr::Between {
+            value, low, high, ..
+        } => {
+            operand(value);
+            operand(low);
+            operand(high);
+        }
+        Expr::IsNull { operand: o, .. } => operand(o),
+        Expr::In { property, .. } | Expr::Text { property, .. } => f(property),
     }
 }
 
@@ -727,6 +832,22 @@ impl Parser<'_> {
                 let high = self.operand()?;
                 for o in [&left, &low, &high] {
                     self.check_numeric(o, start)?;
+                }
+                // As RocketMQ: constant bounds the wrong way round are refused, not a filter
+                // that matches nothing.
+                let above = match (&low, &high) {
+                    (Operand::Int(l), Operand::Int(h)) => l > h,
+                    (Operand::Int(l), Operand::Float(h)) => (*l as f64) > *h,
+                    (Operand::Float(l), Operand::Int(h)) => *l > (*h as f64),
+                    (Operand::Float(l), Operand::Float(h)) => l > h,
+                    _ => false,
+                };
+                if above {
+                    return Err(self.error_at(
+                        start,
+                        "BETWEEN's low bound is above its high bound (it would match nothing)"
+                            .into(),
+                    ));
                 }
                 Ok(Expr::Between {
                     value: left,

@@ -233,12 +233,12 @@ impl Pulls {
 }
 
 /// What one pull means for the loop: keep going from `next`, or this queue is drained.
-enum Step {
+pub(crate) enum Step {
     Continue(u64),
     Drained,
 }
 
-fn step(status: PullStatus, from: u64, next: u64) -> Step {
+pub(crate) fn step(status: PullStatus, from: u64, next: u64) -> Step {
     match status {
         PullStatus::Found | PullStatus::NoMatchedMessage | PullStatus::OffsetTooSmall
             if next > from =>

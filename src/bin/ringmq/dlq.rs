@@ -5,11 +5,12 @@
 use clap::Subcommand;
 use serde_json::{json, Value};
 
-use ringmq::client::{Client, Message, OutgoingMessage, Producer, PullStatus};
+use ringmq::client::{Client, Message, OutgoingMessage, Producer};
 use ringmq::protocol::names::dlq_topic;
 use ringmq::protocol::record::prop;
 use ringmq::protocol::ErrorCode;
 
+use crate::consume::{step, Step};
 use crate::datetime::format_ms;
 use crate::output::{body_text, emit, emit_json, table};
 use crate::{CmdResult, Ctx};
@@ -166,18 +167,16 @@ async fn read_all(
             Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => return Ok((out, offset)),
             Err(e) => return Err(ctx.fail(e)),
         };
-        let done = pulled.messages.is_empty()
-            || matches!(
-                pulled.status,
-                PullStatus::NoNewMessage | PullStatus::OffsetTooBig
-            );
+        let (status, next) = (pulled.status, pulled.next_offset);
         out.extend(pulled.messages);
-        if pulled.next_offset <= offset && !done {
-            break;
-        }
-        offset = pulled.next_offset;
-        if done {
-            break;
+        // Below the queue's first kept offset (retention took the oldest dead letters), the
+        // pull answers where it starts: read on from there, as `consume` does.
+        match step(status, offset, next) {
+            Step::Continue(next) => offset = next,
+            Step::Drained => {
+                offset = next;
+                break;
+            }
         }
     }
     Ok((out, offset))

@@ -160,6 +160,53 @@ fn size_and_depth_are_bounded() {
     assert!(is_match(&chain, &[("a", "1")]));
     let long = vec!["a = 1"; 1000].join(" OR ");
     assert!(error(&long).message.contains("at most"));
+    // At most 64 distinct properties (each named as often as wanted).
+    let names = |n: usize| {
+        let terms: Vec<String> = (0..n).map(|i| format!("p{i} = 1 OR p{i} = 2")).collect();
+        terms.join(" OR ")
+    };
+    let most = SqlFilter::parse(&names(64)).unwrap();
+    assert_eq!(most.properties().len(), 64);
+    assert_eq!(most.property_index(b"p63"), Some(63));
+    assert_eq!(most.property_index(b"p64"), None);
+    let e = error(&names(65));
+    assert!(e.message.contains("65 distinct properties"), "{e}");
+}
+
+/// As RocketMQ: `BETWEEN` with constant bounds the wrong way round is refused where it is
+/// parsed (it would match nothing); equal bounds and properties as bounds are fine.
+#[test]
+fn between_bounds_the_wrong_way_round_are_refused() {
+    for expr in [
+        "a BETWEEN 5 AND 1",
+        "a NOT BETWEEN 2.5 AND 2",
+        "a BETWEEN 3 AND 2.5",
+    ] {
+        let e = error(expr);
+        assert!(e.message.contains("low bound is above"), "{expr}: {e}");
+        assert_eq!(e.column, 1, "{expr}");
+    }
+    assert!(is_match("a BETWEEN 2 AND 2", &[("a", "2")]));
+    assert!(is_match("a BETWEEN 1 AND 1.5", &[("a", "1.5")]));
+    assert!(!is_match("a BETWEEN b AND 1", &[("a", "2"), ("b", "5")]));
+}
+
+/// The distinct properties are listed once each, in the order they first appear, and
+/// looked up by name the same way whether few (compared) or many (hashed).
+#[test]
+fn the_properties_named_are_listed_once_in_order() {
+    let f = SqlFilter::parse("b = 1 AND (a > 2 OR b < 0) AND c IN ('x') AND TAGS IS NULL").unwrap();
+    assert_eq!(f.properties(), ["b", "a", "c", "TAGS"]);
+    assert_eq!(f.property_index(b"c"), Some(2));
+    assert!(f.matches_values(&[Some("1"), Some("3"), Some("x"), None]));
+    assert!(!f.matches_values(&[Some("1"), Some("3"), None, None]));
+    let many: Vec<String> = (0..20).map(|i| format!("q{i} = '{i}'")).collect();
+    let f = SqlFilter::parse(&many.join(" AND ")).unwrap();
+    let values: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+    let values: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
+    assert!(f.matches_values(&values));
+    assert_eq!(f.property_index(b"q19"), Some(19));
+    assert_eq!(f.property_index(b"q20"), None);
 }
 
 // ---- Property-based: the filter against a simple reference evaluator. ----
@@ -222,6 +269,14 @@ fn numeric_operand() -> impl Strategy<Value = GenOperand> {
     prop_oneof![name().prop_map(GenOperand::Prop), number()]
 }
 
+fn constant(o: &GenOperand) -> Option<f64> {
+    match o {
+        GenOperand::Int(i) => Some(*i as f64),
+        GenOperand::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
 fn leaf() -> impl Strategy<Value = Gen> {
     prop_oneof![
         1 => any::<bool>().prop_map(Gen::Const),
@@ -230,7 +285,14 @@ fn leaf() -> impl Strategy<Value = Gen> {
         3 => (proptest::sample::select(&["<", "<=", ">", ">="][..]), numeric_operand(), numeric_operand())
             .prop_map(|(op, l, r)| Gen::Cmp(op, l, r)),
         2 => (name(), numeric_operand(), numeric_operand(), any::<bool>())
-            .prop_map(|(p, lo, hi, neg)| Gen::Between(p, lo, hi, neg)),
+            .prop_map(|(p, lo, hi, neg)| {
+                // Constant bounds the wrong way round are refused (a test of its own).
+                let (lo, hi) = match (constant(&lo), constant(&hi)) {
+                    (Some(l), Some(h)) if l > h => (hi, lo),
+                    _ => (lo, hi),
+                };
+                Gen::Between(p, lo, hi, neg)
+            }),
         2 => (name(), proptest::collection::vec(text(), 1..4), any::<bool>())
             .prop_map(|(p, list, neg)| Gen::In(p, list, neg)),
         1 => (name(), any::<bool>()).prop_map(|(p, neg)| Gen::IsNull(p, neg)),
@@ -448,11 +510,12 @@ proptest! {
         let filter = SqlFilter::parse(&text).map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
         for m in &sets {
             let lookup = |name: &str| m.get(name).map(String::as_str);
-            prop_assert_eq!(
-                filter.matches(&lookup),
-                ref_eval(&g, m) == Some(true),
-                "{} over {:?}", text, m
-            );
+            let want = ref_eval(&g, m) == Some(true);
+            prop_assert_eq!(filter.matches(&lookup), want, "{} over {:?}", text, m);
+            // The broker's way: each named property's value found once, then evaluated.
+            let values: Vec<Option<&str>> =
+                filter.properties().iter().map(|p| lookup(p)).collect();
+            prop_assert_eq!(filter.matches_values(&values), want, "{} over {:?}", text, m);
         }
     }
 }
