@@ -566,6 +566,42 @@ fn damage_a_crash_leaves_after_the_durable_point_is_cut_and_quarantined_before_i
     }
 }
 
+/// A cut where an earlier one was (two crashes at the same tail) keeps the earlier cut's
+/// quarantine file and writes its own beside it. Before, the copy truncated the file of
+/// the same name, the earlier cut's bytes gone.
+#[test]
+fn a_cut_keeps_the_quarantine_file_of_an_earlier_cut_at_the_same_place() {
+    let built = build_store(1500, tiny_config());
+    let n = built.records.len();
+    let hole_at = built.records[n - 60].3;
+    let (work, _) = crashed_copy(&built, n - 120, |dir| {
+        let (file, at) = segment_of(dir, hole_at);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at..at + 700].fill(0);
+        std::fs::write(&file, &bytes).unwrap();
+    });
+    let (segment, at) = segment_of(work.path(), hole_at);
+    let quarantine = work.path().join("commitlog/quarantine");
+    std::fs::create_dir_all(&quarantine).unwrap();
+    let earlier = quarantine.join(format!(
+        "{}.{at}",
+        segment.file_name().unwrap().to_str().unwrap()
+    ));
+    std::fs::write(&earlier, b"an earlier cut's bytes").unwrap();
+    let path = work.path().to_owned();
+    let report = run_local(move || async move {
+        let (store, report) = MessageStore::open(&path, tiny_config()).await.unwrap();
+        store.close().await.unwrap();
+        report
+    });
+    assert_eq!(report.log.cut_at, Some(hole_at));
+    let kept = std::fs::read(&earlier).unwrap() == b"an earlier cut's bytes";
+    assert!(kept, "the earlier cut's quarantine file was written over");
+    let ours = &report.log.quarantined[0];
+    assert_eq!(ours, &earlier.with_extension(format!("{at}.1")), "{ours:?}");
+    assert!(std::fs::metadata(ours).unwrap().len() > 700);
+}
+
 /// A power loss kept a later page of a consume queue and lost the one before it, while
 /// the log lost the records of both: the queue ends after the last entry the replay wrote
 /// (its first lost record's offset), with no hole of lost entries inside it. Before, the

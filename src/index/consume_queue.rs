@@ -463,10 +463,13 @@ impl ConsumeQueue {
     ///   (`min == max`), which restarts at `queue_offset` (its files are removed). That is
     ///   how a queue whose files were all deleted resumes at the log's next queue offset.
     ///
+    /// An append that does not point past the previous entry's record is
+    /// [`IndexError::Corrupt`]: entries increase in physical offset, which truncation and
+    /// retention rely on, so the previous entry is damaged (it is read from the file,
+    /// unchecked, after a start).
+    ///
     /// # Panics
-    /// If `entry.size` is 0 (that would read back as an empty slot), or if an append does
-    /// not point past the previous entry's record: entries increase in physical offset, which
-    /// truncation and retention rely on.
+    /// If `entry.size` is 0 (that would read back as an empty slot).
     pub fn put(&mut self, queue_offset: u64, entry: CqEntry) -> Result<(), IndexError> {
         assert!(entry.size > 0, "consume-queue entry of size 0: {entry:?}");
         if entry.physical_offset > CQ_PHYSICAL_OFFSET_MAX {
@@ -495,12 +498,16 @@ impl ConsumeQueue {
             self.max_offset = queue_offset;
         }
         if queue_offset == self.max_offset {
-            if let Some((_, previous)) = self.last_entry() {
-                assert!(
-                    entry.physical_offset >= previous.end(),
-                    "consume-queue append at {queue_offset} goes backward: {entry:?} after \
-                     {previous:?}"
-                );
+            if let Some((at, previous)) = self.last_entry() {
+                if entry.physical_offset < previous.end() {
+                    return Err(IndexError::Corrupt {
+                        path: self.dir.clone(),
+                        reason: format!(
+                            "entry {at} (log offset {}, size {}) reaches past the record appended after it at log offset {}: the index is damaged; stop the broker and remove the `checkpoint` file of the shard's directory, and its next start re-indexes the log",
+                            previous.physical_offset, previous.size, entry.physical_offset
+                        ),
+                    });
+                }
             }
             self.reserve_next()?;
             self.max_offset += 1;

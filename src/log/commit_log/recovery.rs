@@ -300,7 +300,9 @@ pub(super) async fn scan_segment(
 }
 
 /// Copies `[from, to)` of `file` into `<log dir>/quarantine/<segment>.<from>` (off the
-/// shard's thread) and returns that path, or nothing when the range is empty.
+/// shard's thread) and returns that path, or nothing when the range is empty. A file of
+/// that name from an earlier cut is kept: the copy takes the first free name of
+/// `<segment>.<from>.1`, `.2`, ...
 pub(super) async fn quarantine(
     file: &LogFile,
     from: u64,
@@ -321,25 +323,41 @@ pub(super) async fn quarantine(
             .and_then(|n| n.to_str())
             .unwrap_or("segment")
     );
-    let target = dir.join(name);
-    let copied = target.clone();
-    crate::io::blocking(move || -> std::io::Result<()> {
+    let first = dir.join(&name);
+    let named = dir.clone();
+    crate::io::blocking(move || -> std::io::Result<PathBuf> {
         use std::io::{Read, Seek, SeekFrom, Write};
         std::fs::create_dir_all(&dir)?;
         let mut src = std::fs::File::open(&source)?;
         src.seek(SeekFrom::Start(from))?;
-        let mut out = std::fs::File::create(&copied)?;
+        let (target, mut out) = (0u32..)
+            .map(|n| match n {
+                0 => dir.join(&name),
+                n => dir.join(format!("{name}.{n}")),
+            })
+            .find_map(|path| {
+                let opened = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path);
+                match opened {
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+                    opened => Some(opened.map(|f| (path, f))),
+                }
+            })
+            .unwrap_or_else(|| Err(std::io::Error::other("no free quarantine file name")))?;
         std::io::copy(&mut src.take(to - from), &mut out)?;
         out.flush()?;
         out.sync_all()?;
-        std::fs::File::open(&dir)?.sync_all()
+        std::fs::File::open(&named)?.sync_all()?;
+        Ok(target)
     })
     .await
+    .map(Some)
     .map_err(|e| LogError::Layout {
-        path: target.clone(),
+        path: first,
         reason: format!("writing the quarantine file: {e}"),
-    })?;
-    Ok(Some(target))
+    })
 }
 
 /// A record failed at `pos`. At or after the known-durable point it is damage a crash left
@@ -369,7 +387,9 @@ pub(super) async fn torn_or_rot(
         let buf = file.read_at(scan, len).await?;
         let limit = buf.len().min(window);
         let mut i = 0usize;
-        while i + 8 <= limit {
+        // Every start in the window (the buffer reaches past it), so that none falls
+        // between one window and the next.
+        while i < limit && i + 8 <= buf.len() {
             // A record's magic sits 4 bytes into it.
             if buf[i + 4..i + 8] == magic {
                 if let Ok(view) = RecordView::parse(&buf[i..]) {
