@@ -7,7 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use common::broker::BrokerProcess;
 use ringmq::client::{
     ClientConfig, ClientError, OutgoingMessage, Producer, ProducerOptions, PullStatus,
 };
@@ -915,61 +914,4 @@ fn a_shard_that_missed_a_deletion_is_told_again_in_the_background() {
             }
         },
     );
-}
-
-/// A broker started in another's place on the same address, with other shards (a new data
-/// directory, 2 shards where there were 4), gets the sends of a producer that knew the
-/// first one: the producer takes the new broker's handshake before dialing a shard again,
-/// and routes with it (the first broker's shards 2 and 3 no longer listen).
-#[test]
-fn a_producer_routes_again_when_another_broker_takes_the_address() {
-    // A port whose four direct ports (port + 1 ..= port + 4) are free too.
-    let port = loop {
-        let p = common::free_port();
-        if p < 60_000 && (1..=4).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok())
-        {
-            break p;
-        }
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let listen = format!("127.0.0.1:{port}").parse().unwrap();
-    let start =
-        |name: &str, shards| BrokerProcess::start_on(listen, &dir.path().join(name), shards, &[]);
-    let runtime = common::runtime();
-    let mut first = start("first", 4);
-    let addr = first.addr_string();
-    let producer = runtime.block_on(async {
-        let producer = Producer::connect(ClientConfig::new(addr.clone()))
-            .await
-            .unwrap();
-        producer.client().create_topic("moved", 8).await.unwrap();
-        for i in 0..16 {
-            let m = OutgoingMessage::new(format!("first-{i}"));
-            producer.send("moved", m).await.unwrap();
-        }
-        producer
-    });
-    assert_eq!(producer.client().broker_info().shard_count, 4);
-    first.kill();
-    let _second = start("second", 2);
-    runtime.block_on(async {
-        // Made by another client: the producer's own call would go through the bootstrap
-        // connection, and the handshake it makes would route the sends before they try.
-        let admin = ringmq::client::Client::connect(ClientConfig::new(addr.clone()))
-            .await
-            .unwrap();
-        admin.create_topic("moved", 8).await.unwrap();
-        let mut queues = std::collections::BTreeSet::new();
-        for i in 0..16 {
-            let m = OutgoingMessage::new(format!("second-{i}"));
-            let sent = producer.send("moved", m).await;
-            let sent = sent.unwrap_or_else(|e| panic!("send {i} to the second broker: {e}"));
-            queues.insert(sent.queue_id);
-        }
-        assert_eq!(queues.len(), 8, "{queues:?}");
-        assert_eq!(producer.client().broker_info().shard_count, 2);
-        let info = admin.describe_topic("moved").await.unwrap();
-        let stored: u64 = info.queues.iter().map(|q| q.max_offset).sum();
-        assert_eq!(stored, 16, "{info:?}");
-    });
 }

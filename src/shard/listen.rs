@@ -181,6 +181,29 @@ impl Drop for OpenConnection {
     }
 }
 
+/// The connections a shard serves, by descriptor, so that its stop can end them: the
+/// peers see the connection close (in a process that embeds the broker, its sockets would
+/// otherwise stay open after `Broker::shutdown`, their peers waiting out timeouts).
+#[derive(Default)]
+pub struct LiveConnections(std::cell::RefCell<std::collections::HashSet<i32>>);
+
+impl LiveConnections {
+    /// Shuts every connection down (both ways; the serving tasks then end and close them).
+    pub fn shut_down_all(&self) {
+        for &fd in self.0.borrow().iter() {
+            // SAFETY: `fd` is a socket a serving task holds open while it is listed here
+            // (listed from its start, unlisted when it returns); shutdown closes nothing.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.borrow().is_empty()
+    }
+}
+
 /// Accepts connections until the shard stops; past the cap a connection gets an error
 /// frame and is closed.
 pub async fn accept_loop(
@@ -189,6 +212,7 @@ pub async fn accept_loop(
     settings: ConnSettings,
     read_budget: Rc<ReadBudget>,
     cap: Arc<ConnectionCap>,
+    live: Rc<LiveConnections>,
 ) {
     let mut backoff_ms = 0u64;
     let mut failures = 0u64;
@@ -216,9 +240,12 @@ pub async fn accept_loop(
                     }
                     continue;
                 };
-                let (ctx, budget) = (ctx.clone(), read_budget.clone());
+                let (ctx, budget, live) = (ctx.clone(), read_budget.clone(), live.clone());
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                live.0.borrow_mut().insert(fd);
                 glommio::spawn_local(async move {
                     serve_connection(ctx, stream, settings, budget).await;
+                    live.0.borrow_mut().remove(&fd);
                     drop(slot);
                 })
                 .detach();

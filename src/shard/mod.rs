@@ -38,7 +38,7 @@ use crate::protocol::FrameLimits;
 use crate::store::{MessageStore, StoreConfig};
 use checks::{check_durations, check_shard_count, fit_tail_cache, lock_data_dir, max_map_count};
 use conn::{ConnSettings, ReadBudget};
-use listen::{accept_loop, bind, check_ports_free, ConnectionCap};
+use listen::{accept_loop, bind, check_ports_free, ConnectionCap, LiveConnections};
 
 /// Capacity of each channel of the shard mesh.
 const MESH_CHANNEL_CAPACITY: usize = 1024;
@@ -62,6 +62,8 @@ const LOCK_EXPIRY_MARGIN_MS: u64 = 5_000;
 const LOCK_EXPIRY_MS_MAX: u64 = 3_600_000;
 /// How long a clean stop waits for requests in flight.
 const STOP_DRAIN_MS: u64 = 10_000;
+/// At a clean stop, how long the connections shut down last get to end.
+const CONNS_CLOSE_MS: u64 = 1_000;
 /// After a shard dies, how long the others get to stop cleanly beyond `STOP_DRAIN_MS`
 /// (closing the store, syncing offsets) before [`Broker::wait`] gives up on them.
 const STOP_AFTER_DEATH_MARGIN_MS: u64 = 20_000;
@@ -923,16 +925,17 @@ async fn shard_main(
     })
     .await?;
     let read_budget = ReadBudget::new(limits.frame_bytes_max() as usize);
+    let live = Rc::new(LiveConnections::default());
     for listener in [main_listener, direct] {
         let ctx = ctx.clone();
-        let (budget, cap) = (read_budget.clone(), cap.clone());
+        let (budget, cap, live) = (read_budget.clone(), cap.clone(), live.clone());
         let settings = ConnSettings {
             limits,
             timeout_ms: cfg.conn_timeout_ms,
         };
-        glommio::spawn_local(
-            async move { accept_loop(ctx, listener, settings, budget, cap).await },
-        )
+        glommio::spawn_local(async move {
+            accept_loop(ctx, listener, settings, budget, cap, live).await
+        })
         .detach();
     }
     if cfg.flush == FlushMode::Async {
@@ -977,14 +980,24 @@ async fn shard_main(
         crate::io::sleep(Duration::from_millis(5)).await;
     }
     ctx.stop_schedule().await;
-    store
-        .close()
-        .await
-        .map_err(|e| format!("closing the store: {e}"))?;
-    ctx.sync_offsets()
-        .await
-        .map_err(|e| format!("syncing offsets: {e}"))?;
-    Ok(())
+    let closed = async {
+        store
+            .close()
+            .await
+            .map_err(|e| format!("closing the store: {e}"))?;
+        ctx.sync_offsets()
+            .await
+            .map_err(|e| format!("syncing offsets: {e}"))
+    }
+    .await;
+    // Last, the connections (their answers written by now), whether or not the store
+    // closed: the peers see them close.
+    live.shut_down_all();
+    let started = Instant::now();
+    while !live.is_empty() && started.elapsed() < Duration::from_millis(CONNS_CLOSE_MS) {
+        crate::io::sleep(Duration::from_millis(5)).await;
+    }
+    closed
 }
 
 fn spawn_mesh_receiver(ctx: Rc<ShardCtx>, receivers: Rc<Receivers<MeshMsg>>, peer: usize) {
