@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use ringmq::index::tag_hash;
 use ringmq::io::run_local;
+use ringmq::log::LogError;
 use ringmq::protocol::record::{Placement, RecordView};
 use ringmq::store::{MessageStore, StoreConfig, StoreError};
 
@@ -339,6 +340,59 @@ fn pulls_return_stored_bytes_in_order_and_filter_tags() {
             store.read_at("nosuchtopic", 0, 0).await,
             Err(StoreError::OffsetTooBig { .. })
         ));
+    });
+}
+
+/// An entry past a queue's start damaged to point below the log's start (its record gone
+/// with retention, as far as the entry says): a pull answers the records before it, and
+/// the pull that starts at it fails with `Corrupt` naming it. Before, it was told
+/// `OffsetTooSmall` with the queue's start, behind the consumer: a push consumer went
+/// back there and read the same records again, for ever.
+#[test]
+fn an_entry_pointing_below_the_logs_start_is_damage_not_the_queues_start() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config();
+        cfg.log.retention_bytes_max = 512 * 1024;
+        let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+        fill(&store, 22, 1200).await;
+        store.apply_retention(ringmq::log::now_ms()).await.unwrap();
+        // Files made ahead get their numbered names at a checkpoint.
+        store.checkpoint().await.unwrap();
+        let (min, max) = store.queue_range("topic0", 2).unwrap();
+        assert!(min > 0 && max > min + 40, "{min}..{max}");
+        // Entry min + 5 points at log offset 0 (its check bits kept: unfiltered reads
+        // skip them), written into the mapped file.
+        let damaged = min + 5;
+        let per_file = small_config().consume_queue.entries_per_file;
+        let file = dir
+            .path()
+            .join("consumequeue/topic0/2")
+            .join(format!("{:020}", damaged - damaged % per_file));
+        let at = ((damaged % per_file) * 20) as usize;
+        let mut bytes = std::fs::read(&file).unwrap();
+        let offset = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        bytes[at..at + 8].copy_from_slice(&(offset & !((1u64 << 48) - 1)).to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        let before = store
+            .read_queue("topic0", 2, min, 32, 1 << 20, &[])
+            .await
+            .unwrap();
+        assert_eq!(before.records().count(), 5);
+        assert_eq!(before.next_offset, damaged);
+        match store
+            .read_queue("topic0", 2, damaged, 32, 1 << 20, &[])
+            .await
+        {
+            Err(StoreError::Log(LogError::Corrupt { reason, .. })) => {
+                assert!(reason.contains(&format!("topic0:2:{damaged}")), "{reason}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a damaged entry answered"),
+        }
+        let after = store.read_queue("topic0", 2, damaged + 1, 32, 1 << 20, &[]);
+        assert_eq!(after.await.unwrap().records().count(), 32);
+        store.close().await.unwrap();
     });
 }
 

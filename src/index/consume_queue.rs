@@ -599,6 +599,19 @@ impl ConsumeQueue {
         self.truncate_to(first_beyond)
     }
 
+    /// One past the last entry whose record ends within `log_offset`, an empty entry judged
+    /// by the next one that is not: where the queue ended when the log was durable up to
+    /// `log_offset` (an empty entry before entries within it is damage and kept; empty
+    /// entries before entries past it were lost with them). Reads no file when the last
+    /// entry ends within `log_offset`.
+    pub fn end_within_durable(&self, log_offset: u64) -> Result<u64, IndexError> {
+        if self.last.is_none_or(|e| e.end() <= log_offset) {
+            return Ok(self.max_offset);
+        }
+        let within = |e: &CqEntry| e.end() <= log_offset;
+        self.search(self.min_offset, self.max_offset, within, true)
+    }
+
     /// Sets `max_offset` to `queue_offset`, dropping the entries from there on and zeroing
     /// their bytes so a reopen agrees. A no-op if `queue_offset >= max_offset`. Below
     /// `min_offset` the queue becomes empty at `queue_offset`.

@@ -845,8 +845,7 @@ impl Parser<'_> {
                 if above {
                     return Err(self.error_at(
                         start,
-                        "BETWEEN's low bound is above its high bound (it would match nothing)"
-                            .into(),
+                        "BETWEEN's bounds must ascend: the low one is above the high one".into(),
                     ));
                 }
                 Ok(Expr::Between {

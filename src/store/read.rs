@@ -150,17 +150,17 @@ impl<'a> Iterator for Runs<'a> {
     }
 }
 
+/// Whether `entry`'s size is one a record may have.
+fn size_of_a_record(entry: &CqEntry) -> bool {
+    (HEADER_BYTES..=RECORD_BYTES_MAX).contains(&(entry.size as usize))
+}
+
 /// Whether the bytes read for a consume-queue entry are the record it names, checked as
 /// they come off the disk: their structure (not the CRC: it was computed when the record
 /// was encoded and the consumer verifies it on receipt, the other end of this boundary;
 /// checking it here too would double the pull path's CRC work), their place in the log and
 /// the queue, and their length (an entry longer than its record would send the next
 /// record's first bytes with it). What is wrong, if not.
-/// Whether `entry`'s size is one a record may have.
-fn size_of_a_record(entry: &CqEntry) -> bool {
-    (HEADER_BYTES..=RECORD_BYTES_MAX).contains(&(entry.size as usize))
-}
-
 fn record_of_entry(
     bytes: &[u8],
     topic: &str,
@@ -432,15 +432,28 @@ impl MessageStore {
         let mut slices = Vec::with_capacity(picked.len());
         let mut offsets = Vec::with_capacity(picked.len());
         let mut i = 0;
+        // Where the records read so far end.
+        let mut read_end = None;
         while i < picked.len() {
-            // An entry whose size no record has is damaged (unfiltered reads take entries
-            // unchecked): not read, so its size sizes no buffer.
-            if !size_of_a_record(&picked[i].1) {
-                let (qo, e) = picked[i];
+            // A damaged entry (unfiltered reads take entries unchecked) is not read: one
+            // whose size no record has (it would size the buffer), or one pointing back
+            // before the records read before it (queues lie in log order). What comes
+            // before it is answered; the read that starts at it fails, naming it.
+            let (qo, e) = picked[i];
+            let damaged_entry = if !size_of_a_record(&e) {
+                Some(format!(
+                    "it says {} bytes, and a record has {HEADER_BYTES} to {RECORD_BYTES_MAX}",
+                    e.size
+                ))
+            } else if read_end.is_some_and(|end| e.physical_offset < end) {
+                Some("it points back before the record of the entry before it".to_owned())
+            } else {
+                None
+            };
+            if let Some(why) = damaged_entry {
                 if slices.is_empty() {
                     let why = format!(
-                        "the consume-queue entry {topic}:{queue_id}:{qo} is damaged: it says {} bytes, and a record has {HEADER_BYTES} to {RECORD_BYTES_MAX}",
-                        e.size
+                        "the consume-queue entry {topic}:{queue_id}:{qo} is damaged: {why}"
                     );
                     return Err(self.inner.log.corrupt_at(e.physical_offset, why).into());
                 }
@@ -477,20 +490,34 @@ impl MessageStore {
             }
             let buf = match self.inner.log.read(start, (end - start) as usize).await {
                 Ok(buf) => buf,
+                // What was read is answered; the read that starts here says what is wrong.
+                Err(_) if !slices.is_empty() => {
+                    next = qo;
+                    break;
+                }
                 // Retention deleted the records since they were planned (the pull waited
                 // for room, or for the read before): the queue starts later now, which the
-                // consumer is told as for any position below its start.
-                Err(LogError::OffsetTooSmall { .. }) => {
+                // consumer is told as for any position below its start. An entry at or
+                // past that start whose record is not in the log is damaged (told as a
+                // start, it would send the consumer back there, to read it again).
+                Err(LogError::OffsetTooSmall { .. }) | Err(LogError::OffsetTooBig { .. }) => {
                     let (min, _) = self.queue_range(&topic, queue_id)?;
-                    return Err(StoreError::OffsetTooSmall {
-                        topic,
-                        queue_id,
-                        offset: picked[i].0,
-                        min,
-                    });
+                    if qo < min {
+                        return Err(StoreError::OffsetTooSmall {
+                            topic,
+                            queue_id,
+                            offset: qo,
+                            min,
+                        });
+                    }
+                    let why = format!(
+                        "the consume-queue entry {topic}:{queue_id}:{qo} is damaged: it points at log offset {start}, where the log holds no record of it"
+                    );
+                    return Err(self.inner.log.corrupt_at(start, why).into());
                 }
                 Err(e) => return Err(e.into()),
             };
+            read_end = Some(end);
             let b = bufs.len() as u32;
             let mut damaged = None;
             for &(qo, e) in &picked[i..j] {

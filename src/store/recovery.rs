@@ -80,6 +80,11 @@ impl MessageStore {
             KeyIndex::open_after_crash(&keys_dir, cfg.key_index, checkpoint.keys)?
         };
         let keys_last = keys.last_physical_offset();
+        // Where each queue ended at the checkpoint: the replay moves it on for each record
+        // it writes, and the queue is cut there after (entries past it have no record).
+        for q in queues.values_mut() {
+            q.replayed_end = Some(q.cq.end_within_durable(checkpoint_offset)?);
+        }
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
         let (log, log_report) = {
@@ -113,9 +118,10 @@ impl MessageStore {
         for q in queues.values_mut() {
             q.cq.truncate_after_log_end(end)?;
             // The replay wrote the entry of every record in the log from the checkpoint on,
-            // in queue order: entries past the last it wrote have no record. (Those a power
-            // loss kept past entries it lost are cut with them; the search above counts
-            // empty entries as below the end, since before the checkpoint they are damage.)
+            // in queue order, from where the queue ended at the checkpoint: entries past
+            // the last it wrote (or past that end) have no record. Those a power loss kept
+            // past entries it lost are cut with them (the search above counts empty
+            // entries as below the end: before the checkpoint they are damage).
             if let Some(replayed_end) = q.replayed_end.take() {
                 q.cq.truncate_to(replayed_end)?;
             }
@@ -255,6 +261,8 @@ fn dispatch_record(
         )));
     }
     if qo >= q.cq.min_offset() {
+        // The last written, not the highest: records of a topic deleted since and made
+        // again come before those of the new one, which start again at 0.
         q.replayed_end = Some(qo + 1);
     }
     q.cq.put(qo, entry)?;

@@ -379,6 +379,11 @@ pub(super) async fn torn_or_rot(
         report.cut_reason.get_or_insert_with(|| reason.to_owned());
         return Ok(SegmentEnd::Open(pos));
     }
+    // Zeros to the end of the file (where the log ends after a clean stop, read without a
+    // checkpoint): nothing follows, and no search for a record at every byte.
+    if tail_nonzero_bytes(file, pos, file_size).await? == 0 {
+        return Ok(SegmentEnd::Open(pos));
+    }
     let magic = RECORD_MAGIC_V1.to_le_bytes();
     let mut scan = pos + 1;
     let window = 8usize << 20;
