@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,6 +52,8 @@ struct Fake {
     /// Every request but handshakes, with the shard that received it.
     log: Arc<Mutex<Vec<(u32, Request)>>>,
     handshakes: Arc<AtomicUsize>,
+    /// The broker id its handshakes answer (7 unless a test changes it).
+    broker_id: Arc<AtomicU32>,
 }
 
 impl Fake {
@@ -64,12 +66,14 @@ impl Fake {
         let shard_addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
         let log = Arc::new(Mutex::new(Vec::new()));
         let handshakes = Arc::new(AtomicUsize::new(0));
+        let broker_id = Arc::new(AtomicU32::new(7));
         for (shard, listener) in listeners.into_iter().enumerate() {
-            let (handler, log, handshakes, shard_addrs) = (
+            let (handler, log, handshakes, shard_addrs, broker_id) = (
                 handler.clone(),
                 log.clone(),
                 handshakes.clone(),
                 shard_addrs.clone(),
+                broker_id.clone(),
             );
             tokio::spawn(async move {
                 let mut conn_no = 0;
@@ -79,11 +83,12 @@ impl Fake {
                         conn_no,
                     };
                     conn_no += 1;
-                    let (handler, log, handshakes, shard_addrs) = (
+                    let (handler, log, handshakes, shard_addrs, broker_id) = (
                         handler.clone(),
                         log.clone(),
                         handshakes.clone(),
                         shard_addrs.clone(),
+                        broker_id.clone(),
                     );
                     tokio::spawn(async move {
                         let (mut input, output) = stream.into_split();
@@ -108,7 +113,7 @@ impl Fake {
                                             shard_count: shard_addrs.len() as u32,
                                             shard_id: ctx.shard,
                                             shard_addrs: shard_addrs.clone(),
-                                            broker_id: 7,
+                                            broker_id: broker_id.load(Ordering::SeqCst),
                                         };
                                         vec![Out::Frame(answer(id, &handshake_ok2(ok)))]
                                     }
@@ -138,6 +143,7 @@ impl Fake {
             addrs,
             log,
             handshakes,
+            broker_id,
         }
     }
 
@@ -318,6 +324,39 @@ async fn a_timeout_is_typed_and_the_late_answer_is_ignored() {
     let info = producer.client().describe_topic("t").await.unwrap();
     assert_eq!(info.queues.len(), 2);
     assert_eq!(fake.handshakes.load(Ordering::SeqCst), 2, "no reconnect");
+}
+
+/// A shard connection opened again while the bootstrap connection stays up, to a shard
+/// that answers for another broker now (another broker on its address): the handshake is
+/// checked against the topology routed with, the topology is taken from it, and the
+/// request fails (retriable) to be routed again; the next one goes.
+#[tokio::test]
+async fn a_shard_answering_for_another_broker_refreshes_the_routes() {
+    use crate::client::session::Route;
+    use crate::protocol::GetMinOffset;
+    // Shard 1's first connection closes on its first request; later ones answer.
+    let handler: Handler = Arc::new(|ctx, id, _| match (ctx.shard, ctx.conn_no) {
+        (1, 0) => vec![Out::Close],
+        _ => vec![empty_answer(id)],
+    });
+    let fake = Fake::start(2, handler).await;
+    let client = Client::connect(fake.config()).await.unwrap();
+    assert_eq!(client.broker_info().broker_id, 7);
+    let ask = || GetMinOffset {
+        topic: "t".into(),
+        queue_id: 0,
+    };
+    let err = client.call(Route::Shard(1), &ask()).await.unwrap_err();
+    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
+    fake.broker_id.store(8, Ordering::SeqCst);
+    let err = client.call(Route::Shard(1), &ask()).await.unwrap_err();
+    match &err {
+        ClientError::Connection(said) => assert!(said.contains("the broker changed"), "{said}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(err.is_retriable());
+    assert_eq!(client.broker_info().broker_id, 8);
+    client.call(Route::Shard(1), &ask()).await.unwrap();
 }
 
 #[tokio::test]
