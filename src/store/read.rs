@@ -497,11 +497,12 @@ impl MessageStore {
                 }
                 // Retention deleted the records since they were planned (the pull waited
                 // for room, or for the read before): the queue starts later now, which the
-                // consumer is told as for any position below its start. An entry at or
-                // past that start whose record is not in the log is damaged (told as a
-                // start, it would send the consumer back there, to read it again).
-                Err(LogError::OffsetTooSmall { .. }) | Err(LogError::OffsetTooBig { .. }) => {
-                    let (min, _) = self.queue_range(&topic, queue_id)?;
+                // consumer is told as for any position below its start; a cut of the log
+                // since (a full disk) ended the queue before it, as before. An entry still
+                // in the queue whose record is not in the log is damaged (told as a start,
+                // it would send the consumer back there, to read it again).
+                Err(e @ (LogError::OffsetTooSmall { .. } | LogError::OffsetTooBig { .. })) => {
+                    let (min, max) = self.queue_range(&topic, queue_id)?;
                     if qo < min {
                         return Err(StoreError::OffsetTooSmall {
                             topic,
@@ -509,6 +510,9 @@ impl MessageStore {
                             offset: qo,
                             min,
                         });
+                    }
+                    if qo >= max {
+                        return Err(e.into());
                     }
                     let why = format!(
                         "the consume-queue entry {topic}:{queue_id}:{qo} is damaged: it points at log offset {start}, where the log holds no record of it"
