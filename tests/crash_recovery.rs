@@ -414,6 +414,66 @@ fn rot_stops_the_start_after_a_clean_stop_without_a_usable_checkpoint() {
     flip_and_expect_refusal(&built, 3, 200, cfg);
 }
 
+/// A `reindex` file in the store's directory indexes the log again from its start: a
+/// damaged consume-queue entry is written again from its record, the request is removed
+/// once the indexes are synced, and the checkpoint's durable point still tells rot from a
+/// torn tail, even after a crash (where removing the checkpoint, the other way to
+/// re-index, counts none of the log as durable and would cut the log at the rot).
+#[test]
+fn a_reindex_request_rebuilds_the_index_and_keeps_the_durable_point() {
+    let cfg = tiny_config();
+    let built = build_store(1500, cfg.clone());
+    let (topic, queue_id, qo, _, bytes) = built.records[40].clone();
+    let work = tempfile::tempdir().unwrap();
+    copy_dir(built.dir.path(), work.path());
+    let per_file = cfg.consume_queue.entries_per_file;
+    let index = work
+        .path()
+        .join("consumequeue")
+        .join(&topic)
+        .join(queue_id.to_string())
+        .join(format!("{:020}", qo - qo % per_file));
+    let mut entries = std::fs::read(&index).unwrap();
+    let at = ((qo % per_file) * 20) as usize;
+    entries[at..at + 20].fill(0);
+    std::fs::write(&index, &entries).unwrap();
+    std::fs::write(work.path().join("reindex"), b"").unwrap();
+    let path = work.path().to_owned();
+    let (t, c) = (topic.clone(), cfg.clone());
+    let got = run_local(move || async move {
+        let (store, _) = MessageStore::open(&path, c).await.unwrap();
+        let got = store.read_at(&t, queue_id, qo).await.unwrap().to_vec();
+        store.close().await.unwrap();
+        got
+    });
+    assert_eq!(got, bytes, "the damaged entry is indexed again");
+    assert!(!work.path().join("reindex").exists(), "the request stays");
+
+    // After a crash (the abort marker left), with rot in an early record.
+    let work = tempfile::tempdir().unwrap();
+    copy_dir(built.dir.path(), work.path());
+    let phys = built.records[3].3;
+    let (file, at) = segment_of(work.path(), phys);
+    let mut log = std::fs::read(&file).unwrap();
+    log[at + 200] ^= 0x5a;
+    std::fs::write(&file, &log).unwrap();
+    std::fs::write(work.path().join("abort"), b"ringmq store open\n").unwrap();
+    std::fs::write(work.path().join("reindex"), b"").unwrap();
+    let path = work.path().to_owned();
+    match run_local(move || async move { MessageStore::open(&path, cfg).await.err() }) {
+        Some(StoreError::Log(LogError::Corrupt {
+            path, file_offset, ..
+        })) => {
+            assert_eq!((path, file_offset), (file, at as u64));
+        }
+        other => panic!("rot before the durable point must refuse the start, got {other:?}"),
+    }
+    assert!(
+        work.path().join("reindex").exists(),
+        "kept for the next start"
+    );
+}
+
 /// A copy of `built` whose checkpoint says the log was known durable only up to the start
 /// of record `durable_record` (as if the broker crashed before its next checkpoint), with
 /// `damage` done to the segment files.

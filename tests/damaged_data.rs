@@ -16,8 +16,9 @@ use ringmq::protocol::ErrorCode;
 /// record. A damaged entry (one bit of its tag hash flipped on disk while the broker was
 /// stopped) must not make its message vanish: the pull answers the messages before it, the
 /// pull that starts at it fails with `StoreCorrupt` naming it (an unfiltered pull serves
-/// all), and once the index is rebuilt (the shard's checkpoint removed: the next start
-/// re-indexes the log) every message is served again. Before entries were checked, the
+/// all), and once the index is rebuilt (a `reindex` file in the shard's directory, as the
+/// error says: the next start indexes the log again, then removes it) every message is
+/// served again. Before entries were checked, the
 /// pull skipped it unseen.
 #[test]
 fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_it() {
@@ -41,6 +42,7 @@ fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_i
             Err(ClientError::Broker { code, message, .. }) => {
                 assert_eq!(code, Some(ErrorCode::StoreCorrupt), "{message}");
                 assert!(message.contains("entry 4 fails its check"), "{message}");
+                assert!(message.contains("named `reindex`"), "{message}");
             }
             other => panic!("{other:?}"),
         }
@@ -50,8 +52,9 @@ fn a_damaged_index_entry_fails_the_tag_filtered_pull_at_it_instead_of_skipping_i
         assert_eq!(plain.unwrap().messages.len(), 10);
         drop(client);
         assert!(broker.stop(), "a clean stop");
-        std::fs::remove_file(data.join("shard-0/checkpoint")).unwrap();
+        std::fs::write(data.join("shard-0/reindex"), b"").unwrap();
         broker.restart();
+        assert!(!data.join("shard-0/reindex").exists(), "the request stays");
         let client = Client::connect(ClientConfig::new(broker.addr_string()))
             .await
             .unwrap();

@@ -503,7 +503,7 @@ impl ConsumeQueue {
                     return Err(IndexError::Corrupt {
                         path: self.dir.clone(),
                         reason: format!(
-                            "entry {at} (log offset {}, size {}) reaches past the record appended after it at log offset {}: the index is damaged; stop the broker and remove the `checkpoint` file of the shard's directory, and its next start re-indexes the log",
+                            "entry {at} (log offset {}, size {}) reaches past the record appended after it at log offset {}: the index is damaged; create an empty file named `reindex` in the shard's directory (beside its `checkpoint`), and its next start indexes the log again",
                             previous.physical_offset, previous.size, entry.physical_offset
                         ),
                     });

@@ -63,6 +63,13 @@ impl MessageStore {
         // Without one (removed to re-index, or damaged), a clean stop left nothing in
         // flight: every bad record followed by a good one is rot, and refuses the start
         // (before, the log was cut at it and every later segment moved out).
+        // An operator's request to index the log again (an empty file named `reindex` in
+        // the store's directory, as a damaged index's error says): the replay starts at
+        // the log's start, and the checkpoint's durable point still tells rot from a
+        // crash's torn tail (removing the checkpoint instead loses it).
+        let reindex_path = dir.join("reindex");
+        let reindex = reindex_path.exists();
+        let replay_from = if reindex { 0 } else { checkpoint_offset };
         let mut cfg = cfg;
         cfg.log.known_durable = match found {
             Some(c) => c.log_offset,
@@ -83,7 +90,7 @@ impl MessageStore {
         // Where each queue ended at the checkpoint: the replay moves it on for each record
         // it writes, and the queue is cut there after (entries past it have no record).
         for q in queues.values_mut() {
-            q.replayed_end = Some(q.cq.end_within_durable(checkpoint_offset)?);
+            q.replayed_end = Some(q.cq.end_within_durable(replay_from)?);
         }
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
@@ -101,7 +108,7 @@ impl MessageStore {
             CommitLog::open(
                 &dir.join("commitlog"),
                 cfg.log.clone(),
-                checkpoint_offset,
+                replay_from,
                 dispatch,
             )
             .await?
@@ -127,20 +134,27 @@ impl MessageStore {
             }
             q.cq.delete_before_physical(log.min_offset())?;
         }
-        if end < checkpoint_offset {
+        if end < checkpoint_offset || reindex {
             // The indexes cut back to that end are synced and the checkpoint moved down to
             // it before anything is appended: else a power loss would bring back, with the
-            // checkpoint's synced entries, entries of records this start cut.
+            // checkpoint's synced entries, entries of records this start cut. Indexed
+            // again, they are synced before the request to is removed (the durable point
+            // stays where it was).
             for q in queues.values_mut() {
                 q.cq.flush()?;
             }
             keys.flush()?;
+            let durable = end.min(checkpoint_offset);
             let checkpoint = Checkpoint {
-                log_offset: end,
+                log_offset: durable,
                 timestamp_ms: crate::log::now_ms(),
-                keys: keys.entries_below(end),
+                keys: keys.entries_below(durable),
             };
             checkpoint.write(dir)?;
+            if reindex {
+                std::fs::remove_file(&reindex_path)
+                    .map_err(|e| io_err("remove", &reindex_path, e))?;
+            }
         }
         let now_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

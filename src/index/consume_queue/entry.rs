@@ -89,7 +89,7 @@ impl CqEntry {
             Some((entry, false)) => Err(IndexError::Corrupt {
                 path: path.to_owned(),
                 reason: format!(
-                    "entry {i} fails its check (reads as physical offset {}, size {}, tag hash {:#x}): the index is damaged; its messages are not served until it is rebuilt from the log: stop the broker and remove the `checkpoint` file of the shard's directory, and its next start re-indexes the log",
+                    "entry {i} fails its check (reads as physical offset {}, size {}, tag hash {:#x}): the index is damaged; its messages are not served until it is rebuilt from the log: create an empty file named `reindex` in the shard's directory (beside its `checkpoint`), and its next start indexes the log again",
                     entry.physical_offset, entry.size, entry.tag_hash
                 ),
             }),
