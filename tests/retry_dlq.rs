@@ -184,7 +184,9 @@ fn a_failing_message_returns_at_the_level_delays_then_goes_to_the_dead_letter_to
         assert_eq!(listed[0]["body"], "always");
         let text = ringmq(&addr, &["dlq", "list", "g-fail"]);
         assert!(text.contains("always") && text.contains("work"), "{text}");
-        let resent = ringmq(&addr, &["dlq", "resend", "g-fail", "--msg-id", &origin]);
+        // In lower case (ids are hex digits, taken in either case).
+        let lower = origin.to_ascii_lowercase();
+        let resent = ringmq(&addr, &["dlq", "resend", "g-fail", "--msg-id", &lower]);
         assert!(
             resent.contains("1 resent; next: --from-offset 1"),
             "{resent}"

@@ -343,6 +343,35 @@ fn pulls_return_stored_bytes_in_order_and_filter_tags() {
     });
 }
 
+/// A re-index (`reindex` in the store's directory) keeps the end of a queue whose records
+/// retention deleted (its entries point below the log's start, and the replay from the
+/// log's start writes none of them). Before, the queue was cut back to its first file's
+/// start, and the next messages took queue offsets consumers had already passed.
+#[test]
+fn a_reindex_keeps_the_end_of_a_queue_whose_records_retention_deleted() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config();
+        cfg.log.retention_bytes_max = 512 * 1024;
+        let (store, _) = MessageStore::open(dir.path(), cfg.clone()).await.unwrap();
+        for n in 0..5 {
+            let mut m = common::message(23, n, 1, 100);
+            m.topic = "early".into();
+            store.put(&m.draft()).await.unwrap();
+        }
+        fill(&store, 24, 1200).await;
+        store.apply_retention(ringmq::log::now_ms()).await.unwrap();
+        assert_eq!(store.queue_range("early", 0).unwrap(), (5, 5));
+        store.close().await.unwrap();
+        std::fs::write(dir.path().join("reindex"), b"").unwrap();
+        let (store, report) = MessageStore::open(dir.path(), cfg).await.unwrap();
+        assert_eq!(report.checkpoint_offset, 0, "re-indexed from the start");
+        assert_eq!(store.queue_range("early", 0).unwrap(), (5, 5));
+        assert!(!dir.path().join("reindex").exists());
+        store.close().await.unwrap();
+    });
+}
+
 /// An entry past a queue's start damaged to point below the log's start (its record gone
 /// with retention, as far as the entry says): a pull answers the records before it, and
 /// the pull that starts at it fails with `Corrupt` naming it. Before, it was told

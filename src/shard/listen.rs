@@ -188,13 +188,14 @@ impl Drop for OpenConnection {
 pub struct LiveConnections(std::cell::RefCell<std::collections::HashSet<i32>>);
 
 impl LiveConnections {
-    /// Shuts every connection down (both ways; the serving tasks then end and close them).
-    pub fn shut_down_all(&self) {
+    /// Shuts every connection down, `how` being `libc::SHUT_RD` (the readers end, and each
+    /// writer writes the answers queued before it closes) or `libc::SHUT_RDWR`.
+    pub fn shut_down_all(&self, how: i32) {
         for &fd in self.0.borrow().iter() {
             // SAFETY: `fd` is a socket a serving task holds open while it is listed here
             // (listed from its start, unlisted when it returns); shutdown closes nothing.
             unsafe {
-                libc::shutdown(fd, libc::SHUT_RDWR);
+                libc::shutdown(fd, how);
             }
         }
     }

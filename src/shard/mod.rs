@@ -19,19 +19,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
+use glommio::channels::channel_mesh::{Full, MeshBuilder};
 use glommio::LocalExecutorBuilder;
 
 mod checks;
 mod conn;
 mod cpus;
 mod listen;
+mod mesh;
 
 use crate::broker::offsets::OffsetStore;
 use crate::broker::schedule::Schedule;
 pub use crate::broker::topics::TopicChangeFault;
 use crate::broker::topics::TopicTable;
-use crate::broker::{LocalBoxFuture, MeshMsg, Peers, ServiceConfig, ShardCtx};
+use crate::broker::{MeshMsg, ServiceConfig, ShardCtx};
 use crate::log::FlushMode;
 use crate::protocol::delay::DelayRule;
 use crate::protocol::FrameLimits;
@@ -39,6 +40,7 @@ use crate::store::{MessageStore, StoreConfig};
 use checks::{check_durations, check_shard_count, fit_tail_cache, lock_data_dir, max_map_count};
 use conn::{ConnSettings, ReadBudget};
 use listen::{accept_loop, bind, check_ports_free, ConnectionCap, LiveConnections};
+use mesh::{spawn_mesh_receiver, MeshPeers};
 
 /// Capacity of each channel of the shard mesh.
 const MESH_CHANNEL_CAPACITY: usize = 1024;
@@ -686,26 +688,6 @@ impl Broker {
     }
 }
 
-struct MeshPeers {
-    senders: Senders<MeshMsg>,
-    peer_of_shard: Vec<usize>,
-}
-
-impl Peers for MeshPeers {
-    fn send(&self, to: u32, msg: MeshMsg) -> LocalBoxFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            match self.peer_of_shard.get(to as usize) {
-                Some(&peer) => self
-                    .senders
-                    .send_to(peer, msg)
-                    .await
-                    .map_err(|e| format!("shard {to}: {e}")),
-                None => Err(format!("no shard {to}")),
-            }
-        })
-    }
-}
-
 async fn wait_for<T: Clone>(cell: &OnceLock<T>, stop: &AtomicBool) -> Result<T, String> {
     wait_until(stop, Some(Duration::from_secs(60)), || cell.get().cloned()).await
 }
@@ -990,21 +972,15 @@ async fn shard_main(
             .map_err(|e| format!("syncing offsets: {e}"))
     }
     .await;
-    // Last, the connections (their answers written by now), whether or not the store
-    // closed: the peers see them close.
-    live.shut_down_all();
-    let started = Instant::now();
-    while !live.is_empty() && started.elapsed() < Duration::from_millis(CONNS_CLOSE_MS) {
-        crate::io::sleep(Duration::from_millis(5)).await;
+    // Last, the connections, whether or not the store closed, so that their peers see
+    // them close: their reading first (each writer writes what is queued, then closes),
+    // then whatever is left.
+    for how in [libc::SHUT_RD, libc::SHUT_RDWR] {
+        live.shut_down_all(how);
+        let started = Instant::now();
+        while !live.is_empty() && started.elapsed() < Duration::from_millis(CONNS_CLOSE_MS) {
+            crate::io::sleep(Duration::from_millis(5)).await;
+        }
     }
     closed
-}
-
-fn spawn_mesh_receiver(ctx: Rc<ShardCtx>, receivers: Rc<Receivers<MeshMsg>>, peer: usize) {
-    glommio::spawn_local(async move {
-        while let Ok(Some(msg)) = receivers.recv_from(peer).await {
-            ctx.on_mesh(msg);
-        }
-    })
-    .detach();
 }

@@ -169,8 +169,8 @@ impl Written {
 
 struct QueueState {
     cq: ConsumeQueue,
-    /// Recovery only: where the queue ended at the checkpoint, moved on past each entry the
-    /// replay from there writes (the queue is cut there after the replay).
+    /// Recovery only: one past the last entry the replay wrote (the queue is cut there
+    /// after the replay).
     replayed_end: Option<u64>,
 }
 

@@ -11,6 +11,7 @@ use crate::protocol::record::RecordView;
 pub struct StoreRecovery {
     pub log: RecoveryReport,
     pub clean_shutdown: bool,
+    /// Where the replay started: the checkpoint's log offset (0 with a re-index).
     pub checkpoint_offset: u64,
     pub records_dispatched: u64,
     pub queues: usize,
@@ -87,11 +88,6 @@ impl MessageStore {
             KeyIndex::open_after_crash(&keys_dir, cfg.key_index, checkpoint.keys)?
         };
         let keys_last = keys.last_physical_offset();
-        // Where each queue ended at the checkpoint: the replay moves it on for each record
-        // it writes, and the queue is cut there after (entries past it have no record).
-        for q in queues.values_mut() {
-            q.replayed_end = Some(q.cq.end_within_durable(replay_from)?);
-        }
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
         let (log, log_report) = {
@@ -122,16 +118,27 @@ impl MessageStore {
         // cuts and checkpoints look back through.)
         let end = log.write_offset();
         keys.forget_from_physical(end);
+        // Where the replay started to write, for the queues it wrote nothing to: the
+        // checkpoint, or with a re-index the log's start (entries of records retention
+        // deleted keep their queue offsets).
+        let replayed_from = if reindex {
+            log.min_offset()
+        } else {
+            checkpoint_offset
+        };
         for q in queues.values_mut() {
+            // The replay wrote the entry of every record in the log from where it started,
+            // in queue order: entries past the last it wrote, or past where the queue ended
+            // when it started (`end_within_durable`, before any cut: an empty entry judged
+            // by the next one that is not), have no record. Those a power loss kept past
+            // entries it lost are cut with them (the search below counts empty entries as
+            // below the end: before the checkpoint they are damage).
+            let replayed_end = match q.replayed_end.take() {
+                Some(end) => end,
+                None => q.cq.end_within_durable(replayed_from)?,
+            };
             q.cq.truncate_after_log_end(end)?;
-            // The replay wrote the entry of every record in the log from the checkpoint on,
-            // in queue order, from where the queue ended at the checkpoint: entries past
-            // the last it wrote (or past that end) have no record. Those a power loss kept
-            // past entries it lost are cut with them (the search above counts empty
-            // entries as below the end: before the checkpoint they are damage).
-            if let Some(replayed_end) = q.replayed_end.take() {
-                q.cq.truncate_to(replayed_end)?;
-            }
+            q.cq.truncate_to(replayed_end)?;
             q.cq.delete_before_physical(log.min_offset())?;
         }
         if end < checkpoint_offset || reindex {
@@ -169,7 +176,7 @@ impl MessageStore {
         let report = StoreRecovery {
             log: log_report,
             clean_shutdown,
-            checkpoint_offset,
+            checkpoint_offset: replay_from,
             records_dispatched: dispatched,
             queues: queues.len(),
         };

@@ -38,7 +38,8 @@ pub(crate) enum DlqCommand {
     Resend {
         /// Consumer group
         group: String,
-        /// Only this message (its id on the dead-letter topic, or its original id)
+        /// Only this message (its id on the dead-letter topic, or its original id; hex digits
+        /// in either case)
         #[arg(long, value_name = "ID")]
         msg_id: Option<String>,
         /// Start at this offset of the dead-letter queue (resend from where an earlier
@@ -93,9 +94,10 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             let chosen: Vec<&Message> = letters
                 .iter()
                 .filter(|m| {
-                    msg_id
-                        .as_deref()
-                        .is_none_or(|id| m.msg_id().encode() == id || m.origin_msg_id() == Some(id))
+                    msg_id.as_deref().is_none_or(|id| {
+                        let same = |other: &str| same_id(id, other);
+                        same(&m.msg_id().encode()) || m.origin_msg_id().is_some_and(same)
+                    })
                 })
                 .collect();
             if let Some(id) = &msg_id {
@@ -138,6 +140,13 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             Ok(())
         }
     }
+}
+
+/// Whether `--msg-id`'s `id` names `other`: hex digits in either case, as `ringmq message
+/// id` takes them; exactly otherwise (an original id a producer set may be any text).
+fn same_id(id: &str, other: &str) -> bool {
+    let hex = id.bytes().all(|b| b.is_ascii_hexdigit());
+    other == id || (hex && other.eq_ignore_ascii_case(id))
 }
 
 /// Every dead letter of `group` from `from`; and the offset after the last one.
@@ -211,4 +220,17 @@ fn letter_json(m: &Message, hex: bool) -> Value {
     });
     v["body"] = Value::String(body_text(m.body(), hex, false));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_in_hex_match_in_either_case_and_other_text_exactly() {
+        use super::same_id;
+        assert!(same_id("00AB12", "00AB12"));
+        assert!(same_id("00ab12", "00AB12"));
+        assert!(!same_id("00ab13", "00AB12"));
+        assert!(same_id("order-7", "order-7"));
+        assert!(!same_id("order-7", "ORDER-7"));
+    }
 }
