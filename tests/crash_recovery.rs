@@ -499,7 +499,13 @@ fn crashed_copy(
 
 /// Opens the damaged copy: it must start, keep every record before the first damaged one
 /// byte for byte, invent nothing, and have moved the cut bytes to a quarantine file.
-fn expect_cut_and_quarantine(built: &Built, work: &Path, damaged_from: u64, what: &str) {
+/// Returns the quarantine files.
+fn expect_cut_and_quarantine(
+    built: &Built,
+    work: &Path,
+    damaged_from: u64,
+    what: &str,
+) -> Vec<PathBuf> {
     let records = built.records.clone();
     let path = work.to_owned();
     let what = what.to_owned();
@@ -537,6 +543,21 @@ fn expect_cut_and_quarantine(built: &Built, work: &Path, damaged_from: u64, what
         assert!(q.exists(), "{what}: {} is missing", q.display());
         assert!(std::fs::metadata(q).unwrap().len() > 0);
     }
+    quarantined
+}
+
+/// The first record that ends in the last 4 KiB of the segment before `segment`, or later.
+fn first_record_near_the_end_of_the_segment_before(built: &Built, segment: &Path) -> usize {
+    let base: u64 = segment
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (built.records.iter())
+        .position(|r| r.3 + r.4.len() as u64 > base - 4096)
+        .unwrap()
 }
 
 fn segment_of(work: &Path, phys: u64) -> (PathBuf, usize) {
@@ -580,20 +601,7 @@ fn damage_a_crash_leaves_after_the_durable_point_is_cut_and_quarantined_before_i
     // Out-of-order partial writes across segments: the tail of one segment never reached
     // the disk while the next segment did.
     let segs = segments(built.dir.path());
-    let last_base: u64 = segs
-        .last()
-        .unwrap()
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let first_lost = built
-        .records
-        .iter()
-        .position(|r| r.3 + r.4.len() as u64 > last_base - 4096)
-        .unwrap();
+    let first_lost = first_record_near_the_end_of_the_segment_before(&built, segs.last().unwrap());
     let lost_at = built.records[first_lost].3;
     let durable_record = first_lost.saturating_sub(10);
     let (work, _) = crashed_copy(&built, durable_record, |dir| {
@@ -624,6 +632,42 @@ fn damage_a_crash_leaves_after_the_durable_point_is_cut_and_quarantined_before_i
         }
         other => panic!("rot before the durable point must refuse, got {other:?}"),
     }
+}
+
+/// A crash kept a segment's later pages and lost its first block, while the segment before
+/// it lost its tail: the segment is kept whole in quarantine. Before, only its first 4 KiB
+/// were looked at, and the segment was removed as one created but never written.
+#[test]
+fn a_later_segment_whose_first_block_was_lost_goes_to_quarantine_whole() {
+    let built = build_store(1500, tiny_config());
+    let segs = segments(built.dir.path());
+    let later = segs[segs.len() - 2].clone();
+    let first_lost = first_record_near_the_end_of_the_segment_before(&built, &later);
+    let lost_at = built.records[first_lost].3;
+    let (work, _) = crashed_copy(&built, first_lost - 10, |dir| {
+        let (file, at) = segment_of(dir, lost_at);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at..].fill(0);
+        std::fs::write(&file, &bytes).unwrap();
+        let later = dir.join("commitlog").join(later.file_name().unwrap());
+        let mut bytes = std::fs::read(&later).unwrap();
+        bytes[..4096].fill(0);
+        std::fs::write(&later, &bytes).unwrap();
+    });
+    let quarantined = expect_cut_and_quarantine(&built, work.path(), lost_at, "a lost block");
+    let name = format!("{}.0", later.file_name().unwrap().to_str().unwrap());
+    let kept = quarantined
+        .iter()
+        .find(|q| q.file_name().unwrap().to_str() == Some(name.as_str()))
+        .unwrap_or_else(|| panic!("{name} is not among {quarantined:?}"));
+    let want = std::fs::read(&later).unwrap();
+    let got = std::fs::read(kept).unwrap();
+    assert_eq!(got.len(), want.len());
+    assert_eq!(
+        got[4096..],
+        want[4096..],
+        "the segment's data past its lost block"
+    );
 }
 
 /// A cut where an earlier one was (two crashes at the same tail) keeps the earlier cut's
@@ -770,6 +814,50 @@ fn rot_found_by_a_read_names_the_segment_file_and_the_offset_in_it() {
             store.read_physical(phys_b + 1).await,
             Err(StoreError::Log(LogError::NoRecord { .. }))
         ));
+        store.close().await.unwrap();
+    });
+}
+
+/// Retention never deletes past the checkpoint on disk: a recovery after a crash replays
+/// the log from there, and the index entries a power loss took of records retention
+/// deleted meanwhile could never be written again (a hole in their queues, which refuses
+/// the start). A pass that would delete past it writes a checkpoint first; when that
+/// fails, the pass stops at the old checkpoint and says why. Before, retention went on past
+/// a checkpoint that had stopped moving.
+#[test]
+fn retention_holds_at_a_checkpoint_it_cannot_move() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run_local(move || async move {
+        let mut cfg = tiny_config();
+        cfg.log.retention_bytes_max = 256 * 1024;
+        let (store, _) = MessageStore::open(&path, cfg).await.unwrap();
+        // Checkpoints fail from here on: their temporary file cannot be made.
+        let blocker = path.join("checkpoint.tmp");
+        std::fs::create_dir(&blocker).unwrap();
+        for n in 0..600 {
+            store
+                .put(&common::message(11, n, 3, 1500).draft())
+                .await
+                .unwrap();
+        }
+        let on_disk = ringmq::store::Checkpoint::read(&path).unwrap().log_offset;
+        assert!(store.log().write_offset() > on_disk + 512 * 1024);
+        match store.apply_retention(ringmq::log::now_ms()).await {
+            Err(StoreError::RetentionHeld { checkpoint, reason }) => {
+                assert_eq!(checkpoint, on_disk);
+                assert!(reason.contains("checkpoint.tmp"), "{reason}");
+            }
+            other => panic!("retention past the checkpoint: {other:?}"),
+        }
+        assert!(
+            store.log().min_offset() <= on_disk,
+            "deleted past the checkpoint"
+        );
+        std::fs::remove_dir(&blocker).unwrap();
+        let min = store.apply_retention(ringmq::log::now_ms()).await.unwrap();
+        let moved = ringmq::store::Checkpoint::read(&path).unwrap().log_offset;
+        assert!(min > on_disk && moved >= min, "{on_disk} {min} {moved}");
         store.close().await.unwrap();
     });
 }

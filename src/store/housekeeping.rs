@@ -23,6 +23,7 @@ impl MessageStore {
     /// files written since the last checkpoint are fdatasynced off the shard's thread (an
     /// fdatasync writes back what was written through their mappings).
     pub async fn checkpoint(&self) -> Result<u64, StoreError> {
+        let _turn = self.inner.checkpointing.lock().await;
         let durable = self.inner.log.durable_end();
         // Every index entry of a record below `durable` is in a mapping by now (entries are
         // put when records are appended).
@@ -108,6 +109,7 @@ impl MessageStore {
         if let Some(e) = lost {
             return Err(e);
         }
+        self.inner.checkpointed.set(durable);
         Ok(durable)
     }
 
@@ -137,12 +139,35 @@ impl MessageStore {
     /// what expired: nothing happens to the indexes when the log kept all its segments, a
     /// queue whose oldest entry is kept is skipped without reading it, and index files are
     /// removed off the shard's thread.
+    ///
+    /// Nothing at or after the checkpoint on disk is deleted: a recovery after a crash
+    /// replays the log from there, and the index entries of records it cannot read again
+    /// would be a hole in their queues that refuses the start. A pass that would delete
+    /// past it syncs the log to where it would delete and writes a checkpoint first; one
+    /// that fails holds retention back (sends are then refused once free space runs below
+    /// the floor), and is returned.
     pub async fn apply_retention(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let min = (self.inner.log)
-            .apply_retention(now_ms, self.retention_floor())
-            .await;
+        let floor = self.retention_floor();
+        let mut held_by = None;
+        if self.inner.checkpointed.get() < floor {
+            let wanted = self.inner.log.retention_wanted_end(now_ms).await;
+            if wanted > self.inner.checkpointed.get() {
+                // A checkpoint goes as far as the log is durable (async mode: what the
+                // flusher synced): synced to what retention wants first.
+                held_by = match self.inner.log.sync_to(wanted).await {
+                    Ok(()) => self.checkpoint().await.err(),
+                    Err(e) => Some(e.into()),
+                };
+            }
+        }
+        let keep_from = floor.min(self.inner.checkpointed.get());
+        let min = (self.inner.log).apply_retention(now_ms, keep_from).await;
+        let held_by = held_by.map(|e| StoreError::RetentionHeld {
+            checkpoint: self.inner.checkpointed.get(),
+            reason: e.to_string(),
+        });
         if min == self.inner.trimmed_to.get() {
-            return Ok(min);
+            return held_by.map_or(Ok(min), Err);
         }
         let mut doomed = Vec::new();
         let mut failed = None;
@@ -175,7 +200,7 @@ impl MessageStore {
             return Err(e.into());
         }
         self.inner.trimmed_to.set(min);
-        Ok(min)
+        held_by.map_or(Ok(min), Err)
     }
 
     /// Unmaps the consume-queue files not used since the last call (a walk over the queues

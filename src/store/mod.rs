@@ -122,6 +122,12 @@ pub enum StoreError {
     /// or grown): nothing was stored; the same append a moment later goes through.
     #[error("queue {topic}:{queue_id} is being opened; try again")]
     QueueOpening { topic: String, queue_id: u32 },
+    /// Retention stopped at the checkpoint on disk (a recovery after a crash replays the
+    /// log from there): the checkpoint past it that a retention pass wrote first failed.
+    #[error(
+        "retention held at the last checkpoint (log offset {checkpoint}): a checkpoint past it failed: {reason}"
+    )]
+    RetentionHeld { checkpoint: u64, reason: String },
 }
 
 /// Where a stored message went.
@@ -194,6 +200,12 @@ struct Inner {
     /// Retention never deletes the segment holding any of these log offsets (one per
     /// [`Holder`]) or later ones.
     retention_floors: [std::cell::Cell<u64>; Holder::COUNT],
+    /// The log offset of the checkpoint on disk: a recovery after a crash replays the log
+    /// from there, so retention keeps its segment and every later one.
+    checkpointed: std::cell::Cell<u64>,
+    /// Held by a checkpoint while it runs: one at a time, so that the checkpoint on disk
+    /// and `checkpointed` only move forward, together.
+    checkpointing: tokio::sync::Mutex<()>,
     /// The log minimum the indexes were last trimmed to.
     trimmed_to: std::cell::Cell<u64>,
     /// The log's cut count the indexes agree with.

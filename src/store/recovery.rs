@@ -141,6 +141,7 @@ impl MessageStore {
             q.cq.truncate_to(replayed_end)?;
             q.cq.delete_before_physical(log.min_offset())?;
         }
+        let mut checkpointed = checkpoint_offset;
         if end < checkpoint_offset || reindex {
             // The indexes cut back to that end are synced and the checkpoint moved down to
             // it before anything is appended: else a power loss would bring back, with the
@@ -158,6 +159,7 @@ impl MessageStore {
                 keys: keys.entries_below(durable),
             };
             checkpoint.write(dir)?;
+            checkpointed = durable;
             if reindex {
                 std::fs::remove_file(&reindex_path)
                     .map_err(|e| io_err("remove", &reindex_path, e))?;
@@ -193,6 +195,8 @@ impl MessageStore {
                 keys: RefCell::new(keys),
                 stopped: std::cell::Cell::new(false),
                 retention_floors: std::array::from_fn(|_| std::cell::Cell::new(u64::MAX)),
+                checkpointed: std::cell::Cell::new(checkpointed),
+                checkpointing: tokio::sync::Mutex::new(()),
                 trimmed_to: std::cell::Cell::new(trimmed_to),
                 seen_epoch: std::cell::Cell::new(0),
                 space_low: RefCell::new(None),

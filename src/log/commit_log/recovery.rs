@@ -95,8 +95,10 @@ pub(super) async fn recover(
                 // go to quarantine with the rest of the cut.
                 for &later in &bases[idx + 1..] {
                     let lf = opened(segments, later)?;
-                    let head = lf.read_at(0, IO_ALIGN).await?;
-                    if head.iter().any(|&b| b != 0) {
+                    // The whole file, not its first block: a crash can lose a segment's
+                    // first pages and keep later ones.
+                    let size = lf.size().await?;
+                    if holds_data(&lf, size).await? {
                         if end < cfg.known_durable {
                             return Err(LogError::Corrupt {
                                 path,
@@ -108,7 +110,6 @@ pub(super) async fn recover(
                                 ),
                             });
                         }
-                        let size = lf.size().await?;
                         let kept = quarantine(&lf, 0, size).await?;
                         report.truncated_bytes += size;
                         report.quarantined.extend(kept);
@@ -168,6 +169,23 @@ pub(super) async fn recover(
         });
     }
     Ok((end, tail.to_vec(), last_base))
+}
+
+/// Whether any byte of `file` below `size` is not zero (reading stops at the first).
+async fn holds_data(file: &LogFile, size: u64) -> Result<bool, LogError> {
+    let mut pos = 0;
+    while pos < size {
+        let len = ((size - pos) as usize).min(1 << 20);
+        let buf = file.read_at(pos, len).await?;
+        if buf.is_empty() {
+            break;
+        }
+        if buf.iter().any(|&b| b != 0) {
+            return Ok(true);
+        }
+        pos += buf.len() as u64;
+    }
+    Ok(false)
 }
 
 pub(super) async fn tail_nonzero_bytes(
