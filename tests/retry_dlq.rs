@@ -627,6 +627,22 @@ fn dlq_commands_read_on_past_dead_letters_that_retention_took() {
     assert!(listed.len() as u64 >= sent - min, "{} listed", listed.len());
     let last = listed.last().unwrap();
     assert_eq!(last["offset"], sent - 1, "{last}");
+    // At most --limit, and where to go on from.
+    let first: serde_json::Value = serde_json::from_str(&ringmq(
+        &addr,
+        &["--json", "dlq", "list", "g-old", "--limit", "5"],
+    ))
+    .unwrap();
+    let five = first["messages"].as_array().unwrap();
+    assert_eq!(five.len(), 5, "{first}");
+    assert_eq!(five[0]["offset"], listed[0]["offset"]);
+    assert_eq!(first["next_offset"], listed[5]["offset"], "{first}");
+    let text = ringmq(&addr, &["dlq", "list", "g-old", "--limit", "5"]);
+    let more = format!(
+        "first 5 listed; more: --from-offset {}",
+        listed[5]["offset"]
+    );
+    assert!(text.contains(&more), "{text}");
     let resent = ringmq(&addr, &["dlq", "resend", "g-old"]);
     let want = format!("resent; next: --from-offset {sent}");
     assert!(resent.contains(&want), "{resent}");

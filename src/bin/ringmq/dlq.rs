@@ -31,10 +31,15 @@ pub(crate) enum DlqCommand {
         /// Show bodies as hex instead of UTF-8 text
         #[arg(long)]
         hex: bool,
+        /// List at most this many (the output then says the offset to continue from)
+        #[arg(long, value_name = "N", default_value_t = 1000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        limit: u64,
     },
     /// Send dead letters back to the topic they came from (body, tags, keys, flag and user
-    /// properties as they were; ORIGIN_MESSAGE_ID kept). Prints one line per message and
-    /// the offset to continue from; the dead letters stay where they are
+    /// properties as they were; ORIGIN_MESSAGE_ID kept), a pull of 32 at a time. Prints one
+    /// line per message and the offset to continue from; the dead letters stay where they
+    /// are
     Resend {
         /// Consumer group
         group: String,
@@ -55,12 +60,29 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             group,
             from_offset,
             hex,
+            limit,
         } => {
             let client = ctx.client().await?;
-            let (letters, _) = read_all(ctx, &client, &group, from_offset).await?;
+            let mut reader = Letters::new(ctx, &client, &group, from_offset);
+            let mut letters = Vec::new();
+            // Where a later list goes on, when the limit stopped this one.
+            let mut more = None;
+            while let Some(batch) = reader.next().await? {
+                for m in batch {
+                    if letters.len() as u64 == limit {
+                        more = Some(m.queue_offset());
+                        break;
+                    }
+                    letters.push(m);
+                }
+                if more.is_some() {
+                    break;
+                }
+            }
             if ctx.json {
                 let list: Vec<Value> = letters.iter().map(|m| letter_json(m, hex)).collect();
-                emit_json(&json!({ "group": group, "messages": list }));
+                let next = more.unwrap_or(reader.offset);
+                emit_json(&json!({ "group": group, "messages": list, "next_offset": next }));
             } else if letters.is_empty() {
                 emit(&format!("group {group} has no dead letters"));
             } else {
@@ -79,6 +101,9 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
                     .collect();
                 let headers = ["offset", "msg_id", "topic", "reconsumed", "stored", "body"];
                 emit(&table(&headers, &rows));
+                if let Some(next) = more {
+                    emit(&format!("first {limit} listed; more: --from-offset {next}"));
+                }
             }
             Ok(())
         }
@@ -90,52 +115,52 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             let producer = Producer::connect(ctx.config())
                 .await
                 .map_err(|e| ctx.fail(e))?;
-            let (letters, next) = read_all(ctx, producer.client(), &group, from_offset).await?;
-            let chosen: Vec<&Message> = letters
-                .iter()
-                .filter(|m| {
+            // Read and resent a pull at a time: only the JSON output's lines are kept.
+            let mut reader = Letters::new(ctx, producer.client(), &group, from_offset);
+            let (mut count, mut resent) = (0u64, Vec::new());
+            while let Some(batch) = reader.next().await? {
+                let chosen = batch.iter().filter(|m| {
                     msg_id.as_deref().is_none_or(|id| {
                         let same = |other: &str| same_id(id, other);
                         same(&m.msg_id().encode()) || m.origin_msg_id().is_some_and(same)
                     })
-                })
-                .collect();
+                });
+                for m in chosen {
+                    let topic = m.origin_topic().to_owned();
+                    let sent = producer
+                        .send(&topic, original(m))
+                        .await
+                        .map_err(|e| ctx.fail(e))?;
+                    count += 1;
+                    if ctx.json {
+                        resent.push(json!({
+                            "dlq_offset": m.queue_offset(),
+                            "dlq_msg_id": m.msg_id().encode(),
+                            "topic": topic,
+                            "msg_id": sent.msg_id,
+                        }));
+                    } else {
+                        emit(&format!(
+                            "resent {} (dlq offset {}) to {topic} as {}",
+                            m.msg_id().encode(),
+                            m.queue_offset(),
+                            sent.msg_id
+                        ));
+                    }
+                }
+            }
             if let Some(id) = &msg_id {
-                if chosen.is_empty() {
+                if count == 0 {
                     return Err(crate::Failure::Failed(format!(
                         "no dead letter of group {group} has id {id}"
                     )));
                 }
             }
-            let mut resent = Vec::new();
-            for m in chosen {
-                let topic = m.origin_topic().to_owned();
-                let sent = producer
-                    .send(&topic, original(m))
-                    .await
-                    .map_err(|e| ctx.fail(e))?;
-                resent.push(json!({
-                    "dlq_offset": m.queue_offset(),
-                    "dlq_msg_id": m.msg_id().encode(),
-                    "topic": topic,
-                    "msg_id": sent.msg_id,
-                }));
-                if !ctx.json {
-                    emit(&format!(
-                        "resent {} (dlq offset {}) to {topic} as {}",
-                        m.msg_id().encode(),
-                        m.queue_offset(),
-                        sent.msg_id
-                    ));
-                }
-            }
+            let next = reader.offset;
             if ctx.json {
                 emit_json(&json!({ "group": group, "resent": resent, "next_offset": next }));
             } else {
-                emit(&format!(
-                    "{} resent; next: --from-offset {next}",
-                    resent.len()
-                ));
+                emit(&format!("{count} resent; next: --from-offset {next}"));
             }
             Ok(())
         }
@@ -149,22 +174,40 @@ fn same_id(id: &str, other: &str) -> bool {
     other == id || (hex && other.eq_ignore_ascii_case(id))
 }
 
-/// Every dead letter of `group` from `from`; and the offset after the last one.
-async fn read_all(
-    ctx: &Ctx,
-    client: &Client,
-    group: &str,
-    from: u64,
-) -> CmdResult<(Vec<Message>, u64)> {
-    let topic = dlq_topic(group);
-    let mut out = Vec::new();
-    let mut offset = from;
-    loop {
-        let pulled = match client
+/// A group's dead letters read a pull at a time (never all held at once: a dead-letter
+/// queue may hold millions).
+struct Letters<'a> {
+    ctx: &'a Ctx,
+    client: &'a Client,
+    topic: String,
+    /// Where the next pull starts; after the last batch, the offset after the last one.
+    offset: u64,
+    done: bool,
+}
+
+impl<'a> Letters<'a> {
+    fn new(ctx: &'a Ctx, client: &'a Client, group: &str, from: u64) -> Letters<'a> {
+        Letters {
+            ctx,
+            client,
+            topic: dlq_topic(group),
+            offset: from,
+            done: false,
+        }
+    }
+
+    /// The next pull's dead letters (perhaps none, where retention took some); `None` past
+    /// the last one.
+    async fn next(&mut self) -> CmdResult<Option<Vec<Message>>> {
+        if self.done {
+            return Ok(None);
+        }
+        let pulled = match self
+            .client
             .pull(
-                &topic,
+                &self.topic,
                 0,
-                offset,
+                self.offset,
                 PULL_BATCH,
                 std::time::Duration::ZERO,
                 &[],
@@ -173,22 +216,23 @@ async fn read_all(
         {
             Ok(p) => p,
             // No dead letters yet: the topic is created with the first one.
-            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => return Ok((out, offset)),
-            Err(e) => return Err(ctx.fail(e)),
+            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => {
+                self.done = true;
+                return Ok(None);
+            }
+            Err(e) => return Err(self.ctx.fail(e)),
         };
-        let (status, next) = (pulled.status, pulled.next_offset);
-        out.extend(pulled.messages);
         // Below the queue's first kept offset (retention took the oldest dead letters), the
         // pull answers where it starts: read on from there, as `consume` does.
-        match step(status, offset, next) {
-            Step::Continue(next) => offset = next,
+        match step(pulled.status, self.offset, pulled.next_offset) {
+            Step::Continue(next) => self.offset = next,
             Step::Drained => {
-                offset = next;
-                break;
+                self.offset = pulled.next_offset;
+                self.done = true;
             }
         }
+        Ok(Some(pulled.messages))
     }
-    Ok((out, offset))
 }
 
 /// The message as it was first sent, from its dead-letter copy.
