@@ -1,5 +1,6 @@
 //! Pulls against the real broker binary at the edges of their waits: a long poll that
-//! reaches a shard that does not own its queue is passed on in two steps.
+//! reaches a shard that does not own its queue is passed on in two steps; a long poll is
+//! answered once a message is readable.
 
 mod common;
 
@@ -65,4 +66,52 @@ fn a_forwarded_long_poll_answers_when_a_message_lands() {
         started.elapsed() < Duration::from_secs(10),
         "answered when the message landed, not at the deadline"
     );
+}
+
+/// A long poll is answered once a message is readable, not once it is durable: a send
+/// that asks for durability in async mode waits for the flusher (here 60 s), its queue's
+/// polls do not. Before, they were woken with the send's answer, after the fdatasync.
+#[test]
+fn a_long_poll_is_answered_when_the_message_is_readable_not_when_it_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &["--flush", "async", "--flush-interval-ms", "60000"],
+    );
+    let addr = broker.addr_string();
+    let create = ringmq::protocol::CreateTopic {
+        topic: "soon".into(),
+        queue_count: 1,
+    };
+    let created = common::raw::call(&addr, create.into());
+    assert!(matches!(created, Response::Empty(_)), "{created:?}");
+    let mut poller = TcpStream::connect(&addr).unwrap();
+    let mut pull = Pull::new("soon", 0, 0);
+    pull.max_wait_ms = 30_000;
+    common::raw::write(&mut poller, 7, pull.into());
+    // Answered after the poll was taken in (a connection's requests are taken in order).
+    let beat = Heartbeat {
+        client_id: "soon".into(),
+    };
+    let beat = common::raw::answer_on(&mut poller, beat.into());
+    assert!(matches!(beat, Some(Response::Empty(_))), "{beat:?}");
+    let mut sender = TcpStream::connect(&addr).unwrap();
+    let mut send = common::raw::send_to("soon", 0, "readable");
+    send.wait_durable = true;
+    let sent_at = Instant::now();
+    common::raw::write(&mut sender, 1, send.into());
+    let (id, answer) = common::raw::read_answers(&mut poller, 1).pop().unwrap();
+    let waited = sent_at.elapsed();
+    assert_eq!(id, 7);
+    let Response::Pull(p) = answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!((p.meta().status, p.meta().count), (PullStatus::Found, 1));
+    assert!(
+        waited < Duration::from_secs(5),
+        "answered after {waited:?}: when the flusher made it durable"
+    );
+    // The send's own answer waits for the flusher: not waited for here.
+    drop(sender);
 }

@@ -165,6 +165,18 @@ pub enum MeshMsg {
     },
 }
 
+/// A mesh call's place among the calls waiting for answers: given up when dropped.
+struct PendingCall {
+    ctx: Rc<ShardCtx>,
+    corr: u64,
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        self.ctx.pending.borrow_mut().remove(&self.corr);
+    }
+}
+
 /// How a shard reaches the others (implemented by the shard runtime over bounded channels).
 pub trait Peers {
     /// Sends a message to shard `to`; waits while its channel is full; fails if the
@@ -220,33 +232,41 @@ impl ShardCtx {
         self.next_corr.set(corr + 1);
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(corr, tx);
+        // Its entry goes however the call ends: answered, timed out, or dropped (a caller
+        // that gave up, say on its connection's close, even before the request left).
+        let pending = PendingCall {
+            ctx: self.clone(),
+            corr,
+        };
         let msg = MeshMsg::Request {
             from: self.id,
             corr,
             body,
         };
         if self.outbox(to).send(msg).await.is_err() {
-            self.pending.borrow_mut().remove(&corr);
             return Err(err(
                 ErrorCode::ShardUnavailable,
                 format!("shard {to} is not reachable"),
             ));
         }
-        let ctx = self.clone();
         Ok(async move {
+            let _pending = pending;
             let timeout = crate::io::sleep(Duration::from_millis(timeout_ms));
             let answer = futures_lite::future::or(async { rx.await.ok() }, async {
                 timeout.await;
                 None
             })
             .await;
-            ctx.pending.borrow_mut().remove(&corr);
             match answer {
                 Some(MeshReply::Failed(code, message)) => Err(err(code, message)),
                 Some(reply) => Ok(reply),
+                // The request left: it may yet be carried out there (a send stored).
                 None => Err(err(
-                    ErrorCode::ShardUnavailable,
-                    format!("shard {to} did not answer"),
+                    ErrorCode::Timeout,
+                    format!(
+                        "shard {to} did not answer within {timeout_ms} ms; what was asked may \
+                         still be done there"
+                    ),
                 )),
             }
         })

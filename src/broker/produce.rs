@@ -628,12 +628,16 @@ impl ShardCtx {
 
     /// Waits until the appended `puts` are acknowledged as the flush mode (or
     /// `wait_durable`) asks, and counts them stored: the last of them, or the error answer.
+    /// The long polls of `queues` are woken once the records are readable: before any wait
+    /// for the disk, which in async mode can take the flush interval (or never end, on a
+    /// failed fdatasync).
     async fn acknowledged(
         &self,
         request_id: u64,
         topic: &str,
         puts: &[PutResult],
         wait_durable: bool,
+        queues: &[u32],
     ) -> Result<PutResult, Vec<u8>> {
         let Some(&last) = puts.last() else {
             return Err(error_frame(
@@ -642,11 +646,15 @@ impl ShardCtx {
             ));
         };
         let appended_at = std::time::Instant::now();
-        let acked = if wait_durable {
-            self.store.durable(last.written()).await
-        } else {
-            self.store.acked(last.written()).await
-        };
+        let mut acked = self.store.acked(last.written()).await;
+        if acked.is_ok() {
+            for &q in queues {
+                self.wake_pollers(topic, q);
+            }
+            if wait_durable {
+                acked = self.store.durable(last.written()).await;
+            }
+        }
         if let Err(e) = acked {
             let e = store_error(e);
             self.count_error(&e);
@@ -677,13 +685,12 @@ impl ShardCtx {
         half: bool,
     ) -> Vec<u8> {
         let last = match self
-            .acknowledged(request_id, topic, &puts, wait_durable)
+            .acknowledged(request_id, topic, &puts, wait_durable, &[queue_id])
             .await
         {
             Ok(last) => last,
             Err(answer) => return answer,
         };
-        self.wake_pollers(topic, queue_id);
         if batch {
             let r = SendBatchResult {
                 queue_id,

@@ -91,12 +91,14 @@ impl ShardCtx {
         }
         self.known_queue(&draft.topic, draft.queue_id)?;
         let put = self.put_draft(&draft.draft())?;
+        // Readable first: its queue's long polls are woken before the wait for the disk.
+        self.store.acked(put.written()).await.map_err(store_error)?;
+        self.wake_pollers(&draft.topic, draft.queue_id);
         let durable = match wait {
             PutWait::SyncNow => self.store.made_durable(put.written()).await,
             PutWait::NextFlush => self.store.durable(put.written()).await,
         };
         durable.map_err(store_error)?;
-        self.wake_pollers(&draft.topic, draft.queue_id);
         Ok(PutDone {
             msg_id: self.msg_id(put.physical_offset),
             queue_offset: put.queue_offset,

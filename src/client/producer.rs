@@ -582,13 +582,17 @@ impl ProducerInner {
             let queue_id = choose(request, queue_count, attempt);
             let outcome = match self.client.call(route(topic, queue_id), &*request).await {
                 Ok(reply) => reply.response().and_then(&answer),
-                Err(e) => {
-                    if matches!(e, ClientError::Timeout { .. } | ClientError::Connection(_)) {
-                        maybe_stored.get_or_insert_with(|| e.clone());
-                    }
-                    Err(e)
-                }
+                Err(e) => Err(e),
             };
+            if let Err(e) = &outcome {
+                // No answer, the connection broke with it in flight, or the broker's own
+                // call to the queue's shard timed out (`Timeout`): it may be stored.
+                if matches!(e, ClientError::Timeout { .. } | ClientError::Connection(_))
+                    || e.code() == Some(ErrorCode::Timeout)
+                {
+                    maybe_stored.get_or_insert_with(|| e.clone());
+                }
+            }
             match outcome {
                 Ok(result) => {
                     if queue_count.is_none() {

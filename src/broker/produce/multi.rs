@@ -203,17 +203,14 @@ impl ShardCtx {
         puts: Vec<PutResult>,
         wait_durable: bool,
     ) -> Vec<u8> {
-        if let Err(answer) = self
-            .acknowledged(request_id, topic, &puts, wait_durable)
-            .await
-        {
-            return answer;
-        }
         // Each queue's long polls, once.
         queue_ids.sort_unstable();
         queue_ids.dedup();
-        for q in queue_ids {
-            self.wake_pollers(topic, q);
+        if let Err(answer) = self
+            .acknowledged(request_id, topic, &puts, wait_durable, &queue_ids)
+            .await
+        {
+            return answer;
         }
         let r = SendMultiResult {
             broker_id: self.cfg.broker_id,
