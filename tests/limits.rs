@@ -114,6 +114,17 @@ fn groups_past_the_cap_are_refused_and_a_deleted_group_frees_its_place() {
         client.group_heartbeat(&names[1], &member).await.unwrap();
         let (c, m) = code(client.group_heartbeat(&names[2], &member).await);
         assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        // Refused, a member subscribed to its group's retry topic leaves no such topic
+        // behind (each is kept, and counts against --topics-max).
+        let retry = format!("%RETRY%{}", names[2]);
+        let with_retry = MemberSpec {
+            subscriptions: vec![("t".into(), "*".into()), (retry.clone(), "*".into())],
+            ..MemberSpec::default()
+        };
+        let (c, m) = code(client.group_heartbeat(&names[2], &with_retry).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        let topics = client.list_topics().await.unwrap();
+        assert!(!topics.contains(&retry), "{topics:?}");
         // A group with live members cannot be deleted.
         let (c, m) = code(client.delete_group(&names[0]).await);
         assert_eq!(c, ErrorCode::Conflict, "{m}");
@@ -121,7 +132,12 @@ fn groups_past_the_cap_are_refused_and_a_deleted_group_frees_its_place() {
         client.delete_group(&names[0]).await.unwrap();
         assert_eq!(client.query_offset(&names[0], "t", 0).await.unwrap(), None);
         client.commit_offset(&names[2], "t", 0, 0).await.unwrap();
-        client.group_heartbeat(&names[2], &member).await.unwrap();
+        client
+            .group_heartbeat(&names[2], &with_retry)
+            .await
+            .unwrap();
+        let topics = client.list_topics().await.unwrap();
+        assert!(topics.contains(&retry), "admitted, it has one: {topics:?}");
     });
     assert!(broker.stop());
     broker.restart();

@@ -289,7 +289,7 @@ impl Ended {
 }
 
 /// The error of a request whose connection closed while it was handled.
-fn connection_closed() -> ErrorBody {
+pub(super) fn connection_closed() -> ErrorBody {
     err(ErrorCode::ShardUnavailable, "the connection closed")
 }
 
@@ -439,8 +439,14 @@ impl AnswerBudgets {
     /// Reserves `bytes` for an answer to connection `conn`: from its budget when it is a
     /// connection of this shard (a forwarded request's connection is on another shard,
     /// which accounts for it there), and from the shard's. Waits while either is spent;
-    /// fails if the connection closed meanwhile.
-    pub async fn reserve(&self, conn: u64, bytes: usize) -> Result<AnswerHold, ErrorBody> {
+    /// fails once the connection closes (`ours`: as [`closed`](Self::closed) tells it), so
+    /// that a closed connection's requests give up their place in the shard's line.
+    pub async fn reserve(
+        &self,
+        conn: u64,
+        ours: bool,
+        bytes: usize,
+    ) -> Result<AnswerHold, ErrorBody> {
         let conn_budget = self.conns.borrow().get(&conn).map(|c| c.budget.clone());
         let gone = |_| connection_closed();
         let conn_permit = match conn_budget {
@@ -450,14 +456,18 @@ impl AnswerBudgets {
                     .await
                     .map_err(gone)?,
             ),
+            None if ours => return Err(connection_closed()),
             None => None,
         };
-        let shard_permit = self
+        let shard = self
             .shard
             .clone()
-            .acquire_many_owned(units(bytes).min(self.shard_units))
-            .await
-            .map_err(gone)?;
+            .acquire_many_owned(units(bytes).min(self.shard_units));
+        let closed = self.closed(conn, ours);
+        let shard_permit = futures_lite::future::or(async { shard.await.map_err(gone) }, async {
+            Err(closed.await)
+        })
+        .await?;
         Ok(AnswerHold {
             conn: conn_permit,
             shard: shard_permit,
@@ -526,10 +536,10 @@ mod tests {
         rt.block_on(async {
             let budgets = AnswerBudgets::new(1 << 20);
             budgets.open(7);
-            let first = budgets.reserve(7, 20 << 20).await.unwrap();
+            let first = budgets.reserve(7, true, 20 << 20).await.unwrap();
             assert_eq!(budgets.conn_reserved_bytes(7), 20 << 20);
             // 20 + 20 MiB is over the 32 MiB of a connection: the second waits.
-            let second = budgets.reserve(7, 20 << 20);
+            let second = budgets.reserve(7, true, 20 << 20);
             let mut second = std::pin::pin!(second);
             assert!(futures_lite::future::poll_once(second.as_mut())
                 .await
@@ -538,7 +548,7 @@ mod tests {
             let second = second.await.unwrap();
             assert_eq!(budgets.shard_reserved_bytes(), 20 << 20);
             // A closed connection's waiting reservations fail.
-            let third = budgets.reserve(7, 20 << 20);
+            let third = budgets.reserve(7, true, 20 << 20);
             let mut third = std::pin::pin!(third);
             assert!(futures_lite::future::poll_once(third.as_mut())
                 .await
@@ -549,14 +559,57 @@ mod tests {
             assert_eq!(budgets.shard_reserved_bytes(), 0);
             budgets.open(7);
             // A reservation for the largest answer shrinks to the real one.
-            let mut big = budgets.reserve(7, 8 << 20).await.unwrap();
+            let mut big = budgets.reserve(7, true, 8 << 20).await.unwrap();
             big.shrink_to(3000);
             assert_eq!(budgets.conn_reserved_bytes(7), 3072);
             drop(big);
             // A connection of another shard uses the shard budget only.
-            let other = budgets.reserve(99, 1000).await.unwrap();
+            let other = budgets.reserve(99, false, 1000).await.unwrap();
             assert_eq!(budgets.shard_reserved_bytes(), 1024);
             drop(other);
+        });
+    }
+
+    /// A reservation waiting for the shard's budget (its connection's has room) fails once
+    /// its connection closes, giving up its place in the shard's line. Before, it waited
+    /// on, to read records for nobody.
+    #[test]
+    fn a_reservation_waiting_for_the_shard_fails_once_its_connection_closes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let budgets = AnswerBudgets::new(1 << 20);
+            let mut taken = Vec::new();
+            for conn in 1..=8 {
+                budgets.open(conn);
+                taken.push(budgets.reserve(conn, true, 32 << 20).await.unwrap());
+            }
+            assert_eq!(budgets.shard_reserved_bytes(), 256 << 20);
+            budgets.open(9);
+            let ours = budgets.reserve(9, true, 1 << 20);
+            let mut ours = std::pin::pin!(ours);
+            assert!(futures_lite::future::poll_once(ours.as_mut())
+                .await
+                .is_none());
+            budgets.close(9);
+            let ended = futures_lite::future::poll_once(ours.as_mut()).await;
+            assert!(matches!(ended, Some(Err(_))), "still waiting");
+            // Already closed: refused at once.
+            assert!(budgets.reserve(9, true, 1000).await.is_err());
+            // Another shard's connection, once its shard says it closed.
+            let _handled = budgets.forwarded(99);
+            let theirs = budgets.reserve(99, false, 1000);
+            let mut theirs = std::pin::pin!(theirs);
+            assert!(futures_lite::future::poll_once(theirs.as_mut())
+                .await
+                .is_none());
+            budgets.close_forwarded(99);
+            let ended = futures_lite::future::poll_once(theirs.as_mut()).await;
+            assert!(matches!(ended, Some(Err(_))), "still waiting");
+            drop(taken);
+            assert_eq!(budgets.shard_reserved_bytes(), 0);
         });
     }
 
@@ -618,7 +671,7 @@ mod tests {
         futures_lite::future::block_on(async {
             let budgets = AnswerBudgets::new(1 << 20);
             budgets.open(7);
-            let mut hold = budgets.reserve(7, 1 << 20).await.unwrap();
+            let mut hold = budgets.reserve(7, true, 1 << 20).await.unwrap();
             assert!(budgets.try_grow(&mut hold, 7, 10 << 20));
             assert_eq!(budgets.conn_reserved_bytes(7), 11 << 20);
             assert_eq!(budgets.shard_reserved_bytes(), 11 << 20);

@@ -1,5 +1,5 @@
 //! The consume path: pulls with long polling (answered at once when records or a definite
-//! status are there, else held until a send to the queue is acknowledged or the wait runs
+//! status are there, else held until a send to the queue is readable or the wait runs
 //! out), queue bounds and the offset of a time. Pull answers are the frame head followed by
 //! the stored record bytes as the store read them.
 
@@ -162,6 +162,12 @@ impl ShardCtx {
         } else {
             Some(self.sql_filter(&p.sql)?)
         };
+        // Its text (up to 4 KiB) is not held while the poll waits: the parsed filter,
+        // shared through the shard's cache, is what is used.
+        let p = Pull {
+            sql: String::new(),
+            ..p
+        };
 
         let started = Instant::now();
         let wait_ms = match poll {
@@ -232,7 +238,10 @@ impl ShardCtx {
                 Ok(plan) if !plan.is_empty() => {
                     // Room for the answer first: a client that does not read its answers
                     // holds its pulls here, not their records in memory.
-                    let mut hold = self.answers.reserve(conn, plan.bytes()).await?;
+                    let mut hold = self
+                        .answers
+                        .reserve(conn, self.conn_is_ours(conn), plan.bytes())
+                        .await?;
                     let fetched = self.store.fetch(plan).await;
                     // Deleted, or deleted and created again, while the answer's room or
                     // the records were waited for: what was read is the old topic's.

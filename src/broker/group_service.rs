@@ -1,6 +1,11 @@
 //! Consumer groups on the broker: membership on the group's coordinator shard, assignment
 //! pushed to members at once on every change, queue locks kept by the owning shards and
-//! released at once when a member leaves, offset resets and consumer progress.
+//! released at once when a member leaves, offset resets and consumer progress. Here
+//! membership and assignment; `locks` (queue locks split by owning shard) and `reset`
+//! (offset resets, group deletion, consumer progress).
+
+mod locks;
+mod reset;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
@@ -22,6 +27,16 @@ pub const CONN_SHARD_SHIFT: u32 = 48;
 
 /// Most consumer groups whose members one connection carries.
 pub const GROUPS_PER_CONNECTION_MAX: usize = 64;
+
+/// Most queue locks (entries of a group's queue, held, given up or lapsed) a shard keeps:
+/// about 100 MiB. Past it, a request that would add entries is refused (`LimitReached`);
+/// renewals of locks held are not.
+pub const LOCKS_PER_SHARD_MAX: usize = 1 << 20;
+
+/// Closed connections a coordinator remembers (the latest), for heartbeats that waited for
+/// their group's retry topic while their connection closed: far more than can close during
+/// one topic creation.
+pub const CLOSED_CONNS_KEPT: usize = 4096;
 
 /// The wall clock's milliseconds: offsets epochs, which must pass those of earlier broker
 /// runs.
@@ -67,6 +82,20 @@ pub struct GroupExtra {
     pub offsets_epoch: u64,
     /// The latest epoch handed to a reset (published when it ends).
     pub reserved_epoch: u64,
+    /// A clustering group's assignment as last computed, for every heartbeat and query
+    /// until it changes.
+    assigned: std::cell::RefCell<Option<Assigned>>,
+}
+
+/// A group's whole assignment (topic -> member -> queues), kept while the group's
+/// generation and the queue counts it was computed from hold: each heartbeat and
+/// assignment query asks for it, and computing it anew each time cost the whole group's
+/// allocation (with consistent hashing, a ring of members × virtual nodes per topic) for
+/// one member's part. About the size of the members' subscriptions it was made from.
+struct Assigned {
+    generation: u64,
+    counts: BTreeMap<String, u32>,
+    all: BTreeMap<String, BTreeMap<String, Vec<u32>>>,
 }
 
 impl GroupExtra {
@@ -110,23 +139,48 @@ impl ShardCtx {
                 format!("group {group} has no members"),
             ));
         };
-        if state.member(client_id).is_none() {
+        let Some(member) = state.member(client_id) else {
             return Err(err(
                 ErrorCode::GroupNotFound,
                 format!("{client_id} is not a member of group {group}"),
             ));
-        }
-        let counts = self.queue_counts(state.topics());
-        let all = state.assign(&counts);
-        let topics = all
-            .into_iter()
-            .filter_map(|(topic, members)| {
-                members.get(client_id).map(|queues| TopicAssignment {
-                    topic,
-                    queues: queues.clone(),
+        };
+        let topics = if state.model() == MessageModel::Broadcasting {
+            // Every queue of each topic it subscribes to: no other member's list is made.
+            let counts = self.queue_counts(member.subscriptions.iter().map(|s| s.topic.clone()));
+            (member.subscriptions.iter())
+                .map(|s| s.topic.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .map(|topic| {
+                    let count = counts.get(&topic).copied().unwrap_or(0);
+                    let queues = (0..count.min(QUEUES_PER_TOPIC_MAX)).collect();
+                    TopicAssignment { topic, queues }
                 })
-            })
-            .collect();
+                .collect()
+        } else {
+            let counts = self.queue_counts(state.topics());
+            let mut assigned = extra.assigned.borrow_mut();
+            let fresh = (assigned.as_ref())
+                .is_some_and(|a| a.generation == state.generation() && a.counts == counts);
+            if !fresh {
+                let all = state.assign(&counts);
+                *assigned = Some(Assigned {
+                    generation: state.generation(),
+                    counts,
+                    all,
+                });
+            }
+            (assigned.iter())
+                .flat_map(|a| &a.all)
+                .filter_map(|(topic, members)| {
+                    members.get(client_id).map(|queues| TopicAssignment {
+                        topic: topic.clone(),
+                        queues: queues.clone(),
+                    })
+                })
+                .collect()
+        };
         Ok(Assignment {
             generation: state.generation(),
             offsets_epoch: extra.offsets_epoch,
@@ -259,6 +313,15 @@ impl ShardCtx {
     }
 
     pub(super) async fn on_connection_closed(self: &Rc<Self>, group: &str, conn: u64) {
+        {
+            let mut closed = self.closed_conns.borrow_mut();
+            if !closed.contains(&conn) {
+                if closed.len() == CLOSED_CONNS_KEPT {
+                    closed.pop_front();
+                }
+                closed.push_back(conn);
+            }
+        }
         self.producer_connection_closed(group, conn);
         let left = match self.groups.borrow_mut().get_mut(group) {
             Some((s, _)) => s.connection_closed(conn),
@@ -364,49 +427,33 @@ impl ShardCtx {
                     .map_err(|e| err(ErrorCode::BadFilterExpression, e))?;
             }
             // Members subscribe to their group's retry topic; it exists from the first
-            // heartbeat on, so the rebalance gives its queue to a member at once.
+            // heartbeat on, so the rebalance gives its queue to a member at once. Made only
+            // for a heartbeat that would be admitted: a refused one leaves no topic behind
+            // (each is kept, and counts against --topics-max).
             let retry = crate::protocol::names::retry_topic(&h.group);
-            if member.subscriptions.iter().any(|s| s.topic == retry) {
+            if member.subscriptions.iter().any(|s| s.topic == retry)
+                && ctx.topics.borrow().get(&retry).is_none()
+            {
+                {
+                    let mut groups = ctx.groups.borrow_mut();
+                    let new = !groups.contains_key(&h.group);
+                    ctx.admit(&mut groups, &h.group, &member)?;
+                    if new {
+                        groups.remove(&h.group);
+                    }
+                }
                 ctx.ensure_system_topic(&retry).await?;
+                // Its connection's close, heard meanwhile, found no member to remove.
+                if ctx.conn_closed(conn) || ctx.closed_conns.borrow().contains(&conn) {
+                    return Err(super::answer::connection_closed());
+                }
             }
             let changed = {
                 let mut groups = ctx.groups.borrow_mut();
-                if !groups.contains_key(&h.group) && groups.len() >= ctx.cfg.groups_max {
-                    return Err(err(
-                        ErrorCode::LimitReached,
-                        format!(
-                            "shard {} coordinates {} groups, its limit (--groups-max); group {} cannot join",
-                            ctx.id,
-                            groups.len(),
-                            h.group
-                        ),
-                    ));
-                }
-                let over = ctx.members_over_budget(&groups, &h.group, &member);
-                let (state, extra) = groups
-                    .entry(h.group.clone())
-                    .or_insert_with(|| ctx.new_group(&h.group));
-                let refused = match state.check_heartbeat(&member) {
-                    Err(e) => Some(err(
-                        match e {
-                            super::groups::GroupError::ClientIdInUse { .. } => {
-                                ErrorCode::ClientIdInUse
-                            }
-                            super::groups::GroupError::GroupFull { .. } => ErrorCode::LimitReached,
-                            _ => ErrorCode::InvalidMessage,
-                        },
-                        e.to_string(),
-                    )),
-                    Ok(()) => over,
+                ctx.admit(&mut groups, &h.group, &member)?;
+                let Some((state, _)) = groups.get_mut(&h.group) else {
+                    return Err(err(ErrorCode::ShardUnavailable, "the group vanished"));
                 };
-                if let Some(e) = refused {
-                    // A refused first heartbeat must not leave an empty group behind (one
-                    // whose offsets were reset stays: its epoch is the one members need).
-                    if state.is_empty() && !extra.had_reset() {
-                        groups.remove(&h.group);
-                    }
-                    return Err(e);
-                }
                 let changed = state.heartbeat(member, steady_ms());
                 if changed {
                     for line in state.differing_subscriptions(&h.client_id) {
@@ -433,6 +480,51 @@ impl ShardCtx {
     /// The refusal of a heartbeat that would take this shard's group members past
     /// `--group-members-mb`, if it would: one that joins a member or makes one larger. A
     /// member that stays as large (its refreshes) always goes on.
+    /// Whether `member`'s heartbeat may join `group` (or stay in it): the shard's
+    /// `--groups-max`, the group's own checks and the members' memory budget. The group is
+    /// in `groups` after an `Ok` (perhaps made empty for it); a refused first heartbeat
+    /// leaves no empty group behind (one whose offsets were reset stays: its epoch is the
+    /// one members need).
+    fn admit(
+        &self,
+        groups: &mut HashMap<String, (GroupState, GroupExtra)>,
+        group: &str,
+        member: &MemberInfo,
+    ) -> Result<(), ErrorBody> {
+        if !groups.contains_key(group) && groups.len() >= self.cfg.groups_max {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} coordinates {} groups, its limit (--groups-max); group {group} cannot join",
+                    self.id,
+                    groups.len(),
+                ),
+            ));
+        }
+        let over = self.members_over_budget(groups, group, member);
+        let (state, extra) = groups
+            .entry(group.to_owned())
+            .or_insert_with(|| self.new_group(group));
+        let refused = match state.check_heartbeat(member) {
+            Err(e) => Some(err(
+                match e {
+                    super::groups::GroupError::ClientIdInUse { .. } => ErrorCode::ClientIdInUse,
+                    super::groups::GroupError::GroupFull { .. } => ErrorCode::LimitReached,
+                    _ => ErrorCode::InvalidMessage,
+                },
+                e.to_string(),
+            )),
+            Ok(()) => over,
+        };
+        if let Some(e) = refused {
+            if state.is_empty() && !extra.had_reset() {
+                groups.remove(group);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn members_over_budget(
         &self,
         groups: &HashMap<String, (GroupState, GroupExtra)>,
@@ -523,440 +615,5 @@ impl ShardCtx {
             generation: state.generation(),
             members,
         }))
-    }
-
-    /// Lock or unlock queues on this shard (the queues must be owned here).
-    pub(super) fn local_locks(
-        &self,
-        op: LockOp,
-        group: &str,
-        client_id: &str,
-        topic: &str,
-        queues: &[u32],
-        stamp: u64,
-    ) -> Result<Vec<u32>, ErrorBody> {
-        let mut locks = self.locks.borrow_mut();
-        match op {
-            LockOp::Lock => {
-                // Bounded like offsets: locks of at most `--groups-max` groups (a client
-                // may lock under any group name, member or not).
-                let now = steady_ms();
-                if !locks.has_group(group) && locks.group_count() >= self.cfg.groups_max {
-                    locks.purge_expired(now);
-                    // Given-up locks are kept to refuse late lock requests; a group's
-                    // locks given up still free its place at once.
-                    if locks.group_count() >= self.cfg.groups_max {
-                        locks.forget_given_up(now);
-                    }
-                    if locks.group_count() >= self.cfg.groups_max {
-                        return Err(err(
-                            ErrorCode::LimitReached,
-                            format!(
-                                "shard {} holds queue locks of {} groups, its limit (--groups-max); locks are given up by their holders, or lapse",
-                                self.id,
-                                locks.group_count()
-                            ),
-                        ));
-                    }
-                }
-                Ok(locks.lock_batch(group, topic, queues, client_id, now, stamp))
-            }
-            LockOp::Unlock => {
-                locks.unlock_batch(group, topic, queues, client_id, stamp);
-                Ok(Vec::new())
-            }
-        }
-    }
-
-    /// Splits a lock request by owning shard and gathers the answers.
-    pub(super) fn locks(
-        self: &Rc<Self>,
-        op: LockOp,
-        group: String,
-        client_id: String,
-        topic: String,
-        queues: Vec<u32>,
-    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        let ctx = self.clone();
-        // When the request was made, before anything is awaited: requests of one
-        // connection are stamped in the order they came (`groups::locks`).
-        let stamp = steady_ns();
-        Box::pin(async move {
-            if queues.len() > QUEUES_PER_TOPIC_MAX as usize {
-                return Err(err(
-                    ErrorCode::InvalidMessage,
-                    format!(
-                        "a lock request names {} queues; a topic has at most {QUEUES_PER_TOPIC_MAX}",
-                        queues.len()
-                    ),
-                ));
-            }
-            let count = ctx.learn_topic(&topic).await?;
-            let mut by_shard: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-            for q in queues {
-                if q < count {
-                    by_shard.entry(ctx.owner_of(&topic, q)).or_default().push(q);
-                }
-            }
-            // A shard that fails (no room for the group's locks, unreachable) holds none of
-            // its queues for the client: the others' are answered, not left locked under
-            // an error the client takes for none held. Only if none is held is the failure
-            // the answer.
-            let mut held = Vec::new();
-            let mut failed = None;
-            for (shard, qs) in by_shard {
-                let here = if shard == ctx.id {
-                    ctx.local_locks(op, &group, &client_id, &topic, &qs, stamp)
-                } else {
-                    let req = MeshRequest::Locks {
-                        op,
-                        group: group.clone(),
-                        client_id: client_id.clone(),
-                        topic: topic.clone(),
-                        queues: qs,
-                        stamp,
-                    };
-                    ctx.call(shard, req).await.map(|reply| match reply {
-                        MeshReply::Queues(q) => q,
-                        _ => Vec::new(),
-                    })
-                };
-                match here {
-                    Ok(q) => held.extend(q),
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                    }
-                }
-            }
-            if let Some(e) = failed {
-                if op == LockOp::Unlock || held.is_empty() {
-                    return Err(e);
-                }
-            }
-            held.sort_unstable();
-            Ok(match op {
-                LockOp::Lock => Response::Locked(Locked { queues: held }),
-                LockOp::Unlock => Response::Empty(crate::protocol::Empty {}),
-            })
-        })
-    }
-
-    pub(super) fn lock_batch(
-        self: &Rc<Self>,
-        l: LockBatch,
-    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        self.locks(LockOp::Lock, l.group, l.client_id, l.topic, l.queues)
-    }
-
-    pub(super) fn unlock_batch(
-        self: &Rc<Self>,
-        u: UnlockBatch,
-    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        self.locks(LockOp::Unlock, u.group, u.client_id, u.topic, u.queues)
-    }
-
-    /// This shard's part of a reset: every owned queue of the topic to the offset of the
-    /// first message stored at or after the time. From when they are set on, the group's
-    /// commits of positions read under an earlier offsets epoch than `epoch` are refused
-    /// here (one on its way before is set over by the reset).
-    pub(super) async fn local_reset(
-        &self,
-        group: &str,
-        topic: &str,
-        timestamp_ms: i64,
-        epoch: u64,
-    ) -> Result<(), ErrorBody> {
-        self.offsets_admit(group)?;
-        let queues = self.local_ranges(topic)?;
-        if queues.is_empty() {
-            return Ok(());
-        }
-        // Every queue's offset is looked up first (a lookup may wait for a read), then the
-        // fence is checked and the offsets set with nothing awaited in between: a later
-        // reset coming while this one waited would otherwise fence and set all the queues,
-        // and this one then set the rest over it, mixing the two.
-        let mut reset_to = Vec::with_capacity(queues.len());
-        for (q, _, _) in queues {
-            let offset = self.store.offset_by_timestamp(topic, q, timestamp_ms).await;
-            reset_to.push((q, offset.map_err(store_error)?));
-        }
-        let fenced = self.offsets.borrow_mut().fence(group, topic, epoch);
-        if let Err(later) = fenced {
-            // Members re-read this shard's offsets under the later reset's epoch: these
-            // would be taken for its.
-            return Err(err(
-                ErrorCode::Conflict,
-                format!(
-                    "a later reset of group {group}'s offsets of {topic} (epoch {later}) came first on shard {}; this one (epoch {epoch}) was not applied there",
-                    self.id
-                ),
-            ));
-        }
-        for (q, offset) in reset_to {
-            self.offsets.borrow_mut().reset(group, topic, q, offset);
-        }
-        self.offsets_durable().await?;
-        Ok(())
-    }
-
-    pub(super) fn local_progress(
-        &self,
-        group: &str,
-        topic: &str,
-    ) -> Result<Vec<QueueProgress>, ErrorBody> {
-        let ranges = self.local_ranges(topic)?;
-        let offsets = self.offsets.borrow();
-        Ok(ranges
-            .into_iter()
-            .map(|(queue_id, _, max)| {
-                let committed = offsets.get(group, topic, queue_id);
-                QueueProgress {
-                    queue_id,
-                    committed_offset: committed.map(|c| c as i64).unwrap_or(-1),
-                    max_offset: max,
-                    lag: max.saturating_sub(committed.unwrap_or(0)),
-                }
-            })
-            .collect())
-    }
-
-    pub(super) fn reset_offset(
-        self: &Rc<Self>,
-        r: ResetOffset,
-    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        let ctx = self.clone();
-        Box::pin(async move {
-            ctx.learn_topic(&r.topic).await?;
-            // The reset's epoch, from the coordinator: each shard refuses commits of
-            // positions read under an earlier one before it resets its queues (a member's
-            // commit on its way would undo the reset), and members learn it only once every
-            // shard is done, so what they re-read then is the reset offsets.
-            let coordinator = ctx.coordinator_of(&r.group);
-            let epoch = if coordinator == ctx.id {
-                ctx.reserve_offsets_epoch(&r.group)?
-            } else {
-                let req = MeshRequest::ReserveOffsetsEpoch {
-                    group: r.group.clone(),
-                };
-                match ctx.call(coordinator, req).await? {
-                    MeshReply::Epoch(epoch) => epoch,
-                    other => {
-                        return Err(err(
-                            ErrorCode::Internal,
-                            format!("shard {coordinator} answered an epoch with {other:?}"),
-                        ))
-                    }
-                }
-            };
-            let mut failed = None;
-            for to in 0..ctx.shard_count {
-                let reset = if to == ctx.id {
-                    ctx.local_reset(&r.group, &r.topic, r.timestamp_ms, epoch)
-                        .await
-                } else {
-                    let req = MeshRequest::ResetOffsets {
-                        group: r.group.clone(),
-                        topic: r.topic.clone(),
-                        timestamp_ms: r.timestamp_ms,
-                        epoch,
-                    };
-                    ctx.call(to, req).await.map(|_| ())
-                };
-                if let Err(e) = reset {
-                    failed.get_or_insert(e);
-                }
-            }
-            // Published even when a shard failed: members re-read what is committed now
-            // (their commits at the old epoch are refused where the fence went up).
-            if coordinator == ctx.id {
-                ctx.offsets_were_reset(&r.group, epoch).await;
-            } else {
-                let req = MeshRequest::OffsetsReset {
-                    group: r.group.clone(),
-                    epoch,
-                };
-                if let Err(e) = ctx.call(coordinator, req).await {
-                    return Err(err(
-                        e.error_code().unwrap_or(ErrorCode::Internal),
-                        format!(
-                            "group {}'s offsets of {} were reset, but its members could not be told ({}); they commit none of its queues until a reset succeeds: run it again",
-                            r.group, r.topic, e.message
-                        ),
-                    ));
-                }
-            }
-            match failed {
-                Some(e) => Err(e),
-                None => Ok(Response::Empty(crate::protocol::Empty {})),
-            }
-        })
-    }
-
-    /// On the group's coordinator: the epoch of a reset that starts (later than any
-    /// before it, and not earlier than the clock's milliseconds, so a broker restarted with
-    /// members still holding an epoch of its previous run gives a later one).
-    pub(super) fn reserve_offsets_epoch(&self, group: &str) -> Result<u64, ErrorBody> {
-        let mut groups = self.groups.borrow_mut();
-        if !groups.contains_key(group) && groups.len() >= self.cfg.groups_max {
-            return Err(err(
-                ErrorCode::LimitReached,
-                format!(
-                    "shard {} coordinates {} groups, its limit (--groups-max); group {group}'s offsets cannot be reset",
-                    self.id,
-                    groups.len()
-                ),
-            ));
-        }
-        let (_, extra) = groups
-            .entry(group.to_owned())
-            .or_insert_with(|| self.new_group(group));
-        let epoch = now_ms().max(extra.reserved_epoch.max(extra.offsets_epoch) + 1);
-        extra.reserved_epoch = epoch;
-        Ok(epoch)
-    }
-
-    /// `DeleteGroup`, on the group's coordinator: refused while members are live, then
-    /// every shard forgets the group's offsets and locks.
-    pub(super) async fn delete_group(self: Rc<Self>, m: DeleteGroup) -> Result<Empty, ErrorBody> {
-        let live = self
-            .groups
-            .borrow()
-            .get(&m.group)
-            .map_or(0, |(s, _)| s.len());
-        if live > 0 {
-            return Err(err(
-                ErrorCode::Conflict,
-                format!(
-                    "group {} has {live} live member{}; stop them first",
-                    m.group,
-                    if live == 1 { "" } else { "s" }
-                ),
-            ));
-        }
-        self.groups.borrow_mut().remove(&m.group);
-        for to in 0..self.shard_count {
-            if to == self.id {
-                self.forget_group(&m.group).await?;
-            } else {
-                let req = MeshRequest::ForgetGroup {
-                    group: m.group.clone(),
-                };
-                self.call(to, req).await?;
-            }
-        }
-        Ok(Empty {})
-    }
-
-    /// This shard's part of a group delete: offsets (written durably) and locks.
-    pub(super) async fn forget_group(&self, group: &str) -> Result<(), ErrorBody> {
-        self.locks.borrow_mut().forget_group(group);
-        if !self.offsets.borrow().has_group(group) {
-            // A reset that failed before writing offsets may have left a fence.
-            if self.offsets.borrow_mut().unfence(group) == 0 {
-                return Ok(());
-            }
-        } else {
-            self.offsets.borrow_mut().forget_group(group);
-        }
-        self.offsets_durable().await
-    }
-
-    /// At a start, before connections are taken: each group's coordinator is told the
-    /// epoch of the latest reset of its offsets this shard keeps (fences outlive restarts),
-    /// so a member holding a position read before that reset learns the epoch from its
-    /// assignment and re-reads the reset offsets, instead of having each commit refused.
-    /// A coordinator that cannot be told is logged; a commit this shard refuses for the
-    /// fence tells it again ([`Self::tell_coordinator_of_reset`]).
-    pub async fn publish_fences(self: &Rc<Self>) {
-        let fences = self.offsets.borrow().fences();
-        for (group, epoch) in fences {
-            self.tell_coordinator_of_reset(&group, epoch).await;
-        }
-    }
-
-    /// Has `group`'s coordinator publish offsets epoch `epoch` (a reset fenced here) if it
-    /// does not know it ([`Self::fence_seen`]): a member whose commit this shard refused for
-    /// the fence then learns it from its assignment and re-reads its offsets, even when the
-    /// coordinator forgot the reset (a restart). A coordinator that cannot be told is
-    /// logged (the next refused commit tells it again).
-    pub(super) async fn tell_coordinator_of_reset(self: &Rc<Self>, group: &str, epoch: u64) {
-        let coordinator = self.coordinator_of(group);
-        if coordinator == self.id {
-            self.fence_seen(group, epoch).await;
-            return;
-        }
-        let told = MeshRequest::FenceSeen {
-            group: group.to_owned(),
-            epoch,
-        };
-        if let Err(e) = self.call(coordinator, told).await {
-            crate::warn!(
-                "ringmq: shard {}: telling group {group}'s coordinator of its reset (epoch {epoch}): {}",
-                self.id,
-                e.message
-            );
-        }
-    }
-
-    /// On the group's coordinator: a shard keeps a fence at `epoch`. Published unless this
-    /// coordinator reserved that epoch (or a later one) itself: a reset still running
-    /// publishes its epoch only once every shard is done, since a member re-reading before
-    /// then would take a shard's offsets from before the reset for after it.
-    pub(super) async fn fence_seen(self: &Rc<Self>, group: &str, epoch: u64) {
-        let reserved = (self.groups.borrow().get(group)).map_or(0, |(_, e)| e.reserved_epoch);
-        if reserved < epoch {
-            self.offsets_were_reset(group, epoch).await;
-        }
-    }
-
-    /// On the group's coordinator: a reset at `epoch` is done; members re-read their
-    /// offsets when they see it.
-    /// Told again of an epoch already published, it changes nothing.
-    pub(super) async fn offsets_were_reset(self: &Rc<Self>, group: &str, epoch: u64) {
-        {
-            let mut groups = self.groups.borrow_mut();
-            // Kept even when the group went meanwhile: its shards refuse earlier epochs.
-            let (state, extra) = groups
-                .entry(group.to_owned())
-                .or_insert_with(|| self.new_group(group));
-            extra.reserved_epoch = extra.reserved_epoch.max(epoch);
-            if extra.offsets_epoch >= epoch {
-                return;
-            }
-            extra.offsets_epoch = epoch;
-            state.bump();
-        }
-        self.notify_members(group).await;
-    }
-
-    pub(super) fn consumer_progress(
-        self: &Rc<Self>,
-        p: ConsumerProgress,
-    ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        let ctx = self.clone();
-        Box::pin(async move {
-            ctx.learn_topic(&p.topic).await?;
-            let mut queues = ctx.local_progress(&p.group, &p.topic)?;
-            for to in (0..ctx.shard_count).filter(|&s| s != ctx.id) {
-                if let MeshReply::Progress(q) = ctx
-                    .call(
-                        to,
-                        MeshRequest::Progress {
-                            group: p.group.clone(),
-                            topic: p.topic.clone(),
-                        },
-                    )
-                    .await?
-                {
-                    queues.extend(q);
-                }
-            }
-            queues.sort_by_key(|q| q.queue_id);
-            Ok(Response::Progress(Progress {
-                group: p.group,
-                topic: p.topic,
-                queues,
-            }))
-        })
     }
 }

@@ -149,6 +149,10 @@ pub struct ShardCtx {
     conns: RefCell<HashMap<u64, PushFn>>,
     /// Groups whose members heartbeat through each connection.
     conn_groups: RefCell<HashMap<u64, HashSet<String>>>,
+    /// Connections whose close this shard heard of as a groups' coordinator, latest last
+    /// (at most [`group_service::CLOSED_CONNS_KEPT`]): a heartbeat that waited meanwhile
+    /// must not add a member on one.
+    closed_conns: RefCell<std::collections::VecDeque<u64>>,
     next_conn: Cell<u64>,
     /// Serializes topic table changes on shard 0.
     topic_changes: tokio::sync::Mutex<()>,
@@ -324,6 +328,7 @@ impl ShardCtx {
             locks: RefCell::new(LockTable::new(cfg_lock_expiry_ms)),
             conns: RefCell::new(HashMap::new()),
             conn_groups: RefCell::new(HashMap::new()),
+            closed_conns: RefCell::new(std::collections::VecDeque::new()),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             last_stamp: Cell::new(0),

@@ -237,7 +237,10 @@ impl ShardCtx {
         // log's tail meanwhile can have put another one of another size there; the room
         // taken is then off by that difference, for this one answer).
         let size = self.message_size_by_id(&m.msg_id).await?;
-        let hold = self.answers.reserve(conn, size).await?;
+        let hold = self
+            .answers
+            .reserve(conn, self.conn_is_ours(conn), size)
+            .await?;
         let buf = self.read_by_msg_id(&m.msg_id).await?;
         Ok(Answer::held(records_frame(request_id, &[&buf[..]]), hold))
     }
@@ -262,11 +265,17 @@ impl ShardCtx {
                 format!("topic {} is reserved for the broker", m.topic),
             ));
         }
-        let one_of_few = self
-            .key_lookups
-            .acquire()
-            .await
-            .map_err(|_| err(ErrorCode::ShardUnavailable, "the broker is stopping"))?;
+        // A closed connection's lookups give up their place in line (a client that sent
+        // many and went would otherwise have them all run, ahead of other clients').
+        let closed = self.answers.closed(conn, self.conn_is_ours(conn));
+        let one_of_few = futures_lite::future::or(
+            async {
+                (self.key_lookups.acquire().await)
+                    .map_err(|_| err(ErrorCode::ShardUnavailable, "the broker is stopping"))
+            },
+            async { Err(closed.await) },
+        )
+        .await?;
         let max = m.max_messages.clamp(1, KEY_LOOKUP_MESSAGES_MAX);
         let mut found = self
             .local_by_key(&m.topic, &m.key, m.begin_ms, m.end_ms, max)
@@ -296,7 +305,9 @@ impl ShardCtx {
         let bytes: usize = found.iter().map(Vec::len).sum();
         let _held = self.held.hold(bytes, self.id, peer)?;
         drop(one_of_few);
-        let hold = self.answers.reserve(conn, bytes).await?;
+        let hold = (self.answers)
+            .reserve(conn, self.conn_is_ours(conn), bytes)
+            .await?;
         let parts: Vec<&[u8]> = found.iter().map(|b| &b[..]).collect();
         Ok(Answer::held(records_frame(request_id, &parts), hold))
     }

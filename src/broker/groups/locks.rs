@@ -59,6 +59,8 @@ pub struct LockTable {
     released: BTreeMap<String, BTreeMap<String, u64>>,
     /// The same releases by stamp, oldest first (what is forgotten first).
     release_order: BTreeSet<(u64, String, String)>,
+    /// Entries in `locks` (what [`len`](Self::len) counts), kept as they change.
+    entries: usize,
 }
 
 impl Default for LockTable {
@@ -74,6 +76,7 @@ impl LockTable {
             locks: BTreeMap::new(),
             released: BTreeMap::new(),
             release_order: BTreeSet::new(),
+            entries: 0,
         }
     }
 
@@ -133,6 +136,7 @@ impl LockTable {
                     }
                 }
                 None => {
+                    self.entries += 1;
                     table.insert(
                         q,
                         Lock {
@@ -149,6 +153,33 @@ impl LockTable {
             self.drop_empty(group, topic);
         }
         held
+    }
+
+    /// Whether [`lock_batch`](Self::lock_batch) of `queues` keeps at most `max` entries:
+    /// those the request would add (queues of `group` and `topic` with no entry yet) count,
+    /// renewals do not. Expired entries are forgotten first when they would not fit.
+    pub fn has_room(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queues: &[u32],
+        now_ms: u64,
+        max: usize,
+    ) -> bool {
+        let added = |t: &LockTable| {
+            let table = t.locks.get(group).and_then(|topics| topics.get(topic));
+            let mut asked = queues.to_vec();
+            asked.sort_unstable();
+            asked.dedup();
+            (asked.iter())
+                .filter(|q| table.is_none_or(|t| !t.contains_key(q)))
+                .count()
+        };
+        if self.entries + added(self) <= max {
+            return true;
+        }
+        self.purge_expired(now_ms);
+        self.entries + added(self) <= max
     }
 
     /// Unlocks the queues `client_id` holds among `queues` unless it locked them again
@@ -195,12 +226,15 @@ impl LockTable {
         if topics.is_empty() {
             self.locks.remove(group);
         }
+        self.entries -= released;
         released
     }
 
     /// A deleted group: every lock in it goes.
     pub fn forget_group(&mut self, group: &str) {
-        self.locks.remove(group);
+        if let Some(topics) = self.locks.remove(group) {
+            self.entries -= topics.values().map(BTreeMap::len).sum::<usize>();
+        }
     }
 
     /// Releases remembered (until `lock_expiry_ms` past their stamps, or [`RELEASES_MAX`]).
@@ -293,21 +327,30 @@ impl LockTable {
     /// the queue again (held by nobody consuming until it lapses; never two holders).
     /// Groups holding a live lock keep their given-up ones.
     pub fn forget_given_up(&mut self, now_ms: u64) {
+        let mut forgotten = 0;
         self.locks.retain(|_, topics| {
-            (topics.values())
+            let live = (topics.values())
                 .flat_map(BTreeMap::values)
-                .any(|l| l.is_live(now_ms))
+                .any(|l| l.is_live(now_ms));
+            if !live {
+                forgotten += topics.values().map(BTreeMap::len).sum::<usize>();
+            }
+            live
         });
+        self.entries -= forgotten;
     }
 
     fn retain_locks(&mut self, keep: impl Fn(&Lock) -> bool) {
+        let mut kept = 0;
         self.locks.retain(|_, topics| {
             topics.retain(|_, table| {
                 table.retain(|_, l| keep(l));
+                kept += table.len();
                 !table.is_empty()
             });
             !topics.is_empty()
         });
+        self.entries = kept;
     }
 
     /// Whether `group` holds a lock here (or held one: given up within the lock expiry, or
@@ -324,11 +367,14 @@ impl LockTable {
 
     /// Entries kept, given-up and expired ones included as in [`has_group`](Self::has_group).
     pub fn len(&self) -> usize {
-        self.locks
-            .values()
-            .flat_map(|topics| topics.values())
-            .map(BTreeMap::len)
-            .sum()
+        debug_assert_eq!(
+            self.entries,
+            (self.locks.values())
+                .flat_map(|topics| topics.values())
+                .map(BTreeMap::len)
+                .sum::<usize>()
+        );
+        self.entries
     }
 
     pub fn is_empty(&self) -> bool {
@@ -571,6 +617,33 @@ mod tests {
         check(&t, 0, 5_000, Some("b"));
         t.purge_expired(u64::MAX);
         assert!(t.is_empty());
+    }
+
+    /// Entries past a bound are refused; renewals and queues already held are not counted;
+    /// expired entries make room.
+    #[test]
+    fn entries_are_bounded_and_renewals_need_no_room() {
+        let mut t = LockTable::new(EXPIRY);
+        assert!(t.has_room("g", "t", &[0, 1, 2, 2], 0, 3));
+        assert_eq!(t.lock_batch("g", "t", &[0, 1, 2], "a", 0, at(0)), [0, 1, 2]);
+        assert!(!t.has_room("g", "t", &[3], 10, 3));
+        assert!(!t.has_room("h", "t", &[0], 10, 3));
+        assert!(t.has_room("g", "t", &[0, 1, 2], 10, 3), "a renewal");
+        assert!(t.has_room("g", "t", &[2, 3], 10, 4));
+        assert_eq!(t.len(), 3);
+        t.release_client("g", "a", at(20));
+        assert_eq!(t.len(), 0);
+        assert!(t.has_room("h", "t", &[0, 1, 2], 30, 3));
+        assert_eq!(
+            t.lock_batch("h", "t", &[0, 1, 2], "b", 30, at(30)),
+            [0, 1, 2]
+        );
+        // Lapsed, they make room.
+        assert!(t.has_room("g", "t", &[5], 30 + EXPIRY, 3));
+        assert_eq!(t.len(), 0);
+        t.lock_batch("h", "u", &[0, 1], "b", 40 + EXPIRY, at(40 + EXPIRY));
+        t.forget_group("h");
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
