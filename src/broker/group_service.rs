@@ -491,6 +491,12 @@ impl ShardCtx {
         group: &str,
         member: &MemberInfo,
     ) -> Result<(), ErrorBody> {
+        if self.deleting_groups.borrow().contains(group) {
+            return Err(err(
+                ErrorCode::Conflict,
+                format!("group {group} is being deleted; join again once that is done"),
+            ));
+        }
         if !groups.contains_key(group) && groups.len() >= self.cfg.groups_max {
             return Err(err(
                 ErrorCode::LimitReached,

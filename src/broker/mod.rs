@@ -153,6 +153,9 @@ pub struct ShardCtx {
     /// (at most [`group_service::CLOSED_CONNS_KEPT`]): a heartbeat that waited meanwhile
     /// must not add a member on one.
     closed_conns: RefCell<std::collections::VecDeque<u64>>,
+    /// Groups this shard, as their coordinator, is deleting: heartbeats are refused until
+    /// every shard has forgotten the group's offsets.
+    deleting_groups: RefCell<HashSet<String>>,
     next_conn: Cell<u64>,
     /// Serializes topic table changes on shard 0.
     topic_changes: tokio::sync::Mutex<()>,
@@ -329,6 +332,7 @@ impl ShardCtx {
             conns: RefCell::new(HashMap::new()),
             conn_groups: RefCell::new(HashMap::new()),
             closed_conns: RefCell::new(std::collections::VecDeque::new()),
+            deleting_groups: RefCell::new(HashSet::new()),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             last_stamp: Cell::new(0),

@@ -185,6 +185,18 @@ impl ShardCtx {
                 ),
             ));
         }
+        if !self.deleting_groups.borrow_mut().insert(m.group.clone()) {
+            return Err(err(
+                ErrorCode::Conflict,
+                format!("group {} is being deleted already", m.group),
+            ));
+        }
+        // Until every shard has forgotten it (however this ends): a member joining
+        // meanwhile would read offsets about to go, and commit none past them.
+        let _deleting = Deleting {
+            ctx: self.clone(),
+            group: m.group.clone(),
+        };
         self.groups.borrow_mut().remove(&m.group);
         for to in 0..self.shard_count {
             if to == self.id {
@@ -314,5 +326,17 @@ impl ShardCtx {
                 queues,
             }))
         })
+    }
+}
+
+/// A group's deletion under way on its coordinator (heartbeats refused), ended when dropped.
+struct Deleting {
+    ctx: Rc<ShardCtx>,
+    group: String,
+}
+
+impl Drop for Deleting {
+    fn drop(&mut self) {
+        self.ctx.deleting_groups.borrow_mut().remove(&self.group);
     }
 }
