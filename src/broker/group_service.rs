@@ -87,15 +87,46 @@ pub struct GroupExtra {
     assigned: std::cell::RefCell<Option<Assigned>>,
 }
 
-/// A group's whole assignment (topic -> member -> queues), kept while the group's
-/// generation and the queue counts it was computed from hold: each heartbeat and
-/// assignment query asks for it, and computing it anew each time cost the whole group's
-/// allocation (with consistent hashing, a ring of members × virtual nodes per topic) for
-/// one member's part. About the size of the members' subscriptions it was made from.
+/// A group's whole assignment (topic -> member -> queues, members given none left out),
+/// kept while the group's generation and the queue counts it was computed from hold: each
+/// heartbeat and assignment query asks for it, and computing it anew each time cost the
+/// whole group's allocation (with consistent hashing, a ring of members × virtual nodes
+/// per topic) for one member's part. The shard's caches together hold at most
+/// [`ASSIGNMENTS_CACHED_BYTES_MAX`]; past it an assignment is computed for each call.
 struct Assigned {
     generation: u64,
     counts: BTreeMap<String, u32>,
     all: BTreeMap<String, BTreeMap<String, Vec<u32>>>,
+    /// What it holds, about, counted in `budget` (the shard's) until dropped.
+    bytes: usize,
+    budget: Rc<std::cell::Cell<usize>>,
+}
+
+impl Drop for Assigned {
+    fn drop(&mut self) {
+        self.budget.set(self.budget.get() - self.bytes);
+    }
+}
+
+/// Most bytes of assignments a shard keeps computed ([`Assigned`]).
+pub const ASSIGNMENTS_CACHED_BYTES_MAX: usize = 64 << 20;
+
+/// About what `all` and `counts` hold in memory.
+fn assigned_bytes(
+    counts: &BTreeMap<String, u32>,
+    all: &BTreeMap<String, BTreeMap<String, Vec<u32>>>,
+) -> usize {
+    let node = 64;
+    let counts: usize = counts.keys().map(|t| t.len() + node).sum();
+    let all: usize = (all.iter())
+        .map(|(topic, members)| {
+            let members: usize = (members.iter())
+                .map(|(id, queues)| id.len() + node + 4 * queues.len())
+                .sum();
+            topic.len() + node + members
+        })
+        .sum();
+    counts + all
 }
 
 impl GroupExtra {
@@ -147,15 +178,15 @@ impl ShardCtx {
         };
         let topics = if state.model() == MessageModel::Broadcasting {
             // Every queue of each topic it subscribes to: no other member's list is made.
+            // (Subscriptions are kept sorted by topic, one per topic.)
             let counts = self.queue_counts(member.subscriptions.iter().map(|s| s.topic.clone()));
             (member.subscriptions.iter())
-                .map(|s| s.topic.clone())
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .map(|topic| {
-                    let count = counts.get(&topic).copied().unwrap_or(0);
-                    let queues = (0..count.min(QUEUES_PER_TOPIC_MAX)).collect();
-                    TopicAssignment { topic, queues }
+                .map(|s| {
+                    let count = counts.get(&s.topic).copied().unwrap_or(0);
+                    TopicAssignment {
+                        topic: s.topic.clone(),
+                        queues: (0..count.min(QUEUES_PER_TOPIC_MAX)).collect(),
+                    }
                 })
                 .collect()
         } else {
@@ -163,21 +194,39 @@ impl ShardCtx {
             let mut assigned = extra.assigned.borrow_mut();
             let fresh = (assigned.as_ref())
                 .is_some_and(|a| a.generation == state.generation() && a.counts == counts);
+            // Computed for this call only when the shard keeps too many already.
+            let mut computed = None;
             if !fresh {
-                let all = state.assign(&counts);
-                *assigned = Some(Assigned {
-                    generation: state.generation(),
-                    counts,
-                    all,
-                });
+                // The stale one's room first.
+                *assigned = None;
+                let mut all = state.assign(&counts);
+                for members in all.values_mut() {
+                    members.retain(|_, queues| !queues.is_empty());
+                }
+                let bytes = assigned_bytes(&counts, &all);
+                let budget = &self.assigned_bytes;
+                if budget.get() + bytes <= ASSIGNMENTS_CACHED_BYTES_MAX {
+                    budget.set(budget.get() + bytes);
+                    *assigned = Some(Assigned {
+                        generation: state.generation(),
+                        counts,
+                        all,
+                        bytes,
+                        budget: budget.clone(),
+                    });
+                } else {
+                    computed = Some(all);
+                }
             }
-            (assigned.iter())
-                .flat_map(|a| &a.all)
-                .filter_map(|(topic, members)| {
-                    members.get(client_id).map(|queues| TopicAssignment {
-                        topic: topic.clone(),
-                        queues: queues.clone(),
-                    })
+            let all = computed.as_ref().or(assigned.as_ref().map(|a| &a.all));
+            // Each topic it subscribes to, with the queues it was given (perhaps none).
+            (member.subscriptions.iter())
+                .map(|s| TopicAssignment {
+                    topic: s.topic.clone(),
+                    queues: (all.and_then(|all| all.get(&s.topic)))
+                        .and_then(|members| members.get(client_id))
+                        .cloned()
+                        .unwrap_or_default(),
                 })
                 .collect()
         };

@@ -156,6 +156,8 @@ pub struct ShardCtx {
     /// Groups this shard, as their coordinator, is deleting: heartbeats are refused until
     /// every shard has forgotten the group's offsets.
     deleting_groups: RefCell<HashSet<String>>,
+    /// Bytes of the groups' kept assignments (`group_service::Assigned`).
+    assigned_bytes: Rc<Cell<usize>>,
     next_conn: Cell<u64>,
     /// Serializes topic table changes on shard 0.
     topic_changes: tokio::sync::Mutex<()>,
@@ -333,6 +335,7 @@ impl ShardCtx {
             conn_groups: RefCell::new(HashMap::new()),
             closed_conns: RefCell::new(std::collections::VecDeque::new()),
             deleting_groups: RefCell::new(HashSet::new()),
+            assigned_bytes: Rc::new(Cell::new(0)),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
             last_stamp: Cell::new(0),

@@ -115,39 +115,60 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             let producer = Producer::connect(ctx.config())
                 .await
                 .map_err(|e| ctx.fail(e))?;
-            // Read and resent a pull at a time: only the JSON output's lines are kept.
+            // Read and resent a pull at a time (up to where the queue ended when the read
+            // began: letters that fail again and come back are not resent in this run);
+            // only the JSON output's lines are kept.
             let mut reader = Letters::new(ctx, producer.client(), &group, from_offset);
             let (mut count, mut resent) = (0u64, Vec::new());
-            while let Some(batch) = reader.next().await? {
-                let chosen = batch.iter().filter(|m| {
-                    msg_id.as_deref().is_none_or(|id| {
-                        let same = |other: &str| same_id(id, other);
-                        same(&m.msg_id().encode()) || m.origin_msg_id().is_some_and(same)
-                    })
-                });
-                for m in chosen {
-                    let topic = m.origin_topic().to_owned();
-                    let sent = producer
-                        .send(&topic, original(m))
-                        .await
-                        .map_err(|e| ctx.fail(e))?;
-                    count += 1;
-                    if ctx.json {
-                        resent.push(json!({
-                            "dlq_offset": m.queue_offset(),
-                            "dlq_msg_id": m.msg_id().encode(),
-                            "topic": topic,
-                            "msg_id": sent.msg_id,
-                        }));
-                    } else {
-                        emit(&format!(
-                            "resent {} (dlq offset {}) to {topic} as {}",
-                            m.msg_id().encode(),
-                            m.queue_offset(),
-                            sent.msg_id
-                        ));
+            // The first letter not resent yet (where a run that fails should go on from).
+            let mut next = from_offset;
+            let outcome: CmdResult = async {
+                while let Some(batch) = reader.next().await? {
+                    let chosen = batch.iter().filter(|m| {
+                        msg_id.as_deref().is_none_or(|id| {
+                            let same = |other: &str| same_id(id, other);
+                            same(&m.msg_id().encode()) || m.origin_msg_id().is_some_and(same)
+                        })
+                    });
+                    for m in chosen {
+                        next = m.queue_offset();
+                        let topic = m.origin_topic().to_owned();
+                        let sent = producer
+                            .send(&topic, original(m))
+                            .await
+                            .map_err(|e| ctx.fail(e))?;
+                        count += 1;
+                        if ctx.json {
+                            resent.push(json!({
+                                "dlq_offset": m.queue_offset(),
+                                "dlq_msg_id": m.msg_id().encode(),
+                                "topic": topic,
+                                "msg_id": sent.msg_id,
+                            }));
+                        } else {
+                            emit(&format!(
+                                "resent {} (dlq offset {}) to {topic} as {}",
+                                m.msg_id().encode(),
+                                m.queue_offset(),
+                                sent.msg_id
+                            ));
+                        }
                     }
+                    next = reader.offset;
                 }
+                Ok(())
+            }
+            .await;
+            if let Err(e) = outcome {
+                // What was resent before the failure, and where to go on from.
+                if ctx.json {
+                    emit_json(&json!({ "group": group, "resent": resent, "next_offset": next }));
+                } else {
+                    emit(&format!(
+                        "{count} resent before the failure; next: --from-offset {next}"
+                    ));
+                }
+                return Err(e);
             }
             if let Some(id) = &msg_id {
                 if count == 0 {
@@ -156,7 +177,6 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
                     )));
                 }
             }
-            let next = reader.offset;
             if ctx.json {
                 emit_json(&json!({ "group": group, "resent": resent, "next_offset": next }));
             } else {
@@ -182,6 +202,9 @@ struct Letters<'a> {
     topic: String,
     /// Where the next pull starts; after the last batch, the offset after the last one.
     offset: u64,
+    /// Where the queue ended at the first pull: letters appended since (a resend's
+    /// messages failing again) are not read.
+    end: Option<u64>,
     done: bool,
 }
 
@@ -192,6 +215,7 @@ impl<'a> Letters<'a> {
             client,
             topic: dlq_topic(group),
             offset: from,
+            end: None,
             done: false,
         }
     }
@@ -222,6 +246,7 @@ impl<'a> Letters<'a> {
             }
             Err(e) => return Err(self.ctx.fail(e)),
         };
+        let end = *self.end.get_or_insert(pulled.max_offset);
         // Below the queue's first kept offset (retention took the oldest dead letters), the
         // pull answers where it starts: read on from there, as `consume` does.
         match step(pulled.status, self.offset, pulled.next_offset) {
@@ -231,7 +256,13 @@ impl<'a> Letters<'a> {
                 self.done = true;
             }
         }
-        Ok(Some(pulled.messages))
+        if self.offset >= end {
+            self.offset = self.offset.min(end.max(pulled.min_offset));
+            self.done = true;
+        }
+        let mut messages = pulled.messages;
+        messages.retain(|m| m.queue_offset() < end);
+        Ok(Some(messages))
     }
 }
 

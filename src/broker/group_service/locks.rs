@@ -37,7 +37,7 @@ impl ShardCtx {
                         ));
                     }
                 }
-                if !locks.has_room(group, topic, queues, now, LOCKS_PER_SHARD_MAX) {
+                if !locks.has_room(group, topic, queues, LOCKS_PER_SHARD_MAX) {
                     return Err(err(
                         ErrorCode::LimitReached,
                         format!(

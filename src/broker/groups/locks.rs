@@ -157,29 +157,18 @@ impl LockTable {
 
     /// Whether [`lock_batch`](Self::lock_batch) of `queues` keeps at most `max` entries:
     /// those the request would add (queues of `group` and `topic` with no entry yet) count,
-    /// renewals do not. Expired entries are forgotten first when they would not fit.
-    pub fn has_room(
-        &mut self,
-        group: &str,
-        topic: &str,
-        queues: &[u32],
-        now_ms: u64,
-        max: usize,
-    ) -> bool {
-        let added = |t: &LockTable| {
-            let table = t.locks.get(group).and_then(|topics| topics.get(topic));
-            let mut asked = queues.to_vec();
-            asked.sort_unstable();
-            asked.dedup();
-            (asked.iter())
-                .filter(|q| table.is_none_or(|t| !t.contains_key(q)))
-                .count()
-        };
-        if self.entries + added(self) <= max {
-            return true;
-        }
-        self.purge_expired(now_ms);
-        self.entries + added(self) <= max
+    /// renewals do not. Lapsed entries count until the next [`purge_expired`]
+    /// (Self::purge_expired), which the shard runs every 500 ms: not here, where a table
+    /// kept full of live locks would have every refused request walk all of it.
+    pub fn has_room(&self, group: &str, topic: &str, queues: &[u32], max: usize) -> bool {
+        let table = self.locks.get(group).and_then(|topics| topics.get(topic));
+        let mut asked = queues.to_vec();
+        asked.sort_unstable();
+        asked.dedup();
+        let added = (asked.iter())
+            .filter(|q| table.is_none_or(|t| !t.contains_key(q)))
+            .count();
+        self.entries + added <= max
     }
 
     /// Unlocks the queues `client_id` holds among `queues` unless it locked them again
@@ -620,26 +609,28 @@ mod tests {
     }
 
     /// Entries past a bound are refused; renewals and queues already held are not counted;
-    /// expired entries make room.
+    /// lapsed entries make room once purged.
     #[test]
     fn entries_are_bounded_and_renewals_need_no_room() {
         let mut t = LockTable::new(EXPIRY);
-        assert!(t.has_room("g", "t", &[0, 1, 2, 2], 0, 3));
+        assert!(t.has_room("g", "t", &[0, 1, 2, 2], 3));
         assert_eq!(t.lock_batch("g", "t", &[0, 1, 2], "a", 0, at(0)), [0, 1, 2]);
-        assert!(!t.has_room("g", "t", &[3], 10, 3));
-        assert!(!t.has_room("h", "t", &[0], 10, 3));
-        assert!(t.has_room("g", "t", &[0, 1, 2], 10, 3), "a renewal");
-        assert!(t.has_room("g", "t", &[2, 3], 10, 4));
+        assert!(!t.has_room("g", "t", &[3], 3));
+        assert!(!t.has_room("h", "t", &[0], 3));
+        assert!(t.has_room("g", "t", &[0, 1, 2], 3), "a renewal");
+        assert!(t.has_room("g", "t", &[2, 3], 4));
         assert_eq!(t.len(), 3);
         t.release_client("g", "a", at(20));
         assert_eq!(t.len(), 0);
-        assert!(t.has_room("h", "t", &[0, 1, 2], 30, 3));
+        assert!(t.has_room("h", "t", &[0, 1, 2], 3));
         assert_eq!(
             t.lock_batch("h", "t", &[0, 1, 2], "b", 30, at(30)),
             [0, 1, 2]
         );
-        // Lapsed, they make room.
-        assert!(t.has_room("g", "t", &[5], 30 + EXPIRY, 3));
+        // Lapsed, they make room once purged.
+        assert!(!t.has_room("g", "t", &[5], 3));
+        t.purge_expired(30 + EXPIRY);
+        assert!(t.has_room("g", "t", &[5], 3));
         assert_eq!(t.len(), 0);
         t.lock_batch("h", "u", &[0, 1], "b", 40 + EXPIRY, at(40 + EXPIRY));
         t.forget_group("h");
