@@ -42,6 +42,11 @@ use coalesce::SharedCoalescer;
 
 pub const SEND_RETRIES_DEFAULT: u32 = 2;
 pub const ROUTE_REFRESH_MS_DEFAULT: u64 = 30_000;
+
+/// Most topics a producer keeps a queue count (and coalescers) for: past it, those not
+/// used lately are forgotten (a producer sending to ever new topics does not grow for ever;
+/// a topic forgotten is looked up again at its next send).
+pub const TOPICS_KEPT_MAX: usize = 65_536;
 /// Most messages in one batch (the broker's limit too).
 pub const BATCH_MESSAGES_MAX: usize = 4096;
 
@@ -146,6 +151,18 @@ struct TopicRoute {
     queue_count: u32,
     fetched_at: Instant,
     refreshing: bool,
+}
+
+/// Makes room in a full route cache: the routes not refreshed within `refresh_after` (none
+/// of their topics' sends needed them since), else the older half.
+fn forget_stale(routes: &mut HashMap<String, TopicRoute>, refresh_after: Duration) {
+    routes.retain(|_, r| r.fetched_at.elapsed() < refresh_after);
+    if routes.len() >= TOPICS_KEPT_MAX {
+        let mut ages: Vec<Instant> = routes.values().map(|r| r.fetched_at).collect();
+        let (_, median, _) = ages.select_nth_unstable(routes.len() / 2);
+        let median = *median;
+        routes.retain(|_, r| r.fetched_at > median);
+    }
 }
 
 /// The queue of one attempt: a queue id, or [`QUEUE_ID_ANY`] for the broker to choose.
@@ -704,6 +721,12 @@ impl ProducerInner {
                     routes.remove(topic);
                     return Ok(None);
                 }
+                if routes.len() >= TOPICS_KEPT_MAX && !routes.contains_key(topic) {
+                    forget_stale(
+                        &mut routes,
+                        Duration::from_millis(self.options.route_refresh_ms),
+                    );
+                }
                 routes.insert(
                     topic.to_owned(),
                     TopicRoute {
@@ -734,5 +757,35 @@ impl ProducerInner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(topic);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full route cache forgets the routes not refreshed lately, else the older half.
+    #[test]
+    fn a_full_route_cache_forgets_the_oldest() {
+        let now = Instant::now();
+        let route = |age_ms: u64| TopicRoute {
+            queue_count: 8,
+            fetched_at: now - Duration::from_millis(age_ms),
+            refreshing: false,
+        };
+        let mut routes: HashMap<String, TopicRoute> = (0..TOPICS_KEPT_MAX)
+            .map(|i| (format!("t{i}"), route(if i < 10 { 60_000 } else { 10 })))
+            .collect();
+        forget_stale(&mut routes, Duration::from_secs(30));
+        assert_eq!(routes.len(), TOPICS_KEPT_MAX - 10);
+        assert!(!routes.contains_key("t3") && routes.contains_key("t10"));
+        // None stale: the older half goes.
+        let mut routes: HashMap<String, TopicRoute> = (0..TOPICS_KEPT_MAX)
+            .map(|i| (format!("t{i}"), route((TOPICS_KEPT_MAX - i) as u64)))
+            .collect();
+        forget_stale(&mut routes, Duration::from_secs(3600));
+        assert!(routes.len() < TOPICS_KEPT_MAX / 2 + 1, "{}", routes.len());
+        assert!(routes.contains_key(&format!("t{}", TOPICS_KEPT_MAX - 1)));
+        assert!(!routes.contains_key("t0"));
     }
 }

@@ -133,6 +133,15 @@ fn coalescer_of(
     topic: &str,
     shard: usize,
 ) -> SharedCoalescer {
+    if coalescers.len() >= super::TOPICS_KEPT_MAX && !coalescers.contains_key(topic) {
+        // The topics whose coalescers are all idle go (made again at their next send).
+        coalescers.retain(|_, shards| {
+            (shards.iter().flatten()).any(|co| {
+                let c = lock(co);
+                Arc::strong_count(co) > 1 || c.in_flight || !c.waiting.is_empty()
+            })
+        });
+    }
     let of_topic = match coalescers.get_mut(topic) {
         Some(of_topic) => of_topic,
         None => coalescers.entry(topic.to_owned()).or_default(),
@@ -556,5 +565,21 @@ mod tests {
         assert!(Arc::ptr_eq(&coalescer_of(&mut map, "a", 3), &a3));
         assert!(Arc::ptr_eq(&coalescer_of(&mut map, "b", 0), &b0));
         assert_eq!(map.len(), 2);
+    }
+
+    /// A full map forgets the topics whose coalescers are all idle, and keeps one held
+    /// elsewhere (a send of it under way).
+    #[test]
+    fn a_full_map_forgets_the_idle_topics() {
+        let mut map = HashMap::new();
+        let held = coalescer_of(&mut map, "busy", 1);
+        for i in 0..super::super::TOPICS_KEPT_MAX - 1 {
+            coalescer_of(&mut map, &format!("t{i}"), 0);
+        }
+        assert_eq!(map.len(), super::super::TOPICS_KEPT_MAX);
+        let new = coalescer_of(&mut map, "new", 0);
+        assert_eq!(map.len(), 2, "busy and new are kept");
+        assert!(Arc::ptr_eq(&coalescer_of(&mut map, "busy", 1), &held));
+        assert!(Arc::ptr_eq(&coalescer_of(&mut map, "new", 0), &new));
     }
 }
