@@ -850,12 +850,14 @@ fn retention_holds_at_a_checkpoint_it_cannot_move() {
             }
             other => panic!("retention past the checkpoint: {other:?}"),
         }
+        assert!(store.retention_held());
         assert!(
             store.log().min_offset() <= on_disk,
             "deleted past the checkpoint"
         );
         std::fs::remove_dir(&blocker).unwrap();
         let min = store.apply_retention(ringmq::log::now_ms()).await.unwrap();
+        assert!(!store.retention_held());
         let moved = ringmq::store::Checkpoint::read(&path).unwrap().log_offset;
         assert!(min > on_disk && moved >= min, "{on_disk} {min} {moved}");
         store.close().await.unwrap();

@@ -98,6 +98,7 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
         "ringmq_connections_open",
         "ringmq_locks_held",
         "ringmq_schedule_pending",
+        "ringmq_retention_held",
     ] {
         assert!(s.samples.iter().any(|x| x.metric == gauge), "{gauge}");
     }

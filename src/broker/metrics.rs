@@ -439,6 +439,13 @@ impl ShardCtx {
             ),
         );
         s.add(
+            "ringmq_retention_held",
+            "1 while retention stops at the last checkpoint because the checkpoint its last \
+             pass wrote first failed (the log grows until one succeeds).",
+            false,
+            (sl(), f64::from(u8::from(self.store.retention_held()))),
+        );
+        s.add(
             "ringmq_disk_free_bytes",
             "Free bytes of the data directory's filesystem.",
             false,

@@ -162,6 +162,7 @@ impl MessageStore {
         }
         let keep_from = floor.min(self.inner.checkpointed.get());
         let min = (self.inner.log).apply_retention(now_ms, keep_from).await;
+        self.inner.retention_held.set(held_by.is_some());
         let held_by = held_by.map(|e| StoreError::RetentionHeld {
             checkpoint: self.inner.checkpointed.get(),
             reason: e.to_string(),
@@ -201,6 +202,12 @@ impl MessageStore {
         }
         self.inner.trimmed_to.set(min);
         held_by.map_or(Ok(min), Err)
+    }
+
+    /// Whether the last retention pass stopped at the checkpoint on disk because the
+    /// checkpoint it wrote first failed (`ringmq_retention_held`).
+    pub fn retention_held(&self) -> bool {
+        self.inner.retention_held.get()
     }
 
     /// Unmaps the consume-queue files not used since the last call (a walk over the queues

@@ -206,6 +206,9 @@ struct Inner {
     /// Held by a checkpoint while it runs: one at a time, so that the checkpoint on disk
     /// and `checkpointed` only move forward, together.
     checkpointing: tokio::sync::Mutex<()>,
+    /// The last retention pass stopped at the checkpoint on disk: the checkpoint it wrote
+    /// first failed.
+    retention_held: std::cell::Cell<bool>,
     /// The log minimum the indexes were last trimmed to.
     trimmed_to: std::cell::Cell<u64>,
     /// The log's cut count the indexes agree with.

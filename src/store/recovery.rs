@@ -197,6 +197,7 @@ impl MessageStore {
                 retention_floors: std::array::from_fn(|_| std::cell::Cell::new(u64::MAX)),
                 checkpointed: std::cell::Cell::new(checkpointed),
                 checkpointing: tokio::sync::Mutex::new(()),
+                retention_held: std::cell::Cell::new(false),
                 trimmed_to: std::cell::Cell::new(trimmed_to),
                 seen_epoch: std::cell::Cell::new(0),
                 space_low: RefCell::new(None),
