@@ -14,7 +14,8 @@ use common::metrics::{eventually, scrape, sum};
 use common::{free_port, runtime};
 use prometheus_parse::Value;
 use ringmq::client::{
-    ClientConfig, OutgoingMessage, Producer, TransactionOutcome, TransactionProducer,
+    Client, ClientConfig, MemberSpec, OutgoingMessage, Producer, TransactionOutcome,
+    TransactionProducer,
 };
 
 #[test]
@@ -354,4 +355,42 @@ fn the_log_goes_through_levels_set_by_flag_or_environment() {
     );
     let env_quiet = run(&[], Some("error"));
     assert!(!env_quiet.contains("INFO"), "{env_quiet}");
+}
+
+/// A group's assignment, kept once computed, counts in `ringmq_group_assignments_bytes`
+/// while the group has members, and is given back when the last one leaves, also from a
+/// group kept without members (one whose offsets were reset).
+#[test]
+fn a_groups_kept_assignment_is_given_back_when_its_members_leave() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--metrics-listen", &metrics]);
+    let addr = broker.addr_string();
+    let rt = runtime();
+    let client = rt.block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("a", 4).await.unwrap();
+        let member = MemberSpec {
+            subscriptions: vec![("a".into(), "*".into())],
+            ..MemberSpec::default()
+        };
+        let assignment = client.group_heartbeat("ga", &member).await.unwrap();
+        assert_eq!(assignment.topics[0].queues, [0, 1, 2, 3]);
+        client
+    });
+    // Published by the shard about once a second (none before the first).
+    let kept = || {
+        let s = common::metrics::scrape_any(&metrics);
+        let gauge = s
+            .samples
+            .iter()
+            .any(|x| x.metric == "ringmq_group_assignments_bytes");
+        gauge.then(|| sum(&s, "ringmq_group_assignments_bytes", &[]))
+    };
+    eventually("the assignment counted", || kept().is_some_and(|b| b > 0.0));
+    // Reset, the group is kept once empty (its offsets epoch is what members compare).
+    rt.block_on(client.reset_offset_by_time("ga", "a", 0))
+        .unwrap();
+    rt.block_on(client.unregister("ga")).unwrap();
+    eventually("the assignment given back", || kept() == Some(0.0));
 }

@@ -177,7 +177,9 @@ impl ShardCtx {
             ));
         };
         let topics = if state.model() == MessageModel::Broadcasting {
-            // Every queue of each topic it subscribes to: no other member's list is made.
+            // Every queue of each topic it subscribes to: no other member's list is made
+            // (nor kept: a clustering one kept from before goes).
+            *extra.assigned.borrow_mut() = None;
             // (Subscriptions are kept sorted by topic, one per topic.)
             let counts = self.queue_counts(member.subscriptions.iter().map(|s| s.topic.clone()));
             (member.subscriptions.iter())
@@ -305,11 +307,15 @@ impl ShardCtx {
         }
         // A group whose offsets were reset keeps its epoch (members compare it), so only a
         // group that never had a reset is forgotten.
-        let empty = self
-            .groups
-            .borrow()
-            .get(group)
-            .is_some_and(|(s, extra)| s.is_empty() && !extra.had_reset());
+        let empty = {
+            let groups = self.groups.borrow();
+            let empty = groups.get(group).filter(|(s, _)| s.is_empty());
+            // Kept or not, its assignment has no one to ask for it.
+            if let Some((_, extra)) = empty {
+                *extra.assigned.borrow_mut() = None;
+            }
+            empty.is_some_and(|(_, extra)| !extra.had_reset())
+        };
         if empty {
             // Bounded memory: a group without members is forgotten (a new member starts a
             // new generation; offsets live with the queues, not here).
@@ -332,10 +338,12 @@ impl ShardCtx {
         // Once they are out (nothing awaited since): a lock request they made before is
         // older, and one made after a rejoin is newer.
         let decided = steady_ns();
+        // Before the waits below (mesh calls): lapsed locks stop counting against the
+        // shard's bound every pass.
+        self.locks.borrow_mut().purge_expired(now);
         for (group, left) in expired {
             self.members_left(&group, left, decided).await;
         }
-        self.locks.borrow_mut().purge_expired(now);
     }
 
     /// A client connection closed on this shard: its members leave their groups.

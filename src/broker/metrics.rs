@@ -439,6 +439,13 @@ impl ShardCtx {
             ),
         );
         s.add(
+            "ringmq_group_assignments_bytes",
+            "Bytes (about) of the consumer groups' assignments this shard keeps computed, \
+             at most 64 MiB.",
+            false,
+            (sl(), self.assigned_bytes.get() as f64),
+        );
+        s.add(
             "ringmq_retention_held",
             "1 while retention stops at the last checkpoint because the checkpoint its last \
              pass wrote first failed (the log grows until one succeeds).",

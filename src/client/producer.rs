@@ -154,10 +154,11 @@ struct TopicRoute {
 }
 
 /// Makes room in a full route cache: the routes not refreshed within `refresh_after` (none
-/// of their topics' sends needed them since), else the older half.
+/// of their topics' sends needed them since), and the older half too if that leaves more
+/// than 7/8 of the cache (so that the next new topics do not each walk it again).
 fn forget_stale(routes: &mut HashMap<String, TopicRoute>, refresh_after: Duration) {
     routes.retain(|_, r| r.fetched_at.elapsed() < refresh_after);
-    if routes.len() >= TOPICS_KEPT_MAX {
+    if routes.len() > TOPICS_KEPT_MAX / 8 * 7 {
         let mut ages: Vec<Instant> = routes.values().map(|r| r.fetched_at).collect();
         let (_, median, _) = ages.select_nth_unstable(routes.len() / 2);
         let median = *median;
@@ -764,7 +765,8 @@ impl ProducerInner {
 mod tests {
     use super::*;
 
-    /// A full route cache forgets the routes not refreshed lately, else the older half.
+    /// A full route cache forgets the routes not refreshed lately, and the older half when
+    /// that leaves it nearly full.
     #[test]
     fn a_full_route_cache_forgets_the_oldest() {
         let now = Instant::now();
@@ -777,8 +779,15 @@ mod tests {
             .map(|i| (format!("t{i}"), route(if i < 10 { 60_000 } else { 10 })))
             .collect();
         forget_stale(&mut routes, Duration::from_secs(30));
-        assert_eq!(routes.len(), TOPICS_KEPT_MAX - 10);
-        assert!(!routes.contains_key("t3") && routes.contains_key("t10"));
+        assert!(routes.len() <= TOPICS_KEPT_MAX / 2, "{}", routes.len());
+        assert!(!routes.contains_key("t3"));
+        // Most stale: only those go.
+        let mut routes: HashMap<String, TopicRoute> = (0..TOPICS_KEPT_MAX)
+            .map(|i| (format!("t{i}"), route(if i < 10_000 { 60_000 } else { 10 })))
+            .collect();
+        forget_stale(&mut routes, Duration::from_secs(30));
+        assert_eq!(routes.len(), TOPICS_KEPT_MAX - 10_000);
+        assert!(!routes.contains_key("t3") && routes.contains_key("t10000"));
         // None stale: the older half goes.
         let mut routes: HashMap<String, TopicRoute> = (0..TOPICS_KEPT_MAX)
             .map(|i| (format!("t{i}"), route((TOPICS_KEPT_MAX - i) as u64)))

@@ -37,9 +37,11 @@ pub(crate) enum DlqCommand {
         limit: u64,
     },
     /// Send dead letters back to the topic they came from (body, tags, keys, flag and user
-    /// properties as they were; ORIGIN_MESSAGE_ID kept), a pull of 32 at a time. Prints one
-    /// line per message and the offset to continue from; the dead letters stay where they
-    /// are
+    /// properties as they were; ORIGIN_MESSAGE_ID kept), a pull of 32 at a time, up to where
+    /// the dead-letter queue ended when it began (letters that fail again and come back are
+    /// for another run). Prints one line per message and the offset to continue from (also
+    /// when it fails part way: a letter whose send timed out may have been resent); the
+    /// dead letters stay where they are
     Resend {
         /// Consumer group
         group: String,

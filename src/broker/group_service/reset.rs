@@ -145,6 +145,14 @@ impl ShardCtx {
     /// before it, and not earlier than the clock's milliseconds, so a broker restarted with
     /// members still holding an epoch of its previous run gives a later one).
     pub(in crate::broker) fn reserve_offsets_epoch(&self, group: &str) -> Result<u64, ErrorBody> {
+        if self.deleting_groups.borrow().contains(group) {
+            // Its offsets set now would be forgotten on the shards the deletion has not
+            // reached yet, the reset answered as done.
+            return Err(err(
+                ErrorCode::Conflict,
+                format!("group {group} is being deleted; reset its offsets once that is done"),
+            ));
+        }
         let mut groups = self.groups.borrow_mut();
         if !groups.contains_key(group) && groups.len() >= self.cfg.groups_max {
             return Err(err(
@@ -198,17 +206,23 @@ impl ShardCtx {
             group: m.group.clone(),
         };
         self.groups.borrow_mut().remove(&m.group);
+        // Every shard is told, even past one that failed (the first failure is answered:
+        // the deletion is then to be done again).
+        let mut failed = None;
         for to in 0..self.shard_count {
-            if to == self.id {
-                self.forget_group(&m.group).await?;
+            let done = if to == self.id {
+                self.forget_group(&m.group).await
             } else {
                 let req = MeshRequest::ForgetGroup {
                     group: m.group.clone(),
                 };
-                self.call(to, req).await?;
+                self.call(to, req).await.map(drop)
+            };
+            if let Err(e) = done {
+                failed.get_or_insert(e);
             }
         }
-        Ok(Empty {})
+        failed.map_or(Ok(Empty {}), Err)
     }
 
     /// This shard's part of a group delete: offsets (written durably) and locks.
