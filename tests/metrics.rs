@@ -364,7 +364,19 @@ fn the_log_goes_through_levels_set_by_flag_or_environment() {
 fn a_groups_kept_assignment_is_given_back_when_its_members_leave() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--metrics-listen", &metrics]);
+    // The member stays until it leaves (it does not heartbeat again here).
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &[
+            "--metrics-listen",
+            &metrics,
+            "--session-timeout-ms",
+            "120000",
+            "--lock-expiry-ms",
+            "125000",
+        ],
+    );
     let addr = broker.addr_string();
     let rt = runtime();
     let client = rt.block_on(async {

@@ -243,7 +243,7 @@ impl Client {
 
     /// Moves `group`'s committed offset of every queue of `topic` to the first message
     /// stored at or after `timestamp_ms` (backwards too). Running members are told and
-    /// re-read their offsets.
+    /// re-read their offsets. Refused with `Conflict` while the group is being deleted.
     pub async fn reset_offset_by_time(
         &self,
         group: &str,

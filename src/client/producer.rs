@@ -159,10 +159,15 @@ struct TopicRoute {
 fn forget_stale(routes: &mut HashMap<String, TopicRoute>, refresh_after: Duration) {
     routes.retain(|_, r| r.fetched_at.elapsed() < refresh_after);
     if routes.len() > TOPICS_KEPT_MAX / 8 * 7 {
-        let mut ages: Vec<Instant> = routes.values().map(|r| r.fetched_at).collect();
-        let (_, median, _) = ages.select_nth_unstable(routes.len() / 2);
-        let median = *median;
-        routes.retain(|_, r| r.fetched_at > median);
+        // Exactly half, by age (routes fetched at the same instant are ranked by name).
+        let mut by_age: Vec<(Instant, String)> = (routes.iter())
+            .map(|(topic, r)| (r.fetched_at, topic.clone()))
+            .collect();
+        let half = by_age.len() / 2;
+        by_age.select_nth_unstable(half);
+        for (_, topic) in &by_age[..half] {
+            routes.remove(topic);
+        }
     }
 }
 
@@ -775,11 +780,13 @@ mod tests {
             fetched_at: now - Duration::from_millis(age_ms),
             refreshing: false,
         };
+        // Few stale (the rest fetched at one instant): those, then exactly half of the rest.
         let mut routes: HashMap<String, TopicRoute> = (0..TOPICS_KEPT_MAX)
             .map(|i| (format!("t{i}"), route(if i < 10 { 60_000 } else { 10 })))
             .collect();
         forget_stale(&mut routes, Duration::from_secs(30));
-        assert!(routes.len() <= TOPICS_KEPT_MAX / 2, "{}", routes.len());
+        let fresh = TOPICS_KEPT_MAX - 10;
+        assert_eq!(routes.len(), fresh - fresh / 2);
         assert!(!routes.contains_key("t3"));
         // Most stale: only those go.
         let mut routes: HashMap<String, TopicRoute> = (0..TOPICS_KEPT_MAX)
@@ -793,7 +800,7 @@ mod tests {
             .map(|i| (format!("t{i}"), route((TOPICS_KEPT_MAX - i) as u64)))
             .collect();
         forget_stale(&mut routes, Duration::from_secs(3600));
-        assert!(routes.len() < TOPICS_KEPT_MAX / 2 + 1, "{}", routes.len());
+        assert_eq!(routes.len(), TOPICS_KEPT_MAX / 2);
         assert!(routes.contains_key(&format!("t{}", TOPICS_KEPT_MAX - 1)));
         assert!(!routes.contains_key("t0"));
     }

@@ -30,7 +30,8 @@ pub(crate) enum GroupCommand {
     /// Move the group's offsets in TOPIC to the first message stored at or after a time
     ///
     /// Every queue's committed offset moves (backwards too); running members re-read their
-    /// offsets. Prints the resulting progress.
+    /// offsets. Prints the resulting progress. Refused (Conflict) while the group is being
+    /// deleted.
     ResetOffset(ResetArgs),
     /// Forget a group: its committed offsets on every shard and its queue locks
     ///
