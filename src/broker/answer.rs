@@ -405,6 +405,19 @@ impl AnswerBudgets {
         }
     }
 
+    /// `wait`, unless connection `conn` closes first (`ours` as for [`closed`]
+    /// (Self::closed)): then its error. What waits for a connection's sake (a long poll, a
+    /// forwarded call, room for an answer, a lookup's place) gives up when it goes.
+    pub async fn unless_closed<T>(
+        &self,
+        conn: u64,
+        ours: bool,
+        wait: impl Future<Output = Result<T, ErrorBody>>,
+    ) -> Result<T, ErrorBody> {
+        let closed = self.closed(conn, ours);
+        futures_lite::future::or(wait, async { Err(closed.await) }).await
+    }
+
     /// Bytes reserved by the answers of this shard right now.
     pub fn shard_reserved_bytes(&self) -> usize {
         (self.shard_units as usize - self.shard.available_permits()) * UNIT_BYTES
@@ -459,15 +472,14 @@ impl AnswerBudgets {
             None if ours => return Err(connection_closed()),
             None => None,
         };
-        let shard = self
-            .shard
-            .clone()
-            .acquire_many_owned(units(bytes).min(self.shard_units));
-        let closed = self.closed(conn, ours);
-        let shard_permit = futures_lite::future::or(async { shard.await.map_err(gone) }, async {
-            Err(closed.await)
-        })
-        .await?;
+        let n = units(bytes).min(self.shard_units);
+        let shard_permit = match self.shard.clone().try_acquire_many_owned(n) {
+            Ok(permit) => permit,
+            Err(_) => {
+                let shard = self.shard.clone().acquire_many_owned(n);
+                (self.unless_closed(conn, ours, async { shard.await.map_err(gone) })).await?
+            }
+        };
         Ok(AnswerHold {
             conn: conn_permit,
             shard: shard_permit,
@@ -587,27 +599,26 @@ mod tests {
                 taken.push(budgets.reserve(conn, true, 32 << 20).await.unwrap());
             }
             assert_eq!(budgets.shard_reserved_bytes(), 256 << 20);
+            // Waits, then fails once `close` is done.
+            async fn waits_until(
+                reserve: impl Future<Output = Result<AnswerHold, ErrorBody>>,
+                close: impl FnOnce(),
+            ) {
+                let mut reserve = std::pin::pin!(reserve);
+                let first = futures_lite::future::poll_once(reserve.as_mut()).await;
+                assert!(first.is_none(), "did not wait");
+                close();
+                let ended = futures_lite::future::poll_once(reserve.as_mut()).await;
+                assert!(matches!(ended, Some(Err(_))), "still waiting");
+            }
             budgets.open(9);
-            let ours = budgets.reserve(9, true, 1 << 20);
-            let mut ours = std::pin::pin!(ours);
-            assert!(futures_lite::future::poll_once(ours.as_mut())
-                .await
-                .is_none());
-            budgets.close(9);
-            let ended = futures_lite::future::poll_once(ours.as_mut()).await;
-            assert!(matches!(ended, Some(Err(_))), "still waiting");
+            waits_until(budgets.reserve(9, true, 1 << 20), || budgets.close(9)).await;
             // Already closed: refused at once.
             assert!(budgets.reserve(9, true, 1000).await.is_err());
             // Another shard's connection, once its shard says it closed.
             let _handled = budgets.forwarded(99);
             let theirs = budgets.reserve(99, false, 1000);
-            let mut theirs = std::pin::pin!(theirs);
-            assert!(futures_lite::future::poll_once(theirs.as_mut())
-                .await
-                .is_none());
-            budgets.close_forwarded(99);
-            let ended = futures_lite::future::poll_once(theirs.as_mut()).await;
-            assert!(matches!(ended, Some(Err(_))), "still waiting");
+            waits_until(theirs, || budgets.close_forwarded(99)).await;
             drop(taken);
             assert_eq!(budgets.shard_reserved_bytes(), 0);
         });

@@ -321,8 +321,8 @@ impl ShardCtx {
                     // A long poll ends with its connection (the client is gone, and the
                     // connection's place with it once its requests end); at once if it
                     // closed already.
-                    let closed = self.answers.closed(conn, self.conn_is_ours(conn));
-                    futures_lite::future::or(woken, async { Err(closed.await) }).await?;
+                    let ours = self.conn_is_ours(conn);
+                    self.answers.unless_closed(conn, ours, woken).await?;
                     // Woken by the topic's deletion (its notifier is gone): say so now rather
                     // than park again on a notifier nothing wakes. Deleted and created again
                     // meanwhile: the position, checked against the topic before, names an

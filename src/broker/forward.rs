@@ -119,12 +119,9 @@ impl ShardCtx {
     ) -> Option<Result<Vec<u8>, ErrorBody>> {
         let call = self.call_with_timeout(to, body, timeout_ms);
         let called = if kind != Forward::Plain {
-            let closed = self.answers.closed(conn, self.conn_is_ours(conn));
-            futures_lite::future::or(async { Some(call.await) }, async {
-                closed.await;
-                None
-            })
-            .await
+            let ours = self.conn_is_ours(conn);
+            let call = async { Ok(call.await) };
+            self.answers.unless_closed(conn, ours, call).await.ok()
         } else {
             Some(call.await)
         };

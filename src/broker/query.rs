@@ -267,15 +267,12 @@ impl ShardCtx {
         }
         // A closed connection's lookups give up their place in line (a client that sent
         // many and went would otherwise have them all run, ahead of other clients').
-        let closed = self.answers.closed(conn, self.conn_is_ours(conn));
-        let one_of_few = futures_lite::future::or(
-            async {
-                (self.key_lookups.acquire().await)
-                    .map_err(|_| err(ErrorCode::ShardUnavailable, "the broker is stopping"))
-            },
-            async { Err(closed.await) },
-        )
-        .await?;
+        let place = async {
+            (self.key_lookups.acquire().await)
+                .map_err(|_| err(ErrorCode::ShardUnavailable, "the broker is stopping"))
+        };
+        let ours = self.conn_is_ours(conn);
+        let one_of_few = self.answers.unless_closed(conn, ours, place).await?;
         let max = m.max_messages.clamp(1, KEY_LOOKUP_MESSAGES_MAX);
         let mut found = self
             .local_by_key(&m.topic, &m.key, m.begin_ms, m.end_ms, max)
