@@ -863,3 +863,66 @@ fn retention_holds_at_a_checkpoint_it_cannot_move() {
         store.close().await.unwrap();
     });
 }
+
+/// Rot before the durable point followed, across a stretch of garbage, by a valid record
+/// at one of the last starts of the recovery's 8 MiB search window stops the start: that
+/// record proves the bad one is not a torn tail. Before, the last 7 starts of each window
+/// were skipped and, with nothing valid after them, the log was cut at the rot, the
+/// later records' queue entries left pointing into quarantine.
+#[test]
+fn a_valid_record_at_the_end_of_the_search_window_after_rot_stops_the_start() {
+    const WINDOW: u64 = 8 << 20;
+    let mut cfg = tiny_config();
+    cfg.log.segment_bytes = 32 << 20;
+    cfg.log.flush = ringmq::log::FlushMode::Async;
+    cfg.consume_queue.entries_per_file = 4096;
+    let built = build_store(12_000, cfg.clone());
+    let (_, _, _, last_at, last) = built.records.last().unwrap();
+    assert!(
+        last_at + last.len() as u64 > WINDOW + 8192,
+        "the log must reach past one window"
+    );
+    let rot = built.records[3].3;
+    // The record moved to `at`: a valid record, placed there (its physical offset is `at`).
+    let n = built.records.len() - 1;
+    let (_, _, qo, _, bytes) = &built.records[n];
+    let stamp = RecordView::parse(bytes).unwrap().store_timestamp_ms();
+    let m = common::message(7, n as u64, 3, 1500);
+    // Window starts are rot + 1 + k * WINDOW; the last start of the first one is
+    // rot + WINDOW, its seventh-last rot + WINDOW - 6.
+    for back in [0u64, 3, 6] {
+        let at = rot + WINDOW - back;
+        let moved = m.draft().encode(Placement {
+            queue_offset: *qo,
+            physical_offset: at,
+            store_timestamp_ms: stamp,
+        });
+        let work = tempfile::tempdir().unwrap();
+        copy_dir(built.dir.path(), work.path());
+        let file = work.path().join("commitlog").join(format!("{:020}", 0));
+        let mut seg = std::fs::read(&file).unwrap();
+        seg[rot as usize..].fill(0);
+        seg[rot as usize..at as usize].fill(0xab);
+        seg[at as usize..at as usize + moved.len()].copy_from_slice(&moved);
+        std::fs::write(&file, &seg).unwrap();
+        let path = work.path().to_owned();
+        let cfg = cfg.clone();
+        let err = run_local(move || async move { MessageStore::open(&path, cfg).await.err() });
+        match err {
+            Some(StoreError::Log(LogError::Corrupt {
+                file_offset,
+                reason,
+                ..
+            })) => {
+                assert_eq!(file_offset, rot, "names the rot");
+                assert!(
+                    reason.contains(&format!("a valid record follows at file offset {at}")),
+                    "{back} before the window's last start: {reason}"
+                );
+            }
+            other => {
+                panic!("{back} before the window's last start: expected a refusal, got {other:?}")
+            }
+        }
+    }
+}
