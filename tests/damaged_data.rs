@@ -434,7 +434,7 @@ fn a_damaged_half_message_is_skipped_at_start_not_every_start_refused() {
         for i in 0..10 {
             let m = OutgoingMessage::new(format!("txn-body-{i:04}"));
             let sent = tp.send_in_transaction("txn", m, |_| TransactionOutcome::Unknown);
-            sent.await.unwrap();
+            let _half = sent.await.unwrap();
         }
         fill_four_segments(tp.producer()).await;
         drop(tp);

@@ -724,9 +724,8 @@ fn a_restart_reads_only_the_unresolved_transactions() {
             assert!(sent.end_error.is_none(), "{:?}", sent.end_error);
         }
         let m = OutgoingMessage::new(format!("open-{body}"));
-        tp.send_in_transaction("t", m, |_| TransactionOutcome::Unknown)
-            .await
-            .unwrap();
+        let open = tp.send_in_transaction("t", m, |_| TransactionOutcome::Unknown);
+        assert!(open.await.unwrap().end_error.is_none());
         tp.shutdown().await;
     });
     assert!(broker.stop(), "a clean stop");

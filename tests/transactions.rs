@@ -1,100 +1,24 @@
 //! Transactional messages against the real broker binary (2 shards) and the real client:
-//! commit, rollback, typed errors for unknown and resolved transactions, check-backs that
-//! commit, roll back or never answer (discarded after the last check), another producer
-//! of the group asked when one is gone, and SIGKILL of the broker in the middle of many
-//! concurrent transactions.
+//! commit, rollback, typed errors for unknown and resolved transactions, commits racing
+//! their topic's deletion, SIGKILL of the broker in the middle of many concurrent
+//! transactions, halves past retention. The check-backs are in `transaction_checks.rs`.
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::broker::BrokerProcess;
 use common::runtime;
 use ringmq::client::{
-    Client, ClientConfig, ClientError, Message, OutgoingMessage, PullStatus, SendResult,
-    TransactionOutcome, TransactionProducer,
+    Client, ClientConfig, Message, OutgoingMessage, TransactionOutcome, TransactionProducer,
 };
 use ringmq::protocol::record::RecordView;
 use ringmq::protocol::ErrorCode;
 
+use common::txn::{code, eventually, pending_half, unsure_producer, visible};
 use common::FAST_CHECKS;
-
-/// Every message of every queue of `topic`: body → how many times.
-async fn visible(client: &Client, topic: &str) -> BTreeMap<String, Vec<Message>> {
-    let info = client.describe_topic(topic).await.unwrap();
-    let mut seen: BTreeMap<String, Vec<Message>> = BTreeMap::new();
-    for q in info.queues {
-        let mut offset = q.min_offset;
-        loop {
-            let r = client
-                .pull(topic, q.queue_id, offset, 32, Duration::ZERO, &[])
-                .await
-                .unwrap();
-            for m in r.messages {
-                seen.entry(String::from_utf8_lossy(m.body()).into_owned())
-                    .or_default()
-                    .push(m);
-            }
-            if r.status != PullStatus::Found {
-                break;
-            }
-            offset = r.next_offset;
-        }
-    }
-    seen
-}
-
-async fn eventually(what: &str, patience: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + patience;
-    while !done().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
-    match r {
-        Err(e) => e.code().unwrap_or_else(|| panic!("no code: {e}")),
-        Ok(v) => panic!("accepted: {v:?}"),
-    }
-}
-
-/// The checker's rule in these tests: by the body's prefix.
-fn by_body(m: &Message) -> TransactionOutcome {
-    let body = String::from_utf8_lossy(m.body());
-    if body.starts_with("commit") {
-        TransactionOutcome::Commit
-    } else if body.starts_with("rollback") {
-        TransactionOutcome::Rollback
-    } else {
-        TransactionOutcome::Unknown
-    }
-}
-
-/// A transaction producer of `group` whose checker never knows (`Unknown`).
-async fn unsure_producer(addr: &str, group: &str) -> TransactionProducer {
-    TransactionProducer::start(ClientConfig::new(addr), group, |_| {
-        TransactionOutcome::Unknown
-    })
-    .await
-    .unwrap()
-}
-
-/// Sends `message` to `topic` as a half whose local transaction does not know its outcome
-/// (it stays pending until a commit, a rollback or a check says otherwise).
-async fn pending_half(
-    tp: &TransactionProducer,
-    topic: &str,
-    message: OutgoingMessage,
-) -> SendResult {
-    tp.send_in_transaction(topic, message, |_| TransactionOutcome::Unknown)
-        .await
-        .unwrap()
-        .send
-}
 
 #[test]
 fn commit_and_rollback_and_typed_errors_for_unknown_or_resolved_transactions() {
@@ -537,135 +461,6 @@ fn commit_without_op_record_at_start(op_record_refused: bool) {
 }
 
 #[test]
-fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
-    let dir = tempfile::tempdir().unwrap();
-    // Slower than FAST_CHECKS: the halves are listed unresolved before their first check
-    // (2 s), and an answer is never so late (1 s) that its half is asked again.
-    let timings = [
-        "--transaction-timeout-ms",
-        "2000",
-        "--transaction-check-interval-ms",
-        "1000",
-        "--transaction-check-max",
-        "3",
-    ];
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &timings);
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let asked = Arc::new(AtomicU32::new(0));
-        let counter = asked.clone();
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txc", move |m| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            by_body(m)
-        })
-        .await
-        .unwrap();
-        let client = tp.producer().client().clone();
-        client.create_topic("tc", 4).await.unwrap();
-        for body in ["commit-1", "rollback-1", "never-1"] {
-            let r = tp
-                .send_in_transaction("tc", OutgoingMessage::new(body), |_| {
-                    TransactionOutcome::Unknown
-                })
-                .await
-                .unwrap();
-            assert!(r.end_error.is_none());
-        }
-        // Unresolved, and listed as such.
-        let list = client.list_transactions().await.unwrap();
-        assert_eq!(list.halves.len(), 3, "{list:?}");
-        assert!(list
-            .halves
-            .iter()
-            .all(|h| h.producer_group == "txc" && h.topic == "tc"));
-        assert!(
-            visible(&client, "tc").await.is_empty(),
-            "nothing visible before an outcome"
-        );
-
-        eventually(
-            "commit-1 committed by its check",
-            Duration::from_secs(20),
-            async || visible(&client, "tc").await.contains_key("commit-1"),
-        )
-        .await;
-        eventually(
-            "never-1 discarded after 3 checks",
-            Duration::from_secs(20),
-            async || {
-                let list = client.list_transactions().await.unwrap();
-                list.halves.is_empty() && list.discarded == 1
-            },
-        )
-        .await;
-        let seen = visible(&client, "tc").await;
-        assert_eq!(seen.keys().collect::<Vec<_>>(), ["commit-1"]);
-        assert_eq!(seen["commit-1"].len(), 1);
-        // 1 check for commit-1, 1 for rollback-1, 3 for never-1.
-        assert_eq!(asked.load(Ordering::SeqCst), 5);
-        // The discarded one is kept for inspection.
-        let list = client.list_transactions().await.unwrap();
-        assert_eq!(list.recently_discarded.len(), 1);
-        let kept = &list.recently_discarded[0];
-        assert_eq!((kept.checks, kept.producer_group.as_str()), (3, "txc"));
-        let copy = client.message_by_id(&kept.msg_id).await.unwrap().unwrap();
-        assert_eq!(copy.body(), b"never-1");
-        tp.shutdown().await;
-    });
-}
-
-#[test]
-fn when_the_asked_producer_is_gone_another_producer_of_the_group_is_asked() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(
-        &dir.path().join("data"),
-        2,
-        &[
-            "--transaction-timeout-ms",
-            "300",
-            "--transaction-check-interval-ms",
-            "300",
-            "--transaction-check-max",
-            "50",
-        ],
-    );
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let asked_a = Arc::new(AtomicU32::new(0));
-        let counter = asked_a.clone();
-        // A never decides.
-        let a = TransactionProducer::start(ClientConfig::new(&addr), "txk", move |_| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
-        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
-        client.create_topic("tk", 2).await.unwrap();
-        a.send_in_transaction("tk", OutgoingMessage::new("commit-me"), |_| {
-            TransactionOutcome::Unknown
-        })
-        .await
-        .unwrap();
-        eventually("A asked", Duration::from_secs(20), async || {
-            asked_a.load(Ordering::SeqCst) > 0
-        })
-        .await;
-        // A goes away before answering; B of the same group is asked next.
-        a.shutdown().await;
-        let b = TransactionProducer::start(ClientConfig::new(&addr), "txk", by_body)
-            .await
-            .unwrap();
-        eventually("B's commit visible", Duration::from_secs(20), async || {
-            visible(&client, "tk").await.contains_key("commit-me")
-        })
-        .await;
-        assert!(client.list_transactions().await.unwrap().halves.is_empty());
-        b.shutdown().await;
-    });
-}
-
-#[test]
 fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_again() {
     const N: u32 = 600;
     // The rule every producer (and checker) of this test follows.
@@ -829,123 +624,5 @@ fn a_half_message_past_retention_is_discarded_not_lost_and_retention_goes_on() {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         let list = client.list_transactions().await.unwrap();
         assert!(list.halves.is_empty(), "{list:?}");
-    });
-}
-
-/// Checks pushed to a producer whose connection cannot take them (it never reads, and the
-/// broker holds 16 MiB for it at most) do not count against the check limit: the group's
-/// transactions are not discarded for checks nobody could answer, and a producer that
-/// reads answers them later (before, each dropped check counted, and all were discarded).
-#[test]
-fn checks_a_producers_connection_could_not_take_do_not_count() {
-    use std::io::Write;
-    let dir = tempfile::tempdir().unwrap();
-    let metrics = common::free_addr().to_string();
-    // The first check 8 s after a half, not FAST_CHECKS' 300 ms: their producer answers
-    // Unknown while the 400 are sent, and each check it answers counts, so on a slow
-    // machine the first halves would be discarded before the deaf producer comes.
-    let mut args = vec!["--metrics-listen", metrics.as_str()];
-    args.extend_from_slice(FAST_CHECKS);
-    args[3] = "8000";
-    assert_eq!(args[2], "--transaction-timeout-ms");
-    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &args);
-    let addr = broker.addr_string();
-    const HALVES: usize = 400;
-    runtime().block_on(async {
-        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
-        client.create_topic("txfull", 1).await.unwrap();
-        // 400 halves of 64 KiB: 25 MiB of checks a round. Their producer goes.
-        let tp = unsure_producer(&addr, "txfull").await;
-        let pad = "x".repeat(64 << 10);
-        let sending = std::time::Instant::now();
-        for i in 0..HALVES {
-            let body = format!("commit-{i}-{pad}");
-            pending_half(&tp, "txfull", OutgoingMessage::new(body)).await;
-        }
-        tp.shutdown().await;
-        assert!(
-            sending.elapsed() < Duration::from_secs(8),
-            "the halves took {:?} to send, past their first check: too slow a machine for this test",
-            sending.elapsed()
-        );
-        // The group's only producer now: a connection that says it is one, and never reads.
-        let mut deaf = std::net::TcpStream::connect(&addr).unwrap();
-        let hb = ringmq::protocol::ProducerHeartbeat {
-            group: "txfull".into(),
-            client_id: "deaf".into(),
-        };
-        let mut frame = Vec::new();
-        ringmq::protocol::encode_request(&hb.into(), 1, &mut frame).unwrap();
-        deaf.write_all(&frame).unwrap();
-        // Two rounds' worth of checks could not be taken (the deaf connection is full):
-        // by then every half was due three times at least.
-        let undelivered = || {
-            let s = common::metrics::scrape_any(&metrics);
-            common::metrics::sum(&s, "ringmq_transaction_checks_undelivered_total", &[])
-        };
-        eventually(
-            "checks the deaf producer cannot take",
-            Duration::from_secs(60),
-            async || undelivered() >= (2 * HALVES) as f64,
-        )
-        .await;
-        let list = client.list_transactions().await.unwrap();
-        assert_eq!(list.discarded, 0, "{:?}", list.recently_discarded.first());
-        assert_eq!(list.halves.len(), HALVES);
-        assert!(list.halves.iter().all(|h| h.checks < 3));
-        // A producer that reads: every one is committed by its check.
-        drop(deaf);
-        let checker = TransactionProducer::start(ClientConfig::new(&addr), "txfull", by_body)
-            .await
-            .unwrap();
-        eventually(
-            "every transaction committed",
-            Duration::from_secs(60),
-            async || visible(&client, "txfull").await.len() == HALVES,
-        )
-        .await;
-        assert_eq!(client.list_transactions().await.unwrap().discarded, 0);
-        checker.shutdown().await;
-    });
-}
-
-/// The message a check-back hands the checker has the message id its send was answered
-/// with, on every shard: a checker that keeps its local transactions by message id finds
-/// them. Before, the id named shard 0 whichever shard held the half, so a checker looking
-/// up a half stored on another shard found nothing (and would typically roll back).
-#[test]
-fn a_checked_half_has_the_message_id_its_send_was_answered_with() {
-    use ringmq::protocol::MessageId;
-    let dir = tempfile::tempdir().unwrap();
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, FAST_CHECKS);
-    let addr = broker.addr_string();
-    runtime().block_on(async {
-        let checked = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = checked.clone();
-        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txid", move |m| {
-            seen.lock().unwrap().push(m.msg_id().to_string());
-            TransactionOutcome::Rollback
-        })
-        .await
-        .unwrap();
-        tp.producer().client().create_topic("tid", 4).await.unwrap();
-        let mut sent = Vec::new();
-        for i in 0..8 {
-            let message = OutgoingMessage::new(format!("half-{i}"));
-            sent.push(pending_half(&tp, "tid", message).await.msg_id);
-        }
-        let stores: BTreeSet<u32> = sent
-            .iter()
-            .map(|id| MessageId::parse(id).unwrap().store_id)
-            .collect();
-        assert_eq!(stores, BTreeSet::from([0, 1]), "halves on both shards");
-        eventually("every half checked", Duration::from_secs(20), async || {
-            let checked = checked.lock().unwrap();
-            sent.iter().all(|id| checked.contains(id))
-        })
-        .await;
-        let checked: BTreeSet<String> = checked.lock().unwrap().iter().cloned().collect();
-        assert_eq!(checked, sent.into_iter().collect::<BTreeSet<_>>());
-        tp.shutdown().await;
     });
 }

@@ -53,11 +53,13 @@ use crate::store::{Holder, PutResult};
 mod pending;
 mod producers;
 mod recovery;
+mod resolved;
 mod retention;
 
 pub use producers::ProducerGroups;
 
 use pending::{Half, PendingHalves};
+use resolved::Resolved;
 
 /// Half messages, one queue per shard.
 pub const HALF_TOPIC: &str = "%SYS_TXN_HALF%";
@@ -81,6 +83,9 @@ pub const TRANSACTION_PENDING_MAX_DEFAULT: usize = 200_000;
 pub const TRANSACTION_GROUP_PENDING_MAX_DEFAULT: usize = 50_000;
 /// Resolved transactions remembered per shard (to answer a repeated outcome).
 const RESOLVED_REMEMBERED: usize = 200_000;
+/// Most halves one round of checks (every `--transaction-check-interval-ms`, at most a
+/// second) asks about or discards.
+const CHECKS_PER_ROUND_MAX: usize = 1024;
 /// The op record's outcome for a half message given up after its checks.
 const OUTCOME_DISCARDED: u8 = 3;
 
@@ -89,13 +94,17 @@ const OUTCOME_DISCARDED: u8 = 3;
 pub struct Transactions {
     /// Unresolved half messages by their offset in [`HALF_TOPIC`].
     pending: PendingHalves,
-    /// Recent outcomes by half offset, with the half's [`time_bits`] (`None`: not known, for
-    /// outcomes read at start).
-    resolved: BTreeMap<u64, (u8, Option<u16>)>,
+    /// Recent outcomes by half offset, with the half's [`time_bits`].
+    resolved: Resolved,
     /// Halves whose outcome is being written and acknowledged (resolved until it fails),
     /// with the topic each is bound for.
     resolving: BTreeMap<u64, (Rc<tokio::sync::Notify>, String)>,
     discarded: u64,
+    /// Where the next round of checks starts looking for halves due (past the last one
+    /// checked, going round): a round checks at most [`CHECKS_PER_ROUND_MAX`], and halves
+    /// due again before the rest were reached (a group with no live producer holding
+    /// thousands) would otherwise take every round from those at higher offsets.
+    check_cursor: u64,
     /// Checks that could not be delivered (no live producer of the group, or its
     /// connection holds too much not yet written): not counted against the check limit.
     checks_undelivered: u64,
@@ -145,10 +154,7 @@ impl Transactions {
     /// Remembers the outcome of the half at `half` (taken out of the pending ones already),
     /// with its time bits.
     fn resolve(&mut self, half: u64, outcome: u8, bits: u16) {
-        self.resolved.insert(half, (outcome, Some(bits)));
-        while self.resolved.len() > RESOLVED_REMEMBERED {
-            self.resolved.pop_first();
-        }
+        self.resolved.insert(half, outcome, Some(bits));
     }
 }
 
@@ -387,11 +393,11 @@ impl ShardCtx {
                 }
             } else {
                 return match txn.resolved.get(&half) {
-                    Some(&(_, Some(b))) if b != bits => Err(not_here()),
-                    Some(&(done, _)) if done == e.outcome || e.outcome == TRANSACTION_UNKNOWN => {
+                    Some((_, Some(b))) if b != bits => Err(not_here()),
+                    Some((done, _)) if done == e.outcome || e.outcome == TRANSACTION_UNKNOWN => {
                         Ok(crate::protocol::Empty {})
                     }
-                    Some(&(done, _)) => Err(err(
+                    Some((done, _)) => Err(err(
                         ErrorCode::TransactionResolved,
                         format!(
                             "transaction {} was {}",
@@ -468,7 +474,7 @@ impl ShardCtx {
         let Some(h) = self.txn.borrow_mut().pending.remove(&half) else {
             return Err(err(ErrorCode::TransactionNotFound, "resolved meanwhile"));
         };
-        (self.txn.borrow_mut().resolved).insert(half, (outcome, Some(time_bits(h.stored_ms))));
+        (self.txn.borrow_mut().resolved).insert(half, outcome, Some(time_bits(h.stored_ms)));
         let resolving = Resolving::start(&self.txn, half, &h.topic);
         let result = match self.write_outcome(half, &h, outcome).await {
             Ok((copy, put)) => self.acked(put).await.map(|()| (copy, put)),
@@ -637,18 +643,30 @@ impl ShardCtx {
             // A half whose send a full disk cut holds nothing back from then on.
             self.hold_halves();
             let now = now_ms();
-            let due: Vec<(u64, Half)> = self
-                .txn
-                .borrow()
-                .pending
-                .iter()
-                .filter(|(_, h)| h.next_check_ms <= now)
-                .map(|(k, h)| (*k, h.clone()))
-                .take(1024)
-                .collect();
+            let interval = self.cfg.transaction_check_interval_ms;
+            let due: Vec<(u64, Half)> = {
+                let mut txn = self.txn.borrow_mut();
+                let due: Vec<(u64, Half)> = (txn.pending.iter_from(txn.check_cursor))
+                    .filter(|(_, h)| h.next_check_ms <= now)
+                    .map(|(k, h)| (*k, h.clone()))
+                    .take(CHECKS_PER_ROUND_MAX)
+                    .collect();
+                if let Some((last, _)) = due.last() {
+                    txn.check_cursor = last + 1;
+                }
+                due
+            };
             for (half, h) in due {
                 if h.checks >= self.cfg.transaction_check_max {
-                    match self.resolve_half(half, OUTCOME_DISCARDED).await {
+                    let discarded = self.resolve_half(half, OUTCOME_DISCARDED).await;
+                    if discarded.is_err() {
+                        // Put back as it was: tried again a check interval on, not every
+                        // round (each try reads the half again and says why it failed).
+                        if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
+                            p.next_check_ms = now + interval;
+                        }
+                    }
+                    match discarded {
                         Ok(_) => {
                             // The kept copy's id (`ringmq message id` reads it; the half's
                             // own is of a system topic).
@@ -671,7 +689,8 @@ impl ShardCtx {
                     continue;
                 }
                 if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
-                    p.next_check_ms = now + self.cfg.transaction_check_interval_ms;
+                    p.next_check_ms = now + interval;
+                    p.attempts = p.attempts.wrapping_add(1);
                 }
                 let record = match self.store.read_at(HALF_TOPIC, 0, half).await {
                     Ok(r) => r.to_vec(),
@@ -690,11 +709,12 @@ impl ShardCtx {
                 }
                 let coordinator = self.coordinator_of(h.group());
                 let asked = if coordinator == self.id {
-                    self.ask_producer(h.group(), h.checks as usize, frame).await
+                    self.ask_producer(h.group(), h.attempts as usize, frame)
+                        .await
                 } else {
                     let ask = MeshRequest::AskProducer {
                         group: h.group().to_owned(),
-                        turn: h.checks as usize,
+                        turn: h.attempts as usize,
                         frame,
                     };
                     self.call(coordinator, ask).await.is_ok()
@@ -712,7 +732,7 @@ impl ShardCtx {
                     if asked {
                         p.checks += 1;
                     } else {
-                        let interval = self.cfg.transaction_check_interval_ms.max(2);
+                        let interval = interval.max(2);
                         p.next_check_ms =
                             now + interval / 2 + rand::random::<u64>() % (interval / 2);
                     }

@@ -86,17 +86,25 @@ pub type TransactionChecker = dyn Fn(&Message) -> TransactionOutcome + Send + Sy
 
 /// What [`TransactionProducer::send_in_transaction`] did.
 #[derive(Debug, Clone)]
+#[must_use = "end_error says whether the outcome reached the broker"]
 pub struct TransactionSendResult {
     /// The half message's send: `transaction_id` names the transaction.
     pub send: SendResult,
     /// What the local transaction said.
     pub outcome: TransactionOutcome,
-    /// Why the outcome could not be told to the broker, if it could not. A retriable error
-    /// (`is_retriable`: a timeout, a broken connection, a busy broker) leaves the
-    /// transaction pending: the broker asks the checker later, so the outcome is not lost.
-    /// Any other is final: the transaction was resolved otherwise (`TransactionResolved`)
-    /// or discarded (its topic deleted: `TopicNotFound`, `QueueNotFound`; listed by
-    /// `Client::list_transactions`), and nothing asks again.
+    /// Why the outcome could not be told to the broker, if it could not. After a
+    /// retriable error (`is_retriable`: a timeout, a broken connection, a busy broker) the
+    /// transaction's state is not known here: the broker may have applied the outcome
+    /// before the error (a timeout), and then nothing asks again; if it did not, the
+    /// transaction is still pending and the broker asks the group's checker later. Either
+    /// way the outcome is not lost as long as the checker answers as the local
+    /// transaction did. `TransactionNotFound`: the broker no longer knows the transaction
+    /// (resolved long ago: each shard remembers its latest 200,000 outcomes; or its half
+    /// message was lost to a crash in async flush mode). Any other is final: the
+    /// transaction was resolved otherwise (`TransactionResolved`) or discarded (its topic
+    /// deleted: `TopicNotFound`, `QueueNotFound`; listed by `Client::list_transactions`),
+    /// and nothing asks again. `send_in_transaction` answers `Ok` with this set: look at
+    /// it.
     pub end_error: Option<ClientError>,
 }
 
@@ -395,8 +403,11 @@ async fn answer(
         Err(e) if e.code() == Some(crate::protocol::ErrorCode::TransactionResolved) => said(format_args!(
             "the checker's {outcome:?} came after the broker resolved the transaction otherwise ({e}); see the broker's list of discarded transactions"
         )),
+        Err(e) if e.code() == Some(crate::protocol::ErrorCode::TransactionNotFound) => said(format_args!(
+            "the broker no longer knows the transaction the checker answered {outcome:?} for ({e}): resolved long ago, or its half message lost"
+        )),
         Err(e) => said(format_args!(
-            "telling the broker the checker's {outcome:?} failed ({e}); it asks again"
+            "telling the broker the checker's {outcome:?} failed ({e}); unless it was applied before the failure, the broker asks again"
         )),
     }
 }

@@ -4,6 +4,7 @@
 pub mod broker;
 pub mod metrics;
 pub mod raw;
+pub mod txn;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -12,6 +12,9 @@ pub struct Half {
     pub(super) msg_id: String,
     pub(super) stored_ms: u64,
     pub(super) checks: u32,
+    /// Checks tried, delivered or not: which of the group's producers the next one asks
+    /// (one that could not take a check is not asked again and again).
+    pub(super) attempts: u32,
     /// Not checked before this time (ms since the epoch).
     pub(super) next_check_ms: u64,
     /// Passes of retention in a row whose discard of it failed (`discard_halves_past_retention`).
@@ -35,6 +38,7 @@ impl Half {
             msg_id,
             stored_ms,
             checks: 0,
+            attempts: 0,
             next_check_ms,
             discard_failures: 0,
         }
@@ -80,6 +84,11 @@ impl PendingHalves {
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (&u64, &Half)> {
         self.halves.iter()
+    }
+
+    /// Every half, from the first at `cursor` or past it on, then from the start up to it.
+    pub(super) fn iter_from(&self, cursor: u64) -> impl Iterator<Item = (&u64, &Half)> {
+        (self.halves.range(cursor..)).chain(self.halves.range(..cursor))
     }
 
     pub(super) fn keys(&self) -> impl Iterator<Item = &u64> {

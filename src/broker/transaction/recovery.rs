@@ -1,11 +1,9 @@
 //! Rebuilding a shard's unresolved transactions at start, from the op records and the
 //! half messages (see the parent module).
 
-use std::collections::BTreeMap;
-
 use super::{
-    now_ms, outcome_name, parse_op, time_bits, transaction_id, Half, PendingHalves,
-    DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC, OUTCOME_DISCARDED, RESOLVED_REMEMBERED,
+    now_ms, outcome_name, parse_op, time_bits, transaction_id, Half, PendingHalves, Resolved,
+    DISCARDED_TOPIC, HALF_TOPIC, OP_TOPIC, OUTCOME_DISCARDED,
 };
 use crate::broker::ShardCtx;
 use crate::protocol::record::{prop, RecordView, SYS_FLAG_TRANSACTION_COMMIT};
@@ -25,7 +23,7 @@ impl ShardCtx {
             .queue_range(HALF_TOPIC, 0)
             .map_err(|e| e.to_string())?;
         let mut has_op = OpBits::new(min, end);
-        let mut resolved = BTreeMap::new();
+        let mut resolved = Resolved::default();
         let mut damaged = Damaged::default();
         let (op_min, op_end) = self
             .store
@@ -50,10 +48,7 @@ impl ShardCtx {
                 {
                     Some((half, outcome, bits)) => {
                         has_op.set(half);
-                        resolved.insert(half, (outcome, bits));
-                        if resolved.len() > RESOLVED_REMEMBERED {
-                            resolved.pop_first();
-                        }
+                        resolved.insert(half, outcome, bits);
                     }
                     None => damaged.note("op record", at),
                 }
@@ -127,7 +122,7 @@ impl ShardCtx {
                                 e.message
                             );
                         }
-                        resolved.insert(half, (outcome, Some(time_bits(stored_ms))));
+                        resolved.insert(half, outcome, Some(time_bits(stored_ms)));
                         continue;
                     }
                 }
@@ -155,9 +150,6 @@ impl ShardCtx {
             let mut txn = self.txn.borrow_mut();
             txn.pending = pending;
             txn.resolved = resolved;
-            while txn.resolved.len() > RESOLVED_REMEMBERED {
-                txn.resolved.pop_first();
-            }
         }
         self.hold_halves();
         Ok(())
