@@ -377,8 +377,31 @@ async fn recording_member(
     (group, topic): (&str, &str),
     name: &'static str,
     calls: &Calls,
+    slow: (&'static str, Duration),
+    non_blocking: bool,
+) -> PushConsumer {
+    let unwatched = Arc::default();
+    recording_member_with(
+        addr,
+        (group, topic),
+        name,
+        calls,
+        slow,
+        non_blocking,
+        &unwatched,
+    )
+    .await
+}
+
+/// [`recording_member`], setting `slow_started` when a slow call starts.
+async fn recording_member_with(
+    addr: &str,
+    (group, topic): (&str, &str),
+    name: &'static str,
+    calls: &Calls,
     (slow, slow_for): (&'static str, Duration),
     non_blocking: bool,
+    slow_started: &Arc<std::sync::atomic::AtomicBool>,
 ) -> PushConsumer {
     let mut config = ClientConfig::new(addr);
     config.client_id = stable_id(name);
@@ -389,13 +412,14 @@ async fn recording_member(
     };
     let consumer = PushConsumer::new(config, group, options).unwrap();
     consumer.subscribe(topic, "*").unwrap();
-    let calls = calls.clone();
+    let (calls, slow_started) = (calls.clone(), slow_started.clone());
     consumer
         .register_orderly(move |messages| {
             for m in messages {
                 let body = String::from_utf8_lossy(m.body()).into_owned();
                 let started = Instant::now();
                 if body == slow {
+                    slow_started.store(true, Ordering::SeqCst);
                     std::thread::sleep(slow_for);
                 }
                 calls
@@ -494,6 +518,168 @@ fn a_member_whose_heartbeats_lapsed_locks_its_queues_again_before_consuming() {
                     );
                 }
             }
+        },
+    );
+}
+
+/// An orderly member giving up a queue whose listener call still runs (a rebalance moved
+/// it to another member) goes on renewing its locks meanwhile: its other queue is consumed
+/// all along, and the moved queue's lock is kept until the call ends, so that the next
+/// owner starts only then. Before, the member's controller waited for the call: no lock
+/// was renewed, the other queue stopped once its lease lapsed (7.5 s here), and the
+/// broker's lock on the moved queue lapsed too (15 s, the least `--lock-expiry-ms` takes),
+/// so the next owner consumed it while the call (18 s) still ran.
+#[test]
+fn a_queue_handed_over_mid_call_keeps_its_lock_and_the_members_other_queue_goes_on() {
+    with_broker_and(
+        |cfg| cfg.lock_expiry_ms = 15_000,
+        |addr| async move {
+            let (group, topic) = ("g-hand-over", "hand-over");
+            let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+            producer.client().create_topic(topic, 2).await.unwrap();
+            // A sharding key of each queue.
+            let mut keys: [Option<String>; 2] = [None, None];
+            for k in 0..1000 {
+                let key = format!("k{k}");
+                let probe = OutgoingMessage::new("probe").with_sharding_key(key.clone());
+                let sent = producer.send(topic, probe).await.unwrap();
+                keys[sent.queue_id as usize].get_or_insert(key);
+                if keys.iter().all(Option::is_some) {
+                    break;
+                }
+            }
+            let [Some(k0), Some(k1)] = keys else {
+                panic!("no key found for each queue: {keys:?}");
+            };
+            let calls: Calls = Arc::default();
+            let slow = ("slow", Duration::from_secs(18));
+            let slow_started = Arc::default();
+            // Sorted first, a keeps queue 0 when b joins; b gets queue 1.
+            let a = recording_member_with(
+                &addr,
+                (group, topic),
+                "a-hand-over",
+                &calls,
+                slow,
+                false,
+                &slow_started,
+            )
+            .await;
+            all_consuming(&[&a], 2).await;
+            producer
+                .send(
+                    topic,
+                    OutgoingMessage::new("slow").with_sharding_key(k1.clone()),
+                )
+                .await
+                .unwrap();
+            eventually("a's slow call on queue 1 starts", || {
+                slow_started.load(Ordering::SeqCst)
+            })
+            .await;
+            let b =
+                recording_member(&addr, (group, topic), "b-hand-over", &calls, slow, false).await;
+            producer
+                .send(topic, OutgoingMessage::new("after").with_sharding_key(k1))
+                .await
+                .unwrap();
+            // Queue 0 is sent to every 100 ms until b consumed "after".
+            let mut ticks = 0;
+            loop {
+                let done = calls
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c.0 == "b-hand-over" && c.1 == "after");
+                if done {
+                    break;
+                }
+                assert!(
+                    ticks < 900,
+                    "b never consumed what came after: {:?}",
+                    calls.lock().unwrap()
+                );
+                let tick =
+                    OutgoingMessage::new(format!("tick-{ticks}")).with_sharding_key(k0.clone());
+                producer.send(topic, tick).await.unwrap();
+                ticks += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let calls = calls.lock().unwrap().clone();
+            // Said on failure: every call but the ticks, and the ticks' count.
+            let shown: Vec<_> = calls.iter().filter(|c| !c.1.starts_with("tick-")).collect();
+            let (slow_start, slow_end) = (calls.iter())
+                .find(|c| c.0 == "a-hand-over" && c.1 == "slow")
+                .map(|c| (c.2, c.3))
+                .expect("a consumed the slow one");
+            for (_, body, started, _) in calls.iter().filter(|c| c.0 == "b-hand-over") {
+                assert!(
+                    *started >= slow_end,
+                    "b consumed {body} while a's call on the slow one still ran: {shown:?}"
+                );
+            }
+            // a's calls on queue 0 went on while its slow call ran (none of them is
+            // slow: their starts are at most ~100 ms apart but for the lock's pauses).
+            let mut starts: Vec<Instant> = (calls.iter())
+                .filter(|c| c.0 == "a-hand-over" && c.1.starts_with("tick-"))
+                .map(|c| c.2)
+                .filter(|s| *s >= slow_start && *s <= slow_end)
+                .collect();
+            starts.insert(0, slow_start);
+            starts.push(slow_end);
+            let gap = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+            assert!(
+                gap < Duration::from_millis(1_500),
+                "queue 0 stood still for {gap:?} while the slow call ran ({} calls in it): {shown:?}",
+                starts.len() - 2
+            );
+            b.shutdown().await.unwrap();
+            a.shutdown().await.unwrap();
+        },
+    );
+}
+
+/// A member shutting down while one of its orderly listener calls never ends returns after
+/// `shutdown_timeout_ms`, having committed what finished. Before, the shutdown waited for
+/// every orderly call to end before its timeout began: for ever, here.
+#[test]
+fn a_shutdown_gives_up_on_an_orderly_call_after_its_timeout() {
+    with_broker_and(
+        |_| {},
+        |addr| async move {
+            let topic = "stuck-end";
+            let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+            producer.client().create_topic(topic, 1).await.unwrap();
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let held = Mutex::new(held);
+            let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let options = PushConsumerOptions {
+                shutdown_timeout_ms: 1_000,
+                consume_batch_max: 1,
+                ..options()
+            };
+            let consumer =
+                PushConsumer::new(ClientConfig::new(&addr), "g-stuck-end", options).unwrap();
+            consumer.subscribe(topic, "*").unwrap();
+            let calling = started.clone();
+            consumer
+                .register_orderly(move |_| {
+                    calling.store(true, Ordering::SeqCst);
+                    let _ = held.lock().unwrap().recv();
+                    OrderlyStatus::Success
+                })
+                .unwrap();
+            consumer.start().await.unwrap();
+            producer
+                .send(topic, OutgoingMessage::new("stuck"))
+                .await
+                .unwrap();
+            eventually("the call starts", || started.load(Ordering::SeqCst)).await;
+            let ended = tokio::time::timeout(Duration::from_secs(10), consumer.shutdown()).await;
+            // The call ends only now, whatever the shutdown did.
+            let _ = release.send(());
+            let ended = ended.expect("the shutdown waited for the call past its timeout");
+            ended.unwrap();
         },
     );
 }

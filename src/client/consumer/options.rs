@@ -110,7 +110,8 @@ pub struct PushConsumerOptions {
     /// Concurrent: delay before a failed message the broker did not take back (and, in
     /// broadcasting mode, any failed message) is delivered again locally.
     pub reconsume_delay_ms: u64,
-    /// Shutdown waits this long for running listeners before committing what finished.
+    /// Shutdown waits this long for running listeners (orderly ones too) before committing
+    /// what finished; an orderly queue whose call still runs keeps its lock until it lapses.
     pub shutdown_timeout_ms: u64,
     /// Broadcasting: directory of the local offsets files (default `~/.ringmq/offsets`,
     /// or `<temp dir>/ringmq-offsets` without a home directory). The file is per client

@@ -368,14 +368,21 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         };
         let pulled = match pull.await {
             Ok(pulled) => pulled,
-            // A bug in the client: the queue stops here and says so (nothing past the
-            // commit point is committed: consumed again when the queue changes hands).
+            // A bug in the client: said, and taken as a failed pull (pulled again from the
+            // position after the back-off), not left assigned (and locked) unconsumed.
             Err(e) if e.is_panic() => {
+                add(&shared.counters.pull_errors, 1);
                 shared.log(format_args!(
-                    "a pull of {}[{}] panicked; the queue stops being consumed: {e}",
-                    pq.mq.topic, pq.mq.queue_id
+                    "a pull of {}[{}] panicked (a bug in the client): {e}; pulling again in {} ms",
+                    pq.mq.topic, pq.mq.queue_id, shared.options.pull_error_backoff_ms
                 ));
-                return;
+                let Some(next) = pq.state().tracker.next_pull() else {
+                    return;
+                };
+                in_flight.cancel_all();
+                pipeline.restart_after_error(next);
+                sleep(Duration::from_millis(shared.options.pull_error_backoff_ms)).await;
+                continue;
             }
             // Cancelled: the runtime is shutting down.
             Err(_) => return,
@@ -772,7 +779,21 @@ pub(super) async fn orderly_loop(
             pq.wake.notified().await;
             continue;
         }
-        let Ok(permit) = shared.pool.clone().acquire_owned().await else {
+        // A drop ends the wait for a slot (other queues' calls may hold them all): the
+        // queue's hand-over does not wait for those. New messages do not: the wait keeps
+        // its place in the slots' line.
+        let mut acquire = std::pin::pin!(shared.pool.clone().acquire_owned());
+        let permit = loop {
+            tokio::select! {
+                permit = &mut acquire => break permit,
+                _ = pq.wake.notified() => {
+                    if pq.is_dropped() {
+                        return;
+                    }
+                }
+            }
+        };
+        let Ok(permit) = permit else {
             return;
         };
         // Checked again right before the call: the wait for a slot may have been long.
@@ -819,7 +840,12 @@ pub(super) async fn orderly_loop(
                 }
                 // Retried enough (the first `exhausted`, in offset order): to the dead-letter
                 // topic, and the queue moves on to the rest. If the broker does not take
-                // them, the queue waits and tries again (never skips).
+                // them, the queue waits and tries again (never skips). Not once the lock
+                // lapsed during the call: the next owner consumes them from the committed
+                // offset, and they would be both dead-lettered and consumed.
+                if pq.is_dropped() || !pq.may_consume(&shared) {
+                    continue;
+                }
                 messages.truncate(exhausted);
                 let left = send_back_all(&shared, &pq, messages, -1, true).await;
                 // Those taken are done; those left (a suffix) keep their counts.

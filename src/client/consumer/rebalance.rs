@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{broadcast, mpsc, watch, Notify};
 use tokio::task::JoinHandle;
-use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::protocol::{Assignment, ErrorCode, Kind, RebalanceNotify};
 
@@ -159,6 +159,19 @@ pub(super) struct Controller {
     offsets_epoch: Option<u64>,
     /// Lock requests are failing (logged once, not every `lock_retry_ms`).
     lock_failing: bool,
+    /// Orderly queues stopped while a listener call of theirs still runs: nothing
+    /// consumes them, their locks are still renewed (the next owner must not start before
+    /// the call ends), and they are neither locked nor started again until their orderly
+    /// task ended ([`hand_over_ended`](Self::hand_over_ended)). The controller does not
+    /// wait for those calls: renewals, lock checks and assignments go on meanwhile.
+    handing_over: BTreeMap<MessageQueue, Arc<ProcessQueue>>,
+    /// The queues whose hand-over's orderly task ended, from the tasks that wait for them.
+    ended_tx: mpsc::UnboundedSender<MessageQueue>,
+    /// Taken by `run` and `shutdown` while they wait on it.
+    ended_rx: Option<mpsc::UnboundedReceiver<MessageQueue>>,
+    /// A renewal of held locks failed: tried again at the next `lock_retry_ms`, not a
+    /// whole `lock_renew_ms` later (the leases would lapse meanwhile).
+    renew_owed: bool,
 }
 
 /// Stopped queues, for the commit and unlock that follow.
@@ -179,12 +192,17 @@ struct Granted {
 
 impl Controller {
     pub(super) fn new(shared: Arc<Shared>) -> Controller {
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         Controller {
             shared,
             running: BTreeMap::new(),
             pending: BTreeSet::new(),
             offsets_epoch: None,
             lock_failing: false,
+            handing_over: BTreeMap::new(),
+            ended_tx,
+            ended_rx: Some(ended_rx),
+            renew_owed: false,
         }
     }
 
@@ -202,6 +220,9 @@ impl Controller {
         };
         let mut renew = every(self.shared.options.lock_renew_ms);
         let mut retry = every(self.shared.options.lock_retry_ms);
+        let Some(mut ended) = self.ended_rx.take() else {
+            return self;
+        };
         let first = assignments.borrow_and_update().clone();
         if let Some(first) = first {
             self.apply(first).await;
@@ -210,6 +231,7 @@ impl Controller {
             tokio::select! {
                 biased;
                 _ = stop.changed() => break,
+                Some(mq) = ended.recv() => self.hand_over_ended(mq).await,
                 changed = assignments.changed() => {
                     if changed.is_err() {
                         break;
@@ -223,6 +245,7 @@ impl Controller {
                 _ = retry.tick(), if locks => self.check_locks().await,
             }
         }
+        self.ended_rx = Some(ended);
         self
     }
 
@@ -293,7 +316,11 @@ impl Controller {
         self.pending.retain(|mq| target.contains(mq));
         let added: Vec<MessageQueue> = target
             .into_iter()
-            .filter(|mq| !self.running.contains_key(mq) && !self.pending.contains(mq))
+            .filter(|mq| {
+                !self.running.contains_key(mq)
+                    && !self.pending.contains(mq)
+                    && !self.handing_over.contains_key(mq)
+            })
             .collect();
         if self.shared.needs_locks() {
             self.pending.extend(added);
@@ -334,32 +361,65 @@ impl Controller {
         self.running.insert(mq, QueueTasks { pq, pull, consume });
     }
 
-    /// Stops the queues' pull tasks and waits for their orderly tasks (a listener call in
-    /// progress finishes first). Concurrent listener calls already running go on; their
-    /// results still move the commit point.
+    /// Stops the queues' pull tasks; answers those stopped, for their commit (and unlock).
+    /// An orderly queue whose task has not ended (a listener call in progress finishes
+    /// first) is not among them: it is handed over once its task ends
+    /// ([`handing_over`](Self::handing_over)), without the controller waiting for it.
+    /// Concurrent listener calls already running go on; their results still move the
+    /// commit point.
     async fn stop_queues(&mut self, queues: &[MessageQueue]) -> Stopped {
-        let mut stopping = Vec::new();
+        let mut stopped = Vec::with_capacity(queues.len());
         for mq in queues {
-            if let Some(tasks) = self.running.remove(mq) {
-                tasks.pq.drop_queue();
-                tasks.pull.abort();
-                lock(&self.shared.queues).remove(mq);
-                stopping.push(tasks);
-            }
-        }
-        let mut stopped = Vec::with_capacity(stopping.len());
-        for tasks in stopping {
+            let Some(tasks) = self.running.remove(mq) else {
+                continue;
+            };
+            tasks.pq.drop_queue();
+            tasks.pull.abort();
+            lock(&self.shared.queues).remove(mq);
             // Aborted: the result is a cancellation, or the task had ended.
             let _ = tasks.pull.await;
-            if let Some(consume) = tasks.consume {
-                if let Err(e) = consume.await {
-                    self.shared
-                        .log(format_args!("orderly task ended abnormally: {e}"));
+            match tasks.consume {
+                Some(consume) if !consume.is_finished() => {
+                    let (shared, ended, mq) =
+                        (self.shared.clone(), self.ended_tx.clone(), mq.clone());
+                    self.handing_over.insert(mq.clone(), tasks.pq);
+                    tokio::spawn(async move {
+                        if let Err(e) = consume.await {
+                            shared.log(format_args!("orderly task ended abnormally: {e}"));
+                        }
+                        let _ = ended.send(mq);
+                    });
                 }
+                Some(consume) => {
+                    if let Err(e) = consume.await {
+                        self.shared
+                            .log(format_args!("orderly task ended abnormally: {e}"));
+                    }
+                    stopped.push(tasks.pq);
+                }
+                None => stopped.push(tasks.pq),
             }
-            stopped.push(tasks.pq);
         }
         stopped
+    }
+
+    /// A handed-over queue's orderly task ended: its position is committed, and its lock
+    /// given up, unless the queue is assigned here again (given back meanwhile, or stopped
+    /// for a lost lock or an offsets reset): then it is locked and started anew.
+    async fn hand_over_ended(&mut self, mq: MessageQueue) {
+        let Some(pq) = self.handing_over.remove(&mq) else {
+            return;
+        };
+        let stopped = vec![pq];
+        let _ = self.commit(&stopped).await;
+        if !lock(&self.shared.assigned).contains(&mq) {
+            let _ = self.unlock(&stopped).await;
+        } else if self.shared.needs_locks() {
+            self.pending.insert(mq);
+            self.lock_pending().await;
+        } else {
+            self.start_queue(mq, None);
+        }
     }
 
     /// Commits the final positions of stopped queues; the first error is returned (and
@@ -492,12 +552,19 @@ impl Controller {
     /// Renews the locks of running queues; a queue whose lock went to someone else is
     /// stopped (offset committed) and waits for its lock again.
     async fn renew_locks(&mut self) {
-        let held: BTreeSet<MessageQueue> = self.running.keys().cloned().collect();
+        // Those handed over too: their last call still runs.
+        let held: BTreeSet<MessageQueue> = (self.running.keys())
+            .chain(self.handing_over.keys())
+            .cloned()
+            .collect();
         if held.is_empty() {
             return;
         }
         let mut lost = Vec::new();
-        for granted in self.lock(&held).await {
+        let answers = self.lock(&held).await;
+        let topics: BTreeSet<&str> = held.iter().map(|mq| mq.topic.as_str()).collect();
+        self.renew_owed = answers.len() < topics.len();
+        for granted in answers {
             let topic = &granted.topic;
             let range =
                 MessageQueue::new(topic.clone(), 0)..=MessageQueue::new(topic.clone(), u32::MAX);
@@ -531,13 +598,17 @@ impl Controller {
         // Committing is still safe: a commit never moves the group's offset backwards,
         // and what was consumed here is done.
         let _ = self.commit(&stopped).await;
-        self.pending.extend(lost);
+        // Those still in a call wait for it first (`hand_over_ended`).
+        self.pending.extend(stopped.iter().map(|pq| pq.mq.clone()));
     }
 
     /// Every `lock_retry_ms`: queues locked on a bootstrap connection that is gone, or
     /// before a lapse of the membership (`Shared::heartbeat_acked`), lost their locks
     /// (the broker released them); pending queues are tried again.
     async fn check_locks(&mut self) {
+        if self.renew_owed {
+            self.renew_locks().await;
+        }
         let session = self.shared.client.bootstrap_session();
         let lapses = self.shared.lapses.load(Ordering::SeqCst);
         let void = |lease: &Lease| (Some(lease.session) != session, lease.lapses != lapses);
@@ -567,23 +638,59 @@ impl Controller {
         self.lock_pending().await;
     }
 
-    /// Shutdown: stop every queue, wait for listeners in flight, commit, unlock.
+    /// Shutdown: stop every queue, wait for listeners in flight (at most
+    /// `shutdown_timeout_ms`, renewing the locks of orderly queues whose call runs),
+    /// commit, unlock. An orderly queue whose call outlasts the wait is committed up to
+    /// what finished and keeps its lock until it lapses on the broker, so that no other
+    /// member consumes it while the call still runs.
     pub(super) async fn shutdown(&mut self) -> Result<()> {
         let all: Vec<MessageQueue> = self.running.keys().cloned().collect();
-        let stopped = self.stop_queues(&all).await;
+        let mut stopped = self.stop_queues(&all).await;
         let threads = u32::try_from(self.shared.options.consume_threads).unwrap_or(u32::MAX);
         let wait = Duration::from_millis(self.shared.options.shutdown_timeout_ms);
-        match timeout(wait, self.shared.pool.acquire_many(threads)).await {
-            Ok(_) => {}
-            Err(_) => self.shared.log(format_args!(
-                "listeners still running after {} ms; committing what finished",
-                self.shared.options.shutdown_timeout_ms
-            )),
+        let deadline = Instant::now() + wait;
+        let pool = self.shared.pool.clone();
+        let mut slots = std::pin::pin!(pool.acquire_many(threads));
+        let mut slots_free = false;
+        let locks = self.shared.needs_locks();
+        let period = Duration::from_millis(self.shared.options.lock_renew_ms);
+        let mut renew = interval_at(Instant::now() + period, period);
+        renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut ended = self.ended_rx.take();
+        while !(slots_free && self.handing_over.is_empty()) {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.shared.log(format_args!(
+                        "listeners still running after {} ms; committing what finished{}",
+                        self.shared.options.shutdown_timeout_ms,
+                        if self.handing_over.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; the locks of {} orderly queue(s) still in a call lapse on the broker",
+                                self.handing_over.len()
+                            )
+                        }
+                    ));
+                    break;
+                }
+                _ = &mut slots, if !slots_free => slots_free = true,
+                Some(mq) = async { ended.as_mut()?.recv().await }, if !self.handing_over.is_empty() => {
+                    stopped.extend(self.handing_over.remove(&mq));
+                }
+                _ = renew.tick(), if locks && !self.handing_over.is_empty() => {
+                    self.renew_locks().await;
+                }
+            }
         }
+        self.ended_rx = ended;
         // Late retries find no slot and end; calls still queued are dropped.
         self.shared.pool.close();
         self.shared.workers.close();
-        let committed = self.commit(&stopped).await;
+        // Committed up to what finished, not unlocked.
+        let still: Vec<Arc<ProcessQueue>> = self.handing_over.values().cloned().collect();
+        let committed = self.commit(&still).await;
+        let committed = self.commit(&stopped).await.and(committed);
         let unlocked = self.unlock(&stopped).await;
         self.pending.clear();
         committed.and(unlocked)
