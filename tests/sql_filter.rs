@@ -22,12 +22,15 @@ fn message(i: u32) -> OutgoingMessage {
         .with_property("amount", ((i * 37) % 250).to_string())
         .with_property(
             "note",
-            format!("order-{i}-{}", if i % 4 == 0 { "paid" } else { "open" }),
+            format!(
+                "order-{i}-{}",
+                if i.is_multiple_of(4) { "paid" } else { "open" }
+            ),
         );
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         m = m.with_tags("vip");
     }
-    if i % 7 != 0 {
+    if !i.is_multiple_of(7) {
         m = m.with_property("score", format!("{}.5", i % 10));
     }
     m
@@ -37,9 +40,9 @@ fn message(i: u32) -> OutgoingMessage {
 fn expected(expr: &str, i: u32) -> bool {
     let region = ["eu", "us", "apac"][i as usize % 3];
     let amount = (i * 37) % 250;
-    let paid = i % 4 == 0;
-    let vip = i % 5 == 0;
-    let score = (i % 7 != 0).then_some((i % 10) as f64 + 0.5);
+    let paid = i.is_multiple_of(4);
+    let vip = i.is_multiple_of(5);
+    let score = (!i.is_multiple_of(7)).then_some((i % 10) as f64 + 0.5);
     match expr {
         "region = 'eu' AND amount > 100" => region == "eu" && amount > 100,
         "region <> 'eu'" => region != "eu",

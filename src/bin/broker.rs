@@ -79,7 +79,7 @@ struct Cli {
     /// [default: 0]
     #[arg(long)]
     connections_max: Option<usize>,
-    /// Close a connection that sends no request within this many ms, stops in the middle of
+    /// Close a connection that sends no first request within this many ms, stops in the middle of
     /// a frame this long (a frame over 64 KiB must arrive whole within this time of its
     /// first bytes), or takes a batch of answers (1 MiB or one answer) slower than this
     /// plus a second for every 64 KiB of it [default: 30000]

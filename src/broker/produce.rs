@@ -38,8 +38,7 @@ pub const BATCH_MESSAGES_MAX: usize = 4096;
 pub const SEND_WAIT_MAX_MS_DEFAULT: u64 = 200;
 /// Default of `--send-backlog-max-mb`.
 pub const SEND_BACKLOG_BYTES_MAX_DEFAULT: u64 = 64 << 20;
-/// Most keys of one message (the KEYS property, space separated).
-pub const KEYS_PER_MESSAGE_MAX: usize = 64;
+pub use crate::protocol::record::KEYS_PER_MESSAGE_MAX;
 /// Sends one shard tracks waiting for the disk at most; past it sends are refused too.
 const WAITING_SENDS_MAX: usize = 1 << 20;
 

@@ -708,13 +708,15 @@ impl ShardCtx {
                     continue;
                 }
                 let coordinator = self.coordinator_of(h.group());
+                // Turns start at the half's offset: the halves' first checks go round the
+                // producers too, not all to the same one.
+                let turn = (h.attempts as usize).wrapping_add(half as usize);
                 let asked = if coordinator == self.id {
-                    self.ask_producer(h.group(), h.attempts as usize, frame)
-                        .await
+                    self.ask_producer(h.group(), turn, frame).await
                 } else {
                     let ask = MeshRequest::AskProducer {
                         group: h.group().to_owned(),
-                        turn: h.attempts as usize,
+                        turn,
                         frame,
                     };
                     self.call(coordinator, ask).await.is_ok()

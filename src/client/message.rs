@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::protocol::record::{
     prop, Properties, PropertiesBuilder, RecordView, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
-    PROPERTIES_BYTES_MAX, TOPIC_BYTES_MAX,
+    KEYS_PER_MESSAGE_MAX, PROPERTIES_BYTES_MAX, TOPIC_BYTES_MAX,
 };
 use crate::protocol::MessageId;
 
@@ -131,6 +131,12 @@ impl OutgoingMessage {
                 .map_err(|e| invalid(format!("tags {tags:?}: {e}")))?;
         }
         if !self.keys.is_empty() {
+            if self.keys.len() > KEYS_PER_MESSAGE_MAX {
+                return Err(invalid(format!(
+                    "{} keys; a message has at most {KEYS_PER_MESSAGE_MAX}",
+                    self.keys.len()
+                )));
+            }
             if let Some(bad) = self.keys.iter().find(|k| k.is_empty() || k.contains(' ')) {
                 return Err(invalid(format!(
                     "key {bad:?}: keys are stored space-separated, so a key may be neither \
@@ -347,12 +353,17 @@ mod tests {
             OutgoingMessage::new("b").with_property("a\u{1}", "v"),
             OutgoingMessage::new("b").with_tags("t\u{2}"),
             OutgoingMessage::new("b").with_property("big", "v".repeat(PROPERTIES_BYTES_MAX)),
+            OutgoingMessage::new("b")
+                .with_keys((0..=KEYS_PER_MESSAGE_MAX).map(|i| format!("k{i}"))),
         ] {
             assert!(
                 matches!(bad.validate(), Err(ClientError::InvalidArgument(_))),
                 "{bad:?}"
             );
         }
+        let most =
+            OutgoingMessage::new("b").with_keys((0..KEYS_PER_MESSAGE_MAX).map(|i| format!("k{i}")));
+        assert!(most.validate().is_ok());
         assert!(check_topic("").is_err());
         assert!(check_topic(&"t".repeat(TOPIC_BYTES_MAX + 1)).is_err());
         assert!(check_topic("orders").is_ok());

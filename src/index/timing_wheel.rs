@@ -439,7 +439,7 @@ mod tests {
             let mut wheel = TimingWheel::new(start);
             let mut now = start;
             let mut out = Vec::new();
-            let skip = |id: &u32| id % 5 == 0;
+            let skip = |id: &u32| id.is_multiple_of(5);
             for (i, (delay, step, max, op)) in ops.into_iter().enumerate() {
                 match op {
                     0 => wheel.retain(|_, id| id % 3 != 0),

@@ -660,7 +660,7 @@ mod tests {
             b.extend(4).copy_from_slice(&bytes);
             want.extend_from_slice(&bytes);
         }
-        assert!(b.capacity() >= want.len() && b.capacity() % IO_ALIGN == 0);
+        assert!(b.capacity() >= want.len() && b.capacity().is_multiple_of(IO_ALIGN));
         assert_eq!(b.as_slice(), &want[..], "growing moved every byte");
         let cap = b.capacity();
         let w = b.into_written();

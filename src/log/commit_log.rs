@@ -346,7 +346,9 @@ impl CommitLog {
         dispatch_from: u64,
         mut dispatch: impl FnMut(RecordView<'_>),
     ) -> Result<(CommitLog, RecoveryReport), LogError> {
-        if cfg.segment_bytes < 2 * IO_ALIGN as u64 || cfg.segment_bytes % IO_ALIGN as u64 != 0 {
+        if cfg.segment_bytes < 2 * IO_ALIGN as u64
+            || !cfg.segment_bytes.is_multiple_of(IO_ALIGN as u64)
+        {
             return Err(LogError::Config(format!(
                 "segment_bytes {} must be a multiple of {IO_ALIGN} and at least {}",
                 cfg.segment_bytes,

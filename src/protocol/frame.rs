@@ -66,11 +66,11 @@ const OFF_META_LEN: usize = 20;
 
 const _: () = assert!(OFF_META_LEN + 4 == FRAME_HEADER_BYTES);
 const _: () = assert!(OFF_KIND == OFF_MAGIC + 2 && OFF_VERSION == OFF_MAGIC + 1);
-const _: () = assert!(OFF_REQUEST_ID % 8 == 0 && FRAME_HEADER_BYTES % 8 == 0);
+const _: () = assert!(OFF_REQUEST_ID.is_multiple_of(8) && FRAME_HEADER_BYTES.is_multiple_of(8));
 // The meta part starts right after the header; keeping the header a multiple of the meta
 // alignment means a frame read into an aligned buffer is read in place, never copied.
-const _: () = assert!(FRAME_HEADER_BYTES % META_ALIGN == 0);
-const _: () = assert!(META_COPY_ALIGN % META_ALIGN == 0);
+const _: () = assert!(FRAME_HEADER_BYTES.is_multiple_of(META_ALIGN));
+const _: () = assert!(META_COPY_ALIGN.is_multiple_of(META_ALIGN));
 const _: () = assert!((RECORD_BYTES_MAX as u64) < FRAME_BYTES_MIN as u64);
 const _: () = assert!(FRAME_BYTES_MIN <= FRAME_BYTES_MAX_DEFAULT);
 const _: () = assert!(FRAME_BYTES_MAX_DEFAULT <= FRAME_BYTES_CEILING);
@@ -459,7 +459,7 @@ enum MetaBytes<'a> {
 
 impl<'a> AlignedMeta<'a> {
     pub fn new(kind: Kind, meta: &'a [u8]) -> AlignedMeta<'a> {
-        let bytes = if (meta.as_ptr() as usize) % META_ALIGN == 0 {
+        let bytes = if (meta.as_ptr() as usize).is_multiple_of(META_ALIGN) {
             MetaBytes::Borrowed(meta)
         } else {
             let mut copy = AlignedVec::<META_COPY_ALIGN>::with_capacity(meta.len());

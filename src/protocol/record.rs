@@ -55,6 +55,9 @@ pub const RECORD_BYTES_MIN: usize = HEADER_BYTES;
 /// offset is where that half is in the log. A client's send never carries it.
 pub const SYS_FLAG_TRANSACTION_COMMIT: u32 = 0x8;
 
+/// Most keys of one message (the `KEYS` property, space separated).
+pub const KEYS_PER_MESSAGE_MAX: usize = 64;
+
 /// Separates a property name from its value.
 pub const PROPERTY_NAME_END: u8 = 0x01;
 /// Ends a property value.
@@ -128,7 +131,7 @@ pub const CRC_START: usize = OFF_CRC + 4;
 
 const _: () = assert!(OFF_BODY_LEN + 4 == HEADER_BYTES);
 const _: () = assert!(OFF_BORN_PORT == OFF_BORN_HOST + 16);
-const _: () = assert!(HEADER_BYTES % 8 == 0);
+const _: () = assert!(HEADER_BYTES.is_multiple_of(8));
 const _: () = assert!(RECORD_BYTES_MAX < u32::MAX as usize);
 const _: () = assert!(TOPIC_BYTES_MAX <= u16::MAX as usize);
 

@@ -51,7 +51,7 @@ fn encode(runs: &[Run]) -> Vec<u8> {
 fn decode(b: &[u8]) -> Option<Vec<Run>> {
     let body_len = b.len().checked_sub(CRC_BYTES)?;
     let (body, crc) = b.split_at(body_len);
-    if body.len() < HEADER_BYTES || (body.len() - HEADER_BYTES) % RUN_BYTES != 0 {
+    if body.len() < HEADER_BYTES || !(body.len() - HEADER_BYTES).is_multiple_of(RUN_BYTES) {
         return None;
     }
     let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().unwrap_or_default());

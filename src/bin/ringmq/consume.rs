@@ -102,9 +102,9 @@ pub(crate) struct ConsumeArgs {
     #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     heartbeat_ms: Option<u64>,
-    /// The broker's session timeout (its --session-timeout-ms), in ms [default: 10000]:
-    /// orderly consumption pauses when no heartbeat was acknowledged for that long minus
-    /// one heartbeat interval. Give the broker's value when it is not the default
+    /// A session timeout, in ms, for the heartbeat interval's default (a third of it)
+    /// [default: 10000]. The consumer takes the broker's own session timeout from its
+    /// handshake (heartbeats at least three per session), whatever this says
     #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
           value_parser = clap::value_parser!(u64).range(2..=3_600_000))]
     session_timeout_ms: Option<u64>,

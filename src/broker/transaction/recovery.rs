@@ -257,7 +257,7 @@ impl OpBits {
         while start < self.end && self.get(start) {
             // A full word of resolved halves is skipped at once.
             let i = start - self.min;
-            if i % 64 == 0 && self.bits[(i / 64) as usize] == u64::MAX {
+            if i.is_multiple_of(64) && self.bits[(i / 64) as usize] == u64::MAX {
                 start += 64;
             } else {
                 start += 1;

@@ -18,7 +18,7 @@ pub const CACHED_SPAN_MAX_DEFAULT: u64 = 2000;
 pub const FLOW_RETRY_MS_DEFAULT: u64 = 50;
 pub const PULL_ERROR_BACKOFF_MS_DEFAULT: u64 = 1000;
 pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 3000;
-/// The broker's default session timeout; set the option to the broker's value if changed.
+/// The broker's default session timeout (a consumer takes the broker's own at start).
 pub const SESSION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 pub const REBALANCE_INTERVAL_MS_DEFAULT: u64 = 20_000;
 pub const LOCK_RENEW_MS_DEFAULT: u64 = 20_000;
@@ -87,9 +87,11 @@ pub struct PushConsumerOptions {
     /// Pause after a failed pull or failed start-position lookup.
     pub pull_error_backoff_ms: u64,
     pub heartbeat_interval_ms: u64,
-    /// The broker's session timeout (its `session_timeout_ms`). Orderly consumption pauses
-    /// when the last acknowledged heartbeat is older than this minus one heartbeat
-    /// interval, since the broker may have dropped the member and its locks.
+    /// The broker's session timeout (its `session_timeout_ms`): replaced at start by the
+    /// broker's own, told in its handshake (the heartbeat interval is capped at a third of
+    /// it). Orderly consumption pauses when the last acknowledged heartbeat is older than
+    /// this minus one heartbeat interval, since the broker may have dropped the member and
+    /// its locks.
     pub session_timeout_ms: u64,
     /// Period of the safety-net assignment query (notifications are the fast path).
     pub rebalance_interval_ms: u64,
@@ -111,7 +113,8 @@ pub struct PushConsumerOptions {
     /// broadcasting mode, any failed message) is delivered again locally.
     pub reconsume_delay_ms: u64,
     /// Shutdown waits this long for running listeners (orderly ones too) before committing
-    /// what finished; an orderly queue whose call still runs keeps its lock until it lapses.
+    /// what finished and leaving the group, which frees the member's queue locks: an
+    /// orderly call still running then may overlap the next owner's first calls.
     pub shutdown_timeout_ms: u64,
     /// Broadcasting: directory of the local offsets files (default `~/.ringmq/offsets`,
     /// or `<temp dir>/ringmq-offsets` without a home directory). The file is per client

@@ -639,10 +639,12 @@ impl Controller {
     }
 
     /// Shutdown: stop every queue, wait for listeners in flight (at most
-    /// `shutdown_timeout_ms`, renewing the locks of orderly queues whose call runs),
-    /// commit, unlock. An orderly queue whose call outlasts the wait is committed up to
-    /// what finished and keeps its lock until it lapses on the broker, so that no other
-    /// member consumes it while the call still runs.
+    /// `shutdown_timeout_ms`), commit, unlock. In orderly clustering mode a queue is
+    /// committed and unlocked as soon as its orderly task ended (its calls are done), and
+    /// the locks of queues whose call still runs are renewed meanwhile. An orderly queue
+    /// whose call outlasts the wait is committed up to what finished; the member then
+    /// leaves the group, which frees its locks, so the next owner may start while that
+    /// call still runs (as RocketMQ's shutdown unlocks every queue after its wait).
     pub(super) async fn shutdown(&mut self) -> Result<()> {
         let all: Vec<MessageQueue> = self.running.keys().cloned().collect();
         let mut stopped = self.stop_queues(&all).await;
@@ -653,8 +655,17 @@ impl Controller {
         let mut slots = std::pin::pin!(pool.acquire_many(threads));
         let mut slots_free = false;
         let locks = self.shared.needs_locks();
-        let period = Duration::from_millis(self.shared.options.lock_renew_ms);
-        let mut renew = interval_at(Instant::now() + period, period);
+        let mut result = Ok(());
+        if locks {
+            // No call of theirs runs: their next owners need not wait for the others'.
+            result = self.release(std::mem::take(&mut stopped)).await;
+        }
+        // Renewed at once (the last renewal may be nearly a period old), then every
+        // period, and every `lock_retry_ms` while one failed.
+        let renew_every = Duration::from_millis(self.shared.options.lock_renew_ms);
+        let mut last_renewal: Option<Instant> = None;
+        let retry = Duration::from_millis(self.shared.options.lock_retry_ms);
+        let mut renew = interval_at(Instant::now(), retry);
         renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut ended = self.ended_rx.take();
         while !(slots_free && self.handing_over.is_empty()) {
@@ -667,7 +678,7 @@ impl Controller {
                             String::new()
                         } else {
                             format!(
-                                "; the locks of {} orderly queue(s) still in a call lapse on the broker",
+                                "; {} orderly queue(s) still in a call are freed as the member leaves (their next owner may start before the call ends)",
                                 self.handing_over.len()
                             )
                         }
@@ -676,10 +687,19 @@ impl Controller {
                 }
                 _ = &mut slots, if !slots_free => slots_free = true,
                 Some(mq) = async { ended.as_mut()?.recv().await }, if !self.handing_over.is_empty() => {
-                    stopped.extend(self.handing_over.remove(&mq));
+                    let done: Stopped = self.handing_over.remove(&mq).into_iter().collect();
+                    if locks {
+                        result = result.and(self.release(done).await);
+                    } else {
+                        stopped.extend(done);
+                    }
                 }
                 _ = renew.tick(), if locks && !self.handing_over.is_empty() => {
-                    self.renew_locks().await;
+                    let due = last_renewal.is_none_or(|at| at.elapsed() >= renew_every);
+                    if due || self.renew_owed {
+                        last_renewal = Some(Instant::now());
+                        self.renew_locks().await;
+                    }
                 }
             }
         }
@@ -687,12 +707,21 @@ impl Controller {
         // Late retries find no slot and end; calls still queued are dropped.
         self.shared.pool.close();
         self.shared.workers.close();
-        // Committed up to what finished, not unlocked.
+        // Committed up to what finished; their locks go as the member leaves.
         let still: Vec<Arc<ProcessQueue>> = self.handing_over.values().cloned().collect();
         let committed = self.commit(&still).await;
-        let committed = self.commit(&stopped).await.and(committed);
-        let unlocked = self.unlock(&stopped).await;
+        let released = self.release(stopped).await;
         self.pending.clear();
+        result.and(committed).and(released)
+    }
+
+    /// Commits stopped queues and gives up their locks; the first error is returned.
+    async fn release(&self, stopped: Stopped) -> Result<()> {
+        if stopped.is_empty() {
+            return Ok(());
+        }
+        let committed = self.commit(&stopped).await;
+        let unlocked = self.unlock(&stopped).await;
         committed.and(unlocked)
     }
 }

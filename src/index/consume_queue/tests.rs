@@ -18,7 +18,7 @@ fn entry(queue_offset: u64) -> CqEntry {
     CqEntry {
         physical_offset: queue_offset * 103,
         size: 100,
-        tag_hash: if queue_offset % 2 == 0 {
+        tag_hash: if queue_offset.is_multiple_of(2) {
             crate::index::tag_hash(&format!("tag{}", queue_offset % 5))
         } else {
             crate::index::TAG_HASH_NONE

@@ -365,7 +365,7 @@ fn meta_is_borrowed_when_aligned_and_copied_when_not() {
         let bytes = &buf[shift..];
         let f = FrameDecoder::default().decode(bytes).unwrap().unwrap();
         let meta = f.aligned_meta();
-        let aligned = (shift + FRAME_HEADER_BYTES) % META_ALIGN == 0;
+        let aligned = (shift + FRAME_HEADER_BYTES).is_multiple_of(META_ALIGN);
         assert_eq!(meta.is_copied(), !aligned, "shift {shift}");
         let archived = meta.access::<Heartbeat>().unwrap();
         assert_eq!(archived.client_id.as_str(), "client-1");
