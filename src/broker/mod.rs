@@ -156,6 +156,9 @@ pub struct ShardCtx {
     /// Groups this shard, as their coordinator, is deleting: heartbeats are refused until
     /// every shard has forgotten the group's offsets.
     deleting_groups: RefCell<HashSet<String>>,
+    /// (group, epoch) of resets being told to their group's coordinator after a refused
+    /// commit: one telling each, however many stale commits come meanwhile.
+    telling_resets: RefCell<HashSet<(String, u64)>>,
     /// Bytes of the groups' kept assignments (`group_service::Assigned`).
     assigned_bytes: Rc<Cell<usize>>,
     next_conn: Cell<u64>,
@@ -335,6 +338,7 @@ impl ShardCtx {
             conn_groups: RefCell::new(HashMap::new()),
             closed_conns: RefCell::new(std::collections::VecDeque::new()),
             deleting_groups: RefCell::new(HashSet::new()),
+            telling_resets: RefCell::new(HashSet::new()),
             assigned_bytes: Rc::new(Cell::new(0)),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
@@ -440,14 +444,10 @@ impl ShardCtx {
         let _one = self.offsets_io.lock().await;
         let job = self.offsets.borrow_mut().take_io();
         if let Some((io, generation)) = job {
-            let io = std::sync::Arc::new(io);
-            let run = io.clone();
-            match crate::io::blocking(move || run.run()).await {
+            match crate::io::blocking(move || io.run()).await {
                 Ok(file) => self.offsets.borrow_mut().written(generation, file),
                 Err(e) => {
-                    if let Ok(io) = std::sync::Arc::try_unwrap(io) {
-                        self.offsets.borrow_mut().write_failed(io);
-                    }
+                    self.offsets.borrow_mut().write_failed();
                     return Err(e);
                 }
             }

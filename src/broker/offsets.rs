@@ -210,12 +210,31 @@ impl OffsetStore {
             let free = (0..1_000)
                 .map(|n| dir.join(format!("offsets.log.damaged-{at}-{n}")))
                 .find(|p| !p.exists());
-            let kept = match free.map(|p| (std::fs::write(&p, &bytes), p)) {
+            // Kept durably before the file is written over: else the start is refused, and
+            // the only copy of what the damage left stays where it is.
+            let keep = |p: &Path| -> std::io::Result<()> {
+                let mut f = (std::fs::OpenOptions::new().write(true).create_new(true)).open(p)?;
+                f.write_all(&bytes)?;
+                f.sync_all()?;
+                std::fs::File::open(dir)?.sync_all()
+            };
+            let kept = match free.map(|p| (keep(&p), p)) {
                 Some((Ok(()), p)) => format!("the file as found is kept as {}", p.display()),
                 Some((Err(e), p)) => {
-                    format!("keeping the file as found as {} failed: {e}", p.display())
+                    return Err(std::io::Error::other(format!(
+                        "{}: damaged (bytes {}), and keeping the file as found as {} failed: {e}; not rewritten, so the start is refused (free space, or move the file away to start without its offsets)",
+                        path.display(),
+                        skipped.join(", "),
+                        p.display()
+                    )));
                 }
-                None => "no free name to keep the file as found under".to_owned(),
+                None => {
+                    return Err(std::io::Error::other(format!(
+                        "{}: damaged (bytes {}), and no free name to keep the file as found under (offsets.log.damaged-*); the start is refused",
+                        path.display(),
+                        skipped.join(", ")
+                    )));
+                }
             };
             crate::warn!(
                 "ringmq: {}: bytes {} hold no whole record, with whole records after them (damage, or a crash that wrote later pages of its last writes and not earlier ones): skipped, and the offsets they held are lost (those groups start the queues from an earlier commit, or from their consume_from); {kept}",
@@ -404,16 +423,13 @@ impl OffsetStore {
         Some((io, self.changed_gen))
     }
 
-    /// A write taken by [`take_io`](Self::take_io) failed: it is done again next time.
-    pub fn write_failed(&mut self, io: OffsetsIo) {
-        match io {
-            // Part of it may be in the file: the replay at the next start would stop at the
-            // record cut there, before everything appended after it (a later lowering or
-            // reset among them). The file is written whole again instead (the map holds
-            // every offset the lost bytes carried).
-            OffsetsIo::Append { .. } => self.rewrite = true,
-            OffsetsIo::Rewrite { .. } => self.rewrite = true,
-        }
+    /// A write taken by [`take_io`](Self::take_io) failed: it is done again next time. An
+    /// append may be in the file in part: the replay at the next start would stop at the
+    /// record cut there, before everything appended after it (a later lowering or reset
+    /// among them). The file is written whole again instead (the map holds every offset
+    /// the lost bytes carried); so is a failed rewrite.
+    pub fn write_failed(&mut self) {
+        self.rewrite = true;
     }
 
     /// An fdatasync of the file failed: what it was to cover may never reach the disk,
@@ -740,7 +756,8 @@ mod tests {
             panic!("an append, not a rewrite");
         };
         (&**file).write_all(&bytes[..bytes.len() / 2]).unwrap();
-        s.write_failed(io);
+        drop(io);
+        s.write_failed();
         s.commit("g", "t", 2, 7);
         while let Some((io, covered)) = s.take_io() {
             s.written(covered, io.run().unwrap());
@@ -760,7 +777,8 @@ mod tests {
         let (io, generation) = s.take_io().unwrap();
         // The write fails (a full disk): nothing is lost, it is taken again with what came
         // after it.
-        s.write_failed(io);
+        drop(io);
+        s.write_failed();
         s.commit("g", "t", 0, 2);
         let (io, covered) = s.take_io().unwrap();
         assert!(covered > generation);

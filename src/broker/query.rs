@@ -62,9 +62,15 @@ impl ShardCtx {
             .refuses(&m.group, &m.topic, m.offsets_epoch);
         if let (Some(reset), Some(read)) = (refused, m.offsets_epoch) {
             // The member re-reads once its coordinator publishes the epoch; it may not have
-            // (a call that failed, a restart): told again, in the background.
-            let (ctx, group) = (self.clone(), m.group.clone());
-            crate::io::spawn(async move { ctx.tell_coordinator_of_reset(&group, reset).await });
+            // (a call that failed, a restart): told again, in the background, once at a
+            // time (a client repeating stale commits does not start a task for each).
+            if (self.telling_resets.borrow_mut()).insert((m.group.clone(), reset)) {
+                let (ctx, group) = (self.clone(), m.group.clone());
+                crate::io::spawn(async move {
+                    ctx.tell_coordinator_of_reset(&group, reset).await;
+                    ctx.telling_resets.borrow_mut().remove(&(group, reset));
+                });
+            }
             return Err(err(
                 ErrorCode::OffsetsReset,
                 format!(

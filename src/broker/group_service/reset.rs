@@ -20,6 +20,7 @@ impl ShardCtx {
         if queues.is_empty() {
             return Ok(());
         }
+        let born = self.topics.borrow().born(topic);
         // Every queue's offset is looked up first (a lookup may wait for a read), then the
         // fence is checked and the offsets set with nothing awaited in between: a later
         // reset coming while this one waited would otherwise fence and set all the queues,
@@ -29,6 +30,24 @@ impl ShardCtx {
             let offset = self.store.offset_by_timestamp(topic, q, timestamp_ms).await;
             reset_to.push((q, offset.map_err(store_error)?));
         }
+        // The lookups waited: a topic deleted meanwhile (its offsets forgotten here), or
+        // deleted and created again, must not get the old topic's offsets, which a new
+        // topic of the name would take for its own and skip messages below.
+        let gone = {
+            let topics = self.topics.borrow();
+            topics.get(topic).is_none() || topics.born(topic) != born
+        };
+        if gone {
+            return Err(err(
+                ErrorCode::TopicNotFound,
+                format!(
+                    "topic {topic} was deleted while group {group}'s reset looked up its offsets on shard {}; nothing was reset there",
+                    self.id
+                ),
+            ));
+        }
+        // Admitted again: other groups' resets may have taken the last places meanwhile.
+        self.offsets_admit(group)?;
         let fenced = self.offsets.borrow_mut().fence(group, topic, epoch);
         if let Err(later) = fenced {
             // Members re-read this shard's offsets under the later reset's epoch: these
