@@ -214,15 +214,19 @@ impl OffsetStore {
             // the only copy of what the damage left stays where it is.
             let keep = |p: &Path| -> std::io::Result<()> {
                 let mut f = (std::fs::OpenOptions::new().write(true).create_new(true)).open(p)?;
-                f.write_all(&bytes)?;
-                f.sync_all()?;
+                let written = (f.write_all(&bytes)).and_then(|()| f.sync_all());
+                if written.is_err() {
+                    // No partial copy left behind (each refused start would add one).
+                    let _ = std::fs::remove_file(p);
+                }
+                written?;
                 std::fs::File::open(dir)?.sync_all()
             };
             let kept = match free.map(|p| (keep(&p), p)) {
                 Some((Ok(()), p)) => format!("the file as found is kept as {}", p.display()),
                 Some((Err(e), p)) => {
                     return Err(std::io::Error::other(format!(
-                        "{}: damaged (bytes {}), and keeping the file as found as {} failed: {e}; not rewritten, so the start is refused (free space, or move the file away to start without its offsets)",
+                        "{}: damaged (bytes {}), and keeping the file as found as {} failed: {e}; not rewritten, so the start is refused (free space for the copy; moving offsets.log away instead would start without any of its offsets)",
                         path.display(),
                         skipped.join(", "),
                         p.display()

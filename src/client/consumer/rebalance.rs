@@ -650,7 +650,6 @@ impl Controller {
         let mut stopped = self.stop_queues(&all).await;
         let threads = u32::try_from(self.shared.options.consume_threads).unwrap_or(u32::MAX);
         let wait = Duration::from_millis(self.shared.options.shutdown_timeout_ms);
-        let deadline = Instant::now() + wait;
         let pool = self.shared.pool.clone();
         let mut slots = std::pin::pin!(pool.acquire_many(threads));
         let mut slots_free = false;
@@ -660,11 +659,13 @@ impl Controller {
             // No call of theirs runs: their next owners need not wait for the others'.
             result = self.release(std::mem::take(&mut stopped)).await;
         }
+        // From here: those releases' requests do not use up the listeners' time.
+        let deadline = Instant::now() + wait;
         // Renewed at once (the last renewal may be nearly a period old), then every
-        // period, and every `lock_retry_ms` while one failed.
+        // period, and every `lock_retry_ms` (at most a period) while one failed.
         let renew_every = Duration::from_millis(self.shared.options.lock_renew_ms);
         let mut last_renewal: Option<Instant> = None;
-        let retry = Duration::from_millis(self.shared.options.lock_retry_ms);
+        let retry = Duration::from_millis(self.shared.options.lock_retry_ms).min(renew_every);
         let mut renew = interval_at(Instant::now(), retry);
         renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut ended = self.ended_rx.take();
