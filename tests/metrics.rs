@@ -18,11 +18,24 @@ use ringmq::client::{
     TransactionProducer,
 };
 
+/// A broker of `shards` in `dir` with its metrics endpoint on a free port (its address
+/// answered) and `flags` besides.
+fn broker_with_metrics(
+    dir: &std::path::Path,
+    shards: usize,
+    flags: &[&str],
+) -> (BrokerProcess, String) {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--metrics-listen", metrics.as_str()];
+    args.extend_from_slice(flags);
+    let broker = BrokerProcess::start(&dir.join("data"), shards, &args);
+    (broker, metrics)
+}
+
 #[test]
 fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--metrics-listen", &metrics]);
+    let (broker, metrics) = broker_with_metrics(dir.path(), 2, &[]);
     let addr = broker.addr_string();
     const N: u32 = 50;
     let maxes = runtime().block_on(async {
@@ -225,19 +238,13 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
 #[test]
 fn a_send_in_flight_at_a_deletion_leaves_no_counter_of_the_topic() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let broker = BrokerProcess::start(
-        &dir.path().join("data"),
-        1,
-        &[
-            "--metrics-listen",
-            &metrics,
-            "--testing-write-delay-us",
-            "2000000",
-            "--send-wait-max-ms",
-            "10000",
-        ],
-    );
+    let flags = [
+        "--testing-write-delay-us",
+        "2000000",
+        "--send-wait-max-ms",
+        "10000",
+    ];
+    let (broker, metrics) = broker_with_metrics(dir.path(), 1, &flags);
     let addr = broker.addr_string();
     let sends = {
         let metrics = metrics.clone();
@@ -363,20 +370,14 @@ fn the_log_goes_through_levels_set_by_flag_or_environment() {
 #[test]
 fn a_groups_kept_assignment_is_given_back_when_its_members_leave() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
     // The member stays until it leaves (it does not heartbeat again here).
-    let broker = BrokerProcess::start(
-        &dir.path().join("data"),
-        1,
-        &[
-            "--metrics-listen",
-            &metrics,
-            "--session-timeout-ms",
-            "120000",
-            "--lock-expiry-ms",
-            "125000",
-        ],
-    );
+    let flags = [
+        "--session-timeout-ms",
+        "120000",
+        "--lock-expiry-ms",
+        "125000",
+    ];
+    let (broker, metrics) = broker_with_metrics(dir.path(), 1, &flags);
     let addr = broker.addr_string();
     let rt = runtime();
     let client = rt.block_on(async {

@@ -36,9 +36,11 @@ pub async fn visible(client: &Client, topic: &str) -> BTreeMap<String, Vec<Messa
 
 pub async fn eventually(what: &str, patience: Duration, mut done: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + patience;
+    // Looked at again every 50 ms until the deadline.
+    let mut poll = tokio::time::interval(Duration::from_millis(50));
     while !done().await {
         assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll.tick().await;
     }
 }
 

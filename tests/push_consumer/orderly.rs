@@ -583,7 +583,10 @@ fn a_queue_handed_over_mid_call_keeps_its_lock_and_the_members_other_queue_goes_
                 .send(topic, OutgoingMessage::new("after").with_sharding_key(k1))
                 .await
                 .unwrap();
-            // Queue 0 is sent to every 100 ms until b consumed "after".
+            // Queue 0 is sent to every 100 ms (paced by an interval) until b consumed
+            // "after", at most for the tests' patience.
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            let mut pace = tokio::time::interval(Duration::from_millis(100));
             let mut ticks = 0;
             loop {
                 let done = calls
@@ -595,15 +598,15 @@ fn a_queue_handed_over_mid_call_keeps_its_lock_and_the_members_other_queue_goes_
                     break;
                 }
                 assert!(
-                    ticks < 900,
+                    tokio::time::Instant::now() < deadline,
                     "b never consumed what came after: {:?}",
                     calls.lock().unwrap()
                 );
+                pace.tick().await;
                 let tick =
                     OutgoingMessage::new(format!("tick-{ticks}")).with_sharding_key(k0.clone());
                 producer.send(topic, tick).await.unwrap();
                 ticks += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             let calls = calls.lock().unwrap().clone();
             // Said on failure: every call but the ticks, and the ticks' count.
