@@ -101,6 +101,12 @@ struct Cli {
     /// group gets LimitReached (`ringmq group delete` frees one) [default: 4096]
     #[arg(long)]
     groups_max: Option<usize>,
+    /// Most committed offsets each shard keeps, one per group, topic and queue (about 150
+    /// bytes of memory each); a commit or reset that would add one past it gets
+    /// LimitReached, commits of offsets already kept go on (`ringmq group delete` forgets a
+    /// group's, deleting a topic forgets its) [default: 1000000]
+    #[arg(long)]
+    offsets_max: Option<usize>,
     /// MiB of consumer-group members (client ids, subscriptions, by-config strategies) each
     /// shard coordinates; a heartbeat that would join or grow a member past it gets
     /// LimitReached, refreshes of members already in go on [default: 256]
@@ -262,6 +268,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.groups_max {
         cfg.groups_max = v;
+    }
+    if let Some(v) = cli.offsets_max {
+        cfg.offsets_max = v;
     }
     if let Some(v) = cli.group_members_mb {
         cfg.group_members_mb = v;

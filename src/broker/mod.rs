@@ -95,6 +95,8 @@ pub struct ServiceConfig {
     pub auto_create_topics_max: usize,
     /// Most groups coordinated, and most groups with offsets kept, per shard.
     pub groups_max: usize,
+    /// Most committed offsets (group, topic, queue) kept per shard.
+    pub offsets_max: usize,
     /// Most bytes of group members (ids, subscriptions, strategies) a coordinator holds.
     pub group_members_bytes_max: usize,
     /// Most queues of all topics together.

@@ -3,7 +3,10 @@
 //! rewritten as a snapshot when it grows.
 //!
 //! The map changes at once; the file is written by [`crate::broker::ShardCtx::flush_offsets`]
-//! off the shard's thread, one write at a time, in order. A commit is fdatasynced before it
+//! off the shard's thread, one write at a time, in order. The map is persistent
+//! ([`imbl::HashMap`]): a snapshot takes a clone of it (a pointer copy; changes after it
+//! copy the nodes they touch) and is encoded off the shard's thread too, however many
+//! offsets there are (up to `--offsets-max` per shard). A commit is fdatasynced before it
 //! is acknowledged in sync flush mode, and so is a queue's first offset in async mode; any
 //! other async commit is written before it is acknowledged (a process kill keeps it) and
 //! fdatasynced in the background. At open, a bad stretch with whole records after it
@@ -26,6 +29,7 @@ const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RMQO");
 const FENCE_QUEUE: u32 = u32::MAX;
 
 type Key = (String, String, u32);
+type Offsets = imbl::HashMap<Key, u64>;
 /// group → topic → the epoch of its latest reset.
 type Fences = HashMap<String, HashMap<String, u64>>;
 
@@ -33,7 +37,7 @@ pub struct OffsetStore {
     path: PathBuf,
     /// The file records are appended to (replaced when the file is rewritten).
     file: Arc<std::fs::File>,
-    offsets: HashMap<Key, u64>,
+    offsets: Offsets,
     /// Offsets kept per group (bounded by `--groups-max`).
     groups: HashMap<String, usize>,
     /// Records encoded but not yet written.
@@ -63,26 +67,59 @@ pub enum OffsetsIo {
         file: Arc<std::fs::File>,
         bytes: Vec<u8>,
     },
-    /// Replace the file with this snapshot (temporary file, fsync, rename, directory fsync).
-    Rewrite { path: PathBuf, snapshot: Vec<u8> },
+    /// Replace the file with a snapshot of these offsets and fences, encoded by the job
+    /// (temporary file, fsync, rename, directory fsync).
+    Rewrite {
+        path: PathBuf,
+        offsets: Offsets,
+        fences: Fences,
+    },
+}
+
+/// What a rewrite made: the new file to append to, and the size of its snapshot.
+pub struct Rewritten {
+    file: Arc<std::fs::File>,
+    snapshot_bytes: u64,
 }
 
 impl OffsetsIo {
     /// Does the write; a rewrite gives the new file to append to.
-    pub fn run(&self) -> std::io::Result<Option<Arc<std::fs::File>>> {
+    pub fn run(&self) -> std::io::Result<Option<Rewritten>> {
         match self {
             OffsetsIo::Append { file, bytes } => {
                 let mut f: &std::fs::File = file;
                 f.write_all(bytes)?;
                 Ok(None)
             }
-            OffsetsIo::Rewrite { path, snapshot } => {
-                crate::io::replace_file(path, snapshot)?;
+            OffsetsIo::Rewrite {
+                path,
+                offsets,
+                fences,
+            } => {
+                let snapshot = snapshot(offsets, fences);
+                crate::io::replace_file(path, &snapshot)?;
                 let file = std::fs::OpenOptions::new().append(true).open(path)?;
-                Ok(Some(Arc::new(file)))
+                Ok(Some(Rewritten {
+                    file: Arc::new(file),
+                    snapshot_bytes: snapshot.len() as u64,
+                }))
             }
         }
     }
+}
+
+/// Every offset and fence, encoded as the records of a new file.
+fn snapshot(offsets: &Offsets, fences: &Fences) -> Vec<u8> {
+    let mut out = Vec::with_capacity(offsets.len() * 64);
+    for ((g, t, q), o) in offsets {
+        encode(g, t, *q, *o, &mut out);
+    }
+    for (g, topics) in fences {
+        for (t, epoch) in topics {
+            encode(g, t, FENCE_QUEUE, *epoch, &mut out);
+        }
+    }
+    out
 }
 
 fn encode(group: &str, topic: &str, queue_id: u32, offset: u64, out: &mut Vec<u8>) {
@@ -104,7 +141,7 @@ fn encode(group: &str, topic: &str, queue_id: u32, offset: u64, out: &mut Vec<u8
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
-fn count_groups(offsets: &HashMap<Key, u64>) -> HashMap<String, usize> {
+fn count_groups(offsets: &Offsets) -> HashMap<String, usize> {
     let mut groups: HashMap<String, usize> = HashMap::new();
     for (g, _, _) in offsets.keys() {
         *groups.entry(g.clone()).or_default() += 1;
@@ -135,7 +172,7 @@ fn record_after(bytes: &[u8], at: usize) -> Option<usize> {
 
 /// Decodes records until the first incomplete or bad one (a torn tail after a crash):
 /// offsets, and the fences of resets (the latest epoch of each group and topic).
-fn replay(bytes: &[u8], offsets: &mut HashMap<Key, u64>, fences: &mut Fences) -> usize {
+fn replay(bytes: &[u8], offsets: &mut Offsets, fences: &mut Fences) -> usize {
     let mut at = 0;
     loop {
         let rest = &bytes[at..];
@@ -185,7 +222,7 @@ impl OffsetStore {
                 ))
             }
         };
-        let (mut offsets, mut reset_epochs) = (HashMap::new(), HashMap::new());
+        let (mut offsets, mut reset_epochs) = (Offsets::new(), HashMap::new());
         // A torn last record (a crash during a write) ends the replay; it is dropped by
         // the snapshot below. A bad stretch with whole records after it (damage, or a crash
         // that kept later pages of its last writes and not earlier ones) is skipped, not
@@ -271,6 +308,23 @@ impl OffsetStore {
         }
         store.synced(store.written_gen);
         Ok(store)
+    }
+
+    /// Offsets kept (entries of (group, topic, queue); bounded by `--offsets-max`).
+    pub fn count(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// How many of `group`'s offsets of `queues` of `topic` are not kept yet (entries
+    /// that setting them would add).
+    pub fn missing(&self, group: &str, topic: &str, queues: &[u32]) -> usize {
+        let mut key = (group.to_owned(), topic.to_owned(), 0);
+        (queues.iter())
+            .filter(|&&q| {
+                key.2 = q;
+                !self.offsets.contains_key(&key)
+            })
+            .count()
     }
 
     /// Groups with at least one offset kept.
@@ -398,22 +452,15 @@ impl OffsetStore {
     /// The next write to do, and the generation it covers; `None` when all is written.
     pub fn take_io(&mut self) -> Option<(OffsetsIo, u64)> {
         if self.rewrite {
-            let mut snapshot = Vec::new();
-            for ((g, t, q), o) in &self.offsets {
-                encode(g, t, *q, *o, &mut snapshot);
-            }
-            for (g, topics) in &self.reset_epochs {
-                for (t, epoch) in topics {
-                    encode(g, t, FENCE_QUEUE, *epoch, &mut snapshot);
-                }
-            }
+            // The snapshot holds every change so far: what is pending is not appended. Its
+            // size is counted in `file_bytes` once it is written (`written`).
             self.rewrite = false;
             self.pending.clear();
-            self.file_bytes = snapshot.len() as u64;
-            self.snapshot_bytes = snapshot.len() as u64;
+            self.file_bytes = 0;
             let io = OffsetsIo::Rewrite {
                 path: self.path.clone(),
-                snapshot,
+                offsets: self.offsets.clone(),
+                fences: self.reset_epochs.clone(),
             };
             return Some((io, self.changed_gen));
         }
@@ -450,10 +497,16 @@ impl OffsetStore {
         self.written_gen >= generation
     }
 
-    /// A write covering `generation` is done (`file`: the file a rewrite made).
-    pub fn written(&mut self, generation: u64, file: Option<Arc<std::fs::File>>) {
-        if let Some(file) = file {
+    /// A write covering `generation` is done (`rewritten`: what a rewrite made).
+    pub fn written(&mut self, generation: u64, rewritten: Option<Rewritten>) {
+        if let Some(Rewritten {
+            file,
+            snapshot_bytes,
+        }) = rewritten
+        {
             self.file = file;
+            self.snapshot_bytes = snapshot_bytes;
+            self.file_bytes += snapshot_bytes;
         }
         self.written_gen = self.written_gen.max(generation);
     }
@@ -556,6 +609,45 @@ mod tests {
         assert_eq!(s.group_count(), 1);
         assert_eq!(s.get("g1", "t", 0), None);
         assert_eq!(s.get("g2", "t", 0), Some(1));
+    }
+
+    #[test]
+    fn a_snapshot_holds_the_offsets_as_taken_and_changes_made_while_it_is_written_follow_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 1);
+        s.commit("g", "t", 1, 1);
+        s.forget_group("gone");
+        let (io, covered) = s.take_io().unwrap();
+        assert!(matches!(io, OffsetsIo::Rewrite { .. }));
+        assert_eq!(s.missing("g", "t", &[0, 1, 2]), 1);
+        // Changes while the snapshot is encoded and written (off the shard's thread).
+        s.commit("g", "t", 0, 5);
+        s.commit("g", "t", 2, 7);
+        s.written(covered, io.run().unwrap());
+        let (mut on_disk, mut fences) = (Offsets::new(), HashMap::new());
+        replay(
+            &std::fs::read(dir.path().join("offsets.log")).unwrap(),
+            &mut on_disk,
+            &mut fences,
+        );
+        let as_taken: Offsets = [
+            (("g".into(), "t".into(), 0), 1),
+            (("g".into(), "t".into(), 1), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(on_disk, as_taken);
+        let (io, covered) = s.take_io().unwrap();
+        assert!(matches!(io, OffsetsIo::Append { .. }));
+        s.written(covered, io.run().unwrap());
+        drop(s);
+        let s = OffsetStore::open(dir.path()).unwrap();
+        assert_eq!(s.count(), 3);
+        assert_eq!(
+            (s.get("g", "t", 0), s.get("g", "t", 1), s.get("g", "t", 2)),
+            (Some(5), Some(1), Some(7))
+        );
     }
 
     #[test]

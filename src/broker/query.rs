@@ -53,7 +53,7 @@ impl ShardCtx {
                 ),
             ));
         }
-        self.offsets_admit(&m.group)?;
+        self.offsets_admit(&m.group, &m.topic, &[m.queue_id])?;
         // A member's position read before a reset of the group's offsets here would undo
         // the reset (offsets only go forward); the member re-reads them on the new epoch.
         let refused = self
@@ -141,6 +141,13 @@ impl ShardCtx {
                 ),
             ));
         }
+        let new: usize = {
+            let offsets = self.offsets.borrow();
+            (groups.iter())
+                .map(|g| offsets.missing(g, topic, queues))
+                .sum()
+        };
+        self.offsets_room(new)?;
         for group in groups {
             for &queue_id in queues {
                 self.offsets.borrow_mut().commit(group, topic, queue_id, 0);
@@ -149,18 +156,40 @@ impl ShardCtx {
         self.offsets_durable().await
     }
 
-    /// Offsets of a group new to this shard are kept only below `--groups-max` groups.
-    pub(super) fn offsets_admit(&self, group: &str) -> Result<(), ErrorBody> {
+    /// Offsets of a group new to this shard are kept only below `--groups-max` groups, and
+    /// offsets new to it only up to `--offsets-max` (`queues` of `topic`: those about to be
+    /// set for the group).
+    pub(super) fn offsets_admit(
+        &self,
+        group: &str,
+        topic: &str,
+        queues: &[u32],
+    ) -> Result<(), ErrorBody> {
         let offsets = self.offsets.borrow();
-        if offsets.has_group(group) || offsets.group_count() < self.cfg.groups_max {
+        if !offsets.has_group(group) && offsets.group_count() >= self.cfg.groups_max {
+            return Err(err(
+                ErrorCode::LimitReached,
+                format!(
+                    "shard {} keeps offsets of {} groups, its limit (--groups-max); `ringmq group delete` forgets one",
+                    self.id,
+                    offsets.group_count()
+                ),
+            ));
+        }
+        self.offsets_room(offsets.missing(group, topic, queues))
+    }
+
+    /// Room for `new` more committed offsets on this shard (`--offsets-max`).
+    fn offsets_room(&self, new: usize) -> Result<(), ErrorBody> {
+        let kept = self.offsets.borrow().count();
+        if new == 0 || kept + new <= self.cfg.offsets_max {
             return Ok(());
         }
         Err(err(
             ErrorCode::LimitReached,
             format!(
-                "shard {} keeps offsets of {} groups, its limit (--groups-max); `ringmq group delete` forgets one",
-                self.id,
-                offsets.group_count()
+                "shard {} keeps {kept} committed offsets and {new} more would pass its limit (--offsets-max); `ringmq group delete` forgets a group's, deleting a topic forgets its",
+                self.id
             ),
         ))
     }

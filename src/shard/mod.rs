@@ -54,6 +54,8 @@ pub const AUTO_CREATE_TOPICS_MAX_DEFAULT: usize = 1024;
 pub const QUEUES_MAX_DEFAULT: usize = 30_000;
 /// Default of `--groups-max`.
 pub const GROUPS_MAX_DEFAULT: usize = 4096;
+/// Default of `--offsets-max`.
+pub const OFFSETS_MAX_DEFAULT: usize = 1_000_000;
 /// Default of `--group-members-mb`.
 pub const GROUP_MEMBERS_MB_DEFAULT: u64 = 256;
 /// Bounds of `--session-timeout-ms`.
@@ -126,6 +128,8 @@ pub struct BrokerConfig {
     /// Most consumer groups one shard coordinates, and most groups whose committed offsets
     /// one shard keeps.
     pub groups_max: usize,
+    /// Most committed offsets (entries of group, topic and queue) one shard keeps.
+    pub offsets_max: usize,
     /// MiB of consumer-group members (client ids, subscriptions, strategies) one shard
     /// coordinates; a heartbeat that would add past it is refused.
     pub group_members_mb: u64,
@@ -204,6 +208,7 @@ impl Default for BrokerConfig {
             topics_max: TOPICS_MAX_DEFAULT,
             auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
             groups_max: GROUPS_MAX_DEFAULT,
+            offsets_max: OFFSETS_MAX_DEFAULT,
             group_members_mb: GROUP_MEMBERS_MB_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
             index_idle_close_ms: crate::store::INDEX_IDLE_CLOSE_MS_DEFAULT,
@@ -390,6 +395,7 @@ impl Broker {
         for (name, v) in [
             ("topics-max", cfg.topics_max),
             ("groups-max", cfg.groups_max),
+            ("offsets-max", cfg.offsets_max),
             ("queues-max", cfg.queues_max),
             ("transaction-pending-max", cfg.transaction_pending_max),
             (
@@ -833,6 +839,7 @@ async fn shard_main(
         topics_max: cfg.topics_max,
         auto_create_topics_max: cfg.auto_create_topics_max,
         groups_max: cfg.groups_max,
+        offsets_max: cfg.offsets_max,
         group_members_bytes_max: usize::try_from(cfg.group_members_mb.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX),
         queues_max: cfg.queues_max,

@@ -10,6 +10,19 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::protocol::record::{PropertiesBuilder, RecordDraft};
 
+/// The code and message of a refusal (panics on success, or an error without a code).
+pub fn refused<T: std::fmt::Debug>(
+    r: Result<T, ringmq::client::ClientError>,
+) -> (ringmq::protocol::ErrorCode, String) {
+    match r {
+        Err(e) => (
+            e.code().unwrap_or_else(|| panic!("no code: {e}")),
+            e.to_string(),
+        ),
+        Ok(v) => panic!("accepted: {v:?}"),
+    }
+}
+
 /// Broker flags for short transaction check-backs: asked 300 ms after the half message,
 /// then every 300 ms, at most 3 times.
 pub const FAST_CHECKS: &[&str] = &[

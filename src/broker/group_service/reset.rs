@@ -15,8 +15,9 @@ impl ShardCtx {
         timestamp_ms: i64,
         epoch: u64,
     ) -> Result<(), ErrorBody> {
-        self.offsets_admit(group)?;
         let queues = self.local_ranges(topic)?;
+        let ids: Vec<u32> = queues.iter().map(|&(q, _, _)| q).collect();
+        self.offsets_admit(group, topic, &ids)?;
         if queues.is_empty() {
             return Ok(());
         }
@@ -47,7 +48,7 @@ impl ShardCtx {
             ));
         }
         // Admitted again: other groups' resets may have taken the last places meanwhile.
-        self.offsets_admit(group)?;
+        self.offsets_admit(group, topic, &ids)?;
         let fenced = self.offsets.borrow_mut().fence(group, topic, epoch);
         if let Err(later) = fenced {
             // Members re-read this shard's offsets under the later reset's epoch: these

@@ -1,0 +1,105 @@
+//! The bounds on committed offsets a shard keeps, against the real binary: offsets of at
+//! most `--groups-max` groups and at most `--offsets-max` entries (group, topic, queue) per
+//! shard. Commits, resets and a topic update's seeding that would add past them are
+//! refused with `LimitReached` naming the flag; offsets already kept still move; deleting a
+//! group frees its entries.
+
+mod common;
+
+use common::broker::BrokerProcess;
+use common::{refused as code, runtime};
+use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer};
+use ringmq::protocol::ErrorCode;
+
+#[test]
+fn offsets_past_the_cap_are_refused_kept_ones_still_move_and_a_deleted_group_frees_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--offsets-max", "4"]);
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        client.create_topic("t", 8).await.unwrap();
+        // At least three messages in every queue (sends go round the queues).
+        let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let mut stored = [0; 8];
+        for _ in 0..1_000 {
+            if stored.iter().all(|&n| n >= 3) {
+                break;
+            }
+            let sent = producer.send("t", OutgoingMessage::new("x")).await.unwrap();
+            stored[sent.queue_id as usize] += 1;
+        }
+        assert!(stored.iter().all(|&n| n >= 3), "{stored:?}");
+        for q in 0..4 {
+            client.commit_offset("g1", "t", q, 1).await.unwrap();
+        }
+        // A fifth offset, of the same group or of another, is refused.
+        for (group, q) in [("g1", 4), ("g2", 0)] {
+            let (c, m) = code(client.commit_offset(group, "t", q, 1).await);
+            assert_eq!(c, ErrorCode::LimitReached, "{m}");
+            assert!(m.contains("--offsets-max"), "{m}");
+            assert_eq!(client.query_offset(group, "t", q).await.unwrap(), None);
+        }
+        // Offsets already kept still move.
+        client.commit_offset("g1", "t", 2, 3).await.unwrap();
+        assert_eq!(client.query_offset("g1", "t", 2).await.unwrap(), Some(3));
+        // A reset that would set the group's other four queues is refused, whole.
+        let (c, m) = code(client.reset_offset_by_time("g1", "t", 0).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--offsets-max"), "{m}");
+        assert_eq!(client.query_offset("g1", "t", 2).await.unwrap(), Some(3));
+        // So is a topic update whose added queues g1 would need offsets of.
+        let (c, m) = code(client.update_topic("t", 9).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        assert!(m.contains("--offsets-max"), "{m}");
+        assert_eq!(client.describe_topic("t").await.unwrap().queues.len(), 8);
+        // Deleting g1 frees its four: g2 takes them, and no fifth.
+        client.delete_group("g1").await.unwrap();
+        for q in 4..8 {
+            client.commit_offset("g2", "t", q, 2).await.unwrap();
+        }
+        let (c, m) = code(client.commit_offset("g2", "t", 0, 1).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{m}");
+        // Deleting the topic frees them too.
+        client.delete_topic("t").await.unwrap();
+        client.create_topic("u", 1).await.unwrap();
+        client.commit_offset("g3", "u", 0, 0).await.unwrap();
+    });
+}
+
+#[test]
+fn a_topic_update_whose_added_queues_cannot_start_for_a_consuming_group_is_refused() {
+    use ringmq::protocol::route::owner;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--groups-max", "2"]);
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        client.create_topic("t", 1).await.unwrap();
+        // Group g consumes t: its one offset is on queue 0's shard.
+        client.commit_offset("g", "t", 0, 0).await.unwrap();
+        let other = 1 - owner("t", 0, 2);
+        // The other shard keeps offsets of two groups already, its limit.
+        client.create_topic("fill", 8).await.unwrap();
+        let q = (0..8).find(|&q| owner("fill", q, 2) == other).unwrap();
+        client.commit_offset("f1", "fill", q, 0).await.unwrap();
+        client.commit_offset("f2", "fill", q, 0).await.unwrap();
+        // Growing t puts a queue on the other shard, where g could get no offset: g would
+        // start it at its end, after what was sent to it meanwhile. Refused instead.
+        let grown = (2..=8).find(|&n| owner("t", n - 1, 2) == other).unwrap();
+        let (c, why) = code(client.update_topic("t", grown).await);
+        assert_eq!(c, ErrorCode::LimitReached, "{why}");
+        assert!(why.contains("--groups-max"), "{why}");
+        assert_eq!(client.describe_topic("t").await.unwrap().queues.len(), 1);
+        // Room made: the added queues start at their first message for g.
+        client.delete_group("f1").await.unwrap();
+        client.update_topic("t", grown).await.unwrap();
+        for q in 1..grown {
+            assert_eq!(client.query_offset("g", "t", q).await.unwrap(), Some(0));
+        }
+    });
+}
