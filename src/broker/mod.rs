@@ -817,6 +817,15 @@ impl Handlers for Req<'_> {
     }
 
     fn query_offset(&self, m: QueryOffset) -> Handled {
+        let unsynced =
+            (self.ctx.offsets.borrow()).is_unsynced_first(&m.group, &m.topic, m.queue_id);
+        if unsynced {
+            let ctx = self.ctx.clone();
+            return self.later(async move {
+                ctx.offsets_durable().await?;
+                ctx.query_offset(&m)
+            });
+        }
         self.on_known_queue(m.topic.clone(), m.queue_id, move |ctx| ctx.query_offset(&m))
     }
 

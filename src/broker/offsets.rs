@@ -7,8 +7,9 @@
 //! ([`imbl::HashMap`]): a snapshot takes a clone of it (a pointer copy; changes after it
 //! copy the nodes they touch) and is encoded off the shard's thread too, however many
 //! offsets there are (up to `--offsets-max` per shard). A commit is fdatasynced before it
-//! is acknowledged in sync flush mode, and so is a queue's first offset in async mode; any
-//! other async commit is written before it is acknowledged (a process kill keeps it) and
+//! is acknowledged in sync flush mode, and so is a queue's first offset in async mode (a
+//! retry of that commit, or a query of the offset, waits for its sync too); any other
+//! async commit is written before it is acknowledged (a process kill keeps it) and
 //! fdatasynced in the background. At open, a bad stretch with whole records after it
 //! (damage, or a crash that kept later pages of its last writes and not earlier ones) is
 //! skipped with a warning and the file as found kept beside it; a torn tail is cut. A
@@ -54,6 +55,11 @@ pub struct OffsetStore {
     /// `--groups-max`), before its offsets are written, and written with them (a record of
     /// queue [`FENCE_QUEUE`]), so a restart keeps it; forgotten with the topic or the group.
     reset_epochs: Fences,
+    /// Offsets whose first record is not covered by an fdatasync yet, with the generation
+    /// of that record: a commit or a query of one waits for the sync in async mode too (a
+    /// member commits where it starts before consuming; a power loss that lost that would
+    /// start the queue's next owner from its `consume_from`, past what came meanwhile).
+    unsynced_firsts: HashMap<Key, u64>,
     /// Changes made / written to the file / covered by a finished fdatasync.
     changed_gen: u64,
     written_gen: u64,
@@ -301,6 +307,7 @@ impl OffsetStore {
             changed_gen: 0,
             written_gen: 0,
             synced_gen: 0,
+            unsynced_firsts: HashMap::new(),
         };
         if let Some((io, generation)) = store.take_io() {
             let file = io.run()?;
@@ -404,14 +411,20 @@ impl OffsetStore {
 
     /// Sets an offset, backwards too (an admin reset). Returns the change's generation.
     pub fn reset(&mut self, group: &str, topic: &str, queue_id: u32, offset: u64) -> u64 {
-        if self
-            .offsets
-            .insert((group.to_owned(), topic.to_owned(), queue_id), offset)
-            .is_none()
-        {
+        let key = (group.to_owned(), topic.to_owned(), queue_id);
+        let first = self.offsets.insert(key.clone(), offset).is_none();
+        let generation = self.append(group, topic, queue_id, offset);
+        if first {
             *self.groups.entry(group.to_owned()).or_default() += 1;
+            self.unsynced_firsts.insert(key, generation);
         }
-        self.append(group, topic, queue_id, offset)
+        generation
+    }
+
+    /// Whether the first record of `group`'s offset of the queue waits for an fdatasync.
+    pub fn is_unsynced_first(&self, group: &str, topic: &str, queue_id: u32) -> bool {
+        !self.unsynced_firsts.is_empty()
+            && (self.unsynced_firsts).contains_key(&(group.to_owned(), topic.to_owned(), queue_id))
     }
 
     /// Appends a record to write; returns the change's generation.
@@ -533,6 +546,10 @@ impl OffsetStore {
 
     pub fn synced(&mut self, generation: u64) {
         self.synced_gen = self.synced_gen.max(generation);
+        if !self.unsynced_firsts.is_empty() {
+            let synced = self.synced_gen;
+            self.unsynced_firsts.retain(|_, made| *made > synced);
+        }
     }
 
     /// Whether the change of `generation` is covered by an fdatasync.
@@ -648,6 +665,40 @@ mod tests {
             (s.get("g", "t", 0), s.get("g", "t", 1), s.get("g", "t", 2)),
             (Some(5), Some(1), Some(7))
         );
+    }
+
+    #[test]
+    fn a_first_offset_is_unsynced_until_a_sync_covers_its_first_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = OffsetStore::open(dir.path()).unwrap();
+        s.commit("g", "t", 0, 1);
+        assert!(s.is_unsynced_first("g", "t", 0));
+        write_pending(&mut s);
+        assert!(s.is_unsynced_first("g", "t", 0), "written is not synced");
+        // A later commit of it, before the sync (a retry of the first), finds it so too.
+        s.commit("g", "t", 0, 1);
+        s.commit("g", "t", 0, 2);
+        assert!(s.is_unsynced_first("g", "t", 0));
+        s.commit("g", "t", 1, 1);
+        let (_, covers) = s.sync_handle();
+        s.synced(covers);
+        assert!(!s.is_unsynced_first("g", "t", 0));
+        assert!(
+            s.is_unsynced_first("g", "t", 1),
+            "made after the write the sync covers"
+        );
+        // A failed sync leaves it waiting.
+        write_pending(&mut s);
+        s.sync_failed();
+        assert!(s.is_unsynced_first("g", "t", 1));
+        write_pending(&mut s);
+        let (_, covers) = s.sync_handle();
+        s.synced(covers);
+        assert!(!s.is_unsynced_first("g", "t", 1));
+        // Forgotten and made again, it waits again.
+        s.forget_group("g");
+        s.commit("g", "t", 0, 1);
+        assert!(s.is_unsynced_first("g", "t", 0));
     }
 
     #[test]

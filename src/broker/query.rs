@@ -79,9 +79,6 @@ impl ShardCtx {
                 ),
             ));
         }
-        let first = (self.offsets.borrow())
-            .get(&m.group, &m.topic, m.queue_id)
-            .is_none();
         let (_, generation) = self
             .offsets
             .borrow_mut()
@@ -92,9 +89,11 @@ impl ShardCtx {
             0 => self.offsets.borrow().changed_generation(),
             changed => changed,
         };
+        let first = (self.offsets.borrow()).is_unsynced_first(&m.group, &m.topic, m.queue_id);
         if self.cfg.flush == FlushMode::Sync || first {
             // Durable before the answer (the write and fdatasync run off the shard). So is
-            // a queue's first offset in async mode: a member commits where it starts before
+            // a queue's first offset in async mode, until it is synced (this commit made it,
+            // or a retry of the one that did): a member commits where it starts before
             // consuming, and a crash that lost that commit would have the queue's next
             // owner start from its own `consume_from`, past what came in between.
             while !self.offsets.borrow().is_synced(generation) {
@@ -194,7 +193,11 @@ impl ShardCtx {
         ))
     }
 
-    /// `QueryOffset`: [`ErrorCode::OffsetNotFound`] when the group never committed one.
+    /// `QueryOffset`: [`ErrorCode::OffsetNotFound`] when the group never committed one. An
+    /// offset whose first record waits for an fdatasync is answered once it is durable
+    /// (the handler waits,
+    /// [`is_unsynced_first`](super::offsets::OffsetStore::is_unsynced_first)): a member starting from it
+    /// must not lose it to a power loss.
     pub(super) fn query_offset(&self, m: &QueryOffset) -> Result<Offset, ErrorBody> {
         self.known_queue(&m.topic, m.queue_id)?;
         let offset = self
