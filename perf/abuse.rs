@@ -5,6 +5,9 @@
 //! abuse fill ADDR TOPIC COUNT SIZE [KEY]      COUNT messages of SIZE bytes in queue 0
 //! abuse unread-pulls ADDR TOPIC CONNS PULLS HOLD_S
 //!                                            pipelined pulls never read, held, then closed
+//! abuse parked-polls ADDR TOPIC CONNS PULLS HOLD_S
+//!                                            long polls (30 s) of an empty queue 0 of
+//!                                            TOPIC, pipelined, held, then closed
 //! abuse lock-flood ADDR CONNS                one LockBatch of 1,024 queues with a 5 MB
 //!                                            client id per connection
 //! abuse key-lookups ADDR TOPIC KEY CONNS     concurrent lookups by key, answers read
@@ -86,28 +89,13 @@ fn main() {
             println!("filled {topic}: {answered} of {count} x {size} B answered");
         }
         "unread-pulls" => {
-            let topic: String = arg(&args, 3, "topic");
-            let conns: usize = arg(&args, 4, "connections");
-            let pulls: u64 = arg(&args, 5, "pulls per connection");
-            let hold: u64 = arg(&args, 6, "seconds to hold");
-            let mut open = Vec::new();
-            let mut written = 0u64;
-            for _ in 0..conns {
-                let mut c = TcpStream::connect(&addr).unwrap();
-                c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
-                for id in 0..pulls {
-                    let mut pull = Pull::new(&topic, 0, 0);
-                    pull.max_wait_ms = 0;
-                    if c.write_all(&frame(pull.into(), id)).is_err() {
-                        break;
-                    }
-                    written += 1;
-                }
-                open.push(c);
-            }
-            std::thread::sleep(Duration::from_secs(hold));
-            drop(open);
+            let (written, conns, hold) = held_pulls(&addr, &args, 0);
             println!("unread-pulls: {written} pulls written on {conns} connections, held {hold} s, closed");
+        }
+        "parked-polls" => {
+            create_topic(&addr, &arg::<String>(&args, 3, "topic"), 1);
+            let (written, conns, hold) = held_pulls(&addr, &args, 30_000);
+            println!("parked-polls: {written} long polls written on {conns} connections, held {hold} s, closed");
         }
         "lock-flood" => {
             let conns: usize = arg(&args, 3, "connections");
@@ -258,6 +246,34 @@ fn main() {
 }
 
 /// Creates a topic (an existing one is fine).
+/// Pulls of queue 0 of TOPIC (args 3-6: TOPIC CONNS PULLS HOLD_S) waiting `wait_ms`,
+/// pipelined on CONNS connections and never read, held HOLD_S seconds, then closed.
+/// Returns (pulls written, CONNS, HOLD_S).
+fn held_pulls(addr: &str, args: &[String], wait_ms: u32) -> (u64, usize, u64) {
+    let topic: String = arg(args, 3, "topic");
+    let conns: usize = arg(args, 4, "connections");
+    let pulls: u64 = arg(args, 5, "pulls per connection");
+    let hold: u64 = arg(args, 6, "seconds to hold");
+    let mut open = Vec::new();
+    let mut written = 0u64;
+    for _ in 0..conns {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        for id in 0..pulls {
+            let mut pull = Pull::new(&topic, 0, 0);
+            pull.max_wait_ms = wait_ms;
+            if c.write_all(&frame(pull.into(), id)).is_err() {
+                break;
+            }
+            written += 1;
+        }
+        open.push(c);
+    }
+    std::thread::sleep(Duration::from_secs(hold));
+    drop(open);
+    (written, conns, hold)
+}
+
 fn create_topic(addr: &str, topic: &str, queues: u32) {
     let mut c = TcpStream::connect(addr).unwrap();
     let create = CreateTopic {

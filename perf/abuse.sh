@@ -41,6 +41,9 @@ run_case() {
       note=$($ABUSE key-lookups $addr keyed k1 4) ;;
     many-queues)
       note=$($ABUSE many-queues $addr 25 1024 "$MQ_SECS") ;;
+    parked-polls)
+      # 200,000 long polls of one queue (one shard), past --long-polls-max (65,536).
+      note=$($ABUSE parked-polls $addr idle 200 1000 8) ;;
   esac
   sleep 3
   local alive=yes
@@ -56,7 +59,7 @@ run_case() {
 
 echo "| broker | attack | RSS at start MiB | peak RSS MiB | RSS after MiB | alive | what the attack saw |"
 echo "|---|---|---|---|---|---|---|"
-for attack in ${ATTACKS:-unread-pulls lock-flood key-lookups many-queues}; do
+for attack in ${ATTACKS:-unread-pulls lock-flood key-lookups many-queues parked-polls}; do
   run_case "before" "$BEFORE_TARGET/release" $attack
   run_case "after" target/release $attack
 done

@@ -115,3 +115,66 @@ fn a_long_poll_is_answered_when_the_message_is_readable_not_when_it_is_durable()
     // The send's own answer waits for the flusher: not waited for here.
     drop(sender);
 }
+
+/// Long polls waiting on one shard are bounded (`--long-polls-max`): past it a pull that
+/// would wait is refused `BrokerBusy` naming the flag, one with messages to read is still
+/// answered, and a poll that ends gives its place back.
+#[test]
+fn long_polls_past_the_cap_are_refused_busy_and_an_ended_one_gives_its_place_back() {
+    use ringmq::client::{Client, ClientConfig};
+    use ringmq::protocol::ErrorCode;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--long-polls-max", "2"]);
+    let addr = broker.addr_string();
+    common::runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 3).await.unwrap();
+        let long = Duration::from_secs(30);
+        // Two polls wait, on queues 0 and 1.
+        let waiting: Vec<_> = (0..2)
+            .map(|q| {
+                let c = client.clone();
+                tokio::spawn(async move { c.pull("t", q, 0, 32, long, &[]).await })
+            })
+            .collect();
+        // Once both wait, a third that would wait is refused (before, it waits its 50 ms).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        let refusal = loop {
+            assert!(Instant::now() < deadline, "no pull was refused");
+            tick.tick().await;
+            match client
+                .pull("t", 2, 0, 32, Duration::from_millis(50), &[])
+                .await
+            {
+                Ok(r) => assert_eq!(r.status, PullStatus::NoNewMessage),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refusal.code(), Some(ErrorCode::BrokerBusy), "{refusal}");
+        assert!(
+            refusal.to_string().contains("--long-polls-max"),
+            "{refusal}"
+        );
+        // A pull with a message to read does not wait: answered at the cap.
+        let send = |q: i32, body: &str| {
+            let sent = common::raw::call(&addr, common::raw::send_to("t", q, body).into());
+            assert!(matches!(sent, Response::SendResult(_)), "{sent:?}");
+        };
+        send(2, "two");
+        let read = client.pull("t", 2, 0, 32, long, &[]).await.unwrap();
+        assert_eq!((read.status, read.messages.len()), (PullStatus::Found, 1));
+        // A message for a waiting poll ends it, and its place is free once it is answered:
+        // a pull that waits is taken again.
+        send(0, "zero");
+        let mut waiting = waiting.into_iter();
+        let woken = waiting.next().unwrap().await.unwrap().unwrap();
+        assert_eq!((woken.status, woken.messages.len()), (PullStatus::Found, 1));
+        let started = Instant::now();
+        let again = client
+            .pull("t", 2, 1, 32, Duration::from_millis(300), &[])
+            .await;
+        assert_eq!(again.unwrap().status, PullStatus::NoNewMessage);
+        assert!(started.elapsed() >= Duration::from_millis(250), "it waited");
+    });
+}

@@ -102,11 +102,17 @@ struct Cli {
     #[arg(long)]
     groups_max: Option<usize>,
     /// Most committed offsets each shard keeps, one per group, topic and queue (about 150
-    /// bytes of memory each); a commit or reset that would add one past it gets
+    /// bytes each with short names); a commit, an offset reset or a topic update (which
+    /// gives the consuming groups offsets of its added queues) that would add past it gets
     /// LimitReached, commits of offsets already kept go on (`ringmq group delete` forgets a
     /// group's, deleting a topic forgets its) [default: 1000000]
     #[arg(long)]
     offsets_max: Option<usize>,
+    /// Most long polls (pulls waiting for messages) each shard holds at a time, about 6 KiB
+    /// each; past it a pull that would wait is refused BrokerBusy, and the push consumer
+    /// pulls again after its back-off [default: 65536]
+    #[arg(long)]
+    long_polls_max: Option<usize>,
     /// MiB of consumer-group members (client ids, subscriptions, by-config strategies) each
     /// shard coordinates; a heartbeat that would join or grow a member past it gets
     /// LimitReached, refreshes of members already in go on [default: 256]
@@ -271,6 +277,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.offsets_max {
         cfg.offsets_max = v;
+    }
+    if let Some(v) = cli.long_polls_max {
+        cfg.long_polls_max = v;
     }
     if let Some(v) = cli.group_members_mb {
         cfg.group_members_mb = v;

@@ -33,7 +33,35 @@ pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
 /// cache holds about 8 MiB at most (1,024 filters of 4 KiB held over 100 MiB a shard).
 pub const SQL_FILTERS_CACHED_BYTES_MAX: usize = 256 << 10;
 
+/// A long poll's place among those waiting on its shard (`--long-polls-max`), given back
+/// when the poll ends however it ends.
+struct LongPoll<'a>(&'a std::cell::Cell<usize>);
+
+impl Drop for LongPoll<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
 impl ShardCtx {
+    /// A place for a pull about to wait, or `BrokerBusy` past `--long-polls-max` (each
+    /// waiting poll holds a few KiB: a client pipelining polls on many connections would
+    /// otherwise hold the shard's memory).
+    fn long_poll(&self) -> Result<LongPoll<'_>, ErrorBody> {
+        let waiting = self.long_polls.get();
+        if waiting >= self.cfg.long_polls_max {
+            return Err(err(
+                ErrorCode::BrokerBusy,
+                format!(
+                    "shard {} holds {waiting} long polls, its limit (--long-polls-max); pull again later",
+                    self.id
+                ),
+            ));
+        }
+        self.long_polls.set(waiting + 1);
+        Ok(LongPoll(&self.long_polls))
+    }
+
     fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
         self.polls
             .borrow_mut()
@@ -213,6 +241,8 @@ impl ShardCtx {
             return status(PullStatus::OffsetTooBig, kept.max(min), min, max);
         }
         let notify = self.poll_notify(&p.topic, p.queue_id);
+        // This poll's place among the shard's waiting ones, taken when it first waits.
+        let mut waiting: Option<LongPoll<'_>> = None;
         loop {
             let notified = notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -312,6 +342,9 @@ impl ShardCtx {
                             r.min_offset,
                             r.max_offset,
                         );
+                    }
+                    if waiting.is_none() {
+                        waiting = Some(self.long_poll()?);
                     }
                     let wait = crate::io::sleep(deadline - now);
                     let woken = async {

@@ -248,6 +248,43 @@ fn capped(series: Vec<Series>, label: &'static str) -> Vec<Series> {
     series
 }
 
+/// The lag series of (lag, group, topic, queue), as [`capped`] would keep them, without
+/// labels for those it sums under `_other`: a shard may keep a million offsets
+/// (`--offsets-max`), walked at every scrape, and only the kept ones are allocated.
+fn top_lags<'a>(lags: impl Iterator<Item = (u64, &'a str, &'a str, u32)>) -> Vec<Series> {
+    use std::cmp::Reverse;
+    let mut top = std::collections::BinaryHeap::new();
+    let (mut seen, mut rest) = (0usize, 0u64);
+    for lag in lags {
+        seen += 1;
+        top.push(Reverse(lag));
+        if top.len() > SERIES_PER_FAMILY_MAX {
+            rest += top.pop().map_or(0, |Reverse(l)| l.0);
+        }
+    }
+    if seen > SERIES_PER_FAMILY_MAX {
+        rest += top.pop().map_or(0, |Reverse(l)| l.0);
+    }
+    let labels = |(_, group, topic, _): (u64, &str, &str, u32), queue_label: String| {
+        vec![
+            ("group", group.to_owned()),
+            ("topic", topic.to_owned()),
+            ("queue", queue_label),
+        ]
+    };
+    let mut kept: Vec<(u64, &str, &str, u32)> = top.into_iter().map(|Reverse(l)| l).collect();
+    kept.sort_by_key(|l| std::cmp::Reverse(l.0));
+    let mut series: Vec<Series> = (kept.iter())
+        .map(|&l| (labels(l, l.3.to_string()), l.0 as f64))
+        .collect();
+    if seen > SERIES_PER_FAMILY_MAX {
+        if let Some(&largest) = kept.first() {
+            series.push((labels(largest, "_other".into()), rest as f64));
+        }
+    }
+    series
+}
+
 impl ShardCtx {
     /// This shard's metrics now.
     /// `oldest_ms`: the store time of the log's oldest kept record, if known.
@@ -518,26 +555,21 @@ impl ShardCtx {
                 x,
             );
         }
-        let mut lag = Vec::new();
-        {
+        let lag = {
             let offsets = self.offsets.borrow();
-            for (group, topic, queue, committed) in offsets.iter() {
-                if self.owner_of(topic, queue) != self.id {
-                    continue;
-                }
-                if let Ok((_, max)) = self.store.queue_range(topic, queue) {
-                    lag.push((
-                        vec![
-                            ("group", group.to_owned()),
-                            ("topic", topic.to_owned()),
-                            ("queue", queue.to_string()),
-                        ],
-                        max.saturating_sub(committed) as f64,
-                    ));
-                }
-            }
-        }
-        for x in capped(lag, "queue") {
+            top_lags(
+                offsets
+                    .iter()
+                    .filter_map(|(group, topic, queue, committed)| {
+                        if self.owner_of(topic, queue) != self.id {
+                            return None;
+                        }
+                        let (_, max) = self.store.queue_range(topic, queue).ok()?;
+                        Some((max.saturating_sub(committed), group, topic, queue))
+                    }),
+            )
+        };
+        for x in lag {
             s.add(
                 "ringmq_consumer_lag_messages",
                 "Messages of a queue past a group's committed offset.",
@@ -586,5 +618,41 @@ mod tests {
             c.iter().map(|s| s.1).sum::<f64>(),
             (SERIES_PER_FAMILY_MAX + 10) as f64
         );
+    }
+
+    #[test]
+    fn lags_past_the_cap_keep_the_largest_as_capped_does() {
+        for n in [
+            3,
+            SERIES_PER_FAMILY_MAX,
+            SERIES_PER_FAMILY_MAX + 1,
+            3 * SERIES_PER_FAMILY_MAX,
+        ] {
+            let lag = |i: usize| (i as u64 * 7919) % 10_007;
+            let names: Vec<String> = (0..n).map(|i| format!("g{i}")).collect();
+            let top = top_lags((0..n).map(|i| (lag(i), names[i].as_str(), "t", i as u32)));
+            let all: Vec<Series> = (0..n)
+                .map(|i| {
+                    let labels = vec![
+                        ("group", names[i].clone()),
+                        ("topic", "t".to_owned()),
+                        ("queue", i.to_string()),
+                    ];
+                    (labels, lag(i) as f64)
+                })
+                .collect();
+            let mut want = capped(all, "queue");
+            let mut got = top;
+            let key = |s: &Series| (s.0[2].1 == "_other", s.1 as u64, s.0[0].1.clone());
+            want.sort_by_key(key);
+            got.sort_by_key(key);
+            assert_eq!(got.len(), want.len(), "{n}");
+            let values = |v: &[Series]| {
+                v.iter()
+                    .map(|s| (s.0[2].1 == "_other", s.1))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(values(&got), values(&want), "{n}");
+        }
     }
 }

@@ -97,6 +97,8 @@ pub struct ServiceConfig {
     pub groups_max: usize,
     /// Most committed offsets (group, topic, queue) kept per shard.
     pub offsets_max: usize,
+    /// Most long polls waiting on one shard's queues at a time.
+    pub long_polls_max: usize,
     /// Most bytes of group members (ids, subscriptions, strategies) a coordinator holds.
     pub group_members_bytes_max: usize,
     /// Most queues of all topics together.
@@ -161,6 +163,8 @@ pub struct ShardCtx {
     /// (group, epoch) of resets being told to their group's coordinator after a refused
     /// commit: one telling each, however many stale commits come meanwhile.
     telling_resets: RefCell<HashSet<(String, u64)>>,
+    /// Long polls waiting on this shard's queues (at most `--long-polls-max`).
+    long_polls: Cell<usize>,
     /// Bytes of the groups' kept assignments (`group_service::Assigned`).
     assigned_bytes: Rc<Cell<usize>>,
     next_conn: Cell<u64>,
@@ -341,6 +345,7 @@ impl ShardCtx {
             closed_conns: RefCell::new(std::collections::VecDeque::new()),
             deleting_groups: RefCell::new(HashSet::new()),
             telling_resets: RefCell::new(HashSet::new()),
+            long_polls: Cell::new(0),
             assigned_bytes: Rc::new(Cell::new(0)),
             next_conn: Cell::new(1),
             topic_changes: tokio::sync::Mutex::new(()),
@@ -822,7 +827,9 @@ impl Handlers for Req<'_> {
         if unsynced {
             let ctx = self.ctx.clone();
             return self.later(async move {
-                ctx.offsets_durable().await?;
+                while (ctx.offsets.borrow()).is_unsynced_first(&m.group, &m.topic, m.queue_id) {
+                    ctx.offsets_durable().await?;
+                }
                 ctx.query_offset(&m)
             });
         }

@@ -146,7 +146,14 @@ impl ShardCtx {
                 .map(|g| offsets.missing(g, topic, queues))
                 .sum()
         };
-        self.offsets_room(new)?;
+        self.offsets_room(new).map_err(|mut e| {
+            e.message = format!(
+                "{} (the queues added to {topic} need a starting offset for each of the {} groups consuming it, so that they start at their first message)",
+                e.message,
+                groups.len()
+            );
+            e
+        })?;
         for group in groups {
             for &queue_id in queues {
                 self.offsets.borrow_mut().commit(group, topic, queue_id, 0);

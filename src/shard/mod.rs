@@ -56,6 +56,8 @@ pub const QUEUES_MAX_DEFAULT: usize = 30_000;
 pub const GROUPS_MAX_DEFAULT: usize = 4096;
 /// Default of `--offsets-max`.
 pub const OFFSETS_MAX_DEFAULT: usize = 1_000_000;
+/// Default of `--long-polls-max`.
+pub const LONG_POLLS_MAX_DEFAULT: usize = 65_536;
 /// Default of `--group-members-mb`.
 pub const GROUP_MEMBERS_MB_DEFAULT: u64 = 256;
 /// Bounds of `--session-timeout-ms`.
@@ -130,6 +132,9 @@ pub struct BrokerConfig {
     pub groups_max: usize,
     /// Most committed offsets (entries of group, topic and queue) one shard keeps.
     pub offsets_max: usize,
+    /// Most long polls waiting on one shard's queues at a time (each holds about 6 KiB);
+    /// past it a pull that would wait is refused `BrokerBusy`.
+    pub long_polls_max: usize,
     /// MiB of consumer-group members (client ids, subscriptions, strategies) one shard
     /// coordinates; a heartbeat that would add past it is refused.
     pub group_members_mb: u64,
@@ -209,6 +214,7 @@ impl Default for BrokerConfig {
             auto_create_topics_max: AUTO_CREATE_TOPICS_MAX_DEFAULT,
             groups_max: GROUPS_MAX_DEFAULT,
             offsets_max: OFFSETS_MAX_DEFAULT,
+            long_polls_max: LONG_POLLS_MAX_DEFAULT,
             group_members_mb: GROUP_MEMBERS_MB_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
             index_idle_close_ms: crate::store::INDEX_IDLE_CLOSE_MS_DEFAULT,
@@ -396,6 +402,7 @@ impl Broker {
             ("topics-max", cfg.topics_max),
             ("groups-max", cfg.groups_max),
             ("offsets-max", cfg.offsets_max),
+            ("long-polls-max", cfg.long_polls_max),
             ("queues-max", cfg.queues_max),
             ("transaction-pending-max", cfg.transaction_pending_max),
             (
@@ -840,6 +847,7 @@ async fn shard_main(
         auto_create_topics_max: cfg.auto_create_topics_max,
         groups_max: cfg.groups_max,
         offsets_max: cfg.offsets_max,
+        long_polls_max: cfg.long_polls_max,
         group_members_bytes_max: usize::try_from(cfg.group_members_mb.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX),
         queues_max: cfg.queues_max,
