@@ -178,3 +178,74 @@ fn long_polls_past_the_cap_are_refused_busy_and_an_ended_one_gives_its_place_bac
         assert!(started.elapsed() >= Duration::from_millis(250), "it waited");
     });
 }
+
+/// Pulls waiting for room for their answers (the shard's 256 MiB is spent on answers that
+/// connections do not read) take places among the shard's waiting polls too: past
+/// `--long-polls-max` they are refused `BrokerBusy` at once rather than held, each with its
+/// plan, for as long as their connections live.
+#[test]
+fn pulls_waiting_for_room_for_their_answers_count_against_the_long_polls_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--long-polls-max", "4"]);
+    let addr = broker.addr_string();
+    let create = ringmq::protocol::CreateTopic {
+        topic: "big".into(),
+        queue_count: 1,
+    };
+    assert!(matches!(
+        common::raw::call(&addr, create.into()),
+        Response::Empty(_)
+    ));
+    // 64 messages of 64 KiB: each pull of 32 answers 2 MiB.
+    let body = "x".repeat(64 * 1024);
+    for _ in 0..64 {
+        let sent = common::raw::call(&addr, common::raw::send_to("big", 0, &body).into());
+        assert!(matches!(sent, Response::SendResult(_)), "{sent:?}");
+    }
+    let pulls = |n: u64| {
+        let mut frames = Vec::new();
+        for id in 0..n {
+            let mut pull = Pull::new("big", 0, 0);
+            pull.max_wait_ms = 0;
+            ringmq::protocol::encode_request(&Request::from(pull), id, &mut frames).unwrap();
+        }
+        frames
+    };
+    // 24 connections that read none of their answers: over 16 MiB each, past the shard's
+    // 256 MiB in all.
+    let mut open = Vec::new();
+    for _ in 0..24 {
+        let mut conn = TcpStream::connect(&addr).unwrap();
+        std::io::Write::write_all(&mut conn, &pulls(64)).unwrap();
+        open.push(conn);
+    }
+    // One pull at a time on new connections (kept open, so a waiting one keeps its place):
+    // answered while there is room; then up to 4 wait, and the next is refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refusal = loop {
+        assert!(Instant::now() < deadline, "no pull was refused");
+        let mut probe = TcpStream::connect(&addr).unwrap();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        std::io::Write::write_all(&mut probe, &pulls(1)).unwrap();
+        let mut head = [0u8; 1];
+        // Nothing within the timeout: it waits for room (read on below if it comes).
+        let waits = probe.peek(&mut head).is_err();
+        probe.set_read_timeout(None).unwrap();
+        if !waits {
+            match common::raw::read_answer(&mut probe) {
+                Response::Pull(p) => assert_eq!(p.meta().status, PullStatus::Found),
+                other => break common::raw::error_of(other),
+            }
+        }
+        open.push(probe);
+    };
+    assert_eq!(
+        refusal.0,
+        ringmq::protocol::ErrorCode::BrokerBusy,
+        "{}",
+        refusal.1
+    );
+    assert!(refusal.1.contains("--long-polls-max"), "{}", refusal.1);
+}

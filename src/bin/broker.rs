@@ -108,9 +108,10 @@ struct Cli {
     /// group's, deleting a topic forgets its) [default: 1000000]
     #[arg(long)]
     offsets_max: Option<usize>,
-    /// Most long polls (pulls waiting for messages) each shard holds at a time, about 6 KiB
-    /// each; past it a pull that would wait is refused BrokerBusy, and the push consumer
-    /// pulls again after its back-off [default: 65536]
+    /// Most long polls (pulls waiting for messages), and requests waiting for room for
+    /// their answers, each shard holds at a time, about 6 KiB each; past it a request that
+    /// would wait is refused BrokerBusy, and the push consumer pulls again after its
+    /// back-off [default: 65536]
     #[arg(long)]
     long_polls_max: Option<usize>,
     /// MiB of consumer-group members (client ids, subscriptions, by-config strategies) each

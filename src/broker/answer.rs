@@ -449,6 +449,35 @@ impl AnswerBudgets {
         true
     }
 
+    /// [`reserve`](Self::reserve) without waiting: `None` when either budget lacks the room
+    /// now (nothing taken).
+    pub fn try_reserve(
+        &self,
+        conn: u64,
+        ours: bool,
+        bytes: usize,
+    ) -> Result<Option<AnswerHold>, ErrorBody> {
+        let conn_budget = self.conns.borrow().get(&conn).map(|c| c.budget.clone());
+        let conn_permit = match conn_budget {
+            Some(budget) => {
+                match budget.try_acquire_many_owned(units(bytes).min(self.conn_units)) {
+                    Ok(permit) => Some(permit),
+                    Err(tokio::sync::TryAcquireError::NoPermits) => return Ok(None),
+                    Err(tokio::sync::TryAcquireError::Closed) => return Err(connection_closed()),
+                }
+            }
+            None if ours => return Err(connection_closed()),
+            None => None,
+        };
+        let n = units(bytes).min(self.shard_units);
+        Ok(
+            (self.shard.clone().try_acquire_many_owned(n).ok()).map(|shard| AnswerHold {
+                conn: conn_permit,
+                shard,
+            }),
+        )
+    }
+
     /// Reserves `bytes` for an answer to connection `conn`: from its budget when it is a
     /// connection of this shard (a forwarded request's connection is on another shard,
     /// which accounts for it there), and from the shard's. Waits while either is spent;

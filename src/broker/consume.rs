@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::answer::Answer;
+use super::answer::{Answer, AnswerHold};
 use super::{err, error_frame, PollStep};
 use super::{store_error, ShardCtx};
 use crate::protocol::record::RecordView;
@@ -34,8 +34,9 @@ pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
 pub const SQL_FILTERS_CACHED_BYTES_MAX: usize = 256 << 10;
 
 /// A long poll's place among those waiting on its shard (`--long-polls-max`), given back
-/// when the poll ends however it ends.
-struct LongPoll<'a>(&'a std::cell::Cell<usize>);
+/// when the poll ends however it ends; a request waiting for room for its answer takes
+/// one too while it waits.
+pub(super) struct LongPoll<'a>(&'a std::cell::Cell<usize>);
 
 impl Drop for LongPoll<'_> {
     fn drop(&mut self) {
@@ -47,19 +48,37 @@ impl ShardCtx {
     /// A place for a pull about to wait, or `BrokerBusy` past `--long-polls-max` (each
     /// waiting poll holds a few KiB: a client pipelining polls on many connections would
     /// otherwise hold the shard's memory).
-    fn long_poll(&self) -> Result<LongPoll<'_>, ErrorBody> {
+    pub(super) fn long_poll(&self) -> Result<LongPoll<'_>, ErrorBody> {
         let waiting = self.long_polls.get();
         if waiting >= self.cfg.long_polls_max {
             return Err(err(
                 ErrorCode::BrokerBusy,
                 format!(
-                    "shard {} holds {waiting} long polls, its limit (--long-polls-max); pull again later",
+                    "shard {} holds {waiting} long polls and requests waiting for room for their answers, its limit (--long-polls-max); try again later",
                     self.id
                 ),
             ));
         }
         self.long_polls.set(waiting + 1);
         Ok(LongPoll(&self.long_polls))
+    }
+
+    /// Room for an answer of `bytes` to `conn` ([`AnswerBudgets::reserve`]); a request
+    /// that has to wait for it (the shard's answers wait for slow readers, or its own
+    /// connection's do) holds a place among the shard's waiting polls meanwhile
+    /// (`--long-polls-max`, `BrokerBusy` past it): else connections pipelining requests
+    /// behind a spent budget would each hold up to 1,024 of them, unbounded in all.
+    pub(super) async fn reserve_answer(
+        &self,
+        conn: u64,
+        bytes: usize,
+    ) -> Result<AnswerHold, ErrorBody> {
+        let ours = self.conn_is_ours(conn);
+        if let Some(hold) = self.answers.try_reserve(conn, ours, bytes)? {
+            return Ok(hold);
+        }
+        let _waiting = self.long_poll()?;
+        self.answers.reserve(conn, ours, bytes).await
     }
 
     fn poll_notify(&self, topic: &str, queue_id: u32) -> Rc<Notify> {
@@ -243,6 +262,9 @@ impl ShardCtx {
         let notify = self.poll_notify(&p.topic, p.queue_id);
         // This poll's place among the shard's waiting ones, taken when it first waits.
         let mut waiting: Option<LongPoll<'_>> = None;
+        // Room for the answer, when it was waited for (of `reserved_bytes`): the records are
+        // planned again within it, the plan not held while the room is waited for.
+        let (mut reserved, mut reserved_bytes) = (None, max_bytes);
         loop {
             let notified = notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -252,7 +274,7 @@ impl ShardCtx {
                 p.queue_id,
                 p.offset,
                 max_messages,
-                max_bytes,
+                reserved_bytes,
                 &p.tag_hashes,
             );
             match plan {
@@ -267,11 +289,19 @@ impl ShardCtx {
                 }
                 Ok(plan) if !plan.is_empty() => {
                     // Room for the answer first: a client that does not read its answers
-                    // holds its pulls here, not their records in memory.
-                    let mut hold = self
-                        .answers
-                        .reserve(conn, self.conn_is_ours(conn), plan.bytes())
-                        .await?;
+                    // holds its pulls here, not their records in memory (nor their plans,
+                    // up to 32 KiB each: planned again once the room is there).
+                    let ours = self.conn_is_ours(conn);
+                    let reserved_now = match reserved.take() {
+                        Some(hold) => Some(hold),
+                        None => self.answers.try_reserve(conn, ours, plan.bytes())?,
+                    };
+                    let Some(mut hold) = reserved_now else {
+                        reserved_bytes = plan.bytes();
+                        drop(plan);
+                        reserved = Some(self.reserve_answer(conn, reserved_bytes).await?);
+                        continue;
+                    };
                     let fetched = self.store.fetch(plan).await;
                     // Deleted, or deleted and created again, while the answer's room or
                     // the records were waited for: what was read is the old topic's.

@@ -78,11 +78,7 @@ impl ShardCtx {
                 PollStep::Whole
             };
             let hold = if carries_records {
-                match ctx
-                    .answers
-                    .reserve(conn, ctx.conn_is_ours(conn), largest)
-                    .await
-                {
+                match ctx.reserve_answer(conn, largest).await {
                     // Its connection closed while it waited for room: nobody to answer.
                     Ok(_) if ctx.conn_closed(conn) => return None,
                     Ok(hold) => Some(hold),

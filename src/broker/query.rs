@@ -282,10 +282,7 @@ impl ShardCtx {
         // log's tail meanwhile can have put another one of another size there; the room
         // taken is then off by that difference, for this one answer).
         let size = self.message_size_by_id(&m.msg_id).await?;
-        let hold = self
-            .answers
-            .reserve(conn, self.conn_is_ours(conn), size)
-            .await?;
+        let hold = self.reserve_answer(conn, size).await?;
         let buf = self.read_by_msg_id(&m.msg_id).await?;
         Ok(Answer::held(records_frame(request_id, &[&buf[..]]), hold))
     }
@@ -347,9 +344,7 @@ impl ShardCtx {
         let bytes: usize = found.iter().map(Vec::len).sum();
         let _held = self.held.hold(bytes, self.id, peer)?;
         drop(one_of_few);
-        let hold = (self.answers)
-            .reserve(conn, self.conn_is_ours(conn), bytes)
-            .await?;
+        let hold = self.reserve_answer(conn, bytes).await?;
         let parts: Vec<&[u8]> = found.iter().map(|b| &b[..]).collect();
         Ok(Answer::held(records_frame(request_id, &parts), hold))
     }

@@ -132,8 +132,9 @@ pub struct BrokerConfig {
     pub groups_max: usize,
     /// Most committed offsets (entries of group, topic and queue) one shard keeps.
     pub offsets_max: usize,
-    /// Most long polls waiting on one shard's queues at a time (each holds about 6 KiB);
-    /// past it a pull that would wait is refused `BrokerBusy`.
+    /// Most long polls, and requests waiting for room for their answers, one shard holds
+    /// at a time (each about 6 KiB); past it a request that would wait is refused
+    /// `BrokerBusy`.
     pub long_polls_max: usize,
     /// MiB of consumer-group members (client ids, subscriptions, strategies) one shard
     /// coordinates; a heartbeat that would add past it is refused.
