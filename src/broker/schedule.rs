@@ -310,8 +310,10 @@ impl Schedule {
         // them), so the entries it kept below `end` are still pending and those it left
         // are delivered, whatever done records the tail took. Its entries at or past `end`
         // name records lost (the offsets are used again from now on): dropped below.
+        let mut ahead = false;
         let snapshot = snapshot.map(|mut s| {
             if s.schedule_end > end || s.done_end > done_end {
+                ahead = true;
                 crate::warn!(
                     "ringmq: {}: the schedule snapshot is ahead of the log (it lost its tail): its entries past the log's end are dropped (their delayed sends were lost with it)",
                     store.dir().display()
@@ -401,6 +403,27 @@ impl Schedule {
         }
         // The first snapshot of this run is written soon, whatever happens next.
         schedule.changed = true;
+        if ahead {
+            // The snapshot on disk names offsets the log lost, which this run's sends take
+            // again: a crash before this run's first snapshot would read it again, skip the
+            // entries scheduled at those offsets (delayed sends acknowledged, never
+            // delivered) and its done records. Replaced before the shard serves.
+            let now = Snapshot {
+                schedule_end: end,
+                done_end,
+                entries: schedule.entries().collect(),
+            };
+            let dir = store.dir().to_owned();
+            crate::io::blocking(move || write_snapshot(&dir, &encode_snapshot(&now)))
+                .await
+                .map_err(|e| {
+                    format!(
+                        "{}: the schedule snapshot is ahead of the log, and writing the recovered one over it failed: {e}; the start is refused (a crash later would read the old one again)",
+                        store.dir().display()
+                    )
+                })?;
+            schedule.changed = false;
+        }
         if from > min || done_from > done_min || done > 0 || !schedule.wheel.is_empty() {
             crate::say!(
                 "ringmq: {}: schedule recovered in {} ms: {} messages waiting ({} entries and {} done records read past the snapshot)",

@@ -150,6 +150,30 @@ fn a_snapshot_ahead_of_the_log_is_kept_below_its_end() {
         let mut held: Vec<u64> = schedule.entries().map(|(_, off)| off).collect();
         held.sort_unstable();
         assert_eq!(held, [2, 5]);
+        // The one on disk was replaced by the recovered one before the start went on...
+        let on_disk = read_snapshot(&store.dir().join(SNAPSHOT_FILE)).unwrap();
+        let on_disk = on_disk.unwrap();
+        assert_eq!((on_disk.schedule_end, on_disk.done_end), (10, 0));
+        // ...so the offsets this run schedules at again (10..15, due at 9000) are found by
+        // a crash before its own first snapshot. Before, the old one was read again: 10,
+        // 11, 13 and 14 were never delivered, and 12 came due at the lost message's time.
+        let mut props = PropertiesBuilder::new();
+        props.put(prop::TIMER_OUT_MS, "9000").unwrap();
+        let draft = held_draft(props.into_bytes(), b"later".to_vec());
+        for _ in 10..15 {
+            store.put(&draft.draft()).await.unwrap();
+        }
+        let schedule = Schedule::recover(&store).await.unwrap();
+        let mut held: Vec<(u64, u64)> = schedule.entries().map(|(due, off)| (off, due)).collect();
+        held.sort_unstable();
+        let later = (10..15).map(|off| (off, 9000));
+        assert_eq!(
+            held,
+            [(2, 5000), (5, 5000)]
+                .into_iter()
+                .chain(later)
+                .collect::<Vec<_>>()
+        );
     });
 }
 
