@@ -371,6 +371,8 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
             "false",
             "--schedule-park-max-ms",
             "500",
+            "--topics-max",
+            "1",
         ],
     );
     let addr = broker.addr_string();
@@ -383,6 +385,8 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
             .await
             .unwrap();
         client.delete_topic("gone").await.unwrap();
+        // The broker at its topic cap: the undeliverable topic is made past it.
+        client.create_topic("filler", 1).await.unwrap();
         // It waits for the topic, then is moved where an operator can find it.
         let mut found = Vec::new();
         pull_until(

@@ -292,7 +292,11 @@ impl ShardCtx {
             _ => {}
         }
         let mut table = self.topics.borrow().clone();
-        if current.is_none() {
+        // The broker's own topic of delayed messages whose target is gone (one queue) is
+        // made past the caps: else a broker at them would keep such messages in its
+        // schedule for ever, and the shard's log with them.
+        let capped = topic != super::schedule::UNDELIVERABLE_TOPIC;
+        if current.is_none() && capped {
             // Bounded: every topic holds queues, files and maps on every shard.
             if table.len() >= self.cfg.topics_max {
                 return Err(err(
@@ -320,7 +324,7 @@ impl ShardCtx {
         // Bounded: each queue holds at least one mapped file on its shard.
         let before = table.queue_total();
         let after = before - u64::from(current.unwrap_or(0)) + u64::from(queues.unwrap_or(0));
-        if after > before && after > self.cfg.queues_max as u64 {
+        if after > before && after > self.cfg.queues_max as u64 && capped {
             return Err(err(
                 ErrorCode::LimitReached,
                 format!(
