@@ -483,7 +483,7 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         let due_in = Duration::from_secs(15);
         let sent_at = Instant::now();
         let (sent_ms, due_ms) = (now_ms(), due_in.as_millis() as u64);
-        producer
+        let sent = producer
             .send("held", OutgoingMessage::new("kept").with_delay_ms(due_ms))
             .await
             .unwrap();
@@ -519,7 +519,10 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
             true
         })
         .await;
-        assert_eq!(got.unwrap().body(), b"kept");
+        let got = got.unwrap();
+        assert_eq!(got.body(), b"kept");
+        // Under the id its producer was given, though it was moved forward.
+        assert_eq!(got.origin_msg_id(), Some(sent.msg_id.as_str()));
         assert!(sent_at.elapsed() >= due_in);
     });
 }

@@ -647,6 +647,21 @@ impl ShardCtx {
             let Ok(view) = RecordView::parse(&buf) else {
                 continue;
             };
+            // The copy keeps the id its producer was given (that of the record moved, the
+            // first time): delivery names the message by it.
+            let props = view.properties();
+            let with_origin = match props.get(prop::ORIGIN_MESSAGE_ID) {
+                Some(_) => None,
+                None => {
+                    let id = MessageId {
+                        broker_id: self.cfg.broker_id,
+                        store_id: self.id,
+                        physical_offset: view.physical_offset(),
+                    }
+                    .to_string();
+                    rebuild_properties(props, &[], &[(prop::ORIGIN_MESSAGE_ID, &id)]).ok()
+                }
+            };
             let draft = RecordDraft {
                 topic: SCHEDULE_TOPIC,
                 queue_id: 0,
@@ -656,7 +671,7 @@ impl ShardCtx {
                 born_host: view.born_host(),
                 reconsume_times: view.reconsume_times(),
                 transaction_offset: view.transaction_offset(),
-                properties: view.properties().as_bytes(),
+                properties: with_origin.as_deref().unwrap_or(props.as_bytes()),
                 body: view.body(),
             };
             match self.store.append(&draft) {
