@@ -393,7 +393,7 @@ impl ShardCtx {
             .groups
             .borrow_mut()
             .iter_mut()
-            .filter(|(_, (s, _))| s.topics().contains(topic))
+            .filter(|(_, (s, _))| s.subscribed(topic))
             .map(|(g, (s, _))| {
                 s.bump();
                 g.clone()

@@ -415,6 +415,11 @@ impl GroupState {
             .collect()
     }
 
+    /// Whether a member subscribes to `topic` (a lookup per member, nothing copied).
+    pub fn subscribed(&self, topic: &str) -> bool {
+        (self.members.values()).any(|m| subscribes(&m.info, topic))
+    }
+
     /// Whether a member consumes `topic` with offsets kept by the broker (clustering).
     pub fn consumes(&self, topic: &str) -> bool {
         (self.members.values())
@@ -454,13 +459,23 @@ impl GroupState {
     ) -> BTreeMap<String, BTreeMap<String, Vec<u32>>> {
         let strategy = self.strategy();
         let model = self.model();
-        self.topics()
+        // Each topic's subscribers in one pass over the members, in the order
+        // [`subscribers`](Self::subscribers) gives them: not a pass over every member for
+        // each topic (1,024 members of 256 subscriptions each would make that hundreds of
+        // millions of lookups on the coordinator's thread).
+        let mut by_topic: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for m in self.members.values() {
+            for s in &m.info.subscriptions {
+                (by_topic.entry(s.topic.as_str()).or_default()).push(m.info.client_id.clone());
+            }
+        }
+        by_topic
             .into_iter()
-            .map(|topic| {
-                let count = queue_counts.get(&topic).copied().unwrap_or(0);
+            .map(|(topic, subscribers)| {
+                let count = queue_counts.get(topic).copied().unwrap_or(0);
                 debug_assert!(count <= QUEUES_PER_TOPIC_MAX, "{topic}: {count} queues");
                 let queues: Vec<u32> = (0..count.min(QUEUES_PER_TOPIC_MAX)).collect();
-                let subscribers = self.subscribers(&topic);
+                let topic = topic.to_owned();
                 let assignment = match model {
                     MessageModel::Clustering => allocate(strategy, &queues, &subscribers),
                     MessageModel::Broadcasting => subscribers
