@@ -385,8 +385,15 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
             .await
             .unwrap();
         client.delete_topic("gone").await.unwrap();
-        // The broker at its topic cap: the undeliverable topic is made past it.
+        // The broker at its topic cap: the undeliverable topic is made past it, by the
+        // broker only (a client cannot use its name to pass the cap).
         client.create_topic("filler", 1).await.unwrap();
+        let refused = client.create_topic("%UNDELIVERABLE%", 8).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Some(ringmq::protocol::ErrorCode::LimitReached),
+            "{refused}"
+        );
         // It waits for the topic, then is moved where an operator can find it.
         let mut found = Vec::new();
         pull_until(

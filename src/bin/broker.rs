@@ -90,7 +90,8 @@ struct Cli {
     #[arg(long)]
     frame_bytes_max: Option<u32>,
     /// Most topics the broker holds, retry and dead-letter topics included; beyond it
-    /// creating one fails with LimitReached [default: 4096]
+    /// creating one fails with LimitReached (the broker's own %UNDELIVERABLE%, one queue,
+    /// is made past it and past --queues-max) [default: 4096]
     #[arg(long)]
     topics_max: Option<usize>,
     /// Most topics sends may create when --auto-create-topics is on [default: 1024]

@@ -299,7 +299,18 @@ impl ShardCtx {
                     let Some(mut hold) = reserved_now else {
                         reserved_bytes = plan.bytes();
                         drop(plan);
-                        reserved = Some(self.reserve_answer(conn, reserved_bytes).await?);
+                        // Under the place it took to wait for a message, if it did: one each.
+                        reserved = Some(match waiting {
+                            Some(_) => (self.answers.reserve(conn, ours, reserved_bytes)).await?,
+                            None => self.reserve_answer(conn, reserved_bytes).await?,
+                        });
+                        // Deleted, or created again, meanwhile: said now, rather than
+                        // planned in the new topic and parked on a notifier nothing wakes.
+                        if let Some((moved, next, min, max)) =
+                            self.topic_changed(&p, born, &incarnation)?
+                        {
+                            return status(moved, next, min, max);
+                        }
                         continue;
                     };
                     let fetched = self.store.fetch(plan).await;
@@ -364,6 +375,10 @@ impl ShardCtx {
                     );
                 }
                 Ok(r) => {
+                    // Room taken for records gone meanwhile (retention) is not held while
+                    // the poll waits.
+                    reserved = None;
+                    reserved_bytes = max_bytes;
                     let now = Instant::now();
                     if now >= deadline || self.stopping.get() {
                         return status(

@@ -434,7 +434,13 @@ impl Schedule {
                 done_end.saturating_sub(done_from.max(done_min)),
             );
         }
-        let floor = match retention_floor(store, &schedule, done_from.max(done_min)) {
+        // Done records a recovery reads: from the snapshot just written, if one was.
+        let done_read_from = if ahead {
+            done_end
+        } else {
+            done_from.max(done_min)
+        };
+        let floor = match retention_floor(store, &schedule, done_read_from) {
             Ok(floor) => floor,
             Err(e) => {
                 crate::warn!(

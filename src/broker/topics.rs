@@ -295,7 +295,7 @@ impl ShardCtx {
         // The broker's own topic of delayed messages whose target is gone (one queue) is
         // made past the caps: else a broker at them would keep such messages in its
         // schedule for ever, and the shard's log with them.
-        let capped = topic != super::schedule::UNDELIVERABLE_TOPIC;
+        let capped = !(origin == NewTopic::System && topic == super::schedule::UNDELIVERABLE_TOPIC);
         if current.is_none() && capped {
             // Bounded: every topic holds queues, files and maps on every shard.
             if table.len() >= self.cfg.topics_max {
