@@ -154,12 +154,17 @@ impl ShardCtx {
         coordinator_shard(group, self.shard_count)
     }
 
-    fn queue_counts(&self, topics: impl IntoIterator<Item = String>) -> BTreeMap<String, u32> {
+    /// The queue counts of those of `topics` that exist: names copied only for those
+    /// (members may subscribe to 256 topics each, existing or not).
+    fn queue_counts<'a>(&self, topics: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, u32> {
         let table = self.topics.borrow();
-        topics
-            .into_iter()
-            .filter_map(|t| table.get(&t).map(|n| (t, n)))
-            .collect()
+        let mut counts = BTreeMap::new();
+        for topic in topics {
+            if let Some(n) = table.get(topic) {
+                counts.insert(topic.to_owned(), n);
+            }
+        }
+        counts
     }
 
     fn assignment_of(&self, group: &str, client_id: &str) -> Result<Assignment, ErrorBody> {
@@ -181,7 +186,7 @@ impl ShardCtx {
             // (nor kept: a clustering one kept from before goes).
             *extra.assigned.borrow_mut() = None;
             // (Subscriptions are kept sorted by topic, one per topic.)
-            let counts = self.queue_counts(member.subscriptions.iter().map(|s| s.topic.clone()));
+            let counts = self.queue_counts(member.subscriptions.iter().map(|s| s.topic.as_str()));
             (member.subscriptions.iter())
                 .map(|s| {
                     let count = counts.get(&s.topic).copied().unwrap_or(0);
@@ -192,7 +197,7 @@ impl ShardCtx {
                 })
                 .collect()
         } else {
-            let counts = self.queue_counts(state.topics());
+            let counts = self.queue_counts(state.topic_names());
             let mut assigned = extra.assigned.borrow_mut();
             let fresh = (assigned.as_ref())
                 .is_some_and(|a| a.generation == state.generation() && a.counts == counts);
@@ -656,7 +661,7 @@ impl ShardCtx {
                 members: Vec::new(),
             }));
         };
-        let all = state.assign(&self.queue_counts(state.topics()));
+        let all = state.assign(&self.queue_counts(state.topic_names()));
         let members = state
             .members()
             .into_iter()

@@ -408,6 +408,13 @@ impl GroupState {
     }
 
     /// The topics subscribed by any member.
+    /// The topics members subscribe to, borrowed (each once).
+    pub fn topic_names(&self) -> BTreeSet<&str> {
+        (self.members.values())
+            .flat_map(|m| m.info.subscriptions.iter().map(|s| s.topic.as_str()))
+            .collect()
+    }
+
     pub fn topics(&self) -> BTreeSet<String> {
         self.members
             .values()
