@@ -262,9 +262,6 @@ impl ShardCtx {
         let notify = self.poll_notify(&p.topic, p.queue_id);
         // This poll's place among the shard's waiting ones, taken when it first waits.
         let mut waiting: Option<LongPoll<'_>> = None;
-        // Room for the answer, when it was waited for (of `reserved_bytes`): the records are
-        // planned again within it, the plan not held while the room is waited for.
-        let (mut reserved, mut reserved_bytes) = (None, max_bytes);
         loop {
             let notified = notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -274,7 +271,7 @@ impl ShardCtx {
                 p.queue_id,
                 p.offset,
                 max_messages,
-                reserved_bytes,
+                max_bytes,
                 &p.tag_hashes,
             );
             match plan {
@@ -289,29 +286,15 @@ impl ShardCtx {
                 }
                 Ok(plan) if !plan.is_empty() => {
                     // Room for the answer first: a client that does not read its answers
-                    // holds its pulls here, not their records in memory (nor their plans,
-                    // up to 32 KiB each: planned again once the room is there).
-                    let ours = self.conn_is_ours(conn);
-                    let reserved_now = match reserved.take() {
-                        Some(hold) => Some(hold),
-                        None => self.answers.try_reserve(conn, ours, plan.bytes())?,
-                    };
-                    let Some(mut hold) = reserved_now else {
-                        reserved_bytes = plan.bytes();
-                        drop(plan);
-                        // Under the place it took to wait for a message, if it did: one each.
-                        reserved = Some(match waiting {
-                            Some(_) => (self.answers.reserve(conn, ours, reserved_bytes)).await?,
-                            None => self.reserve_answer(conn, reserved_bytes).await?,
-                        });
-                        // Deleted, or created again, meanwhile: said now, rather than
-                        // planned in the new topic and parked on a notifier nothing wakes.
-                        if let Some((moved, next, min, max)) =
-                            self.topic_changed(&p, born, &incarnation)?
-                        {
-                            return status(moved, next, min, max);
+                    // holds its pulls here, not their records in memory. One that has to
+                    // wait for it holds a place meanwhile (under the one it took to wait
+                    // for a message, if it did: one each).
+                    let mut hold = match waiting {
+                        Some(_) => {
+                            let ours = self.conn_is_ours(conn);
+                            (self.answers.reserve(conn, ours, plan.bytes())).await?
                         }
-                        continue;
+                        None => self.reserve_answer(conn, plan.bytes()).await?,
                     };
                     let fetched = self.store.fetch(plan).await;
                     // Deleted, or deleted and created again, while the answer's room or
@@ -375,10 +358,6 @@ impl ShardCtx {
                     );
                 }
                 Ok(r) => {
-                    // Room taken for records gone meanwhile (retention) is not held while
-                    // the poll waits.
-                    reserved = None;
-                    reserved_bytes = max_bytes;
                     let now = Instant::now();
                     if now >= deadline || self.stopping.get() {
                         return status(
