@@ -415,6 +415,8 @@ impl GroupState {
             .collect()
     }
 
+    /// [`topic_names`](Self::topic_names), owned: what the tests compare assignments with.
+    #[cfg(test)]
     pub fn topics(&self) -> BTreeSet<String> {
         self.members
             .values()
@@ -433,7 +435,9 @@ impl GroupState {
             .any(|m| m.info.model == MessageModel::Clustering && subscribes(&m.info, topic))
     }
 
-    /// The members subscribed to `topic`, sorted.
+    /// The members subscribed to `topic`, sorted: the tests' reference for the one pass
+    /// [`assign`](Self::assign) makes.
+    #[cfg(test)]
     pub fn subscribers(&self, topic: &str) -> Vec<String> {
         self.members
             .values()
