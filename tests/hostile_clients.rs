@@ -726,6 +726,7 @@ fn records_sent_back_for_retry_are_held_within_the_connections_share() {
             msg_id: received.msg_id().encode(),
             delay_level: 1,
             max_reconsume_times: 16,
+            reconsumed: 0,
             record_crc: received.view().crc(),
             record: record.clone(),
         };

@@ -648,6 +648,10 @@ fn orderly_failures_count_per_message_so_a_grown_batch_is_not_dead_lettered_earl
         assert!(failed.iter().all(|b| b[0] == "bad"), "{batches:?}");
         assert_eq!(failed.last(), Some(&grown), "{batches:?}");
         let dead = dead_letters(&client, "g-grown").await;
+        // The copy counts the attempts made in place, as a concurrent consumer's last copy
+        // does (4 after 3 retries), not the stored record's 0 plus one.
+        let times: Vec<_> = dead.iter().map(|m| m.reconsume_times()).collect();
+        assert_eq!(times, [4]);
         let dead: Vec<_> = dead.iter().map(|m| m.body().to_vec()).collect();
         assert_eq!(dead, [b"bad".to_vec()]);
         consumer.shutdown().await.unwrap();

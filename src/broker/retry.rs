@@ -176,7 +176,9 @@ impl ShardCtx {
         m: &ConsumerSendBack,
         view: &RecordView<'_>,
     ) -> Result<(bool, OwnedDraft), ErrorBody> {
-        let times = view.reconsume_times();
+        // An orderly consumer retries in place: its count, not the record's, is the
+        // attempts made.
+        let times = view.reconsume_times().max(m.reconsumed);
         let dead = m.delay_level < 0 || times >= m.max_reconsume_times;
         let props = view.properties();
         let first_topic = props.get(prop::RETRY_TOPIC).unwrap_or(view.topic());

@@ -101,6 +101,15 @@ impl AllocateStrategy {
     }
 }
 
+/// How a message goes back to the broker (see [`Client::send_back`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendBack {
+    pub(crate) delay_level: i32,
+    pub(crate) max_reconsume_times: u32,
+    /// How many times the consumer consumed it again itself.
+    pub(crate) reconsumed: u32,
+}
+
 /// The expression of one subscription as a heartbeat carries it: tags (`*` or `A || B`;
 /// what a `&str` converts to) or an SQL92 filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -350,8 +359,12 @@ impl Client {
         delay_level: i32,
         max_reconsume_times: u32,
     ) -> Result<SendBackResult> {
-        self.send_back_checked(group, msg_id, 0, &[], delay_level, max_reconsume_times)
-            .await
+        let back = SendBack {
+            delay_level,
+            max_reconsume_times,
+            reconsumed: 0,
+        };
+        self.send_back_checked(group, msg_id, 0, &[], back).await
     }
 
     /// [`send_back`](Self::send_back) for a message this client received. When the broker
@@ -367,10 +380,24 @@ impl Client {
         delay_level: i32,
         max_reconsume_times: u32,
     ) -> Result<SendBackResult> {
-        let (id, crc) = (message.msg_id().encode(), message.view().crc());
-        let back = |record| {
-            self.send_back_checked(group, &id, crc, record, delay_level, max_reconsume_times)
+        let back = SendBack {
+            delay_level,
+            max_reconsume_times,
+            reconsumed: 0,
         };
+        self.send_back_reconsumed(group, message, back).await
+    }
+
+    /// [`send_back_received`](Self::send_back_received) for a message the consumer
+    /// already consumed again `back.reconsumed` times itself (orderly consumption).
+    pub(crate) async fn send_back_reconsumed(
+        &self,
+        group: &str,
+        message: &Message,
+        back: SendBack,
+    ) -> Result<SendBackResult> {
+        let (id, crc) = (message.msg_id().encode(), message.view().crc());
+        let back = |record| self.send_back_checked(group, &id, crc, record, back);
         use crate::protocol::ErrorCode::{
             OffsetNotFound, OffsetTooBig, OffsetTooSmall, StoreCorrupt, StoreIo,
         };
@@ -396,8 +423,7 @@ impl Client {
         msg_id: &str,
         record_crc: u32,
         record: &[u8],
-        delay_level: i32,
-        max_reconsume_times: u32,
+        back: SendBack,
     ) -> Result<SendBackResult> {
         check_group(group)?;
         let id = MessageId::parse(msg_id)
@@ -405,8 +431,9 @@ impl Client {
         let request = ConsumerSendBack {
             group: group.to_owned(),
             msg_id: msg_id.to_owned(),
-            delay_level,
-            max_reconsume_times,
+            delay_level: back.delay_level,
+            max_reconsume_times: back.max_reconsume_times,
+            reconsumed: back.reconsumed,
             record_crc,
             record: record.to_vec(),
         };

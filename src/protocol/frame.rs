@@ -34,7 +34,7 @@ pub const FRAME_HEADER_BYTES: usize = 24;
 /// First byte of the magic/version field.
 pub const FRAME_MAGIC: u8 = b'R';
 /// Second byte of the magic/version field: the protocol version this side speaks.
-pub const PROTOCOL_VERSION: u8 = 5;
+pub const PROTOCOL_VERSION: u8 = 6;
 
 /// Room kept in a frame for a meta part beside the largest record (pull answers, sends).
 pub const META_BYTES_RESERVE: u32 = 4096;

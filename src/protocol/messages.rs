@@ -609,6 +609,11 @@ wire_type! {
         /// negative: straight to the dead-letter topic.
         pub delay_level: i32,
         pub max_reconsume_times: u32,
+        /// How many times the consumer itself consumed the message again before sending it
+        /// back (orderly consumption retries in place), or 0. The broker counts the larger
+        /// of this and the record's own reconsume count, so a dead-letter copy says how
+        /// many attempts failed.
+        pub reconsumed: u32,
         /// The CRC of the stored record as the consumer received it (its header's), or 0:
         /// the broker refuses the send-back (`OffsetNotFound`) when the record at the id has
         /// another, which happens when a crash lost the message and a later one took its

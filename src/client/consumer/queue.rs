@@ -664,7 +664,7 @@ async fn failed_batch(
             return;
         }
         if shared.options.message_model == MessageModel::Clustering {
-            messages = send_back_all(&shared, &pq, messages, 0, false).await;
+            messages = send_back_all(&shared, &pq, messages, 0, None).await;
             if messages.is_empty() {
                 return;
             }
@@ -681,31 +681,34 @@ async fn failed_batch(
 }
 
 /// Sends `messages` back to the broker (`delay_level` 0: its schedule of retries; negative:
-/// the dead-letter topic) and finishes those it took; returns the others. With `in_order`
-/// (orderly consumption), the first one the broker does not take stops the sending: what
-/// follows it is kept unsent, so none leaves the queue before one ahead of it.
+/// the dead-letter topic) and finishes those it took; returns the others. With `orderly`
+/// (the times each offset failed in place), the first one the broker does not take stops
+/// the sending: what follows it is kept unsent, so none leaves the queue before one ahead
+/// of it; and each copy counts the attempts made here.
 async fn send_back_all(
     shared: &Shared,
     pq: &ProcessQueue,
     messages: Vec<Message>,
     delay_level: i32,
-    in_order: bool,
+    orderly: Option<&std::collections::BTreeMap<u64, u32>>,
 ) -> Vec<Message> {
     let mut kept = Vec::new();
     let mut taken = Vec::with_capacity(messages.len());
     for m in messages {
-        if in_order && !kept.is_empty() {
+        if orderly.is_some() && !kept.is_empty() {
             kept.push(m);
             continue;
         }
+        // Failed n times here: consumed again n - 1 times.
+        let failed = orderly.and_then(|f| f.get(&m.queue_offset()).copied());
+        let back = crate::client::group::SendBack {
+            delay_level,
+            max_reconsume_times: shared.options.max_reconsume_times,
+            reconsumed: failed.unwrap_or(0).saturating_sub(1),
+        };
         let sent = shared
             .client
-            .send_back_received(
-                &shared.group,
-                &m,
-                delay_level,
-                shared.options.max_reconsume_times,
-            )
+            .send_back_reconsumed(&shared.group, &m, back)
             .await;
         match sent {
             Ok(r) => {
@@ -715,7 +718,7 @@ async fn send_back_all(
                     shared.log(format_args!(
                         "{} went to the dead-letter topic after {} attempts",
                         describe(&pq.mq, &[m.queue_offset()]),
-                        m.reconsume_times() + 1
+                        r.reconsume_times
                     ));
                 }
                 taken.push(m.queue_offset());
@@ -847,7 +850,7 @@ pub(super) async fn orderly_loop(
                     continue;
                 }
                 messages.truncate(exhausted);
-                let left = send_back_all(&shared, &pq, messages, -1, true).await;
+                let left = send_back_all(&shared, &pq, messages, -1, Some(&failures)).await;
                 // Those taken are done; those left (a suffix) keep their counts.
                 for offset in &offsets[..exhausted - left.len()] {
                     failures.remove(offset);

@@ -32,9 +32,10 @@ fn header_layout_is_as_documented() {
     assert_eq!(get_u32(&frame, 0) as usize, frame.len());
     assert_eq!(frame[4], b'R');
     assert_eq!(
-        frame[5], 5,
-        "version 5: commits name the group's offsets epoch (4: offset answers name the broker \
-         run, send-backs carry the record's CRC and may carry the record)"
+        frame[5], 6,
+        "version 6: send-backs say how often the consumer retried in place (5: commits name \
+         the group's offsets epoch; 4: offset answers name the broker run, send-backs carry \
+         the record's CRC and may carry the record)"
     );
     assert_eq!(get_u16(&frame, 6), Kind::Heartbeat as u16);
     assert_eq!(get_u64(&frame, 8), 0x0102_0304_0506_0708);

@@ -323,6 +323,7 @@ fn sample_requests() -> Vec<Request> {
             msg_id: "0".repeat(32),
             delay_level: -1,
             max_reconsume_times: 16,
+            reconsumed: 7,
             record_crc: 0x1234_5678,
             record: vec![1, 2, 3],
         }
