@@ -24,8 +24,9 @@
 //! read as a number (an integer, else a decimal); one that is not a number compares false.
 //! Compared with `TRUE`/`FALSE`, `"true"` (any case) is true and anything else false.
 //! `<`, `<=`, `>`, `>=` and `BETWEEN` compare numbers only: a string or boolean constant
-//! there is refused when parsing. A missing property makes a comparison *unknown*, and
-//! unknown is not a match: `NOT`, `AND` and `OR` follow SQL's three-valued logic
+//! there is refused when parsing; `v NOT BETWEEN a AND b` is `v < a OR v > b`, so a value
+//! that is not a number matches neither form. A missing property makes a comparison
+//! *unknown*, and unknown is not a match: `NOT`, `AND` and `OR` follow SQL's three-valued logic
 //! (`NOT unknown` is unknown, `unknown OR true` is true), so `a <> 'x'` and `a NOT IN ('x')`
 //! do not match a message without `a`; `IS NULL` / `IS NOT NULL` test presence.
 
@@ -412,12 +413,24 @@ fn eval<'r>(expr: &Expr, property: &impl Fn(&str) -> Option<&'r str>) -> Truth {
             high,
             negated,
         } => {
-            let v = value(v, property);
-            let inside = and(
-                order(v, value(low, property), Ordering::is_ge),
-                order(v, value(high, property), Ordering::is_le),
+            let (v, low, high) = (
+                value(v, property),
+                value(low, property),
+                value(high, property),
             );
-            negate(inside, *negated)
+            // As RocketMQ: `NOT BETWEEN` is `v < low OR v > high`, not the negation of
+            // `BETWEEN`, so a value that is not a number matches neither.
+            if *negated {
+                or(
+                    order(v, low, Ordering::is_lt),
+                    order(v, high, Ordering::is_gt),
+                )
+            } else {
+                and(
+                    order(v, low, Ordering::is_ge),
+                    order(v, high, Ordering::is_le),
+                )
+            }
         }
         Expr::In {
             property: name,

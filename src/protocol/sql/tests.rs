@@ -191,6 +191,30 @@ fn between_bounds_the_wrong_way_round_are_refused() {
     assert!(!is_match("a BETWEEN b AND 1", &[("a", "2"), ("b", "5")]));
 }
 
+/// As RocketMQ (`v < low OR v > high`): `NOT BETWEEN` matches numbers outside the bounds
+/// only, not a value that is no number (which compares false both ways).
+#[test]
+fn not_between_matches_numbers_outside_the_bounds_only() {
+    let outside = "a NOT BETWEEN 1 AND 5";
+    assert!(is_match(outside, &[("a", "7")]));
+    assert!(is_match(outside, &[("a", "-1.5")]));
+    assert!(!is_match(outside, &[("a", "3")]));
+    for not_a_number in ["N/A", "", "true"] {
+        assert!(
+            !is_match(outside, &[("a", not_a_number)]),
+            "{not_a_number:?}"
+        );
+        assert!(!is_match("a BETWEEN 1 AND 5", &[("a", not_a_number)]));
+    }
+    assert!(
+        !is_match(outside, &[("b", "7")]),
+        "a missing value is unknown"
+    );
+    assert!(is_match(&format!("NOT ({outside})"), &[("a", "3")]));
+    // Negated again: the OR of two false comparisons is false, and NOT makes it true.
+    assert!(is_match(&format!("NOT ({outside})"), &[("a", "x")]));
+}
+
 /// The distinct properties are listed once each, in the order they first appear, and
 /// looked up by name the same way whether few (compared) or many (hashed).
 #[test]
@@ -473,16 +497,25 @@ fn ref_eval(g: &Gen, m: &HashMap<String, String>) -> Option<bool> {
                 _ => ref_cmp(op, &l, &r),
             }
         }
-        Gen::Between(p, lo, hi, neg) => {
+        Gen::Between(p, lo, hi, false) => {
             let v = ref_value(&GenOperand::Prop(p.clone()), m);
             let low = ref_cmp(">=", &v, &ref_value(lo, m));
             let high = ref_cmp("<=", &v, &ref_value(hi, m));
-            let inside = match (low, high) {
+            match (low, high) {
                 (Some(false), _) | (_, Some(false)) => Some(false),
                 (Some(true), Some(true)) => Some(true),
                 _ => None,
-            };
-            flip(inside, *neg)
+            }
+        }
+        Gen::Between(p, lo, hi, true) => {
+            let v = ref_value(&GenOperand::Prop(p.clone()), m);
+            let below = ref_cmp("<", &v, &ref_value(lo, m));
+            let above = ref_cmp(">", &v, &ref_value(hi, m));
+            match (below, above) {
+                (Some(true), _) | (_, Some(true)) => Some(true),
+                (Some(false), Some(false)) => Some(false),
+                _ => None,
+            }
         }
         Gen::In(p, list, neg) => flip(m.get(p).map(|v| list.contains(v)), *neg),
         Gen::IsNull(p, neg) => Some(m.contains_key(p) == *neg),
