@@ -249,3 +249,135 @@ fn pulls_waiting_for_room_for_their_answers_count_against_the_long_polls_cap() {
     );
     assert!(refusal.1.contains("--long-polls-max"), "{}", refusal.1);
 }
+
+/// A chain of `n` comparisons of property `a`, distinct by `salt`, of about 4 KiB.
+fn long_filter(salt: usize, n: usize) -> String {
+    let chain: Vec<String> = (0..n).map(|i| format!("a > {}", salt * 1000 + i)).collect();
+    let chain = chain.join(" OR ");
+    let end = chain.len().min(4000);
+    match chain[..end].rfind(" OR ") {
+        Some(cut) if end < chain.len() => chain[..cut].to_owned(),
+        _ => chain,
+    }
+}
+
+/// A filtered pull looks at a bounded amount of property bytes per comparison: past it,
+/// it answers the records it checked and ends its window there, so the next pull goes on
+/// from the first record not checked (a long expression over large properties held the
+/// shard's thread for seconds per pull). Every message is still delivered, once.
+#[test]
+fn a_filtered_pull_answers_what_its_work_allows_and_the_next_goes_on_from_there() {
+    use ringmq::client::{ClientConfig, OutgoingMessage, Producer};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    common::runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("heavy", 1).await.unwrap();
+        let big = "7".repeat(60_000);
+        for i in 0..3 {
+            let m = OutgoingMessage::new(format!("m{i}")).with_property("a", big.clone());
+            producer.send("heavy", m).await.unwrap();
+        }
+        // 200 comparisons of a 60 KB value: about 12 MB to look at per record.
+        let costly = long_filter(0, 200);
+        let wait = Duration::from_millis(50);
+        let mut offset = 0;
+        let mut bodies = Vec::new();
+        for _ in 0..3 {
+            let r = client
+                .pull_sql("heavy", 0, offset, 32, wait, &costly)
+                .await
+                .unwrap();
+            assert_eq!(r.status, PullStatus::Found);
+            assert_eq!(r.messages.len(), 1, "one record's work fills the pull's");
+            assert_eq!(r.next_offset, offset + 1);
+            bodies.extend(r.messages.iter().map(|m| m.body().to_vec()));
+            offset = r.next_offset;
+        }
+        assert_eq!(bodies, [b"m0".to_vec(), b"m1".to_vec(), b"m2".to_vec()]);
+        let end = client.pull_sql("heavy", 0, 3, 32, wait, &costly).await;
+        assert_eq!(end.unwrap().status, PullStatus::NoNewMessage);
+        // A light filter reads them all in one pull.
+        let all = client.pull_sql("heavy", 0, 0, 32, wait, "a > 1").await;
+        assert_eq!(all.unwrap().messages.len(), 3);
+    });
+}
+
+/// The parsed SQL92 filters a shard holds are bounded (`--sql-filters-mb`): each waiting
+/// pull holds its own, so distinct long expressions, one per poll, held gigabytes. Past it
+/// a pull with a new expression is refused `BrokerBusy` naming the flag; once the polls
+/// end, new expressions are taken again.
+#[test]
+fn parsed_filters_of_waiting_pulls_are_bounded_by_sql_filters_mb() {
+    use ringmq::client::{Client, ClientConfig};
+    use ringmq::protocol::ErrorCode;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--sql-filters-mb", "1"]);
+    let addr = broker.addr_string();
+    common::runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 1).await.unwrap();
+        // Each parsed filter holds about 60 KiB: 1 MiB is spent well before 40 wait.
+        let long = Duration::from_secs(30);
+        let polls: Vec<_> = (0..40)
+            .map(|salt| {
+                let c = client.clone();
+                let filter = long_filter(salt, 1000);
+                tokio::spawn(async move { c.pull_sql("t", 0, 0, 32, long, &filter).await })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        while polls.iter().filter(|p| p.is_finished()).count() < 10 {
+            assert!(
+                Instant::now() < deadline,
+                "fewer than 10 polls were refused"
+            );
+            tick.tick().await;
+        }
+        let mut refused = 0;
+        let mut waited = 0;
+        for poll in polls {
+            if !poll.is_finished() {
+                waited += 1;
+                continue;
+            }
+            let e = poll.await.unwrap().unwrap_err();
+            assert_eq!(e.code(), Some(ErrorCode::BrokerBusy), "{e}");
+            assert!(e.to_string().contains("--sql-filters-mb"), "{e}");
+            refused += 1;
+        }
+        assert!(waited >= 10, "{waited} polls waited, {refused} refused");
+        // A message without `a` ends the waiting polls (none matches); then a new
+        // expression is taken.
+        let sent = common::raw::call(&addr, common::raw::send_to("t", 0, "x").into());
+        assert!(matches!(sent, Response::SendResult(_)), "{sent:?}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let pulled = client
+                .pull_sql(
+                    "t",
+                    0,
+                    1,
+                    32,
+                    Duration::from_millis(50),
+                    &long_filter(99, 1000),
+                )
+                .await;
+            match pulled {
+                Ok(r) => {
+                    assert_eq!(r.status, PullStatus::NoNewMessage);
+                    break;
+                }
+                Err(e) => assert_eq!(e.code(), Some(ErrorCode::BrokerBusy), "{e}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "new expressions are still refused"
+            );
+            tick.tick().await;
+        }
+    });
+}

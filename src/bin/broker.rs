@@ -115,6 +115,12 @@ struct Cli {
     /// back-off [default: 65536]
     #[arg(long)]
     long_polls_max: Option<usize>,
+    /// MiB of parsed SQL92 filters each shard holds: those it caches, and those of pulls
+    /// waiting for messages (each holds its own); a pull with a new expression that would
+    /// pass it is refused BrokerBusy, and the push consumer pulls again after its
+    /// back-off [default: 64]
+    #[arg(long, value_name = "MIB")]
+    sql_filters_mb: Option<u64>,
     /// MiB of consumer-group members (client ids, subscriptions, by-config strategies) each
     /// shard coordinates; a heartbeat that would join or grow a member past it gets
     /// LimitReached, refreshes of members already in go on [default: 256]
@@ -282,6 +288,9 @@ fn load(cli: &Cli) -> Result<BrokerConfig, String> {
     }
     if let Some(v) = cli.long_polls_max {
         cfg.long_polls_max = v;
+    }
+    if let Some(v) = cli.sql_filters_mb {
+        cfg.sql_filters_mb = v;
     }
     if let Some(v) = cli.group_members_mb {
         cfg.group_members_mb = v;

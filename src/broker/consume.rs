@@ -31,7 +31,27 @@ pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
 /// Most bytes of expressions the filters a shard keeps parsed may have together; past it
 /// the cache starts over. A parsed expression takes up to about 30 times its text, so the
 /// cache holds about 8 MiB at most (1,024 filters of 4 KiB held over 100 MiB a shard).
+/// Filters that pulls hold while they wait count under `--sql-filters-mb` too.
 pub const SQL_FILTERS_CACHED_BYTES_MAX: usize = 256 << 10;
+/// What one filtered pull may look at ([`SqlFilter::work_per_record`]: bytes of property
+/// values, once per comparison) before it answers the records it checked and leaves the
+/// rest to the next pull: a long expression over large properties took seconds of the
+/// shard's thread per pull.
+pub const SQL_PULL_WORK_MAX: usize = 8 << 20;
+
+/// A parsed SQL92 filter, counted in its shard's total (`--sql-filters-mb`) for as long as
+/// it lives: in the shard's cache, or held by a pull while it waits.
+pub(super) struct LiveFilter {
+    pub(super) filter: SqlFilter,
+    bytes: usize,
+    live: Rc<std::cell::Cell<usize>>,
+}
+
+impl Drop for LiveFilter {
+    fn drop(&mut self) {
+        self.live.set(self.live.get() - self.bytes);
+    }
+}
 
 /// A long poll's place among those waiting on its shard (`--long-polls-max`), given back
 /// when the poll ends however it ends; a request waiting for room for its answer takes
@@ -90,21 +110,45 @@ impl ShardCtx {
     }
 
     /// The parsed form of a pull's SQL92 filter: parsed once per shard and expression.
-    fn sql_filter(&self, expression: &str) -> Result<Rc<SqlFilter>, ErrorBody> {
+    /// `BrokerBusy` if it would take the filters alive on the shard past `--sql-filters-mb`
+    /// (each waiting pull holds its own: distinct long expressions, one per poll, held
+    /// gigabytes).
+    fn sql_filter(&self, expression: &str) -> Result<Rc<LiveFilter>, ErrorBody> {
         if let Some(f) = self.sql_filters.borrow().get(expression) {
             return Ok(f.clone());
         }
-        let parsed = Rc::new(
-            SqlFilter::parse(expression)
-                .map_err(|e| err(ErrorCode::BadFilterExpression, e.to_string()))?,
-        );
+        let filter = SqlFilter::parse(expression)
+            .map_err(|e| err(ErrorCode::BadFilterExpression, e.to_string()))?;
+        let bytes = filter.heap_bytes() + expression.len();
+        let max = self.cfg.sql_filters_bytes_max;
         let mut cache = self.sql_filters.borrow_mut();
         let cached_bytes: usize = cache.keys().map(String::len).sum();
         if cache.len() >= SQL_FILTERS_CACHED_MAX
             || cached_bytes + expression.len() > SQL_FILTERS_CACHED_BYTES_MAX
+            || self.sql_filters_live.get() + bytes > max
         {
+            // Those of waiting pulls stay (and counted) until the pulls end.
             cache.clear();
         }
+        let live = self.sql_filters_live.get();
+        if live + bytes > max {
+            return Err(err(
+                ErrorCode::BrokerBusy,
+                format!(
+                    "shard {} holds {} KiB of parsed SQL92 filters of waiting pulls, and this one takes {} KiB more than its limit allows (--sql-filters-mb {}); try again later",
+                    self.id,
+                    live >> 10,
+                    bytes >> 10,
+                    max >> 20
+                ),
+            ));
+        }
+        self.sql_filters_live.set(live + bytes);
+        let parsed = Rc::new(LiveFilter {
+            filter,
+            bytes,
+            live: self.sql_filters_live.clone(),
+        });
         cache.insert(expression.to_owned(), parsed.clone());
         Ok(parsed)
     }
@@ -210,7 +254,7 @@ impl ShardCtx {
             Some(self.sql_filter(&p.sql)?)
         };
         // Its text (up to 4 KiB) is not held while the poll waits: the parsed filter,
-        // shared through the shard's cache, is what is used.
+        // shared through the shard's cache and counted under `--sql-filters-mb`, is.
         let p = Pull {
             sql: String::new(),
             ..p
@@ -319,8 +363,9 @@ impl ShardCtx {
                     // A filtered pull looks at as many messages as it asks for and answers
                     // those that match: each pull moves the position by its batch, so a
                     // consumer pipelining pulls predicts where the next starts.
-                    if let Some(filter) = &sql {
-                        r.retain(|bytes| matches_sql(bytes, filter));
+                    if let Some(live) = &sql {
+                        let mut work = SqlWork::new();
+                        r.retain_checked(|bytes| matches_sql(bytes, &live.filter, &mut work));
                     }
                     if r.is_empty() {
                         // The whole window was filtered out: go on past it.
@@ -412,21 +457,43 @@ impl ShardCtx {
     }
 }
 
+/// What a filtered pull has left to look at ([`SQL_PULL_WORK_MAX`]).
+struct SqlWork {
+    left: usize,
+    checked: bool,
+}
+
+impl SqlWork {
+    fn new() -> SqlWork {
+        SqlWork {
+            left: SQL_PULL_WORK_MAX,
+            checked: false,
+        }
+    }
+}
+
 /// Whether a stored record matches an SQL92 filter, evaluated over its property block in
 /// place, or must go to the consumer anyway: a damaged record is never skipped unseen. The
 /// store checked the structure of what it read, not the CRC (the consumer checks it); a
 /// record the filter would skip has its CRC checked here, and a damaged one is answered
-/// so that the consumer's check reports it.
-fn matches_sql(bytes: &[u8], filter: &SqlFilter) -> bool {
+/// so that the consumer's check reports it. `None`: not checked, `work` would run out
+/// (the first record of a pull is always checked, so each pull moves on).
+fn matches_sql(bytes: &[u8], filter: &SqlFilter, work: &mut SqlWork) -> Option<bool> {
     let Ok(view) = RecordView::parse_unchecked_crc(bytes) else {
-        return true;
+        return Some(true);
     };
     // One pass over the record's properties, however often the expression names them
     // (a lookup per name walked them all each time: a long expression over records of
     // many properties held the shard for seconds).
     let props = view.properties();
-    with_values_of(filter, &props, |values| filter.matches_values(values))
-        || RecordView::parse(bytes).is_err()
+    let cost = filter.work_per_record(props.as_bytes().len());
+    if work.checked && cost > work.left {
+        return None;
+    }
+    work.left = work.left.saturating_sub(cost);
+    work.checked = true;
+    let matches = with_values_of(filter, &props, |values| filter.matches_values(values));
+    Some(matches || RecordView::parse(bytes).is_err())
 }
 
 /// An answer whose meta part is followed by stored records, copied straight from where
@@ -485,14 +552,42 @@ mod tests {
             SqlFilter::parse("a = 1").unwrap(),
             SqlFilter::parse("a = 2").unwrap(),
         );
-        assert!(matches_sql(&record, &keep));
-        assert!(!matches_sql(&record, &skip));
+        let check = |record: &[u8], filter: &SqlFilter| {
+            matches_sql(record, filter, &mut SqlWork::new()).unwrap()
+        };
+        assert!(check(&record, &keep));
+        assert!(!check(&record, &skip));
         // One bit of the body flipped: the CRC no longer matches.
         *record.last_mut().unwrap() ^= 1;
-        assert!(matches_sql(&record, &keep));
-        assert!(
-            matches_sql(&record, &skip),
-            "a damaged record was filtered out"
-        );
+        assert!(check(&record, &keep));
+        assert!(check(&record, &skip), "a damaged record was filtered out");
+    }
+
+    /// A pull's filter looks at what [`SQL_PULL_WORK_MAX`] allows, then stops: its first
+    /// record is checked however costly, the next only if the work left covers it.
+    #[test]
+    fn a_filtered_pull_stops_checking_where_its_work_runs_out() {
+        let mut props = PropertiesBuilder::new();
+        props.put("a", &"7".repeat(60_000)).unwrap();
+        let props = props.into_bytes();
+        let record = RecordDraft::plain("t", 0, &props, b"body").encode(Placement {
+            queue_offset: 0,
+            physical_offset: 0,
+            store_timestamp_ms: 0,
+        });
+        let cheap = SqlFilter::parse("a > 1").unwrap();
+        let costly = vec!["a > 1"; 200].join(" OR ");
+        let costly = SqlFilter::parse(&costly).unwrap();
+        assert!(costly.work_per_record(props.len()) > SQL_PULL_WORK_MAX);
+        let mut work = SqlWork::new();
+        assert_eq!(matches_sql(&record, &costly, &mut work), Some(true));
+        assert_eq!(matches_sql(&record, &costly, &mut work), None);
+        assert_eq!(matches_sql(&record, &cheap, &mut work), None, "none left");
+        let mut work = SqlWork::new();
+        let each = cheap.work_per_record(props.len());
+        for _ in 0..SQL_PULL_WORK_MAX / each {
+            assert_eq!(matches_sql(&record, &cheap, &mut work), Some(true));
+        }
+        assert_eq!(matches_sql(&record, &cheap, &mut work), None);
     }
 }

@@ -99,6 +99,8 @@ pub struct ServiceConfig {
     pub offsets_max: usize,
     /// Most long polls waiting on one shard's queues at a time.
     pub long_polls_max: usize,
+    /// Most bytes of parsed SQL92 filters alive on one shard (`consume::LiveFilter`).
+    pub sql_filters_bytes_max: usize,
     /// Most bytes of group members (ids, subscriptions, strategies) a coordinator holds.
     pub group_members_bytes_max: usize,
     /// Most queues of all topics together.
@@ -215,7 +217,9 @@ pub struct ShardCtx {
     /// Live producers of the groups this shard coordinates.
     producers: RefCell<transaction::ProducerGroups>,
     /// SQL92 filters of pulls, parsed once per expression (bounded: see `consume.rs`).
-    sql_filters: RefCell<HashMap<String, Rc<crate::protocol::sql::SqlFilter>>>,
+    sql_filters: RefCell<HashMap<String, Rc<consume::LiveFilter>>>,
+    /// Bytes of the parsed filters alive: cached, or held by waiting pulls.
+    sql_filters_live: Rc<Cell<usize>>,
     /// Key lookups running at once (each may gather a frame's worth from every shard).
     key_lookups: tokio::sync::Semaphore,
     /// The schedule's moves to another shard in flight (`schedule/deliver.rs`).
@@ -364,6 +368,7 @@ impl ShardCtx {
             answers: AnswerBudgets::new(cfg_frame_bytes_max),
             held: HeldRequests::new(cfg_frame_bytes_max),
             sql_filters: RefCell::new(HashMap::new()),
+            sql_filters_live: Rc::new(Cell::new(0)),
             txn: RefCell::new(transaction::Transactions::default()),
             waiting_sends: RefCell::new(std::collections::VecDeque::new()),
             busy_refusals: Cell::new(0),

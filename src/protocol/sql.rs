@@ -58,6 +58,11 @@ pub struct SqlFilter {
     properties: Vec<String>,
     /// Their indexes by name, when more than a few (else found by comparing each).
     index: Option<std::collections::HashMap<Box<[u8]>, usize>>,
+    /// Comparisons (and constants) the expression holds: each looks at the values it
+    /// names once per message.
+    leaves: usize,
+    /// Bytes of the expression's text.
+    text_bytes: usize,
 }
 
 /// Properties past which [`SqlFilter::property_index`] hashes instead of comparing each.
@@ -271,10 +276,35 @@ impl SqlFilter {
             named.map(|(i, p)| (p.as_bytes().into(), i)).collect()
         });
         Ok(SqlFilter {
+            leaves: leaves(&root),
             root,
             properties,
             index,
+            text_bytes: source.len(),
         })
+    }
+
+    /// About the bytes of memory the parsed filter holds: its nodes and strings, and what
+    /// the allocator adds to each.
+    pub fn heap_bytes(&self) -> usize {
+        let names = |s: &String| ALLOCATION_BYTES + std::mem::size_of::<String>() + s.capacity();
+        let index = self.index.as_ref().map_or(0, |i| {
+            let entry = std::mem::size_of::<(Box<[u8]>, usize)>() + 1;
+            i.capacity() * entry + i.keys().map(|k| ALLOCATION_BYTES + k.len()).sum::<usize>()
+        });
+        std::mem::size_of::<SqlFilter>()
+            + heap_bytes(&self.root)
+            + self.properties.iter().map(names).sum::<usize>()
+            + index
+    }
+
+    /// An upper bound on the bytes an evaluation over a record whose property block has
+    /// `properties_bytes` looks at: each comparison looks at the values it names (at most
+    /// the block) and the expression's own constants (at most its text).
+    pub fn work_per_record(&self, properties_bytes: usize) -> usize {
+        self.leaves
+            .saturating_mul(properties_bytes.saturating_add(16))
+            .saturating_add(self.text_bytes)
     }
 
     /// The distinct properties the expression names, in the order they first appear.
@@ -330,6 +360,51 @@ pub fn with_values_of<'a, T>(
     };
     props.values_of(|name| filter.property_index(name), values);
     f(values)
+}
+
+/// What an allocation holds beyond its bytes (the allocator's header and rounding).
+const ALLOCATION_BYTES: usize = 16;
+
+/// The comparisons and constants of `expr`.
+fn leaves(expr: &Expr) -> usize {
+    match expr {
+        Expr::And(parts) | Expr::Or(parts) => parts.iter().map(leaves).sum(),
+        Expr::Not(e) => leaves(e),
+        _ => 1,
+    }
+}
+
+/// The heap bytes of `expr`'s children and strings (not of the node itself).
+fn heap_bytes(expr: &Expr) -> usize {
+    let string = |s: &String| match s.capacity() {
+        0 => 0,
+        n => n + ALLOCATION_BYTES,
+    };
+    let operand = |o: &Operand| match o {
+        Operand::Property(s) | Operand::Str(s) => string(s),
+        _ => 0,
+    };
+    let node = std::mem::size_of::<Expr>();
+    match expr {
+        Expr::Const(_) => 0,
+        Expr::And(parts) | Expr::Or(parts) => {
+            let nodes = ALLOCATION_BYTES + parts.capacity() * node;
+            nodes + parts.iter().map(heap_bytes).sum::<usize>()
+        }
+        Expr::Not(e) => ALLOCATION_BYTES + node + heap_bytes(e),
+        Expr::Compare(_, l, r) => operand(l) + operand(r),
+        Expr::Between {
+            value, low, high, ..
+        } => operand(value) + operand(low) + operand(high),
+        Expr::In { property, list, .. } => {
+            let strings = list.capacity() * std::mem::size_of::<String>() + ALLOCATION_BYTES;
+            string(property) + strings + list.iter().map(string).sum::<usize>()
+        }
+        Expr::IsNull { operand: o, .. } => operand(o),
+        Expr::Text {
+            property, pattern, ..
+        } => string(property) + string(pattern),
+    }
 }
 
 /// Calls `f` with each property name in `expr`.

@@ -20,6 +20,8 @@ pub const GROUPS_MAX_DEFAULT: usize = 4096;
 pub const OFFSETS_MAX_DEFAULT: usize = 1_000_000;
 /// Default of `--long-polls-max`.
 pub const LONG_POLLS_MAX_DEFAULT: usize = 65_536;
+/// Default of `--sql-filters-mb`.
+pub const SQL_FILTERS_MB_DEFAULT: u64 = 64;
 /// Default of `--group-members-mb`.
 pub const GROUP_MEMBERS_MB_DEFAULT: u64 = 256;
 /// Options of a broker; the same keys work in the TOML file (`--config`).
@@ -84,6 +86,9 @@ pub struct BrokerConfig {
     /// at a time (each about 6 KiB); past it a request that would wait is refused
     /// `BrokerBusy`.
     pub long_polls_max: usize,
+    /// MiB of parsed SQL92 filters one shard holds (cached, or held by waiting pulls); a
+    /// pull with a new expression past it is refused `BrokerBusy`.
+    pub sql_filters_mb: u64,
     /// MiB of consumer-group members (client ids, subscriptions, strategies) one shard
     /// coordinates; a heartbeat that would add past it is refused.
     pub group_members_mb: u64,
@@ -164,6 +169,7 @@ impl Default for BrokerConfig {
             groups_max: GROUPS_MAX_DEFAULT,
             offsets_max: OFFSETS_MAX_DEFAULT,
             long_polls_max: LONG_POLLS_MAX_DEFAULT,
+            sql_filters_mb: SQL_FILTERS_MB_DEFAULT,
             group_members_mb: GROUP_MEMBERS_MB_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
             index_idle_close_ms: crate::store::INDEX_IDLE_CLOSE_MS_DEFAULT,

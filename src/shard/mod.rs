@@ -239,10 +239,13 @@ impl Broker {
                 return Err(BrokerError::Config(format!("{name} must be at least 1")));
             }
         }
-        if cfg.group_members_mb == 0 {
-            return Err(BrokerError::Config(
-                "group-members-mb must be at least 1".into(),
-            ));
+        for (name, mb) in [
+            ("group-members-mb", cfg.group_members_mb),
+            ("sql-filters-mb", cfg.sql_filters_mb),
+        ] {
+            if mb == 0 {
+                return Err(BrokerError::Config(format!("{name} must be at least 1")));
+            }
         }
         if cfg.schedule_pending_max == 0 {
             return Err(BrokerError::Config(
@@ -673,6 +676,8 @@ async fn shard_main(
         groups_max: cfg.groups_max,
         offsets_max: cfg.offsets_max,
         long_polls_max: cfg.long_polls_max,
+        sql_filters_bytes_max: usize::try_from(cfg.sql_filters_mb.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX),
         group_members_bytes_max: usize::try_from(cfg.group_members_mb.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX),
         queues_max: cfg.queues_max,

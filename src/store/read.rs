@@ -105,9 +105,22 @@ impl QueueRead {
         self.slices = slices;
     }
     /// Keeps only the records `keep` says yes to (a filter evaluated over the bytes in
-    /// place), in order.
-    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
-        let kept: Vec<bool> = self.records().map(&mut keep).collect();
+    /// place), in order. `keep` may stop the check (`None`): that record and those after
+    /// it go unchecked, and the read ends before them (`next_offset` is the first of them),
+    /// so the next read starts there.
+    pub fn retain_checked(&mut self, mut keep: impl FnMut(&[u8]) -> Option<bool>) {
+        let mut kept: Vec<bool> = Vec::with_capacity(self.len());
+        for r in self.records() {
+            match keep(r) {
+                Some(k) => kept.push(k),
+                None => break,
+            }
+        }
+        if let Some(&first) = self.offsets.get(kept.len()) {
+            self.next_offset = first;
+            self.slices.truncate(kept.len());
+            self.offsets.truncate(kept.len());
+        }
         let mut i = 0;
         self.slices.retain(|_| {
             i += 1;

@@ -613,3 +613,22 @@ proptest! {
         }
     }
 }
+
+/// What a parsed filter holds is counted from its nodes and strings (what
+/// `--sql-filters-mb` bounds): a long chain of comparisons takes many times its text.
+#[test]
+fn a_filters_memory_counts_its_nodes() {
+    let chain: Vec<String> = (0..600).map(|i| format!("a > {i}")).collect();
+    let chain = chain.join(" OR ");
+    let chain = &chain[..chain[..4000].rfind(" OR ").unwrap()];
+    let long = SqlFilter::parse(chain).unwrap();
+    let node = std::mem::size_of::<Expr>();
+    let leaves = chain.matches(" OR ").count() + 1;
+    assert!(long.heap_bytes() >= leaves * node, "{}", long.heap_bytes());
+    assert!(long.heap_bytes() > 8 * chain.len(), "{}", long.heap_bytes());
+    let short = SqlFilter::parse("a = 1").unwrap();
+    assert!(short.heap_bytes() < 512, "{}", short.heap_bytes());
+    // A chain's work per record grows with its comparisons and the properties' bytes.
+    assert_eq!(long.work_per_record(100), leaves * 116 + chain.len());
+    assert_eq!(short.work_per_record(100), 116 + 5);
+}
