@@ -1,7 +1,7 @@
 //! Transaction check-backs against the real broker binary and the real client: checks
-//! that commit, roll back or never answer (discarded after the last check), another
+//! that commit, roll back or answer unknown (discarded after the last check), another
 //! producer of the group asked when one is gone or cannot take checks, checks nobody could
-//! take not counted, every group's halves reached while another's fill the rounds, and the
+//! take or no checker answered not counted, every group's halves reached while another's fill the rounds, and the
 //! message id a checked half carries.
 
 mod common;
@@ -309,4 +309,104 @@ fn a_gone_group_with_more_halves_than_a_round_does_not_starve_another_groups_che
         assert_eq!(list.discarded, 0);
         live.shutdown().await;
     });
+}
+
+/// A check counts against `--transaction-check-max` only once a checker answers it
+/// "unknown": checks delivered to a producer whose checker does not answer (here, busy
+/// with the first one: later checks of the same transaction are skipped) do not count,
+/// so the transaction is not discarded, and the checker's late commit lands. Before, every
+/// check delivered counted, and the transaction was discarded after three.
+#[test]
+fn checks_no_checker_answered_do_not_count() {
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, FAST_CHECKS);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Mutex::new(held);
+        let asked = Arc::new(AtomicU32::new(0));
+        let counter = asked.clone();
+        let tp = TransactionProducer::start(ClientConfig::new(&addr), "txslow", move |m| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let _ = held.lock().unwrap().recv_timeout(Duration::from_secs(60));
+            by_body(m)
+        })
+        .await
+        .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("ts", 1).await.unwrap();
+        pending_half(&tp, "ts", OutgoingMessage::new("commit-late")).await;
+        eventually("the checker asked", Duration::from_secs(20), async || {
+            asked.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        // "Unknown" answered five times to the check delivered counts once.
+        let half = client.list_transactions().await.unwrap().halves[0].clone();
+        for _ in 0..5 {
+            let unknown = TransactionOutcome::Unknown;
+            let id = half.transaction_id;
+            tp.end("ts", half.queue_id, id, unknown, true)
+                .await
+                .unwrap();
+        }
+        // Ten check intervals, each finding the first check still being answered.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        while Instant::now() < deadline {
+            tick.tick().await;
+            let list = client.list_transactions().await.unwrap();
+            assert_eq!(list.discarded, 0, "{:?}", list.recently_discarded.first());
+            assert_eq!(list.halves.len(), 1);
+            assert_eq!(list.halves[0].checks, 1, "one answer counted, to one check");
+        }
+        release.send(()).unwrap();
+        eventually(
+            "the late commit visible",
+            Duration::from_secs(20),
+            async || visible(&client, "ts").await.contains_key("commit-late"),
+        )
+        .await;
+        let list = client.list_transactions().await.unwrap();
+        assert_eq!((list.discarded, list.halves.len()), (0, 0));
+        assert_eq!(visible(&client, "ts").await["commit-late"].len(), 1);
+        tp.shutdown().await;
+    });
+}
+
+/// `--transaction-check-max 0` (every half message discarded at its first check, its
+/// producer never asked) and `--sql-filters-mb 0` are refused at start, naming the flag.
+#[test]
+fn a_zero_check_max_or_sql_filters_mb_is_refused_at_start() {
+    use ringmq::shard::{Broker, BrokerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let base = || BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().join("data"),
+        shards: 1,
+        ..Default::default()
+    };
+    let zeros = [
+        BrokerConfig {
+            transaction_check_max: 0,
+            ..base()
+        },
+        BrokerConfig {
+            sql_filters_mb: 0,
+            ..base()
+        },
+    ];
+    for (cfg, flag) in zeros
+        .into_iter()
+        .zip(["transaction-check-max", "sql-filters-mb"])
+    {
+        let Err(e) = Broker::start(cfg) else {
+            panic!("started with {flag} 0");
+        };
+        assert!(
+            e.to_string()
+                .contains(&format!("{flag} must be at least 1")),
+            "{e}"
+        );
+    }
 }

@@ -177,8 +177,9 @@ struct Cli {
     /// Testing: the shard asked to create a topic of this name panics
     #[arg(long, value_name = "TOPIC", hide = true)]
     testing_panic_topic: Option<String>,
-    /// Checks before an unresolved half message is discarded (kept in the
-    /// %SYS_TXN_DISCARDED% topic and counted by `ringmq transaction list`) [default: 15]
+    /// Checks a producer answers "unknown" before an unresolved half message is discarded
+    /// (kept in the %SYS_TXN_DISCARDED% topic and counted by `ringmq transaction list`);
+    /// checks no checker answers do not count [default: 15]
     #[arg(long, value_name = "N")]
     transaction_check_max: Option<u32>,
     /// Most unresolved half messages one shard holds; transactional sends past it get

@@ -20,8 +20,10 @@
 //! `--transaction-check-interval-ms`: a [`CheckTransaction`] is pushed to a live producer
 //! of its group (the group's coordinator shard keeps the producers' connections, as
 //! registered by [`ProducerHeartbeat`] and dropped when the connection closes; each check
-//! asks the next producer). After `--transaction-check-max` checks the half message is
-//! copied to [`DISCARDED_TOPIC`], an op record written, and it is counted. A topic's
+//! asks the next producer). After `--transaction-check-max` checks answered "unknown" (a
+//! check no checker answered does not count: RocketMQ counts each check sent, so a
+//! lagging or gone checker cost committed transactions) the half message is copied to
+//! [`DISCARDED_TOPIC`], an op record written, and it is counted. A topic's
 //! deletion discards its unresolved halves the same way, and a commit whose topic is gone
 //! is a discard too (its producer told); a discard whose op record a full disk refused is
 //! found by its key in [`DISCARDED_TOPIC`] at the next start, as a commit is in its topic.
@@ -410,6 +412,15 @@ impl ShardCtx {
             }
         }
         if e.outcome == TRANSACTION_UNKNOWN {
+            // A checker's "unknown" counts against `--transaction-check-max`, once per
+            // check delivered.
+            if e.from_check {
+                if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
+                    if std::mem::take(&mut p.awaiting_answer) {
+                        p.checks += 1;
+                    }
+                }
+            }
             return Ok(crate::protocol::Empty {});
         }
         // The topic (or the queue) went since the half was stored, or goes while the half is
@@ -721,18 +732,19 @@ impl ShardCtx {
                     };
                     self.call(coordinator, ask).await.is_ok()
                 };
-                // A check counts only when a producer was there to be asked: a group
-                // with no live producer, or one whose connection could not take the check
-                // (too much queued), loses no transaction to the check limit. A dropped
-                // one comes back within the interval, at a random time: the checks that
-                // fill a connection first are not the same ones each round.
+                // A check counts only once a checker answers it "unknown" (see
+                // `end_transaction`): a group with no live producer, one whose connection
+                // could not take the check (too much queued), or one that never answers
+                // loses no transaction to the check limit. A check not delivered comes
+                // back within the interval, at a random time: the checks that fill a
+                // connection first are not the same ones each round.
                 let mut txn = self.txn.borrow_mut();
                 if !asked {
                     txn.checks_undelivered += 1;
                 }
                 if let Some(p) = txn.pending.get_mut(&half) {
                     if asked {
-                        p.checks += 1;
+                        p.awaiting_answer = true;
                     } else {
                         let interval = interval.max(2);
                         p.next_check_ms =

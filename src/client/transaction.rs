@@ -26,9 +26,9 @@ use crate::protocol::{
 const PRODUCER_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
 /// Most check-backs a producer answers at once (each holds its half message, up to a
 /// record's size, and a call of the checker). Past it the pushed checks wait in the
-/// client's push buffer (`push_buffer_max`) until one ends: a check skipped would still
-/// count against the broker's `--transaction-check-max`, and a transaction checked that
-/// many times is discarded. A check of a transaction being answered already is skipped.
+/// client's push buffer (`push_buffer_max`) until one ends; checks missed past it come
+/// again. A check of a transaction being answered already is skipped. Only answers count
+/// against the broker's `--transaction-check-max` (a checker's `Unknown` is answered).
 pub const CHECKS_IN_PROGRESS_MAX: usize = 64;
 
 /// A transaction by where its half is: the id alone is unique per shard only.
@@ -385,9 +385,8 @@ async fn answer(
             return;
         }
     };
-    if outcome == TransactionOutcome::Unknown {
-        return;
-    }
+    // "Unknown" is answered too: the broker counts the answers against its
+    // `--transaction-check-max`, not the checks it sent.
     let ended = end_transaction(
         &client,
         &group,
@@ -400,6 +399,16 @@ async fn answer(
     .await;
     match ended {
         Ok(()) => {}
+        // Resolved meanwhile, or no longer there: nothing was waiting on this answer.
+        Err(e)
+            if outcome == TransactionOutcome::Unknown
+                && matches!(
+                    e.code(),
+                    Some(
+                        crate::protocol::ErrorCode::TransactionResolved
+                            | crate::protocol::ErrorCode::TransactionNotFound
+                    )
+                ) => {}
         Err(e) if e.code() == Some(crate::protocol::ErrorCode::TransactionResolved) => said(format_args!(
             "the checker's {outcome:?} came after the broker resolved the transaction otherwise ({e}); see the broker's list of discarded transactions"
         )),

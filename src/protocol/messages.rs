@@ -184,6 +184,7 @@ wire_type! {
         pub producer_group: String,
         pub msg_id: String,
         pub age_ms: u64,
+        /// Checks its producers answered "unknown" (what `--transaction-check-max` counts).
         pub checks: u32,
     }
 }

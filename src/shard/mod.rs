@@ -242,6 +242,11 @@ impl Broker {
         for (name, mb) in [
             ("group-members-mb", cfg.group_members_mb),
             ("sql-filters-mb", cfg.sql_filters_mb),
+            // 0 would discard every half message at its first check, unasked.
+            (
+                "transaction-check-max",
+                u64::from(cfg.transaction_check_max),
+            ),
         ] {
             if mb == 0 {
                 return Err(BrokerError::Config(format!("{name} must be at least 1")));

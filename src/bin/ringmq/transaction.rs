@@ -11,8 +11,8 @@ use crate::{CmdResult, Ctx};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TransactionCommand {
-    /// Unresolved half messages (age, checks so far, producer group), the number discarded
-    /// after their last check, and the latest of those (message ids of their kept copies,
+    /// Unresolved half messages (age, checks answered "unknown" so far, producer group), the
+    /// number discarded after their last check, and the latest of those (message ids of their kept copies,
     /// for `ringmq message id`)
     List,
 }

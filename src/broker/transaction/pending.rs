@@ -11,7 +11,14 @@ pub struct Half {
     group: String,
     pub(super) msg_id: String,
     pub(super) stored_ms: u64,
+    /// Checks its producers answered "unknown" (what `--transaction-check-max` counts): a
+    /// check that no checker saw (dropped by a lagging client, or sent to a producer
+    /// whose checker is gone) does not count, so a committed transaction is not
+    /// discarded for checks it never heard.
     pub(super) checks: u32,
+    /// A check was delivered since the last answer that counted: the next "unknown"
+    /// answer counts (one per check delivered, however many a client sends).
+    pub(super) awaiting_answer: bool,
     /// Checks tried, delivered or not: which of the group's producers the next one asks
     /// (one that could not take a check is not asked again and again).
     pub(super) attempts: u32,
@@ -38,6 +45,7 @@ impl Half {
             msg_id,
             stored_ms,
             checks: 0,
+            awaiting_answer: false,
             attempts: 0,
             next_check_ms,
             discard_failures: 0,
