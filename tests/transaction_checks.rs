@@ -239,6 +239,8 @@ fn a_checked_half_has_the_message_id_its_send_was_answered_with() {
         let checked = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = checked.clone();
         let tp = TransactionProducer::start(ClientConfig::new(&addr), "txid", move |m| {
+            // The topic the half was sent to, not the broker's topic of halves.
+            assert_eq!(m.origin_topic(), "tid");
             seen.lock().unwrap().push(m.msg_id().to_string());
             TransactionOutcome::Rollback
         })

@@ -252,11 +252,15 @@ impl Message {
         self.view().topic()
     }
     /// The topic the message was sent to: for a retried or dead-lettered message the topic
-    /// it was first consumed from (`RETRY_TOPIC`), else [`topic`](Self::topic).
+    /// it was first consumed from (`RETRY_TOPIC`); for a message the broker holds for it
+    /// (a transaction's half message as its checker sees it, a discarded or undeliverable
+    /// copy) its destination (`REAL_TOPIC`); else [`topic`](Self::topic).
     pub fn origin_topic(&self) -> &str {
         let view = self.view();
-        view.properties()
+        let props = view.properties();
+        props
             .get(prop::RETRY_TOPIC)
+            .or_else(|| props.get(prop::REAL_TOPIC))
             .unwrap_or(view.topic())
     }
     /// For a delayed, retried or dead-lettered message: the id it was first stored with.

@@ -81,7 +81,10 @@ impl TransactionOutcome {
     }
 }
 
-/// The answer to a check-back: what became of the transaction of this half message.
+/// The answer to a check-back: what became of the transaction of this half message. The
+/// message is the half as the broker stores it: its id is the one its send was answered
+/// with, [`Message::origin_topic`] the topic it was sent to ([`Message::topic`] is the
+/// broker's topic of halves), and its body and properties those sent.
 pub type TransactionChecker = dyn Fn(&Message) -> TransactionOutcome + Send + Sync;
 
 /// What [`TransactionProducer::send_in_transaction`] did.
