@@ -3,6 +3,7 @@
 //! out), queue bounds and the offset of a time. Pull answers are the frame head followed by
 //! the stored record bytes as the store read them.
 
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -26,12 +27,12 @@ pub const TAG_HASHES_MAX: usize = 64;
 /// Most messages one pull may ask for.
 pub const PULL_MESSAGES_MAX: u32 = 1024;
 /// Distinct SQL92 filters a shard keeps parsed (4 KiB each at most); past it the cache
-/// starts over.
+/// drops those no waiting pull holds (all, if that is not enough).
 pub const SQL_FILTERS_CACHED_MAX: usize = 1024;
 /// Most bytes of expressions the filters a shard keeps parsed may have together; past it
-/// the cache starts over. A parsed expression takes up to about 30 times its text, so the
-/// cache holds about 8 MiB at most (1,024 filters of 4 KiB held over 100 MiB a shard).
-/// Filters that pulls hold while they wait count under `--sql-filters-mb` too.
+/// the cache drops as above. A parsed expression takes up to about 15 times its text
+/// ([`SqlFilter::heap_bytes`]), so the cache holds about 4 MiB at most. Filters that
+/// pulls hold while they wait count under `--sql-filters-mb` too.
 pub const SQL_FILTERS_CACHED_BYTES_MAX: usize = 256 << 10;
 /// What one filtered pull may look at ([`SqlFilter::work_per_record`]: bytes of property
 /// values, once per comparison) before it answers the records it checked and leaves the
@@ -122,13 +123,19 @@ impl ShardCtx {
         let bytes = filter.heap_bytes() + expression.len();
         let max = self.cfg.sql_filters_bytes_max;
         let mut cache = self.sql_filters.borrow_mut();
-        let cached_bytes: usize = cache.keys().map(String::len).sum();
-        if cache.len() >= SQL_FILTERS_CACHED_MAX
-            || cached_bytes + expression.len() > SQL_FILTERS_CACHED_BYTES_MAX
-            || self.sql_filters_live.get() + bytes > max
-        {
-            // Those of waiting pulls stay (and counted) until the pulls end.
-            cache.clear();
+        let full = |cache: &HashMap<String, Rc<LiveFilter>>| {
+            let cached_bytes: usize = cache.keys().map(String::len).sum();
+            cache.len() >= SQL_FILTERS_CACHED_MAX
+                || cached_bytes + expression.len() > SQL_FILTERS_CACHED_BYTES_MAX
+                || self.sql_filters_live.get() + bytes > max
+        };
+        if full(&cache) {
+            // Those no waiting pull holds go first (dropping the others frees nothing
+            // until their pulls end, and their next pulls would parse them again).
+            cache.retain(|_, f| Rc::strong_count(f) > 1);
+            if full(&cache) {
+                cache.clear();
+            }
         }
         let live = self.sql_filters_live.get();
         if live + bytes > max {

@@ -109,7 +109,7 @@ pub struct ServiceConfig {
     pub transaction_timeout_ms: u64,
     /// How often an unresolved half message is asked about.
     pub transaction_check_interval_ms: u64,
-    /// Checks before a half message is discarded.
+    /// Checks answered "unknown" before a half message is discarded.
     pub transaction_check_max: u32,
     /// Most unresolved half messages one shard holds.
     pub transaction_pending_max: usize,

@@ -722,6 +722,10 @@ impl ShardCtx {
                 // Turns start at the half's offset: the halves' first checks go round the
                 // producers too, not all to the same one.
                 let turn = (h.attempts as usize).wrapping_add(half as usize);
+                // Awaited from before the push: a fast checker's answer may come back
+                // before the push's own answer does.
+                let was_awaiting = (self.txn.borrow_mut().pending.get_mut(&half))
+                    .map(|p| std::mem::replace(&mut p.awaiting_answer, true));
                 let asked = if coordinator == self.id {
                     self.ask_producer(h.group(), turn, frame).await
                 } else {
@@ -743,9 +747,10 @@ impl ShardCtx {
                     txn.checks_undelivered += 1;
                 }
                 if let Some(p) = txn.pending.get_mut(&half) {
-                    if asked {
-                        p.awaiting_answer = true;
-                    } else {
+                    if !asked {
+                        if was_awaiting == Some(false) {
+                            p.awaiting_answer = false;
+                        }
                         let interval = interval.max(2);
                         p.next_check_ms =
                             now + interval / 2 + rand::random::<u64>() % (interval / 2);

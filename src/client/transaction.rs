@@ -67,7 +67,9 @@ pub enum TransactionOutcome {
     Commit,
     /// Discard the message.
     Rollback,
-    /// Not known yet: the broker asks the group's checker later.
+    /// Not known yet: the broker asks the group's checker later. A checker's `Unknown` (or
+    /// a checker that panics) counts against the broker's `--transaction-check-max`, after
+    /// which the message is discarded (kept in `%SYS_TXN_DISCARDED%`).
     Unknown,
 }
 
@@ -331,8 +333,8 @@ async fn serve(
                 }
                 Ok(_) => {}
                 // Checks among the missed frames are asked again within the broker's check
-                // interval (each counted against its --transaction-check-max): said, not
-                // dropped unseen.
+                // interval (not counted against its --transaction-check-max: only answers
+                // are): said, not dropped unseen.
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     crate::warn!(
                         "ringmq transaction producer {group} ({}): {missed} pushed frames were missed (more than push_buffer_max waited); their checks come again",
@@ -362,34 +364,38 @@ async fn answer(
             check.queue_id
         )
     };
+    // A check that cannot be decided is answered Unknown, which the broker counts against
+    // its `--transaction-check-max` (it counts answers, not the checks it sent): a
+    // checker that fails on a message does not keep it waiting for retention.
+    const COUNTED: &str =
+        "answered Unknown (it counts against the broker's --transaction-check-max)";
     let mut record = Bytes::from(std::mem::take(&mut check.record));
-    let view = match crate::protocol::record::RecordView::parse(&record) {
-        Ok(view) => view,
+    let readable = crate::protocol::record::RecordView::parse(&record).map(|v| v.as_bytes().len());
+    let outcome = match readable {
         Err(e) => {
             said(format_args!(
-                "the check's record cannot be read ({e}); not answered, asked again later"
+                "the check's record cannot be read ({e}); {COUNTED}"
             ));
-            return;
+            TransactionOutcome::Unknown
+        }
+        Ok(len) => {
+            // Exactly the record, as `Message::new` requires (a check carries one record).
+            record.truncate(len);
+            // Its id names the shard that holds the half, the queue's owner, as its send's
+            // did.
+            let broker_id = client.broker_info().broker_id;
+            let store =
+                crate::protocol::route::owner(&check.topic, check.queue_id, client.shard_count());
+            let message = Message::new(record, broker_id, store);
+            match tokio::task::spawn_blocking(move || checker(&message)).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    said(format_args!("the checker failed ({e}); {COUNTED}"));
+                    TransactionOutcome::Unknown
+                }
+            }
         }
     };
-    // Exactly the record, as `Message::new` requires (a check carries one record).
-    let len = view.as_bytes().len();
-    record.truncate(len);
-    // Its id names the shard that holds the half, the queue's owner, as its send's did.
-    let broker_id = client.broker_info().broker_id;
-    let store = crate::protocol::route::owner(&check.topic, check.queue_id, client.shard_count());
-    let message = Message::new(record, broker_id, store);
-    let outcome = match tokio::task::spawn_blocking(move || checker(&message)).await {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            said(format_args!(
-                "the checker failed ({e}); not answered, asked again later"
-            ));
-            return;
-        }
-    };
-    // "Unknown" is answered too: the broker counts the answers against its
-    // `--transaction-check-max`, not the checks it sent.
     let ended = end_transaction(
         &client,
         &group,

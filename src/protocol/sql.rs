@@ -58,9 +58,8 @@ pub struct SqlFilter {
     properties: Vec<String>,
     /// Their indexes by name, when more than a few (else found by comparing each).
     index: Option<std::collections::HashMap<Box<[u8]>, usize>>,
-    /// Comparisons (and constants) the expression holds: each looks at the values it
-    /// names once per message.
-    leaves: usize,
+    /// The property values one evaluation reads (at least one per comparison).
+    reads: usize,
     /// Bytes of the expression's text.
     text_bytes: usize,
 }
@@ -241,7 +240,10 @@ impl SqlFilter {
         if source.len() > SQL_EXPRESSION_BYTES_MAX {
             return Err(SqlError {
                 column: 1,
-                message: format!("{} bytes; at most {SQL_EXPRESSION_BYTES_MAX}", source.len()),
+                message: format!(
+                    "the expression is {} bytes; at most {SQL_EXPRESSION_BYTES_MAX}",
+                    source.len()
+                ),
             });
         }
         let tokens = lex(source)?;
@@ -276,7 +278,7 @@ impl SqlFilter {
             named.map(|(i, p)| (p.as_bytes().into(), i)).collect()
         });
         Ok(SqlFilter {
-            leaves: leaves(&root),
+            reads: reads(&root),
             root,
             properties,
             index,
@@ -299,10 +301,10 @@ impl SqlFilter {
     }
 
     /// An upper bound on the bytes an evaluation over a record whose property block has
-    /// `properties_bytes` looks at: each comparison looks at the values it names (at most
-    /// the block) and the expression's own constants (at most its text).
+    /// `properties_bytes` looks at: each value a comparison reads (at most the block) and
+    /// the expression's own constants (at most its text).
     pub fn work_per_record(&self, properties_bytes: usize) -> usize {
-        self.leaves
+        self.reads
             .saturating_mul(properties_bytes.saturating_add(16))
             .saturating_add(self.text_bytes)
     }
@@ -365,11 +367,17 @@ pub fn with_values_of<'a, T>(
 /// What an allocation holds beyond its bytes (the allocator's header and rounding).
 const ALLOCATION_BYTES: usize = 16;
 
-/// The comparisons and constants of `expr`.
-fn leaves(expr: &Expr) -> usize {
+/// The property values one evaluation of `expr` reads, at least one per comparison (a
+/// `BETWEEN` reads its value twice).
+fn reads(expr: &Expr) -> usize {
+    let property = |o: &Operand| usize::from(matches!(o, Operand::Property(_)));
     match expr {
-        Expr::And(parts) | Expr::Or(parts) => parts.iter().map(leaves).sum(),
-        Expr::Not(e) => leaves(e),
+        Expr::And(parts) | Expr::Or(parts) => parts.iter().map(reads).sum(),
+        Expr::Not(e) => reads(e),
+        Expr::Compare(_, l, r) => (property(l) + property(r)).max(1),
+        Expr::Between {
+            value, low, high, ..
+        } => (2 * property(value) + property(low) + property(high)).max(1),
         _ => 1,
     }
 }

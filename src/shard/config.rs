@@ -101,7 +101,8 @@ pub struct BrokerConfig {
     pub transaction_timeout_ms: u64,
     /// How often an unresolved half message is asked about.
     pub transaction_check_interval_ms: u64,
-    /// Checks before an unresolved half message is discarded.
+    /// Checks answered "unknown" before an unresolved half message is discarded (checks no
+    /// checker answers do not count).
     pub transaction_check_max: u32,
     /// Most unresolved half messages one shard holds (transactional sends past it get
     /// `LimitReached`).

@@ -116,6 +116,10 @@ impl QueueRead {
                 None => break,
             }
         }
+        debug_assert!(
+            !kept.is_empty() || self.is_empty(),
+            "a check that stops before the first record moves no read on"
+        );
         if let Some(&first) = self.offsets.get(kept.len()) {
             self.next_offset = first;
             self.slices.truncate(kept.len());

@@ -9,9 +9,12 @@
 //! at that moment (an answer covers every matching message from where its pull started up
 //! to its `next_offset`, so the union stays contiguous). When an earlier answer ended
 //! short of where the next pull started (fewer messages than asked: the queue's end, a
-//! size limit, a tag filter), that next answer is thrown away with every pull still in
-//! flight, and pulling starts again from the position. Messages below the position (a tag
-//! filter's answer can reach past where the next pull started) are dropped by the loop.
+//! size limit, a tag filter, an SQL filter's work running out), that next answer is
+//! thrown away with every pull still in flight, and pulling starts again from the
+//! position. Messages below the position (a tag filter's answer can reach past where the
+//! next pull started) are dropped by the loop. After an answer that ended short, no pull
+//! goes ahead until one comes back whole: the pulls ahead would each be thrown away again
+//! (and the broker would have read them, and filtered them, for nothing).
 
 use std::collections::VecDeque;
 
@@ -58,6 +61,10 @@ pub(crate) struct PullPipeline {
     /// The most record bytes a recent answer had (halved at each smaller one: one large
     /// answer narrows the pulls ahead for a while, not for good).
     largest_answer: u64,
+    /// Where the pull of the last answer taken started.
+    last_start: u64,
+    /// The last answer used ended short of its pull's batch: no pull goes ahead.
+    short: bool,
 }
 
 impl PullPipeline {
@@ -69,6 +76,8 @@ impl PullPipeline {
             ahead: position,
             known_end: 0,
             largest_answer: 0,
+            last_start: position,
+            short: false,
         }
     }
 
@@ -78,8 +87,8 @@ impl PullPipeline {
     }
 
     /// The start of the next pull to send now, if one should be: always when none is in
-    /// flight; otherwise only while the pipeline has room, the queue is known to hold
-    /// messages where it would start, and the cache (`cached` messages, plus a full batch
+    /// flight; otherwise only while the pipeline has room, the last answer came back
+    /// whole, the queue is known to hold messages where it would start, and the cache (`cached` messages, plus a full batch
     /// for each pull in flight and this one) stays within `cached_max`.
     pub(crate) fn next_pull(&self, cached: usize, cached_max: usize) -> Option<u64> {
         let n = self.in_flight.len() as u64;
@@ -88,8 +97,8 @@ impl PullPipeline {
         }
         let room = (cached_max as u64).saturating_sub(cached as u64);
         let fits = (n + 1).saturating_mul(self.batch) <= room;
-        (self.in_flight.len() < self.depth_max && self.ahead < self.known_end && fits)
-            .then_some(self.ahead)
+        let ahead = self.in_flight.len() < self.depth_max && !self.short;
+        (ahead && self.ahead < self.known_end && fits).then_some(self.ahead)
     }
 
     /// Whether a pull sent now fits `room` bytes of the cache ([`ahead_fits_bytes`], each
@@ -112,7 +121,9 @@ impl PullPipeline {
     /// The oldest pull in flight was answered (or failed); `position` is the queue's
     /// position before that answer is used.
     pub(crate) fn answered(&mut self, position: u64) -> Verdict {
-        match self.in_flight.pop_front() {
+        let start = self.in_flight.pop_front();
+        self.last_start = start.unwrap_or(position);
+        match start {
             Some(start) if start > position => {
                 self.restart(position);
                 Verdict::Restart
@@ -124,6 +135,7 @@ impl PullPipeline {
 
     /// An answer was used: the queue's new `position`, and its end as the answer said.
     pub(crate) fn used(&mut self, position: u64, max_offset: u64) {
+        self.short = position < self.last_start.saturating_add(self.batch);
         self.known_end = max_offset;
         if self.in_flight.is_empty() || position > self.ahead {
             self.ahead = position;
@@ -237,6 +249,23 @@ mod tests {
         assert_eq!(p.answered(42), Verdict::Restart);
         assert_eq!(p.in_flight(), 0);
         assert_eq!(p.next_pull(0, 1000), Some(42));
+        // No pull goes ahead of the one at 42 while the last answer ended short ...
+        p.sent(42);
+        assert_eq!(
+            p.next_pull(0, 1000),
+            None,
+            "pulled ahead after a short answer"
+        );
+        // ... nor after another short one (an SQL filter's work ran out after 5) ...
+        assert_eq!(p.answered(42), Verdict::Use);
+        p.used(47, 1000);
+        p.sent(47);
+        assert_eq!(p.next_pull(0, 1000), None);
+        // ... until one comes back whole.
+        assert_eq!(p.answered(47), Verdict::Use);
+        p.used(79, 1000);
+        p.sent(79);
+        assert_eq!(p.next_pull(0, 1000), Some(111));
     }
 
     /// A model queue of `len` messages, all matching, answered with at most `batch`

@@ -213,9 +213,25 @@ pub(super) fn lex(source: &str) -> Result<Vec<Token>, SqlError> {
                 } else {
                     match text.parse::<i64>() {
                         Ok(n) => TokenKind::Int(n),
-                        Err(_) => {
-                            return Err(error(start, format!("{text} does not fit in 64 bits")))
+                        // The one integer whose negation fits (as RocketMQ's Long.MIN_VALUE).
+                        Err(_)
+                            if text == "9223372036854775808"
+                                && tokens
+                                    .last()
+                                    .is_some_and(|t: &Token| t.kind == TokenKind::Minus) =>
+                        {
+                            let minus = tokens.pop().map_or(start, |t| t.start);
+                            tokens.push(Token {
+                                kind: TokenKind::Int(i64::MIN),
+                                start: minus,
+                            });
+                            continue;
                         }
+                        // Past 64 bits, a decimal (as RocketMQ's, which reads it as one).
+                        Err(_) => match text.parse::<f64>() {
+                            Ok(x) if x.is_finite() => TokenKind::Float(x),
+                            _ => return Err(error(start, format!("bad number {text}"))),
+                        },
                     }
                 }
             }
@@ -236,7 +252,12 @@ pub(super) fn lex(source: &str) -> Result<Vec<Token>, SqlError> {
             }
             _ => {
                 let ch = source[start..].chars().next().unwrap_or('?');
-                return Err(error(start, format!("unexpected character {ch:?}")));
+                let hint = match ch {
+                    '!' => " (not equal is <>)",
+                    '"' => " (strings take single quotes)",
+                    _ => "",
+                };
+                return Err(error(start, format!("unexpected character {ch:?}{hint}")));
             }
         };
         tokens.push(Token { kind, start });
@@ -427,13 +448,13 @@ impl Parser<'_> {
                         }
                         None => return Err(self.error_here("unfinished IN list")),
                     }
-                    match self.next().map(|t| t.kind) {
-                        Some(TokenKind::Comma) => continue,
-                        Some(TokenKind::RParen) => break,
-                        _ => {
-                            self.at = self.at.saturating_sub(1);
-                            return Err(self.error_here("expected ',' or ')' in the IN list"));
+                    match self.peek_kind() {
+                        Some(TokenKind::Comma) => self.at += 1,
+                        Some(TokenKind::RParen) => {
+                            self.at += 1;
+                            break;
                         }
+                        _ => return Err(self.error_here("expected ',' or ')' in the IN list")),
                     }
                 }
                 Ok(Expr::In {
@@ -463,20 +484,18 @@ impl Parser<'_> {
                     _ => TextOp::EndsWith,
                 };
                 let property = self.property_of(left, start, "CONTAINS, STARTSWITH or ENDSWITH")?;
-                match self.next() {
-                    Some(Token {
-                        kind: TokenKind::Str(pattern),
-                        ..
-                    }) => Ok(Expr::Text {
-                        op,
-                        property,
-                        pattern,
-                        negated,
-                    }),
-                    _ => {
-                        self.at = self.at.saturating_sub(1);
-                        Err(self.error_here("expected a string"))
+                match self.peek_kind() {
+                    Some(TokenKind::Str(pattern)) => {
+                        let pattern = pattern.clone();
+                        self.at += 1;
+                        Ok(Expr::Text {
+                            op,
+                            property,
+                            pattern,
+                            negated,
+                        })
                     }
+                    _ => Err(self.error_here("expected a string")),
                 }
             }
             _ if negated => {
@@ -500,7 +519,7 @@ impl Parser<'_> {
             TokenKind::Keyword(Keyword::True) => Operand::Bool(true),
             TokenKind::Keyword(Keyword::False) => Operand::Bool(false),
             TokenKind::Minus => match self.next().map(|n| n.kind) {
-                Some(TokenKind::Int(i)) => Operand::Int(-i),
+                Some(TokenKind::Int(i)) if i != i64::MIN => Operand::Int(-i),
                 Some(TokenKind::Float(x)) => Operand::Float(-x),
                 _ => return Err(self.error_at(t.start, "'-' must come before a number".into())),
             },

@@ -114,6 +114,7 @@ fn error(expr: &str) -> SqlError {
 
 #[test]
 fn bad_expressions_are_refused_with_the_column() {
+    let too_long = format!("a = '{}'", "x".repeat(4091));
     let cases: &[(&str, usize, &str)] = &[
         ("", 1, "expected a property or a constant"),
         ("a =", 4, "expected a property or a constant"),
@@ -131,7 +132,17 @@ fn bad_expressions_are_refused_with_the_column() {
         ("(a = 1", 7, "expected ')'"),
         ("a = 1)", 6, "unexpected ')'"),
         ("a # 1", 3, "unexpected character"),
-        ("a = 99999999999999999999", 5, "does not fit"),
+        ("a = 1e999", 5, "bad number"),
+        (
+            "a = --9223372036854775808",
+            5,
+            "'-' must come before a number",
+        ),
+        ("a IN ('x'", 10, "expected ',' or ')'"),
+        ("a CONTAINS", 11, "expected a string"),
+        ("a != 1", 3, "(not equal is <>)"),
+        ("a = \"x\"", 5, "(strings take single quotes)"),
+        (&too_long, 1, "the expression is 4097 bytes; at most 4096"),
         ("a = 12abc", 5, "runs into a name"),
         ("a NOT = 1", 7, "after NOT"),
         ("a CONTAINS 1", 12, "expected a string"),
@@ -145,6 +156,31 @@ fn bad_expressions_are_refused_with_the_column() {
         assert_eq!(e.column, *column, "{expr}: {e}");
         assert!(e.to_string().contains(&format!("column {column}")));
     }
+}
+
+/// As RocketMQ: an integer past 64 bits is read as a decimal, and -9223372036854775808
+/// (whose digits alone do not fit) as the least 64-bit integer.
+#[test]
+fn integers_past_64_bits_are_decimals_and_the_least_one_an_integer() {
+    assert!(is_match("a < 99999999999999999999", &[("a", "5")]));
+    let most = [("a", "9223372036854775807")];
+    assert!(!is_match("a > 99999999999999999999", &most));
+    let least = "-9223372036854775808";
+    assert!(is_match(&format!("a = {least}"), &[("a", least)]));
+    let above = [("a", "-9223372036854775807")];
+    assert!(is_match(&format!("a >= {least}"), &above));
+    assert!(
+        is_match("a > - 9223372036854775808", &above),
+        "a sign apart"
+    );
+    assert!(!is_match(
+        &format!("a < {least}"),
+        &[("a", "-9223372036854775807")]
+    ));
+    assert!(!is_match(
+        &format!("a = {least}"),
+        &[("a", "-9223372036854775807")]
+    ));
 }
 
 #[test]
@@ -631,4 +667,9 @@ fn a_filters_memory_counts_its_nodes() {
     // A chain's work per record grows with its comparisons and the properties' bytes.
     assert_eq!(long.work_per_record(100), leaves * 116 + chain.len());
     assert_eq!(short.work_per_record(100), 116 + 5);
+    // Each property a comparison reads counts, a BETWEEN's value twice.
+    let between = SqlFilter::parse("a BETWEEN b AND c").unwrap();
+    assert_eq!(between.work_per_record(100), 4 * 116 + 17);
+    let both = SqlFilter::parse("a = b OR 1 = 1").unwrap();
+    assert_eq!(both.work_per_record(100), 3 * 116 + 14);
 }
