@@ -218,6 +218,7 @@ fn main() {
                     offset: 0,
                     incarnation: 0,
                     offsets_epoch: None,
+                    if_absent: false,
                 };
                 batch.extend_from_slice(&frame(commit.into(), i));
                 if rate > 0 && (i + 1) % (rate / 100).max(1) == 0 {

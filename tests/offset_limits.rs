@@ -2,7 +2,8 @@
 //! most `--groups-max` groups and at most `--offsets-max` entries (group, topic, queue) per
 //! shard. Commits, resets and a topic update's seeding that would add past them are
 //! refused with `LimitReached` naming the flag; offsets already kept still move; deleting a
-//! group frees its entries.
+//! group frees its entries. And a member's start commit, stored only if the group has no
+//! offset of the queue.
 
 mod common;
 
@@ -101,5 +102,46 @@ fn a_topic_update_whose_added_queues_cannot_start_for_a_consuming_group_is_refus
         for q in 1..grown {
             assert_eq!(client.query_offset("g", "t", q).await.unwrap(), Some(0));
         }
+    });
+}
+
+/// A member commits where it starts a queue (from its `consume_from`) only if the group has
+/// no offset of it (`CommitOffset::if_absent`): two members that both found none, while
+/// the queue moved from one to the other, start from the first one's start. Before, the
+/// later (higher) end won, and what lay between was consumed by neither.
+#[test]
+fn a_start_commit_is_stored_only_if_the_group_has_no_offset_of_the_queue() {
+    use ringmq::protocol::{CommitOffset, Response};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("s", 1).await.unwrap();
+        for _ in 0..5 {
+            producer.send("s", OutgoingMessage::new("x")).await.unwrap();
+        }
+        let commit = |offset, if_absent| {
+            let request = CommitOffset {
+                group: "g".into(),
+                topic: "s".into(),
+                queue_id: 0,
+                offset,
+                incarnation: 0,
+                offsets_epoch: None,
+                if_absent,
+            };
+            let answer = common::raw::call(&addr, request.into());
+            assert!(matches!(answer, Response::Empty(_)), "{answer:?}");
+        };
+        // The first start sets it; a later start (a higher end read meanwhile) does not.
+        commit(2, true);
+        assert_eq!(client.query_offset("g", "s", 0).await.unwrap(), Some(2));
+        commit(5, true);
+        assert_eq!(client.query_offset("g", "s", 0).await.unwrap(), Some(2));
+        // An ordinary commit moves it on.
+        commit(5, false);
+        assert_eq!(client.query_offset("g", "s", 0).await.unwrap(), Some(5));
     });
 }

@@ -79,10 +79,14 @@ impl ShardCtx {
                 ),
             ));
         }
-        let (_, generation) = self
-            .offsets
-            .borrow_mut()
-            .commit(&m.group, &m.topic, m.queue_id, m.offset);
+        let kept = m.if_absent
+            && (self.offsets.borrow())
+                .get(&m.group, &m.topic, m.queue_id)
+                .is_some();
+        let (_, generation) = match kept {
+            true => (0, 0),
+            false => (self.offsets.borrow_mut()).commit(&m.group, &m.topic, m.queue_id, m.offset),
+        };
         // An offset this commit leaves as it is may still be on its way to the disk, under
         // an earlier commit: this answer waits for it too.
         let generation = match generation {

@@ -407,7 +407,6 @@ impl Client {
         incarnation: u64,
         offsets_epoch: Option<u64>,
     ) -> Result<()> {
-        check_topic(topic)?;
         let request = CommitOffset {
             group: group.to_owned(),
             topic: topic.to_owned(),
@@ -415,10 +414,16 @@ impl Client {
             offset,
             incarnation,
             offsets_epoch,
+            if_absent: false,
         };
-        let reply = self
-            .call(Route::Queue { topic, queue_id }, &request)
-            .await?;
+        self.commit_offset_request(&request).await
+    }
+
+    /// Sends a [`CommitOffset`] as it is.
+    pub(crate) async fn commit_offset_request(&self, request: &CommitOffset) -> Result<()> {
+        let (topic, queue_id) = (request.topic.as_str(), request.queue_id);
+        check_topic(topic)?;
+        let reply = self.call(Route::Queue { topic, queue_id }, request).await?;
         expect_empty(&reply)
     }
 

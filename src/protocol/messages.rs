@@ -441,6 +441,10 @@ wire_type! {
         /// the position predates the reset and would undo it. `None` (an admin's commit):
         /// not checked.
         pub offsets_epoch: Option<u64>,
+        /// Stored only if the group has no offset of the queue yet: a member's start taken
+        /// from its `consume_from`. The first member to start a queue sets where the group
+        /// starts, and one that read another start meanwhile reads that one back.
+        pub if_absent: bool,
     }
 }
 

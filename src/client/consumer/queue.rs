@@ -12,7 +12,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::protocol::{ErrorCode, PullStatus};
+use crate::protocol::{CommitOffset, ErrorCode, PullStatus};
 
 use super::super::error::Result;
 use super::super::message::Message;
@@ -28,6 +28,12 @@ use crate::client::group::MessageModel;
 /// Commits `pq`'s commit point when it moved: to the broker, or to the local offsets in
 /// broadcasting mode (written to disk by the committer).
 pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<()> {
+    commit_queue_as(shared, pq, false).await
+}
+
+/// [`commit_queue`], stored by the broker only if the group has no offset of the queue
+/// when `if_absent` ([`CommitOffset::if_absent`]).
+async fn commit_queue_as(shared: &Shared, pq: &ProcessQueue, if_absent: bool) -> Result<()> {
     if pq.no_commit.load(Ordering::SeqCst) {
         return Ok(());
     }
@@ -47,17 +53,16 @@ pub(super) async fn commit_queue(shared: &Shared, pq: &ProcessQueue) -> Result<(
             },
         ),
         None => {
-            let committed = shared
-                .client
-                .commit_offset_from(
-                    &shared.group,
-                    &pq.mq.topic,
-                    pq.mq.queue_id,
-                    point,
-                    incarnation,
-                    pq.offsets_epoch,
-                )
-                .await;
+            let request = CommitOffset {
+                group: shared.group.clone(),
+                topic: pq.mq.topic.clone(),
+                queue_id: pq.mq.queue_id,
+                offset: point,
+                incarnation,
+                offsets_epoch: pq.offsets_epoch,
+                if_absent,
+            };
+            let committed = shared.client.commit_offset_request(&request).await;
             if let Err(e) = &committed {
                 if e.code() == Some(ErrorCode::OffsetsReset) {
                     // The group's offsets were reset since this queue's position was read;
@@ -278,6 +283,34 @@ where
     }
 }
 
+/// Commits where a queue starts, taken from `consume_from`, if the group has no offset of
+/// it yet, and starts from the group's offset if it has one: another member started the
+/// queue first (an assignment that moved while both read the queue's end), and starting
+/// from a later end would skip what came between, which that member may never consume.
+async fn commit_start(shared: &Shared, pq: &ProcessQueue) -> Result<()> {
+    if shared.local.is_some() {
+        return commit_queue(shared, pq).await;
+    }
+    commit_queue_as(shared, pq, true).await?;
+    if pq.no_commit.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let (group, mq) = (&shared.group, &pq.mq);
+    let stored = (shared.client)
+        .query_offset_read(group, &mq.topic, mq.queue_id)
+        .await?;
+    let mut state = pq.state();
+    match stored {
+        Some(at) if state.committed != Some(at.offset) => {
+            state.tracker.set_next_pull(at.offset);
+            state.incarnation = at.incarnation;
+            state.committed = Some(at.offset);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// The pull loop of one queue: start position, then long-polled batches (pipelined while
 /// the queue is known to hold more, see [`PullPipeline`]), cached and handed to the
 /// listener (concurrent) or to the queue's orderly task.
@@ -309,7 +342,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     // from `consume_from` again.
     if !start.committed
         && until_done(&shared, &pq, "committing where", false, || async {
-            commit_queue(&shared, &pq).await?;
+            commit_start(&shared, &pq).await?;
             shared.flush_local().await
         })
         .await
@@ -330,10 +363,12 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
     let mut failing = false;
     let limits = shared.options.flow_limits(shared.mode);
     let wait = Duration::from_millis(shared.options.pull_wait_ms);
+    // Where the group starts (another member's start, if it set one first).
+    let position = pq.state().tracker.next_pull().unwrap_or(start.at.offset);
     let mut pipeline = PullPipeline::new(
         shared.options.pulls_in_flight_max,
         shared.options.pull_batch_max,
-        start.at.offset,
+        position,
     );
     let mut in_flight = InFlight(VecDeque::new());
     loop {

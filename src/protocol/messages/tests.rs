@@ -221,6 +221,7 @@ fn sample_requests() -> Vec<Request> {
             offset: u64::MAX,
             incarnation: 9,
             offsets_epoch: Some(1_700_000_000_000),
+            if_absent: true,
         }
         .into(),
         QueryOffset {

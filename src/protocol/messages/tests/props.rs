@@ -69,8 +69,9 @@ prop_compose! {
         offset: u64,
         incarnation: u64,
         offsets_epoch: Option<u64>,
+        if_absent: bool,
     ) -> CommitOffset {
-        CommitOffset { group, topic, queue_id, offset, incarnation, offsets_epoch }
+        CommitOffset { group, topic, queue_id, offset, incarnation, offsets_epoch, if_absent }
     }
 }
 
