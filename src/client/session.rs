@@ -360,12 +360,35 @@ impl Client {
                             reason: e.to_string(),
                         })
                     }
-                    (Some(_), Some(last)) => meta.next_offset = last.queue_offset() + 1,
+                    (Some(_), Some(last)) => {
+                        meta.next_offset = last.queue_offset().saturating_add(1)
+                    }
                 }
                 (meta, messages)
             }
             other => return Err(unexpected(Kind::PullResult, &other)),
         };
+        // Records of another queue, below the pull's offset or out of order would move the
+        // queue's position (and its commits) to their offsets: a broker's fault, refused
+        // rather than followed.
+        let mut last: Option<u64> = None;
+        for m in &messages {
+            let at = m.queue_offset();
+            let ours = m.topic() == topic && m.queue_id() == queue_id;
+            if !ours || at < offset || last.is_some_and(|l| at <= l) {
+                return Err(ClientError::DamagedRecord {
+                    topic: topic.to_owned(),
+                    queue_id,
+                    offset: at,
+                    reason: format!(
+                        "a pull at {offset} was answered with {}[{}] at {at}, after {last:?}",
+                        m.topic(),
+                        m.queue_id()
+                    ),
+                });
+            }
+            last = Some(at);
+        }
         if !filter.is_empty() {
             messages.retain(|m| m.tags().is_some_and(|tag| filter.contains(&tag)));
         }

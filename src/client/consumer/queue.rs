@@ -501,7 +501,9 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
                 let (offset, bytes) = (m.queue_offset(), m.as_bytes().len() as u64);
                 state.tracker.insert(offset, bytes, copies.next());
             }
-            let after_last = messages.last().map_or(0, |m| m.queue_offset() + 1);
+            let after_last = messages
+                .last()
+                .map_or(0, |m| m.queue_offset().saturating_add(1));
             let position = match pulled.status {
                 PullStatus::Found | PullStatus::NoMatchedMessage => {
                     pulled.next_offset.max(after_last).max(next)

@@ -115,3 +115,52 @@ async fn an_orderly_member_locks_on_a_new_connection_only_once_its_heartbeat_is_
     }
     assert!(refused.load(Ordering::SeqCst) >= 2, "{seen:?}");
 }
+
+/// A pull answered with records of another queue, below the pull's offset or out of order
+/// fails (`DamagedRecord`, naming what came) instead of moving the queue's position to
+/// their offsets.
+#[tokio::test]
+async fn a_pull_answered_with_another_queues_or_unordered_records_fails() {
+    // (topic, queue, offsets) answered to any pull at 10 of t[5].
+    let cases: [(&str, u32, &[u64]); 4] = [
+        ("other", 5, &[10]),
+        ("t", 4, &[10]),
+        ("t", 5, &[9]),
+        ("t", 5, &[11, 10]),
+    ];
+    for (topic, queue_id, offsets) in cases {
+        let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+            Request::Pull(_) => {
+                let mut raw = Vec::new();
+                for &offset in offsets {
+                    raw.extend(record(topic, queue_id, offset, "A", b"m"));
+                }
+                let meta = crate::protocol::PullResult {
+                    status: PullStatus::Found,
+                    next_offset: 12,
+                    min_offset: 0,
+                    max_offset: 100,
+                    count: offsets.len() as u32,
+                    incarnation: 7,
+                };
+                let raw = PullResponse::new(meta, &raw);
+                vec![Out::Frame(answer(id, &Response::Pull(raw)))]
+            }
+            _ => Vec::new(),
+        });
+        let fake = Fake::start(1, handler).await;
+        let client = Client::connect(fake.config()).await.unwrap();
+        let wait = Duration::from_millis(10);
+        let e = client.pull("t", 5, 10, 32, wait, &[]).await.unwrap_err();
+        assert!(
+            matches!(e, ClientError::DamagedRecord { .. }),
+            "{topic}[{queue_id}] {offsets:?}: {e}"
+        );
+        assert!(
+            e.to_string().contains("a pull at 10 was answered with"),
+            "{e}"
+        );
+    }
+    // (In order, of the queue, from the pull's offset, they are taken:
+    // `pull_answers_are_read_in_place_and_tags_rechecked`.)
+}
