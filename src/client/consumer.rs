@@ -409,11 +409,7 @@ impl PushConsumer {
                     .offsets_dir
                     .clone()
                     .unwrap_or_else(LocalOffsets::default_dir);
-                let local = Arc::new(LocalOffsets::open(
-                    &dir,
-                    &self.config.client_id,
-                    &self.group,
-                )?);
+                let local = LocalOffsets::open_shared(&dir, &self.config.client_id, &self.group)?;
                 // Written now (a new file) so that a directory it cannot be written in
                 // refuses the start, rather than each restart skipping what was sent
                 // while this consumer was down.
@@ -450,6 +446,7 @@ impl PushConsumer {
             workers: Workers::new(self.options.consume_threads, "ringmq-consume"),
             queues: Mutex::new(BTreeMap::new()),
             assigned: Mutex::new(Vec::new()),
+            local_topics: local.as_ref().map(|l| l.topics()).unwrap_or_default(),
             local,
             stopping: AtomicBool::new(false),
             rejoin: Notify::new(),
@@ -648,8 +645,11 @@ struct Shared {
     queues: Mutex<BTreeMap<MessageQueue, Arc<ProcessQueue>>>,
     /// The latest assignment, for observers.
     assigned: Mutex<Vec<MessageQueue>>,
-    /// Broadcasting: the local offsets.
+    /// Broadcasting: the local offsets (one copy per file in the process).
     local: Option<Arc<LocalOffsets>>,
+    /// Broadcasting: the topics the local offsets held positions of when this consumer
+    /// started ([`LocalOffsets::topics`]).
+    local_topics: std::collections::BTreeSet<String>,
     stopping: AtomicBool,
     /// Asks the membership task for a heartbeat now (after a reconnect).
     rejoin: Notify,

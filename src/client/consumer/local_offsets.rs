@@ -6,11 +6,11 @@
 //! A file that exists but does not parse stops the consumer at start rather than being
 //! ignored: starting over from `consume_from` would silently re-deliver or skip messages.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde::{Deserialize, Serialize};
 
@@ -69,8 +69,6 @@ pub(crate) struct LocalOffsets {
     group: String,
     client_id: String,
     offsets: Mutex<BTreeMap<MessageQueue, Position>>,
-    /// The topics the file held positions of when it was opened.
-    topics_at_open: std::collections::BTreeSet<String>,
     dirty: AtomicBool,
 }
 
@@ -100,6 +98,9 @@ fn file_component(name: &str) -> String {
 
 /// One write of local offsets at a time in this process (see [`LocalOffsets::flush`]).
 static ONE_WRITER: Mutex<()> = Mutex::new(());
+
+/// The offsets files open in this process, by path ([`LocalOffsets::open_shared`]).
+static OPEN: Mutex<BTreeMap<PathBuf, Weak<LocalOffsets>>> = Mutex::new(BTreeMap::new());
 
 /// The file a write of `path` by process `pid` goes through before it is renamed.
 fn temp_path(path: &Path, pid: u32) -> PathBuf {
@@ -145,11 +146,34 @@ impl LocalOffsets {
         }
     }
 
+    /// [`open`](Self::open), shared by the consumers of this process that name the same
+    /// file (one group and client id): each holding its own copy, each flush wrote its own
+    /// topics' positions over the other's, and a restart started those from
+    /// `consume_from`, skipping what was sent meanwhile.
+    pub(crate) fn open_shared(
+        dir: &Path,
+        client_id: &str,
+        group: &str,
+    ) -> Result<Arc<LocalOffsets>> {
+        let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+        let path = Self::path_of(dir, client_id, group);
+        if let Some(live) = open.get(&path).and_then(Weak::upgrade) {
+            return Ok(live);
+        }
+        open.retain(|_, w| w.strong_count() > 0);
+        let opened = Arc::new(Self::open(dir, client_id, group)?);
+        open.insert(path, Arc::downgrade(&opened));
+        Ok(opened)
+    }
+
+    fn path_of(dir: &Path, client_id: &str, group: &str) -> PathBuf {
+        dir.join(file_component(client_id))
+            .join(format!("{}.offsets.json", file_component(group)))
+    }
+
     /// Opens (reading it when it exists) the offsets file of `client_id` in `group`.
     pub(crate) fn open(dir: &Path, client_id: &str, group: &str) -> Result<LocalOffsets> {
-        let path = dir
-            .join(file_component(client_id))
-            .join(format!("{}.offsets.json", file_component(group)));
+        let path = Self::path_of(dir, client_id, group);
         remove_dead_writers_files(&path);
         let mut offsets = BTreeMap::new();
         match std::fs::metadata(&path) {
@@ -197,7 +221,6 @@ impl LocalOffsets {
             }
             Err(e) => return Err(io_error("reading", &path, e)),
         }
-        let topics_at_open = offsets.keys().map(|q| q.topic.clone()).collect();
         // Written again by the first flush (the consumer's start), so that a directory it
         // cannot be written in is found then, not once positions are lost.
         Ok(LocalOffsets {
@@ -205,7 +228,6 @@ impl LocalOffsets {
             group: group.to_owned(),
             client_id: client_id.to_owned(),
             offsets: Mutex::new(offsets),
-            topics_at_open,
             dirty: AtomicBool::new(true),
         })
     }
@@ -219,13 +241,13 @@ impl LocalOffsets {
         self.lock().get(queue).copied()
     }
 
-    /// Whether the file held a position of any queue of `topic` when it was opened: a queue
-    /// of it without one was not there when this consumer last ran (its start position is
-    /// written before it is consumed), and holds nothing older than that run. (Positions
-    /// set during this run do not count: a queue whose start is slow to be read would be
-    /// taken for a new one.)
-    pub(crate) fn knows_topic(&self, topic: &str) -> bool {
-        self.topics_at_open.contains(topic)
+    /// The topics with a position of any queue: taken when a consumer starts, a topic
+    /// among them whose queue has none was not there when the consumer last ran (its
+    /// start position is written before it is consumed), and holds nothing older than that
+    /// run. (Taken at the start, not looked up later: a queue whose start is slow to be
+    /// read would be taken for a new one once another queue of its topic set a position.)
+    pub(crate) fn topics(&self) -> BTreeSet<String> {
+        self.lock().keys().map(|q| q.topic.clone()).collect()
     }
 
     /// Records a queue's position; written to disk by the next [`flush`](Self::flush).
@@ -326,12 +348,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let q = |t: &str, n| MessageQueue::new(t, n);
         let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
+        let known = store.topics();
         store.set(&q("t", 0), at(5));
-        assert!(!store.knows_topic("t"), "set in this run");
+        assert!(!known.contains("t"), "set in this run");
         store.flush().unwrap();
         let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
-        assert!(store.knows_topic("t"));
-        assert!(!store.knows_topic("u"));
+        assert_eq!(store.topics(), BTreeSet::from(["t".to_owned()]));
     }
 
     #[test]
@@ -396,6 +418,27 @@ mod tests {
             Err(ClientError::OffsetStore(why)) => assert!(why.contains("offsets.json"), "{why}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// Consumers of one group and client id in one process share one copy of the file:
+    /// each one's flush writes the other's positions too.
+    #[test]
+    fn consumers_of_one_file_in_a_process_share_its_positions() {
+        let dir = tempfile::tempdir().unwrap();
+        let x = LocalOffsets::open_shared(dir.path(), "c", "g").unwrap();
+        let y = LocalOffsets::open_shared(dir.path(), "c", "g").unwrap();
+        let other = LocalOffsets::open_shared(dir.path(), "c2", "g").unwrap();
+        assert!(!Arc::ptr_eq(&x, &other));
+        y.set(&MessageQueue::new("b", 0), at(3));
+        x.set(&MessageQueue::new("a", 0), at(5));
+        x.flush().unwrap();
+        drop((x, y));
+        // Once both went, the next open reads the file: both topics are there.
+        let again = LocalOffsets::open_shared(dir.path(), "c", "g").unwrap();
+        assert_eq!(again.topics(), BTreeSet::from(["a".into(), "b".into()]));
+        assert_eq!(again.get(&MessageQueue::new("b", 0)), Some(at(3)));
+        let also = LocalOffsets::open_shared(dir.path(), "c", "g").unwrap();
+        assert!(Arc::ptr_eq(&again, &also));
     }
 
     #[test]

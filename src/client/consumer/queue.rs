@@ -157,7 +157,7 @@ async fn start_offset(shared: &Shared, mq: &MessageQueue) -> Result<Start> {
             // A queue added to a topic while this broadcasting consumer was down holds
             // only what was sent since its last run: no broker-side offset was seeded for
             // it (as one is for a group), so it starts at its first message here.
-            if local.knows_topic(&mq.topic) {
+            if shared.local_topics.contains(&mq.topic) {
                 from = ConsumeFrom::FirstOffset;
             }
             local.get(mq)
