@@ -478,3 +478,67 @@ fn messages_with_more_keys_than_the_bound_are_refused() {
         }
     });
 }
+
+/// The properties that say where the broker holds a message for (`REAL_TOPIC`, `REAL_QID`,
+/// `TIMER_OUT_MS`) or where a retried one came from (`RETRY_TOPIC`) are the broker's own: a
+/// send carrying one is refused (`InvalidMessage`, single, batched, delayed or
+/// transactional), and ringmq's client refuses such a message before sending it, so a
+/// producer cannot make its message pass for another topic's.
+#[test]
+fn sends_carrying_properties_only_the_broker_sets_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("o", 1).await.unwrap();
+        for name in ringmq::protocol::record::prop::BROKER_SET {
+            let spoofed = OutgoingMessage::new("x").with_property(name, "other");
+            let e = producer.send("o", spoofed).await.unwrap_err();
+            assert!(
+                matches!(e, ringmq::client::ClientError::InvalidArgument(_)),
+                "{name}: {e}"
+            );
+            assert!(e.to_string().contains(name), "{e}");
+            // The broker's own check, for a client that sends it all the same: alone, after
+            // a delay or a transaction's mark, or in a batch.
+            let extras: [&[(&str, &str)]; 3] = [&[], &[("DELAY", "1")], &[("TRAN_MSG", "true")]];
+            for extra in extras {
+                let mut built = ringmq::protocol::record::PropertiesBuilder::new();
+                for (n, v) in extra {
+                    built.put(n, v).unwrap();
+                }
+                built.put(name, "other").unwrap();
+                let properties = built.into_bytes();
+                let (code, message) = error_of(call(&addr, send("o", 0, properties, b"x")));
+                assert_eq!(
+                    code,
+                    ErrorCode::InvalidMessage,
+                    "{name} {extra:?}: {message}"
+                );
+                assert!(message.contains(name), "{message}");
+            }
+            let mut built = ringmq::protocol::record::PropertiesBuilder::new();
+            built.put(name, "other").unwrap();
+            let item = |properties: Vec<u8>| BatchItem {
+                flag: 0,
+                properties,
+                body: b"x".to_vec().into(),
+                born_timestamp_ms: 0,
+            };
+            let batch = SendBatch {
+                topic: "o".into(),
+                queue_id: 0,
+                messages: vec![item(Vec::new()), item(built.into_bytes())],
+                wait_durable: false,
+            };
+            let (code, message) = error_of(call(&addr, batch.into()));
+            assert_eq!(code, ErrorCode::InvalidMessage, "{name} batched: {message}");
+        }
+        let info = producer.client().describe_topic("o").await.unwrap();
+        assert_eq!(info.queues[0].max_offset, 0, "nothing was stored");
+        // A property of another name is the producer's to set.
+        let own = OutgoingMessage::new("x").with_property("REAL_TOPIC_OF_MINE", "o");
+        producer.send("o", own).await.unwrap();
+    });
+}

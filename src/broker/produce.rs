@@ -18,7 +18,7 @@ use super::{
 };
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{
-    Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
+    prop, Properties, RecordDraft, BODY_BYTES_MAX, CLIENT_PROPERTIES_BYTES_MAX,
 };
 use crate::protocol::{
     encode_frame, ArchivedBatchItem, ArchivedSendMessage, BatchItem, ErrorBody, ErrorCode, Flags,
@@ -756,12 +756,21 @@ fn check_items(topic: &str, items: &[SendItem<'_>], batch: bool) -> Result<(), E
         if let Err(e) = Properties::new(props).validate() {
             return Err(err(ErrorCode::InvalidMessage, e.to_string()));
         }
+        if let Some((name, _)) = Properties::new(props)
+            .iter()
+            .find(|(name, _)| prop::BROKER_SET.contains(name))
+        {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                format!("property {name} is set by the broker only; a send may not carry it"),
+            ));
+        }
         // Each key is an entry of the key index (24 bytes, whatever its length): without a
         // bound, a 63 KiB property block of one-letter keys grew the index by 12 times the
         // log's growth, which retention by size does not count. (A block too short to
         // hold more than the bound is not looked at.)
         if props.len() > 2 * KEYS_PER_MESSAGE_MAX {
-            let keys = Properties::new(props).get(crate::protocol::record::prop::KEYS);
+            let keys = Properties::new(props).get(prop::KEYS);
             let count = keys.map_or(0, |k| k.split(' ').filter(|k| !k.is_empty()).count());
             if count > KEYS_PER_MESSAGE_MAX {
                 return Err(err(

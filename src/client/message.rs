@@ -166,6 +166,11 @@ impl OutgoingMessage {
                 .map_err(|e| invalid(format!("delay: {e}")))?;
         }
         for (name, value) in &self.properties {
+            if prop::BROKER_SET.contains(&name.as_str()) {
+                return Err(invalid(format!(
+                    "property {name} is set by the broker only; a message may not carry it"
+                )));
+            }
             builder
                 .put(name, value)
                 .map_err(|e| invalid(format!("property {name:?}: {e}")))?;

@@ -99,6 +99,12 @@ pub mod prop {
         REAL_TOPIC,
         REAL_QID,
     ];
+    /// The properties only the broker sets, to say where a message it holds is bound
+    /// (`REAL_TOPIC`, `REAL_QID`, `TIMER_OUT_MS`) or where a retried message came from
+    /// (`RETRY_TOPIC`): a send carrying one is refused, so that a producer cannot make its
+    /// message pass for another topic's (a consumer's `origin_topic`, a dead letter's
+    /// topic).
+    pub const BROKER_SET: [&str; 4] = [REAL_TOPIC, REAL_QID, TIMER_OUT_MS, RETRY_TOPIC];
     /// Wait for the store to be durable before answering.
     pub const WAIT: &str = "WAIT";
     /// `true` on a transaction's half message, as sent: it stays invisible until committed.
