@@ -455,3 +455,36 @@ fn a_damaged_half_message_is_skipped_at_start_not_every_start_refused() {
         );
     });
 }
+
+/// A lookup by key passes a damaged record among its candidates (with a warning) and
+/// answers the others. Before, the one damaged record failed the whole lookup, and with it
+/// a start's search for a transaction's committed copy, which then had the transaction
+/// committed again.
+#[test]
+fn a_damaged_record_hides_no_other_message_of_its_key() {
+    runtime().block_on(async {
+        let (dir, mut broker, producer) = small_segments_broker_with("keyed").await;
+        for i in 0..3 {
+            let m = OutgoingMessage::new(format!("keyed-body-{i}")).with_keys(["shared-key"]);
+            producer.send("keyed", m).await.unwrap();
+        }
+        fill_four_segments(&producer).await;
+        drop(producer);
+        assert!(broker.stop(), "a clean stop");
+        damage_header_of(&dir.path().join("data"), b"keyed-body-1");
+        broker.restart();
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let found = client.messages_by_key("keyed", "shared-key", 0, i64::MAX, 10);
+        let found = found.await.unwrap();
+        let mut bodies: Vec<&[u8]> = found.iter().map(|m| m.body()).collect();
+        bodies.sort();
+        assert_eq!(bodies, [&b"keyed-body-0"[..], b"keyed-body-2"]);
+        assert!(
+            broker.stderr().contains("1 damaged record(s) passed"),
+            "{}",
+            broker.stderr()
+        );
+    });
+}

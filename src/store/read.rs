@@ -602,7 +602,11 @@ impl MessageStore {
     }
 
     /// Messages of `topic` whose KEYS contain `key`, stored in [begin_ms, end_ms], newest
-    /// first, at most `max`.
+    /// first, at most `max`. A candidate whose record is damaged (it fails its check, or no
+    /// record starts where the index says) is passed, with a warning, so that it hides
+    /// none of the others: it failed the whole lookup, and with it a start's search for a
+    /// transaction's committed copy, which then had the transaction committed again. An
+    /// I/O error fails the lookup.
     pub async fn messages_by_key(
         &self,
         topic: &str,
@@ -621,6 +625,7 @@ impl MessageStore {
         let readable = self.inner.log.readable_end();
         let min = self.inner.log.min_offset();
         let mut out = Vec::new();
+        let mut damaged: Option<(usize, LogError)> = None;
         for phys in candidates {
             if out.len() >= max {
                 break;
@@ -628,10 +633,19 @@ impl MessageStore {
             if phys < min || phys >= readable {
                 continue;
             }
+            // The read checks the record (its CRC, its place), so it parses below.
             let buf = match self.inner.log.read_record_at(phys).await {
                 Ok(b) => b,
                 Err(LogError::OffsetTooSmall { .. }) | Err(LogError::OffsetTooBig { .. }) => {
                     continue
+                }
+                Err(
+                    e @ (LogError::Corrupt { .. }
+                    | LogError::NoRecord { .. }
+                    | LogError::InvalidRecord(_)),
+                ) => {
+                    damaged.get_or_insert((0, e)).0 += 1;
+                    continue;
                 }
                 Err(e) => return Err(e.into()),
             };
@@ -645,6 +659,11 @@ impl MessageStore {
             if matches {
                 out.push(buf);
             }
+        }
+        if let Some((count, first)) = damaged {
+            crate::warn!(
+                "ringmq: looking up key {key:?} of {topic}: {count} damaged record(s) passed, the first: {first}"
+            );
         }
         Ok(out)
     }
