@@ -813,6 +813,12 @@ struct QueueState {
     /// (0: unknown); sent with each pull and commit. Changed with the position, under one
     /// lock: a commit never pairs a position with a run that did not check it.
     incarnation: u64,
+    /// The start was taken from `consume_from` and is not yet known to be the group's:
+    /// until `commit_start` read the stored offset back, every commit of the queue (the
+    /// committer's, the one after a stop) is stored only if the group has none. A plain
+    /// commit of this member's later end, sent meanwhile, moved the group's offset past
+    /// another member's start, and what came between was consumed by neither.
+    start_unconfirmed: bool,
 }
 
 impl ProcessQueue {

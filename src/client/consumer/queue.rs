@@ -37,10 +37,14 @@ async fn commit_queue_as(shared: &Shared, pq: &ProcessQueue, if_absent: bool) ->
     if pq.no_commit.load(Ordering::SeqCst) {
         return Ok(());
     }
-    let (point, incarnation) = {
+    let (point, incarnation, if_absent) = {
         let state = pq.state();
         match state.tracker.commit_point() {
-            Some(point) if state.committed != Some(point) => (point, state.incarnation),
+            Some(point) if state.committed != Some(point) => (
+                point,
+                state.incarnation,
+                if_absent || state.start_unconfirmed,
+            ),
             _ => return Ok(()),
         }
     };
@@ -308,6 +312,7 @@ async fn commit_start(shared: &Shared, pq: &ProcessQueue) -> Result<()> {
         }
         _ => {}
     }
+    state.start_unconfirmed = false;
     Ok(())
 }
 
@@ -332,6 +337,7 @@ pub(super) async fn pull_loop(shared: Arc<Shared>, pq: Arc<ProcessQueue>) {
         if start.committed {
             state.committed = Some(start.at.offset);
         }
+        state.start_unconfirmed = !start.committed && shared.local.is_none();
     }
     // A start taken from `consume_from` is committed before the first pull: a member that
     // stopped before its first commit would leave the next owner to start from its own

@@ -164,3 +164,69 @@ async fn a_pull_answered_with_another_queues_or_unordered_records_fails() {
     // (In order, of the queue, from the pull's offset, they are taken:
     // `pull_answers_are_read_in_place_and_tags_rechecked`.)
 }
+
+/// A start taken from `consume_from` is committed only if the group has no offset of the
+/// queue, and so is every commit of the queue until the stored offset was read back: the
+/// committer's, and the one after the queue is taken away meanwhile. A plain commit of
+/// this member's end, sent while its start commit waited, moved the group's offset past
+/// another member's start, and what came between was consumed by neither.
+#[tokio::test]
+async fn commits_before_a_start_is_known_the_groups_are_stored_only_if_absent() {
+    // (offset, if_absent) of each commit, in order.
+    let commits: Arc<Mutex<Vec<(u64, bool)>>> = Arc::default();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (log, gone) = (commits.clone(), dropped.clone());
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            let queues: &[u32] = if gone.load(Ordering::SeqCst) {
+                &[]
+            } else {
+                &[0]
+            };
+            vec![Out::Frame(answer(id, &assignment(1, "t", queues)))]
+        }
+        Request::CommitOffset(c) => {
+            log.lock().unwrap().push((c.offset, c.if_absent));
+            // The start commit waits for a first offset's sync (a slow disk).
+            let pause = Duration::from_millis(if c.if_absent { 600 } else { 0 });
+            let empty = answer(id, &Response::Empty(crate::protocol::Empty {}));
+            vec![Out::Later(pause, empty)]
+        }
+        other => idle_topic(id, other, "t", 1),
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = PushConsumerOptions {
+        heartbeat_interval_ms: 50,
+        commit_interval_ms: 20,
+        ..PushConsumerOptions::default()
+    };
+    let consumer = PushConsumer::new(fake.config(), "g", options).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_concurrent(|_| ConsumeStatus::Success)
+        .unwrap();
+    consumer.start().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // The committer's periods pass while the start commit waits (it commits too); then
+    // the queue is taken away.
+    while commits.lock().unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no commits");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    dropped.store(true, Ordering::SeqCst);
+    while !consumer.consuming_queues().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue was not taken away"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    consumer.shutdown().await.unwrap();
+    let commits = commits.lock().unwrap().clone();
+    assert!(
+        commits
+            .iter()
+            .all(|&(offset, if_absent)| offset == 5 && if_absent),
+        "{commits:?}"
+    );
+}
