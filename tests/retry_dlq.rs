@@ -662,3 +662,94 @@ fn dlq_commands_read_on_past_dead_letters_that_retention_took() {
     assert!(count > 0 && count <= sent - min, "{resent}");
     rt.block_on(consumer.shutdown()).unwrap();
 }
+
+/// A send-back that carries its record's bytes (the client's way back for a message the
+/// broker no longer holds at its id) makes the copy from bytes the broker cannot check
+/// against its own: they must be what a consumer could have received. A record of the
+/// broker's own topics (`%SYS_...`), or one of a user topic naming a first topic
+/// (`RETRY_TOPIC`, which the broker puts on retry and dead-letter copies only), is refused
+/// (`InvalidMessage`), so a client cannot put a letter claiming another origin in a group's
+/// dead-letter topic by sending back a forged record of a topic it sent to; a
+/// transaction's mark in the bytes does not make the copy a half (it was held, unseen).
+#[test]
+fn a_record_sent_back_cannot_claim_another_origin() {
+    use common::raw::{call, error_of};
+    use ringmq::protocol::record::{Placement, PropertiesBuilder, RecordDraft, RecordView};
+    use ringmq::protocol::{ConsumerSendBack, Response};
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    let broker_id = runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("src", 1).await.unwrap();
+        let sent = producer.send("src", OutgoingMessage::new("real")).await;
+        MessageId::parse(&sent.unwrap().msg_id).unwrap().broker_id
+    });
+    // A record "lost" at an offset far past the log's end, as after a crash.
+    let physical_offset = 1 << 40;
+    let send_back = |topic: &str, props: &[(&str, &str)], body: &[u8]| {
+        let mut built = PropertiesBuilder::new();
+        for (name, value) in props {
+            built.put(name, value).unwrap();
+        }
+        let properties = built.into_bytes();
+        let record = RecordDraft::plain(topic, 0, &properties, body).encode(Placement {
+            queue_offset: 0,
+            physical_offset,
+            store_timestamp_ms: 0,
+        });
+        let id = MessageId {
+            broker_id,
+            store_id: 0,
+            physical_offset,
+        };
+        let request = ConsumerSendBack {
+            group: "billing".into(),
+            msg_id: id.encode(),
+            delay_level: -1,
+            max_reconsume_times: 16,
+            reconsumed: 0,
+            record_crc: RecordView::parse(&record).unwrap().crc(),
+            record,
+        };
+        call(&addr, request.into())
+    };
+    let refused: [(&str, &[(&str, &str)]); 2] = [
+        ("src", &[("RETRY_TOPIC", "payments")]),
+        ("%SYS_SCHEDULE%", &[]),
+    ];
+    for (topic, props) in refused {
+        let (code, message) = error_of(send_back(topic, props, b"forged"));
+        assert_eq!(
+            code,
+            ErrorCode::InvalidMessage,
+            "{topic} {props:?}: {message}"
+        );
+    }
+    // What a consumer of the group can have received goes back.
+    type Props<'a> = &'a [(&'a str, &'a str)];
+    let kept: [(&str, Props<'_>, &[u8]); 2] = [
+        ("%RETRY%billing", &[("RETRY_TOPIC", "src")], b"retried"),
+        ("src", &[("TRAN_MSG", "true"), ("PGROUP", "p")], b"marked"),
+    ];
+    for (topic, props, body) in kept {
+        match send_back(topic, props, body) {
+            Response::SendBackResult(r) => assert!(r.dead_lettered, "{topic}"),
+            other => panic!("{topic}: {other:?}"),
+        }
+    }
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        let letters = client.pull("%DLQ%billing", 0, 0, 32, Duration::ZERO, &[]);
+        let letters = letters.await.unwrap().messages;
+        let seen: Vec<(&[u8], &str, Option<&str>)> = letters
+            .iter()
+            .map(|m| (m.body(), m.origin_topic(), m.property("TRAN_MSG")))
+            .collect();
+        assert_eq!(
+            seen,
+            [(&b"retried"[..], "src", None), (b"marked", "src", None)]
+        );
+    });
+}

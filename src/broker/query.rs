@@ -257,7 +257,7 @@ impl ShardCtx {
     }
 
     /// The physical offset a message id names, when it names this shard.
-    fn msg_id_here(&self, msg_id: &str) -> Result<u64, ErrorBody> {
+    pub(super) fn msg_id_here(&self, msg_id: &str) -> Result<u64, ErrorBody> {
         let id = MessageId::parse(msg_id).map_err(|e| {
             err(
                 ErrorCode::InvalidMessage,

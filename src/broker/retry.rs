@@ -16,9 +16,9 @@ use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::{rebuild_properties, OwnedDraft};
 use super::topics::NewTopic;
 use super::{err, store_error, ShardCtx};
-use crate::protocol::names::{dlq_topic, retry_topic};
+use crate::protocol::names::{dlq_topic, retry_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
 use crate::protocol::record::{prop, Properties, RecordView};
-use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, MessageId, SendBackResult};
+use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, SendBackResult};
 
 /// Queues of a retry or dead-letter topic.
 pub const SYSTEM_TOPIC_QUEUES: u32 = 1;
@@ -125,9 +125,26 @@ impl ShardCtx {
                 )
             };
             let view = RecordView::parse(&m.record).map_err(|e| bad(e.to_string()))?;
-            let id = MessageId::parse(&m.msg_id).map_err(|e| bad(e.to_string()))?;
-            if view.crc() != m.record_crc || view.physical_offset() != id.physical_offset {
+            let at = self.msg_id_here(&m.msg_id)?;
+            if view.crc() != m.record_crc || view.physical_offset() != at {
                 return Err(bad("it is not the message the id and CRC name".into()));
+            }
+            // The bytes are the client's: they must be what a consumer can have received
+            // (not a record of the broker's own topics; a first topic, `RETRY_TOPIC`,
+            // only on a retry or dead-letter copy, where the broker puts it), or any
+            // client could put messages claiming any origin in a group's retry and
+            // dead-letter topics.
+            let topic = view.topic();
+            if crate::protocol::names::is_system_topic(topic) {
+                return Err(bad(format!("it is of the broker's own topic {topic}")));
+            }
+            let copied =
+                topic.starts_with(RETRY_TOPIC_PREFIX) || topic.starts_with(DLQ_TOPIC_PREFIX);
+            if !copied && view.properties().get(prop::RETRY_TOPIC).is_some() {
+                return Err(bad(format!(
+                    "it names a first topic ({}) but is of {topic}, not a retry or dead-letter topic",
+                    prop::RETRY_TOPIC
+                )));
             }
             return self.store_retry_copy(&m, &view).await;
         }
@@ -218,7 +235,11 @@ impl ShardCtx {
         };
         // A message the full copy cannot carry (properties of an older client at the
         // limit) still goes back, with what identifies it.
-        let properties = rebuild_properties(props, &prop::DELAY_PROPERTIES, &add)
+        // A copy is never a transaction's half (a delivered message carries no mark; one
+        // sent back in its record would have the copy held as a half).
+        let mut dropped = prop::DELAY_PROPERTIES.to_vec();
+        dropped.push(prop::TRAN_MSG);
+        let properties = rebuild_properties(props, &dropped, &add)
             .and_then(schedulable)
             .or_else(|_| {
                 let keep: Vec<(&str, &str)> = [prop::TAGS, prop::KEYS]
