@@ -89,8 +89,9 @@ pub struct Schedule {
     running: bool,
     /// Something changed since the last snapshot.
     changed: bool,
-    /// The retention floor holds everything (0): a lookup failed when it was set. Set
-    /// again at each snapshot pass until one works, changed or not.
+    /// The retention floor was set short of what it should be: everything (0), a lookup
+    /// having failed, or the log's readable end, a held message being written then. Set
+    /// again at each snapshot pass until neither, changed or not.
     floor_held: bool,
     /// The log's cut count at the last append to the schedule's queue (`appended`).
     epoch: u64,
@@ -441,7 +442,10 @@ impl Schedule {
             done_from.max(done_min)
         };
         let floor = match retention_floor(store, &schedule, done_read_from) {
-            Ok(floor) => floor,
+            Ok((floor, writing)) => {
+                schedule.floor_held = writing;
+                floor
+            }
             Err(e) => {
                 crate::warn!(
                     "ringmq: {}: the schedule holds the whole log from retention until a lookup works: {e}",
@@ -461,13 +465,29 @@ impl Schedule {
 /// lookup that failed is no absence, and the caller holds everything (0) rather than pass
 /// what it could not see. A held message the index lacks (below the queue's start, or past
 /// its end: its send cut from the log by a full disk) is passed over for the next one, as
-/// the transactions' floor does, rather than taken to mean that nothing is held.
+/// the transactions' floor does, rather than taken to mean that nothing is held. One
+/// appended but not yet written (past the index's readable end, below the queue's next
+/// offset) holds the floor at the log's readable end, where its record goes, and asks to
+/// be looked at again (the `bool`): passed over, it left the floor above it, and a quiet
+/// schedule did not set the floor again before retention took its segment.
 fn retention_floor(
     store: &MessageStore,
     schedule: &Schedule,
     done_from: u64,
-) -> Result<u64, crate::store::StoreError> {
-    let held = match schedule.entries().map(|(_, off)| off).min() {
+) -> Result<(u64, bool), crate::store::StoreError> {
+    let (oldest, newest) = schedule
+        .entries()
+        .map(|(_, off)| off)
+        .fold(None, |range: Option<(u64, u64)>, off| {
+            Some(range.map_or((off, off), |(lo, hi)| (lo.min(off), hi.max(off))))
+        })
+        .unzip();
+    let readable = store.queue_range(SCHEDULE_TOPIC, 0)?.1;
+    let writing = newest.is_some_and(|newest| newest >= readable) && {
+        let next = store.queue_next_offset(SCHEDULE_TOPIC, 0)?.unwrap_or(0);
+        (schedule.entries()).any(|(_, off)| off >= readable && off < next)
+    };
+    let held = match oldest {
         None => None,
         Some(oldest) => match store.queue_entry(SCHEDULE_TOPIC, 0, oldest)? {
             Some(entry) => Some(entry),
@@ -490,10 +510,12 @@ fn retention_floor(
         },
     };
     let done = store.queue_entry(SCHEDULE_DONE_TOPIC, 0, done_from)?;
-    Ok((held.into_iter().chain(done))
+    let floor = (held.into_iter().chain(done))
         .map(|e| e.physical_offset)
+        .chain(writing.then(|| store.log().readable_end()))
         .min()
-        .unwrap_or(u64::MAX))
+        .unwrap_or(u64::MAX);
+    Ok((floor, writing))
 }
 
 struct Snapshot {
@@ -659,7 +681,7 @@ impl ShardCtx {
     fn set_schedule_floor(&self, done_end: u64) {
         let floor = retention_floor(&self.store, &self.schedule.borrow(), done_end);
         let (floor, held) = match floor {
-            Ok(floor) => (floor, false),
+            Ok(floor) => floor,
             Err(e) => {
                 self.log_rarely(format_args!(
                     "the schedule holds the whole log from retention until a lookup works: {e}"

@@ -201,7 +201,9 @@ fn the_floor_passes_over_held_messages_the_index_lacks() {
             for &off in held {
                 schedule.wheel.insert(1_000, off);
             }
-            retention_floor(&store, &schedule, 0).unwrap()
+            let (floor, writing) = retention_floor(&store, &schedule, 0).unwrap();
+            assert!(!writing, "{held:?}");
+            floor
         };
         // The oldest held one gone with retention, the next two still there.
         let kept = [start + 5, start + 2];
@@ -216,6 +218,30 @@ fn the_floor_passes_over_held_messages_the_index_lacks() {
         );
         // None the index has: nothing is held.
         assert_eq!(floor(&[start - 1, 5_000]), u64::MAX);
+    });
+}
+
+/// A held message appended but not yet written (its index entry past the readable end)
+/// holds the floor at the log's readable end, below its record, and asks for the floor to
+/// be set again; once written, its own record sets it. Passed over, it left the floor at
+/// nothing held, and a quiet schedule kept it there while retention took its segment.
+#[test]
+fn the_floor_holds_a_held_message_being_written() {
+    crate::io::run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::store::StoreConfig::default();
+        let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+        let draft = held_draft(Vec::new(), vec![b'd'; 1000]);
+        store.put(&draft.draft()).await.unwrap();
+        let put = store.append(&draft.draft()).unwrap();
+        let mut schedule = Schedule::new(0);
+        schedule.wheel.insert(1_000, put.queue_offset);
+        let (floor, writing) = retention_floor(&store, &schedule, 0).unwrap();
+        assert!(writing);
+        assert!(floor <= put.physical_offset, "{floor} past {put:?}");
+        store.acked(put.written()).await.unwrap();
+        let floor = retention_floor(&store, &schedule, 0).unwrap();
+        assert_eq!(floor, (put.physical_offset, false));
     });
 }
 
