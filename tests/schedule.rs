@@ -590,3 +590,53 @@ fn a_burst_of_large_delayed_messages_is_delivered_in_turns_of_bounded_bytes() {
         );
     });
 }
+
+/// Large delayed messages falling due together (here while the broker is down), stored in
+/// the reverse of their due order, are delivered in due order though one turn reads only
+/// about 32 MiB of them: the turn's bytes are spent in due order. Before, they were spent
+/// in the order the messages were stored, so those due last went a turn ahead of those
+/// due first.
+#[test]
+fn a_burst_due_together_keeps_its_due_order_across_turns() {
+    const COUNT: u64 = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let due = runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        producer.client().create_topic("order", 1).await.unwrap();
+        // Far enough for the 48 MiB of sends on a loaded machine.
+        let due = now_ms() + 10_000;
+        for i in 0..COUNT {
+            let mut body = vec![b'o'; 2 << 20];
+            body[..8].copy_from_slice(&i.to_le_bytes());
+            // Sent first, due last.
+            let at = due + (COUNT - 1 - i);
+            producer
+                .send("order", OutgoingMessage::new(body).with_deliver_at_ms(at))
+                .await
+                .unwrap();
+        }
+        assert!(now_ms() + 500 < due, "the sends took too long");
+        due
+    });
+    assert!(broker.stop(), "a clean stop");
+    std::thread::sleep(Duration::from_millis(
+        (due + COUNT).saturating_sub(now_ms()),
+    ));
+    broker.restart();
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let mut order = Vec::new();
+        pull_until(&client, "order", 1, Duration::from_secs(60), |m, _| {
+            order.push(u64::from_le_bytes(m.body()[..8].try_into().unwrap()));
+            order.len() == COUNT as usize
+        })
+        .await;
+        let due_order: Vec<u64> = (0..COUNT).rev().collect();
+        assert_eq!(order, due_order);
+    });
+}

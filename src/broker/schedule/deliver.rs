@@ -482,16 +482,34 @@ impl ShardCtx {
     }
 
     /// The stored bytes of each due schedule entry; consecutive offsets are read at once.
+    /// The turn's bytes are spent in due order (`due`'s): the entries past them get no
+    /// answer and come again next turn, all due no sooner than those read. (Spent in
+    /// offset order, a burst stored in the reverse of its due order was delivered out of
+    /// it: later ones stored first went a turn ahead of earlier ones stored after.)
     async fn read_scheduled(
         &self,
         due: &[(u64, u64)],
     ) -> HashMap<u64, Result<Vec<u8>, ReadFailure>> {
-        let mut offsets: Vec<u64> = due.iter().map(|&(_, off)| off).collect();
-        offsets.sort_unstable();
-        let mut out = HashMap::with_capacity(offsets.len());
         let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
         // Offsets not read within it get no answer: their turn comes again (`None`).
         let mut budget = DELIVER_BYTES_MAX.max(max_bytes);
+        let mut planned = 0usize;
+        let mut offsets: Vec<u64> = Vec::with_capacity(due.len());
+        for &(_, off) in due {
+            // An entry that cannot be looked up is read (and its failure answered) all
+            // the same; the read's own bound still holds.
+            let size = match self.store.queue_entry(SCHEDULE_TOPIC, 0, off) {
+                Ok(Some(entry)) => entry.size as usize,
+                _ => 0,
+            };
+            if !offsets.is_empty() && planned + size > budget {
+                break;
+            }
+            planned += size;
+            offsets.push(off);
+        }
+        offsets.sort_unstable();
+        let mut out = HashMap::with_capacity(offsets.len());
         let mut i = 0;
         // Only the offset whose own read fails may be taken for lost, not its neighbours.
         let mut alone = crate::store::AloneAfterDamage::default();
