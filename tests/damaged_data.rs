@@ -488,3 +488,44 @@ fn a_damaged_record_hides_no_other_message_of_its_key() {
         );
     });
 }
+
+/// An empty slot in the schedule's index, found by a start that scans the schedule's queue
+/// (no snapshot covers it), is said in the broker's log with what to do: a delayed send a
+/// full disk cut, or an entry damaged on disk whose message would otherwise wait unseen.
+/// Before, the scan passed it silently.
+#[test]
+fn an_empty_schedule_slot_found_at_start_is_said() {
+    runtime().block_on(async {
+        let (dir, mut broker, producer) = small_segments_broker_with("later").await;
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            + 3_600_000;
+        for i in 0..3 {
+            let m = OutgoingMessage::new(format!("later-{i}")).with_deliver_at_ms(at);
+            producer.send("later", m).await.unwrap();
+        }
+        drop(producer);
+        assert!(broker.stop(), "a clean stop");
+        let shard = dir.path().join("data/shard-0");
+        let index = shard.join("consumequeue/%SYS_SCHEDULE%/0/00000000000000000000");
+        let mut bytes = std::fs::read(&index).unwrap();
+        bytes[20..40].fill(0);
+        std::fs::write(&index, bytes).unwrap();
+        std::fs::remove_file(shard.join("schedule.snapshot")).unwrap();
+        broker.restart();
+        let client = Client::connect(ClientConfig::new(broker.addr_string()))
+            .await
+            .unwrap();
+        let stats = client.schedule_stats().await.unwrap();
+        assert_eq!(stats[0].pending, 2, "{stats:?}");
+        assert!(
+            broker
+                .stderr()
+                .contains("1 empty slot(s) in the schedule's index past its snapshot"),
+            "{}",
+            broker.stderr()
+        );
+    });
+}

@@ -378,10 +378,15 @@ impl Schedule {
             }
         }
         let mut next = scan_from;
+        // Slots of the schedule's index found empty: sends a full disk cut (refused), or
+        // entries damaged on disk, whose messages would wait unseen; said, not passed.
+        let mut holes = 0u64;
         while next < end {
             let entries = store
                 .queue_entries(SCHEDULE_TOPIC, 0, next, RECOVERY_SCAN_STEP)
                 .map_err(|e| e.to_string())?;
+            let span = end.min(next.saturating_add(RECOVERY_SCAN_STEP as u64)) - next;
+            holes += span - entries.len() as u64;
             for (off, e) in entries {
                 let bit = off.saturating_sub(scan_from);
                 let word = delivered.get((bit / 64) as usize).copied().unwrap_or(0);
@@ -392,6 +397,12 @@ impl Schedule {
                 }
             }
             next = next.saturating_add(RECOVERY_SCAN_STEP as u64);
+        }
+        if holes > 0 {
+            crate::warn!(
+                "ringmq: {}: {holes} empty slot(s) in the schedule's index past its snapshot: delayed sends a full disk cut (refused), or index entries damaged on disk; if the disk was not full, stop the broker and put a file named `reindex` in the shard's directory to index the log again",
+                store.dir().display()
+            );
         }
         // In due order (then offset order): late items go to the wheel's ready list, whose
         // inserts are cheap in order.
