@@ -172,6 +172,10 @@ pub(super) struct Controller {
     /// A renewal of held locks failed: tried again at the next `lock_retry_ms`, not a
     /// whole `lock_renew_ms` later (the leases would lapse meanwhile).
     renew_owed: bool,
+    /// Pending queues whose last lock request's outcome is unknown (it failed, timed out
+    /// or was answered across a reconnect): the broker may hold their locks for this
+    /// member, so they are unlocked if taken away before a lock request settles them.
+    lock_unsure: BTreeSet<MessageQueue>,
 }
 
 /// Stopped queues, for the commit and unlock that follow.
@@ -203,6 +207,7 @@ impl Controller {
             ended_tx,
             ended_rx: Some(ended_rx),
             renew_owed: false,
+            lock_unsure: BTreeSet::new(),
         }
     }
 
@@ -313,7 +318,20 @@ impl Controller {
             let _ = self.commit(&stopped).await;
             let _ = self.unlock(&stopped).await;
         }
+        // Pending queues taken away whose last lock request may have been granted
+        // unseen: their locks are given up, or the next owner waits for them to expire.
+        let unsure: Vec<MessageQueue> = (self.pending.iter())
+            .filter(|mq| !target.contains(*mq) && self.lock_unsure.contains(*mq))
+            .cloned()
+            .collect();
         self.pending.retain(|mq| target.contains(mq));
+        if !unsure.is_empty() {
+            // Logged inside; the locks expire on the broker otherwise.
+            let _ = self.unlock_queues(&unsure).await;
+            for mq in &unsure {
+                self.lock_unsure.remove(mq);
+            }
+        }
         let added: Vec<MessageQueue> = target
             .into_iter()
             .filter(|mq| {
@@ -448,12 +466,21 @@ impl Controller {
 
     /// Gives up the locks of stopped queues that had one.
     async fn unlock(&self, stopped: &[Arc<ProcessQueue>]) -> Result<()> {
+        let leased = stopped.iter().filter(|pq| pq.lease.is_some());
+        self.unlock_queues(leased.map(|pq| &pq.mq)).await
+    }
+
+    /// Gives up the locks of `queues` (one request per topic; a lock not held is let be).
+    async fn unlock_queues<'a>(
+        &self,
+        queues: impl IntoIterator<Item = &'a MessageQueue>,
+    ) -> Result<()> {
         let mut by_topic: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-        for pq in stopped.iter().filter(|pq| pq.lease.is_some()) {
+        for mq in queues {
             by_topic
-                .entry(pq.mq.topic.as_str())
+                .entry(mq.topic.as_str())
                 .or_default()
-                .push(pq.mq.queue_id);
+                .push(mq.queue_id);
         }
         let mut result = Ok(());
         for (topic, queues) in by_topic {
@@ -497,11 +524,20 @@ impl Controller {
             }
             let lapses = self.shared.lapses.load(Ordering::SeqCst);
             let sent_ms = self.shared.now_ms();
+            let asked = ids.iter().map(|&q| MessageQueue::new(topic.to_owned(), q));
             match client.lock_batch(&self.shared.group, topic, &ids).await {
                 Ok(held) => {
                     let after = client.bootstrap_session();
                     // A lock granted across a reconnect may already be released by the
                     // broker (the old connection closed): not trusted, asked again later.
+                    let settled = before.is_some() && before == after;
+                    for mq in asked {
+                        if settled {
+                            self.lock_unsure.remove(&mq);
+                        } else {
+                            self.lock_unsure.insert(mq);
+                        }
+                    }
                     if let (Some(before), Some(after)) = (before, after) {
                         if before == after {
                             answers.push(Granted {
@@ -518,6 +554,7 @@ impl Controller {
                     }
                 }
                 Err(e) => {
+                    self.lock_unsure.extend(asked);
                     if !std::mem::replace(&mut self.lock_failing, true) {
                         self.shared
                             .log(format_args!("locking {topic} {ids:?} failed: {e}"));

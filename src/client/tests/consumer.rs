@@ -230,3 +230,63 @@ async fn commits_before_a_start_is_known_the_groups_are_stored_only_if_absent() 
         "{commits:?}"
     );
 }
+
+/// A pending queue whose lock request timed out (the broker may have granted it after the
+/// client stopped waiting) is unlocked when the assignment takes it away: else its next
+/// owner waited for the lock to expire (a minute by default) before consuming it.
+#[tokio::test]
+async fn a_pending_queue_whose_lock_answer_was_lost_is_unlocked_when_taken_away() {
+    // (topic, queues) of each unlock.
+    type Unlocks = Vec<(String, Vec<u32>)>;
+    let unlocked: Arc<Mutex<Unlocks>> = Arc::default();
+    let taken_away = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (log, gone) = (unlocked.clone(), taken_away.clone());
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            let queues: &[u32] = if gone.load(Ordering::SeqCst) {
+                &[]
+            } else {
+                &[0]
+            };
+            vec![Out::Frame(answer(id, &assignment(1, "t", queues)))]
+        }
+        Request::LockBatch(l) => {
+            // Granted, but answered after the client's timeout; then the queue moves.
+            gone.store(true, Ordering::SeqCst);
+            let locked = Response::Locked(crate::protocol::Locked { queues: l.queues });
+            vec![Out::Later(Duration::from_millis(600), answer(id, &locked))]
+        }
+        Request::UnlockBatch(u) => {
+            log.lock()
+                .unwrap()
+                .push((u.topic.clone(), u.queues.clone()));
+            vec![empty_answer(id)]
+        }
+        other => idle_topic(id, other, "t", 1),
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 200;
+    let options = PushConsumerOptions {
+        heartbeat_interval_ms: 50,
+        lock_retry_ms: 50,
+        ..PushConsumerOptions::default()
+    };
+    let consumer = PushConsumer::new(config, "g", options).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_orderly(|_| OrderlyStatus::Success)
+        .unwrap();
+    consumer.start().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while unlocked.lock().unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue was never unlocked"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(unlocked.lock().unwrap()[0], ("t".to_owned(), vec![0]));
+    assert!(consumer.consuming_queues().is_empty());
+    consumer.shutdown().await.unwrap();
+}
