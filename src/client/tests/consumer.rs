@@ -165,6 +165,16 @@ async fn a_pull_answered_with_another_queues_or_unordered_records_fails() {
     // `pull_answers_are_read_in_place_and_tags_rechecked`.)
 }
 
+/// The member's assignment: t[0], until `gone` (then nothing).
+fn t0_until(gone: &std::sync::atomic::AtomicBool, id: u64) -> Vec<Out> {
+    let queues: &[u32] = if gone.load(Ordering::SeqCst) {
+        &[]
+    } else {
+        &[0]
+    };
+    vec![Out::Frame(answer(id, &assignment(1, "t", queues)))]
+}
+
 /// A start taken from `consume_from` is committed only if the group has no offset of the
 /// queue, and so is every commit of the queue until the stored offset was read back: the
 /// committer's, and the one after the queue is taken away meanwhile. A plain commit of
@@ -177,14 +187,7 @@ async fn commits_before_a_start_is_known_the_groups_are_stored_only_if_absent() 
     let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (log, gone) = (commits.clone(), dropped.clone());
     let handler: Handler = Arc::new(move |_ctx, id, request| match request {
-        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
-            let queues: &[u32] = if gone.load(Ordering::SeqCst) {
-                &[]
-            } else {
-                &[0]
-            };
-            vec![Out::Frame(answer(id, &assignment(1, "t", queues)))]
-        }
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => t0_until(&gone, id),
         Request::CommitOffset(c) => {
             log.lock().unwrap().push((c.offset, c.if_absent));
             // The start commit waits for a first offset's sync (a slow disk).
@@ -242,14 +245,7 @@ async fn a_pending_queue_whose_lock_answer_was_lost_is_unlocked_when_taken_away(
     let taken_away = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (log, gone) = (unlocked.clone(), taken_away.clone());
     let handler: Handler = Arc::new(move |_ctx, id, request| match request {
-        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
-            let queues: &[u32] = if gone.load(Ordering::SeqCst) {
-                &[]
-            } else {
-                &[0]
-            };
-            vec![Out::Frame(answer(id, &assignment(1, "t", queues)))]
-        }
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => t0_until(&gone, id),
         Request::LockBatch(l) => {
             // Granted, but answered after the client's timeout; then the queue moves.
             gone.store(true, Ordering::SeqCst);
