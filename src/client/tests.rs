@@ -54,6 +54,9 @@ struct Fake {
     handshakes: Arc<AtomicUsize>,
     /// The broker id its handshakes answer (7 unless a test changes it).
     broker_id: Arc<AtomicU32>,
+    /// The session timeout and lock expiry (ms) its handshakes answer (10 s and 60 s
+    /// unless a test changes them).
+    limits: Arc<Mutex<(u64, u64)>>,
 }
 
 impl Fake {
@@ -67,13 +70,15 @@ impl Fake {
         let log = Arc::new(Mutex::new(Vec::new()));
         let handshakes = Arc::new(AtomicUsize::new(0));
         let broker_id = Arc::new(AtomicU32::new(7));
+        let limits = Arc::new(Mutex::new((10_000, 60_000)));
         for (shard, listener) in listeners.into_iter().enumerate() {
-            let (handler, log, handshakes, shard_addrs, broker_id) = (
+            let (handler, log, handshakes, shard_addrs, broker_id, limits) = (
                 handler.clone(),
                 log.clone(),
                 handshakes.clone(),
                 shard_addrs.clone(),
                 broker_id.clone(),
+                limits.clone(),
             );
             tokio::spawn(async move {
                 let mut conn_no = 0;
@@ -83,12 +88,13 @@ impl Fake {
                         conn_no,
                     };
                     conn_no += 1;
-                    let (handler, log, handshakes, shard_addrs, broker_id) = (
+                    let (handler, log, handshakes, shard_addrs, broker_id, limits) = (
                         handler.clone(),
                         log.clone(),
                         handshakes.clone(),
                         shard_addrs.clone(),
                         broker_id.clone(),
+                        limits.clone(),
                     );
                     tokio::spawn(async move {
                         let (mut input, output) = stream.into_split();
@@ -115,7 +121,9 @@ impl Fake {
                                             shard_addrs: shard_addrs.clone(),
                                             broker_id: broker_id.load(Ordering::SeqCst),
                                         };
-                                        vec![Out::Frame(answer(id, &handshake_ok2(ok)))]
+                                        let limits = *limits.lock().unwrap();
+                                        let reply = handshake_ok2_with(ok, limits);
+                                        vec![Out::Frame(answer(id, &reply))]
                                     }
                                     request => {
                                         log.lock().unwrap().push((ctx.shard, request.clone()));
@@ -144,6 +152,7 @@ impl Fake {
             log,
             handshakes,
             broker_id,
+            limits,
         }
     }
 
@@ -642,12 +651,18 @@ async fn a_bad_handshake_is_refused() {
 
 /// A handshake answer with the broker's default limits.
 fn handshake_ok2(ok: HandshakeOk) -> Response<'static> {
+    handshake_ok2_with(ok, (10_000, 60_000))
+}
+
+/// A handshake answer with the broker's default frame limit and the session timeout and
+/// lock expiry (ms) given.
+fn handshake_ok2_with(ok: HandshakeOk, (session_ms, lock_ms): (u64, u64)) -> Response<'static> {
     Response::HandshakeOk2(crate::protocol::HandshakeOk2 {
         ok,
         limits: crate::protocol::BrokerLimits {
             frame_bytes_max: crate::protocol::FRAME_BYTES_MAX_DEFAULT,
-            session_timeout_ms: 10_000,
-            lock_expiry_ms: 60_000,
+            session_timeout_ms: session_ms,
+            lock_expiry_ms: lock_ms,
         },
     })
 }

@@ -253,3 +253,56 @@ impl PushConsumerOptions {
         }
     }
 }
+
+/// The session and lock timings a running consumer follows: fitted to the broker's at its
+/// start, and again after each handshake (a reconnect, perhaps to the broker restarted
+/// with shorter ones), never longer than before. A member that kept its first ones after
+/// the broker's session or lock expiry was shortened counted itself a member, and its
+/// locks as held, after the broker had dropped them, and consumed an ordered queue beside
+/// its next owner.
+pub(super) struct Timings {
+    session_timeout_ms: AtomicU64,
+    heartbeat_interval_ms: AtomicU64,
+    lock_valid_ms: AtomicU64,
+    lock_renew_ms: AtomicU64,
+}
+
+impl Timings {
+    /// The timings of options already fitted to the broker.
+    pub(super) fn new(fitted: &PushConsumerOptions) -> Timings {
+        Timings {
+            session_timeout_ms: AtomicU64::new(fitted.session_timeout_ms),
+            heartbeat_interval_ms: AtomicU64::new(fitted.heartbeat_interval_ms),
+            lock_valid_ms: AtomicU64::new(fitted.lock_valid_ms),
+            lock_renew_ms: AtomicU64::new(fitted.lock_renew_ms),
+        }
+    }
+
+    /// Fits them to the broker's told in its latest handshake (`broker`), from `options`:
+    /// each only ever goes down.
+    pub(super) fn refit(&self, options: &PushConsumerOptions, broker: &crate::client::BrokerInfo) {
+        let fitted = options.fitted_to(broker);
+        let pairs = [
+            (&self.session_timeout_ms, fitted.session_timeout_ms),
+            (&self.heartbeat_interval_ms, fitted.heartbeat_interval_ms),
+            (&self.lock_valid_ms, fitted.lock_valid_ms),
+            (&self.lock_renew_ms, fitted.lock_renew_ms),
+        ];
+        for (now, fitted) in pairs {
+            now.fetch_min(fitted, Ordering::SeqCst);
+        }
+    }
+
+    pub(super) fn session_timeout_ms(&self) -> u64 {
+        self.session_timeout_ms.load(Ordering::SeqCst)
+    }
+    pub(super) fn heartbeat_interval_ms(&self) -> u64 {
+        self.heartbeat_interval_ms.load(Ordering::SeqCst)
+    }
+    pub(super) fn lock_valid_ms(&self) -> u64 {
+        self.lock_valid_ms.load(Ordering::SeqCst)
+    }
+    pub(super) fn lock_renew_ms(&self) -> u64 {
+        self.lock_renew_ms.load(Ordering::SeqCst)
+    }
+}

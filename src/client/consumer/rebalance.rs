@@ -48,7 +48,8 @@ pub(super) async fn membership_loop(
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         tick
     };
-    let mut heartbeat = every(shared.options.heartbeat_interval_ms);
+    let mut heartbeat_ms = shared.timings.heartbeat_interval_ms();
+    let mut heartbeat = every(heartbeat_ms);
     let mut safety_net = every(shared.options.rebalance_interval_ms);
     let mut failing: Option<String> = None;
     loop {
@@ -78,6 +79,10 @@ pub(super) async fn membership_loop(
         } else {
             heartbeat_now(&shared).await
         };
+        if heartbeat_ms != shared.timings.heartbeat_interval_ms() {
+            heartbeat_ms = shared.timings.heartbeat_interval_ms();
+            heartbeat = every(heartbeat_ms);
+        }
         match answer {
             Ok(assignment) => {
                 if failing.take().is_some() {
@@ -103,6 +108,9 @@ async fn heartbeat_now(shared: &Shared) -> Result<Assignment> {
         .client
         .group_heartbeat(&shared.group, &shared.spec)
         .await?;
+    // Before the membership is judged by them, and before any lock is asked for on a new
+    // connection: the broker there may keep sessions and locks for less time.
+    (shared.timings).refit(&shared.options, &shared.client.broker_info());
     shared.heartbeat_acked(sent_ms);
     shared.joined_on(before);
     Ok(assignment)
@@ -223,7 +231,8 @@ impl Controller {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
             tick
         };
-        let mut renew = every(self.shared.options.lock_renew_ms);
+        let mut renew_ms = self.shared.timings.lock_renew_ms();
+        let mut renew = every(renew_ms);
         let mut retry = every(self.shared.options.lock_retry_ms);
         let Some(mut ended) = self.ended_rx.take() else {
             return self;
@@ -248,6 +257,10 @@ impl Controller {
                 }
                 _ = renew.tick(), if locks => self.renew_locks().await,
                 _ = retry.tick(), if locks => self.check_locks().await,
+            }
+            if renew_ms != self.shared.timings.lock_renew_ms() {
+                renew_ms = self.shared.timings.lock_renew_ms();
+                renew = every(renew_ms);
             }
         }
         self.ended_rx = Some(ended);
@@ -700,7 +713,7 @@ impl Controller {
         let deadline = Instant::now() + wait;
         // Renewed at once (the last renewal may be nearly a period old), then every
         // period, and every `lock_retry_ms` (at most a period) while one failed.
-        let renew_every = Duration::from_millis(self.shared.options.lock_renew_ms);
+        let renew_every = Duration::from_millis(self.shared.timings.lock_renew_ms());
         let mut last_renewal: Option<Instant> = None;
         let retry = Duration::from_millis(self.shared.options.lock_retry_ms).min(renew_every);
         let mut renew = interval_at(Instant::now(), retry);

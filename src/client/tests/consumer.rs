@@ -286,3 +286,95 @@ async fn a_pending_queue_whose_lock_answer_was_lost_is_unlocked_when_taken_away(
     assert!(consumer.consuming_queues().is_empty());
     consumer.shutdown().await.unwrap();
 }
+
+/// A member reconnected to a broker that keeps sessions and locks for less time (restarted
+/// with shorter `--session-timeout-ms` and `--lock-expiry-ms`) follows its timings:
+/// heartbeats come at least three times per session and locks are renewed well within
+/// their expiry. With the timings fitted at its start only, it counted itself a member,
+/// and its locks as held, after the broker had dropped them, and consumed an ordered queue
+/// beside its next owner.
+#[tokio::test]
+async fn timings_follow_the_broker_after_a_reconnect() {
+    // (connection, request kind, when) of heartbeats and lock requests.
+    type Seen = Vec<(usize, &'static str, tokio::time::Instant)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (log, cutting) = (seen.clone(), cut.clone());
+    let handler: Handler = Arc::new(move |ctx, id, request| {
+        let note = |what| {
+            let at = tokio::time::Instant::now();
+            log.lock().unwrap().push((ctx.conn_no, what, at));
+        };
+        match request {
+            Request::GroupHeartbeat(_) if cutting.swap(false, Ordering::SeqCst) => {
+                vec![Out::Close]
+            }
+            Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+                note("heartbeat");
+                vec![Out::Frame(answer(id, &assignment(1, "t", &[0])))]
+            }
+            Request::LockBatch(l) => {
+                note("lock");
+                let locked = Response::Locked(crate::protocol::Locked { queues: l.queues });
+                vec![Out::Frame(answer(id, &locked))]
+            }
+            other => idle_topic(id, other, "t", 1),
+        }
+    });
+    let fake = Fake::start(1, handler).await;
+    let consumer = PushConsumer::new(fake.config(), "g", PushConsumerOptions::default());
+    let consumer = consumer.unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_orderly(|_| OrderlyStatus::Success)
+        .unwrap();
+    consumer.start().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while consumer.consuming_queues().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "never consumed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The broker restarts with a 3 s session and 8 s locks: the next heartbeat finds the
+    // connection closed, and the new one's handshake tells the new timings.
+    *fake.limits.lock().unwrap() = (3_000, 8_000);
+    cut.store(true, Ordering::SeqCst);
+    let on_new = |what: &str| -> Vec<tokio::time::Instant> {
+        let seen = seen.lock().unwrap();
+        (seen.iter())
+            .filter(|&&(conn, kind, _)| conn > 0 && kind == what)
+            .map(|&(_, _, at)| at)
+            .collect()
+    };
+    // Heartbeats at most a third of the session apart, and a lock renewed (asked for
+    // again) within two thirds of half the expiry.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while on_new("heartbeat").len() < 4 || on_new("lock").len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    consumer.shutdown().await.unwrap();
+    let slack = Duration::from_millis(300);
+    let gaps = |at: &[tokio::time::Instant]| -> Vec<Duration> {
+        at.windows(2).map(|w| w[1] - w[0]).collect()
+    };
+    let heartbeats = gaps(&on_new("heartbeat"));
+    // (The first gap may hold the rejoin heartbeat sent at once after the reconnect.)
+    assert!(
+        heartbeats
+            .iter()
+            .skip(1)
+            .all(|&g| g <= Duration::from_millis(1_000) + slack),
+        "{heartbeats:?}"
+    );
+    let locks = gaps(&on_new("lock"));
+    assert!(
+        locks
+            .iter()
+            .all(|&g| g <= Duration::from_millis(2_666) + slack),
+        "{locks:?}"
+    );
+}
