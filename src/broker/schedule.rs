@@ -83,7 +83,8 @@ pub struct Schedule {
     /// Messages that could not be delivered: their record is unreadable, or their target
     /// stayed missing for [`PARK_MAX_MS`] (then they went to [`UNDELIVERABLE_TOPIC`]).
     undeliverable_total: u64,
-    /// Done records being written (each waits for its copies to be durable).
+    /// Deliveries whose copies are being stored on another shard, and done records being
+    /// written (each waits for its copies to be durable): a clean stop waits for none.
     marking: usize,
     /// The delivery task runs.
     running: bool,

@@ -27,9 +27,12 @@ pub const DELIVER_BATCH_MAX: usize = 512;
 /// append all their copies into one growing write buffer.
 const DELIVER_BYTES_MAX: usize = 32 << 20;
 /// Most moves to another shard (to the undeliverable topic) in flight at once; past it a
-/// move waits in the wheel for a while (a turn does not wait: the others' deliveries and a
-/// stop go on).
+/// move waits in the wheel for [`REMOTE_MOVE_WAIT_MS`] (a turn does not wait: the others'
+/// deliveries and a stop go on).
 pub const REMOTE_MOVES_MAX: usize = 16;
+/// How long a move past [`REMOTE_MOVES_MAX`] waits in the wheel. (It waited the 5 s of a
+/// failed delivery: 400 messages moved at once took two minutes.)
+const REMOTE_MOVE_WAIT_MS: u64 = 50;
 /// How often the wheel is snapshotted (when it changed).
 const SNAPSHOT_INTERVAL_MS: u64 = 5_000;
 /// Most held messages moved forward in one pass.
@@ -262,7 +265,7 @@ impl ShardCtx {
         if !lost.is_empty() {
             let ctx = self.clone();
             let count = lost.len() as u64;
-            crate::io::spawn(async move { ctx.mark_done(0, lost, false, count).await });
+            self.spawn_marking(async move { ctx.mark_done(0, lost, false, count).await });
         }
         self.ensure_targets(copies.iter().map(|(_, d)| (d.topic.as_str(), d.queue_id)))
             .await;
@@ -303,10 +306,10 @@ impl ShardCtx {
             let moved_away = copy.topic == UNDELIVERABLE_TOPIC;
             let ctx = self.clone();
             let Ok(one_of_few) = self.schedule_remote_moves.clone().try_acquire_owned() else {
-                self.retry_later([off], now + PARK_MS);
+                self.retry_later([off], now + REMOTE_MOVE_WAIT_MS);
                 continue;
             };
-            crate::io::spawn(async move {
+            self.spawn_marking(async move {
                 let _one_of_few = one_of_few;
                 let put = MeshRequest::Put {
                     draft: copy,
@@ -377,7 +380,21 @@ impl ShardCtx {
             self.wake_pollers(topic, *queue);
         }
         let ctx = self.clone();
-        crate::io::spawn(async move { ctx.mark_done(end, delivered, true, moved).await });
+        self.spawn_marking(async move { ctx.mark_done(end, delivered, true, moved).await });
+    }
+
+    /// Spawns `work` (a copy stored on another shard and its done record, or a done
+    /// record), counted in `marking` from now until it ends: a clean stop waits for it
+    /// ([`stop_schedule`](Self::stop_schedule)). Counted from its first poll on, a stop
+    /// could find nothing counted while a copy was being stored on another shard, and
+    /// snapshot its entry as still held: delivered again after the restart.
+    fn spawn_marking(self: &Rc<Self>, work: impl std::future::Future<Output = ()> + 'static) {
+        self.schedule.borrow_mut().marking += 1;
+        let ctx = self.clone();
+        crate::io::spawn(async move {
+            work.await;
+            ctx.schedule.borrow_mut().marking -= 1;
+        });
     }
 
     /// Creates the targets that do not exist: a group's retry or dead-letter topic always
@@ -431,10 +448,8 @@ impl ShardCtx {
         delivered: bool,
         undeliverable: u64,
     ) {
-        self.schedule.borrow_mut().marking += 1;
         let recorded = self.record_done(end, &offsets).await;
         let mut s = self.schedule.borrow_mut();
-        s.marking -= 1;
         match recorded {
             Ok(()) => {
                 for off in &offsets {
