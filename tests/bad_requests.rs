@@ -537,6 +537,11 @@ fn sends_carrying_properties_only_the_broker_sets_are_refused() {
         }
         let info = producer.client().describe_topic("o").await.unwrap();
         assert_eq!(info.queues[0].max_offset, 0, "nothing was stored");
+        // Nor held: no delayed message, no transaction's half.
+        let stats = producer.client().schedule_stats().await.unwrap();
+        assert!(stats.iter().all(|s| s.pending == 0), "{stats:?}");
+        let halves = producer.client().list_transactions().await.unwrap().halves;
+        assert!(halves.is_empty(), "{halves:?}");
         // A property of another name is the producer's to set.
         let own = OutgoingMessage::new("x").with_property("REAL_TOPIC_OF_MINE", "o");
         producer.send("o", own).await.unwrap();

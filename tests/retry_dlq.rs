@@ -666,10 +666,11 @@ fn dlq_commands_read_on_past_dead_letters_that_retention_took() {
 /// A send-back that carries its record's bytes (the client's way back for a message the
 /// broker no longer holds at its id) makes the copy from bytes the broker cannot check
 /// against its own: they must be what a consumer could have received. A record of the
-/// broker's own topics (`%SYS_...`), or one of a user topic naming a first topic
-/// (`RETRY_TOPIC`, which the broker puts on retry and dead-letter copies only), is refused
-/// (`InvalidMessage`), so a client cannot put a letter claiming another origin in a group's
-/// dead-letter topic by sending back a forged record of a topic it sent to; a
+/// broker's own topics (`%SYS_...`), one of another topic than the group's retry topic
+/// naming a first topic (`RETRY_TOPIC`, which the broker puts on the group's retry copies),
+/// or one whose id names another broker, is refused (`InvalidMessage`), so a client cannot
+/// put a letter claiming another origin in a group's dead-letter topic by sending back a
+/// forged record of a topic it sent to; a
 /// transaction's mark in the bytes does not make the copy a half (it was held, unseen).
 #[test]
 fn a_record_sent_back_cannot_claim_another_origin() {
@@ -688,7 +689,7 @@ fn a_record_sent_back_cannot_claim_another_origin() {
     });
     // A record "lost" at an offset far past the log's end, as after a crash.
     let physical_offset = 1 << 40;
-    let send_back = |topic: &str, props: &[(&str, &str)], body: &[u8]| {
+    let send_back_to = |broker_id: u32, topic: &str, props: &[(&str, &str)], body: &[u8]| {
         let mut built = PropertiesBuilder::new();
         for (name, value) in props {
             built.put(name, value).unwrap();
@@ -715,8 +716,12 @@ fn a_record_sent_back_cannot_claim_another_origin() {
         };
         call(&addr, request.into())
     };
-    let refused: [(&str, &[(&str, &str)]); 2] = [
+    let send_back = |topic: &str, props: &[(&str, &str)], body: &[u8]| {
+        send_back_to(broker_id, topic, props, body)
+    };
+    let refused: [(&str, &[(&str, &str)]); 3] = [
         ("src", &[("RETRY_TOPIC", "payments")]),
+        ("%RETRY%other", &[("RETRY_TOPIC", "payments")]),
         ("%SYS_SCHEDULE%", &[]),
     ];
     for (topic, props) in refused {
@@ -727,6 +732,10 @@ fn a_record_sent_back_cannot_claim_another_origin() {
             "{topic} {props:?}: {message}"
         );
     }
+    // An id of another broker: refused for good (not "not found", which the client
+    // answers by sending the record's bytes again).
+    let (code, message) = error_of(send_back_to(broker_id + 1, "src", &[], b"elsewhere"));
+    assert_eq!(code, ErrorCode::InvalidMessage, "{message}");
     // What a consumer of the group can have received goes back.
     type Props<'a> = &'a [(&'a str, &'a str)];
     let kept: [(&str, Props<'_>, &[u8]); 2] = [

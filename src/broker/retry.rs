@@ -16,7 +16,7 @@ use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::{rebuild_properties, OwnedDraft};
 use super::topics::NewTopic;
 use super::{err, store_error, ShardCtx};
-use crate::protocol::names::{dlq_topic, retry_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
+use crate::protocol::names::{dlq_topic, retry_topic};
 use crate::protocol::record::{prop, Properties, RecordView};
 use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, SendBackResult};
 
@@ -125,24 +125,25 @@ impl ShardCtx {
                 )
             };
             let view = RecordView::parse(&m.record).map_err(|e| bad(e.to_string()))?;
-            let at = self.msg_id_here(&m.msg_id)?;
+            // (`OffsetNotFound` from the lookup would have the client send it again.)
+            let at = (self.msg_id_here(&m.msg_id)).map_err(|e| bad(e.message))?;
             if view.crc() != m.record_crc || view.physical_offset() != at {
                 return Err(bad("it is not the message the id and CRC name".into()));
             }
-            // The bytes are the client's: they must be what a consumer can have received
-            // (not a record of the broker's own topics; a first topic, `RETRY_TOPIC`,
-            // only on a retry or dead-letter copy, where the broker puts it), or any
-            // client could put messages claiming any origin in a group's retry and
-            // dead-letter topics.
+            // The bytes are the client's: they must be what a member of the group can
+            // have received (not a record of the broker's own topics; a first topic,
+            // `RETRY_TOPIC`, only on a copy in the group's own retry topic, where the
+            // broker puts it), or any client could put letters claiming any origin in a
+            // group's dead-letter topic. (A member of the group can still forge one of
+            // its retry topic: the broker cannot check bytes it no longer holds.)
             let topic = view.topic();
             if crate::protocol::names::is_system_topic(topic) {
                 return Err(bad(format!("it is of the broker's own topic {topic}")));
             }
-            let copied =
-                topic.starts_with(RETRY_TOPIC_PREFIX) || topic.starts_with(DLQ_TOPIC_PREFIX);
-            if !copied && view.properties().get(prop::RETRY_TOPIC).is_some() {
+            let retried = topic == retry_topic(&m.group);
+            if !retried && view.properties().get(prop::RETRY_TOPIC).is_some() {
                 return Err(bad(format!(
-                    "it names a first topic ({}) but is of {topic}, not a retry or dead-letter topic",
+                    "it names a first topic ({}) but is of {topic}, not the group's retry topic",
                     prop::RETRY_TOPIC
                 )));
             }

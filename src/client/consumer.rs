@@ -734,7 +734,8 @@ impl Shared {
         let age = self
             .now_ms()
             .saturating_sub(self.heartbeat_ok_ms.load(Ordering::SeqCst));
-        age < (self.timings.session_timeout_ms()) - self.timings.heartbeat_interval_ms()
+        let session_ms = self.timings.session_timeout_ms();
+        age < session_ms.saturating_sub(self.timings.heartbeat_interval_ms())
     }
 
     /// A heartbeat sent at `sent_ms` was acknowledged. If the membership is not fresh now,

@@ -103,7 +103,8 @@ pub mod prop {
     /// (`REAL_TOPIC`, `REAL_QID`, `TIMER_OUT_MS`) or where a retried message came from
     /// (`RETRY_TOPIC`): a send carrying one is refused, so that a producer cannot make its
     /// message pass for another topic's (a consumer's `origin_topic`, a dead letter's
-    /// topic).
+    /// topic). (`ORIGIN_MESSAGE_ID` is not among them: `ringmq dlq resend` sends a letter
+    /// back with it, so the resent copy names the message first sent.)
     pub const BROKER_SET: [&str; 4] = [REAL_TOPIC, REAL_QID, TIMER_OUT_MS, RETRY_TOPIC];
     /// Wait for the store to be durable before answering.
     pub const WAIT: &str = "WAIT";

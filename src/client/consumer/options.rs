@@ -87,9 +87,11 @@ pub struct PushConsumerOptions {
     /// Pause after a failed pull or failed start-position lookup.
     pub pull_error_backoff_ms: u64,
     pub heartbeat_interval_ms: u64,
-    /// The broker's session timeout (its `session_timeout_ms`): replaced at start by the
-    /// broker's own, told in its handshake (the heartbeat interval is capped at a third of
-    /// it). Orderly consumption pauses when the last acknowledged heartbeat is older than
+    /// The broker's session timeout (its `session_timeout_ms`): replaced by the broker's
+    /// own, told in its handshake, at the start and after each reconnect (never longer
+    /// than before; the heartbeat interval is capped at a third of it, and
+    /// `lock_valid_ms` and `lock_renew_ms` are fitted to the broker's lock expiry the
+    /// same way: these fields are where the running consumer's timings start). Orderly consumption pauses when the last acknowledged heartbeat is older than
     /// this minus one heartbeat interval, since the broker may have dropped the member and
     /// its locks.
     pub session_timeout_ms: u64,
@@ -282,11 +284,13 @@ impl Timings {
     /// each only ever goes down.
     pub(super) fn refit(&self, options: &PushConsumerOptions, broker: &crate::client::BrokerInfo) {
         let fitted = options.fitted_to(broker);
+        // The periods before the spans they fit in: a reader between two stores sees a
+        // period no longer than its span.
         let pairs = [
-            (&self.session_timeout_ms, fitted.session_timeout_ms),
             (&self.heartbeat_interval_ms, fitted.heartbeat_interval_ms),
-            (&self.lock_valid_ms, fitted.lock_valid_ms),
             (&self.lock_renew_ms, fitted.lock_renew_ms),
+            (&self.session_timeout_ms, fitted.session_timeout_ms),
+            (&self.lock_valid_ms, fitted.lock_valid_ms),
         ];
         for (now, fitted) in pairs {
             now.fetch_min(fitted, Ordering::SeqCst);

@@ -404,6 +404,8 @@ impl Controller {
             let Some(tasks) = self.running.remove(mq) else {
                 continue;
             };
+            // (A failed renewal of its lock marked it; stopped, it is unlocked as it goes.)
+            self.lock_unsure.remove(mq);
             tasks.pq.drop_queue();
             tasks.pull.abort();
             lock(&self.shared.queues).remove(mq);
