@@ -494,10 +494,16 @@ fn retention_floor(
             Some(range.map_or((off, off), |(lo, hi)| (lo.min(off), hi.max(off))))
         })
         .unzip();
-    let readable = store.queue_range(SCHEDULE_TOPIC, 0)?.1;
-    let writing = newest.is_some_and(|newest| newest >= readable) && {
-        let next = store.queue_next_offset(SCHEDULE_TOPIC, 0)?.unwrap_or(0);
-        (schedule.entries()).any(|(_, off)| off >= readable && off < next)
+    // (An empty schedule looks nothing up: its floor is the done records' alone.)
+    let writing = match newest {
+        Some(newest) => {
+            let readable = store.queue_range(SCHEDULE_TOPIC, 0)?.1;
+            newest >= readable && {
+                let next = store.queue_next_offset(SCHEDULE_TOPIC, 0)?.unwrap_or(0);
+                (schedule.entries()).any(|(_, off)| off >= readable && off < next)
+            }
+        }
+        None => false,
     };
     let held = match oldest {
         None => None,
