@@ -27,6 +27,24 @@ fn send(topic: &str, queue_id: i32, properties: Vec<u8>, body: &[u8]) -> Request
     .into()
 }
 
+/// A batch to queue 0 of `topic`: a message without properties, then one with
+/// `properties`.
+fn batch_to(topic: &str, properties: Vec<u8>) -> Request {
+    let item = |properties: Vec<u8>| BatchItem {
+        flag: 0,
+        properties,
+        body: b"x".to_vec().into(),
+        born_timestamp_ms: 0,
+    };
+    SendBatch {
+        topic: topic.into(),
+        queue_id: 0,
+        messages: vec![item(Vec::new()), item(properties)],
+        wait_durable: false,
+    }
+    .into()
+}
+
 #[test]
 fn malformed_and_oversized_requests_get_typed_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -454,19 +472,7 @@ fn messages_with_more_keys_than_the_bound_are_refused() {
         let (code, message) = error_of(call(&addr, send("k", 0, properties.clone(), b"many")));
         assert_eq!(code, ErrorCode::InvalidMessage, "{message}");
         assert!(message.contains("65 keys"), "{message}");
-        let item = |properties: Vec<u8>| BatchItem {
-            flag: 0,
-            properties,
-            body: b"x".to_vec().into(),
-            born_timestamp_ms: 0,
-        };
-        let batch = SendBatch {
-            topic: "k".into(),
-            queue_id: 0,
-            messages: vec![item(Vec::new()), item(properties)],
-            wait_durable: false,
-        };
-        let (code, message) = error_of(call(&addr, batch.into()));
+        let (code, message) = error_of(call(&addr, batch_to("k", properties)));
         assert_eq!(code, ErrorCode::InvalidMessage, "{message}");
         let enough = OutgoingMessage::new("enough").with_keys(keys(64));
         producer.send("k", enough).await.unwrap();
@@ -520,19 +526,7 @@ fn sends_carrying_properties_only_the_broker_sets_are_refused() {
             }
             let mut built = ringmq::protocol::record::PropertiesBuilder::new();
             built.put(name, "other").unwrap();
-            let item = |properties: Vec<u8>| BatchItem {
-                flag: 0,
-                properties,
-                body: b"x".to_vec().into(),
-                born_timestamp_ms: 0,
-            };
-            let batch = SendBatch {
-                topic: "o".into(),
-                queue_id: 0,
-                messages: vec![item(Vec::new()), item(built.into_bytes())],
-                wait_durable: false,
-            };
-            let (code, message) = error_of(call(&addr, batch.into()));
+            let (code, message) = error_of(call(&addr, batch_to("o", built.into_bytes())));
             assert_eq!(code, ErrorCode::InvalidMessage, "{name} batched: {message}");
         }
         let info = producer.client().describe_topic("o").await.unwrap();

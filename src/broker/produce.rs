@@ -753,13 +753,9 @@ fn check_items(topic: &str, items: &[SendItem<'_>], batch: bool) -> Result<(), E
                 ),
             ));
         }
-        if let Err(e) = Properties::new(props).validate() {
-            return Err(err(ErrorCode::InvalidMessage, e.to_string()));
-        }
-        if let Some((name, _)) = Properties::new(props)
-            .iter()
-            .find(|(name, _)| prop::BROKER_SET.contains(name))
-        {
+        let reserved = Properties::new(props).validate_finding(&prop::BROKER_SET);
+        let reserved = reserved.map_err(|e| err(ErrorCode::InvalidMessage, e.to_string()))?;
+        if let Some(name) = reserved {
             return Err(err(
                 ErrorCode::InvalidMessage,
                 format!("property {name} is set by the broker only; a send may not carry it"),

@@ -541,6 +541,13 @@ impl<'a> Properties<'a> {
     }
     /// Checks the block is well formed UTF-8 pairs.
     pub fn validate(&self) -> Result<(), RecordError> {
+        self.validate_finding(&[]).map(|_| ())
+    }
+
+    /// [`validate`](Self::validate), answering the first property named in `names` too,
+    /// in the same pass (a send's check for the names only the broker sets).
+    pub fn validate_finding(&self, names: &[&str]) -> Result<Option<&'a str>, RecordError> {
+        let mut found = None;
         let mut rest = self.bytes;
         while !rest.is_empty() {
             let name_end = rest
@@ -560,12 +567,15 @@ impl<'a> Properties<'a> {
             {
                 return Err(RecordError::Invalid("malformed property"));
             }
-            if std::str::from_utf8(name).is_err() || std::str::from_utf8(value).is_err() {
+            let (Ok(name), Ok(_)) = (std::str::from_utf8(name), std::str::from_utf8(value)) else {
                 return Err(RecordError::Invalid("property is not UTF-8"));
+            };
+            if found.is_none() && names.contains(&name) {
+                found = Some(name);
             }
             rest = &after[value_end + 1..];
         }
-        Ok(())
+        Ok(found)
     }
 
     /// The (name, value) pairs as bytes, up to the first malformed one (a malformed tail is
