@@ -145,3 +145,79 @@ fn a_start_commit_is_stored_only_if_the_group_has_no_offset_of_the_queue() {
         assert_eq!(client.query_offset("g", "s", 0).await.unwrap(), Some(5));
     });
 }
+
+/// A member's stale commits refused for a reset's fence while its group is deleted (each
+/// has the group's coordinator told of the fence) leave no entry of the group on the
+/// coordinator: before, one made for a group being deleted stayed after it, and took the
+/// shard's one place under `--groups-max` from every other group.
+#[test]
+fn stale_commits_during_a_group_deletion_leave_no_group_behind() {
+    use ringmq::client::MemberSpec;
+    use ringmq::protocol::route::{coordinator_shard, owner};
+    use ringmq::protocol::{CommitOffset, Response};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--groups-max", "1"]);
+    let addr = broker.addr_string();
+    let on_0 = |n| {
+        (0..)
+            .map(|i| format!("{n}{i}"))
+            .find(|g| coordinator_shard(g, 2) == 0)
+    };
+    let (deleted, other) = (on_0("b").unwrap(), on_0("a").unwrap());
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 8).await.unwrap();
+        // A queue of the shard the deletion reaches last (after its coordinator's own).
+        let q = (0..8).find(|&q| owner("t", q, 2) == 1).unwrap();
+        let member = MemberSpec {
+            subscriptions: vec![("t".into(), "*".into())],
+            ..MemberSpec::default()
+        };
+        for round in 0..5 {
+            client.reset_offset_by_time(&deleted, "t", 0).await.unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let refused = Arc::new(AtomicUsize::new(0));
+            let stale = std::thread::spawn({
+                let (stop, refused) = (stop.clone(), refused.clone());
+                let (addr, group) = (addr.clone(), deleted.clone());
+                move || {
+                    let mut conn = common::raw::served_connection(&addr);
+                    while !stop.load(Ordering::Relaxed) {
+                        let request = CommitOffset {
+                            group: group.clone(),
+                            topic: "t".into(),
+                            queue_id: q,
+                            offset: 0,
+                            incarnation: 0,
+                            offsets_epoch: Some(1),
+                            if_absent: false,
+                        };
+                        common::raw::write(&mut conn, 1, request.into());
+                        if let Response::Error(e) = common::raw::read_answer(&mut conn) {
+                            assert_eq!(e.error_code(), Some(ErrorCode::OffsetsReset), "{e}");
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+            // Some refused before the deletion starts, and more while it runs.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while refused.load(Ordering::Relaxed) == 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {round}: none refused"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            client.delete_group(&deleted).await.unwrap();
+            stop.store(true, Ordering::Relaxed);
+            stale.join().unwrap();
+            // The coordinator's place is free: another group joins, and leaves.
+            let joined = client.group_heartbeat(&other, &member).await;
+            assert!(joined.is_ok(), "round {round}: {joined:?}");
+            client.unregister(&other).await.unwrap();
+        }
+    });
+}

@@ -389,6 +389,11 @@ impl OffsetStore {
         epoch.filter(|e| *e < reset).map(|_| reset)
     }
 
+    /// Whether a reset of `group`'s offsets left a fence here.
+    pub fn is_fenced(&self, group: &str) -> bool {
+        self.reset_epochs.contains_key(group)
+    }
+
     /// Forgets `group`'s reset epochs (with its offsets, or when it has none here); the
     /// file is rewritten without them. Returns the change's generation (0: none kept).
     pub fn unfence(&mut self, group: &str) -> u64 {

@@ -242,6 +242,9 @@ impl ShardCtx {
                 failed.get_or_insert(e);
             }
         }
+        // A shard may have told of its fence before it forgot it, and the entry made for
+        // that (`fence_seen`) would hold a place under --groups-max for a group that is gone.
+        self.groups.borrow_mut().remove(&m.group);
         failed.map_or(Ok(Empty {}), Err)
     }
 
@@ -282,6 +285,10 @@ impl ShardCtx {
         group: &str,
         epoch: u64,
     ) {
+        if !self.offsets.borrow().is_fenced(group) {
+            // Forgotten since (the group was deleted): told, it would be made again.
+            return;
+        }
         let coordinator = self.coordinator_of(group);
         if coordinator == self.id {
             self.fence_seen(group, epoch).await;
@@ -305,6 +312,10 @@ impl ShardCtx {
     /// publishes its epoch only once every shard is done, since a member re-reading before
     /// then would take a shard's offsets from before the reset for after it.
     pub(in crate::broker) async fn fence_seen(self: &Rc<Self>, group: &str, epoch: u64) {
+        if self.deleting_groups.borrow().contains(group) {
+            // Its shards are forgetting their fences: nothing to publish.
+            return;
+        }
         let reserved = (self.groups.borrow().get(group)).map_or(0, |(_, e)| e.reserved_epoch);
         if reserved < epoch {
             self.offsets_were_reset(group, epoch).await;
