@@ -336,6 +336,44 @@ fn answers_stay_within_the_clients_frame_limit_and_the_broker_tells_its_limits()
     });
 }
 
+/// A client whose own frame limit is larger than the broker's sends no request past the
+/// broker's (the handshake tells it): the send fails at once, typed and not retriable, and
+/// the connection (with what else is in flight on it) goes on. Before, the broker refused
+/// the frame and closed the connection, which failed every request on it as maybe stored
+/// (retried: stored twice) and the batch itself as a retriable connection error.
+#[test]
+fn a_request_past_the_brokers_frame_limit_is_refused_before_it_is_written() {
+    use ringmq::client::ClientError;
+    let dir = tempfile::tempdir().unwrap();
+    // The broker keeps its default limit (about 5 MiB); the client takes 64 MiB frames.
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let mut config = ClientConfig::new(&addr);
+        config.frame_bytes_max = 64 << 20;
+        let producer = Producer::connect(config).await.unwrap();
+        producer.client().create_topic("big", 1).await.unwrap();
+        producer
+            .send("big", OutgoingMessage::new("first"))
+            .await
+            .unwrap();
+        let batch: Vec<_> = (0..8u8)
+            .map(|i| OutgoingMessage::new(vec![i; 1 << 20]))
+            .collect();
+        let (refused, alongside) = tokio::join!(
+            producer.send_batch("big", batch),
+            producer.send("big", OutgoingMessage::new("alongside"))
+        );
+        let err = refused.unwrap_err();
+        assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
+        assert!(!err.is_retriable(), "{err:?}");
+        assert!(err.to_string().contains("--frame-bytes-max"), "{err}");
+        alongside.unwrap();
+        // Nothing of the batch was stored.
+        assert_eq!(producer.client().max_offset("big", 0).await.unwrap(), 2);
+    });
+}
+
 #[test]
 fn a_second_live_connection_with_the_same_client_id_is_refused_until_the_first_goes() {
     let dir = tempfile::tempdir().unwrap();

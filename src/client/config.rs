@@ -46,8 +46,9 @@ pub struct ClientConfig {
     /// Requests awaiting an answer on one connection; more wait for a slot.
     pub in_flight_max: usize,
     /// Largest frame this client sends or accepts, header included. The handshake keeps
-    /// answers within the smaller of this and the broker's limit: raise both to send or
-    /// receive larger frames.
+    /// answers within the smaller of this and the broker's limit, and a request larger than
+    /// that smaller one fails (`InvalidArgument`) before it is written: raise both to send
+    /// or receive larger frames.
     pub frame_bytes_max: u32,
     /// Capacity of the pushed-frame channel (see `Client::pushes`).
     pub push_buffer_max: usize,

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -221,7 +221,10 @@ pub(crate) struct Connection {
     frames: mpsc::Sender<Outgoing>,
     permits: Arc<Semaphore>,
     next_request_id: AtomicU64,
-    frame_bytes_max: u32,
+    /// The largest request frame sent: the client's own limit, lowered to the broker's once
+    /// the handshake tells it (a larger one would be refused and the connection closed,
+    /// failing every request on it as maybe stored).
+    frame_bytes_max: AtomicU32,
     peer_addr: SocketAddr,
 }
 
@@ -295,9 +298,14 @@ impl Connection {
             frames: frames_tx,
             permits: Arc::new(Semaphore::new(limits.in_flight_max)),
             next_request_id: AtomicU64::new(1),
-            frame_bytes_max: limits.frames.frame_bytes_max(),
+            frame_bytes_max: AtomicU32::new(limits.frames.frame_bytes_max()),
             peer_addr,
         })
+    }
+
+    /// The broker's frame limit, from its handshake: no larger request is sent.
+    pub(crate) fn lower_frame_limit(&self, broker: u32) {
+        self.frame_bytes_max.fetch_min(broker, Ordering::Relaxed);
     }
 
     /// The address this connection reached.
@@ -386,11 +394,11 @@ impl Connection {
             shared: Vec::new(),
         };
         let len = encode_frame_parts(request_id, flags, meta, &mut frame)?;
-        if len > self.frame_bytes_max as usize {
+        let max = self.frame_bytes_max.load(Ordering::Relaxed);
+        if len > max as usize {
             return Err(ClientError::InvalidArgument(format!(
-                "a {} request of {len} bytes is larger than the frame limit of {} bytes",
+                "a {} request of {len} bytes is larger than the frame limit of {max} bytes (the smaller of the client's frame_bytes_max and the broker's --frame-bytes-max)",
                 M::KIND,
-                self.frame_bytes_max
             )));
         }
         Ok(frame)

@@ -172,6 +172,7 @@ impl Inner {
             other => return Err(unexpected(Kind::HandshakeOk2, &other)),
         };
         check_handshake(&ok.ok)?;
+        connection.lower_frame_limit(ok.limits.frame_bytes_max);
         Ok((connection, ok))
     }
 
