@@ -27,6 +27,7 @@ mod produce;
 mod query;
 mod retry;
 pub mod schedule;
+mod store_errors;
 pub mod topics;
 pub mod transaction;
 mod turns;
@@ -41,10 +42,10 @@ use std::rc::Rc;
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::log::{FlushMode, LogError};
+use crate::log::FlushMode;
 use crate::protocol::route::owner;
 use crate::protocol::*;
-use crate::store::{MessageStore, StoreError};
+use crate::store::MessageStore;
 use answer::{Answer, AnswerBudgets, HeldRequests};
 use forward::Forward;
 pub use forward::PollStep;
@@ -52,6 +53,7 @@ use group_service::{GroupExtra, CONN_SHARD_SHIFT};
 use groups::{GroupState, LockTable};
 use mesh::MESH_CALL_TIMEOUT_MS;
 use offsets::OffsetStore;
+pub(crate) use store_errors::{store_error, unsure_error};
 use topics::TopicTable;
 
 pub use consume::{PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX};
@@ -230,38 +232,6 @@ pub struct ShardCtx {
 
 pub(crate) fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
     ErrorBody::new(code, message)
-}
-
-pub(crate) fn store_error(e: StoreError) -> ErrorBody {
-    match &e {
-        StoreError::InvalidTopic(_) => err(ErrorCode::InvalidTopic, e.to_string()),
-        StoreError::OffsetTooSmall { .. } => err(ErrorCode::OffsetTooSmall, e.to_string()),
-        StoreError::OffsetTooBig { .. } => err(ErrorCode::OffsetTooBig, e.to_string()),
-        StoreError::QueueOpening { .. } => err(ErrorCode::BrokerBusy, e.to_string()),
-        StoreError::Log(LogError::DiskFull { .. })
-        | StoreError::Index(crate::index::IndexError::DiskFull { .. }) => {
-            err(ErrorCode::DiskFull, e.to_string())
-        }
-        StoreError::Log(LogError::Poisoned { .. }) => {
-            err(ErrorCode::StoreUnavailable, e.to_string())
-        }
-        StoreError::Log(LogError::InvalidRecord(_))
-        | StoreError::Log(LogError::RecordTooLarge { .. }) => {
-            err(ErrorCode::InvalidMessage, e.to_string())
-        }
-        StoreError::Log(LogError::Corrupt { .. })
-        | StoreError::Index(crate::index::IndexError::Corrupt { .. }) => {
-            err(ErrorCode::StoreCorrupt, e.to_string())
-        }
-        StoreError::Log(LogError::NoRecord { .. }) => err(ErrorCode::OffsetNotFound, e.to_string()),
-        StoreError::Log(LogError::OffsetTooSmall { .. }) => {
-            err(ErrorCode::OffsetTooSmall, e.to_string())
-        }
-        StoreError::Log(LogError::OffsetTooBig { .. }) => {
-            err(ErrorCode::OffsetTooBig, e.to_string())
-        }
-        _ => err(ErrorCode::StoreIo, e.to_string()),
-    }
 }
 
 pub(crate) fn error_frame(request_id: u64, e: &ErrorBody) -> Vec<u8> {

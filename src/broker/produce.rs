@@ -14,7 +14,8 @@ use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::goes_straight;
 use super::transaction::is_half;
 use super::{
-    err, error_frame, response_frame, store_error, Arrival, Forward, Handled, PollStep, ShardCtx,
+    err, error_frame, response_frame, store_error, unsure_error, Arrival, Forward, Handled,
+    PollStep, ShardCtx,
 };
 use crate::protocol::delay::asks_for_delay;
 use crate::protocol::record::{
@@ -655,7 +656,7 @@ impl ShardCtx {
             }
         }
         if let Err(e) = acked {
-            let e = store_error(e);
+            let e = unsure_error(e);
             self.count_error(&e);
             return Err(error_frame(request_id, &e));
         }

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::{rebuild_properties, OwnedDraft};
 use super::topics::NewTopic;
-use super::{err, store_error, ShardCtx};
+use super::{err, unsure_error, ShardCtx};
 use crate::protocol::names::{dlq_topic, retry_topic};
 use crate::protocol::record::{prop, Properties, RecordView};
 use crate::protocol::{ConsumerSendBack, ErrorBody, ErrorCode, SendBackResult};
@@ -92,13 +92,16 @@ impl ShardCtx {
         self.known_queue(&draft.topic, draft.queue_id)?;
         let put = self.put_draft(&draft.draft())?;
         // Readable first: its queue's long polls are woken before the wait for the disk.
-        self.store.acked(put.written()).await.map_err(store_error)?;
+        self.store
+            .acked(put.written())
+            .await
+            .map_err(unsure_error)?;
         self.wake_pollers(&draft.topic, draft.queue_id);
         let durable = match wait {
             PutWait::SyncNow => self.store.made_durable(put.written()).await,
             PutWait::NextFlush => self.store.durable(put.written()).await,
         };
-        durable.map_err(store_error)?;
+        durable.map_err(unsure_error)?;
         Ok(PutDone {
             msg_id: self.msg_id(put.physical_offset),
             queue_offset: put.queue_offset,

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use super::mesh::{MeshReply, MeshRequest};
 use super::schedule::rebuild_properties;
-use super::{err, store_error, ShardCtx};
+use super::{err, store_error, unsure_error, ShardCtx};
 use crate::protocol::record::{
     prop, Properties, RecordDraft, RecordView, SYS_FLAG_TRANSACTION_COMMIT,
 };
@@ -470,7 +470,7 @@ impl ShardCtx {
         } else {
             self.store.acked(put.written()).await
         };
-        r.map_err(store_error)
+        r.map_err(unsure_error)
     }
 
     /// Gives a pending half message its outcome: the commit (for a commit) and the op

@@ -11,7 +11,12 @@
 //! Retries: up to `retries` more attempts on retriable errors (timeouts, broken
 //! connections, retriable broker codes); round-robin moves to the next queue on each
 //! attempt, keyed and selected sends stay on their queue so order holds. A retried send
-//! whose first attempt timed out may be stored twice: delivery is at least once.
+//! whose earlier attempt's outcome is unknown may be stored twice: delivery is at least
+//! once. Those are an attempt that got no answer in time (`Timeout`), whose connection
+//! broke with it in flight (`Connection`), or that the broker answered `Timeout` (its
+//! call to the queue's shard) or `StoreUnsure` (appended, then the write or fdatasync
+//! failed). Such a send that fails in the end fails with that attempt's error, never with
+//! a later refusal that says nothing was stored.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -608,10 +613,11 @@ impl ProducerInner {
                 Err(e) => Err(e),
             };
             if let Err(e) = &outcome {
-                // No answer, the connection broke with it in flight, or the broker's own
-                // call to the queue's shard timed out (`Timeout`): it may be stored.
+                // No answer, the connection broke with it in flight, the broker's own
+                // call to the queue's shard timed out (`Timeout`), or its write failed
+                // after the append (`StoreUnsure`): it may be stored.
                 if matches!(e, ClientError::Timeout { .. } | ClientError::Connection(_))
-                    || e.code() == Some(ErrorCode::Timeout)
+                    || matches!(e.code(), Some(ErrorCode::Timeout | ErrorCode::StoreUnsure))
                 {
                     maybe_stored.get_or_insert_with(|| e.clone());
                 }

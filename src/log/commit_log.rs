@@ -150,6 +150,10 @@ pub enum LogError {
     InvalidRecord(#[from] RecordError),
     #[error("disk full: {reason}; nothing of this write was stored")]
     DiskFull { reason: String },
+    /// Too many cuts (full disks) since the record was appended to know whether one
+    /// dropped it.
+    #[error("disk full: {reason}; more cuts were made since this write than are remembered: it may be stored or not")]
+    CutUnknown { reason: String },
     #[error("invalid log configuration: {0}")]
     Config(String),
     #[error("commit log directory {path}: {reason}")]

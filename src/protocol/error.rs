@@ -51,6 +51,10 @@ pub enum ErrorCode {
     /// of the request was stored. Sends succeed again once space is freed, without a
     /// restart.
     DiskFull = 33,
+    /// The request's records were appended, then their write or fdatasync failed (or its
+    /// outcome was lost): they may be stored, and read by consumers, or not. A send retried
+    /// after this may be stored twice (at least once).
+    StoreUnsure = 34,
     Timeout = 40,
     /// The shard that owns the queue does not answer (stopping, overloaded).
     ShardUnavailable = 41,
@@ -84,7 +88,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 33] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownKind,
@@ -104,6 +108,7 @@ impl ErrorCode {
         ErrorCode::StoreIo,
         ErrorCode::StoreCorrupt,
         ErrorCode::DiskFull,
+        ErrorCode::StoreUnsure,
         ErrorCode::Timeout,
         ErrorCode::ShardUnavailable,
         ErrorCode::ScheduleFull,
@@ -142,6 +147,7 @@ impl ErrorCode {
             31 => ErrorCode::StoreIo,
             32 => ErrorCode::StoreCorrupt,
             33 => ErrorCode::DiskFull,
+            34 => ErrorCode::StoreUnsure,
             40 => ErrorCode::Timeout,
             41 => ErrorCode::ShardUnavailable,
             42 => ErrorCode::ScheduleFull,
@@ -172,6 +178,7 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable
             | ErrorCode::StoreIo
             | ErrorCode::DiskFull
+            | ErrorCode::StoreUnsure
             | ErrorCode::Timeout
             | ErrorCode::ShardUnavailable
             | ErrorCode::ScheduleFull
@@ -300,7 +307,7 @@ mod tests {
     /// The numbers are the wire format; a failing line here breaks deployed clients.
     #[test]
     fn numbers_are_stable() {
-        let expected: [(ErrorCode, u16); 31] = [
+        let expected: [(ErrorCode, u16); 32] = [
             (ErrorCode::MalformedFrame, 1),
             (ErrorCode::FrameTooLarge, 2),
             (ErrorCode::UnknownKind, 3),
@@ -327,6 +334,7 @@ mod tests {
             (ErrorCode::DiskFull, 33),
             (ErrorCode::LimitReached, 45),
             (ErrorCode::BrokerBusy, 46),
+            (ErrorCode::StoreUnsure, 34),
             (ErrorCode::InvalidDelay, 16),
             (ErrorCode::BadFilterExpression, 50),
             (ErrorCode::TransactionNotFound, 70),
@@ -350,6 +358,7 @@ mod tests {
                 ErrorCode::StoreUnavailable,
                 ErrorCode::StoreIo,
                 ErrorCode::DiskFull,
+                ErrorCode::StoreUnsure,
                 ErrorCode::Timeout,
                 ErrorCode::ShardUnavailable,
                 ErrorCode::ScheduleFull,

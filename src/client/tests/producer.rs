@@ -349,35 +349,37 @@ async fn a_send_that_may_be_stored_does_not_end_with_a_refusal() {
 }
 
 /// The broker's own call to the queue's shard timed out (`Timeout` answered: the shard may
-/// still store it): a later attempt's refusal that says nothing was stored does not end
-/// the send; the `Timeout` does. Before, only the client's own timeouts counted.
+/// still store it), or its write failed after the append (`StoreUnsure`: the record may
+/// be stored): a later attempt's refusal that says nothing was stored does not end the
+/// send; the first answer does. Before, only the client's own timeouts counted, then
+/// `Timeout` too.
 #[tokio::test]
 async fn a_send_the_broker_timed_out_on_does_not_end_with_a_refusal() {
-    let sends = Arc::new(AtomicUsize::new(0));
-    let seen = sends.clone();
-    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
-        Request::DescribeTopic(d) => described(id, &d.topic, 1),
-        Request::SendMessage(_) if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            vec![Out::Frame(error(
-                id,
-                ErrorCode::Timeout,
-                "shard 1 did not answer",
-            ))]
-        }
-        Request::SendMessage(_) => vec![Out::Frame(error(id, ErrorCode::QueueNotFound, "gone"))],
-        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
-    });
-    let fake = Fake::start(1, handler).await;
-    let producer = Producer::connect_with(fake.config(), ProducerOptions::default())
-        .await
-        .unwrap();
-    let sent = producer.send("t", OutgoingMessage::new("a")).await;
-    let code = sent.as_ref().err().and_then(ClientError::code);
-    assert_eq!(code, Some(ErrorCode::Timeout), "{sent:?}");
-    assert!(
-        sends.load(Ordering::SeqCst) >= 2,
-        "sent again after the Timeout"
-    );
+    for first in [ErrorCode::Timeout, ErrorCode::StoreUnsure] {
+        let sends = Arc::new(AtomicUsize::new(0));
+        let seen = sends.clone();
+        let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+            Request::DescribeTopic(d) => described(id, &d.topic, 1),
+            Request::SendMessage(_) if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+                vec![Out::Frame(error(id, first, "may be stored"))]
+            }
+            Request::SendMessage(_) => {
+                vec![Out::Frame(error(id, ErrorCode::DiskFull, "nothing stored"))]
+            }
+            _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+        });
+        let fake = Fake::start(1, handler).await;
+        let producer = Producer::connect_with(fake.config(), ProducerOptions::default())
+            .await
+            .unwrap();
+        let sent = producer.send("t", OutgoingMessage::new("a")).await;
+        let code = sent.as_ref().err().and_then(ClientError::code);
+        assert_eq!(code, Some(first), "{sent:?}");
+        assert!(
+            sends.load(Ordering::SeqCst) >= 2,
+            "sent again after {first}"
+        );
+    }
 }
 
 /// Sends packed behind one in flight whose packed request is refused are sent again one at

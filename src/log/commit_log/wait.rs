@@ -87,8 +87,8 @@ pub struct WaitFor<'a> {
     durable: bool,
 }
 
-/// Most cuts remembered; a wait for a record appended before the oldest of them fails as
-/// if cut (the record may be stored: a retry stores it twice, nothing is lost).
+/// Most cuts remembered; a wait for a record appended before the oldest of them fails
+/// (`CutUnknown`: the record may be stored, a retry stores it twice, nothing is lost).
 pub(super) const CUTS_KEPT: usize = 1024;
 
 impl Future for WaitFor<'_> {
@@ -109,11 +109,10 @@ impl Future for WaitFor<'_> {
                     .iter()
                     .any(|&(e, at)| e > self.epoch && at < self.target);
                 if cut || forgotten {
-                    return Poll::Ready(Err(LogError::DiskFull {
-                        reason: st
-                            .full
-                            .clone()
-                            .unwrap_or_else(|| "the disk was full".into()),
+                    let reason = (st.full.clone()).unwrap_or_else(|| "the disk was full".into());
+                    return Poll::Ready(Err(match cut {
+                        true => LogError::DiskFull { reason },
+                        false => LogError::CutUnknown { reason },
                     }));
                 }
             }
