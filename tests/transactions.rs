@@ -562,12 +562,17 @@ fn a_killed_broker_loses_no_commit_shows_no_rollback_and_checks_unresolved_ones_
 /// A half message no producer resolves (its check says "unknown" every time) does not go
 /// with its segment when retention deletes it, nor keep the log from shrinking: retention
 /// moves it to the discarded topic (listed, its copy readable by id, never pending
-/// again, after a restart too) and then deletes the segment it was stored in.
+/// again, after a restart too) and then deletes the segment it was stored in, once the
+/// half is older than the transaction timeout and a check interval (1.3 s here; its 15
+/// checks would take 15 s).
 #[test]
 fn a_half_message_past_retention_is_discarded_not_lost_and_retention_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut broker = BrokerProcess::start(&data, 1, common::SMALL_RETENTION);
+    let checks = ["--transaction-timeout-ms", "300"];
+    let checks = [&checks[..], &["--transaction-check-interval-ms", "1000"]].concat();
+    let flags = [common::SMALL_RETENTION, &checks].concat();
+    let mut broker = BrokerProcess::start(&data, 1, &flags);
     let addr = broker.addr_string();
     runtime().block_on(async {
         let tp = unsure_producer(&addr, "txr").await;
@@ -624,5 +629,44 @@ fn a_half_message_past_retention_is_discarded_not_lost_and_retention_goes_on() {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         let list = client.list_transactions().await.unwrap();
         assert!(list.halves.is_empty(), "{list:?}");
+    });
+}
+
+/// The log's size limit does not discard a half message younger than the transaction
+/// timeout and a check interval (36 s by default): its producer's commit a moment later is
+/// taken and delivered. Before, the next retention pass (300 ms here) discarded it, and the
+/// commit was refused `TransactionResolved`.
+#[test]
+fn a_young_half_message_is_not_discarded_for_the_logs_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, common::SMALL_RETENTION);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let tp = unsure_producer(&addr, "txy").await;
+        let client = tp.producer().client().clone();
+        client.create_topic("ty", 1).await.unwrap();
+        client.create_topic("filler", 1).await.unwrap();
+        let sent = tp
+            .send_in_transaction("ty", OutgoingMessage::new("young"), |_| {
+                TransactionOutcome::Unknown
+            })
+            .await
+            .unwrap();
+        common::send_8_mib(tp.producer(), "filler").await;
+        // Ten retention passes: the half stays pending.
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            let list = client.list_transactions().await.unwrap();
+            assert_eq!((list.halves.len(), list.discarded), (1, 0), "{list:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (queue_id, id) = (sent.send.queue_id, sent.send.transaction_id);
+        tp.end("ty", queue_id, id, TransactionOutcome::Commit, false)
+            .await
+            .unwrap();
+        let seen = visible(&client, "ty").await;
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["young"]);
+        assert_eq!(seen["young"].len(), 1);
+        tp.shutdown().await;
     });
 }

@@ -161,12 +161,22 @@ impl ShardCtx {
     /// [`DISCARDED_TOPIC`] (listed and counted, as one out of checks), so that a half no
     /// producer resolves (its group gone) neither goes with its segment unresolved nor keeps
     /// the log from shrinking. Until then the halves' retention floor keeps them.
+    ///
+    /// A half younger than the transaction timeout and one check interval is left alone
+    /// (the log may outgrow `--retention-bytes-max` for that long): its producer may still
+    /// end it, and has been asked once. Before, the size limit discarded halves seconds
+    /// old, and their producers' prompt commits were refused.
     pub(super) async fn discard_halves_past_retention(&self) {
-        let wanted = (self.store.log())
-            .retention_wanted_end(crate::log::now_ms())
-            .await;
+        let now = crate::log::now_ms();
+        let wanted = self.store.log().retention_wanted_end(now).await;
+        let grace = (self.cfg.transaction_timeout_ms)
+            .saturating_add(self.cfg.transaction_check_interval_ms);
         let mut aged = Vec::new();
-        for &half in self.txn.borrow().pending.keys() {
+        for (&half, h) in self.txn.borrow().pending.iter() {
+            if u64::try_from(now).unwrap_or(0).saturating_sub(h.stored_ms) < grace {
+                // The ones after it are stored later.
+                break;
+            }
             match self.store.queue_entry(HALF_TOPIC, 0, half) {
                 Ok(Some(e)) if e.physical_offset < wanted => aged.push(half),
                 // The ones after it are stored later.
