@@ -460,17 +460,18 @@ async fn impatient_producer(addr: &str, timeout_ms: u64, retries: u32, topic: &s
     producer
 }
 
-/// A send still queued when its request timeout has passed (the send ahead of it took
-/// that long) fails with `Timeout` and is not sent: its caller is told it failed, and it
-/// is not stored afterwards.
+/// A send still queued when its request timeout has passed (the send ahead of it takes
+/// longer) fails with `Timeout` then, not once the send ahead is done, and is not sent:
+/// its caller is told it failed, and it is not stored afterwards. Before, it failed only
+/// when the send ahead of it had run all its attempts.
 #[test]
 fn a_send_queued_past_its_timeout_fails_unsent() {
     let dir = tempfile::tempdir().unwrap();
-    // Each write takes 1.2 s: a send's two attempts, 500 ms each, both time out.
+    // Each write takes 1.2 s: a send's three attempts, 500 ms each, all time out.
     let broker = slow_broker(&dir, 1_200_000);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let producer = impatient_producer(&addr, 500, 1, "late").await;
+        let producer = impatient_producer(&addr, 500, 2, "late").await;
         let mut lead = vec![Box::pin(
             producer.send_async("late", OutgoingMessage::new("lead")),
         )];
@@ -483,6 +484,14 @@ fn a_send_queued_past_its_timeout_fails_unsent() {
             matches!(queued, ringmq::client::ClientError::Timeout { .. }),
             "{queued:?}"
         );
+        // The lead (three attempts of 500 ms) is still unanswered.
+        let mut still = false;
+        std::future::poll_fn(|cx| {
+            still = lead[0].as_mut().poll(cx).is_pending();
+            std::task::Poll::Ready(())
+        })
+        .await;
+        assert!(still, "the queued send waited for the lead's attempts");
         assert!(lead.pop().unwrap().await.is_err(), "the lead timed out too");
         // A send made after all of them, answered once every write before it is done.
         let mut config = ClientConfig::new(&addr);

@@ -86,9 +86,10 @@ pub struct ProducerOptions {
     /// sent alone. A packed request the broker refuses for one message or queue (a queue
     /// gone, a message only the broker checks) is sent again message by message. At most
     /// 64 MiB of sends wait behind requests in flight (a send past that waits for room, for
-    /// its request timeout at most, then fails with `Timeout`); a waiting send whose future
-    /// is dropped is not sent, and one still waiting when its request timeout has passed
-    /// fails with `Timeout`, unsent. Off by
+    /// its request timeout at most, then fails with `Timeout`; a send that goes at once
+    /// takes no room); a waiting send whose future is dropped is not sent, and one still
+    /// waiting when its request timeout has passed fails with `Timeout` then (not once the
+    /// request ahead of it ends), unsent, its room given back. Off by
     /// default: at moderate rates a send made while another is in flight waits for that
     /// one's answer instead of going at once (one shard at 20,000 msg/s, three pairs: send
     /// p50 77-85 µs and p99 0.13-0.56 ms higher; perf/README.md), a price worth paying

@@ -50,6 +50,38 @@ fn queued_bytes(body: usize, properties: usize) -> usize {
 pub(super) struct Coalescer {
     in_flight: bool,
     waiting: Vec<Waiting>,
+    /// A task fails the queued sends that pass their deadline ([`sweep_expired`]).
+    sweeping: bool,
+}
+
+/// Fails with `Timeout`, unsent, each send of `co` still queued at its deadline (the
+/// request ahead of it is slow, retried, or waits out a busy broker), then and not once
+/// that request ends, giving its room back; ends when nothing is queued. One timer for a
+/// coalescer's queued sends, not one for each.
+async fn sweep_expired(co: SharedCoalescer, timeout_ms: u64) {
+    loop {
+        let next = {
+            let mut st = lock(&co);
+            let now = Instant::now();
+            let (expired, kept): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut st.waiting)
+                .into_iter()
+                .partition(|w| w.deadline <= now);
+            st.waiting = kept;
+            let next = st.waiting.iter().map(|w| w.deadline).min();
+            if next.is_none() {
+                st.sweeping = false;
+            }
+            drop(st);
+            for w in expired {
+                let _ = w.tx.send(Err(ClientError::Timeout { timeout_ms }));
+            }
+            next
+        };
+        match next {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => return,
+        }
+    }
 }
 
 fn lock(co: &SharedCoalescer) -> std::sync::MutexGuard<'_, Coalescer> {
@@ -242,40 +274,59 @@ impl ProducerInner {
             topic,
             shard as usize,
         );
-        // Room for it, in case it queues: bounded bytes, waited for until its deadline.
+        // Room for it if it queues (a send that goes at once takes none): bounded bytes,
+        // waited for until its deadline.
         let timeout = self.client.config().request_timeout();
         let deadline = Instant::now() + timeout;
         let size = queued_bytes(request.body.len(), request.properties.len());
         // Within the room (a body is at most 4 MiB), so a permit count.
         let size = u32::try_from(size.min(COALESCE_WAITING_BYTES_MAX)).unwrap_or(u32::MAX);
-        let room = match self.coalesce_room.clone().try_acquire_many_owned(size) {
-            Ok(room) => room,
-            // Boxed: the wait is rare, and every send's future would carry its room.
-            Err(_) => Box::pin(self.wait_for_room(size, deadline, timeout)).await?,
-        };
-        let waiter = {
-            let mut st = lock(&co);
-            if st.in_flight {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                st.waiting.push(Waiting {
-                    queue: queue_u32,
-                    item: BatchItem {
-                        flag: request.flag,
-                        properties: std::mem::take(&mut request.properties),
-                        body: std::mem::take(&mut request.body).into(),
-                        born_timestamp_ms: request.born_timestamp_ms,
-                    },
-                    tx,
-                    deadline,
-                    _room: Some(room),
-                });
-                Some(rx)
-            } else {
-                st.in_flight = true;
-                None
+        let mut room = None;
+        let waiter = loop {
+            let queued = {
+                let mut st = lock(&co);
+                if !st.in_flight {
+                    st.in_flight = true;
+                    Some(None)
+                } else if let Some(held) = room.take() {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    // The first queued send of a while starts the sweep of those that pass
+                    // their deadline still queued.
+                    let sweep = !std::mem::replace(&mut st.sweeping, true);
+                    st.waiting.push(Waiting {
+                        queue: queue_u32,
+                        item: BatchItem {
+                            flag: request.flag,
+                            properties: std::mem::take(&mut request.properties),
+                            body: std::mem::take(&mut request.body).into(),
+                            born_timestamp_ms: request.born_timestamp_ms,
+                        },
+                        tx,
+                        deadline,
+                        _room: Some(held),
+                    });
+                    Some(Some((rx, sweep)))
+                } else {
+                    None
+                }
+            };
+            if let Some(waiter) = queued {
+                break waiter;
             }
+            room = Some(
+                match self.coalesce_room.clone().try_acquire_many_owned(size) {
+                    Ok(room) => room,
+                    // Boxed: the wait is rare, and every send's future would carry it.
+                    Err(_) => Box::pin(self.wait_for_room(size, deadline, timeout)).await?,
+                },
+            );
+            // The request in flight may have ended meanwhile: looked at again.
         };
-        if let Some(rx) = waiter {
+        if let Some((rx, sweep)) = waiter {
+            if sweep {
+                let timeout_ms = timeout.as_millis() as u64;
+                tokio::spawn(sweep_expired(co, timeout_ms));
+            }
             return rx.await.unwrap_or_else(|_| {
                 Err(ClientError::Connection(format!(
                     "the batch carrying a send to {topic} was dropped"

@@ -561,3 +561,69 @@ async fn check_backs_answered_at_once_are_bounded() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), want, "each answered once");
 }
+
+/// Under `coalesce`, a send that goes at once (nothing in flight to its topic's shard)
+/// takes none of the producer's 64 MiB of room for queued sends: with the room full of
+/// sends queued behind an unanswered one to another topic, it is sent and answered.
+/// Before, it waited for room, and failed with `Timeout`, unsent.
+#[tokio::test]
+async fn a_send_that_goes_at_once_needs_no_room_among_the_queued_ones() {
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        // Topic "stuck" is answered once (its queue count learnt), then never.
+        Request::SendMessage(s) if s.topic == "stuck" && s.body != b"warm" => Vec::new(),
+        Request::SendMessage(_) => vec![Out::Frame(answer(id, &send_result(0, 0)))],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 1_000;
+    let options = ProducerOptions {
+        coalesce: true,
+        retries: 0,
+        ..Default::default()
+    };
+    let producer = Producer::connect_with(config, options).await.unwrap();
+    producer
+        .send("stuck", OutgoingMessage::new("warm"))
+        .await
+        .unwrap();
+    // The lead to "stuck", then sixteen bodies of 4,000,000 bytes behind it: the room is
+    // full.
+    let lead = producer.send_async("stuck", OutgoingMessage::new("lead"));
+    let mut lead = Box::pin(lead);
+    assert!(pending_after_one_poll(&mut lead).await);
+    let body = vec![b'x'; 4_000_000];
+    let mut queued: Vec<_> = (0..16)
+        .map(|_| Box::pin(producer.send_async("stuck", OutgoingMessage::new(body.clone()))))
+        .collect();
+    for q in &mut queued {
+        assert!(pending_after_one_poll(q).await);
+    }
+    let other = producer
+        .send("free", OutgoingMessage::new(body.clone()))
+        .await;
+    assert!(other.is_ok(), "{other:?}");
+    // The queued ones fail at their deadline, unsent.
+    for q in queued {
+        let e = q.await.unwrap_err();
+        assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
+    }
+    assert!(lead.await.is_err());
+    let topics: Vec<String> = (fake.requests().into_iter())
+        .filter_map(|(_, r)| match r {
+            Request::SendMessage(s) => Some(s.topic),
+            Request::SendMulti(s) => Some(s.topic),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(topics, ["stuck", "stuck", "free"]);
+}
+
+/// Polls `f` once: whether it is still pending.
+async fn pending_after_one_poll<F: std::future::Future + Unpin>(f: &mut F) -> bool {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::pin::Pin::new(&mut *f).poll(cx).is_pending())
+    })
+    .await
+}
