@@ -529,3 +529,64 @@ fn an_empty_schedule_slot_found_at_start_is_said() {
         );
     });
 }
+
+/// A pending half message damaged on disk while the broker runs (after the start that
+/// would have counted it): its check cannot read it, so it is let go, said with its id,
+/// rather than held unchecked (counted against its group) until retention. Before, each
+/// check passed it over without a word.
+#[test]
+fn a_half_message_damaged_while_running_is_said_and_let_go_at_its_check() {
+    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    use std::io::{Seek, SeekFrom, Write};
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let flags = [
+            "--tail-cache-mb",
+            "0",
+            "--segment-bytes",
+            "1048576",
+            "--transaction-timeout-ms",
+            "300",
+            "--transaction-check-interval-ms",
+            "300",
+        ];
+        let broker = BrokerProcess::start(&data, 1, &flags);
+        let unsure = |_: &_| TransactionOutcome::Unknown;
+        let config = ClientConfig::new(broker.addr_string());
+        let tp = TransactionProducer::start(config, "txw", unsure)
+            .await
+            .unwrap();
+        let client = tp.producer().client().clone();
+        client.create_topic("txw", 1).await.unwrap();
+        let m = OutgoingMessage::new("txw-body-damaged");
+        let sent = tp.send_in_transaction("txw", m, |_| TransactionOutcome::Unknown);
+        let id = sent.await.unwrap().send.transaction_id;
+        // One bit of its header's magic flipped in place (the broker writes on).
+        let segment = data.join("shard-0/commitlog").join(format!("{:020}", 0));
+        let bytes = std::fs::read(&segment).unwrap();
+        let body = b"txw-body-damaged";
+        let at = bytes.windows(body.len()).position(|w| w == body).unwrap();
+        let magic = bytes[..at]
+            .windows(4)
+            .rposition(|w| w == b"RMQ\x01")
+            .unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&segment)
+            .unwrap();
+        file.seek(SeekFrom::Start(magic as u64)).unwrap();
+        file.write_all(&[bytes[magic] ^ 0x01]).unwrap();
+        file.sync_all().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !client.list_transactions().await.unwrap().halves.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "still pending");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let said = broker.stderr();
+        let line = format!("transaction {id} of producer group txw (for txw[0]) cannot be checked");
+        assert!(said.contains(&line), "{said}");
+        assert!(said.contains("let go unresolved"), "{said}");
+        tp.shutdown().await;
+    });
+}

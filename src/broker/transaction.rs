@@ -615,6 +615,27 @@ impl ShardCtx {
         }
     }
 
+    /// A half message to be checked could not be read. For a lasting reason (damaged on
+    /// disk, or gone from the log) no check will ever reach its producer, nor a commit
+    /// write it: it is let go, said with its id (never delivered; it ages out with its
+    /// segment), rather than held, unchecked, counted against its group's allowance until
+    /// retention. Any other failure is said and tried again at the next check.
+    fn half_unreadable(&self, half: u64, h: &Half, e: ErrorBody) {
+        let lasting = e.error_code().is_some_and(retention::never_discarded);
+        if lasting && self.txn.borrow_mut().pending.remove(&half).is_some() {
+            self.hold_halves();
+            crate::warn!(
+                "ringmq: shard {}: transaction {} of producer group {} (for {}[{}]) cannot be checked, its half message cannot be read ({}); let go unresolved (never delivered): it ages out with its segment",
+                self.id, h.id(half), h.group(), h.topic, h.queue_id, e.message
+            );
+        } else if !lasting {
+            crate::warn!(
+                "ringmq: shard {}: transaction {} of producer group {}: its half message could not be read for a check ({}); tried again at the next check",
+                self.id, h.id(half), h.group(), e.message
+            );
+        }
+    }
+
     fn append_op(&self, half: u64, outcome: u8, bits: u16) -> Result<PutResult, ErrorBody> {
         let body = op_body(half, outcome, bits);
         let draft = RecordDraft {
@@ -705,7 +726,10 @@ impl ShardCtx {
                 }
                 let record = match self.store.read_at(HALF_TOPIC, 0, half).await {
                     Ok(r) => r.to_vec(),
-                    Err(_) => continue,
+                    Err(e) => {
+                        self.half_unreadable(half, &h, store_error(e));
+                        continue;
+                    }
                 };
                 let check = CheckTransaction {
                     topic: h.topic.clone(),

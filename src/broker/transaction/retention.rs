@@ -260,7 +260,7 @@ const DISCARD_PASSES_MAX: u32 = 3;
 /// Whether a discard that failed with `code` will fail the same way every time: the disk is
 /// full (only retention gives space back, and the half holds it), or the half cannot be
 /// read as a message (damaged, or gone from the log).
-fn never_discarded(code: ErrorCode) -> bool {
+pub(super) fn never_discarded(code: ErrorCode) -> bool {
     matches!(
         code,
         ErrorCode::DiskFull
