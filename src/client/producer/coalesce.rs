@@ -288,7 +288,9 @@ impl ProducerInner {
                 if !st.in_flight {
                     st.in_flight = true;
                     Some(None)
-                } else if let Some(held) = room.take() {
+                } else if let Some(held) = (room.take())
+                    .or_else(|| self.coalesce_room.clone().try_acquire_many_owned(size).ok())
+                {
                     let (tx, rx) = tokio::sync::oneshot::channel();
                     // The first queued send of a while starts the sweep of those that pass
                     // their deadline still queued.
@@ -313,14 +315,9 @@ impl ProducerInner {
             if let Some(waiter) = queued {
                 break waiter;
             }
-            room = Some(
-                match self.coalesce_room.clone().try_acquire_many_owned(size) {
-                    Ok(room) => room,
-                    // Boxed: the wait is rare, and every send's future would carry it.
-                    Err(_) => Box::pin(self.wait_for_room(size, deadline, timeout)).await?,
-                },
-            );
-            // The request in flight may have ended meanwhile: looked at again.
+            // No room: waited for (boxed: the wait is rare, and every send's future would
+            // carry it). The request in flight may have ended meanwhile: looked at again.
+            room = Some(Box::pin(self.wait_for_room(size, deadline, timeout)).await?);
         };
         if let Some((rx, sweep)) = waiter {
             if sweep {
