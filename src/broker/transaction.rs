@@ -563,7 +563,7 @@ impl ShardCtx {
             self.known_queue(&h.topic, h.queue_id)?;
         }
         let tran_id = h.id(half).to_string();
-        // No await from here to the op record: the two appends are adjacent in the log.
+        let props;
         let mut copy = None;
         if let Some(view) = &view {
             // A discarded copy keeps where it was going (`REAL_TOPIC`, `REAL_QID`), as a
@@ -575,12 +575,12 @@ impl ShardCtx {
             } else {
                 (DISCARDED_TOPIC, 0, &[prop::TRAN_MSG][..])
             };
-            let props = rebuild_properties(
+            props = rebuild_properties(
                 view.properties(),
                 dropped,
                 &[(prop::TRANSACTION_ID, &tran_id)],
             )?;
-            let draft = RecordDraft {
+            copy = Some(RecordDraft {
                 topic,
                 queue_id,
                 flag: view.flag(),
@@ -593,25 +593,35 @@ impl ShardCtx {
                 transaction_offset: view.physical_offset(),
                 properties: &props,
                 body: view.body(),
-            };
-            copy = Some(self.store.append(&draft).map_err(store_error)?);
+            });
         }
-        match (self.append_op(half, outcome, time_bits(h.stored_ms)), copy) {
-            (Ok(op), copy) => Ok((copy, op)),
-            // The message is in the log but its op record is not (a full disk between the
-            // two): the outcome stands, answered once the message is written; a restart
-            // finds the copy (the commit, or the discard) by its key and writes the op
-            // record then.
-            (Err(e), Some(copy)) => {
+        // The copy and the op record, adjacent in the log, all or nothing: an op record
+        // that failed after its copy was appended (the op queue's index could not grow on
+        // a full disk) left the half resolved in memory only, not held from retention,
+        // until a restart found the copy by its key, if it still could.
+        let with_copy = copy.is_some();
+        let body = op_body(half, outcome, time_bits(h.stored_ms));
+        let drafts = copy.into_iter().chain([op_draft(&body)]);
+        let mut puts = Vec::with_capacity(2);
+        match self.store.append_batch(drafts, &mut puts) {
+            Ok(()) => match puts[..] {
+                [copy, op] => Ok((Some(copy), op)),
+                [op] => Ok((None, op)),
+                _ => Err(err(ErrorCode::Internal, "an outcome's appends miscounted")),
+            },
+            // Not taken back (the log is poisoned: no appends until a restart): the
+            // message is in the log, its op record not; the outcome stands, answered once
+            // the message is written, and the restart finds the copy by its key and
+            // writes the op record then.
+            Err(e) if with_copy && puts.len() == 1 => {
                 crate::warn!(
-                    "ringmq: shard {}: op record of transaction {}: {}; a restart writes it",
+                    "ringmq: shard {}: op record of transaction {}: {e}; a restart writes it",
                     self.id,
                     h.id(half),
-                    e.message
                 );
-                Ok((Some(copy), copy))
+                Ok((Some(puts[0]), puts[0]))
             }
-            (Err(e), None) => Err(e),
+            Err(e) => Err(store_error(e)),
         }
     }
 
@@ -638,19 +648,7 @@ impl ShardCtx {
 
     fn append_op(&self, half: u64, outcome: u8, bits: u16) -> Result<PutResult, ErrorBody> {
         let body = op_body(half, outcome, bits);
-        let draft = RecordDraft {
-            topic: OP_TOPIC,
-            queue_id: 0,
-            flag: 0,
-            sys_flag: 0,
-            born_timestamp_ms: crate::log::now_ms(),
-            born_host: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            reconsume_times: 0,
-            transaction_offset: 0,
-            properties: &[],
-            body: &body,
-        };
-        self.store.append(&draft).map_err(store_error)
+        self.store.append(&op_draft(&body)).map_err(store_error)
     }
 
     /// The check-back task of this shard: asks about half messages past their timeout, and
@@ -834,6 +832,22 @@ impl ShardCtx {
         all.recently_discarded
             .sort_by_key(|h| (h.shard, h.transaction_id));
         Ok(all)
+    }
+}
+
+/// The op record of an outcome; `body` is its [`op_body`].
+fn op_draft(body: &[u8]) -> RecordDraft<'_> {
+    RecordDraft {
+        topic: OP_TOPIC,
+        queue_id: 0,
+        flag: 0,
+        sys_flag: 0,
+        born_timestamp_ms: crate::log::now_ms(),
+        born_host: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        reconsume_times: 0,
+        transaction_offset: 0,
+        properties: &[],
+        body,
     }
 }
 
