@@ -213,8 +213,11 @@ impl TransactionProducer {
         .await
     }
 
-    /// Stops answering checks and closes the connections (the group forgets this
-    /// producer at once).
+    /// Stops answering checks. The connections close with the last handle on the client
+    /// (the group then forgets this producer at once); a `Client` cloned from
+    /// `producer().client()` and still held keeps them open, and the broker goes on sending
+    /// this producer checks that nobody answers (delivered, so not sent to another of the
+    /// group's producers that round): drop such clones too.
     pub async fn shutdown(mut self) {
         self.background.abort();
         let _ = (&mut self.background).await;
