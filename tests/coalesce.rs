@@ -467,11 +467,11 @@ async fn impatient_producer(addr: &str, timeout_ms: u64, retries: u32, topic: &s
 #[test]
 fn a_send_queued_past_its_timeout_fails_unsent() {
     let dir = tempfile::tempdir().unwrap();
-    // Each write takes 1.2 s: a send's three attempts, 500 ms each, all time out.
+    // Each write takes 1.2 s: a send's five attempts, 500 ms each, all time out.
     let broker = slow_broker(&dir, 1_200_000);
     let addr = broker.addr_string();
     runtime().block_on(async {
-        let producer = impatient_producer(&addr, 500, 2, "late").await;
+        let producer = impatient_producer(&addr, 500, 4, "late").await;
         let mut lead = vec![Box::pin(
             producer.send_async("late", OutgoingMessage::new("lead")),
         )];
@@ -484,7 +484,7 @@ fn a_send_queued_past_its_timeout_fails_unsent() {
             matches!(queued, ringmq::client::ClientError::Timeout { .. }),
             "{queued:?}"
         );
-        // The lead (three attempts of 500 ms) is still unanswered.
+        // The lead (five attempts of 500 ms) is still unanswered.
         let mut still = false;
         std::future::poll_fn(|cx| {
             still = lead[0].as_mut().poll(cx).is_pending();

@@ -821,7 +821,8 @@ fn a_delayed_send_cut_by_a_full_disk_brings_no_later_message_forward() {
 /// fill (it held retention back): it does not keep the disk full. It is discarded (copied
 /// to the discarded topic, when the copy fits what is left) or, if its copy does not fit,
 /// let go with its segment with a warning naming it; either way retention then frees the
-/// disk and sends are taken again with nobody freeing space.
+/// disk and sends are taken again with nobody freeing space. (Once the half is older than
+/// the transaction timeout and a check interval: 1.3 s here.)
 #[test]
 fn a_half_message_that_cannot_be_discarded_does_not_keep_a_full_disk_full() {
     use ringmq::client::TransactionOutcome;
@@ -830,7 +831,8 @@ fn a_half_message_that_cannot_be_discarded_does_not_keep_a_full_disk_full() {
         return;
     };
     let mut args = common::SMALL_RETENTION.to_vec();
-    args.extend(["--disk-free-min-mb", "0"]);
+    args.extend(["--disk-free-min-mb", "0", "--transaction-timeout-ms", "300"]);
+    args.extend(["--transaction-check-interval-ms", "1000"]);
     let broker = BrokerProcess::start(&disk.mnt.join("data"), 1, &args);
     let addr = broker.addr_string();
     runtime().block_on(async {
@@ -855,8 +857,12 @@ fn a_half_message_that_cannot_be_discarded_does_not_keep_a_full_disk_full() {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let list = client.list_transactions().await.unwrap();
-        assert!(list.halves.is_empty(), "{list:?}");
+        let mut list = client.list_transactions().await.unwrap();
+        while !list.halves.is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(20), "{list:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            list = client.list_transactions().await.unwrap();
+        }
         let id = sent.send.transaction_id;
         let log = broker.stderr();
         let discarded = (list.recently_discarded.iter()).any(|h| h.transaction_id == id);

@@ -114,6 +114,10 @@ pub struct Transactions {
     discarded_recent: std::collections::VecDeque<HalfMessageInfo>,
     /// When a failed lookup that holds the whole log (`hold_halves`) may be said again.
     hold_said_after_ms: u64,
+    /// Op records (outcome, time bits) of halves whose message copy is in the log without
+    /// them (`write_outcome`), appended again at each check tick; their halves hold the
+    /// retention floor until then.
+    owed_ops: BTreeMap<u64, (u8, u16)>,
 }
 
 /// Discards listed by [`ListTransactions`](crate::protocol::ListTransactions), per shard.
@@ -609,17 +613,26 @@ impl ShardCtx {
                 [op] => Ok((None, op)),
                 _ => Err(err(ErrorCode::Internal, "an outcome's appends miscounted")),
             },
-            // Not taken back (the log is poisoned: no appends until a restart): the
-            // message is in the log, its op record not; the outcome stands, answered once
-            // the message is written, and the restart finds the copy by its key and
-            // writes the op record then.
+            // Not taken back (the copy's append rolled into a segment whose file is made
+            // already, or the log is poisoned): the message is in the log, its op record
+            // not. The outcome stands, answered once the message is written; the op record
+            // is appended alone, now or at a later check tick (its half held from retention
+            // until then), or by a restart, which finds the copy by its key.
             Err(e) if with_copy && puts.len() == 1 => {
-                crate::warn!(
-                    "ringmq: shard {}: op record of transaction {}: {e}; a restart writes it",
-                    self.id,
-                    h.id(half),
-                );
-                Ok((Some(puts[0]), puts[0]))
+                let (copy, bits) = (puts[0], time_bits(h.stored_ms));
+                match self.append_op(half, outcome, bits) {
+                    Ok(op) => Ok((Some(copy), op)),
+                    Err(again) => {
+                        self.txn.borrow_mut().owed_ops.insert(half, (outcome, bits));
+                        crate::warn!(
+                            "ringmq: shard {}: op record of transaction {}: {e}, then {}; appended again at each check tick (or by a restart)",
+                            self.id,
+                            h.id(half),
+                            again.message
+                        );
+                        Ok((Some(copy), copy))
+                    }
+                }
             }
             Err(e) => Err(store_error(e)),
         }
@@ -651,6 +664,24 @@ impl ShardCtx {
         self.store.append(&op_draft(&body)).map_err(store_error)
     }
 
+    /// Appends the op records owed (`Transactions::owed_ops`), oldest first, until one
+    /// fails (tried again at the next tick).
+    fn append_owed_ops(&self) {
+        let owed: Vec<(u64, (u8, u16))> = (self.txn.borrow().owed_ops.iter())
+            .map(|(&half, &op)| (half, op))
+            .collect();
+        if owed.is_empty() {
+            return;
+        }
+        for (half, (outcome, bits)) in owed {
+            if self.append_op(half, outcome, bits).is_err() {
+                break;
+            }
+            self.txn.borrow_mut().owed_ops.remove(&half);
+        }
+        self.hold_halves();
+    }
+
     /// The check-back task of this shard: asks about half messages past their timeout, and
     /// discards those out of checks.
     pub async fn run_transaction_checks(self: Rc<Self>) {
@@ -672,6 +703,7 @@ impl ShardCtx {
             self.forget_cut_halves();
             // A half whose send a full disk cut holds nothing back from then on.
             self.hold_halves();
+            self.append_owed_ops();
             let now = now_ms();
             let interval = self.cfg.transaction_check_interval_ms;
             let due: Vec<(u64, Half)> = {
@@ -708,6 +740,14 @@ impl ShardCtx {
                                 self.id, h.id(half), h.group(), h.topic, h.queue_id, h.checks,
                                 copy.as_deref().unwrap_or("(none: a full disk cut the copy)")
                             );
+                        }
+                        // Its half cannot be read (damaged, or gone): let go as at a check.
+                        Err(e)
+                            if e.error_code().is_some_and(|c| {
+                                c != ErrorCode::DiskFull && retention::never_discarded(c)
+                            }) =>
+                        {
+                            self.half_unreadable(half, &h, e)
                         }
                         Err(e) => crate::warn!(
                             "ringmq: shard {}: discarding transaction {}: {}",

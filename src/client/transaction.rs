@@ -98,9 +98,12 @@ pub struct TransactionSendResult {
     /// What the local transaction said.
     pub outcome: TransactionOutcome,
     /// Why the outcome could not be told to the broker, if it could not. After a
-    /// retriable error (`is_retriable`: a timeout, a broken connection, a busy broker) the
+    /// retriable error (`is_retriable`: a timeout, a broken connection, a busy broker, a
+    /// write that failed after the outcome's records were appended, `StoreUnsure`) the
     /// transaction's state is not known here: the broker may have applied the outcome
-    /// before the error (a timeout), and then nothing asks again; if it did not, the
+    /// before the error (a timeout; with `StoreUnsure` the half is pending again while the
+    /// commit's copy may be stored, so a commit told again may deliver it twice), and then
+    /// nothing asks again; if it did not, the
     /// transaction is still pending and the broker asks the group's checker later. Either
     /// way the outcome is not lost as long as the checker answers as the local
     /// transaction did. `TransactionNotFound`: the broker no longer knows the transaction
@@ -163,8 +166,9 @@ impl TransactionProducer {
     /// Sends `message` as a half message, runs `local_tx` with where it was stored, and
     /// tells the broker its outcome. Fails only if the half message could not be stored
     /// as far as this producer knows; `local_tx` did not run then. The half is sent once,
-    /// not retried: after a timeout or a broken connection it may have been stored all the
-    /// same, and the broker then asks the checker about it (which answers from the
+    /// not retried: after a timeout, a broken connection or `StoreUnsure` (its write failed
+    /// after it was appended) it may have been stored all the same, and the broker then
+    /// asks the checker about it (which answers from the
     /// application's state: a transaction whose `local_tx` never ran is rolled back). A
     /// retried send would leave two halves of one call for the checker to commit. Failures
     /// that store nothing (a refused connection, a stale route) are not retried here either:

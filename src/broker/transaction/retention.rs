@@ -39,7 +39,8 @@ impl ShardCtx {
         };
         let floor = oldest(&mut txn.pending.keys()).and_then(|a| {
             let b = oldest(&mut txn.resolving.keys())?;
-            Ok(a.into_iter().chain(b).min().unwrap_or(u64::MAX))
+            let c = oldest(&mut txn.owed_ops.keys())?;
+            Ok(a.into_iter().chain(b).chain(c).min().unwrap_or(u64::MAX))
         });
         drop(txn);
         let floor = floor.unwrap_or_else(|e| {

@@ -59,6 +59,18 @@ pub(super) struct Coalescer {
 /// that request ends, giving its room back; ends when nothing is queued. One timer for a
 /// coalescer's queued sends, not one for each.
 async fn sweep_expired(co: SharedCoalescer, timeout_ms: u64) {
+    // However it ends (its runtime stopped under it, too), the next queued send starts
+    // another: a flag left set would leave queued sends to fail only when the request
+    // ahead of them ends.
+    struct Stopped(Option<SharedCoalescer>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            if let Some(co) = self.0.take() {
+                lock(&co).sweeping = false;
+            }
+        }
+    }
+    let mut stopped = Stopped(Some(co.clone()));
     loop {
         let next = {
             let mut st = lock(&co);
@@ -69,7 +81,10 @@ async fn sweep_expired(co: SharedCoalescer, timeout_ms: u64) {
             st.waiting = kept;
             let next = st.waiting.iter().map(|w| w.deadline).min();
             if next.is_none() {
+                // Under the lock that found the queue empty: a send queued after it starts
+                // another sweep.
                 st.sweeping = false;
+                stopped.0 = None;
             }
             drop(st);
             for w in expired {
@@ -287,6 +302,8 @@ impl ProducerInner {
                 let mut st = lock(&co);
                 if !st.in_flight {
                     st.in_flight = true;
+                    // Room waited for is given back: it goes at once.
+                    drop(room.take());
                     Some(None)
                 } else if let Some(held) = (room.take())
                     .or_else(|| self.coalesce_room.clone().try_acquire_many_owned(size).ok())
