@@ -168,13 +168,15 @@ impl ShardCtx {
     /// end it, and has been asked once. Before, the size limit discarded halves seconds
     /// old, and their producers' prompt commits were refused.
     pub(super) async fn discard_halves_past_retention(&self) {
-        let now = crate::log::now_ms();
-        let wanted = self.store.log().retention_wanted_end(now).await;
+        let wanted = (self.store.log())
+            .retention_wanted_end(crate::log::now_ms())
+            .await;
         let grace = (self.cfg.transaction_timeout_ms)
             .saturating_add(self.cfg.transaction_check_interval_ms);
+        let young_after = now_ms().saturating_sub(grace);
         let mut aged = Vec::new();
         for (&half, h) in self.txn.borrow().pending.iter() {
-            if u64::try_from(now).unwrap_or(0).saturating_sub(h.stored_ms) < grace {
+            if h.stored_ms > young_after {
                 // The ones after it are stored later.
                 break;
             }

@@ -167,6 +167,15 @@ impl Drop for Slot {
     }
 }
 
+/// Where a coalesced send goes: alone at once (nothing in flight to its shard), queued
+/// behind the request in flight (with its result's receiver, and whether it starts the
+/// sweep of expired ones), or nowhere yet (no room to queue it).
+enum Place {
+    Alone,
+    Queued(tokio::sync::oneshot::Receiver<Result<SendResult>>, bool),
+    NoRoom,
+}
+
 /// How many times in a row a coalescer yields while sends keep queuing.
 const COALESCE_SETTLE_YIELDS_MAX: usize = 4;
 
@@ -297,14 +306,14 @@ impl ProducerInner {
         // Within the room (a body is at most 4 MiB), so a permit count.
         let size = u32::try_from(size.min(COALESCE_WAITING_BYTES_MAX)).unwrap_or(u32::MAX);
         let mut room = None;
-        let waiter = loop {
-            let queued = {
+        let place = loop {
+            let place = {
                 let mut st = lock(&co);
                 if !st.in_flight {
                     st.in_flight = true;
                     // Room waited for is given back: it goes at once.
                     drop(room.take());
-                    Some(None)
+                    Place::Alone
                 } else if let Some(held) = (room.take())
                     .or_else(|| self.coalesce_room.clone().try_acquire_many_owned(size).ok())
                 {
@@ -324,19 +333,19 @@ impl ProducerInner {
                         deadline,
                         _room: Some(held),
                     });
-                    Some(Some((rx, sweep)))
+                    Place::Queued(rx, sweep)
                 } else {
-                    None
+                    Place::NoRoom
                 }
             };
-            if let Some(waiter) = queued {
-                break waiter;
+            if !matches!(place, Place::NoRoom) {
+                break place;
             }
             // No room: waited for (boxed: the wait is rare, and every send's future would
             // carry it). The request in flight may have ended meanwhile: looked at again.
             room = Some(Box::pin(self.wait_for_room(size, deadline, timeout)).await?);
         };
-        if let Some((rx, sweep)) = waiter {
+        if let Place::Queued(rx, sweep) = place {
             if sweep {
                 let timeout_ms = timeout.as_millis() as u64;
                 tokio::spawn(sweep_expired(co, timeout_ms));
