@@ -221,3 +221,72 @@ fn stale_commits_during_a_group_deletion_leave_no_group_behind() {
         }
     });
 }
+
+/// A shard that refused a stale commit for a fence tells the group's coordinator of it in
+/// the background; when that word comes after the group's deletion (the shard forgot the
+/// fence meanwhile), the coordinator does not make the deleted group's entry again, so its
+/// place under `--groups-max` stays free. The broker runs in this process, with the word
+/// held back 1.5 s (`testing_fence_tell_delay_ms`).
+#[test]
+fn a_fence_heard_of_after_its_groups_deletion_makes_no_group() {
+    use ringmq::client::MemberSpec;
+    use ringmq::protocol::route::{coordinator_shard, owner};
+    use ringmq::protocol::{CommitOffset, Response};
+    use ringmq::shard::{Broker, BrokerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let delay = std::time::Duration::from_millis(1500);
+    let broker = Broker::start(BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_owned(),
+        shards: 2,
+        groups_max: 1,
+        segment_bytes: 64 << 20,
+        testing_fence_tell_delay_ms: delay.as_millis() as u64,
+        ..Default::default()
+    })
+    .unwrap();
+    let addr = broker.shard_addrs()[0].to_string();
+    let on_0 = |n| {
+        (0..)
+            .map(|i| format!("{n}{i}"))
+            .find(|g| coordinator_shard(g, 2) == 0)
+    };
+    let (deleted, other) = (on_0("b").unwrap(), on_0("a").unwrap());
+    runtime().block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        client.create_topic("t", 8).await.unwrap();
+        // A queue of the shard other than the coordinator's.
+        let q = (0..8).find(|&q| owner("t", q, 2) == 1).unwrap();
+        client.reset_offset_by_time(&deleted, "t", 0).await.unwrap();
+        let stale = CommitOffset {
+            group: deleted.clone(),
+            topic: "t".into(),
+            queue_id: q,
+            offset: 0,
+            incarnation: 0,
+            offsets_epoch: Some(1),
+            if_absent: false,
+        };
+        let told_at = std::time::Instant::now();
+        match common::raw::call(&addr, stale.into()) {
+            Response::Error(e) => assert_eq!(e.error_code(), Some(ErrorCode::OffsetsReset), "{e}"),
+            other => panic!("a stale commit was taken: {other:?}"),
+        }
+        client.delete_group(&deleted).await.unwrap();
+        assert!(
+            told_at.elapsed() < delay,
+            "the deletion ended after the word"
+        );
+        // Observation window (intentional): the word arrives 1.5 s after the refusal, and
+        // nothing a client can see says it was handled; a second more covers that.
+        tokio::time::sleep(delay + std::time::Duration::from_secs(1)).await;
+        let member = MemberSpec {
+            subscriptions: vec![("t".into(), "*".into())],
+            ..MemberSpec::default()
+        };
+        let joined = client.group_heartbeat(&other, &member).await;
+        assert!(joined.is_ok(), "{joined:?}");
+        client.unregister(&other).await.unwrap();
+    });
+    broker.shutdown().unwrap();
+}

@@ -38,6 +38,9 @@ pub const LOCKS_PER_SHARD_MAX: usize = 1 << 20;
 /// one topic creation.
 pub const CLOSED_CONNS_KEPT: usize = 4096;
 
+/// Groups a coordinator remembers having deleted (`ShardCtx::deleted_groups`).
+pub const DELETED_GROUPS_KEPT: usize = 1024;
+
 /// The wall clock's milliseconds: offsets epochs, which must pass those of earlier broker
 /// runs.
 pub fn now_ms() -> u64 {

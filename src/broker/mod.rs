@@ -128,6 +128,9 @@ pub struct ServiceConfig {
     pub testing_panic_topic: Option<String>,
     /// Testing: the shards other than 0 mishandle the changes to this topic this way.
     pub testing_topic_change_fault: Option<(String, topics::TopicChangeFault)>,
+    /// Testing: a shard whose fence refused a commit waits this long (ms) before it tells
+    /// the group's coordinator (as if its `FenceSeen` were overtaken on the way).
+    pub testing_fence_tell_delay_ms: u64,
 }
 
 /// Everything one shard owns.
@@ -164,6 +167,10 @@ pub struct ShardCtx {
     /// Groups this shard, as their coordinator, is deleting: heartbeats are refused until
     /// every shard has forgotten the group's offsets.
     deleting_groups: RefCell<HashSet<String>>,
+    /// Groups this shard, as their coordinator, deleted since, latest last (at most
+    /// [`group_service::DELETED_GROUPS_KEPT`]): a shard's word of a fence it forgot in
+    /// the deletion, arriving after it, must not make the group's entry again.
+    deleted_groups: RefCell<std::collections::VecDeque<String>>,
     /// (group, epoch) of resets being told to their group's coordinator after a refused
     /// commit: one telling each, however many stale commits come meanwhile.
     telling_resets: RefCell<HashSet<(String, u64)>>,
@@ -318,6 +325,7 @@ impl ShardCtx {
             conn_groups: RefCell::new(HashMap::new()),
             closed_conns: RefCell::new(std::collections::VecDeque::new()),
             deleting_groups: RefCell::new(HashSet::new()),
+            deleted_groups: RefCell::new(std::collections::VecDeque::new()),
             telling_resets: RefCell::new(HashSet::new()),
             long_polls: Cell::new(0),
             assigned_bytes: Rc::new(Cell::new(0)),

@@ -126,6 +126,11 @@ pub struct BrokerConfig {
     /// tells them of (a field only, for tests that start the broker in their process).
     #[serde(skip)]
     pub testing_topic_change_fault: Option<(String, TopicChangeFault)>,
+    /// Testing: a shard whose fence refused a commit waits this long (ms) before telling
+    /// the group's coordinator (a field only, for tests that start the broker in their
+    /// process).
+    #[serde(skip)]
+    pub testing_fence_tell_delay_ms: u64,
     /// A shard with nothing to do polls this long before it parks its thread, in µs (0:
     /// park at once). Spinning saves the park/wake cost under load but keeps the core busy.
     pub spin_before_park_us: u64,
@@ -186,6 +191,7 @@ impl Default for BrokerConfig {
             testing_write_delay_us: 0,
             testing_panic_topic: None,
             testing_topic_change_fault: None,
+            testing_fence_tell_delay_ms: 0,
             spin_before_park_us: 0,
             cpus: String::new(),
             metrics_listen: None,

@@ -695,6 +695,7 @@ async fn shard_main(
         send_backlog_bytes_max: cfg.send_backlog_max_mb.saturating_mul(1 << 20),
         testing_panic_topic: cfg.testing_panic_topic.clone(),
         testing_topic_change_fault: cfg.testing_topic_change_fault.clone(),
+        testing_fence_tell_delay_ms: cfg.testing_fence_tell_delay_ms,
     };
     let peers = Box::new(MeshPeers {
         senders,

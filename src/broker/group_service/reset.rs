@@ -184,6 +184,8 @@ impl ShardCtx {
                 ),
             ));
         }
+        // Fences from here on are this reset's, to be published.
+        self.deleted_groups.borrow_mut().retain(|g| g != group);
         let (_, extra) = groups
             .entry(group.to_owned())
             .or_insert_with(|| self.new_group(group));
@@ -243,8 +245,16 @@ impl ShardCtx {
             }
         }
         // A shard may have told of its fence before it forgot it, and the entry made for
-        // that (`fence_seen`) would hold a place under --groups-max for a group that is gone.
+        // that (`fence_seen`) would hold a place under --groups-max for a group that is gone;
+        // its word may also come after this (`deleted_groups`).
         self.groups.borrow_mut().remove(&m.group);
+        let mut deleted = self.deleted_groups.borrow_mut();
+        if !deleted.contains(&m.group) {
+            if deleted.len() == super::DELETED_GROUPS_KEPT {
+                deleted.pop_front();
+            }
+            deleted.push_back(m.group.clone());
+        }
         failed.map_or(Ok(Empty {}), Err)
     }
 
@@ -289,6 +299,10 @@ impl ShardCtx {
             // Forgotten since (the group was deleted): told, it would be made again.
             return;
         }
+        let delay = self.cfg.testing_fence_tell_delay_ms;
+        if delay > 0 {
+            crate::io::sleep(std::time::Duration::from_millis(delay)).await;
+        }
         let coordinator = self.coordinator_of(group);
         if coordinator == self.id {
             self.fence_seen(group, epoch).await;
@@ -314,6 +328,13 @@ impl ShardCtx {
     pub(in crate::broker) async fn fence_seen(self: &Rc<Self>, group: &str, epoch: u64) {
         if self.deleting_groups.borrow().contains(group) {
             // Its shards are forgetting their fences: nothing to publish.
+            return;
+        }
+        if !self.groups.borrow().contains_key(group)
+            && self.deleted_groups.borrow().iter().any(|g| g == group)
+        {
+            // Told before its shard forgot the fence in the group's deletion, and heard
+            // after it (a reset since would have taken the group off this list).
             return;
         }
         let reserved = (self.groups.borrow().get(group)).map_or(0, |(_, e)| e.reserved_epoch);
