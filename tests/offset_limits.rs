@@ -153,19 +153,14 @@ fn a_start_commit_is_stored_only_if_the_group_has_no_offset_of_the_queue() {
 #[test]
 fn stale_commits_during_a_group_deletion_leave_no_group_behind() {
     use ringmq::client::MemberSpec;
-    use ringmq::protocol::route::{coordinator_shard, owner};
-    use ringmq::protocol::{CommitOffset, Response};
+    use ringmq::protocol::route::owner;
+    use ringmq::protocol::Response;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, &["--groups-max", "1"]);
     let addr = broker.addr_string();
-    let on_0 = |n| {
-        (0..)
-            .map(|i| format!("{n}{i}"))
-            .find(|g| coordinator_shard(g, 2) == 0)
-    };
-    let (deleted, other) = (on_0("b").unwrap(), on_0("a").unwrap());
+    let (deleted, other) = (coordinated_by_0("b"), coordinated_by_0("a"));
     runtime().block_on(async {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         client.create_topic("t", 8).await.unwrap();
@@ -185,16 +180,7 @@ fn stale_commits_during_a_group_deletion_leave_no_group_behind() {
                 move || {
                     let mut conn = common::raw::served_connection(&addr);
                     while !stop.load(Ordering::Relaxed) {
-                        let request = CommitOffset {
-                            group: group.clone(),
-                            topic: "t".into(),
-                            queue_id: q,
-                            offset: 0,
-                            incarnation: 0,
-                            offsets_epoch: Some(1),
-                            if_absent: false,
-                        };
-                        common::raw::write(&mut conn, 1, request.into());
+                        common::raw::write(&mut conn, 1, stale_commit(&group, q).into());
                         if let Response::Error(e) = common::raw::read_answer(&mut conn) {
                             assert_eq!(e.error_code(), Some(ErrorCode::OffsetsReset), "{e}");
                             refused.fetch_add(1, Ordering::Relaxed);
@@ -230,8 +216,8 @@ fn stale_commits_during_a_group_deletion_leave_no_group_behind() {
 #[test]
 fn a_fence_heard_of_after_its_groups_deletion_makes_no_group() {
     use ringmq::client::MemberSpec;
-    use ringmq::protocol::route::{coordinator_shard, owner};
-    use ringmq::protocol::{CommitOffset, Response};
+    use ringmq::protocol::route::owner;
+    use ringmq::protocol::Response;
     use ringmq::shard::{Broker, BrokerConfig};
     let dir = tempfile::tempdir().unwrap();
     let delay = std::time::Duration::from_millis(1500);
@@ -246,29 +232,15 @@ fn a_fence_heard_of_after_its_groups_deletion_makes_no_group() {
     })
     .unwrap();
     let addr = broker.shard_addrs()[0].to_string();
-    let on_0 = |n| {
-        (0..)
-            .map(|i| format!("{n}{i}"))
-            .find(|g| coordinator_shard(g, 2) == 0)
-    };
-    let (deleted, other) = (on_0("b").unwrap(), on_0("a").unwrap());
+    let (deleted, other) = (coordinated_by_0("b"), coordinated_by_0("a"));
     runtime().block_on(async {
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         client.create_topic("t", 8).await.unwrap();
         // A queue of the shard other than the coordinator's.
         let q = (0..8).find(|&q| owner("t", q, 2) == 1).unwrap();
         client.reset_offset_by_time(&deleted, "t", 0).await.unwrap();
-        let stale = CommitOffset {
-            group: deleted.clone(),
-            topic: "t".into(),
-            queue_id: q,
-            offset: 0,
-            incarnation: 0,
-            offsets_epoch: Some(1),
-            if_absent: false,
-        };
         let told_at = std::time::Instant::now();
-        match common::raw::call(&addr, stale.into()) {
+        match common::raw::call(&addr, stale_commit(&deleted, q).into()) {
             Response::Error(e) => assert_eq!(e.error_code(), Some(ErrorCode::OffsetsReset), "{e}"),
             other => panic!("a stale commit was taken: {other:?}"),
         }
@@ -289,4 +261,26 @@ fn a_fence_heard_of_after_its_groups_deletion_makes_no_group() {
         client.unregister(&other).await.unwrap();
     });
     broker.shutdown().unwrap();
+}
+
+/// A group of this name and a number, coordinated by shard 0 of 2.
+fn coordinated_by_0(name: &str) -> String {
+    (0..)
+        .map(|i| format!("{name}{i}"))
+        .find(|g| ringmq::protocol::route::coordinator_shard(g, 2) == 0)
+        .unwrap()
+}
+
+/// A commit of offset 0 of queue `q` of topic "t", with a position read at epoch 1 (before
+/// any reset).
+fn stale_commit(group: &str, q: u32) -> ringmq::protocol::CommitOffset {
+    ringmq::protocol::CommitOffset {
+        group: group.to_owned(),
+        topic: "t".into(),
+        queue_id: q,
+        offset: 0,
+        incarnation: 0,
+        offsets_epoch: Some(1),
+        if_absent: false,
+    }
 }
