@@ -879,3 +879,47 @@ fn a_sync_begun_during_another_waits_for_its_fdatasync() {
         assert!(log.durable_end() >= end);
     });
 }
+
+/// A log reopened after an unclean stop fdatasyncs every segment holding bytes past the
+/// last run's known durable point before it calls its end durable (a checkpoint taken then
+/// would claim bytes still only in the page cache), and one that cannot fails to open.
+/// The layout: three segments written without a sync at the end, the last one's data lost
+/// (the crash came before its pages were written), so that the recovery itself finds no
+/// torn tail to cut and sync.
+#[test]
+fn a_reopened_log_syncs_the_segments_past_its_known_durable_point() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = 64 * 1024;
+        let cfg = config(segment, FlushMode::Async);
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let mut kept = append_all(&log, 9, 400, 500).await;
+        let last_base = kept.last().unwrap().0 / segment * segment;
+        assert!(last_base >= 2 * segment, "three segments at least");
+        drop(log);
+        let last = dir.path().join(format!("{last_base:020}"));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&last)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        kept.retain(|(phys, _)| *phys < last_base);
+        let crashed = LogConfig {
+            known_durable: 0,
+            ..cfg
+        };
+        ringmq::io::inject_failure(ringmq::io::FailPoint::Fdatasync);
+        let r = CommitLog::open(dir.path(), crashed.clone(), 0, |_| {}).await;
+        let e = r.err().expect("opened without syncing");
+        assert!(e.to_string().contains("injected"), "{e}");
+        let (log, report) = CommitLog::open(dir.path(), crashed, 0, |_| {})
+            .await
+            .unwrap();
+        assert_eq!(report.end_offset, last_base);
+        assert_eq!(log.durable_end(), last_base);
+        check_all(&log, &kept).await;
+    });
+}

@@ -401,6 +401,18 @@ impl CommitLog {
             )
             .await?
         };
+        // The log is called durable to its end from here on (a checkpoint records that),
+        // but the bytes past the last run's known durable point may still be only in the
+        // page cache (written, not synced, when it stopped): synced now, every segment
+        // holding some, however the run before wrote them.
+        let unsure_from = end.min(cfg.known_durable);
+        for seg in segments.values() {
+            if seg.base + cfg.segment_bytes > unsure_from && seg.base < end {
+                if let Some(file) = &seg.file {
+                    file.fdatasync().await?;
+                }
+            }
+        }
         let min_offset = segments.keys().next().copied().unwrap_or(active_base);
         report.min_offset = min_offset;
         report.end_offset = end;
