@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringmq::io::run_local;
 use ringmq::protocol::record::RecordView;
-use ringmq::store::{MessageStore, StoreConfig};
+use ringmq::store::{Checkpoint, MessageStore, StoreConfig, StoreError};
 
 fn small_config() -> StoreConfig {
     let mut cfg = StoreConfig::default();
@@ -74,6 +74,38 @@ fn lose_power(data: &Path, at_checkpoint: &HashMap<PathBuf, Vec<u8>>, rng: &mut 
     }
 }
 
+/// The number in a message's `key-<n>` key.
+fn key_of(bytes: &[u8]) -> u64 {
+    let view = RecordView::parse(bytes).unwrap();
+    let key = view
+        .keys()
+        .find_map(|k| k.strip_prefix("key-")?.parse().ok());
+    key.unwrap()
+}
+
+/// Each queue holds exactly its messages (by number, in queue order).
+async fn check_queues(store: &MessageStore, queues: &HashMap<(String, u32), Vec<u64>>, seed: u64) {
+    for ((topic, queue_id), numbers) in queues {
+        let range = store.queue_range(topic, *queue_id).unwrap();
+        assert_eq!(
+            range,
+            (0, numbers.len() as u64),
+            "seed {seed}: {topic}:{queue_id}"
+        );
+        for (offset, n) in numbers.iter().enumerate() {
+            let bytes = store
+                .read_at(topic, *queue_id, offset as u64)
+                .await
+                .unwrap();
+            assert_eq!(
+                key_of(&bytes),
+                *n,
+                "seed {seed}: {topic}:{queue_id}@{offset}"
+            );
+        }
+    }
+}
+
 /// Messages with keys `key-<n>` (one each) and `order-<n % 10>`, into four queues of two
 /// topics, across rolls of both indexes' files, a checkpoint among them; then a power
 /// loss, and the unclean start finds each by queue and by key, once.
@@ -107,32 +139,7 @@ fn after_a_power_loss_every_message_is_found_by_queue_and_by_key() {
 
             let (store, recovery) = MessageStore::open(data, small_config()).await.unwrap();
             assert!(!recovery.clean_shutdown);
-            let key_of = |bytes: &[u8]| -> u64 {
-                let view = RecordView::parse(bytes).unwrap();
-                let key = view
-                    .keys()
-                    .find_map(|k| k.strip_prefix("key-")?.parse().ok());
-                key.unwrap()
-            };
-            for ((topic, queue_id), numbers) in &queues {
-                let range = store.queue_range(topic, *queue_id).unwrap();
-                assert_eq!(
-                    range,
-                    (0, numbers.len() as u64),
-                    "seed {seed}: {topic}:{queue_id}"
-                );
-                for (offset, n) in numbers.iter().enumerate() {
-                    let bytes = store
-                        .read_at(topic, *queue_id, offset as u64)
-                        .await
-                        .unwrap();
-                    assert_eq!(
-                        key_of(&bytes),
-                        *n,
-                        "seed {seed}: {topic}:{queue_id}@{offset}"
-                    );
-                }
-            }
+            check_queues(&store, &queues, seed).await;
             for n in 0..before + after {
                 let topic = format!("topic{}", n % 2);
                 let key = format!("key-{n}");
@@ -155,4 +162,65 @@ fn after_a_power_loss_every_message_is_found_by_queue_and_by_key() {
             }
         });
     }
+}
+
+/// An index sync that failed holds the checkpoint for the rest of the run, even once syncs
+/// work again (Linux marks the pages of a failed writeback clean, so a second fdatasync
+/// succeeds without them ever reaching the disk); the clean close fails too, and a power
+/// loss that takes every index write since the checkpoint still finds each message by
+/// queue after the restart, which indexes them again from the log. Before, the next
+/// checkpoint moved past the lost entries.
+#[test]
+fn an_index_sync_that_failed_holds_the_checkpoint_until_a_restart() {
+    run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        let (store, _) = MessageStore::open(data, small_config()).await.unwrap();
+        let mut queues: HashMap<(String, u32), Vec<u64>> = HashMap::new();
+        let mut put = async |numbers: std::ops::Range<u64>| {
+            for n in numbers {
+                let m = common::message(7, n, 4, 300);
+                let r = store.put(&m.draft()).await.unwrap();
+                let queue = queues.entry((m.topic.clone(), m.queue_id)).or_default();
+                assert_eq!(r.queue_offset, queue.len() as u64);
+                queue.push(n);
+            }
+        };
+        put(0..300).await;
+        store.log().sync_all().await.unwrap();
+        store.checkpoint().await.unwrap();
+        let at_checkpoint = index_files(data);
+        let held = Checkpoint::read(data).unwrap().log_offset;
+        assert!(held > 0);
+        put(300..600).await;
+        store.log().sync_all().await.unwrap();
+        let queues_dir = data.join("consumequeue");
+        ringmq::index::testing_fail_syncs_under(&queues_dir, true);
+        let failed = store.checkpoint().await.unwrap_err().to_string();
+        ringmq::index::testing_fail_syncs_under(&queues_dir, false);
+        assert!(failed.contains("injected"), "{failed}");
+        put(600..610).await;
+        store.log().sync_all().await.unwrap();
+        match store.checkpoint().await {
+            Err(StoreError::CheckpointHeld { checkpoint, reason }) => {
+                assert_eq!(checkpoint, held);
+                assert!(reason.contains("injected"), "{reason}");
+            }
+            other => panic!("a checkpoint past a failed index sync: {other:?}"),
+        }
+        assert_eq!(Checkpoint::read(data).unwrap().log_offset, held);
+        assert!(store.close().await.is_err(), "closed cleanly");
+        drop(store);
+        // The worst the lost writebacks can leave: every index block as at the
+        // checkpoint, every file made since gone.
+        for (path, _) in index_files(data) {
+            match at_checkpoint.get(&path) {
+                Some(old) => std::fs::write(&path, old).unwrap(),
+                None => std::fs::remove_file(&path).unwrap(),
+            }
+        }
+        let (store, recovery) = MessageStore::open(data, small_config()).await.unwrap();
+        assert!(!recovery.clean_shutdown);
+        check_queues(&store, &queues, 7).await;
+    });
 }

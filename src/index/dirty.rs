@@ -37,6 +37,12 @@ impl DirtyFile {
     /// meanwhile (a roll that created its file, another checkpoint) is no reason to skip:
     /// the numbered name is synced.
     pub fn sync(&self) -> std::io::Result<bool> {
+        if failing(&self.path) {
+            return Err(std::io::Error::other(format!(
+                "fdatasync {}: injected failure",
+                self.path.display()
+            )));
+        }
         if let Some(to) = &self.link_to {
             if !link(&self.path, to)? && !to.exists() {
                 return Ok(false);
@@ -59,6 +65,26 @@ impl DirtyFile {
         }
         Ok(true)
     }
+}
+
+/// Testing: index files under these directories fail to sync, process-wide (syncs run in
+/// the blocking pool, where a thread-local fault would not reach).
+static FAIL_SYNCS_UNDER: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Testing: makes every later sync of an index file under `dir` fail (`fail`), or no longer
+/// (`!fail`). Checked once per file a checkpoint syncs.
+#[doc(hidden)]
+pub fn testing_fail_syncs_under(dir: &Path, fail: bool) {
+    let mut dirs = FAIL_SYNCS_UNDER.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.retain(|d| d != dir);
+    if fail {
+        dirs.push(dir.to_owned());
+    }
+}
+
+fn failing(path: &Path) -> bool {
+    let dirs = FAIL_SYNCS_UNDER.lock().unwrap_or_else(|e| e.into_inner());
+    !dirs.is_empty() && dirs.iter().any(|d| path.starts_with(d))
 }
 
 /// Syncs `dirty` as the store's checkpoint does (each must sync), hands it to

@@ -24,6 +24,12 @@ impl MessageStore {
     /// fdatasync writes back what was written through their mappings).
     pub async fn checkpoint(&self) -> Result<u64, StoreError> {
         let _turn = self.inner.checkpointing.lock().await;
+        if let Some(reason) = self.inner.index_sync_failed.borrow().clone() {
+            return Err(StoreError::CheckpointHeld {
+                checkpoint: self.inner.checkpointed.get(),
+                reason,
+            });
+        }
         let durable = self.inner.log.durable_end();
         // Every index entry of a record below `durable` is in a mapping by now (entries are
         // put when records are appended).
@@ -44,7 +50,7 @@ impl MessageStore {
         } else {
             // Each file named (a spare a roll took), fdatasynced, and its directory synced
             // for a new name. One gone meanwhile is left out.
-            crate::io::blocking(move || -> std::io::Result<_> {
+            let done = crate::io::blocking(move || -> std::io::Result<_> {
                 let (mut queues, mut gone) = (queues, Vec::new());
                 for (key, files) in &mut queues {
                     let (kept, lost) = synced(std::mem::take(files))?;
@@ -55,7 +61,17 @@ impl MessageStore {
                 gone.extend(lost.into_iter().map(|f| (None, f)));
                 Ok((queues, keys, gone))
             })
-            .await?
+            .await;
+            match done {
+                Ok(synced) => synced,
+                Err(e) => {
+                    // Linux marks the pages of a failed writeback clean: a sync again would
+                    // succeed without them, and a checkpoint past them would keep a restart
+                    // from indexing their records again.
+                    *self.inner.index_sync_failed.borrow_mut() = Some(e.to_string());
+                    return Err(StoreError::Io(e));
+                }
+            }
         };
         let mut unlinked = Vec::new();
         {

@@ -128,6 +128,13 @@ pub enum StoreError {
         "retention held at the last checkpoint (log offset {checkpoint}): a checkpoint past it failed: {reason}"
     )]
     RetentionHeld { checkpoint: u64, reason: String },
+    /// An index file failed to sync in an earlier checkpoint: a second sync could succeed
+    /// without the lost writes ever reaching the disk, so the checkpoint stays where it was
+    /// for the rest of the run (and retention with it); a restart replays the log from it.
+    #[error(
+        "checkpoint held at log offset {checkpoint} until a restart: an index file failed to sync ({reason}); the restart indexes the records past it again from the log"
+    )]
+    CheckpointHeld { checkpoint: u64, reason: String },
 }
 
 /// Where a stored message went.
@@ -206,6 +213,9 @@ struct Inner {
     /// Held by a checkpoint while it runs: one at a time, so that the checkpoint on disk
     /// and `checkpointed` only move forward, together.
     checkpointing: tokio::sync::Mutex<()>,
+    /// Why an index sync of a checkpoint failed, if one did: no later checkpoint is taken
+    /// in this run ([`StoreError::CheckpointHeld`]).
+    index_sync_failed: RefCell<Option<String>>,
     /// The last retention pass stopped at the checkpoint on disk: the checkpoint it wrote
     /// first failed.
     retention_held: std::cell::Cell<bool>,

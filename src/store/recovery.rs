@@ -196,6 +196,7 @@ impl MessageStore {
                 stopped: std::cell::Cell::new(false),
                 retention_floors: std::array::from_fn(|_| std::cell::Cell::new(u64::MAX)),
                 checkpointed: std::cell::Cell::new(checkpointed),
+                index_sync_failed: RefCell::new(None),
                 checkpointing: tokio::sync::Mutex::new(()),
                 retention_held: std::cell::Cell::new(false),
                 trimmed_to: std::cell::Cell::new(trimmed_to),
