@@ -362,10 +362,11 @@ impl ShardCtx {
                         Err(e) => return Err(store_error(e)),
                     };
                     // Records shared with the cache keep its whole buffers alive while the
-                    // answer waits: that memory is reserved too, or the records are copied.
-                    let pinned = r.pinned_beyond();
-                    if pinned > 0 && !self.answers.try_grow(&mut hold, conn, pinned) {
-                        r.unshare();
+                    // answer waits, as do the other bytes of the reads that took them: that
+                    // memory is reserved too, or the records are copied.
+                    let beyond = r.held_beyond();
+                    if beyond > 0 && !self.answers.try_grow(&mut hold, conn, beyond) {
+                        r.compact();
                     }
                     // A filtered pull looks at as many messages as it asks for and answers
                     // those that match: each pull moves the position by its batch, so a

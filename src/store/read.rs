@@ -89,12 +89,32 @@ impl QueueRead {
         }
         held.saturating_sub(self.shared_bytes())
     }
+    /// Bytes of memory the read's buffers hold beyond its records' own bytes: the cache
+    /// buffers it shares (each counted once), the bytes of other records a read took in
+    /// passing (other queues' records between this queue's), a disk read's alignment (a
+    /// block at each end at most). What an answer carrying it holds past its size.
+    pub fn held_beyond(&self) -> usize {
+        let mut held = self.pinned_beyond() + self.shared_bytes();
+        for b in &self.bufs {
+            held += match b {
+                ReadBuf::Shared { .. } => 0,
+                ReadBuf::Plain(v) => v.capacity(),
+                ReadBuf::Dma(r) => crate::io::align_up(r.len()) + crate::io::IO_ALIGN,
+            };
+        }
+        held.saturating_sub(self.bytes_len())
+    }
     /// Copies the records out of the cache buffers they share, so the read no longer holds
     /// those buffers.
     pub fn unshare(&mut self) {
         if self.shared_bytes() == 0 {
             return;
         }
+        self.compact();
+    }
+    /// Copies the records into one buffer of their own size, so the read holds no other
+    /// bytes ([`Self::held_beyond`] is 0 after it).
+    pub fn compact(&mut self) {
         let mut out = Vec::with_capacity(self.bytes_len());
         let mut slices = Vec::with_capacity(self.slices.len());
         for r in self.records() {
@@ -439,10 +459,10 @@ impl MessageStore {
             topic,
             queue_id,
             picked,
+            bytes: plan_bytes,
             next_offset: mut next,
             min_offset: min,
             max_offset: max,
-            ..
         } = plan;
         let seg = self.inner.log.config().segment_bytes;
         let mut bufs = Vec::new();
@@ -451,6 +471,11 @@ impl MessageStore {
         let mut i = 0;
         // Where the records read so far end.
         let mut read_end = None;
+        // Bytes of other records the reads may take in passing, all runs together (a run
+        // takes them to save reads): a queue's few small records between other records
+        // many times their size are read one at a time past it, so that an answer does not
+        // hold hundreds of times its own bytes.
+        let mut gap_budget = plan_bytes.max(256 << 10) as u64;
         while i < picked.len() {
             // A damaged entry (unfiltered reads take entries unchecked) is not read: one
             // whose size no record has (it would size the buffer), or one pointing back
@@ -494,13 +519,16 @@ impl MessageStore {
                 let new_end = e.physical_offset + e.size as u64;
                 let same_segment = e.physical_offset / seg == start / seg;
                 let span = new_end - start;
+                let gap = e.physical_offset - end;
                 if !same_segment
                     || cached_until.is_some_and(|until| new_end > until)
                     || span > 2 * (carried + e.size as u64) + 64 * 1024
                     || span > 16 << 20
+                    || gap > gap_budget
                 {
                     break;
                 }
+                gap_budget -= gap;
                 end = new_end;
                 carried += e.size as u64;
                 j += 1;
