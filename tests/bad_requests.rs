@@ -98,6 +98,19 @@ fn malformed_and_oversized_requests_get_typed_errors_and_change_nothing() {
     pull.tag_hashes = (1..=65).collect();
     let (code, message) = error_of(call(&addr, pull.into()));
     assert_eq!(code, ErrorCode::BadFilterExpression, "{message}");
+    // Refused for its filter before its topic is looked for (on a shard other than 0,
+    // that waits for shard 0, with the request held).
+    let mut pull = Pull::new("no-such-topic", 0, 0);
+    pull.tag_hashes = (1..=65).collect();
+    let (code, message) = error_of(call(&addr, pull.into()));
+    assert_eq!(code, ErrorCode::BadFilterExpression, "{message}");
+    let pull = Pull {
+        sql: "a = 1 OR ".repeat(500) + "a = 2",
+        ..Pull::new("no-such-topic", 0, 0)
+    };
+    let (code, message) = error_of(call(&addr, pull.into()));
+    assert_eq!(code, ErrorCode::BadFilterExpression, "{message}");
+    assert!(message.contains("at most 4096"), "{message}");
     // Only -1 leaves the queue to the broker.
     for queue in [-2, i32::MIN] {
         let (code, message) = error_of(call(&addr, send("t", queue, Vec::new(), b"x")));

@@ -239,7 +239,8 @@ impl ShardCtx {
         poll: PollStep,
         p: Pull,
     ) -> Result<Answer, ErrorBody> {
-        self.learn_queue(&p.topic, p.queue_id).await?;
+        // Before any wait (learning the topic can take a call to shard 0): the request's
+        // filter is held meanwhile, and a frame can carry megabytes of it.
         if p.tag_hashes.len() > TAG_HASHES_MAX {
             return Err(err(
                 ErrorCode::BadFilterExpression,
@@ -249,6 +250,9 @@ impl ShardCtx {
                 ),
             ));
         }
+        SqlFilter::check_length(&p.sql)
+            .map_err(|e| err(ErrorCode::BadFilterExpression, e.to_string()))?;
+        self.learn_queue(&p.topic, p.queue_id).await?;
         let max_messages = if p.max_messages == 0 {
             crate::protocol::PULL_BATCH_DEFAULT
         } else {

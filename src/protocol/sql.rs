@@ -235,8 +235,9 @@ fn negate(t: Truth, negated: bool) -> Truth {
 }
 
 impl SqlFilter {
-    /// Parses an expression; a typed error with the column of the problem otherwise.
-    pub fn parse(source: &str) -> Result<SqlFilter, SqlError> {
+    /// The first check of [`Self::parse`], alone: an expression longer than
+    /// [`SQL_EXPRESSION_BYTES_MAX`] is refused.
+    pub fn check_length(source: &str) -> Result<(), SqlError> {
         if source.len() > SQL_EXPRESSION_BYTES_MAX {
             return Err(SqlError {
                 column: 1,
@@ -246,6 +247,12 @@ impl SqlFilter {
                 ),
             });
         }
+        Ok(())
+    }
+
+    /// Parses an expression; a typed error with the column of the problem otherwise.
+    pub fn parse(source: &str) -> Result<SqlFilter, SqlError> {
+        Self::check_length(source)?;
         let tokens = lex(source)?;
         let mut parser = Parser {
             source,
