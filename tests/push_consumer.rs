@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ringmq::client::{
-    Client, ClientConfig, ConsumeFrom, ConsumeStatus, Message, MessageModel, MessageQueue,
-    OrderlyStatus, OutgoingMessage, Producer, PushConsumer, PushConsumerOptions,
+    Client, ClientConfig, ClientError, ConsumeFrom, ConsumeStatus, Message, MessageModel,
+    MessageQueue, OrderlyStatus, OutgoingMessage, Producer, PushConsumer, PushConsumerOptions,
 };
 use ringmq::log::FlushMode;
+use ringmq::protocol::ErrorCode;
 use ringmq::shard::{Broker, BrokerConfig};
 
 /// Bound on every wait for something the consumers must do.
@@ -843,4 +844,107 @@ fn an_sql_filter_delivers_only_and_all_matching_messages_from_both_shards() {
         assert_eq!(queues.len(), 4, "matches came from every queue: {queues:?}");
         consumer.shutdown().await.unwrap();
     });
+}
+
+/// A message whose listener failed and whose send-back failed too (the group's retry topic
+/// cannot be made: the broker is at `--topics-max`) waits to be consumed again here, for a
+/// listener slot; a shutdown that comes while every slot is busy ends that wait: the
+/// listener is not called with it again on a consumer that is leaving. It stays
+/// uncommitted, and the group's next member consumes it. Before, the retry took the slot
+/// the busy call gave back, ahead of the shutdown.
+#[test]
+fn a_message_waiting_to_be_retried_here_is_left_to_the_next_member_at_a_shutdown() {
+    with_broker_and(
+        |c| c.topics_max = 3,
+        |addr| async move {
+            let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+            let client = producer.client().clone();
+            client.create_topic("late", 1).await.unwrap();
+            let opts = PushConsumerOptions {
+                consume_from: ConsumeFrom::FirstOffset,
+                consume_threads: 1,
+                reconsume_delay_ms: 20,
+                ..options()
+            };
+            let attempts: Attempts = Arc::default();
+            let (open, gate) = std::sync::mpsc::channel::<()>();
+            let gate = Mutex::new(gate);
+            let consumer =
+                Arc::new(PushConsumer::new(ClientConfig::new(&addr), "g-late", opts).unwrap());
+            consumer.subscribe("late", "*").unwrap();
+            {
+                let attempts = attempts.clone();
+                consumer
+                    .register_concurrent(move |messages| {
+                        match count_attempt(&attempts, &messages[0]).0.as_str() {
+                            "fails" => ConsumeStatus::ReconsumeLater,
+                            _ => {
+                                // Holds the only slot until the test opens the gate.
+                                let _ = gate.lock().unwrap().recv();
+                                ConsumeStatus::Success
+                            }
+                        }
+                    })
+                    .unwrap();
+            }
+            consumer.start().await.unwrap();
+            // The group's retry topic, made by the start, goes, and no topic can be made.
+            client.delete_topic("%RETRY%g-late").await.unwrap();
+            for i in 0.. {
+                match client.create_topic(&format!("filler-{i}"), 1).await {
+                    Ok(()) => assert!(i < 10, "no topic limit"),
+                    Err(ClientError::Broker { code, .. }) => {
+                        assert_eq!(code, Some(ErrorCode::LimitReached));
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            for body in ["fails", "holds"] {
+                producer
+                    .send("late", OutgoingMessage::new(body))
+                    .await
+                    .unwrap();
+            }
+            let called = |body: &str| attempts.lock().unwrap().get(body).copied();
+            eventually("both called", || {
+                called("fails") == Some(1) && called("holds") == Some(1)
+            })
+            .await;
+            // Observation window (intentional): the failed one's send-back is refused
+            // within milliseconds, then it waits 20 ms and then for the slot, and nothing
+            // a client sees says it is waiting there.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let leaving = tokio::spawn({
+                let consumer = consumer.clone();
+                async move { consumer.shutdown().await }
+            });
+            // Observation window (intentional): the shutdown marks the consumer stopping
+            // and gives its queue up at its first step, before the slot frees; nothing a
+            // client sees says when it took it.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            open.send(()).unwrap();
+            leaving.await.unwrap().unwrap();
+            assert_eq!(called("fails"), Some(1), "called again while leaving");
+            // Room for the next member's retry topic.
+            client.delete_topic("filler-0").await.unwrap();
+            let next = PushConsumer::new(ClientConfig::new(&addr), "g-late", options()).unwrap();
+            next.subscribe("late", "*").unwrap();
+            let seen: Attempts = Arc::default();
+            {
+                let seen = seen.clone();
+                next.register_concurrent(move |messages| {
+                    count_attempt(&seen, &messages[0]);
+                    ConsumeStatus::Success
+                })
+                .unwrap();
+            }
+            next.start().await.unwrap();
+            eventually("the next member consumed it", || {
+                seen.lock().unwrap().get("fails") == Some(&1)
+            })
+            .await;
+            next.shutdown().await.unwrap();
+        },
+    );
 }

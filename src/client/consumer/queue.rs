@@ -738,7 +738,9 @@ async fn send_back_all(
     let mut kept = Vec::new();
     let mut taken = Vec::with_capacity(messages.len());
     for m in messages {
-        if orderly.is_some() && !kept.is_empty() {
+        // A queue given up meanwhile is its new owner's to consume (from its commit point,
+        // below these): nothing more is sent back from here.
+        if (orderly.is_some() && !kept.is_empty()) || pq.is_dropped() {
             kept.push(m);
             continue;
         }
@@ -788,7 +790,10 @@ async fn wait_to_retry(shared: &Shared, pq: &ProcessQueue) -> Option<OwnedSemaph
     if pq.is_dropped() {
         return None;
     }
-    shared.pool.clone().acquire_owned().await.ok()
+    let permit = shared.pool.clone().acquire_owned().await.ok()?;
+    // The wait for a slot can be long (every slot busy): the queue may have gone to
+    // another member meanwhile, which consumes these messages from its commit point.
+    (!pq.is_dropped() && !shared.is_stopping()).then_some(permit)
 }
 
 /// The orderly task of one queue: the cached messages in offset order, one batch at a
