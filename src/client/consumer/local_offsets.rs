@@ -295,7 +295,7 @@ impl LocalOffsets {
         let text = serde_json::to_vec_pretty(body)
             .map_err(|e| ClientError::OffsetStore(format!("encoding offsets: {e}")))?;
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+            create_dirs_durably(dir)?;
         }
         // One write at a time in this process (`ONE_WRITER`); other processes use their own.
         let tmp = temp_path(&self.path, std::process::id());
@@ -329,6 +329,30 @@ impl LocalOffsets {
     }
 }
 
+/// Creates `dir` and the directories above it that are missing, each made durable in the
+/// directory that holds it (a name is durable once its directory is synced): a power loss
+/// after the first write must not lose the file with the directory the write made.
+fn create_dirs_durably(dir: &Path) -> Result<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+    for made in missing.iter().rev() {
+        let holder = match made.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(holder)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error("syncing", holder, e))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,6 +378,20 @@ mod tests {
         store.flush().unwrap();
         let store = LocalOffsets::open(dir.path(), "c", "g").unwrap();
         assert_eq!(store.topics(), BTreeSet::from(["t".to_owned()]));
+    }
+
+    /// The first write makes every missing directory above the file (each synced in the
+    /// one holding it); a directory that is there already is left alone.
+    #[test]
+    fn a_first_write_makes_the_missing_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a").join("b");
+        let store = LocalOffsets::open(&deep, "c", "g").unwrap();
+        store.set(&MessageQueue::new("t", 0), at(3));
+        store.flush().unwrap();
+        let again = LocalOffsets::open(&deep, "c", "g").unwrap();
+        assert_eq!(again.topics(), BTreeSet::from(["t".to_owned()]));
+        create_dirs_durably(dir.path()).unwrap();
     }
 
     #[test]
