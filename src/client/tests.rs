@@ -622,8 +622,36 @@ async fn pushed_frames_of_unknown_kinds_are_skipped() {
     assert_eq!(fake.handshakes.load(Ordering::SeqCst), 1, "no reconnect");
 }
 
+/// A handshake answer the client cannot work with is refused, not retried: a shard count
+/// its addresses do not match, or session and lock timings no broker announces (a session
+/// under a second, locks that lapse no later than the session), which would have the
+/// consumer heartbeat every millisecond and never trust an orderly lock.
 #[tokio::test]
 async fn a_bad_handshake_is_refused() {
+    let good = |addr: std::net::SocketAddr| HandshakeOk {
+        protocol_version: PROTOCOL_VERSION as u32,
+        shard_count: 1,
+        shard_id: 0,
+        shard_addrs: vec![addr.to_string()],
+        broker_id: 1,
+    };
+    refused_at_handshake(move |addr| {
+        handshake_ok2(HandshakeOk {
+            shard_count: 2,
+            ..good(addr)
+        })
+    })
+    .await;
+    for timings in [(0, 0), (999, 60_000), (10_000, 10_000)] {
+        refused_at_handshake(move |addr| handshake_ok2_with(good(addr), timings)).await;
+    }
+}
+
+/// Connects to a listener that answers the handshake with `reply`, and expects the
+/// connection refused as `BadHandshake`.
+async fn refused_at_handshake(
+    reply: impl FnOnce(std::net::SocketAddr) -> Response<'static> + Send + 'static,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -631,16 +659,10 @@ async fn a_bad_handshake_is_refused() {
         let mut buf = vec![0u8; 4096];
         let n = stream.read(&mut buf).await.unwrap();
         let frame = FrameDecoder::default().decode(&buf[..n]).unwrap().unwrap();
-        let ok = HandshakeOk {
-            protocol_version: PROTOCOL_VERSION as u32,
-            shard_count: 2,
-            shard_id: 0,
-            shard_addrs: vec![addr.to_string()],
-            broker_id: 1,
-        };
-        let reply = answer(frame.request_id(), &handshake_ok2(ok));
+        let reply = answer(frame.request_id(), &reply(addr));
         stream.write_all(&reply).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Kept open past the client's verdict.
+        let _ = stream.read(&mut buf).await;
     });
     let err = Client::connect(ClientConfig::new(addr.to_string()))
         .await

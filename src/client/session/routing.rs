@@ -172,6 +172,7 @@ impl Inner {
             other => return Err(unexpected(Kind::HandshakeOk2, &other)),
         };
         check_handshake(&ok.ok)?;
+        check_timings(&ok.limits)?;
         connection.lower_frame_limit(ok.limits.frame_bytes_max);
         Ok((connection, ok))
     }
@@ -252,6 +253,22 @@ fn check_handshake(ok: &HandshakeOk) -> Result<()> {
             "answering shard {} of {}",
             ok.shard_id, ok.shard_count
         ));
+    }
+    Ok(())
+}
+
+/// The least session timeout a broker announces (`--session-timeout-ms`).
+const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
+
+/// Checks the session and lock timings a handshake announces: consumers fit theirs to them
+/// (`PushConsumerOptions::fitted_to`), and nonsense there (a session of 0 ms) would have
+/// them heartbeat without pause and never trust an orderly lock.
+fn check_timings(limits: &BrokerLimits) -> Result<()> {
+    let (session, lock) = (limits.session_timeout_ms, limits.lock_expiry_ms);
+    if session < SESSION_TIMEOUT_MS_MIN || lock <= session {
+        return Err(ClientError::BadHandshake(format!(
+            "broker announces a session timeout of {session} ms and a lock expiry of {lock} ms; a broker's session is at least {SESSION_TIMEOUT_MS_MIN} ms and its locks outlast it"
+        )));
     }
     Ok(())
 }
