@@ -28,7 +28,10 @@
 //! that is not a number matches neither form. A missing property makes a comparison
 //! *unknown*, and unknown is not a match: `NOT`, `AND` and `OR` follow SQL's three-valued logic
 //! (`NOT unknown` is unknown, `unknown OR true` is true), so `a <> 'x'` and `a NOT IN ('x')`
-//! do not match a message without `a`; `IS NULL` / `IS NOT NULL` test presence.
+//! do not match a message without `a`; `IS NULL` / `IS NOT NULL` test presence. As in
+//! RocketMQ, `=` and `<>` are not symmetric there: with the property on the right, a missing
+//! one makes `'x' = a` false (so `'x' <> a` matches), and `a = b` holds when both are
+//! missing.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -190,7 +193,11 @@ type Truth = Option<bool>;
 
 fn equal(a: Value<'_>, b: Value<'_>) -> Truth {
     Some(match (a, b) {
-        (Value::Null, _) | (_, Value::Null) => return None,
+        // As RocketMQ's `=` (and `<>`, its negation): a missing left side is unknown, a
+        // missing right side beside a present left one is false, two missing are equal.
+        (Value::Null, Value::Null) => true,
+        (Value::Null, _) => return None,
+        (_, Value::Null) => false,
         (Value::Str(x), Value::Str(y)) => x == y,
         (Value::Bool(x), Value::Bool(y)) => x == y,
         (Value::Str(s), Value::Bool(b)) | (Value::Bool(b), Value::Str(s)) => {

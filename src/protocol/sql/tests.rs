@@ -95,6 +95,23 @@ fn a_missing_property_never_matches_a_comparison() {
     assert!(is_match("a = 'x' OR b = 'x'", &[("b", "x")]));
     assert!(is_match("NOT (a = 'x' AND b = 'y')", &[("b", "x")]));
     assert!(is_match("a IS NULL", &[("b", "x")]));
+    // As RocketMQ: on the right, a missing property makes `=` false, not unknown.
+    for (expr, want) in [
+        ("'x' = a", false),
+        ("'x' <> a", true),
+        ("NOT ('x' = a)", true),
+        ("5 <> a", true),
+        ("b = a", false),
+        ("b <> a", true),
+        ("a = b", false),
+        ("a <> b", false),
+        ("a = c", true),
+        ("a <> c", false),
+        ("1 < a", false),
+        ("NOT (1 < a)", false),
+    ] {
+        assert_eq!(is_match(expr, &[("b", "x")]), want, "{expr}");
+    }
 }
 
 #[test]
@@ -469,8 +486,13 @@ fn ref_number(v: &RefValue) -> Option<f64> {
 
 fn ref_eq(l: &RefValue, r: &RefValue) -> Option<bool> {
     use RefValue::*;
-    if *l == Missing || *r == Missing {
-        return None;
+    // RocketMQ's `doCreateEqual`: `lv == null ^ rv == null` is null for a null left
+    // value, false otherwise; two nulls are equal.
+    match (l, r) {
+        (Missing, Missing) => return Some(true),
+        (Missing, _) => return None,
+        (_, Missing) => return Some(false),
+        _ => {}
     }
     Some(match (l, r) {
         (Text(a), Text(b)) => a == b,
