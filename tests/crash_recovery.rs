@@ -926,3 +926,51 @@ fn a_valid_record_at_the_end_of_the_search_window_after_rot_stops_the_start() {
         }
     }
 }
+
+/// A segment retention cannot delete stops that pass there: the segments after it stay on
+/// disk (a start refuses a gap between segments), and the next pass deletes them all once
+/// it can; the log then reopens at the minimum retention left it. Before, the later ones
+/// were deleted past it and the next start was refused.
+#[test]
+fn a_segment_retention_cannot_delete_holds_back_the_later_ones_until_it_can() {
+    run_local(|| async {
+        use ringmq::log::{CommitLog, FlushMode, LogConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let segment = 64 * 1024;
+        let cfg = LogConfig {
+            segment_bytes: segment,
+            flush: FlushMode::Sync,
+            retention_bytes_max: segment,
+            ..LogConfig::default()
+        };
+        let (log, _) = CommitLog::open(dir.path(), cfg.clone(), 0, |_| {})
+            .await
+            .unwrap();
+        let mut n = 0;
+        while log.write_offset() < 5 * segment {
+            let m = common::message(17, n, 1, 1000);
+            let a = log.append(&m.draft(), n).unwrap();
+            log.wait_acked(a.end()).await.unwrap();
+            n += 1;
+        }
+        let name = |base: u64| dir.path().join(format!("{base:020}"));
+        // The first segment's name is taken by a directory that is not empty: it cannot
+        // be deleted.
+        std::fs::remove_file(name(0)).unwrap();
+        std::fs::create_dir(name(0)).unwrap();
+        std::fs::write(name(0).join("x"), b"x").unwrap();
+        log.apply_retention(ringmq::log::now_ms(), u64::MAX).await;
+        for base in [segment, 2 * segment] {
+            assert!(name(base).exists(), "segment {base} deleted past the first");
+        }
+        std::fs::remove_dir_all(name(0)).unwrap();
+        let min = log.apply_retention(ringmq::log::now_ms(), u64::MAX).await;
+        assert!(min >= 3 * segment, "{min}");
+        for base in (0..min).step_by(segment as usize) {
+            assert!(!name(base).exists(), "segment {base} left behind");
+        }
+        drop(log);
+        let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+        assert_eq!(log.min_offset(), min);
+    });
+}

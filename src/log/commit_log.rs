@@ -277,6 +277,9 @@ struct State {
     min_offset: u64,
     /// Files written since the last fdatasync.
     unsynced: Vec<Rc<LogFile>>,
+    /// Segments retention took out of the log whose files could not be deleted yet, oldest
+    /// first: its next pass deletes them first.
+    undeleted: Vec<PathBuf>,
     closed: bool,
     /// Room the next chunk starts with: about the most the recent rounds took (decaying by
     /// 1/16 a round), so steady rounds never grow a buffer by moving its bytes. A round
@@ -443,6 +446,7 @@ impl CommitLog {
             cuts: VecDeque::new(),
             min_offset,
             unsynced: Vec::new(),
+            undeleted: Vec::new(),
             closed: false,
             chunk_cap: CHUNK_CAP_MIN,
         };

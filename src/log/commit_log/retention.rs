@@ -78,7 +78,8 @@ impl CommitLog {
     pub async fn apply_retention(&self, now_ms: i64, keep_from: u64) -> u64 {
         let aged = self.sealed_segment_ages(now_ms).await;
         let cut = self.retention_cut(&aged, keep_from);
-        let mut doomed = Vec::with_capacity(cut);
+        // Segments an earlier pass could not delete go first, oldest first.
+        let mut doomed = std::mem::take(&mut self.inner.st.borrow_mut().undeleted);
         {
             let seg = self.inner.cfg.segment_bytes;
             let mut st = self.inner.st.borrow_mut();
@@ -95,14 +96,30 @@ impl CommitLog {
             }
         }
         if !doomed.is_empty() {
-            crate::io::blocking(move || {
-                for p in doomed {
-                    if let Err(e) = std::fs::remove_file(&p) {
-                        crate::warn!("ringmq: retention could not delete {}: {e}", p.display());
+            // Oldest first, stopping at one that cannot be deleted: a later one deleted
+            // past it would leave a gap a start refuses. It and those after it are tried
+            // again by the next pass (a start finds them contiguous meanwhile).
+            let mut left = crate::io::blocking(move || {
+                for i in 0..doomed.len() {
+                    match std::fs::remove_file(&doomed[i]) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => {
+                            crate::warn!(
+                                "ringmq: retention could not delete {} (tried again at its next pass, with the {} after it): {e}",
+                                doomed[i].display(),
+                                doomed.len() - i - 1
+                            );
+                            return doomed.split_off(i);
+                        }
                     }
                 }
+                Vec::new()
             })
             .await;
+            let mut st = self.inner.st.borrow_mut();
+            left.append(&mut st.undeleted);
+            st.undeleted = left;
         }
         self.min_offset()
     }
