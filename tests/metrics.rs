@@ -113,6 +113,7 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
         "ringmq_locks_held",
         "ringmq_schedule_pending",
         "ringmq_retention_held",
+        "ringmq_checkpoint_held",
     ] {
         assert!(s.samples.iter().any(|x| x.metric == gauge), "{gauge}");
     }

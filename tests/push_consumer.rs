@@ -922,7 +922,7 @@ fn a_message_waiting_to_be_retried_here_is_left_to_the_next_member_at_a_shutdown
             // Observation window (intentional): the shutdown marks the consumer stopping
             // and gives its queue up at its first step, before the slot frees; nothing a
             // client sees says when it took it.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
             open.send(()).unwrap();
             leaving.await.unwrap().unwrap();
             assert_eq!(called("fails"), Some(1), "called again while leaving");

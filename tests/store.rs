@@ -736,7 +736,7 @@ fn a_small_read_of_a_large_cached_write_can_let_it_go() {
             r.pinned_beyond(),
             bytes.len()
         );
-        r.unshare();
+        r.compact();
         assert_eq!((r.shared_bytes(), r.pinned_beyond()), (0, 0));
         let got: Vec<u8> = r.runs().flatten().copied().collect();
         assert!(got == bytes, "the same bytes, copied");

@@ -368,8 +368,14 @@ impl ShardCtx {
                     // Records shared with the cache keep its whole buffers alive while the
                     // answer waits, as do the other bytes of the reads that took them: that
                     // memory is reserved too, or the records are copied.
+                    // (A little past its bytes, such as a disk read's alignment, is not worth a
+                    // copy; nor is a forwarded read's, which is copied into its answer now.)
                     let beyond = r.held_beyond();
-                    if beyond > 0 && !self.answers.try_grow(&mut hold, conn, beyond) {
+                    if beyond > 0
+                        && !self.answers.try_grow(&mut hold, conn, beyond)
+                        && beyond > (r.bytes_len() / 8).max(64 << 10)
+                        && poll != PollStep::Read
+                    {
                         r.compact();
                     }
                     // A filtered pull looks at as many messages as it asks for and answers

@@ -490,6 +490,13 @@ impl ShardCtx {
             (sl(), f64::from(u8::from(self.store.retention_held()))),
         );
         s.add(
+            "ringmq_checkpoint_held",
+            "1 once an index file's fdatasync failed: the checkpoint (and retention with it) \
+             stays where it was until a restart, which indexes the records past it again.",
+            false,
+            (sl(), f64::from(u8::from(self.store.checkpoint_held()))),
+        );
+        s.add(
             "ringmq_disk_free_bytes",
             "Free bytes of the data directory's filesystem.",
             false,

@@ -38,10 +38,8 @@ impl DirtyFile {
     /// the numbered name is synced.
     pub fn sync(&self) -> std::io::Result<bool> {
         if failing(&self.path) {
-            return Err(std::io::Error::other(format!(
-                "fdatasync {}: injected failure",
-                self.path.display()
-            )));
+            let injected = std::io::Error::other("injected failure");
+            return Err(writeback_failed(&self.path, injected));
         }
         if let Some(to) = &self.link_to {
             if !link(&self.path, to)? && !to.exists() {
@@ -50,7 +48,7 @@ impl DirtyFile {
         }
         let at = self.link_to.as_deref().unwrap_or(&self.path);
         match std::fs::File::open(at) {
-            Ok(f) => f.sync_data()?,
+            Ok(f) => f.sync_data().map_err(|e| writeback_failed(at, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(e),
         }
@@ -65,6 +63,33 @@ impl DirtyFile {
         }
         Ok(true)
     }
+}
+
+/// An index file's fdatasync failed: the writeback of some of its pages may have failed,
+/// and Linux marks those pages clean, so a later fdatasync succeeds without them. (Any
+/// other failure of a sync, such as opening the file or linking it, leaves the pages dirty:
+/// a later sync writes them.)
+#[derive(Debug, thiserror::Error)]
+#[error("fdatasync {}: {source}", path.display())]
+pub struct WritebackFailed {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+fn writeback_failed(path: &Path, source: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        source.kind(),
+        WritebackFailed {
+            path: path.to_owned(),
+            source,
+        },
+    )
+}
+
+/// Whether `e` is an index file's failed fdatasync ([`WritebackFailed`]).
+pub fn is_writeback_failure(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .is_some_and(|inner| inner.is::<WritebackFailed>())
 }
 
 /// Testing: index files under these directories fail to sync, process-wide (syncs run in
@@ -167,5 +192,42 @@ pub(super) fn link(from: &Path, to: &Path) -> std::io::Result<bool> {
             }
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a failed fdatasync of the file counts as a writeback failure (the checkpoint
+    /// stays held for it); a file that cannot be opened or linked is synced next time.
+    #[test]
+    fn only_a_failed_fdatasync_is_a_writeback_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0");
+        std::fs::write(&path, b"x").unwrap();
+        let file = DirtyFile {
+            path: path.clone(),
+            key: 0,
+            generation: 1,
+            serial: 0,
+            name_unsynced: true,
+            link_to: None,
+        };
+        assert!(file.sync().unwrap());
+        testing_fail_syncs_under(dir.path(), true);
+        let failed = file.sync().unwrap_err();
+        testing_fail_syncs_under(dir.path(), false);
+        assert!(is_writeback_failure(&failed), "{failed}");
+        assert!(failed.to_string().contains("fdatasync"), "{failed}");
+        // Another file at its numbered name: it cannot be named.
+        let taken = dir.path().join("1");
+        std::fs::write(&taken, b"y").unwrap();
+        let unnamed = DirtyFile {
+            link_to: Some(taken),
+            ..file
+        };
+        let failed = unnamed.sync().unwrap_err();
+        assert!(!is_writeback_failure(&failed), "{failed}");
     }
 }

@@ -22,7 +22,7 @@ pub mod timing_wheel;
 use std::path::{Path, PathBuf};
 
 pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, CQ_ENTRY_BYTES};
-pub use dirty::{testing_fail_syncs_under, DirtyFile};
+pub use dirty::{is_writeback_failure, testing_fail_syncs_under, DirtyFile, WritebackFailed};
 pub use key_index::{KeyIndex, KeyIndexConfig, KeysSynced};
 pub use spare::{MadeSpare, SpareFile, Spares};
 pub use tag::{tag_hash, TAG_HASH_NONE};

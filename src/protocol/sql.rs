@@ -31,7 +31,8 @@
 //! do not match a message without `a`; `IS NULL` / `IS NOT NULL` test presence. As in
 //! RocketMQ, `=` and `<>` are not symmetric there: with the property on the right, a missing
 //! one makes `'x' = a` false (so `'x' <> a` matches), and `a = b` holds when both are
-//! missing.
+//! missing; the text tests (`CONTAINS`, `STARTSWITH`, `ENDSWITH`, and their `NOT` forms)
+//! are false for a missing property or an empty pattern.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -547,12 +548,18 @@ fn eval<'r>(expr: &Expr, property: &impl Fn(&str) -> Option<&'r str>) -> Truth {
             pattern,
             negated,
         } => {
-            let found = property(name).map(|v| match op {
+            // As RocketMQ's ContainsExpression and its kin: a missing property or an empty
+            // pattern is false, for the negated forms too (each is its own test, not the
+            // negation of the other).
+            let Some(v) = property(name).filter(|_| !pattern.is_empty()) else {
+                return Some(false);
+            };
+            let found = match op {
                 TextOp::Contains => v.contains(pattern.as_str()),
                 TextOp::StartsWith => v.starts_with(pattern.as_str()),
                 TextOp::EndsWith => v.ends_with(pattern.as_str()),
-            });
-            negate(found, *negated)
+            };
+            Some(found != *negated)
         }
     }
 }

@@ -813,16 +813,21 @@ async fn shard_main(
         crate::io::sleep(Duration::from_millis(5)).await;
     }
     ctx.stop_schedule().await;
-    let closed = async {
-        store
-            .close()
-            .await
-            .map_err(|e| format!("closing the store: {e}"))?;
-        ctx.sync_offsets()
-            .await
-            .map_err(|e| format!("syncing offsets: {e}"))
-    }
-    .await;
+    // The offsets are synced whether or not the store closed (a store that cannot take a
+    // checkpoint still has its offsets to keep).
+    let store_closed = store
+        .close()
+        .await
+        .map_err(|e| format!("closing the store: {e}"));
+    let offsets_synced = ctx
+        .sync_offsets()
+        .await
+        .map_err(|e| format!("syncing offsets: {e}"));
+    let closed = match (store_closed, offsets_synced) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+    };
     // Last, the connections, whether or not the store closed, so that their peers see
     // them close: their reading first (each writer writes what is queued, then closes),
     // then whatever is left.

@@ -67,8 +67,11 @@ impl MessageStore {
                 Err(e) => {
                     // Linux marks the pages of a failed writeback clean: a sync again would
                     // succeed without them, and a checkpoint past them would keep a restart
-                    // from indexing their records again.
-                    *self.inner.index_sync_failed.borrow_mut() = Some(e.to_string());
+                    // from indexing their records again. (A file that could not be opened
+                    // or linked is synced by the next checkpoint.)
+                    if crate::index::is_writeback_failure(&e) {
+                        *self.inner.index_sync_failed.borrow_mut() = Some(e.to_string());
+                    }
                     return Err(StoreError::Io(e));
                 }
             }
@@ -224,6 +227,13 @@ impl MessageStore {
     /// checkpoint it wrote first failed (`ringmq_retention_held`).
     pub fn retention_held(&self) -> bool {
         self.inner.retention_held.get()
+    }
+
+    /// Whether an index file's fdatasync failed in this run, holding the checkpoint (and
+    /// retention) where it was until a restart ([`StoreError::CheckpointHeld`],
+    /// `ringmq_checkpoint_held`).
+    pub fn checkpoint_held(&self) -> bool {
+        self.inner.index_sync_failed.borrow().is_some()
     }
 
     /// Unmaps the consume-queue files not used since the last call (a walk over the queues

@@ -104,14 +104,6 @@ impl QueueRead {
         }
         held.saturating_sub(self.bytes_len())
     }
-    /// Copies the records out of the cache buffers they share, so the read no longer holds
-    /// those buffers.
-    pub fn unshare(&mut self) {
-        if self.shared_bytes() == 0 {
-            return;
-        }
-        self.compact();
-    }
     /// Copies the records into one buffer of their own size, so the read holds no other
     /// bytes ([`Self::held_beyond`] is 0 after it).
     pub fn compact(&mut self) {
@@ -453,7 +445,8 @@ impl MessageStore {
 
     /// The second step of [`read_queue`](Self::read_queue): reads the planned records (a
     /// run of entries is one read while the span stays within one segment and no more
-    /// than twice the bytes it carries, plus slack) and checks each.
+    /// than twice the bytes it carries, plus slack; the runs together take at most 256 KiB,
+    /// or the records' own bytes if more, of other records in passing) and checks each.
     pub async fn fetch(&self, plan: QueuePlan) -> Result<QueueRead, StoreError> {
         let QueuePlan {
             topic,

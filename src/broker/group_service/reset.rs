@@ -249,12 +249,11 @@ impl ShardCtx {
         // its word may also come after this (`deleted_groups`).
         self.groups.borrow_mut().remove(&m.group);
         let mut deleted = self.deleted_groups.borrow_mut();
-        if !deleted.contains(&m.group) {
-            if deleted.len() == super::DELETED_GROUPS_KEPT {
-                deleted.pop_front();
-            }
-            deleted.push_back(m.group.clone());
+        deleted.retain(|g| *g != m.group);
+        if deleted.len() == super::DELETED_GROUPS_KEPT {
+            deleted.pop_front();
         }
+        deleted.push_back(m.group.clone());
         failed.map_or(Ok(Empty {}), Err)
     }
 

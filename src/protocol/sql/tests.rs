@@ -73,7 +73,7 @@ fn every_operator() {
 }
 
 #[test]
-fn a_missing_property_never_matches_a_comparison() {
+fn a_missing_property_is_unknown_on_the_left_and_unequal_on_the_right() {
     for expr in [
         "a = 'x'",
         "a <> 'x'",
@@ -109,6 +109,12 @@ fn a_missing_property_never_matches_a_comparison() {
         ("a <> c", false),
         ("1 < a", false),
         ("NOT (1 < a)", false),
+        // The text tests are false for a missing property, NOT forms too; so is an
+        // empty pattern.
+        ("NOT (a CONTAINS 'x')", true),
+        ("NOT (a NOT STARTSWITH 'x')", true),
+        ("b CONTAINS ''", false),
+        ("b NOT ENDSWITH ''", false),
     ] {
         assert_eq!(is_match(expr, &[("b", "x")]), want, "{expr}");
     }
@@ -578,12 +584,17 @@ fn ref_eval(g: &Gen, m: &HashMap<String, String>) -> Option<bool> {
         Gen::In(p, list, neg) => flip(m.get(p).map(|v| list.contains(v)), *neg),
         Gen::IsNull(p, neg) => Some(m.contains_key(p) == *neg),
         Gen::Text(op, p, pat, neg) => {
-            let found = m.get(p).map(|v| match *op {
+            // RocketMQ: `search == null || search.isEmpty()` and `rv == null` are FALSE,
+            // in the NOT forms too.
+            let Some(v) = m.get(p).filter(|_| !pat.is_empty()) else {
+                return Some(false);
+            };
+            let found = match *op {
                 "CONTAINS" => v.contains(pat.as_str()),
                 "STARTSWITH" => v.starts_with(pat.as_str()),
                 _ => v.ends_with(pat.as_str()),
-            });
-            flip(found, *neg)
+            };
+            Some(found != *neg)
         }
     }
 }
