@@ -31,8 +31,8 @@ pub struct DirtyFile {
 impl DirtyFile {
     /// Makes the file durable under its numbered name: names it (a hard link, so `path`
     /// stays valid for its index until it takes the new name), fdatasyncs it and, for a new
-    /// name, syncs its directory and the one above (a queue's first file comes with its
-    /// directory). Blocks. A file gone meanwhile (retention, a deleted topic, a cut) is
+    /// name, syncs its directory and the two above (a queue's first file comes with its
+    /// directory, a topic's first queue with the topic's). Blocks. A file gone meanwhile (retention, a deleted topic, a cut) is
     /// skipped: `Ok(false)`. A spare's name gone because its index named the file itself
     /// meanwhile (a roll that created its file, another checkpoint) is no reason to skip:
     /// the numbered name is synced.
@@ -53,7 +53,8 @@ impl DirtyFile {
             Err(e) => return Err(e),
         }
         if self.name_unsynced || self.link_to.is_some() {
-            for dir in at.ancestors().skip(1).take(2) {
+            // Up to the directory holding a new topic's (consumequeue/ for a queue's file).
+            for dir in at.ancestors().skip(1).take(3) {
                 match std::fs::File::open(dir) {
                     Ok(d) => d.sync_all()?,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,

@@ -152,6 +152,10 @@ impl MessageStore {
                 q.cq.flush()?;
             }
             keys.flush()?;
+            // The replay may have made queue directories and files: their names are
+            // durable before the checkpoint counts on them.
+            sync_dirs_under(&dir.join("consumequeue"))?;
+            sync_dirs_under(&dir.join("index"))?;
             let durable = end.min(checkpoint_offset);
             let checkpoint = Checkpoint {
                 log_offset: durable,
@@ -303,4 +307,23 @@ fn dispatch_record(
         )?;
     }
     Ok(())
+}
+
+/// fsyncs `dir` and every directory under it (names made by a replay). Blocks; at a start
+/// only, on the rare path that re-indexes or cuts below the checkpoint.
+fn sync_dirs_under(dir: &Path) -> Result<(), StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("read_dir", dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err("read_dir", dir, e))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            sync_dirs_under(&entry.path())?;
+        }
+    }
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("sync", dir, e))
 }
