@@ -32,8 +32,8 @@ impl DirtyFile {
     /// Makes the file durable under its numbered name: names it (a hard link, so `path`
     /// stays valid for its index until it takes the new name), fdatasyncs it and, for a new
     /// name, syncs its directory and the two above (a queue's first file comes with its
-    /// directory, a topic's first queue with the topic's). Blocks. A file gone meanwhile (retention, a deleted topic, a cut) is
-    /// skipped: `Ok(false)`. A spare's name gone because its index named the file itself
+    /// directory, a topic's first queue with the topic's). Blocks. A file gone meanwhile
+    /// (retention, a deleted topic, a cut) is skipped: `Ok(false)`. A spare's name gone because its index named the file itself
     /// meanwhile (a roll that created its file, another checkpoint) is no reason to skip:
     /// the numbered name is synced.
     pub fn sync(&self) -> std::io::Result<bool> {
