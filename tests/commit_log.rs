@@ -896,6 +896,8 @@ fn a_reopened_log_syncs_the_segments_past_its_known_durable_point() {
             .await
             .unwrap();
         let mut kept = append_all(&log, 9, 400, 500).await;
+        // Written (not synced) before the stop, whatever the writer's pace.
+        log.wait_readable(log.write_offset()).await.unwrap();
         let last_base = kept.last().unwrap().0 / segment * segment;
         assert!(last_base >= 2 * segment, "three segments at least");
         drop(log);
