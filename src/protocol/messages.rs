@@ -72,6 +72,10 @@ wire_type! {
     }
 }
 
+/// The least session timeout a broker takes (`--session-timeout-ms`), and so announces in
+/// [`BrokerLimits`].
+pub const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
+
 wire_type! {
     /// The limits and timings a client must know to behave.
     pub struct BrokerLimits {

@@ -49,7 +49,7 @@ const MESH_CHANNEL_CAPACITY: usize = 1024;
 /// How often a shard looks for group members that missed their heartbeats.
 const GROUP_EXPIRY_CHECK_MS: u64 = 500;
 /// Bounds of `--session-timeout-ms`.
-const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
+use crate::protocol::messages::SESSION_TIMEOUT_MS_MIN;
 const SESSION_TIMEOUT_MS_MAX: u64 = 600_000;
 /// `--lock-expiry-ms` is at least the session timeout plus this, and at most an hour.
 const LOCK_EXPIRY_MARGIN_MS: u64 = 5_000;

@@ -257,8 +257,7 @@ fn check_handshake(ok: &HandshakeOk) -> Result<()> {
     Ok(())
 }
 
-/// The least session timeout a broker announces (`--session-timeout-ms`).
-const SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
+use crate::protocol::messages::SESSION_TIMEOUT_MS_MIN;
 
 /// Checks the session and lock timings a handshake announces: consumers fit theirs to them
 /// (`PushConsumerOptions::fitted_to`), and nonsense there (a session of 0 ms) would have
