@@ -599,7 +599,9 @@ impl MessageStore {
     }
 
     /// The first queue offset whose message was stored at or after `timestamp_ms` (the
-    /// queue's max offset if none was).
+    /// queue's max offset if none was). Records retention deletes while the search waits
+    /// for a read count as earlier than `timestamp_ms` (the answer is never below the
+    /// queue's first kept offset): before, the search failed with `OffsetTooSmall`.
     pub async fn offset_by_timestamp(
         &self,
         topic: &str,
@@ -610,8 +612,22 @@ impl MessageStore {
         let (mut lo, mut hi) = (min, max);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let e = self.entry(topic, queue_id, mid)?;
-            let head = self.inner.log.read(e.physical_offset, HEADER_BYTES).await?;
+            let read = match self.entry(topic, queue_id, mid) {
+                Ok(e) => self.inner.log.read(e.physical_offset, HEADER_BYTES).await,
+                Err(StoreError::OffsetTooSmall { min, .. }) => {
+                    lo = min.max(mid + 1);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let head = match read {
+                Ok(head) => head,
+                Err(LogError::OffsetTooSmall { .. }) => {
+                    lo = mid + 1;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let ts = store_timestamp_of_header(&head);
             if ts < timestamp_ms {
                 lo = mid + 1;
