@@ -1,8 +1,7 @@
 //! Pulls against the real broker binary at the edges of their waits: a long poll that
 //! reaches a shard that does not own its queue is passed on in two steps; a long poll is
 //! answered once a message is readable. And what the store's read for a pull holds in
-//! memory beyond its records, and a search for a consumer's starting offset by time that
-//! retention runs under.
+//! memory beyond its records.
 
 mod common;
 
@@ -433,45 +432,5 @@ fn a_sparse_read_holds_little_beyond_its_records() {
             r.records().map(|b| b.to_vec()).eq(records),
             "the same records"
         );
-    });
-}
-
-/// A search for the offset of a time (a consumer starting from a timestamp, a reset) that
-/// retention runs under while it waits for a read: the records deleted count as earlier,
-/// and the answer is the queue's first kept offset. Before, it failed with
-/// `OffsetTooSmall` (the next probe was below the queue's new start).
-#[test]
-fn a_time_search_that_retention_runs_under_answers_the_first_kept_offset() {
-    ringmq::io::run_local(|| async {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = ringmq::store::StoreConfig::default();
-        cfg.log.segment_bytes = 256 << 10;
-        cfg.log.retention_bytes_max = 512 << 10;
-        cfg.log.tail_cache_bytes = 0;
-        let (store, _) = ringmq::store::MessageStore::open(dir.path(), cfg)
-            .await
-            .unwrap();
-        let mut m = common::message(31, 0, 1, 10);
-        m.body = vec![5; 2000];
-        (m.topic, m.queue_id) = ("t".into(), 0);
-        for _ in 0..1000 {
-            store.put(&m.draft()).await.unwrap();
-        }
-        let log = store.log();
-        log.wait_readable(log.write_offset()).await.unwrap();
-        assert_eq!(store.queue_range("t", 0).unwrap(), (0, 1000));
-        // Timestamp 0: every probe goes towards the queue's start, each waiting for a disk
-        // read (no tail cache); retention deletes the start while the first one waits.
-        let search = store.offset_by_timestamp("t", 0, 0);
-        let mut search = std::pin::pin!(search);
-        let first = futures_lite::future::poll_once(&mut search).await;
-        assert!(first.is_none(), "the search waits for its first read");
-        store.apply_retention(ringmq::log::now_ms()).await.unwrap();
-        let (min, max) = store.queue_range("t", 0).unwrap();
-        assert!(
-            min > 250 && max == 1000,
-            "retention deleted the start: {min}..{max}"
-        );
-        assert_eq!(search.await.unwrap(), min);
     });
 }

@@ -353,8 +353,11 @@ impl ShardCtx {
         Ok(Answer::held(records_frame(request_id, &parts), hold))
     }
 
-    /// This shard's records with the key (newest first), at most `max` and at most what one
-    /// frame holds.
+    /// This shard's messages with the key (newest first), at most `max` and at most what one
+    /// frame holds: no more are read ([`lookup_by_key`](crate::store::MessageStore::lookup_by_key)). A lookup from
+    /// another shard takes no place in line here (its origin holds one there while it
+    /// waits; taking one here too could have two shards wait for each other), so a shard
+    /// runs at most its own few and that many from each other shard.
     pub(super) async fn local_by_key(
         &self,
         topic: &str,
@@ -364,16 +367,12 @@ impl ShardCtx {
         max: u32,
     ) -> Result<Vec<Vec<u8>>, ErrorBody> {
         let max_bytes = self.cfg.frame_limits.records_bytes_max() as usize;
-        let mut found: Vec<Vec<u8>> = self
+        let found = self
             .store
-            .messages_by_key(topic, key, begin_ms, end_ms, max as usize)
+            .lookup_by_key(topic, key, begin_ms, end_ms, max as usize, max_bytes)
             .await
-            .map_err(store_error)?
-            .iter()
-            .map(|b| b.to_vec())
-            .collect();
-        keep_within(&mut found, max_bytes);
-        Ok(found)
+            .map_err(store_error)?;
+        Ok(found.iter().map(|b| b.to_vec()).collect())
     }
 }
 
@@ -384,11 +383,17 @@ fn no_message(msg_id: &str) -> ErrorBody {
     )
 }
 
-/// A failed look-up of a message id: no record starts there (a wrong id), or a storage
-/// error (a damaged record is one).
+/// A failed look-up of a message id: no record starts there (a wrong id, one whose record
+/// retention deleted, one past the log's end), or a storage error (a damaged record is
+/// one). Before, an id outside the log was answered `OffsetTooSmall`/`OffsetTooBig`, which
+/// the client's `message_by_id` returned as an error rather than "none".
 fn msg_id_error(msg_id: &str, e: StoreError) -> ErrorBody {
     match e {
-        StoreError::Log(LogError::NoRecord { .. }) => no_message(msg_id),
+        StoreError::Log(
+            LogError::NoRecord { .. }
+            | LogError::OffsetTooSmall { .. }
+            | LogError::OffsetTooBig { .. },
+        ) => no_message(msg_id),
         other => store_error(other),
     }
 }

@@ -33,7 +33,11 @@
 //! and its file gets its count, ranges and slots again from those entries (a version 2 file
 //! can tell an entry's slot from its stored hash). Replay puts the rest again from the log.
 
-use std::collections::{HashSet, VecDeque};
+mod walk;
+
+pub use walk::KeyWalk;
+
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
@@ -547,44 +551,6 @@ impl IndexFile {
             (begin_phys, end_phys),
         );
     }
-
-    /// Pushes onto `out` the physical offsets of `hash`'s entries stored in
-    /// `[begin_ms, end_ms]`, newest first, skipping those in `seen`, until `out` holds `max`.
-    ///
-    /// The walk stops at the first entry older than `begin_ms`: store timestamps are
-    /// assigned at append by one shard's clock, so a chain's timestamps do not increase going
-    /// back. (After a clock step backward, older entries beyond such a point are missed,
-    /// as upstream.)
-    fn collect(
-        &self,
-        hash: &KeyHash,
-        begin_ms: i64,
-        end_ms: i64,
-        max: usize,
-        seen: &mut HashSet<u64>,
-        out: &mut Vec<u64>,
-    ) {
-        let entry_count = self.entry_count();
-        let mut index = self.live_head(self.slot_at(hash));
-        // Each step goes to a strictly smaller index, so the walk is bounded by entry_count
-        // even on a corrupt chain.
-        while index != 0 && index <= entry_count && out.len() < max {
-            let entry = self.entry(index);
-            if entry.store_timestamp_ms < begin_ms {
-                break;
-            }
-            if entry.key_hash == hash.stored
-                && entry.store_timestamp_ms <= end_ms
-                && seen.insert(entry.physical_offset)
-            {
-                out.push(entry.physical_offset);
-            }
-            if entry.prev >= index {
-                break;
-            }
-            index = entry.prev;
-        }
-    }
 }
 
 /// What of the key index a checkpoint found synced: the entries of records below its log
@@ -820,26 +786,11 @@ impl KeyIndex {
     /// Candidate physical offsets of messages with `key` stored in `[begin_ms, end_ms]`,
     /// newest first, deduplicated, at most `max`. Candidates match the key's hash: the
     /// caller verifies the real key by reading the message.
+    /// All in one go: see [`walk_start`](Self::walk_start) for a walk a slice at a time.
     pub fn query(&self, key: &str, begin_ms: i64, end_ms: i64, max: usize) -> Vec<u64> {
-        let mut out = Vec::new();
-        if max == 0 || begin_ms > end_ms {
-            return out;
-        }
-        let hash = KeyHash::of(key);
-        let mut seen = HashSet::new();
-        for file in self.files.iter().rev() {
-            if out.len() >= max {
-                break;
-            }
-            if file.entry_count() == 0
-                || file.end_timestamp_ms() < begin_ms
-                || file.begin_timestamp_ms() > end_ms
-            {
-                continue;
-            }
-            file.collect(&hash, begin_ms, end_ms, max, &mut seen, &mut out);
-        }
-        out
+        let mut walk = self.walk_start(key, begin_ms, end_ms, max);
+        self.walk(&mut walk, usize::MAX);
+        walk.into_found()
     }
 
     /// Where the entries of records below `log_offset` end, for a checkpoint at that offset

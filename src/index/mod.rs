@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use consume_queue::{ConsumeQueue, ConsumeQueueConfig, CqEntry, CQ_ENTRY_BYTES};
 pub use dirty::{is_writeback_failure, testing_fail_syncs_under, DirtyFile, WritebackFailed};
-pub use key_index::{KeyIndex, KeyIndexConfig, KeysSynced};
+pub use key_index::{KeyIndex, KeyIndexConfig, KeyWalk, KeysSynced};
 pub use spare::{MadeSpare, SpareFile, Spares};
 pub use tag::{tag_hash, TAG_HASH_NONE};
 pub use timing_wheel::TimingWheel;

@@ -7,6 +7,17 @@ use super::*;
 use crate::io::ReadBuf;
 use crate::protocol::record::{prop, RecordView, HEADER_BYTES, RECORD_BYTES_MAX};
 
+/// How much a lookup by key answers, and whether only records their queue's index names.
+struct KeyLookup {
+    max: usize,
+    max_bytes: usize,
+    indexed_only: bool,
+}
+
+/// Entries of the key index a lookup looks at before it lets its shard's other tasks run
+/// (each a read of the mapped file: well under a millisecond for a slice in memory).
+const KEY_WALK_SLICE: usize = 1 << 14;
+
 /// The records a queue read will take (see [`MessageStore::plan_queue_read`]).
 pub struct QueuePlan {
     topic: String,
@@ -638,12 +649,10 @@ impl MessageStore {
         Ok(lo)
     }
 
-    /// Messages of `topic` whose KEYS contain `key`, stored in [begin_ms, end_ms], newest
-    /// first, at most `max`. A candidate whose record is damaged (it fails its check, or no
-    /// record starts where the index says) is passed, with a warning, so that it hides
-    /// none of the others: it failed the whole lookup, and with it a start's search for a
-    /// transaction's committed copy, which then had the transaction committed again. An
-    /// I/O error fails the lookup.
+    /// Records of `topic` whose KEYS contain `key`, stored in [begin_ms, end_ms], newest
+    /// first, at most `max`, without a bound on their bytes: every such record still in the
+    /// log, a deleted topic's too (a start's search for a transaction's committed copy).
+    /// See [`lookup_by_key`](Self::lookup_by_key) for a client's lookup.
     pub async fn messages_by_key(
         &self,
         topic: &str,
@@ -652,19 +661,70 @@ impl MessageStore {
         end_ms: i64,
         max: usize,
     ) -> Result<Vec<ReadBuf>, StoreError> {
+        let bounds = KeyLookup {
+            max,
+            max_bytes: usize::MAX,
+            indexed_only: false,
+        };
+        self.by_key(topic, key, (begin_ms, end_ms), bounds).await
+    }
+
+    /// The messages of `topic` whose KEYS contain `key`, stored in [begin_ms, end_ms],
+    /// newest first, at most `max`, and no more than `max_bytes` of them (at least one:
+    /// records are read until the next would pass it; before, a broker's lookup read, and
+    /// held, up to 1,024 whole records to answer one frame). Only records their queue's
+    /// index names are the topic's messages: a deleted topic's records stay in the log
+    /// (and the key index) until retention, and were answered as the topic's, even after
+    /// it was made again.
+    pub async fn lookup_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<ReadBuf>, StoreError> {
+        let bounds = KeyLookup {
+            max,
+            max_bytes,
+            indexed_only: true,
+        };
+        self.by_key(topic, key, (begin_ms, end_ms), bounds).await
+    }
+
+    /// The key index is walked a slice at a time, yielding between slices (a key many
+    /// messages share can have millions of newer entries to pass). A candidate whose
+    /// record is damaged (it fails its check, or no record starts where the index says) is
+    /// passed, with a warning, so that it hides none of the others: it failed the whole
+    /// lookup, and with it a start's search for a transaction's committed copy, which then
+    /// had the transaction committed again. An I/O error fails the lookup.
+    async fn by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        (begin_ms, end_ms): (i64, i64),
+        KeyLookup {
+            max,
+            max_bytes,
+            indexed_only,
+        }: KeyLookup,
+    ) -> Result<Vec<ReadBuf>, StoreError> {
         // Ask for more candidates than needed: hash collisions are filtered out below.
-        let candidates = self.inner.keys.borrow().query(
-            &index_key(topic, key),
-            begin_ms,
-            end_ms,
-            max.saturating_mul(4).max(64),
-        );
+        let index_key = index_key(topic, key);
+        let wanted = max.saturating_mul(4).max(64);
+        let mut walk = (self.inner.keys.borrow()).walk_start(&index_key, begin_ms, end_ms, wanted);
+        while !self.inner.keys.borrow().walk(&mut walk, KEY_WALK_SLICE) {
+            crate::io::yield_now().await;
+        }
+        let candidates = walk.into_found();
         let readable = self.inner.log.readable_end();
         let min = self.inner.log.min_offset();
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         let mut damaged: Option<(usize, LogError)> = None;
         for phys in candidates {
-            if out.len() >= max {
+            if out.len() >= max || bytes >= max_bytes {
                 break;
             }
             if phys < min || phys >= readable {
@@ -692,8 +752,15 @@ impl MessageStore {
                 && (view.keys().any(|k| k == key)
                     || view.properties().get(prop::UNIQ_KEY) == Some(key))
                 && ts >= begin_ms
-                && ts <= end_ms;
+                && ts <= end_ms
+                && (!indexed_only
+                    || (self.queue_entry(topic, view.queue_id(), view.queue_offset())?)
+                        .is_some_and(|e| e.physical_offset == phys));
             if matches {
+                if !out.is_empty() && bytes + buf.len() > max_bytes {
+                    break;
+                }
+                bytes += buf.len();
                 out.push(buf);
             }
         }

@@ -1,7 +1,7 @@
 use super::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 fn cfg(slots_per_file: u32, entries_per_file: u32) -> KeyIndexConfig {
     KeyIndexConfig {
@@ -45,12 +45,32 @@ impl Model {
     }
 }
 
+/// The query in one go, and walked in slices of each size from 1 to 4 entries (each slice
+/// a step on, so no more slices than entries).
 fn check(index: &KeyIndex, key: &str, begin_ms: i64, end_ms: i64, max: usize, expected: &[u64]) {
     assert_eq!(
         index.query(key, begin_ms, end_ms, max),
         expected,
         "query({key:?}, {begin_ms}, {end_ms}, {max})"
     );
+    let entries: usize = index.files.iter().map(|f| f.entry_count() as usize).sum();
+    for steps in 1..=4 {
+        let mut walk = index.walk_start(key, begin_ms, end_ms, max);
+        let mut slices = 1;
+        while !index.walk(&mut walk, steps) {
+            slices += 1;
+            assert!(
+                slices <= entries + 1,
+                "{slices} slices of {entries} entries"
+            );
+        }
+        assert!(walk.is_done());
+        assert_eq!(
+            walk.into_found(),
+            expected,
+            "walk({key:?}, {begin_ms}, {end_ms}, {max}) in slices of {steps}"
+        );
+    }
 }
 
 /// Fills `index` and `model` with random puts: messages of 1..=3 keys from `key_count`
@@ -147,6 +167,45 @@ fn matches_model_across_files_and_reopen() {
     drop(index);
     let index = KeyIndex::open(dir.path(), TINY).unwrap();
     check_against_model(&index, &model, &mut rng, key_count, |_| true);
+}
+
+/// A walk taken a slice at a time while puts go on between slices (rolling to new files)
+/// answers what the index held when it started; one whose files retention deleted between
+/// slices ends with what it found before them.
+#[test]
+fn a_walk_in_slices_answers_what_was_there_when_it_started() {
+    let key_count = 6;
+    assert_no_stored_hash_collision(key_count);
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut index = KeyIndex::open(dir.path(), TINY).unwrap();
+    let mut model = Model::default();
+    fill(&mut index, &mut model, &mut rng, 200, key_count);
+    for k in 0..key_count {
+        let key = format!("key-{k}");
+        let expected = model.query(&key, i64::MIN, i64::MAX, usize::MAX, |_| true);
+        let mut walk = index.walk_start(&key, i64::MIN, i64::MAX, usize::MAX);
+        let mut later = Model::default();
+        later.puts.push(model.puts.last().unwrap().clone());
+        while !index.walk(&mut walk, 3) {
+            fill(&mut index, &mut later, &mut rng, 2, key_count);
+        }
+        assert_eq!(walk.into_found(), expected, "{key}");
+        model.puts.extend(later.puts.into_iter().skip(1));
+    }
+    // Retention between slices: the walk goes on no further than the file it was in.
+    let key = "key-1";
+    let expected = model.query(key, i64::MIN, i64::MAX, usize::MAX, |_| true);
+    let mut walk = index.walk_start(key, i64::MIN, i64::MAX, usize::MAX);
+    assert!(!index.walk(&mut walk, 2));
+    index.delete_before_physical(u64::MAX).unwrap();
+    assert!(index.walk(&mut walk, 2));
+    let found = walk.into_found();
+    assert!(
+        !found.is_empty() && found.len() < expected.len(),
+        "{found:?}"
+    );
+    assert!(expected.starts_with(&found), "{found:?}");
 }
 
 #[test]
