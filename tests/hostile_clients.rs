@@ -1,7 +1,7 @@
 //! Clients that misbehave, against the real broker binary: pipelining pulls without ever
 //! reading the answers, announcing huge frames and sending nothing, stalling in the middle
 //! of a frame, opening more connections than the broker takes, registering more members
-//! than a group takes. The broker's memory stays
+//! than a group takes, pipelining transaction listings without reading them. The broker's memory stays
 //! bounded (its resident size is read from /proc), what a closed connection held is given
 //! back, and well-behaved clients keep being served.
 
@@ -203,6 +203,66 @@ fn lookups_by_id_whose_answers_are_never_read_hold_no_records() {
     drop(conn);
 }
 
+/// Transaction listings (about 350 KB each: 1,000 unresolved halves with long names)
+/// pipelined on connections that never read their answers (two shards: a listing waits for
+/// the other shard's part, so a connection's whole pipeline is taken in before the first
+/// answer lands). Each waits for room for the largest answer before it is built, as a
+/// lookup does, so the unread ones hold at most the connection's answer budget (32 MiB),
+/// and the broker still serves. Before, every listing a connection had in flight was built
+/// and queued at once, outside every budget: 1 GB more for these four connections.
+#[test]
+fn listings_whose_answers_are_never_read_are_built_only_as_there_is_room() {
+    use ringmq::client::{TransactionOutcome, TransactionProducer};
+    use ringmq::protocol::ListTransactions;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
+    let addr = broker.addr_string();
+    let topic = "t".repeat(127);
+    // The producer stays to the end: its halves are not checked back meanwhile (the first
+    // check is a minute away by default).
+    let _producer = runtime().block_on(async {
+        let group = "g".repeat(100);
+        let unknown = |_: &_| TransactionOutcome::Unknown;
+        let tp = TransactionProducer::start(ClientConfig::new(addr.as_str()), &group, unknown);
+        let tp = tp.await.unwrap();
+        tp.producer()
+            .client()
+            .create_topic(&topic, 1)
+            .await
+            .unwrap();
+        for _ in 0..1000 {
+            let half = OutgoingMessage::new("h");
+            let sent = tp.send_in_transaction(&topic, half, |_| TransactionOutcome::Unknown);
+            assert_eq!(sent.await.unwrap().outcome, TransactionOutcome::Unknown);
+        }
+        let listed = tp.producer().client().list_transactions().await.unwrap();
+        assert_eq!(listed.halves.len(), 1000);
+        tp
+    });
+    let before = settle_rss(&broker);
+    let conns: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut conn = TcpStream::connect(&addr).unwrap();
+            conn.set_write_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            // In one write, so that the broker reads them in one pass (it stops reading a
+            // connection whose queued answers are over their limit, between passes).
+            let all: Vec<u8> = (0..1024)
+                .flat_map(|id| frame(ListTransactions {}.into(), id))
+                .collect();
+            conn.write_all(&all).unwrap();
+            conn
+        })
+        .collect();
+    let during = settle_rss(&broker);
+    assert!(
+        during < before + 400,
+        "{before} MiB before, {during} MiB with unread answers"
+    );
+    still_serves(&addr);
+    drop(conns);
+}
+
 /// Producer heartbeats naming groups the broker refuses (4 MiB names: a frame under the
 /// limit) get `InvalidMessage`, and the connection keeps nothing of them: 64 of them on one
 /// open connection held 256 MiB when the name was noted on the connection before it was
@@ -398,6 +458,8 @@ fn a_large_frame_trickled_a_byte_at_a_time_is_cut_off_at_the_connection_timeout(
     };
     assert_eq!(e.error_code(), Some(ErrorCode::Timeout), "{e}");
     assert!(e.message.contains("did not arrive whole"), "{e}");
+    // Named by the frame's request id (its header arrived): a client hands it to the request.
+    assert_eq!(f.request_id(), 1);
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //!
 //! A client that pipelines pulls and never reads the answers must not make the broker hold
 //! them without limit. Answers that carry stored records (pulls, lookups) reserve their
-//! size before the records are read: from the budget of the connection they will be
+//! size before the records are read, and large answers without records (listings) room
+//! for the largest frame before they are built: from the budget of the connection they will be
 //! written to (`CONN_ANSWER_BYTES_MAX`-sized, when the connection is on this shard) and
 //! from the shard's budget (all connections together). The reservation travels with the
 //! answer ([`Answer`]) and is given back once the answer is written or dropped; a pull
@@ -19,8 +20,8 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::err;
-use crate::protocol::{ErrorBody, ErrorCode};
+use super::{err, response_frame};
+use crate::protocol::{ErrorBody, ErrorCode, Response};
 use crate::store::QueueRead;
 
 /// Budgets count in units of this many bytes.
@@ -516,9 +517,51 @@ impl AnswerBudgets {
     }
 }
 
+/// The frame of answer `r`, or a `FrameTooLarge` error when it would be over `frame_max`,
+/// the largest frame the connection takes (a group of very many members, a listing of
+/// very many topics): the client's decoder refuses such a frame, and with it the whole
+/// connection (every request in flight failed, sends as maybe stored).
+pub(super) fn within_frame(
+    request_id: u64,
+    r: &Response<'_>,
+    frame_max: u32,
+) -> Result<Vec<u8>, ErrorBody> {
+    let frame = response_frame(request_id, r);
+    if frame.len() > frame_max as usize {
+        return Err(err(
+            ErrorCode::FrameTooLarge,
+            format!(
+                "the answer would be a {}-byte frame, over the connection's limit of {frame_max} bytes",
+                frame.len()
+            ),
+        ));
+    }
+    Ok(frame)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An answer over the connection's frame limit is a typed error naming both sizes; one
+    /// within it is its frame.
+    #[test]
+    fn an_answer_over_the_connections_frame_limit_is_frame_too_large() {
+        use crate::protocol::{FrameDecoder, TopicList};
+        let topics = (0..40_000).map(|n| format!("{n:0>120}")).collect();
+        let list = Response::from(TopicList { topics });
+        let max = crate::protocol::FRAME_BYTES_MIN;
+        let e = within_frame(7, &list, max).unwrap_err();
+        assert_eq!(e.error_code(), Some(ErrorCode::FrameTooLarge), "{e:?}");
+        assert!(
+            e.message.contains(&format!("limit of {max} bytes")),
+            "{e:?}"
+        );
+        let frame = within_frame(7, &list, 16 << 20).unwrap();
+        let decoded = FrameDecoder::new(crate::protocol::FrameLimits::new(16 << 20).unwrap());
+        let f = decoded.decode(&frame).unwrap().unwrap();
+        assert_eq!(f.request_id(), 7);
+    }
 
     #[test]
     fn held_requests_past_a_share_or_the_budget_are_refused_and_their_bytes_come_back() {

@@ -122,9 +122,9 @@ impl ShardCtx {
             Some(call.await)
         };
         let Some(called) = called else {
-            if kind == Forward::LongPoll {
-                self.tell_forwarded_close(to, conn);
-            }
+            // What waits there for room for its answer (a lookup) ends too: it held a
+            // place among the shard's waiting polls for nobody.
+            self.tell_forwarded_close(to, conn);
             return None;
         };
         Some(match called {
@@ -169,7 +169,8 @@ pub enum PollStep {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Forward {
     Plain,
-    /// Stored records.
+    /// Stored records, or an answer without records that can be large (a group's members):
+    /// room for the largest frame is reserved first.
     Records,
     /// Stored records, after a wait for them (a pull).
     LongPoll,

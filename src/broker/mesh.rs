@@ -272,8 +272,8 @@ impl ShardCtx {
         })
     }
 
-    /// Tells shard `to` that connection `conn` of this shard closed while a long poll of it
-    /// was forwarded there, so that the poll ends there too. Once for the polls of one
+    /// Tells shard `to` that connection `conn` of this shard closed while a request of it
+    /// with records (a long poll, a lookup) was forwarded there, so that it ends there too. Once for the polls of one
     /// connection that end together (each would tell it again).
     pub(super) fn tell_forwarded_close(self: &Rc<Self>, to: u32, conn: u64) {
         if !self.answers.start_telling(conn, to) {

@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 
 use crate::broker::answer::Answer;
 use crate::broker::{Handled, PollStep, ShardCtx};
-use crate::protocol::{encode_error, ErrorBody, ErrorCode, FrameDecoder, FrameLimits};
+use crate::protocol::{encode_error, ErrorBody, ErrorCode, FrameDecoder, FrameHeader, FrameLimits};
 
 /// Requests of one connection being handled at once.
 const CONN_IN_FLIGHT_MAX: usize = 1024;
@@ -377,12 +377,16 @@ async fn write_answers(
     }
 }
 
-/// An error frame for a request that could not be read; the connection then closes.
-fn closing_error(body: &ErrorBody) -> Vec<u8> {
+/// An error frame for a request that could not be read, the frame at the start of
+/// `partial`; the connection then closes. It names the request once the frame's header has
+/// arrived and checks out (0 before): a client hands the error to the request it concerns,
+/// and drops one of an id it never sent.
+fn closing_error(decoder: &FrameDecoder, partial: &[u8], body: &ErrorBody) -> Vec<u8> {
     let mut out = Vec::new();
     let code = body.error_code().unwrap_or(ErrorCode::MalformedFrame);
     let message = format!("{}; closing the connection", body.message);
-    if encode_error(0, code, message, &mut out).is_err() {
+    let request_id = FrameHeader::decode(partial, decoder.limits()).map_or(0, |h| h.request_id());
+    if encode_error(request_id, code, message, &mut out).is_err() {
         out.clear();
     }
     out
@@ -500,7 +504,8 @@ pub async fn serve_connection(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    outbox.push(Answer::from(closing_error(&ErrorBody::from(&e))));
+                    let e = ErrorBody::from(&e);
+                    outbox.push(Answer::from(closing_error(&decoder, &buf[start..end], &e)));
                     break 'conn;
                 }
             }
@@ -527,7 +532,7 @@ pub async fn serve_connection(
                             read_budget.max >> 20
                         ),
                     );
-                    outbox.push(Answer::from(closing_error(&e)));
+                    outbox.push(Answer::from(closing_error(&decoder, &buf[..end], &e)));
                     break;
                 }
                 taken = need;
@@ -572,7 +577,7 @@ pub async fn serve_connection(
                         "the connection sent no request"
                     };
                     let e = ErrorBody::new(ErrorCode::Timeout, why);
-                    outbox.push(Answer::from(closing_error(&e)));
+                    outbox.push(Answer::from(closing_error(&decoder, &buf[..end], &e)));
                     break;
                 }
             },
