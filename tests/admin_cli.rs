@@ -277,6 +277,16 @@ fn offset_commit_then_query() {
         serde_json::Value::Null
     );
     assert_eq!(json["queues"][1]["committed_offset"], end);
+    // Below the committed offset a commit changes nothing, and fails saying so.
+    let err = ringmq(&addr, &["offset", "commit", "workers", "jobs", "1", "0"]).fails(1);
+    assert!(err.contains(&format!("keeps offset {end}")), "{err}");
+    assert_eq!(
+        row(
+            &ringmq(&addr, &["offset", "query", "workers", "jobs"]).ok(),
+            "1"
+        ),
+        ["1", &end_s]
+    );
     // Past the queue's end a commit would make the group skip what comes next: refused.
     let err = ringmq(&addr, &["offset", "commit", "workers", "jobs", "1", "42"]).fails(1);
     assert!(err.contains("OffsetTooBig"), "{err}");

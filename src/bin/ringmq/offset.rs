@@ -16,7 +16,11 @@ pub(crate) enum OffsetCommand {
         /// Topic name
         topic: String,
     },
-    /// Set GROUP's committed offset of queue QUEUE of TOPIC to OFFSET
+    /// Commit OFFSET as GROUP's offset of queue QUEUE of TOPIC
+    ///
+    /// Committed offsets only move forward: an OFFSET below the one committed is kept
+    /// from (the command fails, naming the offset kept). `ringmq group reset-offset`
+    /// moves a group back, by time.
     Commit {
         /// Consumer group
         group: String,
@@ -72,6 +76,15 @@ pub(crate) async fn run(ctx: &Ctx, command: OffsetCommand) -> CmdResult {
                 .commit_offset(&group, &topic, queue, offset)
                 .await
                 .map_err(|e| ctx.fail(e))?;
+            // The broker keeps a higher offset committed (offsets only move forward) and
+            // says nothing of it: asked again, so that a lower one is not reported done.
+            let kept =
+                (client.query_offset(&group, &topic, queue).await).map_err(|e| ctx.fail(e))?;
+            if let Some(kept) = kept.filter(|&kept| kept > offset) {
+                return Err(crate::Failure::Failed(format!(
+                    "group {group} keeps offset {kept} on {topic} queue {queue}: committed offsets only move forward (`ringmq group reset-offset` moves a group back, by time)"
+                )));
+            }
             if ctx.json {
                 emit_json(&json!({
                     "group": group, "topic": topic, "queue": queue,
