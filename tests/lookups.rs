@@ -142,3 +142,53 @@ fn a_time_search_that_retention_runs_under_answers_the_first_kept_offset() {
         assert_eq!(search.await.unwrap(), min);
     });
 }
+
+/// A time search that meets a damaged entry fails naming it: one pointing inside another
+/// record's bytes (`Corrupt`, before: a time read from those bytes sent the search astray,
+/// and a group reset by time could go to a wrong offset), and an empty one inside the queue
+/// (before: `OffsetTooBig`, as if past the queue's end).
+#[test]
+fn a_time_search_that_meets_a_damaged_entry_names_it() {
+    use ringmq::index::IndexError;
+    use ringmq::log::LogError;
+    use ringmq::store::StoreError;
+    ringmq::io::run_local(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::default();
+        cfg.consume_queue.entries_per_file = 100;
+        let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+        for _ in 0..40 {
+            store.put(&keyed("t", "k", 300).draft()).await.unwrap();
+        }
+        let log = store.log();
+        log.wait_readable(log.write_offset()).await.unwrap();
+        // Entry 20 (the search's first probe, in 0..40) is 20 bytes at 400 in the file
+        // (the mapped file sees the write).
+        let file = dir
+            .path()
+            .join("consumequeue/t/0")
+            .join(format!("{:020}", 0));
+        let damage = |entry: &dyn Fn(&mut [u8])| {
+            let mut bytes = std::fs::read(&file).unwrap();
+            entry(&mut bytes[400..420]);
+            std::fs::write(&file, &bytes).unwrap();
+        };
+        damage(&|e| {
+            let at = u64::from_le_bytes(e[..8].try_into().unwrap());
+            e[..8].copy_from_slice(&(at + 100).to_le_bytes());
+        });
+        match store.offset_by_timestamp("t", 0, 0).await {
+            Err(StoreError::Log(LogError::Corrupt { reason, .. })) => {
+                assert!(reason.contains("t:0:20"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        damage(&|e| e.fill(0));
+        match store.offset_by_timestamp("t", 0, 0).await {
+            Err(StoreError::Index(IndexError::Corrupt { reason, .. })) => {
+                assert!(reason.contains("entry 20 is empty"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}

@@ -529,6 +529,21 @@ impl MessageStore {
         Ok((offset > end).then_some(end))
     }
 
+    /// What an empty entry at `offset` inside the queue is: damage, named with its file
+    /// (`ConsumeQueue::hole`).
+    fn hole(&self, topic: &str, queue_id: u32, offset: u64) -> StoreError {
+        let queues = self.inner.queues.borrow();
+        match queues.get(&(topic.to_owned(), queue_id)) {
+            Some(q) => q.cq.hole(offset).into(),
+            None => StoreError::OffsetTooBig {
+                topic: topic.into(),
+                queue_id,
+                offset,
+                max: 0,
+            },
+        }
+    }
+
     fn entry(&self, topic: &str, queue_id: u32, offset: u64) -> Result<CqEntry, StoreError> {
         let (min, max) = self.queue_range(topic, queue_id)?;
         if offset < min {

@@ -612,7 +612,10 @@ impl MessageStore {
     /// The first queue offset whose message was stored at or after `timestamp_ms` (the
     /// queue's max offset if none was). Records retention deletes while the search waits
     /// for a read count as earlier than `timestamp_ms` (the answer is never below the
-    /// queue's first kept offset): before, the search failed with `OffsetTooSmall`.
+    /// queue's first kept offset): before, the search failed with `OffsetTooSmall`. An
+    /// entry that points at no record of its place, or is empty inside the queue, fails
+    /// the search naming it (`Corrupt`): a time read from another record's bytes sent the
+    /// search astray, and a group reset by time to a wrong offset could skip messages.
     pub async fn offset_by_timestamp(
         &self,
         topic: &str,
@@ -623,11 +626,19 @@ impl MessageStore {
         let (mut lo, mut hi) = (min, max);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let read = match self.entry(topic, queue_id, mid) {
-                Ok(e) => self.inner.log.read(e.physical_offset, HEADER_BYTES).await,
+            let (e, read) = match self.entry(topic, queue_id, mid) {
+                Ok(e) => (
+                    e,
+                    self.inner.log.read(e.physical_offset, HEADER_BYTES).await,
+                ),
                 Err(StoreError::OffsetTooSmall { min, .. }) => {
                     lo = min.max(mid + 1);
                     continue;
+                }
+                Err(StoreError::OffsetTooBig { .. })
+                    if mid < self.queue_range(topic, queue_id)?.1 =>
+                {
+                    return Err(self.hole(topic, queue_id, mid));
                 }
                 Err(e) => return Err(e),
             };
@@ -639,6 +650,13 @@ impl MessageStore {
                 }
                 Err(e) => return Err(e.into()),
             };
+            let place = crate::protocol::record::peek_place(&head);
+            if place != Some((queue_id, mid, topic.len())) {
+                let why = format!(
+                    "the record at {topic}:{queue_id}:{mid}: its consume-queue entry points at another record"
+                );
+                return Err(self.inner.log.corrupt_at(e.physical_offset, why).into());
+            }
             let ts = store_timestamp_of_header(&head);
             if ts < timestamp_ms {
                 lo = mid + 1;
