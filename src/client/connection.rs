@@ -504,6 +504,17 @@ fn next_step(decoder: &FrameDecoder, buf: &[u8]) -> std::result::Result<Step, Pr
     }
 }
 
+/// What every request waiting on a connection fails with once the broker sent a frame the
+/// client cannot read: the retriable `Connection` of any broken connection (the requests
+/// in flight may have been done: a send may be stored), naming the frame's fault. Before,
+/// it was `Protocol`, which a producer took for a refusal.
+fn unreadable(shared: &Shared, e: ProtocolError) -> ClientError {
+    ClientError::Connection(format!(
+        "connection to {} broken: the broker sent a frame that cannot be read: {e}",
+        shared.peer
+    ))
+}
+
 async fn read_loop(
     mut input: OwnedReadHalf,
     shared: Arc<Shared>,
@@ -529,17 +540,18 @@ async fn read_loop(
                     } else if kind.class() == KindClass::Response {
                         shared.complete(request_id, Reply { frame });
                     } else {
-                        shared.fail(ClientError::Protocol(ProtocolError::UnexpectedKind {
+                        let e = ProtocolError::UnexpectedKind {
                             expected: KindClass::Response,
                             found: kind,
-                        }));
+                        };
+                        shared.fail(unreadable(&shared, e));
                         return;
                     }
                 }
                 Ok(Step::SkipUnknownPush { len }) => buf.advance(len),
                 Ok(Step::NeedMore { total }) => break total,
                 Err(e) => {
-                    shared.fail(ClientError::Protocol(e));
+                    shared.fail(unreadable(&shared, e));
                     return;
                 }
             }

@@ -13,7 +13,8 @@
 //! attempt, keyed and selected sends stay on their queue so order holds. A retried send
 //! whose earlier attempt's outcome is unknown may be stored twice: delivery is at least
 //! once. Those are an attempt that got no answer in time (`Timeout`), whose connection
-//! broke with it in flight (`Connection`), or that the broker answered `Timeout` (its
+//! broke with it in flight (`Connection`), whose answer could not be read (`Protocol`),
+//! or that the broker answered `Timeout` (its
 //! call to the queue's shard) or `StoreUnsure` (appended, then the write or fdatasync
 //! failed). Such a send that fails in the end fails with that attempt's error, never with
 //! a later refusal that says nothing was stored.
@@ -597,16 +598,25 @@ impl ProducerInner {
         // from its first such answer; those answers do not use up retries.
         let mut busy_until: Option<Instant> = None;
         let mut busy_answers = 0u32;
-        let mut attempt = 0;
+        let mut attempt = 0u32;
         while attempt <= self.options.retries {
+            // A coalesced send's leader runs on a task of its own: once its caller gave up,
+            // it writes nothing more (the caller may send the message again).
+            if coalesce::caller_gone() {
+                return Err(maybe_stored.or(last_error).unwrap_or_else(|| {
+                    ClientError::Connection(format!("the send to {topic} was given up"))
+                }));
+            }
             let queue_count = match self.queue_count_creating(topic, create).await {
                 Ok(count) => count,
                 Err(e) if e.is_retriable() => {
                     last_error = Some(e);
-                    attempt += 1;
+                    attempt = attempt.saturating_add(1);
                     continue;
                 }
-                Err(e) => return Err(e),
+                // An earlier attempt's unknown outcome stands: a refusal of the look-up
+                // says nothing of it.
+                Err(e) => return Err(maybe_stored.unwrap_or(e)),
             };
             let queue_id = choose(request, queue_count, attempt);
             let outcome = match self.client.call(route(topic, queue_id), &*request).await {
@@ -614,11 +624,16 @@ impl ProducerInner {
                 Err(e) => Err(e),
             };
             if let Err(e) = &outcome {
-                // No answer, the connection broke with it in flight, the broker's own
-                // call to the queue's shard timed out (`Timeout`), or its write failed
-                // after the append (`StoreUnsure`): it may be stored.
-                if matches!(e, ClientError::Timeout { .. } | ClientError::Connection(_))
-                    || matches!(e.code(), Some(ErrorCode::Timeout | ErrorCode::StoreUnsure))
+                // No answer, the connection broke with it in flight, an answer that could
+                // not be read (`Protocol`), the broker's own call to the queue's shard
+                // timed out (`Timeout`), or its write failed after the append
+                // (`StoreUnsure`): it may be stored.
+                if matches!(
+                    e,
+                    ClientError::Timeout { .. }
+                        | ClientError::Connection(_)
+                        | ClientError::Protocol(_)
+                ) || matches!(e.code(), Some(ErrorCode::Timeout | ErrorCode::StoreUnsure))
                 {
                     maybe_stored.get_or_insert_with(|| e.clone());
                 }
@@ -654,7 +669,8 @@ impl ProducerInner {
                 Err(e) if e.is_retriable() => last_error = Some(e),
                 Err(e) => return Err(maybe_stored.unwrap_or(e)),
             }
-            attempt += 1;
+            // Saturating: `retries: u32::MAX` retries for as long as the sends fail.
+            attempt = attempt.saturating_add(1);
         }
         Err(maybe_stored.or(last_error).unwrap_or_else(|| {
             ClientError::Connection(format!("send to {topic} failed without an error"))

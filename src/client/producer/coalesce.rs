@@ -3,7 +3,7 @@
 //! one `SendMulti` when it is answered; one request in flight per (topic, shard).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -15,6 +15,30 @@ use crate::protocol::{
     BatchItem, ErrorCode, Kind, ProtocolError, Response, SendMessage, SendMulti, SendResult,
     QUEUE_ID_ANY,
 };
+
+tokio::task_local! {
+    /// Set on the task a coalesced send's leader runs on (its request goes on whether or
+    /// not its caller still polls it): whether its caller gave up.
+    static CALLER_GONE: Arc<AtomicBool>;
+}
+
+/// Whether this is a coalesced send's leader whose caller gave up: it writes nothing more.
+/// Before, it went on retrying (busy pauses, new attempts) for its whole request timeout,
+/// and a message its caller sent again could be stored twice.
+pub(super) fn caller_gone() -> bool {
+    CALLER_GONE
+        .try_with(|gone| gone.load(Ordering::Relaxed))
+        .unwrap_or(false)
+}
+
+/// Marks the leader's caller gone when the caller's future drops.
+struct GoneOnDrop(Arc<AtomicBool>);
+
+impl Drop for GoneOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
 
 pub(super) type SharedCoalescer = Arc<Mutex<Coalescer>>;
 
@@ -370,12 +394,15 @@ impl ProducerInner {
             leader: true,
             released: false,
         };
-        let leader = tokio::spawn(async move {
+        let gone = Arc::new(AtomicBool::new(false));
+        let leader = tokio::spawn(CALLER_GONE.scope(gone.clone(), async move {
             let topic = slot.topic.clone();
             let result = inner.send_to_queue(&topic, &mut request, queue).await;
             slot.pass_on();
             result
-        });
+        }));
+        // Dropped with this future: its caller gave up (or got the answer).
+        let _gone = GoneOnDrop(gone);
         leader.await.unwrap_or_else(|e| {
             Err(ClientError::Connection(format!(
                 "the send to {topic} was stopped: {e}"

@@ -348,6 +348,65 @@ async fn a_send_that_may_be_stored_does_not_end_with_a_refusal() {
     );
 }
 
+/// A frame from the broker that cannot be read breaks the connection: every request
+/// waiting on it fails with the retriable `Connection` (a send in flight may be stored),
+/// as the connection's doc says. Before, it was `Protocol`, which a producer took for a
+/// refusal that stored nothing.
+#[tokio::test]
+async fn an_unreadable_frame_fails_the_requests_waiting_as_a_broken_connection() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        Request::SendMessage(_) => vec![Out::Frame(vec![0xAB; 64])],
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let producer = Producer::connect_with(fake.config(), no_retries())
+        .await
+        .unwrap();
+    match producer.send("t", OutgoingMessage::new("a")).await {
+        Err(ClientError::Connection(m)) => assert!(m.contains("cannot be read"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A coalesced send's leader (its request runs on a task of its own) whose caller gave up
+/// writes no new attempt: no resend after a busy pause. Before, it went on for its whole
+/// request timeout, and a message its caller sent again could be stored twice.
+#[tokio::test]
+async fn a_coalesced_send_given_up_by_its_caller_is_not_sent_again() {
+    let sends = Arc::new(AtomicUsize::new(0));
+    let seen = sends.clone();
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        Request::SendMessage(_) => {
+            seen.fetch_add(1, Ordering::SeqCst);
+            vec![Out::Frame(error(id, ErrorCode::BrokerBusy, "busy"))]
+        }
+        _ => vec![Out::Frame(error(id, ErrorCode::Internal, "not faked"))],
+    });
+    let fake = Fake::start(1, handler).await;
+    let mut config = fake.config();
+    config.request_timeout_ms = 10_000;
+    let options = ProducerOptions {
+        coalesce: true,
+        ..Default::default()
+    };
+    let producer = Producer::connect_with(config, options).await.unwrap();
+    let send = producer.send("t", OutgoingMessage::new("a"));
+    let given_up = tokio::time::timeout(Duration::from_millis(300), send).await;
+    assert!(given_up.is_err(), "{given_up:?}");
+    let at_give_up = sends.load(Ordering::SeqCst);
+    assert!(
+        at_give_up >= 3,
+        "{at_give_up} sends: the busy broker was waited out"
+    );
+    // An observation window, not a wait for a condition: the busy pauses (200 ms at most)
+    // would have had it sent again several times within it.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let after = sends.load(Ordering::SeqCst);
+    assert!(after <= at_give_up + 1, "{at_give_up} sends, then {after}");
+}
+
 /// The broker's own call to the queue's shard timed out (`Timeout` answered: the shard may
 /// still store it), or its write failed after the append (`StoreUnsure`: the record may
 /// be stored): a later attempt's refusal that says nothing was stored does not end the
