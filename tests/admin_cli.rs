@@ -577,6 +577,9 @@ fn delayed_sends_schedule_stats_and_dead_letters() {
     // A delayed message has no queue offset until it is delivered.
     let line = ringmq(&addr, &["send", "later", "soon", "--delay-ms", "300"]).ok();
     assert_eq!(field(&line, "offset"), "scheduled", "{line}");
+    // Its id names the record the broker holds: no message, with a word on why.
+    let e = ringmq(&addr, &["message", "id", field(&line, "msg_id")]).fails(1);
+    assert!(e.contains("a delayed or transactional send's id"), "{e}");
     let v = ringmq(
         &addr,
         &["--json", "send", "later", "lvl", "--delay-level", "2"],

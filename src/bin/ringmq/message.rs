@@ -18,7 +18,9 @@ const KEY_MAX_LIMIT: u32 = 1024;
 pub(crate) enum MessageCommand {
     /// The message with this id (fails when there is none)
     Id {
-        /// Message id (32 hex digits, as `send` prints it; case does not matter)
+        /// Message id (32 hex digits, as `send` prints it; case does not matter). A delayed
+        /// or transactional send's id names the record the broker holds: the message
+        /// delivered or committed gets an id of its own (found by key)
         msg_id: String,
         #[command(flatten)]
         show: ShowArgs,
@@ -80,7 +82,9 @@ pub(crate) async fn run(ctx: &Ctx, command: MessageCommand) -> CmdResult {
                 .map_err(|e| ctx.fail(e))?;
             match found {
                 Some(m) => print_messages(ctx, &[m], show, false),
-                None => Err(Failure::Failed(format!("no message with id {msg_id}"))),
+                None => Err(Failure::Failed(format!(
+                    "no message with id {msg_id} (a delayed or transactional send's id names the record the broker holds until delivery or commit; the message delivered gets an id of its own: look it up by key)"
+                ))),
             }
         }
         MessageCommand::Key {
