@@ -637,6 +637,10 @@ impl Drop for InFlight {
     }
 }
 
+/// The most bytes a topic's description or a group's progress in a topic takes as a frame:
+/// 32 bytes per queue at most (`QueueProgress`), the names, the frame's header.
+const TOPIC_ANSWER_BYTES_MAX: usize = topics::QUEUES_PER_TOPIC_MAX as usize * 32 + 4096;
+
 /// One request being handled on its shard: the shard and what the frame said besides the
 /// request itself.
 struct Req<'a> {
@@ -698,22 +702,29 @@ impl Req<'_> {
         })
     }
 
-    /// An answer without records that can be large (a topic's description, a group's
-    /// progress, the transactions listed: up to hundreds of KB) and needs waiting for: room
-    /// for the largest frame is reserved first, as for records, and given back down to the
-    /// frame built. Before, every such request a connection had in flight (up to 1,024) was
-    /// built and queued at once, outside every budget: 1,024 transaction listings of 1,000
-    /// halves held about 360 MB for one connection that did not read.
+    /// An answer without records that can be large (a topic's description or a group's
+    /// progress: up to 33 KB; the transactions listed: hundreds of KB) and needs waiting
+    /// for: room for `bound` bytes (at most the largest frame) is reserved first, as for
+    /// records, and given back down to the frame built. Before, every such request a
+    /// connection had in flight (up to 1,024) was built and queued at once, outside every
+    /// budget: 1,024 transaction listings of 1,000 halves held about 360 MB for one
+    /// connection that did not read.
     fn later_large<R: Into<Response<'static>>>(
         &self,
+        bound: usize,
         f: impl Future<Output = Result<R, ErrorBody>> + 'static,
     ) -> Handled {
         let (request_id, frame_max, conn) = (self.request_id, self.frame_max, self.conn);
         let ctx = self.ctx.clone();
+        let bound = bound.min(frame_max as usize);
         self.later_frame(async move {
-            let mut hold = ctx.reserve_answer(conn, frame_max as usize).await?;
+            let mut hold = ctx.reserve_answer(conn, bound).await?;
             let r = f.await?;
             let frame = within_frame(request_id, &r.into(), frame_max)?;
+            if frame.len() > bound {
+                // Past the bound (not expected): held as far as the budgets have room.
+                ctx.answers.try_grow(&mut hold, conn, frame.len() - bound);
+            }
             hold.shrink_to(frame.len());
             Ok(Answer::held(frame, hold))
         })
@@ -858,7 +869,10 @@ impl Handlers for Req<'_> {
     }
 
     fn describe_topic(&self, m: DescribeTopic) -> Handled {
-        self.later_large(self.ctx.clone().describe_topic(m.topic, m.create))
+        self.later_large(
+            TOPIC_ANSWER_BYTES_MAX,
+            self.ctx.clone().describe_topic(m.topic, m.create),
+        )
     }
 
     fn message_by_id(&self, m: MessageById) -> Handled {
@@ -900,7 +914,7 @@ impl Handlers for Req<'_> {
     }
 
     fn consumer_progress(&self, m: ConsumerProgress) -> Handled {
-        self.later_large(self.ctx.consumer_progress(m))
+        self.later_large(TOPIC_ANSWER_BYTES_MAX, self.ctx.consumer_progress(m))
     }
 
     fn delete_group(&self, m: DeleteGroup) -> Handled {
@@ -932,6 +946,6 @@ impl Handlers for Req<'_> {
     }
 
     fn list_transactions(&self, _: ListTransactions) -> Handled {
-        self.later_large(self.ctx.clone().list_transactions())
+        self.later_large(usize::MAX, self.ctx.clone().list_transactions())
     }
 }

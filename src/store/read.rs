@@ -664,7 +664,9 @@ impl MessageStore {
                 hi = mid;
             }
         }
-        Ok(lo)
+        // A probe read just before retention deleted its record can leave the answer below
+        // the queue's new start.
+        Ok(lo.max(self.queue_range(topic, queue_id)?.0))
     }
 
     /// Records of `topic` whose KEYS contain `key`, stored in [begin_ms, end_ms], newest
@@ -742,7 +744,7 @@ impl MessageStore {
         let mut bytes = 0usize;
         let mut damaged: Option<(usize, LogError)> = None;
         for phys in candidates {
-            if out.len() >= max || bytes >= max_bytes {
+            if out.len() >= max || (!out.is_empty() && bytes >= max_bytes) {
                 break;
             }
             if phys < min || phys >= readable {

@@ -18,8 +18,8 @@ pub(crate) enum OffsetCommand {
     },
     /// Commit OFFSET as GROUP's offset of queue QUEUE of TOPIC
     ///
-    /// Committed offsets only move forward: an OFFSET below the one committed is kept
-    /// from (the command fails, naming the offset kept). `ringmq group reset-offset`
+    /// Committed offsets only move forward: an OFFSET below the one committed is not
+    /// committed (the command fails, naming the offset kept). `ringmq group reset-offset`
     /// moves a group back, by time.
     Commit {
         /// Consumer group
@@ -72,12 +72,9 @@ pub(crate) async fn run(ctx: &Ctx, command: OffsetCommand) -> CmdResult {
             queue,
             offset,
         } => {
-            client
-                .commit_offset(&group, &topic, queue, offset)
-                .await
-                .map_err(|e| ctx.fail(e))?;
             // The broker keeps a higher offset committed (offsets only move forward) and
-            // says nothing of it: asked again, so that a lower one is not reported done.
+            // says nothing of it: asked first, so that a lower one is not reported done.
+            // (Asked after, a member's commit meanwhile would read as a refusal.)
             let kept =
                 (client.query_offset(&group, &topic, queue).await).map_err(|e| ctx.fail(e))?;
             if let Some(kept) = kept.filter(|&kept| kept > offset) {
@@ -85,6 +82,10 @@ pub(crate) async fn run(ctx: &Ctx, command: OffsetCommand) -> CmdResult {
                     "group {group} keeps offset {kept} on {topic} queue {queue}: committed offsets only move forward (`ringmq group reset-offset` moves a group back, by time)"
                 )));
             }
+            client
+                .commit_offset(&group, &topic, queue, offset)
+                .await
+                .map_err(|e| ctx.fail(e))?;
             if ctx.json {
                 emit_json(&json!({
                     "group": group, "topic": topic, "queue": queue,
