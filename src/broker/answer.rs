@@ -3,7 +3,7 @@
 //! A client that pipelines pulls and never reads the answers must not make the broker hold
 //! them without limit. Answers that carry stored records (pulls, lookups) reserve their
 //! size before the records are read, and large answers without records (listings) room
-//! for the largest frame before they are built: from the budget of the connection they will be
+//! for an upper bound of their size (the largest frame at most) before they are built: from the budget of the connection they will be
 //! written to (`CONN_ANSWER_BYTES_MAX`-sized, when the connection is on this shard) and
 //! from the shard's budget (all connections together). The reservation travels with the
 //! answer ([`Answer`]) and is given back once the answer is written or dropped; a pull
@@ -215,8 +215,8 @@ pub struct AnswerHold {
 }
 
 impl AnswerHold {
-    /// Gives back what is reserved beyond `bytes` (a reservation made for the largest
-    /// answer, once the real one is known).
+    /// Gives back what is reserved beyond `bytes` (a reservation made for an upper bound
+    /// of the answer, once the real one is known).
     pub fn shrink_to(&mut self, bytes: usize) {
         let keep = units(bytes) as usize;
         for permit in [self.conn.as_mut(), Some(&mut self.shard)]
@@ -542,6 +542,44 @@ pub(super) fn within_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `TOPIC_ANSWER_BYTES_MAX` holds the largest frames it bounds: a group's progress and a
+    /// topic's description with the longest names and every queue a topic may have.
+    #[test]
+    fn a_topics_largest_description_and_progress_fit_their_reservation() {
+        use crate::protocol::{Progress, QueueInfo, QueueProgress, TopicInfo};
+        let queues = crate::broker::topics::QUEUES_PER_TOPIC_MAX;
+        let progress = Progress {
+            group: "g".repeat(crate::protocol::names::GROUP_NAME_BYTES_MAX),
+            topic: "t".repeat(127),
+            queues: (0..queues)
+                .map(|queue_id| QueueProgress {
+                    queue_id,
+                    committed_offset: -1,
+                    max_offset: u64::MAX,
+                    lag: u64::MAX,
+                })
+                .collect(),
+        };
+        let info = TopicInfo {
+            topic: "t".repeat(127),
+            queues: (0..queues)
+                .map(|queue_id| QueueInfo {
+                    queue_id,
+                    min_offset: u64::MAX,
+                    max_offset: u64::MAX,
+                })
+                .collect(),
+        };
+        for r in [Response::from(progress), Response::from(info)] {
+            let len = response_frame(1, &r).len();
+            assert!(len <= crate::broker::TOPIC_ANSWER_BYTES_MAX, "{len} bytes");
+            assert!(
+                len > 24 * queues as usize,
+                "{len} bytes: every queue encoded"
+            );
+        }
+    }
 
     /// An answer over the connection's frame limit is a typed error naming both sizes; one
     /// within it is its frame.

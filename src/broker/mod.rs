@@ -722,7 +722,8 @@ impl Req<'_> {
             let r = f.await?;
             let frame = within_frame(request_id, &r.into(), frame_max)?;
             if frame.len() > bound {
-                // Past the bound (not expected): held as far as the budgets have room.
+                // Past the bound (not expected): the rest is held too if both budgets have
+                // room for all of it; else the answer goes out held at the bound.
                 ctx.answers.try_grow(&mut hold, conn, frame.len() - bound);
             }
             hold.shrink_to(frame.len());

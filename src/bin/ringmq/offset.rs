@@ -74,7 +74,8 @@ pub(crate) async fn run(ctx: &Ctx, command: OffsetCommand) -> CmdResult {
         } => {
             // The broker keeps a higher offset committed (offsets only move forward) and
             // says nothing of it: asked first, so that a lower one is not reported done.
-            // (Asked after, a member's commit meanwhile would read as a refusal.)
+            // Best effort: a member's commit past OFFSET between the two goes unseen
+            // (asked after, it would read as a refusal).
             let kept =
                 (client.query_offset(&group, &topic, queue).await).map_err(|e| ctx.fail(e))?;
             if let Some(kept) = kept.filter(|&kept| kept > offset) {
