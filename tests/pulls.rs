@@ -131,13 +131,18 @@ fn long_polls_past_the_cap_are_refused_busy_and_an_ended_one_gives_its_place_bac
         let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
         client.create_topic("t", 3).await.unwrap();
         let long = Duration::from_secs(30);
-        // Two polls wait, on queues 0 and 1.
-        let waiting: Vec<_> = (0..2)
-            .map(|q| {
-                let c = client.clone();
-                tokio::spawn(async move { c.pull("t", q, 0, 32, long, &[]).await })
-            })
-            .collect();
+        // Two polls wait, on queues 0 and 1. Each is polled once here, which queues its
+        // request on the connection before the probes below (a connection's requests are
+        // taken in order): spawned unpolled, a loaded machine ran a probe first, which took
+        // a place, a poll was refused, and no probe ever was (a fresh-clone run).
+        let mut waiting = Vec::new();
+        for q in 0..2 {
+            let c = client.clone();
+            let mut poll = Box::pin(async move { c.pull("t", q, 0, 32, long, &[]).await });
+            let first = futures_lite::future::poll_once(&mut poll).await;
+            assert!(first.is_none(), "{first:?}");
+            waiting.push(tokio::spawn(poll));
+        }
         // Once both wait, a third that would wait is refused (before, it waits its 50 ms).
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut tick = tokio::time::interval(Duration::from_millis(20));
