@@ -168,6 +168,9 @@ struct IndexFile {
     /// Changes made to the mapping, and those known to be on disk (msync or fdatasync).
     dirty_gen: u64,
     synced_gen: u64,
+    /// How many times entries were forgotten after a cut of the log: a walk resumed in the
+    /// file after one starts its chain again (its place may now hold another key's entry).
+    cuts: u64,
     /// Made (created, or a spare taken) by this index, its directory not synced since.
     name_unsynced: bool,
 }
@@ -200,6 +203,7 @@ impl IndexFile {
             entries_max: cfg.entries_per_file,
             dirty_gen: 1,
             synced_gen: 0,
+            cuts: 0,
             name_unsynced: true,
         };
         if let Err(e) = file.allocate_slots() {
@@ -316,6 +320,7 @@ impl IndexFile {
             entries_max,
             dirty_gen: 0,
             synced_gen: 0,
+            cuts: 0,
             name_unsynced: false,
         };
         if entry_count > 0
@@ -441,6 +446,7 @@ impl IndexFile {
             }
         }
         self.dirty_gen += 1;
+        self.cuts += 1;
     }
 
     /// After an unclean stop: the file holds its first `count` entries, those the last

@@ -208,6 +208,44 @@ fn a_walk_in_slices_answers_what_was_there_when_it_started() {
     assert!(expected.starts_with(&found), "{found:?}");
 }
 
+/// A walk whose file was cut between slices (entries forgotten after a cut of the log, their
+/// places then written again with other keys' entries, or not) still finds every entry of
+/// its key below the cut.
+#[test]
+fn a_walk_resumed_after_a_cut_of_the_log_finds_the_entries_below_it() {
+    let key_count = 6;
+    assert_no_stored_hash_collision(key_count);
+    for (seed, refill) in [(5, true), (6, false), (7, true), (8, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut index = KeyIndex::open(dir.path(), cfg(8, 2_000)).unwrap();
+        let mut model = Model::default();
+        fill(&mut index, &mut model, &mut rng, 200, key_count);
+        let key = "key-1";
+        let before = model.query(key, i64::MIN, i64::MAX, usize::MAX, |_| true);
+        let mut walk = index.walk_start(key, i64::MIN, i64::MAX, usize::MAX);
+        assert!(!index.walk(&mut walk, 3));
+        // The cut is below the walk's place: half the puts go, and the log goes on from it.
+        let cut = model.puts[model.puts.len() / 2].1;
+        index.forget_from_physical(cut);
+        model.puts.retain(|p| p.1 < cut);
+        if refill {
+            let ts = model.puts.last().unwrap().2;
+            for n in 0..400 {
+                let other = format!("key-{}", [0, 2, 3, 4, 5][n % 5]);
+                index.put(&other, cut + n as u64, ts).unwrap();
+            }
+        }
+        while !index.walk(&mut walk, 3) {}
+        let found = walk.into_found();
+        let below: Vec<u64> = found.iter().copied().filter(|&p| p < cut).collect();
+        let expected = model.query(key, i64::MIN, i64::MAX, usize::MAX, |_| true);
+        assert!(expected.len() > 10, "{expected:?}");
+        assert_eq!(below, expected, "seed {seed}, refill {refill}");
+        assert!(before.starts_with(&found[..found.len() - below.len()]));
+    }
+}
+
 #[test]
 fn reopen_with_other_config_keeps_old_files_dimensions() {
     let key_count = 10;

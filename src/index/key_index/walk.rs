@@ -15,9 +15,9 @@ pub struct KeyWalk {
     max: usize,
     seen: HashSet<u64>,
     out: Vec<u64>,
-    /// The file (by its sequence number) and the 1-based entry of it to look at next; `None`
-    /// before the first slice.
-    at: Option<(u64, u32)>,
+    /// The file (by its sequence number), the 1-based entry of it to look at next, and the
+    /// file's count of cuts then; `None` before the first slice.
+    at: Option<(u64, u32, u64)>,
     done: bool,
 }
 
@@ -52,9 +52,9 @@ impl KeyIndex {
 
     /// Looks at up to `steps` more entries of `walk` (at least one); true once it is done.
     /// The files may change between slices: a file retention deleted ends the walk (the
-    /// older ones went before it), and an entry rewritten after a cut of the log is only a
-    /// candidate more or less (each is verified by reading its record; links still go to
-    /// smaller indexes, so the walk ends).
+    /// older ones went before it), and a file cut since (entries forgotten after a cut of
+    /// the log) is walked again from its slot's head, which may add candidates put since
+    /// (each is verified by reading its record).
     pub fn walk(&self, walk: &mut KeyWalk, steps: usize) -> bool {
         let mut steps = steps.max(1);
         for file in self.files.iter().rev() {
@@ -62,24 +62,27 @@ impl KeyIndex {
                 break;
             }
             let resume = match walk.at {
-                Some((seq, _)) if file.seq > seq => continue,
-                Some((seq, index)) if file.seq == seq => Some(index),
+                Some((seq, ..)) if file.seq > seq => continue,
+                // A cut since the last slice: the place may be gone or hold another key's
+                // entry (whose links lead down another chain), so the chain starts again
+                // (the candidates seen are not pushed twice).
+                Some((seq, index, cuts)) if file.seq == seq && file.cuts == cuts => Some(index),
                 _ => None,
             };
             if file.entry_count() == 0
                 || file.end_timestamp_ms() < walk.begin_ms
                 || file.begin_timestamp_ms() > walk.end_ms
             {
-                walk.at = Some((file.seq, 0));
+                walk.at = Some((file.seq, 0, file.cuts));
                 continue;
             }
             let from = resume.unwrap_or_else(|| file.live_head(file.slot_at(&walk.hash)));
             match file.collect(walk, from, &mut steps) {
                 Some(next) => {
-                    walk.at = Some((file.seq, next));
+                    walk.at = Some((file.seq, next, file.cuts));
                     return false;
                 }
-                None => walk.at = Some((file.seq, 0)),
+                None => walk.at = Some((file.seq, 0, file.cuts)),
             }
         }
         walk.done = true;
