@@ -300,13 +300,18 @@ const CONN_BASE_BUFFER: usize = 64 * 1024;
 
 /// The header of a 5 MiB `Pull` frame (what follows is up to the caller).
 fn announce_5_mib() -> Vec<u8> {
+    announce(5 << 20)
+}
+
+/// The header of a `Pull` frame of `bytes` (what follows is up to the caller).
+fn announce(bytes: u32) -> Vec<u8> {
     let mut head = Vec::new();
-    head.extend_from_slice(&(5u32 << 20).to_le_bytes());
+    head.extend_from_slice(&bytes.to_le_bytes());
     head.extend_from_slice(&[FRAME_MAGIC, PROTOCOL_VERSION]);
     head.extend_from_slice(&ringmq::protocol::Kind::Pull.as_u16().to_le_bytes());
     head.extend_from_slice(&1u64.to_le_bytes());
     head.extend_from_slice(&0u32.to_le_bytes());
-    head.extend_from_slice(&((5u32 << 20) - FRAME_HEADER_BYTES as u32).to_le_bytes());
+    head.extend_from_slice(&(bytes - FRAME_HEADER_BYTES as u32).to_le_bytes());
     assert_eq!(head.len(), FRAME_HEADER_BYTES);
     head
 }
@@ -329,8 +334,9 @@ fn unread_on(port: u16) -> (u64, usize) {
     unread
 }
 
-/// 65 connections each send 4 MiB less a byte of a 5 MiB frame: together they hold the
-/// shard's receive budget for large frames (256 MiB) if each takes room as its bytes come.
+/// 65 connections each send 4 MiB less a byte of a 5 MiB frame: together they hold their
+/// address's share of the shard's receive budget for large frames (64 MiB of 256 MiB) if
+/// each takes room as its bytes come.
 /// Then each sends one byte more, so that every one needs more room at once. None may hold
 /// part of what it needs while waiting for the rest: they used to wait on each other for
 /// ever, reading nothing (not even that their peers went), and every large frame on the
@@ -460,6 +466,71 @@ fn a_large_frame_trickled_a_byte_at_a_time_is_cut_off_at_the_connection_timeout(
     assert!(e.message.contains("did not arrive whole"), "{e}");
     // Named by the frame's request id (its header arrived): a client hands it to the request.
     assert_eq!(f.request_id(), 1);
+}
+
+/// Connections to `port` from `remote_ip` (as /proc/net/tcp writes it, e.g. `0200007F` for
+/// 127.0.0.2) whose received bytes the broker has all read.
+fn read_whole_from(port: u16, remote_ip: &str) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let established = table.lines().skip(1).filter(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields[1].rsplit(':').next().unwrap();
+        u16::from_str_radix(local_port, 16).unwrap() == port
+            && fields[2].starts_with(remote_ip)
+            && fields[3] == "01"
+            && fields[4].ends_with(":00000000")
+    });
+    established.count()
+}
+
+/// Eighty connections from one address (127.0.0.2) each start a 4 MiB frame and stall: they
+/// take no more than that address's share of the shard's receive budget for large frames
+/// (a quarter of 256 MiB: sixteen of them, each taking 4 MiB less the 64 KiB base buffer),
+/// and a large send from another address (the client on 127.0.0.1) goes through at once.
+/// Before, sixty-five of them held all of it and the send waited for the connection
+/// timeout (30 s), then was refused.
+#[test]
+fn large_frames_stalled_from_one_address_leave_room_for_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &["--conn-timeout-ms", "30000"]);
+    let addr = broker.addr_string();
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let mut start = announce(4 << 20);
+    start.resize(CONN_BASE_BUFFER + 4096, 7);
+    runtime().block_on(async {
+        let mut stalled = Vec::new();
+        for _ in 0..80 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let mut c = socket.connect(addr.parse().unwrap()).await.unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut c, &start)
+                .await
+                .unwrap();
+            stalled.push(c);
+        }
+        // The share's sixteen frames are read past the base buffer.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while read_whole_from(port, "0200007F") < 16 {
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                read_whole_from(port, "0200007F")
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("big", 1).await.unwrap();
+        let big = OutgoingMessage::new(vec![1u8; 1 << 20]);
+        let sent = tokio::time::timeout(Duration::from_secs(5), producer.send("big", big)).await;
+        assert!(matches!(sent, Ok(Ok(_))), "{sent:?}");
+        let whole = read_whole_from(port, "0200007F");
+        assert!(
+            whole <= 17,
+            "{whole} stalled frames from one address were given room"
+        );
+        drop(stalled);
+    });
+    still_serves(&addr);
 }
 
 #[test]

@@ -20,9 +20,9 @@
 //!   (group members on it leave, its answer budget closes).
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
@@ -50,8 +50,6 @@ pub const CONN_QUEUED_BYTES_MAX: usize = 16 << 20;
 /// time; one that stops in the middle of a frame for this long, or takes a batch of answers
 /// slower than this plus a second for every [`ANSWER_RATE_MIN_BYTES_PER_S`], is closed.
 pub const CONN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
-/// How long a connection waits before it looks again for room in the shard's read budget.
-const READ_BUDGET_RETRY_MS: u64 = 5;
 /// A receive buffer grown for large frames is kept while they keep coming, and shrunk
 /// back once the connection sends nothing for this long.
 const READ_BUFFER_KEEP_MS: u64 = 100;
@@ -60,24 +58,10 @@ const READ_BUFFER_KEEP_MS: u64 = 100;
 const PEER_CHECK_MS: u64 = 200;
 
 /// Shrinks a grown receive buffer back to its base size, giving its budget back.
-fn shrink(buf: &mut Vec<u8>, budget: &ReadBudget, taken: &mut usize) {
+fn shrink(buf: &mut Vec<u8>, taken: &mut BudgetTaken) {
     buf.truncate(CONN_READ_BUFFER_BYTES);
     buf.shrink_to_fit();
-    budget.give(*taken);
-    *taken = 0;
-}
-
-/// Takes `bytes` of the budget, waiting up to `within_ms` for them; false if they did not
-/// come by then.
-async fn take_budget(budget: &ReadBudget, bytes: usize, within_ms: u64) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_millis(within_ms);
-    while !budget.try_take(bytes) {
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        crate::io::sleep(Duration::from_millis(READ_BUDGET_RETRY_MS)).await;
-    }
-    true
+    taken.give_all();
 }
 
 /// How connections of a shard are served.
@@ -93,37 +77,103 @@ pub struct ConnSettings {
 /// its frame needs all at once (its buffer then grows as the bytes arrive), so none holds
 /// part of what it needs while waiting for the rest: connections doing that would wait on
 /// each other for ever.
+///
+/// The connections from one address take at most a quarter of it (at least one largest
+/// frame): before, about fifty connections from one host that each announced a 5 MiB frame
+/// and stalled held all of it, and every large frame from other hosts waited, then was
+/// refused, for as long as the connection timeout.
 pub struct ReadBudget {
     used: Cell<usize>,
     max: usize,
+    /// Bytes taken by the connections from each address (none with nothing taken).
+    by_peer: RefCell<HashMap<IpAddr, usize>>,
+    peer_max: usize,
+    /// Woken when bytes are given back, for the connections waiting for room.
+    freed: Notify,
 }
 
 impl ReadBudget {
     /// A budget that holds at least four of the largest frames.
     pub fn new(frame_bytes_max: usize) -> Rc<ReadBudget> {
+        let max = (256 << 20).max(4 * frame_bytes_max);
         Rc::new(ReadBudget {
             used: Cell::new(0),
-            max: (256 << 20).max(4 * frame_bytes_max),
+            max,
+            by_peer: RefCell::new(HashMap::new()),
+            peer_max: (max / 4).max(frame_bytes_max),
+            freed: Notify::new(),
         })
     }
 
-    fn try_take(&self, bytes: usize) -> bool {
+    fn try_take(&self, peer: IpAddr, bytes: usize) -> bool {
         let used = self.used.get();
-        if used + bytes > self.max {
+        let mut by_peer = self.by_peer.borrow_mut();
+        let peer_used = by_peer.get(&peer).copied().unwrap_or(0);
+        if used + bytes > self.max || peer_used + bytes > self.peer_max {
             return false;
         }
         self.used.set(used + bytes);
+        by_peer.insert(peer, peer_used + bytes);
         true
     }
 
-    fn give(&self, bytes: usize) {
+    fn give(&self, peer: IpAddr, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
         self.used.set(self.used.get().saturating_sub(bytes));
+        let mut by_peer = self.by_peer.borrow_mut();
+        if let Some(peer_used) = by_peer.get_mut(&peer) {
+            *peer_used = peer_used.saturating_sub(bytes);
+            if *peer_used == 0 {
+                by_peer.remove(&peer);
+            }
+        }
+        self.freed.notify_waiters();
     }
 
-    /// Bytes taken now.
+    /// Takes `bytes` for `peer`, waiting up to `within_ms` for them to be given back by
+    /// others; false if they were not by then.
+    async fn take(&self, peer: IpAddr, bytes: usize, within_ms: u64) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_millis(within_ms);
+        loop {
+            // Made before the look, so a give between the look and the wait wakes it.
+            let freed = self.freed.notified();
+            if self.try_take(peer, bytes) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let _ = within(left.as_millis() as u64 + 1, freed).await;
+        }
+    }
+
+    /// Bytes taken now, in all and by `peer`.
     #[cfg(test)]
-    fn used(&self) -> usize {
-        self.used.get()
+    fn used(&self, peer: IpAddr) -> (usize, usize) {
+        let by_peer = self.by_peer.borrow().get(&peer).copied().unwrap_or(0);
+        (self.used.get(), by_peer)
+    }
+}
+
+/// What one connection holds of its shard's [`ReadBudget`]; given back when dropped.
+struct BudgetTaken {
+    budget: Rc<ReadBudget>,
+    peer: IpAddr,
+    bytes: usize,
+}
+
+impl BudgetTaken {
+    fn give_all(&mut self) {
+        self.budget.give(self.peer, std::mem::take(&mut self.bytes));
+    }
+}
+
+impl Drop for BudgetTaken {
+    fn drop(&mut self) {
+        self.give_all();
     }
 }
 
@@ -433,7 +483,11 @@ pub async fn serve_connection(
     let decoder = FrameDecoder::new(limits);
     let mut buf = vec![0u8; CONN_READ_BUFFER_BYTES];
     // Budget held for growth beyond the base buffer (which is always allowed).
-    let mut taken = 0;
+    let mut taken = BudgetTaken {
+        budget: read_budget,
+        peer: peer.ip(),
+        bytes: 0,
+    };
     let (mut start, mut end) = (0usize, 0usize);
     let mut frames_seen = false;
     // The last frame needed more than half the base buffer: more like it may follow, so a
@@ -523,33 +577,38 @@ pub async fn serve_connection(
             // The whole frame's need at once (see `ReadBudget`), for as long as a stalled
             // frame is waited for at most; then a typed refusal.
             let need = needed.max(grown) - CONN_READ_BUFFER_BYTES;
-            if need > taken {
-                if !take_budget(&read_budget, need - taken, timeout_ms).await {
+            if need > taken.bytes {
+                let budget = &taken.budget;
+                if !budget
+                    .take(taken.peer, need - taken.bytes, timeout_ms)
+                    .await
+                {
                     let e = ErrorBody::new(
                         ErrorCode::BrokerBusy,
                         format!(
-                            "the shard's receive buffers for large frames ({} MiB) stayed taken by other connections for {timeout_ms} ms; send the {needed}-byte frame again later",
-                            read_budget.max >> 20
+                            "the shard's receive buffers for large frames ({} MiB, at most {} MiB for the connections from one address) stayed taken by other connections for {timeout_ms} ms; send the {needed}-byte frame again later",
+                            budget.max >> 20,
+                            budget.peer_max >> 20
                         ),
                     );
                     outbox.push(Answer::from(closing_error(&decoder, &buf[..end], &e)));
                     break;
                 }
-                taken = need;
+                taken.bytes = need;
             }
             buf.resize(grown, 0);
         } else if buf.len() > CONN_READ_BUFFER_BYTES
             && end <= CONN_READ_BUFFER_BYTES / 2
             && !last_frame_large
         {
-            shrink(&mut buf, &read_budget, &mut taken);
+            shrink(&mut buf, &mut taken);
         }
         if buf.len() > CONN_READ_BUFFER_BYTES && end == 0 {
             // Kept for the next large frame, unless the connection pauses.
             match within(READ_BUFFER_KEEP_MS, reader.read(&mut buf[..])).await {
                 Some(Ok(0)) | Some(Err(_)) => break,
                 Some(Ok(n)) => end = n,
-                None => shrink(&mut buf, &read_budget, &mut taken),
+                None => shrink(&mut buf, &mut taken),
             }
             continue;
         }
@@ -560,7 +619,7 @@ pub async fn serve_connection(
         }
         // A large frame's whole time, from its first bytes; otherwise the time to the next
         // bytes.
-        let large_left = partial_since.filter(|_| taken > 0).map(|since| {
+        let large_left = partial_since.filter(|_| taken.bytes > 0).map(|since| {
             let spent = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
             timeout_ms.saturating_sub(spent).max(1)
         });
@@ -588,7 +647,7 @@ pub async fn serve_connection(
             Ok(n) => end += n,
         }
     }
-    read_budget.give(taken);
+    drop(taken);
     drop(buf);
     // The members on this connection leave their groups and its answer budget closes
     // (answers still being built fail); answers in flight go out.
@@ -696,12 +755,26 @@ mod tests {
     }
 
     #[test]
-    fn the_read_budget_counts_what_is_taken() {
+    fn the_read_budget_counts_what_is_taken_in_all_and_by_address() {
         let budget = ReadBudget::new(1 << 20);
-        assert!(budget.try_take(200 << 20));
-        assert!(!budget.try_take(100 << 20));
-        budget.give(150 << 20);
-        assert!(budget.try_take(100 << 20));
-        assert_eq!(budget.used(), 150 << 20);
+        let peers: Vec<IpAddr> = (1..=5).map(|n| IpAddr::from([127, 0, 0, n])).collect();
+        // A quarter of 256 MiB for each address.
+        assert!(budget.try_take(peers[0], 60 << 20));
+        assert!(!budget.try_take(peers[0], 5 << 20));
+        for peer in &peers[1..4] {
+            assert!(budget.try_take(*peer, 64 << 20));
+        }
+        assert_eq!(budget.used(peers[0]), (252 << 20, 60 << 20));
+        assert!(!budget.try_take(peers[4], 5 << 20));
+        budget.give(peers[1], 64 << 20);
+        assert!(budget.try_take(peers[4], 5 << 20));
+        assert!(budget.try_take(peers[0], 4 << 20));
+        assert_eq!(budget.used(peers[0]), (197 << 20, 64 << 20));
+        budget.give(peers[0], 64 << 20);
+        assert_eq!(budget.used(peers[0]), (133 << 20, 0));
+        assert!(budget.by_peer.borrow().get(&peers[0]).is_none());
+        // At least one largest frame for an address.
+        let budget = ReadBudget::new(100 << 20);
+        assert!(budget.try_take(peers[0], 100 << 20));
     }
 }
