@@ -112,6 +112,7 @@ fn metrics_match_what_was_sent_and_how_far_a_group_is_behind() {
         "ringmq_connections_open",
         "ringmq_locks_held",
         "ringmq_schedule_pending",
+        "ringmq_schedule_wheel_entries",
         "ringmq_retention_held",
         "ringmq_checkpoint_held",
     ] {

@@ -539,6 +539,12 @@ impl ShardCtx {
             (sl(), self.schedule.borrow().pending() as f64),
         );
         s.add(
+            "ringmq_schedule_wheel_entries",
+            "Entries in the schedule's timing wheel: the pending messages not being delivered, and old entries of messages moved forward (so that retention could go on) not yet taken out (taken out whenever a move leaves them over a quarter of the wheel).",
+            false,
+            (sl(), self.schedule.borrow().wheel_len() as f64),
+        );
+        s.add(
             "ringmq_transactions_unresolved",
             "Half messages waiting for an outcome.",
             false,

@@ -230,6 +230,28 @@ impl Schedule {
         now
     }
 
+    /// Records that the messages at `moved` were copied to newer entries (their done record
+    /// written). Their old entries are skipped when they fall due, and taken out of the
+    /// wheel at once when they pass a quarter of it: each move of a message held for days
+    /// left one more (retention moves held messages every pass), counted against no cap.
+    fn supersede(&mut self, moved: impl IntoIterator<Item = u64>) {
+        self.superseded.extend(moved);
+        self.changed = true;
+        if self.superseded.len() > self.wheel.len() / 4 {
+            let superseded = std::mem::take(&mut self.superseded);
+            self.wheel.retain(|_, off| !superseded.contains(off));
+            for off in superseded {
+                self.unpark(off);
+            }
+        }
+    }
+
+    /// Entries in the wheel: those [`pending`](Self::pending) less those in flight, and the
+    /// old entries of messages moved forward not taken out yet.
+    pub fn wheel_len(&self) -> usize {
+        self.wheel.len()
+    }
+
     /// Takes `off` out of the parked (delivered, moved, or no longer held).
     fn unpark(&mut self, off: u64) {
         if let Some(p) = self.parked.remove(&off) {

@@ -745,11 +745,7 @@ impl ShardCtx {
         // record that takes them out is written.
         match self.record_done(written.end, &moved).await {
             Ok(_) => {
-                {
-                    let mut s = self.schedule.borrow_mut();
-                    s.superseded.extend(moved);
-                    s.changed = true;
-                }
+                self.schedule.borrow_mut().supersede(moved);
                 // The floor moves with the next snapshot: take it now.
                 self.snapshot_schedule().await;
             }
