@@ -221,6 +221,23 @@ struct Setup {
     /// topic → (expression as given, parsed).
     subscriptions: BTreeMap<String, MessageSelector>,
     listener: Option<Listener>,
+    /// Taken by a start (under way or done): a subscription or listener set after the
+    /// start copied them would be answered `Ok` and never used.
+    taken: bool,
+}
+
+/// The setup taken by a start under way; given back if the start fails or is dropped.
+struct SetupTaken<'a> {
+    setup: &'a Mutex<Setup>,
+    kept: bool,
+}
+
+impl Drop for SetupTaken<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            lock(self.setup).taken = false;
+        }
+    }
 }
 
 enum Lifecycle {
@@ -257,6 +274,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding these locks (listeners run outside them); a poisoned
     // one still holds valid data.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Refuses to change `setup` once a start took it.
+fn check_not_started(setup: &Setup, what: &str) -> Result<()> {
+    if setup.taken {
+        return Err(ClientError::InvalidArgument(format!(
+            "{what} before start: this consumer has started"
+        )));
+    }
+    Ok(())
 }
 
 impl PushConsumer {
@@ -312,8 +339,8 @@ impl PushConsumer {
     /// Subscribes to `topic` with tags or an SQL92 filter. Only before `start`.
     pub fn subscribe_with(&self, topic: &str, selector: MessageSelector) -> Result<()> {
         check_topic(topic)?;
-        self.check_not_started("subscribe")?;
         let mut setup = lock(&self.setup);
+        check_not_started(&setup, "subscribe")?;
         if !setup.subscriptions.contains_key(topic)
             && setup.subscriptions.len() >= SUBSCRIPTIONS_MAX
         {
@@ -345,17 +372,9 @@ impl PushConsumer {
     }
 
     fn register(&self, listener: Listener) -> Result<()> {
-        self.check_not_started("register a listener")?;
-        lock(&self.setup).listener = Some(listener);
-        Ok(())
-    }
-
-    fn check_not_started(&self, what: &str) -> Result<()> {
-        if lock(&self.shared).is_some() {
-            return Err(ClientError::InvalidArgument(format!(
-                "{what} before start: this consumer has started"
-            )));
-        }
+        let mut setup = lock(&self.setup);
+        check_not_started(&setup, "register a listener")?;
+        setup.listener = Some(listener);
         Ok(())
     }
 
@@ -377,8 +396,13 @@ impl PushConsumer {
             }
         }
         let (subscriptions, listener) = {
-            let setup = lock(&self.setup);
+            let mut setup = lock(&self.setup);
+            setup.taken = true;
             (setup.subscriptions.clone(), setup.listener.clone())
+        };
+        let mut taken = SetupTaken {
+            setup: &self.setup,
+            kept: false,
         };
         if subscriptions.is_empty() {
             return Err(ClientError::InvalidArgument(
@@ -486,6 +510,7 @@ impl PushConsumer {
         let controller = tokio::spawn(controller.run(assignment_rx, stop_rx.clone()));
         let committer = tokio::spawn(commit_loop(shared.clone(), stop_rx));
         *lock(&self.shared) = Some(shared.clone());
+        taken.kept = true;
         *lifecycle = Lifecycle::Running(Running {
             shared,
             stop: stop_tx,

@@ -739,8 +739,10 @@ async fn send_back_all(
     let mut taken = Vec::with_capacity(messages.len());
     for m in messages {
         // A queue given up meanwhile is its new owner's to consume (from its commit point,
-        // below these): nothing more is sent back from here.
-        if (orderly.is_some() && !kept.is_empty()) || pq.is_dropped() {
+        // below these): nothing more is sent back from here. Orderly, nor once its lock
+        // lapsed (looked at before each: each send waits for its copy to be durable).
+        let orderly_stop = !kept.is_empty() || !pq.may_consume(shared);
+        if (orderly.is_some() && orderly_stop) || pq.is_dropped() {
             kept.push(m);
             continue;
         }

@@ -2,6 +2,7 @@
 //! to misbehave on cue.
 
 use super::*;
+use std::time::Instant;
 
 /// What the fake saw on which connection, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,4 +378,163 @@ async fn timings_follow_the_broker_after_a_reconnect() {
             .all(|&g| g <= Duration::from_millis(2_666) + slack),
         "{locks:?}"
     );
+}
+
+/// An orderly member dead-lettering a batch (each message retried enough) whose lock lapses
+/// while one of them is being sent back sends no more of them: the next owner consumes them
+/// from the committed offset, and they would be both dead-lettered and consumed. The lease
+/// was looked at once before the batch.
+#[tokio::test]
+async fn an_orderly_member_whose_lock_lapses_while_it_dead_letters_a_batch_sends_no_more() {
+    let sent_back = Arc::new(AtomicUsize::new(0));
+    let pulled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // When the first send-back came, and the lock requests since (none answered).
+    let first_back: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let unanswered: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let (sends, once) = (sent_back.clone(), pulled.clone());
+    let (first, locks) = (first_back.clone(), unanswered.clone());
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            vec![Out::Frame(answer(id, &assignment(1, "t", &[0])))]
+        }
+        // The lock lapses: its renewals get no answer (a refusal would drop the queue).
+        Request::LockBatch(_) if first.lock().unwrap().is_some() => {
+            locks.lock().unwrap().push(Instant::now());
+            Vec::new()
+        }
+        Request::LockBatch(l) => {
+            let locked = crate::protocol::Locked { queues: l.queues };
+            vec![Out::Frame(answer(id, &Response::Locked(locked)))]
+        }
+        Request::Pull(p) if !once.swap(true, Ordering::SeqCst) => {
+            let mut raw = Vec::new();
+            for offset in p.offset..p.offset + 4 {
+                raw.extend(record("t", 0, offset, "A", b"m"));
+            }
+            let meta = crate::protocol::PullResult {
+                status: PullStatus::Found,
+                next_offset: p.offset + 4,
+                min_offset: 0,
+                max_offset: p.offset + 4,
+                count: 4,
+                incarnation: 7,
+            };
+            let raw = PullResponse::new(meta, &raw);
+            vec![Out::Frame(answer(id, &Response::Pull(raw)))]
+        }
+        Request::ConsumerSendBack(b) => {
+            // The first is answered after the lock's validity has passed.
+            let pause = match sends.fetch_add(1, Ordering::SeqCst) {
+                0 => {
+                    *first.lock().unwrap() = Some(Instant::now());
+                    Duration::from_millis(1_000)
+                }
+                _ => Duration::ZERO,
+            };
+            let result = crate::protocol::SendBackResult {
+                dead_lettered: true,
+                msg_id: b.msg_id,
+                reconsume_times: 1,
+            };
+            vec![Out::Later(
+                pause,
+                answer(id, &Response::SendBackResult(result)),
+            )]
+        }
+        other => idle_topic(id, other, "t", 1),
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = PushConsumerOptions {
+        heartbeat_interval_ms: 100,
+        lock_renew_ms: 100,
+        lock_valid_ms: 500,
+        lock_retry_ms: 50,
+        max_reconsume_times: 0,
+        consume_batch_max: 4,
+        suspend_ms: 10,
+        ..PushConsumerOptions::default()
+    };
+    let consumer = PushConsumer::new(fake.config(), "g", options).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_orderly(|_| OrderlyStatus::SuspendCurrentQueueAMoment)
+        .unwrap();
+    consumer.start().await.unwrap();
+    // Until a lock request comes 300 ms after the first send-back was answered: the rest
+    // of the batch, sent back without a look at the lease, went at once after its answer.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let answered = first_back
+            .lock()
+            .unwrap()
+            .map(|at| at + Duration::from_millis(1_300));
+        let last_lock = unanswered.lock().unwrap().last().copied();
+        if answered.is_some_and(|a| last_lock.is_some_and(|l| l >= a)) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    consumer.shutdown().await.unwrap();
+    assert_eq!(
+        sent_back.load(Ordering::SeqCst),
+        1,
+        "messages dead-lettered"
+    );
+}
+
+/// A subscription or listener set while a start is under way (it copied them, and waits
+/// for the broker) is refused, as after the start: it was answered `Ok` and never used. A
+/// start given up (its future dropped) gives the setup back.
+#[tokio::test]
+async fn a_subscription_made_while_a_start_is_under_way_is_refused() {
+    let handler: Handler = Arc::new(|_ctx, id, request| match request {
+        Request::DescribeTopic(_) => vec![Out::Later(
+            Duration::from_millis(300),
+            answer(id, &Response::TopicInfo(topic_info("t", 1))),
+        )],
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            vec![Out::Frame(answer(id, &assignment(1, "t", &[0])))]
+        }
+        other => idle_topic(id, other, "t", 1),
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = PushConsumerOptions::default();
+    let consumer = Arc::new(PushConsumer::new(fake.config(), "g", options).unwrap());
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_concurrent(|_| ConsumeStatus::Success)
+        .unwrap();
+    // Given up while it waits for the topic: the setup is the caller's again.
+    let given_up = tokio::time::timeout(Duration::from_millis(100), consumer.start()).await;
+    assert!(given_up.is_err());
+    consumer
+        .register_concurrent(|_| ConsumeStatus::Success)
+        .unwrap();
+    let starting = tokio::spawn({
+        let consumer = consumer.clone();
+        async move { consumer.start().await }
+    });
+    // Under way once it asks for the topic.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let described = || {
+        let log = fake.log.lock().unwrap();
+        let asked = log
+            .iter()
+            .filter(|(_, r)| matches!(r, Request::DescribeTopic(_)));
+        asked.count()
+    };
+    while described() < 2 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let e = consumer.subscribe("other", "*").unwrap_err();
+    assert!(e.to_string().contains("this consumer has started"), "{e}");
+    let e = consumer
+        .register_orderly(|_| OrderlyStatus::Success)
+        .unwrap_err();
+    assert!(e.to_string().contains("this consumer has started"), "{e}");
+    starting.await.unwrap().unwrap();
+    assert!(consumer.subscribe("other", "*").is_err());
+    consumer.shutdown().await.unwrap();
 }
