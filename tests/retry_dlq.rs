@@ -556,6 +556,60 @@ fn a_send_back_is_answered_once_its_copy_is_durable() {
     });
 }
 
+/// A schedule full of producers' far-future delayed sends still takes consumers' retry
+/// copies, a quarter past its limit: before, every send-back on the shard was refused
+/// (`ScheduleFull`), and failing messages never moved on to the dead-letter topic.
+#[test]
+fn a_schedule_full_of_delayed_sends_still_takes_retry_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(
+        &dir.path().join("data"),
+        1,
+        &["--schedule-pending-max", "8"],
+    );
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let options = ringmq::client::ProducerOptions {
+            retries: 0,
+            ..Default::default()
+        };
+        let producer = Producer::connect_with(ClientConfig::new(&addr), options)
+            .await
+            .unwrap();
+        let client = producer.client().clone();
+        client.create_topic("later", 1).await.unwrap();
+        client.create_topic("now", 1).await.unwrap();
+        let hour = 3_600_000;
+        for i in 0..8 {
+            let m = OutgoingMessage::new(format!("later-{i}")).with_delay_ms(hour);
+            producer.send("later", m).await.unwrap();
+        }
+        let m = OutgoingMessage::new("one too many").with_delay_ms(hour);
+        let e = producer.send("later", m).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::ScheduleFull), "{e}");
+        let mut failing = Vec::new();
+        for i in 0..3 {
+            let m = OutgoingMessage::new(format!("now-{i}"));
+            failing.push(producer.send("now", m).await.unwrap().msg_id);
+        }
+        // A quarter of 8 past the limit: two retry copies, then refused.
+        for msg_id in &failing[..2] {
+            let r = client.send_back("g-full", msg_id, 0, 16).await.unwrap();
+            assert!(!r.dead_lettered);
+        }
+        let e = client.send_back("g-full", &failing[2], 0, 16).await;
+        let e = e.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::ScheduleFull), "{e}");
+        assert!(e.to_string().contains("retry copies"), "{e}");
+        // Straight to the dead-letter topic is no schedule's business.
+        let r = client
+            .send_back("g-full", &failing[2], -1, 16)
+            .await
+            .unwrap();
+        assert!(r.dead_lettered);
+    });
+}
+
 /// Dead letters kept past retention's reach: the oldest are gone with their segments, and
 /// `ringmq dlq list` and `dlq resend` read on from the queue's first kept one. Before, the
 /// read from offset 0 got `OffsetTooSmall` with no messages and stopped there: the group

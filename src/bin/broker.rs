@@ -71,7 +71,8 @@ struct Cli {
     /// [default: 259200000 (3 days)]
     #[arg(long)]
     delay_max_ms: Option<u64>,
-    /// Most delayed messages one shard holds; sends past it get ScheduleFull [default: 2000000]
+    /// Most delayed messages one shard holds; sends past it get ScheduleFull (consumers'
+    /// retry copies may go a quarter past it) [default: 2000000]
     #[arg(long)]
     schedule_pending_max: Option<usize>,
     /// Most client connections (beyond: refused with TooManyConnections); 0: 10000, lowered

@@ -85,7 +85,7 @@ pub struct ServiceConfig {
     pub lock_expiry_ms: u64,
     /// Delay levels and the longest delay.
     pub delay: crate::protocol::delay::DelayRule,
-    /// Most messages one shard's schedule holds.
+    /// Most messages one shard's schedule holds (retry copies: a quarter more).
     pub schedule_pending_max: usize,
     /// How long a delayed message waits for a missing target before `%UNDELIVERABLE%`.
     pub schedule_park_max_ms: u64,

@@ -36,6 +36,7 @@ use super::mesh::{MeshReply, MeshRequest};
 use super::{err, ShardCtx};
 use crate::index::TimingWheel;
 use crate::protocol::delay::asks_for_delay;
+use crate::protocol::names::RETRY_TOPIC_PREFIX;
 use crate::protocol::record::{prop, Properties, PropertiesBuilder, RecordDraft, RecordView};
 use crate::protocol::{ErrorBody, ErrorCode, ShardScheduleInfo};
 use crate::store::{Holder, MessageStore, PutResult, SCHEDULE_DONE_TOPIC, SCHEDULE_TOPIC};
@@ -662,11 +663,25 @@ impl ShardCtx {
     }
 
     fn schedule_append(&self, draft: &RecordDraft<'_>, due: u64) -> Result<PutResult, ErrorBody> {
-        if self.schedule.borrow().pending() >= self.cfg.schedule_pending_max {
+        // Retry copies (sent back by consumers) may go a quarter past the limit: a producer
+        // filling the schedule with far-future sends stopped every group's retries on the
+        // shard (their messages never reached the dead-letter topic; each was consumed
+        // again in place, holding its queue's commit point).
+        let max = self.cfg.schedule_pending_max;
+        let (max, whose) = if draft.topic.starts_with(RETRY_TOPIC_PREFIX) {
+            (
+                max.saturating_add(max / 4),
+                "retry copies (a quarter past the limit)",
+            )
+        } else {
+            (max, "delayed messages")
+        };
+        let pending = self.schedule.borrow().pending();
+        if pending >= max {
             return Err(err(
                 ErrorCode::ScheduleFull,
                 format!(
-                    "shard {} holds {} delayed messages, its limit; try again later",
+                    "shard {} holds {pending} delayed messages, the most it takes for {whose} (--schedule-pending-max {}); try again later",
                     self.id, self.cfg.schedule_pending_max
                 ),
             ));
