@@ -247,9 +247,9 @@ enum Lifecycle {
 }
 
 /// A push consumer: see the module documentation. Configure it (`subscribe`, one
-/// `register_*`), then `start` it; `shutdown` leaves the group cleanly (dropping it
-/// without `shutdown` stops its tasks but leaves the group only when the broker notices
-/// the closed connection).
+/// `register_*`), then `start` it; `shutdown` leaves the group cleanly. Dropped without
+/// `shutdown` inside a tokio runtime, it shuts down in a task of its own (errors logged);
+/// outside one, it stops its tasks and the broker drops the member when its session ends.
 pub struct PushConsumer {
     config: ClientConfig,
     group: String,
@@ -585,6 +585,28 @@ impl PushConsumer {
 
 impl Drop for PushConsumer {
     fn drop(&mut self) {
+        // A clean shutdown in a task of its own: heartbeats go on while listener calls
+        // end, the offsets are committed, the locks given back and the member leaves at
+        // once. Before, heartbeats stopped at once while the connection stayed open (held
+        // by the calls and long polls still running): the member stayed assigned its
+        // queues until its session ended, and an orderly call running longer overlapped
+        // the next owner of its queue.
+        if let (Ok(handle), Ok(mut lifecycle)) = (
+            tokio::runtime::Handle::try_current(),
+            self.lifecycle.try_lock(),
+        ) {
+            if let Lifecycle::Running(running) =
+                std::mem::replace(&mut *lifecycle, Lifecycle::Stopped)
+            {
+                let shared = running.shared.clone();
+                handle.spawn(async move {
+                    if let Err(e) = running.shutdown().await {
+                        shared.log(format_args!("shutdown after the consumer was dropped: {e}"));
+                    }
+                });
+                return;
+            }
+        }
         // No async here: tell every task to stop; pulls end within one long-poll wait.
         if let Some(shared) = lock(&self.shared).as_ref() {
             shared.stopping.store(true, Ordering::SeqCst);

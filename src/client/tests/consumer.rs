@@ -538,3 +538,77 @@ async fn a_subscription_made_while_a_start_is_under_way_is_refused() {
     assert!(consumer.subscribe("other", "*").is_err());
     consumer.shutdown().await.unwrap();
 }
+
+/// A consumer dropped without `shutdown` while a listener call runs shuts down in a task of
+/// its own: heartbeats go on until the call ends, then the member unregisters. Before,
+/// heartbeats stopped at once while the connection stayed open, and the member stayed
+/// assigned its queues (an orderly one: locked) until its session ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_dropped_during_a_call_shuts_down_cleanly() {
+    let pulled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = pulled.clone();
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            vec![Out::Frame(answer(id, &assignment(1, "t", &[0])))]
+        }
+        Request::LockBatch(l) => {
+            let locked = crate::protocol::Locked { queues: l.queues };
+            vec![Out::Frame(answer(id, &Response::Locked(locked)))]
+        }
+        Request::Pull(p) if !once.swap(true, Ordering::SeqCst) => {
+            let raw = record("t", 0, p.offset, "A", b"m");
+            let meta = crate::protocol::PullResult {
+                status: PullStatus::Found,
+                next_offset: p.offset + 1,
+                min_offset: 0,
+                max_offset: p.offset + 1,
+                count: 1,
+                incarnation: 7,
+            };
+            let raw = PullResponse::new(meta, &raw);
+            vec![Out::Frame(answer(id, &Response::Pull(raw)))]
+        }
+        other => idle_topic(id, other, "t", 1),
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = PushConsumerOptions {
+        heartbeat_interval_ms: 100,
+        ..PushConsumerOptions::default()
+    };
+    let consumer = PushConsumer::new(fake.config(), "g", options).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    let (called, in_call) = std::sync::mpsc::channel();
+    let (gate, wait) = std::sync::mpsc::channel::<()>();
+    let (called, wait) = (Mutex::new(called), Mutex::new(wait));
+    consumer
+        .register_orderly(move |_| {
+            let _ = called.lock().unwrap().send(());
+            let _ = wait.lock().unwrap().recv();
+            OrderlyStatus::Success
+        })
+        .unwrap();
+    consumer.start().await.unwrap();
+    tokio::task::spawn_blocking(move || in_call.recv().unwrap())
+        .await
+        .unwrap();
+    drop(consumer);
+    let count = |what: fn(&Request) -> bool| {
+        let log = fake.log.lock().unwrap();
+        log.iter().filter(|(_, r)| what(r)).count()
+    };
+    let heartbeats = || count(|r| matches!(r, Request::GroupHeartbeat(_)));
+    // Heartbeats go on while the call runs (three more).
+    let dropped_at = heartbeats();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while heartbeats() < dropped_at + 3 {
+        assert!(tokio::time::Instant::now() < deadline, "heartbeats stopped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(count(|r| matches!(r, Request::Unregister(_))), 0);
+    gate.send(()).unwrap();
+    // Then the member leaves.
+    while count(|r| matches!(r, Request::Unregister(_))) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no unregister");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
