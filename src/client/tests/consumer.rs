@@ -166,6 +166,24 @@ async fn a_pull_answered_with_another_queues_or_unordered_records_fails() {
     // `pull_answers_are_read_in_place_and_tags_rechecked`.)
 }
 
+/// A pull of t[0] at `offset` answered with `count` records from there (the queue's end).
+fn t0_records(id: u64, offset: u64, count: u32) -> Vec<Out> {
+    let mut raw = Vec::new();
+    for offset in offset..offset + u64::from(count) {
+        raw.extend(record("t", 0, offset, "A", b"m"));
+    }
+    let meta = crate::protocol::PullResult {
+        status: PullStatus::Found,
+        next_offset: offset + u64::from(count),
+        min_offset: 0,
+        max_offset: offset + u64::from(count),
+        count,
+        incarnation: 7,
+    };
+    let raw = PullResponse::new(meta, &raw);
+    vec![Out::Frame(answer(id, &Response::Pull(raw)))]
+}
+
 /// The member's assignment: t[0], until `gone` (then nothing).
 fn t0_until(gone: &std::sync::atomic::AtomicBool, id: u64) -> Vec<Out> {
     let queues: &[u32] = if gone.load(Ordering::SeqCst) {
@@ -406,22 +424,7 @@ async fn an_orderly_member_whose_lock_lapses_while_it_dead_letters_a_batch_sends
             let locked = crate::protocol::Locked { queues: l.queues };
             vec![Out::Frame(answer(id, &Response::Locked(locked)))]
         }
-        Request::Pull(p) if !once.swap(true, Ordering::SeqCst) => {
-            let mut raw = Vec::new();
-            for offset in p.offset..p.offset + 4 {
-                raw.extend(record("t", 0, offset, "A", b"m"));
-            }
-            let meta = crate::protocol::PullResult {
-                status: PullStatus::Found,
-                next_offset: p.offset + 4,
-                min_offset: 0,
-                max_offset: p.offset + 4,
-                count: 4,
-                incarnation: 7,
-            };
-            let raw = PullResponse::new(meta, &raw);
-            vec![Out::Frame(answer(id, &Response::Pull(raw)))]
-        }
+        Request::Pull(p) if !once.swap(true, Ordering::SeqCst) => t0_records(id, p.offset, 4),
         Request::ConsumerSendBack(b) => {
             // The first is answered after the lock's validity has passed.
             let pause = match sends.fetch_add(1, Ordering::SeqCst) {
@@ -555,19 +558,7 @@ async fn a_consumer_dropped_during_a_call_shuts_down_cleanly() {
             let locked = crate::protocol::Locked { queues: l.queues };
             vec![Out::Frame(answer(id, &Response::Locked(locked)))]
         }
-        Request::Pull(p) if !once.swap(true, Ordering::SeqCst) => {
-            let raw = record("t", 0, p.offset, "A", b"m");
-            let meta = crate::protocol::PullResult {
-                status: PullStatus::Found,
-                next_offset: p.offset + 1,
-                min_offset: 0,
-                max_offset: p.offset + 1,
-                count: 1,
-                incarnation: 7,
-            };
-            let raw = PullResponse::new(meta, &raw);
-            vec![Out::Frame(answer(id, &Response::Pull(raw)))]
-        }
+        Request::Pull(p) if !once.swap(true, Ordering::SeqCst) => t0_records(id, p.offset, 1),
         other => idle_topic(id, other, "t", 1),
     });
     let fake = Fake::start(1, handler).await;
