@@ -674,11 +674,21 @@ impl ShardCtx {
         let mut copies = Vec::with_capacity(old.len());
         let mut written: Option<Written> = None;
         for (due, off) in old {
-            let Ok(buf) = self.store.read_at(SCHEDULE_TOPIC, 0, off).await else {
-                continue;
-            };
-            let Ok(view) = RecordView::parse(&buf) else {
-                continue;
+            // One that cannot be read stays (and holds retention where it is): said, not
+            // skipped in silence.
+            let read = self.store.read_at(SCHEDULE_TOPIC, 0, off).await;
+            let parsed = read
+                .as_ref()
+                .map_err(|e| e.to_string())
+                .and_then(|buf| RecordView::parse(buf).map_err(|e| e.to_string()));
+            let view = match parsed {
+                Ok(view) => view,
+                Err(e) => {
+                    self.log_rarely(format_args!(
+                        "held scheduled message {off} could not be read to move it forward ({e}); it keeps retention from its segment"
+                    ));
+                    continue;
+                }
             };
             // The copy keeps the id its producer was given (that of the record moved, the
             // first time): delivery names the message by it.
