@@ -592,10 +592,16 @@ fn a_schedule_full_of_delayed_sends_still_takes_retry_copies() {
             let m = OutgoingMessage::new(format!("now-{i}"));
             failing.push(producer.send("now", m).await.unwrap().msg_id);
         }
-        // A quarter of 8 past the limit: two retry copies, then refused.
-        for msg_id in &failing[..2] {
+        // A quarter of 8 past the limit: two retry copies, then refused. Not a producer's
+        // delayed send to the retry topic's name: the reserve is for send-backs.
+        for (n, msg_id) in failing[..2].iter().enumerate() {
             let r = client.send_back("g-full", msg_id, 0, 16).await.unwrap();
             assert!(!r.dead_lettered);
+            if n == 0 {
+                let m = OutgoingMessage::new("posing as a retry").with_delay_ms(hour);
+                let e = producer.send("%RETRY%g-full", m).await.unwrap_err();
+                assert_eq!(e.code(), Some(ErrorCode::ScheduleFull), "{e}");
+            }
         }
         let e = client.send_back("g-full", &failing[2], 0, 16).await;
         let e = e.unwrap_err();

@@ -591,7 +591,7 @@ impl ShardCtx {
                 .map_err(store_error)?;
         } else {
             for draft in drafts() {
-                puts.push(self.put_draft(&draft)?);
+                puts.push(self.put_draft(&draft, false)?);
             }
         }
         Ok(puts)

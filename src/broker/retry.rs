@@ -90,7 +90,8 @@ impl ShardCtx {
             };
         }
         self.known_queue(&draft.topic, draft.queue_id)?;
-        let put = self.put_draft(&draft.draft())?;
+        // Send-backs and scheduled deliveries (cleared of their delay) come this way.
+        let put = self.put_draft(&draft.draft(), true)?;
         // Readable first: its queue's long polls are woken before the wait for the disk.
         self.store
             .acked(put.written())

@@ -634,7 +634,13 @@ impl ShardCtx {
     /// Stores a message, holding it in the schedule when it asks for a delay still to come
     /// (a time already past is stored at once, without its delay properties). Runs now, in
     /// arrival order. A scheduled message's result carries `QUEUE_OFFSET_SCHEDULED`.
-    pub(super) fn put_draft(&self, draft: &RecordDraft<'_>) -> Result<PutResult, ErrorBody> {
+    /// `send_back`: a consumer's retry copy (`put_owned`), which may use the schedule's
+    /// reserve ([`schedule_append`](Self::schedule_append)); a producer's send does not.
+    pub(super) fn put_draft(
+        &self,
+        draft: &RecordDraft<'_>,
+        send_back: bool,
+    ) -> Result<PutResult, ErrorBody> {
         let props = Properties::new(draft.properties);
         // `goes_straight`, with each property looked up once.
         if super::transaction::is_half(&props) {
@@ -650,7 +656,7 @@ impl ShardCtx {
             .deliver_at(&props, now)
             .map_err(|e| err(ErrorCode::InvalidDelay, e.to_string()))?;
         match at {
-            Some(at) if at > now => self.schedule_append(draft, at as u64),
+            Some(at) if at > now => self.schedule_append(draft, at as u64, send_back),
             _ => {
                 let cleared = rebuild_properties(props, &SCHEDULE_PROPS, &[])?;
                 let draft = RecordDraft {
@@ -662,13 +668,19 @@ impl ShardCtx {
         }
     }
 
-    fn schedule_append(&self, draft: &RecordDraft<'_>, due: u64) -> Result<PutResult, ErrorBody> {
+    fn schedule_append(
+        &self,
+        draft: &RecordDraft<'_>,
+        due: u64,
+        send_back: bool,
+    ) -> Result<PutResult, ErrorBody> {
         // Retry copies (sent back by consumers) may go a quarter past the limit: a producer
         // filling the schedule with far-future sends stopped every group's retries on the
         // shard (their messages never reached the dead-letter topic; each was consumed
-        // again in place, holding its queue's commit point).
+        // again in place, holding its queue's commit point). Not a producer's delayed send
+        // to a retry topic's name: it would take the reserve.
         let max = self.cfg.schedule_pending_max;
-        let (max, whose) = if draft.topic.starts_with(RETRY_TOPIC_PREFIX) {
+        let (max, whose) = if send_back && draft.topic.starts_with(RETRY_TOPIC_PREFIX) {
             (
                 max.saturating_add(max / 4),
                 "retry copies (a quarter past the limit)",

@@ -248,8 +248,10 @@ enum Lifecycle {
 
 /// A push consumer: see the module documentation. Configure it (`subscribe`, one
 /// `register_*`), then `start` it; `shutdown` leaves the group cleanly. Dropped without
-/// `shutdown` inside a tokio runtime, it shuts down in a task of its own (errors logged);
-/// outside one, it stops its tasks and the broker drops the member when its session ends.
+/// `shutdown` inside a tokio runtime, it shuts down in a task of its own (errors logged;
+/// its unregister names the client id, so await `shutdown` before starting another
+/// consumer of the group with the same id); outside one, it stops its tasks and the broker
+/// drops the member when its session ends.
 pub struct PushConsumer {
     config: ClientConfig,
     group: String,
@@ -598,7 +600,12 @@ impl Drop for PushConsumer {
             if let Lifecycle::Running(running) =
                 std::mem::replace(&mut *lifecycle, Lifecycle::Stopped)
             {
+                // Its first steps now, as `shutdown` takes them (heartbeats go on until
+                // `leave`): a task spawned on a runtime that ends before it runs is dropped
+                // unpolled, and the queue tasks (perhaps on another runtime) would go on.
                 let shared = running.shared.clone();
+                shared.stopping.store(true, Ordering::SeqCst);
+                running.stop.send_replace(true);
                 handle.spawn(async move {
                     if let Err(e) = running.shutdown().await {
                         shared.log(format_args!("shutdown after the consumer was dropped: {e}"));

@@ -22,7 +22,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
@@ -78,8 +78,8 @@ pub struct ConnSettings {
 /// part of what it needs while waiting for the rest: connections doing that would wait on
 /// each other for ever.
 ///
-/// The connections from one address take at most a quarter of it (at least one largest
-/// frame): before, about fifty connections from one host that each announced a 5 MiB frame
+/// The connections from one address (an IPv6 /64, [`share_key`]) take at most a quarter of
+/// it (at least one largest frame): before, about fifty connections from one host that each announced a 5 MiB frame
 /// and stalled held all of it, and every large frame from other hosts waited, then was
 /// refused, for as long as the connection timeout.
 pub struct ReadBudget {
@@ -155,6 +155,19 @@ impl ReadBudget {
     fn used(&self, peer: IpAddr) -> (usize, usize) {
         let by_peer = self.by_peer.borrow().get(&peer).copied().unwrap_or(0);
         (self.used.get(), by_peer)
+    }
+}
+
+/// The address whose share of the [`ReadBudget`] a connection from `ip` counts in: an IPv6
+/// peer's /64 (what one host is usually given: by its full address, one host could take
+/// the whole budget), an IPv4-mapped one as IPv4.
+fn share_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u128::from(u64::MAX)))),
+        },
+        v4 => v4,
     }
 }
 
@@ -485,7 +498,7 @@ pub async fn serve_connection(
     // Budget held for growth beyond the base buffer (which is always allowed).
     let mut taken = BudgetTaken {
         budget: read_budget,
-        peer: peer.ip(),
+        peer: share_key(peer.ip()),
         bytes: 0,
     };
     let (mut start, mut end) = (0usize, 0usize);
@@ -577,12 +590,13 @@ pub async fn serve_connection(
             // The whole frame's need at once (see `ReadBudget`), for as long as a stalled
             // frame is waited for at most; then a typed refusal.
             let need = needed.max(grown) - CONN_READ_BUFFER_BYTES;
-            if need > taken.bytes {
+            // A buffer kept from an earlier large frame holds room: it takes the rest at
+            // once, or gives all of it back and waits for the whole (none waits holding
+            // part of what it needs, see `ReadBudget`).
+            if need > taken.bytes && !taken.budget.try_take(taken.peer, need - taken.bytes) {
+                taken.give_all();
                 let budget = &taken.budget;
-                if !budget
-                    .take(taken.peer, need - taken.bytes, timeout_ms)
-                    .await
-                {
+                if !budget.take(taken.peer, need, timeout_ms).await {
                     let e = ErrorBody::new(
                         ErrorCode::BrokerBusy,
                         format!(
@@ -594,8 +608,8 @@ pub async fn serve_connection(
                     outbox.push(Answer::from(closing_error(&decoder, &buf[..end], &e)));
                     break;
                 }
-                taken.bytes = need;
             }
+            taken.bytes = taken.bytes.max(need);
             buf.resize(grown, 0);
         } else if buf.len() > CONN_READ_BUFFER_BYTES
             && end <= CONN_READ_BUFFER_BYTES / 2
@@ -776,5 +790,10 @@ mod tests {
         // At least one largest frame for an address.
         let budget = ReadBudget::new(100 << 20);
         assert!(budget.try_take(peers[0], 100 << 20));
+        // An IPv6 host's /64 is one address; IPv4-mapped ones are IPv4.
+        let v6 = |s: &str| share_key(s.parse::<IpAddr>().unwrap());
+        assert_eq!(v6("2001:db8:1:2::7"), v6("2001:db8:1:2:ffff::1"));
+        assert_ne!(v6("2001:db8:1:2::7"), v6("2001:db8:1:3::7"));
+        assert_eq!(v6("::ffff:10.0.0.1"), v6("10.0.0.1"));
     }
 }

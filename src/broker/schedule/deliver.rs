@@ -673,9 +673,11 @@ impl ShardCtx {
         let mut moved = Vec::with_capacity(old.len());
         let mut copies = Vec::with_capacity(old.len());
         let mut written: Option<Written> = None;
+        // Those that cannot be read stay (and hold retention where they are): said once a
+        // pass, with the first, not skipped in silence (nor through `log_rarely`, whose
+        // one line a minute they would take every pass).
+        let mut unreadable: (usize, Option<(u64, String)>) = (0, None);
         for (due, off) in old {
-            // One that cannot be read stays (and holds retention where it is): said, not
-            // skipped in silence.
             let read = self.store.read_at(SCHEDULE_TOPIC, 0, off).await;
             let parsed = read
                 .as_ref()
@@ -684,9 +686,8 @@ impl ShardCtx {
             let view = match parsed {
                 Ok(view) => view,
                 Err(e) => {
-                    self.log_rarely(format_args!(
-                        "held scheduled message {off} could not be read to move it forward ({e}); it keeps retention from its segment"
-                    ));
+                    unreadable.0 += 1;
+                    unreadable.1.get_or_insert((off, e));
                     continue;
                 }
             };
@@ -729,6 +730,12 @@ impl ShardCtx {
                     break;
                 }
             }
+        }
+        if let (n, Some((off, e))) = unreadable {
+            crate::warn!(
+                "ringmq: shard {}: {n} held scheduled messages could not be read to move them forward (the first, {off}: {e}); they keep retention from their segments",
+                self.id
+            );
         }
         let Some(written) = written else {
             return;

@@ -508,29 +508,35 @@ async fn a_subscription_made_while_a_start_is_under_way_is_refused() {
     consumer
         .register_concurrent(|_| ConsumeStatus::Success)
         .unwrap();
+    let start = || {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { consumer.start().await })
+    };
+    // Under way once it has asked for the topic (the `n`th time).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let requests = &fake.log;
+    let described = |n: usize| async move {
+        loop {
+            let asked = (requests.lock().unwrap().iter())
+                .filter(|(_, r)| matches!(r, Request::DescribeTopic(_)))
+                .count();
+            if asked >= n {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
     // Given up while it waits for the topic: the setup is the caller's again.
-    let given_up = tokio::time::timeout(Duration::from_millis(100), consumer.start()).await;
-    assert!(given_up.is_err());
+    let given_up = start();
+    described(1).await;
+    given_up.abort();
+    assert!(given_up.await.unwrap_err().is_cancelled());
     consumer
         .register_concurrent(|_| ConsumeStatus::Success)
         .unwrap();
-    let starting = tokio::spawn({
-        let consumer = consumer.clone();
-        async move { consumer.start().await }
-    });
-    // Under way once it asks for the topic.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let described = || {
-        let log = fake.log.lock().unwrap();
-        let asked = log
-            .iter()
-            .filter(|(_, r)| matches!(r, Request::DescribeTopic(_)));
-        asked.count()
-    };
-    while described() < 2 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let starting = start();
+    described(2).await;
     let e = consumer.subscribe("other", "*").unwrap_err();
     assert!(e.to_string().contains("this consumer has started"), "{e}");
     let e = consumer
