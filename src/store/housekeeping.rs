@@ -179,7 +179,9 @@ impl MessageStore {
                 };
             }
         }
-        let keep_from = floor.min(self.inner.checkpointed.get());
+        // The floor read again: a held message appended while the pass waited (for the
+        // sync, for the checkpoint) lowered it, and the checkpoint may have moved past it.
+        let keep_from = self.retention_floor().min(self.inner.checkpointed.get());
         let min = (self.inner.log).apply_retention(now_ms, keep_from).await;
         self.inner.retention_held.set(held_by.is_some());
         let held_by = held_by.map(|e| StoreError::RetentionHeld {
@@ -343,4 +345,64 @@ fn synced(files: Vec<DirtyFile>) -> std::io::Result<(Vec<DirtyFile>, Vec<DirtyFi
         }
     }
     Ok((kept, gone))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::record::RecordDraft;
+
+    fn draft(body: &[u8]) -> RecordDraft<'_> {
+        RecordDraft::plain("t", 0, &[], body)
+    }
+
+    /// A message held (a delayed or half message lowering its holder's floor) while a
+    /// retention pass waits for its checkpoint is kept, though the checkpoint moved past
+    /// its segment: the pass read the floor before it waited, and deleted the segment of a
+    /// message whose send was acknowledged.
+    #[test]
+    fn a_message_held_while_a_retention_pass_waits_for_its_checkpoint_is_kept() {
+        crate::io::run_local(|| async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = crate::store::StoreConfig::default();
+            cfg.log.segment_bytes = 256 << 10;
+            cfg.log.retention_bytes_max = 512 << 10;
+            let (store, _) = MessageStore::open(dir.path(), cfg).await.unwrap();
+            let body = vec![7u8; 3000];
+            let fill = |store: &MessageStore| {
+                let store = store.clone();
+                let body = body.clone();
+                async move {
+                    for _ in 0..400 {
+                        store.put(&draft(&body)).await.unwrap();
+                    }
+                    let log = store.log();
+                    log.sync_to(log.write_offset()).await.unwrap();
+                }
+            };
+            fill(&store).await;
+            // The pass waits for the checkpoint, which another holds.
+            let turn = store.inner.checkpointing.lock().await;
+            let pass = crate::io::spawn_joinable({
+                let store = store.clone();
+                async move { store.apply_retention(crate::log::now_ms()).await }
+            });
+            // (A window for the pass to reach the checkpoint: it syncs nothing new first.)
+            crate::io::sleep(Duration::from_millis(50)).await;
+            let held = store.put(&draft(b"held")).await.unwrap().physical_offset;
+            store.lower_retention_floor(Holder::Schedule, held);
+            fill(&store).await;
+            drop(turn);
+            pass.await.unwrap().unwrap();
+            assert!(
+                store.log().min_offset() <= held,
+                "{}",
+                store.log().min_offset()
+            );
+            let record = store.log().read_record_at(held).await.unwrap();
+            let view = crate::protocol::record::RecordView::parse(&record).unwrap();
+            assert_eq!(view.body(), b"held");
+            store.close().await.unwrap();
+        });
+    }
 }

@@ -27,22 +27,15 @@ impl ShardCtx {
     /// disk, and failed) holds nothing; one whose lookup fails holds everything (0) until a
     /// lookup works: retention must not pass what it could not see.
     pub(super) fn hold_halves(&self) {
-        let txn = self.txn.borrow();
-        // The first half of `halves` the index holds: its place in the log.
-        let oldest = |halves: &mut dyn Iterator<Item = &u64>| {
-            for &half in halves {
-                if let Some(entry) = self.store.queue_entry(HALF_TOPIC, 0, half)? {
-                    return Ok(Some(entry.physical_offset));
-                }
-            }
-            Ok::<_, crate::store::StoreError>(None)
+        let floor = {
+            let txn = self.txn.borrow();
+            let lists: [&mut dyn Iterator<Item = &u64>; 3] = [
+                &mut txn.pending.keys(),
+                &mut txn.resolving.keys(),
+                &mut txn.owed_ops.keys(),
+            ];
+            halves_floor(&self.store, lists)
         };
-        let floor = oldest(&mut txn.pending.keys()).and_then(|a| {
-            let b = oldest(&mut txn.resolving.keys())?;
-            let c = oldest(&mut txn.owed_ops.keys())?;
-            Ok(a.into_iter().chain(b).chain(c).min().unwrap_or(u64::MAX))
-        });
-        drop(txn);
         let floor = floor.unwrap_or_else(|e| {
             let now = now_ms();
             let mut txn = self.txn.borrow_mut();
@@ -274,9 +267,64 @@ pub(super) fn never_discarded(code: ErrorCode) -> bool {
     )
 }
 
+/// The retention floor of the halves in `lists` (each in queue offset order): the place of
+/// each list's first half the index holds, the lowest of them. One appended but not yet
+/// written (past the index's visible end, before its next offset) holds from the log's
+/// readable end, below its place: left out, it let the floor rise over it (to nothing held,
+/// with no other half), and retention could delete it before it was resolved.
+fn halves_floor(
+    store: &crate::store::MessageStore,
+    lists: [&mut dyn Iterator<Item = &u64>; 3],
+) -> Result<u64, crate::store::StoreError> {
+    let mut floor = u64::MAX;
+    for halves in lists {
+        for &half in halves {
+            if let Some(entry) = store.queue_entry(HALF_TOPIC, 0, half)? {
+                floor = floor.min(entry.physical_offset);
+                break;
+            }
+            let visible = store.queue_range(HALF_TOPIC, 0)?.1;
+            let next = store.queue_next_offset(HALF_TOPIC, 0)?.unwrap_or(0);
+            if half >= visible && half < next {
+                floor = floor.min(store.log().readable_end());
+                break;
+            }
+        }
+    }
+    Ok(floor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::record::RecordDraft;
+
+    /// A half appended and not yet written holds the log from below its place: the floor
+    /// was taken from the index alone, which does not show it yet (nothing held).
+    #[test]
+    fn a_half_not_yet_written_holds_the_log() {
+        crate::io::run_local(|| async {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = crate::store::StoreConfig::default();
+            let (store, _) = crate::store::MessageStore::open(dir.path(), cfg)
+                .await
+                .unwrap();
+            let half = |body: &'static [u8]| RecordDraft::plain(HALF_TOPIC, 0, &[], body);
+            let first = store.put(&half(b"written")).await.unwrap();
+            let second = store.append(&half(b"in flight")).unwrap();
+            let floor = |offsets: &[u64]| {
+                let lists: [&mut dyn Iterator<Item = &u64>; 3] =
+                    [&mut offsets.iter(), &mut [].iter(), &mut [].iter()];
+                halves_floor(&store, lists).unwrap()
+            };
+            assert_eq!(floor(&[first.queue_offset]), first.physical_offset);
+            assert!(floor(&[second.queue_offset]) <= second.physical_offset);
+            assert_eq!(floor(&[]), u64::MAX);
+            store.acked(second.written()).await.unwrap();
+            assert_eq!(floor(&[second.queue_offset]), second.physical_offset);
+            store.close().await.unwrap();
+        });
+    }
 
     /// A half past retention is let go (to age out unresolved) only for a failure that
     /// would come again; one that may pass keeps it for the next try.
