@@ -551,7 +551,7 @@ mod tests {
         let queues = crate::broker::topics::QUEUES_PER_TOPIC_MAX;
         let progress = Progress {
             group: "g".repeat(crate::protocol::names::GROUP_NAME_BYTES_MAX),
-            topic: "t".repeat(127),
+            topic: "t".repeat(crate::protocol::names::TOPIC_NAME_BYTES_MAX),
             queues: (0..queues)
                 .map(|queue_id| QueueProgress {
                     queue_id,
@@ -562,7 +562,7 @@ mod tests {
                 .collect(),
         };
         let info = TopicInfo {
-            topic: "t".repeat(127),
+            topic: "t".repeat(crate::protocol::names::TOPIC_NAME_BYTES_MAX),
             queues: (0..queues)
                 .map(|queue_id| QueueInfo {
                     queue_id,

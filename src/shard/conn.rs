@@ -100,7 +100,8 @@ impl ReadBudget {
             used: Cell::new(0),
             max,
             by_peer: RefCell::new(HashMap::new()),
-            peer_max: (max / 4).max(frame_bytes_max),
+            // At least one largest frame: `max` holds four.
+            peer_max: max / 4,
             freed: Notify::new(),
         })
     }
