@@ -571,13 +571,18 @@ impl LogFile {
         }
     }
 
+    /// Closes the file (a buffered one off the shard's thread: its last close may free
+    /// the pages of an unlinked file).
     pub async fn close(self) -> io::Result<()> {
         match self.inner {
             Inner::Dma(f) => f
                 .close()
                 .await
                 .map_err(|e| with_context(e, "close", &self.path)),
-            Inner::Buffered(_) => Ok(()),
+            Inner::Buffered(f) => {
+                blocking(move || drop(f)).await;
+                Ok(())
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::*;
 
 impl CommitLog {
-    fn file_for(&self, offset: u64, len: u64) -> Result<(Rc<LogFile>, u64), LogError> {
+    pub(super) fn file_for(&self, offset: u64, len: u64) -> Result<(Rc<LogFile>, u64), LogError> {
         let st = self.inner.st.borrow();
         if offset < st.min_offset {
             return Err(LogError::OffsetTooSmall {

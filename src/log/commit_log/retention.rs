@@ -2,6 +2,7 @@
 //! what a caller holds back.
 
 use super::*;
+use std::time::Instant;
 
 impl CommitLog {
     /// The sealed segments (never the active one, nor one still being written), oldest
@@ -80,12 +81,14 @@ impl CommitLog {
         let cut = self.retention_cut(&aged, keep_from);
         // Segments an earlier pass could not delete go first, oldest first.
         let mut doomed = std::mem::take(&mut self.inner.st.borrow_mut().undeleted);
+        let mut open = Vec::new();
         {
             let seg = self.inner.cfg.segment_bytes;
             let mut st = self.inner.st.borrow_mut();
             for (base, path, _) in aged.into_iter().take(cut) {
                 // Still there (nothing else deletes segments, but stay safe).
-                if st.segments.remove(&base).is_some() {
+                if let Some(removed) = st.segments.remove(&base) {
+                    open.extend(removed.file);
                     st.min_offset = st.min_offset.max(base + seg);
                     doomed.push(path);
                     self.inner
@@ -95,23 +98,29 @@ impl CommitLog {
                 }
             }
         }
+        for file in open {
+            close_before_unlink(file).await;
+        }
         if !doomed.is_empty() {
             // Oldest first, stopping at one that cannot be deleted: a later one deleted
             // past it would leave a gap a start refuses. It and those after it are tried
-            // again by the next pass (a start finds them contiguous meanwhile).
+            // again by the next pass (a start finds them contiguous meanwhile). The
+            // directory is synced after each removal, so a crash cannot keep an older
+            // segment whose younger neighbour's removal reached the disk first.
             let mut left = crate::io::blocking(move || {
                 for i in 0..doomed.len() {
-                    match std::fs::remove_file(&doomed[i]) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => {
-                            crate::warn!(
-                                "ringmq: retention could not delete {} (tried again at its next pass, with the {} after it): {e}",
-                                doomed[i].display(),
-                                doomed.len() - i - 1
-                            );
-                            return doomed.split_off(i);
-                        }
+                    let removed = match std::fs::remove_file(&doomed[i]) {
+                        Ok(()) => sync_parent(&doomed[i]),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = removed {
+                        crate::warn!(
+                            "ringmq: retention could not delete {} (tried again at its next pass, with the {} after it): {e}",
+                            doomed[i].display(),
+                            doomed.len() - i - 1
+                        );
+                        return doomed.split_off(i);
                     }
                 }
                 Vec::new()
@@ -122,5 +131,87 @@ impl CommitLog {
             st.undeleted = left;
         }
         self.min_offset()
+    }
+}
+
+/// How long a retention pass waits for the last other holder of a deleted segment's file
+/// (a read in flight, the list of files to sync) before it unlinks the file anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Closes a segment's file before retention unlinks it. The last close of a file with no
+/// name left frees its blocks, work for the filesystem that must not run on the shard's
+/// thread: closed first, the file is freed by the unlink, off the shard's thread. Other
+/// holders are waited for up to [`CLOSE_WAIT`]; past it, the last of them closes it.
+async fn close_before_unlink(mut file: Rc<LogFile>) {
+    let deadline = Instant::now() + CLOSE_WAIT;
+    loop {
+        match Rc::try_unwrap(file) {
+            // A failed close of a file about to be deleted loses nothing.
+            Ok(f) => return drop(f.close().await),
+            Err(shared) if Instant::now() < deadline => {
+                file = shared;
+                crate::io::sleep(Duration::from_millis(5)).await;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// fsyncs the directory holding `path` (a removal of its entry).
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::record::RecordDraft;
+
+    #[test]
+    fn a_deleted_segment_held_by_a_reader_is_unlinked_once_closed() {
+        crate::io::run_local(|| async {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = LogConfig {
+                segment_bytes: 16 * 1024,
+                flush: FlushMode::Async,
+                flush_interval_ms: 20,
+                retention_bytes_max: 32 * 1024,
+                ..LogConfig::default()
+            };
+            let (log, _) = CommitLog::open(dir.path(), cfg, 0, |_| {}).await.unwrap();
+            let body = [7u8; 1000];
+            let mut end = 0;
+            for n in 0..100 {
+                end = log
+                    .append(&RecordDraft::plain("t", 0, &[], &body), n)
+                    .unwrap()
+                    .end();
+            }
+            log.wait_acked(end).await.unwrap();
+            let first = dir.path().join(segment_name(0));
+            assert!(first.exists());
+            // A read in flight holds the first segment's file.
+            let (reader, _) = log.file_for(0, 100).unwrap();
+            let pass = {
+                let log = log.clone();
+                crate::io::spawn_joinable(
+                    async move { log.apply_retention(now_ms(), u64::MAX).await },
+                )
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while log.min_offset() == 0 {
+                assert!(Instant::now() < deadline, "retention deleted nothing");
+                crate::io::sleep(Duration::from_millis(5)).await;
+            }
+            crate::io::sleep(Duration::from_millis(100)).await;
+            assert!(first.exists(), "unlinked while a reader still had it open");
+            drop(reader);
+            let min = pass.await.unwrap();
+            assert!(min > 0);
+            assert!(!first.exists(), "the segment was not deleted once closed");
+            assert!(!dir.path().join(segment_name(min - 16 * 1024)).exists());
+            assert!(dir.path().join(segment_name(min)).exists());
+        });
     }
 }
