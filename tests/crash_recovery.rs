@@ -336,6 +336,58 @@ fn cutting_the_last_segment_anywhere_recovers_a_valid_prefix() {
     }
 }
 
+/// Segment files missing at the log's end (or all of them) refuse the start, naming what
+/// the checkpoint found durable; with the checkpoint removed (the operator's choice), the
+/// store starts with what is left. Before, the log was taken as ending early (a torn tail):
+/// the indexes were cut to what was left and queue offsets given again.
+#[test]
+fn segment_files_missing_below_the_checkpoint_refuse_the_start() {
+    let built = build_store(1500, tiny_config());
+    let segs = segments(built.dir.path());
+    assert!(segs.len() >= 4, "{} segments", segs.len());
+    for missing in [2, segs.len()] {
+        let work = tempfile::tempdir().unwrap();
+        copy_dir(built.dir.path(), work.path());
+        for seg in &segs[segs.len() - missing..] {
+            std::fs::remove_file(work.path().join("commitlog").join(seg.file_name().unwrap()))
+                .unwrap();
+        }
+        let path = work.path().to_owned();
+        match run_local(move || async move { MessageStore::open(&path, tiny_config()).await.err() })
+        {
+            Some(StoreError::Log(LogError::Layout { reason, .. })) => {
+                assert!(reason.contains("segment files are missing"), "{reason}");
+                assert!(
+                    reason.contains("remove the file named checkpoint"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{missing} missing segments: the start must refuse, got {other:?}"),
+        }
+        assert!(
+            work.path().join("checkpoint").exists(),
+            "the checkpoint was changed"
+        );
+        std::fs::remove_file(work.path().join("checkpoint")).unwrap();
+        let records = built.records.clone();
+        let path = work.path().to_owned();
+        let reach = (segs.len() - missing) as u64 * tiny_config().log.segment_bytes;
+        run_local(move || async move {
+            let (store, _) = MessageStore::open(&path, tiny_config()).await.unwrap();
+            assert!(store.log().write_offset() <= reach);
+            for (topic, q, qo, phys, bytes) in &records {
+                if phys + (bytes.len() as u64) <= store.log().write_offset() {
+                    assert_eq!(
+                        &store.read_at(topic, *q, *qo).await.unwrap()[..],
+                        &bytes[..]
+                    );
+                }
+            }
+            store.close().await.unwrap();
+        });
+    }
+}
+
 fn flip_and_expect_refusal(
     built: &Built,
     record_index: usize,

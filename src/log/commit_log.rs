@@ -373,6 +373,21 @@ impl CommitLog {
             reason: format!("create: {e}"),
         })?;
         let bases = list_segments(dir)?;
+        // Segment files missing at the end (every one of them when the directory is
+        // empty): the log cannot reach what a checkpoint found durable. Taken as a torn
+        // tail, the indexes would be cut to what is left and queue offsets given again to
+        // new messages; a directory moved or a disk not mounted is more likely.
+        let reach = bases.last().map_or(0, |b| b + cfg.segment_bytes);
+        if cfg.known_durable != u64::MAX && reach < cfg.known_durable {
+            return Err(LogError::Layout {
+                path: dir.to_owned(),
+                reason: format!(
+                    "segment files are missing: the log's {} segment(s) reach log offset {reach}, but the checkpoint found it durable up to {} (a directory moved, or a disk not mounted?). Put the files back; or, to start with what is left and lose every message past {reach}, remove the file named checkpoint in the store's directory",
+                    bases.len(),
+                    cfg.known_durable
+                ),
+            });
+        }
         let mut report = RecoveryReport {
             segments: bases.len(),
             ..Default::default()

@@ -142,6 +142,13 @@ impl MessageStore {
             q.cq.delete_before_physical(log.min_offset())?;
         }
         let mut checkpointed = checkpoint_offset;
+        if end < checkpoint_offset {
+            crate::warn!(
+                "ringmq: {}: the commit log ends at {end}, below the {checkpoint_offset} its checkpoint found durable: {} bytes of acknowledged messages are lost (damaged on the disk, or a power loss on a disk that did not keep what it synced); the indexes are cut to the log's end",
+                dir.display(),
+                checkpoint_offset - end
+            );
+        }
         if end < checkpoint_offset || reindex {
             // The indexes cut back to that end are synced and the checkpoint moved down to
             // it before anything is appended: else a power loss would bring back, with the

@@ -413,10 +413,16 @@ pub(super) async fn torn_or_rot(
         // Every start in the window (the buffer reaches past it), so that none falls
         // between one window and the next.
         while i < limit && i + 8 <= buf.len() {
-            // A record's magic sits 4 bytes into it.
-            if buf[i + 4..i + 8] == magic {
+            // A record's magic sits 4 bytes into it, and its place in the log 32 bytes
+            // into it: both are compared before the record's CRC is computed (bodies a
+            // client filled with copies of a header would cost a CRC of up to 4 MiB at
+            // each byte).
+            let at = scan + i as u64;
+            let placed = buf
+                .get(i + 32..i + 40)
+                .is_some_and(|b| b == (base + at).to_le_bytes());
+            if buf[i + 4..i + 8] == magic && placed {
                 if let Ok(view) = RecordView::parse(&buf[i..]) {
-                    let at = scan + i as u64;
                     if view.physical_offset() == base + at {
                         return Err(LogError::Corrupt {
                             path: path.to_owned(),
