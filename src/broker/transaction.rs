@@ -526,6 +526,9 @@ impl ShardCtx {
             Err(e) => {
                 let mut txn = self.txn.borrow_mut();
                 txn.resolved.remove(&half);
+                // An op record owed for a copy that then failed (cut by a full disk) would
+                // resolve the half at the next restart with no message in the log.
+                txn.owed_ops.remove(&half);
                 txn.pending.insert(half, h);
                 Err(e)
             }
@@ -674,6 +677,11 @@ impl ShardCtx {
             return;
         }
         for (half, (outcome, bits)) in owed {
+            if self.txn.borrow().pending.get(&half).is_some() {
+                // Its outcome failed after all: the half waits for another.
+                self.txn.borrow_mut().owed_ops.remove(&half);
+                continue;
+            }
             if self.append_op(half, outcome, bits).is_err() {
                 break;
             }
@@ -706,19 +714,23 @@ impl ShardCtx {
             self.append_owed_ops();
             let now = now_ms();
             let interval = self.cfg.transaction_check_interval_ms;
-            let due: Vec<(u64, Half)> = {
+            let due: Vec<u64> = {
                 let mut txn = self.txn.borrow_mut();
-                let due: Vec<(u64, Half)> = (txn.pending.iter_from(txn.check_cursor))
+                let due: Vec<u64> = (txn.pending.iter_from(txn.check_cursor))
                     .filter(|(_, h)| h.next_check_ms <= now)
-                    .map(|(k, h)| (*k, h.clone()))
+                    .map(|(k, _)| *k)
                     .take(CHECKS_PER_ROUND_MAX)
                     .collect();
-                if let Some((last, _)) = due.last() {
+                if let Some(last) = due.last() {
                     txn.check_cursor = last + 1;
                 }
                 due
             };
-            for (half, h) in due {
+            for half in due {
+                // Resolved while the round awaited an earlier one: not checked.
+                let Some(h) = self.txn.borrow().pending.get(&half).cloned() else {
+                    continue;
+                };
                 if h.checks >= self.cfg.transaction_check_max {
                     let discarded = self.resolve_half(half, OUTCOME_DISCARDED).await;
                     if discarded.is_err() {
@@ -762,6 +774,12 @@ impl ShardCtx {
                     p.next_check_ms = now + interval;
                     p.attempts = p.attempts.wrapping_add(1);
                 }
+                let coordinator = self.coordinator_of(h.group());
+                if coordinator == self.id && !self.has_producer(h.group()) {
+                    // Nobody to ask here: the half is not read (up to 4 MiB, each round).
+                    self.check_not_delivered(half, now);
+                    continue;
+                }
                 let record = match self.store.read_at(HALF_TOPIC, 0, half).await {
                     Ok(r) => r.to_vec(),
                     Err(e) => {
@@ -769,6 +787,9 @@ impl ShardCtx {
                         continue;
                     }
                 };
+                if self.txn.borrow().pending.get(&half).is_none() {
+                    continue;
+                }
                 let check = CheckTransaction {
                     topic: h.topic.clone(),
                     queue_id: h.queue_id,
@@ -780,7 +801,6 @@ impl ShardCtx {
                 if encode_frame(0, Flags::NONE, &check, &[], &mut frame).is_err() {
                     continue;
                 }
-                let coordinator = self.coordinator_of(h.group());
                 // Turns start at the half's offset: the halves' first checks go round the
                 // producers too, not all to the same one.
                 let turn = (h.attempts as usize).wrapping_add(half as usize);
@@ -798,27 +818,30 @@ impl ShardCtx {
                     };
                     self.call(coordinator, ask).await.is_ok()
                 };
-                // A check counts only once a checker answers it "unknown" (see
-                // `end_transaction`): a group with no live producer, one whose connection
-                // could not take the check (too much queued), or one that never answers
-                // loses no transaction to the check limit. A check not delivered comes
-                // back within the interval, at a random time: the checks that fill a
-                // connection first are not the same ones each round.
-                let mut txn = self.txn.borrow_mut();
                 if !asked {
-                    txn.checks_undelivered += 1;
-                }
-                if let Some(p) = txn.pending.get_mut(&half) {
-                    if !asked {
-                        if was_awaiting == Some(false) {
+                    if was_awaiting == Some(false) {
+                        if let Some(p) = self.txn.borrow_mut().pending.get_mut(&half) {
                             p.awaiting_answer = false;
                         }
-                        let interval = interval.max(2);
-                        p.next_check_ms =
-                            now + interval / 2 + rand::random::<u64>() % (interval / 2);
                     }
+                    self.check_not_delivered(half, now);
                 }
             }
+        }
+    }
+
+    /// A check of `half` that reached no producer. A check counts only once a checker
+    /// answers it "unknown" (see `end_transaction`): a group with no live producer, one
+    /// whose connection could not take the check (too much queued), or one that never
+    /// answers loses no transaction to the check limit. A check not delivered comes back
+    /// within the interval, at a random time: the checks that fill a connection first are
+    /// not the same ones each round.
+    fn check_not_delivered(&self, half: u64, now: u64) {
+        let mut txn = self.txn.borrow_mut();
+        txn.checks_undelivered += 1;
+        if let Some(p) = txn.pending.get_mut(&half) {
+            let interval = self.cfg.transaction_check_interval_ms.max(2);
+            p.next_check_ms = now + interval / 2 + rand::random::<u64>() % (interval / 2);
         }
     }
 

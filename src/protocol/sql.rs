@@ -20,8 +20,10 @@
 //! single-quoted (`''` is a quote); numbers are integers (`i64`) or decimals (`f64`, with an
 //! optional exponent).
 //!
-//! Semantics (as RocketMQ): property values are strings. Compared with a number, a value is
-//! read as a number (an integer, else a decimal); one that is not a number compares false.
+//! Semantics (as RocketMQ, but for one difference): property values are strings. Compared
+//! with a number, a value is read as a number (an integer, else a decimal); one that is not
+//! a number compares false (the difference: RocketMQ fails the whole expression for that
+//! message, so `a <> 5` does not match `a = 'abc'` there, and matches it here).
 //! Compared with `TRUE`/`FALSE`, `"true"` (any case) is true and anything else false.
 //! `<`, `<=`, `>`, `>=` and `BETWEEN` compare numbers only: a string or boolean constant
 //! there is refused when parsing; `v NOT BETWEEN a AND b` is `v < a OR v > b`, so a value

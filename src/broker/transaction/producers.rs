@@ -41,6 +41,11 @@ impl ShardCtx {
         self.push_to(conn, frame).await
     }
 
+    /// Whether `group` has a producer connected here (on its coordinator: one to check).
+    pub(in crate::broker) fn has_producer(&self, group: &str) -> bool {
+        (self.producers.borrow().groups.get(group)).is_some_and(|c| !c.is_empty())
+    }
+
     /// `ProducerHeartbeat`, on the group's coordinator.
     pub(in crate::broker) fn producer_heartbeat(
         &self,

@@ -409,15 +409,17 @@ impl Parser<'_> {
                 for o in [&left, &low, &high] {
                     self.check_numeric(o, start)?;
                 }
-                // As RocketMQ: constant bounds the wrong way round are refused, not a filter
-                // that matches nothing.
-                let above = match (&low, &high) {
-                    (Operand::Int(l), Operand::Int(h)) => l > h,
-                    (Operand::Int(l), Operand::Float(h)) => (*l as f64) > *h,
-                    (Operand::Float(l), Operand::Int(h)) => *l > (*h as f64),
-                    (Operand::Float(l), Operand::Float(h)) => l > h,
-                    _ => false,
-                };
+                // As RocketMQ: constant bounds the wrong way round are refused in BETWEEN,
+                // not a filter that matches nothing; NOT BETWEEN takes them (it matches
+                // every number).
+                let above = !negated
+                    && match (&low, &high) {
+                        (Operand::Int(l), Operand::Int(h)) => l > h,
+                        (Operand::Int(l), Operand::Float(h)) => (*l as f64) > *h,
+                        (Operand::Float(l), Operand::Int(h)) => *l > (*h as f64),
+                        (Operand::Float(l), Operand::Float(h)) => l > h,
+                        _ => false,
+                    };
                 if above {
                     return Err(self.error_at(
                         start,

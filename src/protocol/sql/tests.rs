@@ -233,12 +233,13 @@ fn size_and_depth_are_bounded() {
 }
 
 /// As RocketMQ: `BETWEEN` with constant bounds the wrong way round is refused where it is
-/// parsed (it would match nothing); equal bounds and properties as bounds are fine.
+/// parsed (it would match nothing); equal bounds and properties as bounds are fine, and so
+/// are `NOT BETWEEN`'s bounds either way (RocketMQ checks them in `createBetween` only).
 #[test]
 fn between_bounds_the_wrong_way_round_are_refused() {
     for expr in [
         "a BETWEEN 5 AND 1",
-        "a NOT BETWEEN 2.5 AND 2",
+        "a BETWEEN 2.5 AND 2",
         "a BETWEEN 3 AND 2.5",
     ] {
         let e = error(expr);
@@ -248,6 +249,11 @@ fn between_bounds_the_wrong_way_round_are_refused() {
     assert!(is_match("a BETWEEN 2 AND 2", &[("a", "2")]));
     assert!(is_match("a BETWEEN 1 AND 1.5", &[("a", "1.5")]));
     assert!(!is_match("a BETWEEN b AND 1", &[("a", "2"), ("b", "5")]));
+    // Every number is below 5 or above 1.
+    for a in ["0", "3", "7", "2.25"] {
+        assert!(is_match("a NOT BETWEEN 5 AND 1", &[("a", a)]), "{a}");
+        assert!(is_match("a NOT BETWEEN 2.5 AND 2", &[("a", a)]), "{a}");
+    }
 }
 
 /// As RocketMQ (`v < low OR v > high`): `NOT BETWEEN` matches numbers outside the bounds
