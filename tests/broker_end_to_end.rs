@@ -582,6 +582,26 @@ fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("created with 2 shards"), "{err}");
+    // With the record of the count gone, the shards' directories still tell it.
+    std::fs::remove_file(data.join("shards")).unwrap();
+    let out = run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "3",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("(2 shards)") && err.contains("--shards 2"),
+        "{err}"
+    );
+    assert!(
+        !data.join("shards").exists(),
+        "a count was recorded for a refused start"
+    );
 }
 
 /// The CPUs this test may run on, from /proc/self/status (`0-1`, `0,2-3`).

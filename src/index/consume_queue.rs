@@ -938,15 +938,12 @@ impl ConsumeQueue {
 }
 
 /// How many entries of a file are in use: one past its last non-zero entry, `None` if all
-/// are zero. Reads from the first hole of the file backward (`SEEK_HOLE`; the whole file
-/// where the filesystem cannot say), in chunks.
+/// are zero. Reads backward from the end of the file's last data (`SEEK_DATA` and
+/// `SEEK_HOLE`; the whole file where the filesystem cannot say), in chunks.
 fn entries_in_file(path: &Path, file_bytes: u64) -> Result<Option<(u64, CqEntry)>, IndexError> {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(path).map_err(io_err("open", path))?;
-    // SAFETY: lseek on a descriptor owned here; it only moves the file position.
-    let hole = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_HOLE) };
-    let data_end = u64::try_from(hole).map_or(file_bytes, |h| h.min(file_bytes));
+    let data_end = last_data_end(&file).map_or(file_bytes, |e| e.min(file_bytes));
     // Whole entries only; an entry cut by the hole reads its tail as zeros, which is right.
     let mut end = data_end.div_ceil(CQ_ENTRY_BYTES) * CQ_ENTRY_BYTES;
     end = end.min(file_bytes);
@@ -968,6 +965,34 @@ fn entries_in_file(path: &Path, file_bytes: u64) -> Result<Option<(u64, CqEntry)
         end = start;
     }
     Ok(None)
+}
+
+/// Where the last stretch of data of `file` ends (0: none), `None` where the filesystem
+/// cannot say. Not the first hole: a page allocated ahead and never written reads as a hole
+/// after a power loss, while a later page holding entries may have reached the disk; the
+/// entries past the hole are found, and the lost ones before them are damage the recovery
+/// sees, not an end.
+fn last_data_end(file: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut end = 0u64;
+    loop {
+        let from = i64::try_from(end).ok()?;
+        // SAFETY: lseek on a descriptor owned by `file`; it only moves the file position.
+        let data = unsafe { libc::lseek(fd, from, libc::SEEK_DATA) };
+        if data < 0 {
+            // ENXIO: no data at or after `end`.
+            let e = std::io::Error::last_os_error();
+            return (e.raw_os_error() == Some(libc::ENXIO)).then_some(end);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        let hole = u64::try_from(hole).ok()?;
+        if hole <= end {
+            return Some(end);
+        }
+        end = hole;
+    }
 }
 
 /// Entry `i` of a file, read without mapping it.

@@ -126,13 +126,37 @@ pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), Br
             }
             Ok(())
         }
-        // Written whole or not at all (a crash leaves no damaged record).
+        // Written whole or not at all (a crash leaves no damaged record). Gone while the
+        // shards' directories are there (removed by hand, or a copy without it): their
+        // count is the record, not the flag.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let found = shard_dirs(data_dir).map_err(|e| dd(format!("read: {e}")))?;
+            if found > 0 && found != shards {
+                return Err(dd(format!(
+                    "{} is missing, and the directory holds shard-0 to shard-{} ({found} shards) while this broker was started with {shards}; \
+                     start with --shards {found} (queue ownership depends on the shard count), or use a new data directory",
+                    path.display(),
+                    found - 1
+                )));
+            }
             crate::io::replace_file(&path, format!("{shards}\n").as_bytes())
                 .map_err(|e| dd(e.to_string()))
         }
         Err(e) => Err(dd(format!("read {}: {e}", path.display()))),
     }
+}
+
+/// One past the highest `shard-N` directory in `data_dir` (0: none).
+fn shard_dirs(data_dir: &Path) -> std::io::Result<usize> {
+    let mut found = 0;
+    for entry in std::fs::read_dir(data_dir)? {
+        let name = entry?.file_name();
+        let n = name.to_str().and_then(|n| n.strip_prefix("shard-"));
+        if let Some(n) = n.and_then(|n| n.parse::<usize>().ok()) {
+            found = found.max(n.saturating_add(1));
+        }
+    }
+    Ok(found)
 }
 
 /// Takes an exclusive lock on the data directory (created if missing) for the life of the

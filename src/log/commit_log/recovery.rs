@@ -364,9 +364,16 @@ pub(super) async fn quarantine(
                 }
             })
             .unwrap_or_else(|| Err(std::io::Error::other("no free quarantine file name")))?;
-        std::io::copy(&mut src.take(to - from), &mut out)?;
-        out.flush()?;
-        out.sync_all()?;
+        let copied = std::io::copy(&mut src.take(to - from), &mut out)
+            .and_then(|_| out.flush())
+            .and_then(|()| out.sync_all());
+        if let Err(e) = copied {
+            // A partial copy (a full disk) would take the room freed for the next try,
+            // under the next name.
+            drop(out);
+            let _ = std::fs::remove_file(&target);
+            return Err(e);
+        }
         std::fs::File::open(&named)?.sync_all()?;
         Ok(target)
     })
