@@ -571,29 +571,23 @@ fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
     assert!(err.contains("cannot listen on"), "{err}");
     // A different shard count on an existing data dir: refused with a clear message.
     drop(broker);
-    let out = run(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--shards",
-        "3",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let refused_with_3_shards = || {
+        let out = run(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "3",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused_with_3_shards();
     assert!(err.contains("created with 2 shards"), "{err}");
     // With the record of the count gone, the shards' directories still tell it.
     std::fs::remove_file(data.join("shards")).unwrap();
-    let out = run(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--shards",
-        "3",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_with_3_shards();
     assert!(
         err.contains("(2 shards)") && err.contains("--shards 2"),
         "{err}"
