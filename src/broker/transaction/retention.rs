@@ -168,10 +168,18 @@ impl ShardCtx {
             .saturating_add(self.cfg.transaction_check_interval_ms);
         let young_after = now_ms().saturating_sub(grace);
         let mut aged = Vec::new();
+        let mut young = 0;
         for (&half, h) in self.txn.borrow().pending.iter() {
             if h.stored_ms > young_after {
-                // The ones after it are stored later.
-                break;
+                // Left alone; the ones after it are usually younger too, but not always:
+                // a clock stepped back gave later ones earlier times. The scan ends at the
+                // first half retention does not want (below), or past a bounded number of
+                // young ones.
+                young += 1;
+                if young > HALVES_DISCARDED_PER_PASS {
+                    break;
+                }
+                continue;
             }
             match self.store.queue_entry(HALF_TOPIC, 0, half) {
                 Ok(Some(e)) if e.physical_offset < wanted => aged.push(half),

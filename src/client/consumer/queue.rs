@@ -702,6 +702,7 @@ async fn failed_batch(
     // their answers' read buffers.
     // (The originals go now: kept, they would hold the buffers as long as the copies.)
     let mut messages: Vec<Message> = messages.into_iter().map(|m| m.detached()).collect();
+    let mut failures: u64 = 0;
     loop {
         if pq.is_dropped() {
             return;
@@ -710,6 +711,19 @@ async fn failed_batch(
             messages = send_back_all(&shared, &pq, messages, 0, None).await;
             if messages.is_empty() {
                 return;
+            }
+        } else {
+            // Broadcasting has no retry topic nor dead-letter topic: a message that fails
+            // for good is retried here for ever, holding its queue's committed offset. Said
+            // at its 1st, 2nd, 4th, 8th... failure, so that it is seen without a line
+            // every `reconsume_delay_ms`.
+            failures += 1;
+            if failures.is_power_of_two() {
+                shared.log(format_args!(
+                    "{} failed {failures} time(s) (broadcasting: no retry topic); consumed again here after {} ms for as long as it fails, its queue's committed offset held below it",
+                    describe(&pq.mq, &offsets_of(&messages)),
+                    shared.options.reconsume_delay_ms
+                ));
             }
         }
         let Some(permit) = wait_to_retry(&shared, &pq).await else {
