@@ -291,7 +291,7 @@ fn cutting_the_last_segment_anywhere_recovers_a_valid_prefix() {
         let records = built.records.clone();
         let path = work.path().to_owned();
         run_local(move || async move {
-            let (store, _) = MessageStore::open(&path, tiny_config())
+            let (store, report) = MessageStore::open(&path, tiny_config())
                 .await
                 .unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
             // The checkpoint (written at the old end by the clean close) comes down to the
@@ -304,6 +304,15 @@ fn cutting_the_last_segment_anywhere_recovers_a_valid_prefix() {
                 checkpoint.log_offset
             );
             let survives = |phys: u64, len: usize| phys + len as u64 <= last_base + cut;
+            // The clean close's checkpoint was at the log's end: bytes are said lost
+            // exactly when a record is.
+            let lost_any = (records.iter()).any(|(_, _, _, phys, b)| !survives(*phys, b.len()));
+            assert_eq!(
+                report.durable_bytes_lost > 0,
+                lost_any,
+                "cut at {cut}: {}",
+                report.summary(Duration::ZERO)
+            );
             let mut expected_max: HashMap<(String, u32), u64> = HashMap::new();
             for (topic, q, qo, phys, bytes) in &records {
                 if survives(*phys, bytes.len()) {
@@ -386,6 +395,20 @@ fn segment_files_missing_below_the_checkpoint_refuse_the_start() {
             store.close().await.unwrap();
         });
     }
+    // The log's directory moved away: refused, and not made again (it would be in the way
+    // of the one moved back).
+    let work = tempfile::tempdir().unwrap();
+    copy_dir(built.dir.path(), work.path());
+    let log_dir = work.path().join("commitlog");
+    std::fs::rename(&log_dir, work.path().join("moved")).unwrap();
+    let path = work.path().to_owned();
+    match run_local(move || async move { MessageStore::open(&path, tiny_config()).await.err() }) {
+        Some(StoreError::Log(LogError::Layout { reason, .. })) => {
+            assert!(reason.contains("segment files are missing"), "{reason}");
+        }
+        other => panic!("the log's directory moved: the start must refuse, got {other:?}"),
+    }
+    assert!(!log_dir.exists(), "the log's directory was made again");
 }
 
 fn flip_and_expect_refusal(

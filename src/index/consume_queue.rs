@@ -314,8 +314,8 @@ impl ConsumeQueue {
 
     /// One past the last non-zero entry, scanning backward from the end of the data of the
     /// last file; the first file's base if every entry is zero. Reads the files without
-    /// mapping them, and only up to their first hole: entries are written from the start
-    /// of a file, so a file holding a few entries costs a page, not its 5.7 MiB.
+    /// mapping them, and only up to the end of their last data: entries are written from
+    /// the start of a file, so a file holding a few entries costs a page, not its 5.7 MiB.
     /// Also returns the last entry.
     fn scan_max_offset(&self) -> Result<(u64, Option<CqEntry>), IndexError> {
         for segment in self.segments.iter().rev() {

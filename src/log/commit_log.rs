@@ -368,25 +368,36 @@ impl CommitLog {
                 RECORD_BYTES_MAX + IO_ALIGN
             )));
         }
+        // Segment files missing at the end (every one of them, or the directory, when a
+        // checkpoint found bytes durable): the log cannot reach what the checkpoint found
+        // durable. Taken as a torn tail, the indexes would be cut to what is left and
+        // queue offsets given again to new messages; a directory moved or a disk not
+        // mounted is more likely. (Not made first: a directory made here would be in the
+        // way of the one moved back.)
+        let missing = |reach: u64, files: usize| {
+            LogError::Layout {
+            path: dir.to_owned(),
+            reason: format!(
+                "segment files are missing: the log's {files} segment(s) reach log offset {reach} (at --segment-bytes {}: was it changed?), but the checkpoint found it durable up to {} (a directory moved, or a disk not mounted?). Put the files back; or, to start with what is left and lose every message past {reach}, remove the file named checkpoint in the store's directory",
+                cfg.segment_bytes, cfg.known_durable
+            ),
+        }
+        };
+        let durable_somewhere = cfg.known_durable != u64::MAX && cfg.known_durable > 0;
+        if durable_somewhere && !dir.exists() {
+            return Err(missing(0, 0));
+        }
         std::fs::create_dir_all(dir).map_err(|e| LogError::Layout {
             path: dir.to_owned(),
             reason: format!("create: {e}"),
         })?;
         let bases = list_segments(dir)?;
-        // Segment files missing at the end (every one of them when the directory is
-        // empty): the log cannot reach what a checkpoint found durable. Taken as a torn
-        // tail, the indexes would be cut to what is left and queue offsets given again to
-        // new messages; a directory moved or a disk not mounted is more likely.
+        // Segments not spaced by the segment size are refused by the recovery, which says
+        // so (a changed --segment-bytes).
+        let spaced = bases.windows(2).all(|p| p[1] == p[0] + cfg.segment_bytes);
         let reach = bases.last().map_or(0, |b| b + cfg.segment_bytes);
-        if cfg.known_durable != u64::MAX && reach < cfg.known_durable {
-            return Err(LogError::Layout {
-                path: dir.to_owned(),
-                reason: format!(
-                    "segment files are missing: the log's {} segment(s) reach log offset {reach}, but the checkpoint found it durable up to {} (a directory moved, or a disk not mounted?). Put the files back; or, to start with what is left and lose every message past {reach}, remove the file named checkpoint in the store's directory",
-                    bases.len(),
-                    cfg.known_durable
-                ),
-            });
+        if durable_somewhere && spaced && reach < cfg.known_durable {
+            return Err(missing(reach, bases.len()));
         }
         let mut report = RecoveryReport {
             segments: bases.len(),

@@ -1,5 +1,6 @@
-//! SQL92 property filters, RocketMQ's grammar: a boolean expression over a message's user
-//! properties and its `TAGS`, parsed once per subscription and evaluated per message over the
+//! SQL92 property filters, RocketMQ's grammar: a boolean expression over a message's
+//! properties (every one, as RocketMQ: the user's, `TAGS`, and system ones such as `KEYS`),
+//! parsed once per subscription and evaluated per message over the
 //! record's property block in place (no allocation per message).
 //!
 //! ```text

@@ -15,6 +15,9 @@ pub struct StoreRecovery {
     pub checkpoint_offset: u64,
     pub records_dispatched: u64,
     pub queues: usize,
+    /// Bytes the checkpoint found durable that the log no longer holds (it ends below the
+    /// checkpoint: damaged on the disk, or a disk that lost what it synced).
+    pub durable_bytes_lost: u64,
 }
 
 impl StoreRecovery {
@@ -30,6 +33,12 @@ impl StoreRecovery {
             self.records_dispatched,
             self.checkpoint_offset,
         );
+        if self.durable_bytes_lost > 0 {
+            line.push_str(&format!(
+                "; {} bytes the checkpoint found durable are lost (the log ends below it)",
+                self.durable_bytes_lost
+            ));
+        }
         if let Some(at) = self.log.cut_at {
             line.push_str(&format!(
                 "; the log was cut at offset {at} ({}): {} bytes moved to {}",
@@ -192,6 +201,7 @@ impl MessageStore {
             checkpoint_offset: replay_from,
             records_dispatched: dispatched,
             queues: queues.len(),
+            durable_bytes_lost: checkpoint_offset.saturating_sub(end),
         };
         let store = MessageStore {
             inner: Rc::new(Inner {

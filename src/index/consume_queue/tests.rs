@@ -134,7 +134,7 @@ fn files_are_mapped_on_use_and_closed_when_idle() {
 #[test]
 fn reopen_reads_a_big_sparse_file_only_up_to_its_data() {
     // The default file size: 300,000 entries (5.7 MiB), of which 3 are used. The scan
-    // starts at the first hole, so it agrees with a full scan.
+    // starts at the end of the file's data, so it agrees with a full scan.
     let dir = tempfile::tempdir().unwrap();
     let mut queue = open(dir.path(), 300_000);
     append(&mut queue, 0..3);

@@ -123,10 +123,16 @@ pub(super) async fn recover(
             }
         }
     }
-    // Drop empty segments after the end (created but never written).
+    // Drop empty segments after the end (created but never written). One below the known
+    // durable point (its data lost) stays on disk, holding nothing, until the checkpoint
+    // comes down to the end: a crash before that would find the checkpoint past every
+    // segment, which refuses the start as files missing.
     let later: Vec<u64> = bases[last_idx + 1..].to_vec();
     for b in later {
         if let Some(seg) = segments.remove(&b) {
+            if cfg.known_durable != u64::MAX && b < cfg.known_durable {
+                continue;
+            }
             std::fs::remove_file(&seg.path).map_err(|e| LogError::Layout {
                 path: seg.path.clone(),
                 reason: format!("remove empty segment: {e}"),

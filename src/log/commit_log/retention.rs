@@ -14,9 +14,18 @@ impl CommitLog {
             let st = self.inner.st.borrow();
             let active = st.active_base;
             let readable = self.readable_end();
+            // While the active segment has no file yet (made at the first append into it,
+            // or at open when it could be), the newest sealed one stays: the log's files
+            // must reach its end, or the next start refuses them as missing.
+            let active_made = (st.segments.get(&active)).is_some_and(|s| s.file.is_some());
+            let newest_kept = if active_made {
+                active
+            } else {
+                active.saturating_sub(seg)
+            };
             st.segments
                 .values()
-                .filter(|s| s.base < active && s.base + seg <= readable)
+                .filter(|s| s.base < newest_kept && s.base + seg <= readable)
                 .map(|s| (s.base, s.path.clone()))
                 .collect()
         };
@@ -98,8 +107,9 @@ impl CommitLog {
                 }
             }
         }
+        let deadline = Instant::now() + CLOSE_WAIT;
         for file in open {
-            close_before_unlink(file).await;
+            close_before_unlink(file, deadline).await;
         }
         if !doomed.is_empty() {
             // Oldest first, stopping at one that cannot be deleted: a later one deleted
@@ -109,14 +119,14 @@ impl CommitLog {
             // segment whose younger neighbour's removal reached the disk first.
             let mut left = crate::io::blocking(move || {
                 for i in 0..doomed.len() {
+                    // Gone already (an earlier try removed it and failed to sync): synced.
                     let removed = match std::fs::remove_file(&doomed[i]) {
-                        Ok(()) => sync_parent(&doomed[i]),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                        Err(e) => Err(e),
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(("delete", e)),
+                        _ => sync_parent(&doomed[i]).map_err(|e| ("sync the removal of", e)),
                     };
-                    if let Err(e) = removed {
+                    if let Err((what, e)) = removed {
                         crate::warn!(
-                            "ringmq: retention could not delete {} (tried again at its next pass, with the {} after it): {e}",
+                            "ringmq: retention could not {what} {} (tried again at its next pass, with the {} after it): {e}",
                             doomed[i].display(),
                             doomed.len() - i - 1
                         );
@@ -134,16 +144,16 @@ impl CommitLog {
     }
 }
 
-/// How long a retention pass waits for the last other holder of a deleted segment's file
-/// (a read in flight, the list of files to sync) before it unlinks the file anyway.
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long a retention pass waits for the last other holders of its deleted segments'
+/// files (reads in flight, the list of files to sync) before it unlinks them anyway. (Long
+/// in unit tests, which hold a file on purpose while a loaded machine may stall them.)
+const CLOSE_WAIT: Duration = Duration::from_secs(if cfg!(test) { 60 } else { 2 });
 
 /// Closes a segment's file before retention unlinks it. The last close of a file with no
 /// name left frees its blocks, work for the filesystem that must not run on the shard's
 /// thread: closed first, the file is freed by the unlink, off the shard's thread. Other
-/// holders are waited for up to [`CLOSE_WAIT`]; past it, the last of them closes it.
-async fn close_before_unlink(mut file: Rc<LogFile>) {
-    let deadline = Instant::now() + CLOSE_WAIT;
+/// holders are waited for until `deadline`; past it, the last of them closes it.
+async fn close_before_unlink(mut file: Rc<LogFile>, deadline: Instant) {
     loop {
         match Rc::try_unwrap(file) {
             // A failed close of a file about to be deleted loses nothing.
