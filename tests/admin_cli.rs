@@ -417,6 +417,13 @@ fn unknown_topics_and_bad_input_fail_clearly() {
     assert!(err.contains("tag expression"), "{err}");
     let err = ringmq(&addr, &["topic", "create", "t", "--queues", "0"]).fails(2);
     assert!(err.contains("--queues"), "{err}");
+    // Below the broker's range: the heartbeats would come every millisecond.
+    let err = ringmq(
+        &addr,
+        &["consume", "t", "--group", "g", "--session-timeout-ms", "2"],
+    )
+    .fails(2);
+    assert!(err.contains("--session-timeout-ms"), "{err}");
     let err = ringmq(&addr, &["group", "reset-offset", "g", "t"]).fails(2);
     assert!(
         err.contains("--timestamp-ms") || err.contains("--time"),

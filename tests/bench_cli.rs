@@ -86,3 +86,20 @@ fn an_open_loop_sends_every_producers_quota() {
     assert_eq!(count("messages_missing"), 0);
     assert_eq!(j["send_latency_us"]["samples"].as_u64(), Some(1001));
 }
+
+/// Options of the embedded broker are refused with `--broker` (a running broker's flush
+/// mode is its own: `--flush sync` was taken and did nothing, and the run's JSON said no
+/// mode), naming them; nothing is connected to.
+#[test]
+fn embedded_broker_options_are_refused_with_broker() {
+    for extra in [&["--flush", "sync"][..], &["--shards", "1"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringmq-bench"))
+            .args(["--broker", "127.0.0.1:1", "--duration", "1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} accepted");
+        assert!(err.contains("do not go with --broker"), "{extra:?}: {err}");
+    }
+}

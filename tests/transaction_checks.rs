@@ -377,7 +377,10 @@ fn checks_no_checker_answered_do_not_count() {
 }
 
 /// `--transaction-check-max 0` (every half message discarded at its first check, its
-/// producer never asked) and `--sql-filters-mb 0` are refused at start, naming the flag.
+/// producer never asked), `--sql-filters-mb 0`, `--retention-hours 0` (every sealed segment
+/// deleted, consumed or not), `--send-wait-max-ms 0` and `--send-backlog-max-mb 0` (every
+/// send answered busy while anything is unacknowledged) are refused at start, naming the
+/// flag.
 #[test]
 fn a_zero_check_max_or_sql_filters_mb_is_refused_at_start() {
     use ringmq::shard::{Broker, BrokerConfig};
@@ -397,11 +400,26 @@ fn a_zero_check_max_or_sql_filters_mb_is_refused_at_start() {
             sql_filters_mb: 0,
             ..base()
         },
+        BrokerConfig {
+            retention_hours: 0,
+            ..base()
+        },
+        BrokerConfig {
+            send_wait_max_ms: 0,
+            ..base()
+        },
+        BrokerConfig {
+            send_backlog_max_mb: 0,
+            ..base()
+        },
     ];
-    for (cfg, flag) in zeros
-        .into_iter()
-        .zip(["transaction-check-max", "sql-filters-mb"])
-    {
+    for (cfg, flag) in zeros.into_iter().zip([
+        "transaction-check-max",
+        "sql-filters-mb",
+        "retention-hours",
+        "send-wait-max-ms",
+        "send-backlog-max-mb",
+    ]) {
         let Err(e) = Broker::start(cfg) else {
             panic!("started with {flag} 0");
         };

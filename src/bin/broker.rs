@@ -48,11 +48,12 @@ struct Cli {
     /// every message the protocol allows (4 MiB bodies) fits [default: 1073741824]
     #[arg(long)]
     segment_bytes: Option<u64>,
-    /// Delete log segments older than this, in hours; at most 876000 (a century: no
-    /// duration option may exceed it) [default: 72]
+    /// Delete log segments older than this, in hours; 1 to 876000 (a century: no duration
+    /// option may exceed it) [default: 72]
     #[arg(long)]
     retention_hours: Option<u64>,
-    /// Delete the oldest segments of a shard's log beyond this size (0: no limit) [default: 0]
+    /// Delete the oldest segments of a shard's log beyond this size, in bytes (0: no
+    /// limit) [default: 0]
     #[arg(long)]
     retention_bytes_max: Option<u64>,
     /// A consumer-group member that sends no heartbeat for this long leaves; 1000 to 600000
@@ -145,11 +146,11 @@ struct Cli {
     transaction_check_interval_ms: Option<u64>,
     /// Flow control: refuse sends with BrokerBusy (retriable; producers back off and send
     /// again) while a shard's oldest owed acknowledgement has waited longer than this for
-    /// the disk, in ms [default: 200]
+    /// the disk, in ms; at least 1 [default: 200]
     #[arg(long, value_name = "MS")]
     send_wait_max_ms: Option<u64>,
     /// Flow control: refuse sends with BrokerBusy while more than this many MiB appended on
-    /// a shard wait for the disk [default: 64]
+    /// a shard wait for the disk; at least 1 [default: 64]
     #[arg(long, value_name = "MIB")]
     send_backlog_max_mb: Option<u64>,
     /// Log level: error, warn, info, debug or trace (or a tracing filter such as

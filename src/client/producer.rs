@@ -9,7 +9,9 @@
 //! auto-creates topics picks the queue, and describes the topic again on the next send.
 //!
 //! Retries: up to `retries` more attempts on retriable errors (timeouts, broken
-//! connections, retriable broker codes); round-robin moves to the next queue on each
+//! connections, retriable broker codes), each after a pause when the error came without
+//! waiting (5 ms, doubling up to 200 ms; none after a timeout, which waited already, nor
+//! after a stale route, looked up again); round-robin moves to the next queue on each
 //! attempt, keyed and selected sends stay on their queue so order holds. A retried send
 //! whose earlier attempt's outcome is unknown may be stored twice: delivery is at least
 //! once. Those are an attempt that got no answer in time (`Timeout`), whose connection
@@ -36,6 +38,14 @@ pub use crate::protocol::{SendBatchResult, SendResult};
 /// First pause after a `BrokerBusy` answer; it doubles on each one after, up to the max.
 const BUSY_PAUSE_MS_MIN: u64 = 5;
 const BUSY_PAUSE_MS_MAX: u64 = 200;
+
+/// The pause before attempt `attempt` (1: the first retry) after a retriable error that came
+/// at once (an unreachable broker answers every attempt at once until its reconnect
+/// backoff ends: `retries: u32::MAX` spun meanwhile).
+fn retry_pause(attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(1).min(6);
+    Duration::from_millis((BUSY_PAUSE_MS_MIN << doublings).min(BUSY_PAUSE_MS_MAX))
+}
 
 use super::config::ClientConfig;
 use super::error::{ClientError, Result};
@@ -610,8 +620,12 @@ impl ProducerInner {
             let queue_count = match self.queue_count_creating(topic, create).await {
                 Ok(count) => count,
                 Err(e) if e.is_retriable() => {
+                    let timed_out = matches!(e, ClientError::Timeout { .. });
                     last_error = Some(e);
                     attempt = attempt.saturating_add(1);
+                    if !timed_out && attempt <= self.options.retries {
+                        tokio::time::sleep(retry_pause(attempt)).await;
+                    }
                     continue;
                 }
                 // An earlier attempt's unknown outcome stands: a refusal of the look-up
@@ -666,7 +680,17 @@ impl ProducerInner {
                     self.forget(topic);
                     last_error = Some(e);
                 }
-                Err(e) if e.is_retriable() => last_error = Some(e),
+                Err(e) if e.is_retriable() => {
+                    let timed_out = matches!(e, ClientError::Timeout { .. })
+                        || e.code() == Some(ErrorCode::Timeout);
+                    // Saturating: `retries: u32::MAX` retries for as long as the sends fail.
+                    attempt = attempt.saturating_add(1);
+                    if !timed_out && attempt <= self.options.retries {
+                        tokio::time::sleep(retry_pause(attempt)).await;
+                    }
+                    last_error = Some(e);
+                    continue;
+                }
                 Err(e) => return Err(maybe_stored.unwrap_or(e)),
             }
             // Saturating: `retries: u32::MAX` retries for as long as the sends fail.

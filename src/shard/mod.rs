@@ -186,7 +186,7 @@ impl Broker {
         let limits = FrameLimits::new(cfg.frame_bytes_max)
             .map_err(|e| BrokerError::Config(format!("frame-bytes-max: {e}")))?;
         DelayRule::new(&cfg.delay_levels, cfg.delay_max_ms)
-            .map_err(|e| BrokerError::Config(format!("delay-levels: {e}")))?;
+            .map_err(|e| BrokerError::Config(format!("delay-levels / delay-max-ms: {e}")))?;
         if !(SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX).contains(&cfg.session_timeout_ms) {
             return Err(BrokerError::Config(format!(
                 "session-timeout-ms must be {SESSION_TIMEOUT_MS_MIN}..={SESSION_TIMEOUT_MS_MAX}, not {}",
@@ -242,6 +242,12 @@ impl Broker {
         for (name, mb) in [
             ("group-members-mb", cfg.group_members_mb),
             ("sql-filters-mb", cfg.sql_filters_mb),
+            // 0 hours would make every sealed segment old enough to delete, consumed or
+            // not (the size limit's 0 is "no limit"; an age of 0 is no retention at all).
+            ("retention-hours", cfg.retention_hours),
+            // 0 would answer every send busy while anything is unacknowledged.
+            ("send-wait-max-ms", cfg.send_wait_max_ms),
+            ("send-backlog-max-mb", cfg.send_backlog_max_mb),
             // 0 would discard every half message at its first check, unasked.
             (
                 "transaction-check-max",

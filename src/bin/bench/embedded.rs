@@ -29,7 +29,7 @@ pub(crate) fn start_embedded(cli: &Cli) -> Result<Embedded, String> {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: data_dir.clone(),
         shards: cli.shards.unwrap_or(0),
-        flush: cli.flush,
+        flush: cli.flush.unwrap_or(ringmq::log::FlushMode::Async),
         auto_create_topics: true,
         ..Default::default()
     };

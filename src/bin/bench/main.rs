@@ -182,9 +182,10 @@ struct Cli {
     #[arg(long, default_value_t = 128)]
     in_flight: usize,
     /// Flush mode of the embedded broker: async (ack after the write) or sync (ack once
-    /// durable: O_DSYNC writes, group commit).
-    #[arg(long, default_value = "async")]
-    flush: FlushMode,
+    /// durable: O_DSYNC writes, group commit) [default: async]. Not with --broker: a
+    /// running broker's mode is its own.
+    #[arg(long)]
+    flush: Option<FlushMode>,
     /// Shards of the embedded broker [default: one per core].
     #[arg(long)]
     shards: Option<usize>,
@@ -278,9 +279,11 @@ impl Cli {
         if self.messages == Some(0) || self.duration == Some(0) {
             return Err("--messages and --duration must be at least 1".into());
         }
-        if self.broker.is_some() && (self.shards.is_some() || self.data_dir.is_some()) {
+        if self.broker.is_some()
+            && (self.shards.is_some() || self.data_dir.is_some() || self.flush.is_some())
+        {
             return Err(
-                "--shards and --data-dir configure the embedded broker; they do not \
+                "--shards, --data-dir and --flush configure the embedded broker; they do not \
                         go with --broker"
                     .into(),
             );

@@ -160,7 +160,7 @@ pub(crate) fn to_json(cli: &Cli, broker: &str, embedded: bool, r: &Report) -> se
             "rate": cli.rate,
             "delay_ms": cli.delay_ms,
             "in_flight": cli.in_flight,
-            "flush": if embedded { Some(format!("{:?}", cli.flush).to_lowercase()) } else { None },
+            "flush": if embedded { Some(format!("{:?}", cli.flush.unwrap_or(ringmq::log::FlushMode::Async)).to_lowercase()) } else { None },
             "shards": cli.shards,
             "pull_batch": cli.pull_batch,
             "shard_aware": cli.shard_aware,

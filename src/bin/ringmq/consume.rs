@@ -102,11 +102,12 @@ pub(crate) struct ConsumeArgs {
     #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     heartbeat_ms: Option<u64>,
-    /// A session timeout, in ms, for the heartbeat interval's default (a third of it)
-    /// [default: 10000]. The consumer takes the broker's own session timeout from its
-    /// handshake (heartbeats at least three per session), whatever this says
+    /// A session timeout, in ms, for the heartbeat interval's default (a third of it);
+    /// 1000 to 600000, the broker's range [default: 10000]. The consumer takes the
+    /// broker's own session timeout from its handshake (heartbeats at least three per
+    /// session), whatever this says
     #[arg(long, value_name = "MS", requires = "group", help_heading = GROUP_ONLY,
-          value_parser = clap::value_parser!(u64).range(2..=3_600_000))]
+          value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
     session_timeout_ms: Option<u64>,
     /// Listener threads: messages processed at once over all queues [default: 20]
     #[arg(long, value_name = "N", requires = "group", help_heading = GROUP_ONLY,

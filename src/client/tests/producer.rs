@@ -686,3 +686,47 @@ async fn pending_after_one_poll<F: std::future::Future + Unpin>(f: &mut F) -> bo
     })
     .await
 }
+
+/// A retriable refusal that comes at once (here `ShardUnavailable`; an unreachable broker
+/// answers so until its reconnect backoff ends) is retried after a pause, 5 ms doubling:
+/// `retries: u32::MAX` spun meanwhile. The send that goes through in the end is answered.
+#[tokio::test]
+async fn retries_after_an_immediate_refusal_pause_and_back_off() {
+    let sent_at = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = sent_at.clone();
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::DescribeTopic(d) => described(id, &d.topic, 1),
+        Request::SendMessage(m) => {
+            let mut at = seen.lock().unwrap();
+            at.push(std::time::Instant::now());
+            if at.len() < 6 {
+                vec![Out::Frame(error(id, ErrorCode::ShardUnavailable, "moving"))]
+            } else {
+                vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 4)))]
+            }
+        }
+        _ => Vec::new(),
+    });
+    let fake = Fake::start(1, handler).await;
+    let options = ProducerOptions {
+        retries: u32::MAX,
+        ..ProducerOptions::default()
+    };
+    let producer = Producer::connect_with(fake.config(), options)
+        .await
+        .unwrap();
+    let sent = producer.send("t", OutgoingMessage::new("a")).await.unwrap();
+    assert_eq!(sent.queue_offset, 4);
+    let at = sent_at.lock().unwrap().clone();
+    assert_eq!(at.len(), 6);
+    // Pauses of 5, 10, 20, 40, 80 ms at least (a loaded machine only makes them longer).
+    for (i, pair) in at.windows(2).enumerate() {
+        let gap = pair[1] - pair[0];
+        let least = Duration::from_millis(5 << i);
+        assert!(
+            gap >= least,
+            "retry {}: {gap:?} after the refusal, under {least:?}",
+            i + 1
+        );
+    }
+}
