@@ -149,6 +149,15 @@ fn long_polls_past_the_cap_are_refused_busy_and_an_ended_one_gives_its_place_bac
         let refusal = loop {
             assert!(Instant::now() < deadline, "no pull was refused");
             tick.tick().await;
+            // A waiting poll that ended (refused busy: on a loaded machine a probe's pull
+            // can still take a place first, a fresh-clone run) waits again, so that two
+            // wait when a probe is refused.
+            for (q, w) in (0..).zip(waiting.iter_mut()) {
+                if w.is_finished() {
+                    let c = client.clone();
+                    *w = tokio::spawn(async move { c.pull("t", q, 0, 32, long, &[]).await });
+                }
+            }
             match client
                 .pull("t", 2, 0, 32, Duration::from_millis(50), &[])
                 .await
