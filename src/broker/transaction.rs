@@ -677,11 +677,6 @@ impl ShardCtx {
             return;
         }
         for (half, (outcome, bits)) in owed {
-            if self.txn.borrow().pending.get(&half).is_some() {
-                // Its outcome failed after all: the half waits for another.
-                self.txn.borrow_mut().owed_ops.remove(&half);
-                continue;
-            }
             if self.append_op(half, outcome, bits).is_err() {
                 break;
             }

@@ -39,12 +39,22 @@ pub use crate::protocol::{SendBatchResult, SendResult};
 const BUSY_PAUSE_MS_MIN: u64 = 5;
 const BUSY_PAUSE_MS_MAX: u64 = 200;
 
-/// The pause before attempt `attempt` (1: the first retry) after a retriable error that came
-/// at once (an unreachable broker answers every attempt at once until its reconnect
-/// backoff ends: `retries: u32::MAX` spun meanwhile).
+/// The pause before attempt `attempt` (1: the first retry) after a busy answer, or after a
+/// retriable error that came at once (an unreachable broker answers every attempt at once
+/// until its reconnect backoff ends: `retries: u32::MAX` spun meanwhile).
 fn retry_pause(attempt: u32) -> Duration {
     let doublings = attempt.saturating_sub(1).min(6);
     Duration::from_millis((BUSY_PAUSE_MS_MIN << doublings).min(BUSY_PAUSE_MS_MAX))
+}
+
+/// Pauses before retry `attempt` after `e`, unless `e` is a timeout (which waited already)
+/// or no retry follows.
+async fn pause_before_retry(e: &ClientError, attempt: u32, retries: u32) {
+    let timed_out =
+        matches!(e, ClientError::Timeout { .. }) || e.code() == Some(ErrorCode::Timeout);
+    if !timed_out && attempt <= retries {
+        tokio::time::sleep(retry_pause(attempt)).await;
+    }
 }
 
 use super::config::ClientConfig;
@@ -620,12 +630,9 @@ impl ProducerInner {
             let queue_count = match self.queue_count_creating(topic, create).await {
                 Ok(count) => count,
                 Err(e) if e.is_retriable() => {
-                    let timed_out = matches!(e, ClientError::Timeout { .. });
-                    last_error = Some(e);
                     attempt = attempt.saturating_add(1);
-                    if !timed_out && attempt <= self.options.retries {
-                        tokio::time::sleep(retry_pause(attempt)).await;
-                    }
+                    pause_before_retry(&e, attempt, self.options.retries).await;
+                    last_error = Some(e);
                     continue;
                 }
                 // An earlier attempt's unknown outcome stands: a refusal of the look-up
@@ -663,9 +670,7 @@ impl ProducerInner {
                 }
                 Err(e) if e.code() == Some(ErrorCode::BrokerBusy) => {
                     self.busy_answers.fetch_add(1, Ordering::Relaxed);
-                    let pause = Duration::from_millis(
-                        (BUSY_PAUSE_MS_MIN << busy_answers.min(6)).min(BUSY_PAUSE_MS_MAX),
-                    );
+                    let pause = retry_pause(busy_answers.saturating_add(1));
                     let now = Instant::now();
                     let until =
                         *busy_until.get_or_insert(now + self.client.config().request_timeout());
@@ -681,13 +686,9 @@ impl ProducerInner {
                     last_error = Some(e);
                 }
                 Err(e) if e.is_retriable() => {
-                    let timed_out = matches!(e, ClientError::Timeout { .. })
-                        || e.code() == Some(ErrorCode::Timeout);
                     // Saturating: `retries: u32::MAX` retries for as long as the sends fail.
                     attempt = attempt.saturating_add(1);
-                    if !timed_out && attempt <= self.options.retries {
-                        tokio::time::sleep(retry_pause(attempt)).await;
-                    }
+                    pause_before_retry(&e, attempt, self.options.retries).await;
                     last_error = Some(e);
                     continue;
                 }

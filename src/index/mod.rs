@@ -358,9 +358,7 @@ fn map_file(file: &std::fs::File, path: &Path) -> Result<memmap2::MmapMut, Index
 
 /// fsyncs directory `dir` (its entries: names made or removed).
 fn sync_dir(dir: &Path) -> Result<(), IndexError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync", dir))
+    crate::io::sync_dir(dir).map_err(io_err("fsync", dir))
 }
 
 pub(crate) fn remove_file(path: &Path) -> Result<(), IndexError> {

@@ -43,13 +43,23 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     f.write_all(bytes).map_err(|e| ctx("write", &tmp, e))?;
     f.sync_all().map_err(|e| ctx("fsync", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| ctx("rename", path, e))?;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
+    sync_parent(path)
+}
+
+/// fsyncs directory `dir` (its entries: names made or removed). Blocking. Errors name the
+/// directory.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| ctx("fsync", dir, e))
+        .map_err(|e| io::Error::new(e.kind(), format!("fsync {}: {e}", dir.display())))
+}
+
+/// fsyncs the directory holding `path` (its name made, replaced or removed). Blocking.
+pub fn sync_parent(path: &Path) -> io::Result<()> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => sync_dir(Path::new(".")),
+    }
 }
 
 thread_local! {

@@ -380,7 +380,7 @@ pub(super) async fn quarantine(
             let _ = std::fs::remove_file(&target);
             return Err(e);
         }
-        std::fs::File::open(&named)?.sync_all()?;
+        crate::io::sync_dir(&named)?;
         Ok(target)
     })
     .await

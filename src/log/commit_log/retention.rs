@@ -122,7 +122,8 @@ impl CommitLog {
                     // Gone already (an earlier try removed it and failed to sync): synced.
                     let removed = match std::fs::remove_file(&doomed[i]) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(("delete", e)),
-                        _ => sync_parent(&doomed[i]).map_err(|e| ("sync the removal of", e)),
+                        _ => crate::io::sync_parent(&doomed[i])
+                            .map_err(|e| ("sync the removal of", e)),
                     };
                     if let Err((what, e)) = removed {
                         crate::warn!(
@@ -165,12 +166,6 @@ async fn close_before_unlink(mut file: Rc<LogFile>, deadline: Instant) {
             Err(_) => return,
         }
     }
-}
-
-/// fsyncs the directory holding `path` (a removal of its entry).
-fn sync_parent(path: &Path) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir).and_then(|d| d.sync_all())
 }
 
 #[cfg(test)]

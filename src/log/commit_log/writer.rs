@@ -153,7 +153,7 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
     }
     // The new file's directory entry must be durable before any record in it is.
     let dir = inner.dir.clone();
-    crate::io::blocking(move || std::fs::File::open(&dir).and_then(|d| d.sync_all())).await?;
+    crate::io::blocking(move || crate::io::sync_dir(&dir)).await?;
     let file = Rc::new(file);
     if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
         s.file = Some(file.clone());
