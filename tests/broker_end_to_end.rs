@@ -598,6 +598,42 @@ fn a_second_broker_on_the_same_data_dir_or_port_is_refused() {
     );
 }
 
+#[test]
+fn a_data_directory_keeps_its_shard_count_when_none_is_asked() {
+    // More shards than cores: a start with the default (one per core) would differ, as
+    // after a move to a machine with fewer cores.
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let shards = cores + 1;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    drop(BrokerProcess::start(&data, shards, &[]));
+    let ready_line = || {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq-broker"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(["--segment-bytes", common::broker::TEST_SEGMENT_BYTES])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let line = std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("ready"));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        line.unwrap_or_else(|| panic!("no ready line: {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let line = ready_line();
+    assert!(line.contains(&format!("({shards} shards")), "{line}");
+    // With the record of the count gone, the shards' directories tell it.
+    std::fs::remove_file(data.join("shards")).unwrap();
+    let line = ready_line();
+    assert!(line.contains(&format!("({shards} shards")), "{line}");
+}
+
 /// The CPUs this test may run on, from /proc/self/status (`0-1`, `0,2-3`).
 fn allowed_cpus() -> Vec<usize> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

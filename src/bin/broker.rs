@@ -26,8 +26,8 @@ struct Cli {
     /// Data directory [default: ./data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Number of shards, 1 to 256 [default: one per CPU listed in --cpus, else one per
-    /// core]. Fixed for a data directory.
+    /// Number of shards, 1 to 256 [default: one per CPU listed in --cpus, else the count
+    /// the data directory was created with, else one per core]. Fixed for a data directory.
     #[arg(long)]
     shards: Option<usize>,
     /// async: acknowledge once written, fdatasync in the background; sync: acknowledge

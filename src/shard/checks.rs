@@ -106,6 +106,19 @@ pub(super) fn mem_total_bytes() -> Option<u64> {
     }
 }
 
+/// The shard count `data_dir` was created with: its `shards` file, or, with that gone, its
+/// `shard-N` directories; `None` for a new directory (and for a damaged record, which
+/// [`check_shard_count`] then reports).
+pub(super) fn recorded_shard_count(data_dir: &Path) -> Option<usize> {
+    match std::fs::read_to_string(data_dir.join("shards")) {
+        Ok(s) => s.trim().parse().ok().filter(|&n| n > 0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            shard_dirs(data_dir).ok().filter(|&n| n > 0)
+        }
+        Err(_) => None,
+    }
+}
+
 pub(super) fn check_shard_count(data_dir: &Path, shards: usize) -> Result<(), BrokerError> {
     let dd = |reason: String| BrokerError::DataDir {
         path: data_dir.to_owned(),

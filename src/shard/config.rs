@@ -31,7 +31,8 @@ pub struct BrokerConfig {
     /// Address of the shared native port.
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
-    /// Number of shards (0: one per CPU listed in `cpus`, else one per core).
+    /// Number of shards (0: one per CPU listed in `cpus`, else the count `data_dir` was
+    /// created with, else one per core).
     pub shards: usize,
     pub flush: FlushMode,
     pub flush_interval_ms: u64,

@@ -166,7 +166,9 @@ impl Broker {
         let allowed = cpus::allowed_cpus().unwrap_or_else(|| (0..cores).collect());
         let cpu_list = cpus::parse_cpu_list(&cfg.cpus, &allowed).map_err(BrokerError::Config)?;
         let shards = match (cfg.shards, cpu_list.len()) {
-            (0, 0) => cores,
+            // The count the data directory holds (queue ownership depends on it): the
+            // machine's cores may have changed since it was created.
+            (0, 0) => checks::recorded_shard_count(&cfg.data_dir).unwrap_or(cores),
             (0, listed) => listed,
             (n, _) => n,
         };

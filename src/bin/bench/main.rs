@@ -186,11 +186,12 @@ struct Cli {
     /// running broker's mode is its own.
     #[arg(long)]
     flush: Option<FlushMode>,
-    /// Shards of the embedded broker [default: one per core].
+    /// Shards of the embedded broker [default: the count --data-dir was made with, else one
+    /// per core].
     #[arg(long)]
     shards: Option<usize>,
     /// Data directory of the embedded broker [default: a new temporary directory]. It must
-    /// be new or made by an earlier run with the same --shards.
+    /// be new or made by an earlier run with the same shard count.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Messages per pull.
