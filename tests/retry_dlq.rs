@@ -822,3 +822,89 @@ fn a_record_sent_back_cannot_claim_another_origin() {
         );
     });
 }
+
+#[test]
+fn consume_max_leaves_the_messages_past_it_on_their_queues_not_on_the_retry_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    let rt = runtime();
+    let all: std::collections::BTreeSet<String> = (0..40).map(|i| format!("m{i}")).collect();
+    rt.block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("mx", 4).await.unwrap();
+        for body in &all {
+            producer
+                .send("mx", OutgoingMessage::new(body.as_str()))
+                .await
+                .unwrap();
+        }
+    });
+    // 3 processed, 200 ms each, with 20 listener calls at once: the calls of the other
+    // messages come past the budget.
+    let out = ringmq(
+        &addr,
+        &[
+            "consume",
+            "mx",
+            "--group",
+            "g-max",
+            "--max",
+            "3",
+            "--threads",
+            "20",
+            "--process-ms",
+            "200",
+        ],
+    );
+    let first: Vec<String> = out
+        .lines()
+        .filter(|l| l.starts_with("MSG"))
+        .map(|l| l.rsplit_once("body=").unwrap().1.to_owned())
+        .collect();
+    assert_eq!(first.len(), 3, "{out}");
+    rt.block_on(async {
+        let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+        // A copy sent back waits on the schedule first (the first retry level), then
+        // moves to the retry topic.
+        let scheduled: u64 = client
+            .schedule_stats()
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.pending)
+            .sum();
+        let retried = all_of(&client, "%RETRY%g-max").await.len() as u64;
+        assert_eq!(
+            scheduled + retried,
+            0,
+            "message(s) past --max were sent back for a retry"
+        );
+        // The group's next member gets every message the first did not process.
+        let got: Arc<Mutex<Vec<String>>> = Arc::default();
+        let consumer = PushConsumer::new(ClientConfig::new(&addr), "g-max", options()).unwrap();
+        consumer.subscribe("mx", "*").unwrap();
+        {
+            let got = got.clone();
+            consumer
+                .register_concurrent(move |messages| {
+                    for m in messages {
+                        let body = String::from_utf8_lossy(m.body()).into_owned();
+                        got.lock().unwrap().push(body);
+                    }
+                    ConsumeStatus::Success
+                })
+                .unwrap();
+        }
+        consumer.start().await.unwrap();
+        eventually("the rest of the messages", Duration::from_secs(20), || {
+            let got = got.lock().unwrap();
+            let seen: std::collections::BTreeSet<String> =
+                got.iter().chain(&first).cloned().collect();
+            seen == all
+        })
+        .await;
+        consumer.shutdown().await.unwrap();
+        assert!(all_of(&client, "%RETRY%g-max").await.is_empty());
+    });
+}

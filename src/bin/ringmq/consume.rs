@@ -60,7 +60,8 @@ pub(crate) struct ConsumeArgs {
     #[arg(long, value_enum, default_value_t = From::First)]
     from: From,
     /// Stop after this many messages (with --group: after processing this many; the
-    /// consumer then leaves the group cleanly)
+    /// consumer then leaves the group cleanly, and the messages it had fetched past them
+    /// stay on their queues, uncommitted, for the group's next member)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max: Option<u64>,
     /// Only messages with one of these tags: `*` (all) or `A || B`

@@ -4,7 +4,7 @@
 //! processing interval, until SIGTERM, SIGINT or `--max`; it then leaves the group cleanly.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -39,12 +39,18 @@ struct GroupListener {
     budget: AtomicU64,
     /// Told when the budget is spent: the command then shuts the consumer down.
     spent: Notify,
+    /// Set once the consumer has given up every queue (shutting down): calls past the
+    /// budget wait for it before they answer, so that their messages stay on their queue.
+    released: Mutex<bool>,
+    queues_given_up: Condvar,
 }
 
 impl GroupListener {
     /// Processes a batch and answers true, or answers false without touching it when
-    /// --max leaves no room for it (the batch then stays uncommitted, for the next
-    /// owner of its queue).
+    /// --max leaves no room for it. A call past the budget answers only once the consumer
+    /// has given its queue up (shutting down): the consumer then drops the answer and the
+    /// batch stays uncommitted on its queue, for the next owner. Answered at once, the
+    /// failure would send the batch to the group's retry topic.
     fn process(&self, messages: &[Message]) -> bool {
         let n = messages.len() as u64;
         let taken = self
@@ -55,6 +61,13 @@ impl GroupListener {
             .is_ok();
         if !taken {
             self.spent.notify_one();
+            let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+            while !*released {
+                released = self
+                    .queues_given_up
+                    .wait(released)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
             return false;
         }
         for m in messages {
@@ -72,6 +85,12 @@ impl GroupListener {
             self.spent.notify_one();
         }
         true
+    }
+
+    /// Lets the calls past the budget answer (the consumer has given up every queue).
+    fn release(&self) {
+        *self.released.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.queues_given_up.notify_all();
     }
 
     /// A `MSG` line (processed), or a `START` line (`end_ns` None: processing begins).
@@ -132,6 +151,8 @@ pub(super) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
         process: Duration::from_millis(args.testing.process_ms.unwrap_or(0)),
         budget: AtomicU64::new(args.max.unwrap_or(u64::MAX)),
         spent: Notify::new(),
+        released: Mutex::new(false),
+        queues_given_up: Condvar::new(),
     });
     let registered = if args.orderly {
         let listener = listener.clone();
@@ -176,5 +197,19 @@ pub(super) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
         _ = interrupt.recv() => {}
         _ = listener.spent.notified() => {}
     }
-    consumer.shutdown().await.map_err(|e| ctx.fail(e))
+    let shutdown = consumer.shutdown();
+    let mut shutdown = std::pin::pin!(shutdown);
+    // The shutdown gives up every queue first, then waits for the listener calls: those
+    // past the budget are let go once no queue is left here.
+    let given_up = async {
+        while !consumer.consuming_queues().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        listener.release();
+    };
+    tokio::select! {
+        done = &mut shutdown => return done.map_err(|e| ctx.fail(e)),
+        () = given_up => {}
+    }
+    shutdown.await.map_err(|e| ctx.fail(e))
 }
