@@ -720,6 +720,23 @@ fn dlq_commands_read_on_past_dead_letters_that_retention_took() {
         .parse()
         .unwrap();
     assert!(count > 0 && count <= sent - min, "{resent}");
+    // The next resend goes on from where that one ended: only letters that came back
+    // since (the consumer fails them again). Before, each resend began at offset 0.
+    let offsets = |out: &str| -> Vec<u64> {
+        out.lines()
+            .filter_map(|l| l.split_once("(dlq offset ")?.1.split_once(')'))
+            .map(|(n, _)| n.parse().unwrap())
+            .collect()
+    };
+    let again = ringmq(&addr, &["dlq", "resend", "g-old"]);
+    assert!(
+        offsets(&again).iter().all(|&o| o >= sent),
+        "resent again: {again}"
+    );
+    // From an offset given: from there, whatever was resent before.
+    let from = (sent - 2).to_string();
+    let again = ringmq(&addr, &["dlq", "resend", "g-old", "--from-offset", &from]);
+    assert_eq!(offsets(&again)[..2], [sent - 2, sent - 1], "{again}");
     rt.block_on(consumer.shutdown()).unwrap();
 }
 

@@ -41,7 +41,9 @@ pub(crate) enum DlqCommand {
     /// the dead-letter queue ended when it began (letters that fail again and come back are
     /// for another run). Prints one line per message and the offset to continue from (also
     /// when it fails part way: a letter whose send timed out may have been resent); the
-    /// dead letters stay where they are
+    /// dead letters stay where they are. Where a resend ended is kept on the broker (as the
+    /// group's committed offset of its dead-letter topic): the next resend goes on from
+    /// there
     Resend {
         /// Consumer group
         group: String,
@@ -49,10 +51,10 @@ pub(crate) enum DlqCommand {
         /// in either case)
         #[arg(long, value_name = "ID")]
         msg_id: Option<String>,
-        /// Start at this offset of the dead-letter queue (resend from where an earlier
-        /// resend stopped)
-        #[arg(long, value_name = "N", default_value_t = 0)]
-        from_offset: u64,
+        /// Start at this offset of the dead-letter queue [default: where the last resend
+        /// ended, else 0]; 0 resends every letter still kept again
+        #[arg(long, value_name = "N")]
+        from_offset: Option<u64>,
     },
 }
 
@@ -117,6 +119,16 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             let producer = Producer::connect(ctx.config())
                 .await
                 .map_err(|e| ctx.fail(e))?;
+            let topic = dlq_topic(&group);
+            // A single letter is looked for from the first one; a whole resend goes on
+            // from where the last one ended (kept as the group's committed offset there).
+            let from_offset = match (from_offset, &msg_id) {
+                (Some(offset), _) => offset,
+                (None, Some(_)) => 0,
+                (None, None) => (producer.client().query_offset(&group, &topic, 0).await)
+                    .map_err(|e| ctx.fail(e))?
+                    .unwrap_or(0),
+            };
             // Read and resent a pull at a time (up to where the queue ended when the read
             // began: letters that fail again and come back are not resent in this run);
             // only the JSON output's lines are kept.
@@ -161,6 +173,17 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
                 Ok(())
             }
             .await;
+            // Where the next resend goes on from (a single letter's resend moves nothing).
+            let kept = if msg_id.is_none() && next > from_offset {
+                (producer.client().commit_offset(&group, &topic, 0, next).await).map_err(|e| {
+                    crate::Failure::Failed(format!(
+                        "{count} resent, but where the resend ended was not kept ({e}): a resend without --from-offset {next} would send them again"
+                    ))
+                })
+            } else {
+                Ok(())
+            };
+            let outcome = outcome.and(kept);
             if let Err(e) = outcome {
                 // What was resent before the failure, and where to go on from.
                 if ctx.json {
