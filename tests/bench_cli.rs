@@ -1,7 +1,17 @@
 //! `ringmq-bench` as a user runs it: an embedded broker, an open-loop rate, a warm-up whose
-//! messages are sent, received and checked but left out of the latency histograms.
+//! messages are sent, received and checked but left out of the latency histograms; a
+//! group an application consumes is not moved; Ctrl-C leaves no temporary directory.
 
-use std::process::Command;
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::broker::BrokerProcess;
+use common::runtime;
+use ringmq::client::{
+    ClientConfig, ConsumeStatus, OutgoingMessage, Producer, PushConsumer, PushConsumerOptions,
+};
 
 #[test]
 fn a_warm_up_is_sent_and_checked_but_left_out_of_the_latencies() {
@@ -101,5 +111,113 @@ fn embedded_broker_options_are_refused_with_broker() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{extra:?} accepted");
         assert!(err.contains("do not go with --broker"), "{extra:?}: {err}");
+    }
+}
+
+/// `--group` names a group of the bench's own: one with members running, or one whose
+/// committed offsets are below the queues' ends, is refused and left as it was (the bench
+/// set its offsets to the ends: an application's group skipped its messages).
+#[test]
+fn a_group_in_use_or_behind_is_not_moved_by_the_bench() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    let bench = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ringmq-bench"))
+            .args(["--broker", &addr, "--topic", "app-t", "--queues", "1"])
+            .args(["--group", "app", "--consumers", "1", "--messages", "10"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let rt = runtime();
+    let (producer, member) = rt.block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("app-t", 1).await.unwrap();
+        let member = PushConsumer::new(
+            ClientConfig::new(&addr),
+            "app",
+            PushConsumerOptions::default(),
+        )
+        .unwrap();
+        member.subscribe("app-t", "*").unwrap();
+        member
+            .register_concurrent(|_| ConsumeStatus::Success)
+            .unwrap();
+        member.start().await.unwrap();
+        (producer, member)
+    });
+    let out = bench(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("1 member(s) running"), "{err}");
+    // The member gone, its group behind by 5 messages.
+    let committed = rt.block_on(async {
+        member.shutdown().await.unwrap();
+        let client = producer.client();
+        client.commit_offset("app", "app-t", 0, 0).await.unwrap();
+        for i in 0..5 {
+            let m = OutgoingMessage::new(format!("order {i}"));
+            producer.send("app-t", m).await.unwrap();
+        }
+        client.query_offset("app", "app-t", 0).await.unwrap()
+    });
+    assert_eq!(committed, Some(0));
+    let out = bench(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("5 message(s) of app-t not consumed"), "{err}");
+    let committed = rt.block_on(producer.client().query_offset("app", "app-t", 0));
+    assert_eq!(
+        committed.unwrap(),
+        Some(0),
+        "the refused bench moved the group"
+    );
+    // Said to skip them: it does, and runs.
+    let out = bench(&["--skip-group-backlog"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let committed = rt.block_on(producer.client().query_offset("app", "app-t", 0));
+    assert!(committed.unwrap() >= Some(15));
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM during a run with the embedded broker ends it without a
+/// report, and the broker's temporary data directory goes with it (the signal ended the
+/// process and left the directory).
+#[test]
+fn an_interrupted_run_removes_its_temporary_data_directory() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut bench = Command::new(env!("CARGO_BIN_EXE_ringmq-bench"))
+            .env("TMPDIR", tmp.path())
+            .args(["--shards", "1", "--duration", "60", "--rate", "100"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(bench.stderr.take().unwrap()).lines();
+        let banner = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.contains("(embedded)"));
+        assert!(banner.is_some(), "no banner");
+        let made: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(made.len(), 1, "the embedded broker's directory");
+        // SAFETY: a signal to the child this test started.
+        unsafe {
+            libc::kill(bench.id() as i32, signal);
+        }
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = bench.wait().unwrap();
+        assert!(!status.success());
+        assert!(
+            rest.iter().any(|l| l.contains("interrupted by")),
+            "{rest:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
     }
 }

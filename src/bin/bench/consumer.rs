@@ -109,6 +109,43 @@ pub(crate) struct PushConsumers {
     pub(crate) latencies: Vec<Arc<Mutex<Latencies>>>,
 }
 
+/// Refuses a group an application may be consuming: one with members running (the bench
+/// would share its queues and move its offsets), and one whose committed offsets are below
+/// `start_offsets`, the queues' ends (setting them there would skip the messages between
+/// for the group), unless `--skip-group-backlog`.
+async fn check_group_is_the_benchs(
+    cli: &Cli,
+    admin: &Client,
+    group: &str,
+    start_offsets: &[u64],
+) -> Result<(), String> {
+    let members = (admin.group_members(group).await)
+        .map_err(|e| format!("members of group {group}: {e}"))?
+        .members
+        .len();
+    if members > 0 {
+        return Err(format!(
+            "group {group} has {members} member(s) running: the bench would share its queues and move its committed offsets; give --group a group of the bench's own"
+        ));
+    }
+    if cli.skip_group_backlog {
+        return Ok(());
+    }
+    let mut behind = 0u64;
+    for (queue, end) in start_offsets.iter().enumerate() {
+        let committed = (admin.query_offset(group, &cli.topic, queue as u32).await)
+            .map_err(|e| format!("group {group}'s offset of queue {queue}: {e}"))?;
+        behind += committed.map_or(0, |c| end.saturating_sub(c));
+    }
+    if behind > 0 {
+        return Err(format!(
+            "group {group} has {behind} message(s) of {} not consumed yet: starting it at the queues' ends would skip them; give --group a group of the bench's own, or --skip-group-backlog if only the bench consumes {group}",
+            cli.topic
+        ));
+    }
+    Ok(())
+}
+
 /// Sets `group`'s offsets to `start_offsets` (the queues' ends: messages of earlier runs
 /// are skipped, as the pull loops do), then starts `--consumers` push consumers of the
 /// group and waits until they share the queues. Their listeners count into the run once
@@ -121,6 +158,7 @@ pub(crate) async fn start_push_consumers(
     start_offsets: &[u64],
     run: Arc<OnceLock<Arc<Run>>>,
 ) -> Result<PushConsumers, String> {
+    check_group_is_the_benchs(cli, admin, group, start_offsets).await?;
     for (queue, offset) in start_offsets.iter().enumerate() {
         admin
             .commit_offset(group, &cli.topic, queue as u32, *offset)

@@ -21,7 +21,9 @@
 //! they are push consumers (concurrent mode) of that consumer group instead: the broker
 //! divides the queues among them, the listener sees the message (end-to-end latency is
 //! taken there), and offsets are committed to the broker. The group's offsets are first
-//! set to the queues' current ends, so that, like the pull loops, they start there.
+//! set to the queues' current ends, so that, like the pull loops, they start there; a
+//! group with members running, or one that would skip messages so, is refused (a group
+//! an application consumes must not be moved by a bench).
 //!
 //! `--keys N` sends with sharding keys (`k0`..`k{N-1}`, in turn), so each key's messages go
 //! to one queue, in order.
@@ -102,9 +104,17 @@ struct Cli {
     consumers: usize,
     /// Make the consumers push consumers (concurrent mode) of this consumer group, which
     /// the broker divides the queues among, instead of pull loops; their offsets start at
-    /// the queues' current ends and are committed to the broker.
+    /// the queues' current ends and are committed to the broker. A group of the bench's
+    /// own: one with members running is refused, and so is one whose committed offsets
+    /// are below the queues' ends (its messages there would be skipped) unless
+    /// --skip-group-backlog.
     #[arg(long, value_name = "NAME")]
     group: Option<String>,
+    /// With --group: move the group's committed offsets up to the queues' ends even where
+    /// they are lower, skipping the messages between for the group (for a group that only
+    /// the bench consumes, left behind by an earlier run).
+    #[arg(long, requires = "group")]
+    skip_group_backlog: bool,
     /// With --group: messages per listener call [default: 1, as RocketMQ].
     #[arg(long, value_name = "N", requires = "group")]
     consume_batch: Option<usize>,
@@ -563,12 +573,58 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     })
 }
 
+type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+/// SIGTERM and SIGINT taken from their default action (ending the process, which left the
+/// embedded broker's temporary directory behind), from the start: one that comes while
+/// the embedded broker starts ends the run as soon as it begins. `None` (said) when they
+/// cannot be: a signal then ends the process as by default.
+fn take_signals(runtime: &tokio::runtime::Runtime) -> Option<Signals> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _entered = runtime.enter();
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => Some((term, int)),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("ringmq-bench: installing the signal handlers: {e}");
+            None
+        }
+    }
+}
+
+/// Ends once SIGINT or SIGTERM arrives, saying which: the run then ends without a report,
+/// and the embedded broker is stopped and its temporary directory removed.
+async fn interrupted(signals: Option<Signals>) -> String {
+    let Some((mut term, mut int)) = signals else {
+        return std::future::pending().await;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    format!("interrupted by {name}: the run ends without a report")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(e) = cli.check() {
         eprintln!("ringmq-bench: {e}");
         return ExitCode::from(2);
     }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.client_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ringmq-bench: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let signals = take_signals(&runtime);
     let (embedded, broker) = match &cli.broker {
         Some(addr) => (None, addr.clone()),
         None => match start_embedded(&cli) {
@@ -583,18 +639,12 @@ fn main() -> ExitCode {
         },
     };
     eprintln!("{}", banner(&cli, &broker, embedded.is_some()));
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = cli.client_threads {
-        builder.worker_threads(n);
-    }
-    let runtime = match builder.enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ringmq-bench: tokio runtime: {e}");
-            return ExitCode::FAILURE;
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            outcome = run(cli.clone(), broker.clone()) => outcome,
+            stopped = interrupted(signals) => Err(stopped),
         }
-    };
-    let outcome = runtime.block_on(run(cli.clone(), broker.clone()));
+    });
     // Close the client connections before the broker stops.
     drop(runtime);
     let code = match outcome {
