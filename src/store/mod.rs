@@ -592,23 +592,36 @@ impl MessageStore {
         // '~' is not in the topic alphabet: never mistaken for a topic (start-up removes
         // what a crash left of it).
         let aside = root.join(format!("{DELETED_PREFIX}{}-{n}", crate::log::now_ms()));
+        // The rename made durable (a crash must not bring the queues back under the
+        // topic's name), also when an earlier try renamed it and then failed to sync.
         let renamed = {
-            let (dir, aside) = (dir.clone(), aside.clone());
-            crate::io::blocking(move || std::fs::rename(&dir, &aside)).await
-        };
-        match renamed {
-            Ok(()) => {
-                crate::io::spawn(async move {
-                    let gone = crate::io::blocking(move || std::fs::remove_dir_all(&aside)).await;
-                    if let Err(e) = gone {
-                        crate::warn!("ringmq: removing a deleted topic's indexes: {e}");
+            let (dir, aside, root) = (dir.clone(), aside.clone(), root.clone());
+            crate::io::blocking(move || match std::fs::rename(&dir, &aside) {
+                Ok(()) => crate::io::sync_dir(&root)
+                    .map(|()| true)
+                    .map_err(StoreError::Io),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    match crate::io::sync_dir(&root) {
+                        // No queue of any topic here yet: nothing to make durable.
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            Err(StoreError::Io(e))
+                        }
+                        _ => Ok(false),
                     }
-                });
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("rename", &dir, e)),
+                }
+                Err(e) => Err(io_err("rename", &dir, e)),
+            })
+            .await?
+        };
+        if renamed {
+            crate::io::spawn(async move {
+                let gone = crate::io::blocking(move || std::fs::remove_dir_all(&aside)).await;
+                if let Err(e) = gone {
+                    crate::warn!("ringmq: removing a deleted topic's indexes: {e}");
+                }
+            });
         }
+        Ok(())
     }
 }
 
