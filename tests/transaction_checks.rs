@@ -18,6 +18,7 @@ use common::FAST_CHECKS;
 use ringmq::client::{
     Client, ClientConfig, OutgoingMessage, TransactionOutcome, TransactionProducer,
 };
+use ringmq::protocol::ErrorCode;
 
 #[test]
 fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
@@ -93,6 +94,30 @@ fn check_backs_commit_roll_back_or_discard_after_the_last_check() {
         assert_eq!((kept.checks, kept.producer_group.as_str()), (3, "txc"));
         let copy = client.message_by_id(&kept.msg_id).await.unwrap().unwrap();
         assert_eq!(copy.body(), b"never-1");
+        // Its id sent back for a retry (or as a dead letter) is refused: the copy would
+        // deliver a message never committed. Before, it went to the group's retry topic.
+        for level in [0, -1] {
+            let e = client
+                .send_back("g-txc", &kept.msg_id, level, 16)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Some(ErrorCode::InvalidMessage), "{e}");
+            assert!(e.to_string().contains("broker's own topic"), "{e}");
+        }
+        assert_eq!(
+            client
+                .schedule_stats()
+                .await
+                .unwrap()
+                .iter()
+                .map(|s| s.pending)
+                .sum::<u64>(),
+            0
+        );
+        for topic in ["%RETRY%g-txc", "%DLQ%g-txc"] {
+            let e = client.max_offset(topic, 0).await.unwrap_err();
+            assert_eq!(e.code(), Some(ErrorCode::TopicNotFound), "{topic}: {e}");
+        }
         tp.shutdown().await;
     });
 }

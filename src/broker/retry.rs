@@ -166,6 +166,19 @@ impl ShardCtx {
                 ),
             ));
         }
+        // Not a record of the broker's own topics either (a discarded transaction's copy,
+        // a delayed message held on the schedule, a half message): its copy would deliver
+        // a message never committed, or before its time.
+        let topic = view.topic();
+        if crate::protocol::names::is_system_topic(topic) {
+            return Err(err(
+                ErrorCode::InvalidMessage,
+                format!(
+                    "message {} is of the broker's own topic {topic}: it is not sent back",
+                    m.msg_id
+                ),
+            ));
+        }
         self.store_retry_copy(&m, &view).await
     }
 
