@@ -363,10 +363,13 @@ fn scheduled_messages_survive_a_kill_and_come_out_in_due_order_per_queue() {
 #[test]
 fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting() {
     let dir = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", common::free_port());
     let broker = BrokerProcess::start(
         &dir.path().join("data"),
         2,
         &[
+            "--metrics-listen",
+            &metrics,
             "--auto-create-topics",
             "false",
             "--schedule-park-max-ms",
@@ -420,6 +423,28 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
         })
         .await;
     });
+    // Shown where an operator looks: the command line, the metrics, the log.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringmq"))
+        .args(["--broker", &addr, "--json", "schedule", "stats"])
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: u64 = stats["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["undeliverable_total"].as_u64().unwrap())
+        .sum();
+    assert_eq!(shown, 1, "{stats}");
+    common::metrics::eventually("the undeliverable counter", || {
+        let s = common::metrics::scrape_any(&metrics);
+        common::metrics::sum(&s, "ringmq_schedule_undeliverable_total", &[]) == 1.0
+    });
+    let log = std::fs::read_to_string(dir.path().join("data.stderr.log")).unwrap();
+    assert!(
+        log.contains("moved to %UNDELIVERABLE%") && log.contains("(the first for gone[0])"),
+        "{log}"
+    );
 }
 
 /// A message whose topic was deleted waits for it (parked, counted), and is delivered once

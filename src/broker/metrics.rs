@@ -535,8 +535,20 @@ impl ShardCtx {
             "ringmq_schedule_pending",
             "Delayed messages waiting in the schedule.",
             false,
-            // The count alone: `local_schedule_info` walks every entry.
+            // The count alone: `local_schedule_info` also summarizes what is due.
             (sl(), self.schedule.borrow().pending() as f64),
+        );
+        s.add(
+            "ringmq_schedule_delivered",
+            "Delayed messages (and retry copies) delivered to their queues since start.",
+            true,
+            (sl(), self.schedule.borrow().delivered_total() as f64),
+        );
+        s.add(
+            "ringmq_schedule_undeliverable",
+            "Delayed messages not delivered since start: moved to %UNDELIVERABLE% after waiting --schedule-park-max-ms for a queue that does not exist, or unreadable (damaged on disk).",
+            true,
+            (sl(), self.schedule.borrow().undeliverable_total() as f64),
         );
         s.add(
             "ringmq_schedule_wheel_entries",

@@ -292,6 +292,17 @@ impl Schedule {
         before - due.len()
     }
 
+    /// Messages delivered to their queues since start.
+    pub fn delivered_total(&self) -> u64 {
+        self.delivered_total
+    }
+
+    /// Messages that could not be delivered since start (moved to the undeliverable
+    /// topic, or unreadable).
+    pub fn undeliverable_total(&self) -> u64 {
+        self.undeliverable_total
+    }
+
     /// Messages held: waiting in the wheel or being delivered.
     pub fn pending(&self) -> usize {
         self.wheel.len() + self.in_flight.len() - self.superseded.len()

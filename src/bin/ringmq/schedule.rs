@@ -11,7 +11,8 @@ use crate::{CmdResult, Ctx};
 #[derive(Subcommand, Debug)]
 pub(crate) enum ScheduleCommand {
     /// Per shard: messages waiting, being delivered, overdue, the next due time, delivered
-    /// since start, and parked (waiting for a target topic that does not exist)
+    /// since start, parked (waiting for a target topic that does not exist), and
+    /// undeliverable since start (moved to %UNDELIVERABLE% after waiting, or unreadable)
     Stats,
 }
 
@@ -32,6 +33,7 @@ pub(crate) async fn run(ctx: &Ctx, command: ScheduleCommand) -> CmdResult {
                             "next_due_ms": (s.next_due_ms >= 0).then_some(s.next_due_ms),
                             "delivered_total": s.delivered_total,
                             "parked": s.parked,
+                            "undeliverable_total": s.undeliverable_total,
                         })
                     })
                     .collect();
@@ -52,6 +54,7 @@ pub(crate) async fn run(ctx: &Ctx, command: ScheduleCommand) -> CmdResult {
                             },
                             s.delivered_total.to_string(),
                             s.parked.to_string(),
+                            s.undeliverable_total.to_string(),
                         ]
                     })
                     .collect();
@@ -63,6 +66,7 @@ pub(crate) async fn run(ctx: &Ctx, command: ScheduleCommand) -> CmdResult {
                     "next_due",
                     "delivered",
                     "parked",
+                    "undeliverable",
                 ];
                 emit(&table(&headers, &rows));
             }

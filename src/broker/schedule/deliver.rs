@@ -271,6 +271,8 @@ impl ShardCtx {
             .await;
         let mut local: Vec<(u64, OwnedDraft)> = Vec::with_capacity(copies.len());
         let mut remote: Vec<(u64, u32, OwnedDraft)> = Vec::new();
+        // Moved to the undeliverable topic in this pass: how many, and the first's queue.
+        let mut moving: (usize, Option<String>) = (0, None);
         for (off, mut copy) in copies {
             if self.known_queue(&copy.topic, copy.queue_id).is_err() {
                 let since = self
@@ -286,6 +288,7 @@ impl ShardCtx {
                     continue;
                 }
                 // Waited long enough: to the undeliverable topic, with its target recorded.
+                let target = format!("{}[{}]", copy.topic, copy.queue_id);
                 if let Err(e) = self.to_undeliverable(&mut copy).await {
                     self.log_rarely(format_args!(
                         "moving scheduled message {off} to {UNDELIVERABLE_TOPIC}: {}",
@@ -294,6 +297,8 @@ impl ShardCtx {
                     self.retry_later([off], now + PARK_MS);
                     continue;
                 }
+                moving.0 += 1;
+                moving.1.get_or_insert(target);
             }
             let owner = self.owner_of(&copy.topic, copy.queue_id);
             if owner == self.id {
@@ -301,6 +306,16 @@ impl ShardCtx {
             } else {
                 remote.push((off, owner, copy));
             }
+        }
+        if let (n, Some(first)) = moving {
+            // Every time, not under the once-a-minute budget: these leave their schedule.
+            crate::warn!(
+                "ringmq: shard {}: {n} scheduled message(s) waited {} ms for a queue that does not exist (the first for {first}): moved to {UNDELIVERABLE_TOPIC}, their target kept in {} and {}",
+                self.id,
+                self.cfg.schedule_park_max_ms,
+                prop::REAL_TOPIC,
+                prop::REAL_QID
+            );
         }
         for (off, owner, copy) in remote {
             let moved_away = copy.topic == UNDELIVERABLE_TOPIC;
