@@ -17,22 +17,14 @@ use ringmq::log::LogError;
 use ringmq::protocol::record::{Placement, RecordView};
 use ringmq::store::{MessageStore, StoreConfig, StoreError};
 
+use common::built::{build_store, copy_dir, segment_of, segments, tiny_config, Built};
+
 fn body_of(n: u64) -> Vec<u8> {
     // Same as ringmq-storage-demo's append-forever.
     let len = 16 + (n % 300) as usize;
     let mut b = vec![(n % 251) as u8; len];
     b[..8].copy_from_slice(&n.to_le_bytes());
     b
-}
-
-fn tiny_config() -> StoreConfig {
-    let mut cfg = StoreConfig::default();
-    cfg.log.segment_bytes = 64 * 1024;
-    cfg.log.flush = ringmq::log::FlushMode::Sync;
-    cfg.consume_queue.entries_per_file = 64;
-    cfg.key_index.slots_per_file = 64;
-    cfg.key_index.entries_per_file = 256;
-    cfg
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -203,63 +195,6 @@ fn check_every_ack_kept(dir: &Path, acks: Vec<Ack>) {
         assert!(total >= acks.len());
         store.close().await.unwrap();
     });
-}
-
-/// What a store built by [`build_store`] holds.
-struct Built {
-    dir: tempfile::TempDir,
-    /// (topic, queue, queue offset, physical offset, expected bytes)
-    records: Vec<(String, u32, u64, u64, Vec<u8>)>,
-}
-
-fn build_store(count: u64, cfg: StoreConfig) -> Built {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_owned();
-    let records = run_local(move || async move {
-        let (store, _) = MessageStore::open(&path, cfg).await.unwrap();
-        let mut out = Vec::new();
-        for n in 0..count {
-            let m = common::message(7, n, 3, 1500);
-            let r = store.put(&m.draft()).await.unwrap();
-            let bytes = m.draft().encode(Placement {
-                queue_offset: r.queue_offset,
-                physical_offset: r.physical_offset,
-                store_timestamp_ms: r.store_timestamp_ms,
-            });
-            out.push((
-                m.topic.clone(),
-                m.queue_id,
-                r.queue_offset,
-                r.physical_offset,
-                bytes,
-            ));
-        }
-        store.close().await.unwrap();
-        out
-    });
-    Built { dir, records }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).unwrap();
-        }
-    }
-}
-
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join("commitlog"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -489,66 +424,6 @@ fn rot_stops_the_start_after_a_clean_stop_without_a_usable_checkpoint() {
     flip_and_expect_refusal(&built, 3, 200, cfg);
 }
 
-/// A `reindex` file in the store's directory indexes the log again from its start: a
-/// damaged consume-queue entry is written again from its record, the request is removed
-/// once the indexes are synced, and the checkpoint's durable point still tells rot from a
-/// torn tail, even after a crash (where removing the checkpoint, the other way to
-/// re-index, counts none of the log as durable and would cut the log at the rot).
-#[test]
-fn a_reindex_request_rebuilds_the_index_and_keeps_the_durable_point() {
-    let cfg = tiny_config();
-    let built = build_store(1500, cfg.clone());
-    let (topic, queue_id, qo, _, bytes) = built.records[40].clone();
-    let work = tempfile::tempdir().unwrap();
-    copy_dir(built.dir.path(), work.path());
-    let per_file = cfg.consume_queue.entries_per_file;
-    let index = work
-        .path()
-        .join("consumequeue")
-        .join(&topic)
-        .join(queue_id.to_string())
-        .join(format!("{:020}", qo - qo % per_file));
-    let mut entries = std::fs::read(&index).unwrap();
-    let at = ((qo % per_file) * 20) as usize;
-    entries[at..at + 20].fill(0);
-    std::fs::write(&index, &entries).unwrap();
-    std::fs::write(work.path().join("reindex"), b"").unwrap();
-    let path = work.path().to_owned();
-    let (t, c) = (topic.clone(), cfg.clone());
-    let got = run_local(move || async move {
-        let (store, _) = MessageStore::open(&path, c).await.unwrap();
-        let got = store.read_at(&t, queue_id, qo).await.unwrap().to_vec();
-        store.close().await.unwrap();
-        got
-    });
-    assert_eq!(got, bytes, "the damaged entry is indexed again");
-    assert!(!work.path().join("reindex").exists(), "the request stays");
-
-    // After a crash (the abort marker left), with rot in an early record.
-    let work = tempfile::tempdir().unwrap();
-    copy_dir(built.dir.path(), work.path());
-    let phys = built.records[3].3;
-    let (file, at) = segment_of(work.path(), phys);
-    let mut log = std::fs::read(&file).unwrap();
-    log[at + 200] ^= 0x5a;
-    std::fs::write(&file, &log).unwrap();
-    std::fs::write(work.path().join("abort"), b"ringmq store open\n").unwrap();
-    std::fs::write(work.path().join("reindex"), b"").unwrap();
-    let path = work.path().to_owned();
-    match run_local(move || async move { MessageStore::open(&path, cfg).await.err() }) {
-        Some(StoreError::Log(LogError::Corrupt {
-            path, file_offset, ..
-        })) => {
-            assert_eq!((path, file_offset), (file, at as u64));
-        }
-        other => panic!("rot before the durable point must refuse the start, got {other:?}"),
-    }
-    assert!(
-        work.path().join("reindex").exists(),
-        "kept for the next start"
-    );
-}
-
 /// A copy of `built` whose checkpoint says the log was known durable only up to the start
 /// of record `durable_record` (as if the broker crashed before its next checkpoint), with
 /// `damage` done to the segment files.
@@ -633,15 +508,6 @@ fn first_record_near_the_end_of_the_segment_before(built: &Built, segment: &Path
     (built.records.iter())
         .position(|r| r.3 + r.4.len() as u64 > base - 4096)
         .unwrap()
-}
-
-fn segment_of(work: &Path, phys: u64) -> (PathBuf, usize) {
-    let seg = tiny_config().log.segment_bytes;
-    let base = phys - phys % seg;
-    (
-        work.join("commitlog").join(format!("{base:020}")),
-        (phys - base) as usize,
-    )
 }
 
 #[test]

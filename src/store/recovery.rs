@@ -87,15 +87,27 @@ impl MessageStore {
             None => 0,
         };
         // Consume queues and key index as they were flushed.
-        let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue)?;
+        // A re-index rebuilds what cannot be opened (a damaged file refused the start
+        // before the request was read): each consume queue whose files do not open, from
+        // the log's records; and the key index whole (it skips records below what it
+        // holds, so damage in it would stay).
+        let mut queues = open_queues(&dir.join("consumequeue"), &cfg.consume_queue, reindex)?;
+        let keys_dir = dir.join("index");
+        if reindex {
+            match std::fs::remove_dir_all(&keys_dir) {
+                Ok(()) => crate::io::sync_parent(&keys_dir).map_err(StoreError::Io)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &keys_dir, e)),
+            }
+        }
         // After an unclean stop, only what the checkpoint found synced: pages written since
         // may have reached the disk in any order (a power loss).
-        let keys_dir = dir.join("index");
-        let mut keys = if clean_shutdown {
-            KeyIndex::open(&keys_dir, cfg.key_index)?
+        let mut keys = if clean_shutdown || reindex {
+            KeyIndex::open(&keys_dir, cfg.key_index)
         } else {
-            KeyIndex::open_after_crash(&keys_dir, cfg.key_index, checkpoint.keys)?
-        };
+            KeyIndex::open_after_crash(&keys_dir, cfg.key_index, checkpoint.keys)
+        }
+        .map_err(with_reindex_hint)?;
         let keys_last = keys.last_physical_offset();
         let mut dispatched = 0u64;
         let mut failure: Option<StoreError> = None;
@@ -233,9 +245,23 @@ impl MessageStore {
     }
 }
 
+/// A damaged index file's error, saying how to rebuild the index from the log.
+fn with_reindex_hint(e: IndexError) -> IndexError {
+    match e {
+        IndexError::Corrupt { path, reason } => IndexError::Corrupt {
+            path,
+            reason: format!(
+                "{reason}; to rebuild the indexes from the log, create an empty file named `reindex` in the shard's directory (beside its `checkpoint`) and start again"
+            ),
+        },
+        other => other,
+    }
+}
+
 fn open_queues(
     root: &Path,
     cfg: &ConsumeQueueConfig,
+    reindex: bool,
 ) -> Result<HashMap<(String, u32), QueueState>, StoreError> {
     let mut out = HashMap::new();
     if !root.exists() {
@@ -261,7 +287,26 @@ fn open_queues(
             let Some(qid) = q.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let cq = ConsumeQueue::open(&q.path(), *cfg)?;
+            let cq = match ConsumeQueue::open(&q.path(), *cfg) {
+                Ok(cq) => cq,
+                Err(e) if reindex => {
+                    // Set aside (removed at the next start, as a deleted topic's) and
+                    // opened empty: the replay from the log's start fills it again.
+                    let aside = root.join(format!(
+                        "{DELETED_PREFIX}reindex-{}-{name}-{qid}",
+                        crate::log::now_ms()
+                    ));
+                    std::fs::rename(q.path(), &aside)
+                        .map_err(|e| io_err("rename", &q.path(), e))?;
+                    crate::io::sync_dir(&topic.path()).map_err(StoreError::Io)?;
+                    crate::warn!(
+                        "ringmq: the consume queue {name}:{qid} could not be opened ({e}); rebuilt from the log's records (reindex), its files set aside as {}",
+                        aside.display()
+                    );
+                    ConsumeQueue::open(&q.path(), *cfg)?
+                }
+                Err(e) => return Err(with_reindex_hint(e).into()),
+            };
             let state = QueueState {
                 cq,
                 replayed_end: None,

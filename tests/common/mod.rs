@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod built;
 pub mod metrics;
 pub mod raw;
 pub mod txn;
