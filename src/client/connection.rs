@@ -1,8 +1,9 @@
 //! One TCP connection to one broker address, with request pipelining.
 //!
 //! Two tasks own the socket halves:
-//! - the **writer** drains a bounded channel of encoded frames and writes everything queued
-//!   with one `write_all` (frames of concurrent requests leave in one segment);
+//! - the **writer** drains a bounded channel of encoded frames and writes what is queued
+//!   with vectored writes of at most 64 frames or 256 KiB each (frames of concurrent
+//!   requests leave together);
 //! - the **reader** reads large chunks into one growable buffer, cuts whole frames off its
 //!   front with [`FrameDecoder`] (each frame becomes a shared `Bytes` slice of that buffer,
 //!   no copy), and hands each response to the request that waits for its `request_id`.
@@ -31,7 +32,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{broadcast, mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::{timeout_at, Duration, Instant};
 
 use crate::protocol::kind::{KIND_PUSH_END, KIND_PUSH_FIRST};
 use crate::protocol::{
@@ -135,7 +136,14 @@ type Waiter = oneshot::Sender<Result<Reply>>;
 struct Shared {
     peer: String,
     state: Mutex<State>,
+    /// The handle was dropped: the writer writes only the frames queued without a deadline
+    /// (oneway sends, told done once queued), then closes the socket.
+    closing: std::sync::atomic::AtomicBool,
 }
+
+/// How long the writer of a connection whose handle was dropped may take to write its
+/// queued oneway frames before it is stopped (a peer that reads nothing).
+const DRAIN_ON_CLOSE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct State {
@@ -148,10 +156,18 @@ struct State {
 impl Shared {
     /// Marks the connection broken (first reason wins), fails every waiter, stops both tasks.
     fn fail(&self, error: ClientError) {
-        let (waiters, tasks) = {
+        if let Some(writer) = self.fail_keeping_writer(error) {
+            writer.abort();
+        }
+    }
+
+    /// [`fail`](Self::fail), leaving the writer running: its handle is returned (`None`
+    /// when the connection was down already).
+    fn fail_keeping_writer(&self, error: ClientError) -> Option<AbortHandle> {
+        let (waiters, mut tasks) = {
             let mut state = lock(&self.state);
             if state.broken.is_some() {
-                return;
+                return None;
             }
             state.broken = Some(error.clone());
             (
@@ -163,9 +179,12 @@ impl Shared {
             // The caller may have given up already; nothing to tell it then.
             let _ = waiter.send(Err(error.clone()));
         }
+        // The writer first (as registered), then the reader.
+        let writer = (!tasks.is_empty()).then(|| tasks.remove(0));
         for task in tasks {
             task.abort();
         }
+        writer
     }
 
     fn broken(&self) -> Option<ClientError> {
@@ -230,10 +249,27 @@ pub(crate) struct Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        self.shared.fail(ClientError::Connection(format!(
-            "connection to {} closed by the client",
-            self.shared.peer
-        )));
+        // Requests waiting for answers fail, but the oneway frames queued (their callers
+        // told done) are still written: the writer drains them and closes the socket, or
+        // is stopped after `DRAIN_ON_CLOSE`. Aborted at once, it dropped them unwritten.
+        self.shared.closing.store(true, Ordering::Release);
+        let writer = self
+            .shared
+            .fail_keeping_writer(ClientError::Connection(format!(
+                "connection to {} closed by the client",
+                self.shared.peer
+            )));
+        if let Some(writer) = writer {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        tokio::time::sleep(DRAIN_ON_CLOSE).await;
+                        writer.abort();
+                    });
+                }
+                Err(_) => writer.abort(),
+            }
+        }
     }
 }
 
@@ -274,6 +310,7 @@ impl Connection {
         let shared = Arc::new(Shared {
             peer: addr.to_owned(),
             state: Mutex::new(State::default()),
+            closing: std::sync::atomic::AtomicBool::new(false),
         });
         let (frames_tx, frames_rx) = mpsc::channel(limits.in_flight_max);
         let writer = tokio::spawn(write_loop(frames_rx, write_half, shared.clone()));
@@ -415,10 +452,16 @@ async fn write_loop(
     while let Some(first) = frames.recv().await {
         // One clock reading a write: a request past its deadline was answered `Timeout`.
         let now = Instant::now();
+        // Closing: the requests' callers were told it failed; only oneway frames go.
+        let closing = shared.closing.load(Ordering::Acquire);
         let mut bytes = 0;
         let mut next = Some(first);
         while let Some(outgoing) = next.take() {
-            if outgoing.deadline.is_none_or(|d| d > now) {
+            let wanted = match outgoing.deadline {
+                Some(deadline) => !closing && deadline > now,
+                None => true,
+            };
+            if wanted {
                 bytes += outgoing.frame.len();
                 batch.push(outgoing.frame);
             }

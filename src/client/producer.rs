@@ -12,10 +12,15 @@
 //! connections, retriable broker codes), each after a pause when the error came without
 //! waiting (5 ms, doubling up to 200 ms; none after a timeout, which waited already, nor
 //! after a stale route, looked up again); round-robin moves to the next queue on each
-//! attempt, keyed and selected sends stay on their queue so order holds. A retried send
+//! attempt, keyed and selected sends stay on their queue (order holds for sends of one key
+//! made one after another, each awaited before the next, or made concurrently with
+//! `ProducerOptions::coalesce`, whose one request in flight per shard keeps them in order;
+//! concurrent keyed sends without it can be stored out of order when one is retried). A
+//! retried send
 //! whose earlier attempt's outcome is unknown may be stored twice: delivery is at least
-//! once. Those are an attempt that got no answer in time (`Timeout`), whose connection
-//! broke with it in flight (`Connection`), whose answer could not be read (`Protocol`),
+//! once. Those are an attempt that got no answer in time (`Timeout`), one that failed with
+//! a `Connection` error (broken with it in flight; also, counted unknown to be safe, a
+//! refused connect or a reconnect's backoff), whose answer could not be read (`Protocol`),
 //! or that the broker answered `Timeout` (its
 //! call to the queue's shard) or `StoreUnsure` (appended, then the write or fdatasync
 //! failed). Such a send that fails in the end fails with that attempt's error, never with

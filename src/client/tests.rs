@@ -22,6 +22,7 @@ use crate::protocol::{
 use super::route::{owner, tag_hash};
 use super::*;
 
+mod connection;
 mod consumer;
 mod producer;
 
@@ -57,6 +58,19 @@ struct Fake {
     /// The session timeout and lock expiry (ms) its handshakes answer (10 s and 60 s
     /// unless a test changes them).
     limits: Arc<Mutex<(u64, u64)>>,
+    /// Connections open now (accepted, not yet closed by the client).
+    open: Arc<AtomicUsize>,
+    /// Every shard's handshake says shard 0 (addresses that lead to the wrong shard).
+    all_say_shard_0: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Counts a fake's connection as open while it lives.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Fake {
@@ -71,7 +85,10 @@ impl Fake {
         let handshakes = Arc::new(AtomicUsize::new(0));
         let broker_id = Arc::new(AtomicU32::new(7));
         let limits = Arc::new(Mutex::new((10_000, 60_000)));
+        let open = Arc::new(AtomicUsize::new(0));
+        let all_say_shard_0 = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for (shard, listener) in listeners.into_iter().enumerate() {
+            let (open, all_say_shard_0) = (open.clone(), all_say_shard_0.clone());
             let (handler, log, handshakes, shard_addrs, broker_id, limits) = (
                 handler.clone(),
                 log.clone(),
@@ -96,7 +113,11 @@ impl Fake {
                         broker_id.clone(),
                         limits.clone(),
                     );
+                    open.fetch_add(1, Ordering::SeqCst);
+                    let counted = OpenConnection(open.clone());
+                    let all_say_shard_0 = all_say_shard_0.clone();
                     tokio::spawn(async move {
+                        let _counted = counted;
                         let (mut input, output) = stream.into_split();
                         let output = Arc::new(tokio::sync::Mutex::new(output));
                         let mut buf = Vec::new();
@@ -117,7 +138,11 @@ impl Fake {
                                         let ok = HandshakeOk {
                                             protocol_version: PROTOCOL_VERSION as u32,
                                             shard_count: shard_addrs.len() as u32,
-                                            shard_id: ctx.shard,
+                                            shard_id: if all_say_shard_0.load(Ordering::SeqCst) {
+                                                0
+                                            } else {
+                                                ctx.shard
+                                            },
                                             shard_addrs: shard_addrs.clone(),
                                             broker_id: broker_id.load(Ordering::SeqCst),
                                         };
@@ -153,6 +178,8 @@ impl Fake {
             handshakes,
             broker_id,
             limits,
+            open,
+            all_say_shard_0,
         }
     }
 
@@ -272,158 +299,6 @@ fn no_retries() -> ProducerOptions {
         retries: 0,
         ..ProducerOptions::default()
     }
-}
-
-#[tokio::test]
-async fn pipelined_requests_are_matched_by_request_id() {
-    const N: usize = 64;
-    // Holds every send until all N are in flight, then answers them in reverse order: only
-    // pipelining can finish this, and only matching by request id gets the answers right.
-    let held: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
-    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
-        Request::DescribeTopic(d) => described(id, &d.topic, 4),
-        Request::SendMessage(m) => {
-            let n: u64 = std::str::from_utf8(&m.body).unwrap().parse().unwrap();
-            let mut held = held.lock().unwrap();
-            held.push((id, n));
-            if held.len() < N {
-                return Vec::new();
-            }
-            held.drain(..)
-                .rev()
-                .map(|(id, n)| Out::Frame(answer(id, &send_result(0, n))))
-                .collect()
-        }
-        _ => Vec::new(),
-    });
-    let fake = Fake::start(1, handler).await;
-    let producer = Producer::connect(fake.config()).await.unwrap();
-    let sends: Vec<_> = (0..N)
-        .map(|n| tokio::spawn(producer.send_async("t", OutgoingMessage::new(n.to_string()))))
-        .collect();
-    for (n, send) in sends.into_iter().enumerate() {
-        let result = send.await.unwrap().unwrap();
-        assert_eq!(result.queue_offset, n as u64);
-    }
-}
-
-#[tokio::test]
-async fn a_timeout_is_typed_and_the_late_answer_is_ignored() {
-    let handler: Handler = Arc::new(|_ctx, id, request| match request {
-        Request::DescribeTopic(d) => described(id, &d.topic, 2),
-        Request::SendMessage(_) => vec![Out::Later(
-            Duration::from_millis(400),
-            answer(id, &send_result(0, 0)),
-        )],
-        _ => Vec::new(),
-    });
-    let fake = Fake::start(1, handler).await;
-    let mut config = fake.config();
-    config.request_timeout_ms = 100;
-    let producer = Producer::connect_with(config, no_retries()).await.unwrap();
-    let err = producer
-        .send("t", OutgoingMessage::new("slow"))
-        .await
-        .unwrap_err();
-    assert_eq!(err, ClientError::Timeout { timeout_ms: 100 });
-    assert!(err.is_retriable());
-    // The late answer arrives on a connection nobody waits on: it is dropped, and the
-    // connection keeps working.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let info = producer.client().describe_topic("t").await.unwrap();
-    assert_eq!(info.queues.len(), 2);
-    assert_eq!(fake.handshakes.load(Ordering::SeqCst), 2, "no reconnect");
-}
-
-/// A shard connection opened again while the bootstrap connection stays up, to a shard
-/// that answers for another broker now (another broker on its address): the handshake is
-/// checked against the topology routed with, the topology is taken from it, and the
-/// request fails (retriable) to be routed again; the next one goes.
-#[tokio::test]
-async fn a_shard_answering_for_another_broker_refreshes_the_routes() {
-    use crate::client::session::Route;
-    use crate::protocol::GetMinOffset;
-    // Shard 1's first connection closes on its first request; later ones answer.
-    let handler: Handler = Arc::new(|ctx, id, _| match (ctx.shard, ctx.conn_no) {
-        (1, 0) => vec![Out::Close],
-        _ => vec![empty_answer(id)],
-    });
-    let fake = Fake::start(2, handler).await;
-    let client = Client::connect(fake.config()).await.unwrap();
-    assert_eq!(client.broker_info().broker_id, 7);
-    let ask = || GetMinOffset {
-        topic: "t".into(),
-        queue_id: 0,
-    };
-    let err = client.call(Route::Shard(1), &ask()).await.unwrap_err();
-    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
-    fake.broker_id.store(8, Ordering::SeqCst);
-    let err = client.call(Route::Shard(1), &ask()).await.unwrap_err();
-    match &err {
-        ClientError::Connection(said) => assert!(said.contains("the broker changed"), "{said}"),
-        other => panic!("{other:?}"),
-    }
-    assert!(err.is_retriable());
-    assert_eq!(client.broker_info().broker_id, 8);
-    client.call(Route::Shard(1), &ask()).await.unwrap();
-}
-
-#[tokio::test]
-async fn a_broken_connection_fails_its_requests_and_the_next_request_reconnects() {
-    // The first connection to the shard closes on its first send; later ones answer.
-    let handler: Handler = Arc::new(|ctx, id, request| match request {
-        Request::DescribeTopic(d) => described(id, &d.topic, 2),
-        Request::SendMessage(m) if ctx.conn_no == 1 => {
-            let _ = m;
-            vec![Out::Close]
-        }
-        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 5)))],
-        _ => Vec::new(),
-    });
-    let fake = Fake::start(1, handler).await;
-    // Connection 0 is the bootstrap, connection 1 the shard's: the one that breaks.
-    let producer = Producer::connect_with(fake.config(), no_retries())
-        .await
-        .unwrap();
-    let err = producer
-        .send("t", OutgoingMessage::new("a"))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
-    assert!(err.is_retriable());
-    let result = producer.send("t", OutgoingMessage::new("b")).await.unwrap();
-    assert_eq!(result.queue_offset, 5);
-    assert_eq!(fake.handshakes.load(Ordering::SeqCst), 3);
-}
-
-#[tokio::test]
-async fn retries_carry_a_send_over_a_broken_connection() {
-    let handler: Handler = Arc::new(|ctx, id, request| match request {
-        Request::DescribeTopic(d) => described(id, &d.topic, 2),
-        Request::SendMessage(_) if ctx.conn_no == 1 => vec![Out::Close],
-        Request::SendMessage(m) => vec![Out::Frame(answer(id, &send_result(m.queue_id as u32, 9)))],
-        _ => Vec::new(),
-    });
-    let fake = Fake::start(1, handler).await;
-    let producer = Producer::connect(fake.config()).await.unwrap();
-    let result = producer.send("t", OutgoingMessage::new("a")).await.unwrap();
-    assert_eq!(result.queue_offset, 9);
-    // Round-robin moved to the other queue for the retry.
-    let sends = fake.sends();
-    assert_eq!(sends.len(), 2);
-    assert_ne!(sends[0].1, sends[1].1);
-}
-
-#[tokio::test]
-async fn a_refused_connect_is_a_retriable_connection_error() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    let err = Client::connect(ClientConfig::new(addr.to_string()))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
-    assert!(err.is_retriable());
 }
 
 #[tokio::test]
@@ -622,56 +497,6 @@ async fn pushed_frames_of_unknown_kinds_are_skipped() {
     assert_eq!(fake.handshakes.load(Ordering::SeqCst), 1, "no reconnect");
 }
 
-/// A handshake answer the client cannot work with is refused, not retried: a shard count
-/// its addresses do not match, or session and lock timings no broker announces (a session
-/// under a second, locks that lapse no later than the session), which would have the
-/// consumer heartbeat every millisecond and never trust an orderly lock.
-#[tokio::test]
-async fn a_bad_handshake_is_refused() {
-    let good = |addr: std::net::SocketAddr| HandshakeOk {
-        protocol_version: PROTOCOL_VERSION as u32,
-        shard_count: 1,
-        shard_id: 0,
-        shard_addrs: vec![addr.to_string()],
-        broker_id: 1,
-    };
-    refused_at_handshake(move |addr| {
-        handshake_ok2(HandshakeOk {
-            shard_count: 2,
-            ..good(addr)
-        })
-    })
-    .await;
-    for timings in [(0, 0), (999, 60_000), (10_000, 10_000)] {
-        refused_at_handshake(move |addr| handshake_ok2_with(good(addr), timings)).await;
-    }
-}
-
-/// Connects to a listener that answers the handshake with `reply`, and expects the
-/// connection refused as `BadHandshake`.
-async fn refused_at_handshake(
-    reply: impl FnOnce(std::net::SocketAddr) -> Response<'static> + Send + 'static,
-) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let mut buf = vec![0u8; 4096];
-        let n = stream.read(&mut buf).await.unwrap();
-        let frame = FrameDecoder::default().decode(&buf[..n]).unwrap().unwrap();
-        let reply = answer(frame.request_id(), &reply(addr));
-        stream.write_all(&reply).await.unwrap();
-        // Kept open past the client's verdict.
-        let _ = stream.read(&mut buf).await;
-    });
-    let err = Client::connect(ClientConfig::new(addr.to_string()))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, ClientError::BadHandshake(_)), "{err:?}");
-    assert!(!err.is_retriable());
-}
-
-/// A handshake answer with the broker's default limits.
 fn handshake_ok2(ok: HandshakeOk) -> Response<'static> {
     handshake_ok2_with(ok, (10_000, 60_000))
 }
@@ -932,36 +757,4 @@ async fn a_push_consumer_follows_rebalance_notifications_and_leaves_cleanly() {
         "{:?}",
         requests.last()
     );
-}
-
-/// The client's connections probe a silent broker (TCP keepalive): a broker whose host
-/// vanished is found within minutes, not after the kernel's retransmissions give up.
-#[tokio::test]
-async fn connections_to_the_broker_probe_a_silent_peer() {
-    let fake = Fake::start(1, simple_handler(1)).await;
-    let client = Client::connect(fake.config()).await.unwrap();
-    client.describe_topic("t").await.unwrap();
-    // The port of the IPv4 peer of descriptor `fd`, if it is a connected socket.
-    let peer_port = |fd: i32| {
-        // SAFETY: getpeername writes at most `len` bytes into a zeroed local of that size.
-        let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        let rc =
-            unsafe { libc::getpeername(fd, &mut addr as *mut _ as *mut libc::sockaddr, &mut len) };
-        (rc == 0 && i32::from(addr.sin_family) == libc::AF_INET)
-            .then(|| u16::from_be(addr.sin_port))
-    };
-    let mut probed = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
-        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if peer_port(fd) == Some(fake.addrs[0].port()) {
-            let (on, .., user_timeout) = crate::protocol::keepalive::keepalive_of(fd).unwrap();
-            probed.push((on, user_timeout));
-        }
-    }
-    assert!(!probed.is_empty(), "the client's connection was not found");
-    let want = (1, crate::protocol::keepalive::USER_TIMEOUT_MS);
-    assert!(probed.iter().all(|&p| p == want), "{probed:?}");
 }

@@ -217,7 +217,9 @@ impl TransactionProducer {
         .await
     }
 
-    /// Stops answering checks. The connections close with the last handle on the client
+    /// Stops answering checks: answers being made are abandoned (a checker already running
+    /// runs to its end on its thread, its outcome not sent; the broker asks again). The
+    /// connections close with the last handle on the client
     /// (the group then forgets this producer at once); a `Client` cloned from
     /// `producer().client()` and still held keeps them open, and the broker goes on sending
     /// this producer checks that nobody answers (delivered, so not sent to another of the
@@ -277,6 +279,12 @@ async fn serve(
     let mut beat = tokio::time::interval(PRODUCER_HEARTBEAT_INTERVAL);
     beat.tick().await;
     let answering: Arc<Answering> = Arc::default();
+    // The answers being made: aborted with this task (each holds a handle on the client,
+    // which would keep its connections open, and this producer a live one to the broker,
+    // after `shutdown`).
+    let mut answers = tokio::task::JoinSet::new();
+    // Whether a check could not be decoded (said once).
+    let mut undecodable_said = false;
     // Whether the last heartbeat failed (said once, when it starts and when it ends).
     let mut failing = false;
     let mut skipped_said = false;
@@ -285,6 +293,7 @@ async fn serve(
         tokio::select! {
             // Full: the pushes wait until an answer ends.
             _ = answering.ended.notified(), if full => {}
+            Some(_) = answers.join_next(), if !answers.is_empty() => {}
             _ = beat.tick() => {
                 // A failed heartbeat is tried again at the next tick (the connection may
                 // be coming back); meanwhile the broker may not reach this producer with
@@ -311,8 +320,19 @@ async fn serve(
             }
             push = pushes.recv(), if !full => match push {
                 Ok(push) if push.kind() == Kind::CheckTransaction => {
-                    let Ok(check) = push.frame().and_then(|f| f.decode_meta::<CheckTransaction>()) else {
-                        continue;
+                    let check = match push.frame().and_then(|f| f.decode_meta::<CheckTransaction>()) {
+                        Ok(check) => check,
+                        Err(e) => {
+                            // Not answered: the broker asks again each check interval.
+                            if !undecodable_said {
+                                undecodable_said = true;
+                                crate::warn!(
+                                    "ringmq transaction producer {group} ({}): a check-back could not be read ({e}); not answered (said once)",
+                                    client.config().client_id
+                                );
+                            }
+                            continue;
+                        }
                     };
                     if check.producer_group != group {
                         continue;
@@ -333,7 +353,7 @@ async fn serve(
                     }
                     let answered = Answered(answering.clone(), key);
                     let (client, group, checker) = (client.clone(), group.clone(), checker.clone());
-                    tokio::spawn(async move {
+                    answers.spawn(async move {
                         let _answered = answered;
                         answer(client, group, checker, check).await
                     });

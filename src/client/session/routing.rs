@@ -116,15 +116,16 @@ impl Inner {
         let attempt_deadline = deadline.min(Instant::now() + self.config.connect_timeout());
         match self.open(&slot.addr, attempt_deadline).await {
             Ok((connection, ok)) => {
-                *backoff = Backoff::default();
                 match shard {
-                    None => self.set_topology(&ok.ok, &ok.limits, connection.peer_addr()),
+                    None => {
+                        self.set_topology(&ok.ok, &ok.limits, connection.peer_addr());
+                    }
                     Some(expected) if !expected.matches(&ok.ok) => {
                         // Another broker answers there (its handshake is as good as the
                         // bootstrap's): route with what it says, and send again.
-                        self.set_topology(&ok.ok, &ok.limits, connection.peer_addr());
-                        return Err(ClientError::Connection(format!(
-                            "{} answered as shard {} of {} of broker {}, not shard {} of {} of broker {}: the broker changed; routes are refreshed",
+                        let changed = self.set_topology(&ok.ok, &ok.limits, connection.peer_addr());
+                        let said = format!(
+                            "{} answered as shard {} of {} of broker {}, not shard {} of {} of broker {}",
                             slot.addr,
                             ok.ok.shard_id,
                             ok.ok.shard_count,
@@ -132,10 +133,28 @@ impl Inner {
                             expected.shard,
                             expected.info.shard_count,
                             expected.info.broker_id
-                        )));
+                        );
+                        if changed {
+                            return Err(ClientError::Connection(format!(
+                                "{said}: the broker changed; routes are refreshed"
+                            )));
+                        }
+                        // The same broker says the same addresses: they lead to another
+                        // shard (a port mapping, a proxy). A failed attempt, backed off:
+                        // it reconnected at once for every request.
+                        let e = ClientError::Connection(format!(
+                            "{said}, while the broker's shard addresses are unchanged: its advertised address for shard {} leads to another shard (a port mapping or proxy in between?)",
+                            expected.shard
+                        ));
+                        backoff.failures = backoff.failures.saturating_add(1);
+                        backoff.next_attempt =
+                            Some(Instant::now() + self.config.reconnect_backoff(backoff.failures));
+                        backoff.last_error = Some(e.clone());
+                        return Err(e);
                     }
                     Some(_) => {}
                 }
+                *backoff = Backoff::default();
                 let connection = Arc::new(connection);
                 let mut live = slot.live.lock().unwrap_or_else(PoisonError::into_inner);
                 if bootstrap {
@@ -178,8 +197,13 @@ impl Inner {
     }
 
     /// Records what a bootstrap handshake said. The shard slots (and their connections)
-    /// are kept when the shard addresses did not change.
-    fn set_topology(&self, ok: &HandshakeOk, limits: &BrokerLimits, bootstrap_peer: SocketAddr) {
+    /// are kept when the shard addresses did not change. Whether anything changed.
+    fn set_topology(
+        &self,
+        ok: &HandshakeOk,
+        limits: &BrokerLimits,
+        bootstrap_peer: SocketAddr,
+    ) -> bool {
         let info = BrokerInfo {
             broker_id: ok.broker_id,
             shard_count: ok.shard_count,
@@ -197,7 +221,7 @@ impl Inner {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         if topology.as_ref().is_some_and(|t| t.info == info) {
-            return;
+            return false;
         }
         let shards = if self.config.shard_aware {
             info.shard_addrs
@@ -208,6 +232,7 @@ impl Inner {
             Vec::new()
         };
         *topology = Some(Arc::new(Topology { info, shards }));
+        true
     }
 }
 

@@ -541,6 +541,80 @@ async fn requests_past_their_deadline_are_not_written() {
     assert!(written < SENDS, "all {SENDS} written, after their deadline");
 }
 
+/// A oneway send is done once its frame is queued: dropping the producer right after still
+/// writes it (the connection's writer drains oneway frames before closing). Before, the
+/// drop aborted the writer and the frame was never written.
+#[tokio::test(flavor = "current_thread")]
+async fn a_oneway_send_queued_before_the_producer_is_dropped_is_written() {
+    let fake = Fake::start(1, simple_handler(4)).await;
+    let producer = Producer::connect(fake.config()).await.unwrap();
+    // The route first, so the oneway send only queues its frame.
+    producer
+        .send("t", OutgoingMessage::new("first"))
+        .await
+        .unwrap();
+    producer
+        .send_oneway("t", OutgoingMessage::new("last words"))
+        .await
+        .unwrap();
+    drop(producer);
+    fake.received_send(b"last words").await;
+}
+
+/// `TransactionProducer::shutdown` abandons the answers being made: their tasks held
+/// handles on the client, so a checker that blocks kept the connection open (the broker
+/// went on sending this producer checks nobody read), and its outcome was sent after
+/// `shutdown` returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_abandons_answers_in_progress_and_closes_the_connections() {
+    let pushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::ProducerHeartbeat(h) if !pushed.swap(true, Ordering::SeqCst) => {
+            let check = crate::protocol::CheckTransaction {
+                topic: "t".into(),
+                queue_id: 0,
+                transaction_id: 1,
+                producer_group: h.group.clone(),
+                record: record("t", 0, 1, "", b"half"),
+            };
+            let mut push = Vec::new();
+            crate::protocol::encode_frame(0, crate::protocol::Flags::NONE, &check, &[], &mut push)
+                .unwrap();
+            vec![empty_answer(id), Out::Frame(push)]
+        }
+        _ => vec![empty_answer(id)],
+    });
+    let fake = Fake::start(1, handler).await;
+    let (asked_tx, asked_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (asked_tx, go_rx) = (Mutex::new(asked_tx), Mutex::new(go_rx));
+    let tp = TransactionProducer::start(fake.config(), "txs", move |_| {
+        let _ = asked_tx.lock().unwrap().send(());
+        let _ = go_rx.lock().unwrap().recv();
+        TransactionOutcome::Commit
+    })
+    .await
+    .unwrap();
+    tokio::task::spawn_blocking(move || asked_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("the checker was not asked");
+    tp.shutdown().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fake.open.load(Ordering::SeqCst) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a connection stays open while the checker runs"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    go_tx.send(()).unwrap();
+    let ended = (fake.requests().iter())
+        .filter(|(_, r)| matches!(r, Request::EndTransaction(_)))
+        .count();
+    assert_eq!(ended, 0);
+}
+
 /// Check-backs pushed faster than the checker answers are answered at most
 /// `CHECKS_IN_PROGRESS_MAX` at a time, the others waiting (not each given a task and a
 /// blocking thread holding its half message, nor skipped: a skipped check still counts
