@@ -924,4 +924,11 @@ fn consume_max_leaves_the_messages_past_it_on_their_queues_not_on_the_retry_topi
         consumer.shutdown().await.unwrap();
         assert!(all_of(&client, "%RETRY%g-max").await.is_empty());
     });
+    // A group without dead letters resends none (its dead-letter topic does not exist,
+    // nor where a resend got to).
+    let resent = ringmq(&addr, &["dlq", "resend", "g-max"]);
+    assert!(
+        resent.contains("0 resent; next: --from-offset 0"),
+        "{resent}"
+    );
 }

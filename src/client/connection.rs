@@ -156,18 +156,18 @@ struct State {
 impl Shared {
     /// Marks the connection broken (first reason wins), fails every waiter, stops both tasks.
     fn fail(&self, error: ClientError) {
-        if let Some(writer) = self.fail_keeping_writer(error) {
-            writer.abort();
+        for task in self.fail_keeping_tasks(error) {
+            task.abort();
         }
     }
 
-    /// [`fail`](Self::fail), leaving the writer running: its handle is returned (`None`
+    /// [`fail`](Self::fail), leaving both tasks running: their handles are returned (none
     /// when the connection was down already).
-    fn fail_keeping_writer(&self, error: ClientError) -> Option<AbortHandle> {
-        let (waiters, mut tasks) = {
+    fn fail_keeping_tasks(&self, error: ClientError) -> Vec<AbortHandle> {
+        let (waiters, tasks) = {
             let mut state = lock(&self.state);
             if state.broken.is_some() {
-                return None;
+                return Vec::new();
             }
             state.broken = Some(error.clone());
             (
@@ -179,12 +179,7 @@ impl Shared {
             // The caller may have given up already; nothing to tell it then.
             let _ = waiter.send(Err(error.clone()));
         }
-        // The writer first (as registered), then the reader.
-        let writer = (!tasks.is_empty()).then(|| tasks.remove(0));
-        for task in tasks {
-            task.abort();
-        }
-        writer
+        tasks
     }
 
     fn broken(&self) -> Option<ClientError> {
@@ -250,25 +245,30 @@ pub(crate) struct Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         // Requests waiting for answers fail, but the oneway frames queued (their callers
-        // told done) are still written: the writer drains them and closes the socket, or
-        // is stopped after `DRAIN_ON_CLOSE`. Aborted at once, it dropped them unwritten.
+        // told done) are still written: the writer drains them and shuts its side down,
+        // and the reader reads on (discarding) until the broker closes its side, so that
+        // nothing unread turns the close into a reset that drops what was still unsent;
+        // both are stopped after `DRAIN_ON_CLOSE`. Aborted at once, they dropped them.
         self.shared.closing.store(true, Ordering::Release);
-        let writer = self
+        let tasks = self
             .shared
-            .fail_keeping_writer(ClientError::Connection(format!(
+            .fail_keeping_tasks(ClientError::Connection(format!(
                 "connection to {} closed by the client",
                 self.shared.peer
             )));
-        if let Some(writer) = writer {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        tokio::time::sleep(DRAIN_ON_CLOSE).await;
-                        writer.abort();
-                    });
-                }
-                Err(_) => writer.abort(),
+        if tasks.is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(DRAIN_ON_CLOSE).await;
+                    for task in tasks {
+                        task.abort();
+                    }
+                });
             }
+            Err(_) => tasks.iter().for_each(AbortHandle::abort),
         }
     }
 }

@@ -267,6 +267,9 @@ fn open_queues(
     if !root.exists() {
         return Ok(out);
     }
+    // Queues whose files do not open, with a re-index asked: (topic, queue, its topic's
+    // directory, why).
+    let mut damaged = Vec::new();
     for topic in std::fs::read_dir(root).map_err(|e| io_err("read_dir", root, e))? {
         let topic = topic.map_err(|e| io_err("read_dir", root, e))?;
         let Some(name) = topic.file_name().to_str().map(str::to_owned) else {
@@ -289,21 +292,10 @@ fn open_queues(
             };
             let cq = match ConsumeQueue::open(&q.path(), *cfg) {
                 Ok(cq) => cq,
-                Err(e) if reindex => {
-                    // Set aside (removed at the next start, as a deleted topic's) and
-                    // opened empty: the replay from the log's start fills it again.
-                    let aside = root.join(format!(
-                        "{DELETED_PREFIX}reindex-{}-{name}-{qid}",
-                        crate::log::now_ms()
-                    ));
-                    std::fs::rename(q.path(), &aside)
-                        .map_err(|e| io_err("rename", &q.path(), e))?;
-                    crate::io::sync_dir(&topic.path()).map_err(StoreError::Io)?;
-                    crate::warn!(
-                        "ringmq: the consume queue {name}:{qid} could not be opened ({e}); rebuilt from the log's records (reindex), its files set aside as {}",
-                        aside.display()
-                    );
-                    ConsumeQueue::open(&q.path(), *cfg)?
+                Err(e @ IndexError::Corrupt { .. }) if reindex => {
+                    // Set aside after this listing of the directory.
+                    damaged.push((name.clone(), qid, topic.path(), e));
+                    continue;
                 }
                 Err(e) => return Err(with_reindex_hint(e).into()),
             };
@@ -313,6 +305,27 @@ fn open_queues(
             };
             out.insert((name.clone(), qid), state);
         }
+    }
+    // Set aside (removed at the next start, as a deleted topic's) and opened empty: the
+    // replay from the log's start fills them again.
+    for (name, qid, topic_dir, e) in damaged {
+        let path = topic_dir.join(qid.to_string());
+        let aside = root.join(format!(
+            "{DELETED_PREFIX}reindex-{}-{name}-{qid}",
+            crate::log::now_ms()
+        ));
+        std::fs::rename(&path, &aside).map_err(|e| io_err("rename", &path, e))?;
+        crate::io::sync_dir(&topic_dir).map_err(StoreError::Io)?;
+        crate::io::sync_dir(root).map_err(StoreError::Io)?;
+        crate::warn!(
+            "ringmq: the consume queue {name}:{qid} could not be opened ({e}); rebuilt from the log's records (reindex), its files set aside as {}",
+            aside.display()
+        );
+        let state = QueueState {
+            cq: ConsumeQueue::open(&path, *cfg)?,
+            replayed_end: None,
+        };
+        out.insert((name, qid), state);
     }
     Ok(out)
 }

@@ -112,8 +112,9 @@ pub(crate) struct PushConsumers {
 /// Refuses a group an application may be consuming: one with members running (the bench
 /// would share its queues and move its offsets), and one whose committed offsets are below
 /// `start_offsets`, the queues' ends (setting them there would skip the messages between
-/// for the group), unless `--skip-group-backlog`.
-async fn check_group_is_the_benchs(
+/// for the group), unless `--skip-group-backlog`. A group with no committed offset on the
+/// topic counts as new. Run before anything is sent.
+pub(crate) async fn check_group_is_the_benchs(
     cli: &Cli,
     admin: &Client,
     group: &str,
@@ -125,7 +126,7 @@ async fn check_group_is_the_benchs(
         .len();
     if members > 0 {
         return Err(format!(
-            "group {group} has {members} member(s) running: the bench would share its queues and move its committed offsets; give --group a group of the bench's own"
+            "group {group} has {members} member(s) running: the bench would share its queues and move its committed offsets; give --group a group of the bench's own (a bench stopped a moment ago leaves its members until their session times out)"
         ));
     }
     if cli.skip_group_backlog {
@@ -158,7 +159,6 @@ pub(crate) async fn start_push_consumers(
     start_offsets: &[u64],
     run: Arc<OnceLock<Arc<Run>>>,
 ) -> Result<PushConsumers, String> {
-    check_group_is_the_benchs(cli, admin, group, start_offsets).await?;
     for (queue, offset) in start_offsets.iter().enumerate() {
         admin
             .commit_offset(group, &cli.topic, queue as u32, *offset)

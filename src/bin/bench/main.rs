@@ -59,7 +59,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ringmq::protocol::sql::SqlFilter;
 use ringmq::protocol::ErrorCode;
 
-use crate::consumer::{consume_queue, start_push_consumers};
+use crate::consumer::{check_group_is_the_benchs, consume_queue, start_push_consumers};
 use crate::embedded::{start_embedded, stop_embedded};
 use crate::producer::produce_all;
 use crate::report::{banner, print_report, progress, to_json, Latencies, Report};
@@ -107,7 +107,7 @@ struct Cli {
     /// the queues' current ends and are committed to the broker. A group of the bench's
     /// own: one with members running is refused, and so is one whose committed offsets
     /// are below the queues' ends (its messages there would be skipped) unless
-    /// --skip-group-backlog.
+    /// --skip-group-backlog; one with no committed offset on the topic counts as new.
     #[arg(long, value_name = "NAME")]
     group: Option<String>,
     /// With --group: move the group's committed offsets up to the queues' ends even where
@@ -414,6 +414,10 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     }
     // Consumers start at the current end, so messages of earlier runs are not counted.
     let start_offsets: Vec<u64> = info.queues.iter().map(|q| q.max_offset).collect();
+    if let Some(group) = &cli.group {
+        // Before anything is sent (also when the group starts after producing).
+        check_group_is_the_benchs(&cli, &admin, group, &start_offsets).await?;
+    }
 
     // Connect everything before the clock starts: connection set-up is not throughput.
     let config = client_config(&cli, &broker);
@@ -596,15 +600,28 @@ fn take_signals(runtime: &tokio::runtime::Runtime) -> Option<Signals> {
 
 /// Ends once SIGINT or SIGTERM arrives, saying which: the run then ends without a report,
 /// and the embedded broker is stopped and its temporary directory removed.
-async fn interrupted(signals: Option<Signals>) -> String {
+/// Also the exit code: 128 + the signal's number, as a shell reports a process it ended.
+async fn interrupted(signals: Option<Signals>) -> (String, u8) {
     let Some((mut term, mut int)) = signals else {
         return std::future::pending().await;
     };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    let (name, number) = tokio::select! {
+        _ = term.recv() => ("SIGTERM", libc::SIGTERM),
+        _ = int.recv() => ("SIGINT", libc::SIGINT),
     };
-    format!("interrupted by {name}: the run ends without a report")
+    // A second one ends the process at once, as by default (the stop that follows may
+    // wait on the broker).
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: sets a signal's disposition to the default; no handler of ours runs.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+    }
+    let code = u8::try_from(128 + number).unwrap_or(1);
+    (
+        format!("interrupted by {name}: the run ends without a report (again: at once)"),
+        code,
+    )
 }
 
 fn main() -> ExitCode {
@@ -639,10 +656,14 @@ fn main() -> ExitCode {
         },
     };
     eprintln!("{}", banner(&cli, &broker, embedded.is_some()));
+    let mut interrupted_code = None;
     let outcome = runtime.block_on(async {
         tokio::select! {
             outcome = run(cli.clone(), broker.clone()) => outcome,
-            stopped = interrupted(signals) => Err(stopped),
+            (stopped, code) = interrupted(signals) => {
+                interrupted_code = Some(code);
+                Err(stopped)
+            }
         }
     });
     // Close the client connections before the broker stops.
@@ -666,7 +687,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("ringmq-bench: {e}");
-            ExitCode::FAILURE
+            interrupted_code.map_or(ExitCode::FAILURE, ExitCode::from)
         }
     };
     if let Some(embedded) = embedded {

@@ -42,13 +42,15 @@ pub(crate) enum DlqCommand {
     /// for another run). Prints one line per message and the offset to continue from (also
     /// when it fails part way: a letter whose send timed out may have been resent); the
     /// dead letters stay where they are. Where a resend ended is kept on the broker (as the
-    /// group's committed offset of its dead-letter topic): the next resend goes on from
-    /// there
+    /// group's committed offset of its dead-letter topic, which `group progress` and the
+    /// lag metric then show for it): the next resend goes on from there. Two resends of a
+    /// group run at once both start there, and send the same letters
     Resend {
         /// Consumer group
         group: String,
         /// Only this message (its id on the dead-letter topic, or its original id; hex digits
-        /// in either case)
+        /// in either case), looked for from the first letter (or --from-offset); where
+        /// resends got to is neither used nor moved
         #[arg(long, value_name = "ID")]
         msg_id: Option<String>,
         /// Start at this offset of the dead-letter queue [default: where the last resend
@@ -125,9 +127,12 @@ pub(crate) async fn run(ctx: &Ctx, command: DlqCommand) -> CmdResult {
             let from_offset = match (from_offset, &msg_id) {
                 (Some(offset), _) => offset,
                 (None, Some(_)) => 0,
-                (None, None) => (producer.client().query_offset(&group, &topic, 0).await)
-                    .map_err(|e| ctx.fail(e))?
-                    .unwrap_or(0),
+                (None, None) => match producer.client().query_offset(&group, &topic, 0).await {
+                    Ok(kept) => kept.unwrap_or(0),
+                    // No dead letters yet: the topic is created with the first one.
+                    Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => 0,
+                    Err(e) => return Err(ctx.fail(e)),
+                },
             };
             // Read and resent a pull at a time (up to where the queue ended when the read
             // began: letters that fail again and come back are not resent in this run);

@@ -271,8 +271,6 @@ impl ShardCtx {
             .await;
         let mut local: Vec<(u64, OwnedDraft)> = Vec::with_capacity(copies.len());
         let mut remote: Vec<(u64, u32, OwnedDraft)> = Vec::new();
-        // Moved to the undeliverable topic in this pass: how many, and the first's queue.
-        let mut moving: (usize, Option<String>) = (0, None);
         for (off, mut copy) in copies {
             if self.known_queue(&copy.topic, copy.queue_id).is_err() {
                 let since = self
@@ -288,7 +286,6 @@ impl ShardCtx {
                     continue;
                 }
                 // Waited long enough: to the undeliverable topic, with its target recorded.
-                let target = format!("{}[{}]", copy.topic, copy.queue_id);
                 if let Err(e) = self.to_undeliverable(&mut copy).await {
                     self.log_rarely(format_args!(
                         "moving scheduled message {off} to {UNDELIVERABLE_TOPIC}: {}",
@@ -297,8 +294,6 @@ impl ShardCtx {
                     self.retry_later([off], now + PARK_MS);
                     continue;
                 }
-                moving.0 += 1;
-                moving.1.get_or_insert(target);
             }
             let owner = self.owner_of(&copy.topic, copy.queue_id);
             if owner == self.id {
@@ -306,16 +301,6 @@ impl ShardCtx {
             } else {
                 remote.push((off, owner, copy));
             }
-        }
-        if let (n, Some(first)) = moving {
-            // Every time, not under the once-a-minute budget: these leave their schedule.
-            crate::warn!(
-                "ringmq: shard {}: {n} scheduled message(s) waited {} ms for a queue that does not exist (the first for {first}): moved to {UNDELIVERABLE_TOPIC}, their target kept in {} and {}",
-                self.id,
-                self.cfg.schedule_park_max_ms,
-                prop::REAL_TOPIC,
-                prop::REAL_QID
-            );
         }
         for (off, owner, copy) in remote {
             let moved_away = copy.topic == UNDELIVERABLE_TOPIC;
@@ -476,6 +461,18 @@ impl ShardCtx {
                 }
                 s.undeliverable_total += undeliverable;
                 s.changed = true;
+                drop(s);
+                // Moves recorded (durable), counted as made: every time, not under the
+                // once-a-minute budget, as these leave their schedule for good.
+                if delivered && undeliverable > 0 {
+                    crate::warn!(
+                        "ringmq: shard {}: {undeliverable} scheduled message(s) waited {} ms for a queue that does not exist: moved to {UNDELIVERABLE_TOPIC}, their target kept in {} and {}",
+                        self.id,
+                        self.cfg.schedule_park_max_ms,
+                        prop::REAL_TOPIC,
+                        prop::REAL_QID
+                    );
+                }
             }
             Err(e) => {
                 drop(s);

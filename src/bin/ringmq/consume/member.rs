@@ -208,7 +208,11 @@ pub(super) async fn run(ctx: &Ctx, args: ConsumeArgs) -> CmdResult {
         listener.release();
     };
     tokio::select! {
-        done = &mut shutdown => return done.map_err(|e| ctx.fail(e)),
+        done = &mut shutdown => {
+            // Ended with queues left (its controller failed): nothing waits for a queue.
+            listener.release();
+            return done.map_err(|e| ctx.fail(e));
+        }
         () = given_up => {}
     }
     shutdown.await.map_err(|e| ctx.fail(e))
