@@ -50,7 +50,8 @@ pub struct ClientConfig {
     /// that smaller one fails (`InvalidArgument`) before it is written: raise both to send
     /// or receive larger frames.
     pub frame_bytes_max: u32,
-    /// Capacity of the pushed-frame channel (see `Client::pushes`).
+    /// Capacity of the pushed-frame channel (see `Client::pushes`), in frames: a frame
+    /// unread holds its bytes (up to `frame_bytes_max`) until every receiver has read it.
     pub push_buffer_max: usize,
 }
 
