@@ -140,6 +140,15 @@ struct Backoff {
     last_error: Option<ClientError>,
 }
 
+impl Backoff {
+    /// Counts a failed attempt: the next waits the config's reconnect backoff for it.
+    fn failed(&mut self, e: &ClientError, config: &ClientConfig) {
+        self.failures = self.failures.saturating_add(1);
+        self.next_attempt = Some(Instant::now() + config.reconnect_backoff(self.failures));
+        self.last_error = Some(e.clone());
+    }
+}
+
 impl Slot {
     fn new(addr: String) -> Slot {
         Slot {

@@ -596,20 +596,17 @@ impl MessageStore {
         // topic's name), also when an earlier try renamed it and then failed to sync.
         let renamed = {
             let (dir, aside, root) = (dir.clone(), aside.clone(), root.clone());
-            crate::io::blocking(move || match std::fs::rename(&dir, &aside) {
-                Ok(()) => crate::io::sync_dir(&root)
-                    .map(|()| true)
-                    .map_err(StoreError::Io),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    match crate::io::sync_dir(&root) {
-                        // No queue of any topic here yet: nothing to make durable.
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            Err(StoreError::Io(e))
-                        }
-                        _ => Ok(false),
-                    }
+            crate::io::blocking(move || {
+                let renamed = match std::fs::rename(&dir, &aside) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                    Err(e) => return Err(io_err("rename", &dir, e)),
+                };
+                match crate::io::sync_dir(&root) {
+                    // No queue of any topic here yet: nothing to make durable.
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io(e)),
+                    _ => Ok(renamed),
                 }
-                Err(e) => Err(io_err("rename", &dir, e)),
             })
             .await?
         };

@@ -146,10 +146,7 @@ impl Inner {
                             "{said}, while the broker's shard addresses are unchanged: its advertised address for shard {} leads to another shard (a port mapping or proxy in between?)",
                             expected.shard
                         ));
-                        backoff.failures = backoff.failures.saturating_add(1);
-                        backoff.next_attempt =
-                            Some(Instant::now() + self.config.reconnect_backoff(backoff.failures));
-                        backoff.last_error = Some(e.clone());
+                        backoff.failed(&e, &self.config);
                         return Err(e);
                     }
                     Some(_) => {}
@@ -166,10 +163,7 @@ impl Inner {
                 Ok(connection)
             }
             Err(e) => {
-                backoff.failures = backoff.failures.saturating_add(1);
-                backoff.next_attempt =
-                    Some(Instant::now() + self.config.reconnect_backoff(backoff.failures));
-                backoff.last_error = Some(e.clone());
+                backoff.failed(&e, &self.config);
                 Err(e)
             }
         }
