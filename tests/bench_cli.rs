@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use common::broker::BrokerProcess;
 use common::runtime;
 use ringmq::client::{
-    ClientConfig, ConsumeStatus, OutgoingMessage, Producer, PushConsumer, PushConsumerOptions,
+    Client, ClientConfig, ConsumeStatus, OutgoingMessage, Producer, PushConsumer,
+    PushConsumerOptions,
 };
 
 #[test]
@@ -221,4 +222,66 @@ fn an_interrupted_run_removes_its_temporary_data_directory() {
         let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
         assert!(left.is_empty(), "left behind: {left:?}");
     }
+}
+
+/// SIGINT during a run with `--group` against a running broker: the bench's push
+/// consumers leave the group cleanly before it ends, committing what they consumed (the
+/// process ended with them, their members went with the connections, and the messages
+/// consumed since the last commit, up to a second's, stayed behind the group: a rerun was
+/// refused for them).
+#[test]
+fn an_interrupted_run_leaves_its_group_with_what_it_consumed_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_ringmq-bench"))
+        .args(["--broker", &addr, "--topic", "left-t", "--queues", "2"])
+        .args(["--group", "left", "--consumers", "2"])
+        .args(["--duration", "60", "--rate", "2000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A progress line: "[   2s] sent N (...)  received R (...)  errors E".
+    let mut lines = BufReader::new(bench.stderr.take().unwrap()).lines();
+    let received: u64 = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .filter_map(|l| {
+            let (_, after) = l.split_once("received ")?;
+            after.split(' ').next()?.parse().ok()
+        })
+        .find(|&r| r >= 2000)
+        .expect("no progress line");
+    let signalled = std::time::Instant::now();
+    // SAFETY: a signal to the child this test started.
+    unsafe {
+        libc::kill(bench.id() as i32, libc::SIGINT);
+    }
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = bench.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{rest:?}");
+    // Not at the end of --duration (the open loop's scheduler went on sending to it, and
+    // the runtime's drop waited for it).
+    let took = signalled.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "{took:?}: {rest:?}"
+    );
+    let rt = runtime();
+    let client = rt
+        .block_on(Client::connect(ClientConfig::new(&addr)))
+        .unwrap();
+    let members = rt.block_on(client.group_members("left")).unwrap();
+    assert!(members.members.is_empty(), "left behind: {members:?}");
+    let committed: u64 = (0..2)
+        .map(|q| {
+            let offset = rt.block_on(client.query_offset("left", "left-t", q));
+            offset.unwrap().unwrap_or(0)
+        })
+        .sum();
+    assert!(
+        committed >= received,
+        "{committed} committed of {received} received: {rest:?}"
+    );
 }

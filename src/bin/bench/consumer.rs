@@ -103,10 +103,36 @@ fn note_received(run: &Run, counted: u64, duplicates: u64, now: Instant) {
     }
 }
 
-/// The push consumers of `--group`, each with its end-to-end histogram.
+/// The push consumers of `--group` started so far. Each goes in as soon as it starts, so
+/// whatever ends the run (its end, an error, SIGINT or SIGTERM) finds every member that
+/// must leave the group: [`leave_group`].
+pub(crate) type Started = Arc<Mutex<Vec<PushConsumer>>>;
+
+/// The end-to-end histograms of the push consumers of `--group`, one each.
 pub(crate) struct PushConsumers {
-    pub(crate) consumers: Vec<PushConsumer>,
     pub(crate) latencies: Vec<Arc<Mutex<Latencies>>>,
+}
+
+/// Has every push consumer in `started` leave the group cleanly, all at once (each
+/// commits, gives back its queues and unregisters, so the group is free at once, not when
+/// their sessions time out: a rerun was refused as "members running" meanwhile). Returns
+/// the pull errors they counted.
+pub(crate) async fn leave_group(started: &Started) -> u64 {
+    let consumers = std::mem::take(&mut *lock(started));
+    let mut pull_errors = 0;
+    let mut leaving = Vec::with_capacity(consumers.len());
+    for consumer in consumers {
+        pull_errors += consumer.stats().pull_errors;
+        leaving.push(tokio::spawn(async move { consumer.shutdown().await }));
+    }
+    for (c, left) in leaving.into_iter().enumerate() {
+        match left.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("ringmq-bench: push consumer {c} shut down with an error: {e}"),
+            Err(e) => eprintln!("ringmq-bench: push consumer {c} shutdown task: {e}"),
+        }
+    }
+    pull_errors
 }
 
 /// Refuses a group an application may be consuming: one with members running (the bench
@@ -126,7 +152,7 @@ pub(crate) async fn check_group_is_the_benchs(
         .len();
     if members > 0 {
         return Err(format!(
-            "group {group} has {members} member(s) running: the bench would share its queues and move its committed offsets; give --group a group of the bench's own (a bench stopped a moment ago leaves its members until their session times out)"
+            "group {group} has {members} member(s) running: the bench would share its queues and move its committed offsets; give --group a group of the bench's own (a bench killed a moment ago, not stopped by SIGINT or SIGTERM, leaves its members until their sessions time out)"
         ));
     }
     if cli.skip_group_backlog {
@@ -158,6 +184,7 @@ pub(crate) async fn start_push_consumers(
     group: &str,
     start_offsets: &[u64],
     run: Arc<OnceLock<Arc<Run>>>,
+    started: &Started,
 ) -> Result<PushConsumers, String> {
     for (queue, offset) in start_offsets.iter().enumerate() {
         admin
@@ -176,7 +203,6 @@ pub(crate) async fn start_push_consumers(
         ..defaults
     };
     let mut push = PushConsumers {
-        consumers: Vec::with_capacity(cli.consumers),
         latencies: Vec::with_capacity(cli.consumers),
     };
     for c in 0..cli.consumers {
@@ -214,7 +240,7 @@ pub(crate) async fn start_push_consumers(
             })
             .map_err(fail)?;
         consumer.start().await.map_err(fail)?;
-        push.consumers.push(consumer);
+        lock(started).push(consumer);
         push.latencies.push(latencies);
     }
     // Settled: the broker counts every consumer as a member, and each consumes exactly the
@@ -239,19 +265,22 @@ pub(crate) async fn start_push_consumers(
                 (m.client_id.as_str(), queues)
             })
             .collect();
-        let settled = assigned.len() == push.consumers.len()
-            && push.consumers.iter().all(|c| {
-                let id = c.client().map(|c| c.config().client_id.clone());
-                // The group's retry topic is consumed too; only the bench topic's queues count.
-                let mut consuming: Vec<u32> = c
-                    .consuming_queues()
-                    .iter()
-                    .filter(|q| q.topic == cli.topic)
-                    .map(|q| q.queue_id)
-                    .collect();
-                consuming.sort_unstable();
-                id.and_then(|id| assigned.get(id.as_str()).cloned()) == Some(consuming)
-            });
+        let settled = {
+            let started = lock(started);
+            assigned.len() == started.len()
+                && started.iter().all(|c| {
+                    let id = c.client().map(|c| c.config().client_id.clone());
+                    // The group's retry topic is consumed too; only the bench topic's queues count.
+                    let mut consuming: Vec<u32> = c
+                        .consuming_queues()
+                        .iter()
+                        .filter(|q| q.topic == cli.topic)
+                        .map(|q| q.queue_id)
+                        .collect();
+                    consuming.sort_unstable();
+                    id.and_then(|id| assigned.get(id.as_str()).cloned()) == Some(consuming)
+                })
+        };
         if settled {
             break;
         }
@@ -265,6 +294,10 @@ pub(crate) async fn start_push_consumers(
         sleep(Duration::from_millis(20)).await;
     }
     Ok(push)
+}
+
+fn lock(started: &Started) -> std::sync::MutexGuard<'_, Vec<PushConsumer>> {
+    started.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Counts the messages of this run seen for the first time, recording the end-to-end

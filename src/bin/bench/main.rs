@@ -59,7 +59,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ringmq::protocol::sql::SqlFilter;
 use ringmq::protocol::ErrorCode;
 
-use crate::consumer::{check_group_is_the_benchs, consume_queue, start_push_consumers};
+use crate::consumer::{
+    check_group_is_the_benchs, consume_queue, leave_group, start_push_consumers, Started,
+};
 use crate::embedded::{start_embedded, stop_embedded};
 use crate::producer::produce_all;
 use crate::report::{banner, print_report, progress, to_json, Latencies, Report};
@@ -108,6 +110,8 @@ struct Cli {
     /// own: one with members running is refused, and so is one whose committed offsets
     /// are below the queues' ends (its messages there would be skipped) unless
     /// --skip-group-backlog; one with no committed offset on the topic counts as new.
+    /// A run ended by SIGINT or SIGTERM has its consumers leave the group, committing
+    /// what they consumed.
     #[arg(long, value_name = "NAME")]
     group: Option<String>,
     /// With --group: move the group's committed offsets up to the queues' ends even where
@@ -392,7 +396,7 @@ fn client_config(cli: &Cli, broker: &str) -> ClientConfig {
     config
 }
 
-async fn run(cli: Cli, broker: String) -> Result<Report, String> {
+async fn run(cli: Cli, broker: String, started: Started) -> Result<Report, String> {
     let admin = Client::connect(client_config(&cli, &broker))
         .await
         .map_err(|e| format!("connect to {broker}: {e}"))?;
@@ -437,8 +441,10 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
     let start_push = |group: &str| {
         let group = group.to_owned();
         let (cli, config, admin) = (&cli, &config, &admin);
-        let (start_offsets, run_cell) = (&start_offsets, run_cell.clone());
-        async move { start_push_consumers(cli, config, admin, &group, start_offsets, run_cell).await }
+        let (start_offsets, run_cell, started) = (&start_offsets, run_cell.clone(), &started);
+        async move {
+            start_push_consumers(cli, config, admin, &group, start_offsets, run_cell, started).await
+        }
     };
     let mut push = None;
     match &cli.group {
@@ -528,23 +534,10 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         latencies.add(&h)?;
     }
     if let Some(push) = push {
-        // All at once: each leaves the group cleanly (commits, unregisters).
-        let mut leaving = Vec::with_capacity(push.consumers.len());
-        for consumer in push.consumers {
-            run.stats
-                .pull_errors
-                .fetch_add(consumer.stats().pull_errors, Ordering::Relaxed);
-            leaving.push(tokio::spawn(async move { consumer.shutdown().await }));
-        }
-        for (c, left) in leaving.into_iter().enumerate() {
-            match left.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    eprintln!("ringmq-bench: push consumer {c} shut down with an error: {e}")
-                }
-                Err(e) => eprintln!("ringmq-bench: push consumer {c} shutdown task: {e}"),
-            }
-        }
+        let pull_errors = leave_group(&started).await;
+        run.stats
+            .pull_errors
+            .fetch_add(pull_errors, Ordering::Relaxed);
         for h in &push.latencies {
             latencies.add(&h.lock().unwrap_or_else(PoisonError::into_inner))?;
         }
@@ -576,6 +569,13 @@ async fn run(cli: Cli, broker: String) -> Result<Report, String> {
         first_error,
     })
 }
+
+/// Set once SIGINT or SIGTERM came: the open loop's scheduler (a blocking thread, which
+/// the runtime's drop waits for) stops sending then, not at the end of `--duration`.
+pub(crate) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// How long push consumers of a run cut short have to leave their group.
+const LEAVE_TIMEOUT_S: u64 = 10;
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
 
@@ -617,6 +617,7 @@ async fn interrupted(signals: Option<Signals>) -> (String, u8) {
             libc::signal(signal, libc::SIG_DFL);
         }
     }
+    INTERRUPTED.store(true, Ordering::Relaxed);
     let code = u8::try_from(128 + number).unwrap_or(1);
     (
         format!("interrupted by {name}: the run ends without a report (again: at once)"),
@@ -657,17 +658,33 @@ fn main() -> ExitCode {
     };
     eprintln!("{}", banner(&cli, &broker, embedded.is_some()));
     let mut interrupted_code = None;
+    let started = Started::default();
     let outcome = runtime.block_on(async {
         tokio::select! {
-            outcome = run(cli.clone(), broker.clone()) => outcome,
+            outcome = run(cli.clone(), broker.clone(), started.clone()) => outcome,
             (stopped, code) = interrupted(signals) => {
                 interrupted_code = Some(code);
                 Err(stopped)
             }
         }
     });
-    // Close the client connections before the broker stops.
-    drop(runtime);
+    // Push consumers of a run cut short (a signal, an error) leave the group before the
+    // runtime goes: dropped with it, they stayed members until their sessions timed out.
+    // A second signal ends the process at once.
+    runtime.block_on(async {
+        let leave = leave_group(&started);
+        if tokio::time::timeout(Duration::from_secs(LEAVE_TIMEOUT_S), leave)
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "ringmq-bench: the push consumers did not leave the group within {LEAVE_TIMEOUT_S} s; the broker drops them when their sessions time out"
+            );
+        }
+    });
+    // Close the client connections before the broker stops. Not waiting long for blocking
+    // threads: the open loop's scheduler sees `INTERRUPTED` at its next send.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     let code = match outcome {
         Ok(report) => {
             print_report(&cli, &report);

@@ -251,6 +251,9 @@ fn produce_open(
             // Every quota is spent.
             break;
         }
+        if crate::INTERRUPTED.load(Ordering::Relaxed) {
+            break;
+        }
         let wait = due.saturating_duration_since(Instant::now());
         if !wait.is_zero() {
             std::thread::sleep(wait);
