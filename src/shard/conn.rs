@@ -76,7 +76,10 @@ pub struct ConnSettings {
 /// the connection cap): what frames larger than a base buffer take. A connection takes what
 /// its frame needs all at once (its buffer then grows as the bytes arrive), so none holds
 /// part of what it needs while waiting for the rest: connections doing that would wait on
-/// each other for ever.
+/// each other until their frames time out. The one exception: a buffer kept from an
+/// earlier large frame (for [`READ_BUFFER_KEEP_MS`]) may already hold the next frame's
+/// first bytes when that frame needs more; it keeps what it holds counted while it waits
+/// (see `BudgetTaken::grow_to`).
 ///
 /// The connections from one address (an IPv6 /64, [`share_key`]) take at most a quarter of
 /// it (at least one largest frame): before, about fifty connections from one host that each announced a 5 MiB frame
@@ -182,6 +185,23 @@ struct BudgetTaken {
 impl BudgetTaken {
     fn give_all(&mut self) {
         self.budget.give(self.peer, std::mem::take(&mut self.bytes));
+    }
+
+    /// Holds at least `need` bytes: takes the rest now, or waits up to `within_ms` for it;
+    /// false if it did not come by then. What is held stays counted while it waits: a
+    /// buffer kept from an earlier large frame holds the first bytes of the next one by
+    /// then, and giving its bytes back (to wait for the whole, as `ReadBudget` has a frame
+    /// do) left them held but uncounted, for other connections to take again.
+    async fn grow_to(&mut self, need: usize, within_ms: u64) -> bool {
+        if need <= self.bytes {
+            return true;
+        }
+        let more = need - self.bytes;
+        if !self.budget.take(self.peer, more, within_ms).await {
+            return false;
+        }
+        self.bytes = need;
+        true
     }
 }
 
@@ -591,14 +611,9 @@ pub async fn serve_connection(
             // The whole frame's need at once (see `ReadBudget`), for as long as a stalled
             // frame is waited for at most; then a typed refusal.
             let need = needed.max(grown) - CONN_READ_BUFFER_BYTES;
-            // A buffer kept from an earlier large frame holds room: it takes the rest at
-            // once, or gives all of it back and waits for the whole (none waits holding
-            // part of what it needs, see `ReadBudget`).
-            if need > taken.bytes && !taken.budget.try_take(taken.peer, need - taken.bytes) {
-                taken.give_all();
+            if !taken.grow_to(need, timeout_ms).await {
                 let budget = &taken.budget;
-                if !budget.take(taken.peer, need, timeout_ms).await {
-                    let e = ErrorBody::new(
+                let e = ErrorBody::new(
                         ErrorCode::BrokerBusy,
                         format!(
                             "the shard's receive buffers for large frames ({} MiB, at most {} MiB for the connections from one address) stayed taken by other connections for {timeout_ms} ms; send the {needed}-byte frame again later",
@@ -606,11 +621,9 @@ pub async fn serve_connection(
                             budget.peer_max >> 20
                         ),
                     );
-                    outbox.push(Answer::from(closing_error(&decoder, &buf[..end], &e)));
-                    break;
-                }
+                outbox.push(Answer::from(closing_error(&decoder, &buf[..end], &e)));
+                break;
             }
-            taken.bytes = taken.bytes.max(need);
             buf.resize(grown, 0);
         } else if buf.len() > CONN_READ_BUFFER_BYTES
             && end <= CONN_READ_BUFFER_BYTES / 2
@@ -796,5 +809,47 @@ mod tests {
         assert_eq!(v6("2001:db8:1:2::7"), v6("2001:db8:1:2:ffff::1"));
         assert_ne!(v6("2001:db8:1:2::7"), v6("2001:db8:1:3::7"));
         assert_eq!(v6("::ffff:10.0.0.1"), v6("10.0.0.1"));
+    }
+
+    /// A connection growing past what it holds keeps what it holds counted while it waits
+    /// for the rest, and after a wait that fails: its buffer holds those bytes (the next
+    /// frame's first ones). It gave them back to wait for the whole, and another
+    /// connection took them again: a client could hold many buffers outside the budget.
+    #[test]
+    fn growing_keeps_what_is_held_counted_while_waiting() {
+        let (during, after_failed, grown) = crate::io::run_local(|| async {
+            let budget = ReadBudget::new(1 << 20);
+            let peer = IpAddr::from([127, 0, 0, 1]);
+            let mut kept = BudgetTaken {
+                budget: budget.clone(),
+                peer,
+                bytes: 0,
+            };
+            assert!(kept.grow_to(10 << 20, 0).await);
+            // The others from the address take the rest of its quarter (64 MiB).
+            assert!(budget.try_take(peer, 54 << 20));
+            let other = budget.clone();
+            let during = crate::io::spawn_joinable(async move {
+                crate::io::sleep(Duration::from_millis(20)).await;
+                // While the kept buffer waits: its 10 MiB are not there to take.
+                let took = other.try_take(peer, 10 << 20);
+                (took, other.used(peer))
+            });
+            let failed = !kept.grow_to(20 << 20, 100).await;
+            assert!(failed, "grew past the quota");
+            let after_failed = (budget.used(peer), kept.bytes);
+            let during = during.await.expect("the other task");
+            // Room given back: the rest comes while it waits.
+            let giver = budget.clone();
+            crate::io::spawn(async move {
+                crate::io::sleep(Duration::from_millis(20)).await;
+                giver.give(peer, 54 << 20);
+            });
+            let grown = kept.grow_to(20 << 20, 5_000).await;
+            (during, after_failed, (grown, kept.bytes, budget.used(peer)))
+        });
+        assert_eq!(during, (false, (64 << 20, 64 << 20)));
+        assert_eq!(after_failed, ((64 << 20, 64 << 20), 10 << 20));
+        assert_eq!(grown, (true, 20 << 20, (20 << 20, 20 << 20)));
     }
 }
