@@ -388,7 +388,8 @@ fn a_request_past_the_brokers_frame_limit_is_refused_before_it_is_written() {
 }
 
 #[test]
-fn a_second_live_connection_with_the_same_client_id_is_refused_until_the_first_goes() {
+fn a_second_live_connection_with_the_same_client_id_is_refused_and_cannot_touch_the_members_locks()
+{
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::start(&dir.path().join("data"), 2, &[]);
     let addr = broker.addr_string();
@@ -423,6 +424,33 @@ fn a_second_live_connection_with_the_same_client_id_is_refused_until_the_first_g
                 Err(e) => panic!("{e}"),
             }
         }
+        // A connection with the same id that is not the member's (a process whose member
+        // expired, replaced by one with its id, coming back) neither renews nor gives up
+        // the member's queue locks, nor takes the member out of the group: before, it took
+        // the locks over (two consumers of an orderly queue) and the member away.
+        assert_eq!(second.lock_batch("g", "t", &[0, 1]).await.unwrap(), [0, 1]);
+        let late = Client::connect(config.clone()).await.unwrap();
+        assert!(late.lock_batch("g", "t", &[0, 1]).await.unwrap().is_empty());
+        late.unlock_batch("g", "t", &[0, 1]).await.unwrap();
+        let mut other = config.clone();
+        other.client_id = "other".into();
+        let other = Client::connect(other).await.unwrap();
+        assert!(
+            other
+                .lock_batch("g", "t", &[0, 1])
+                .await
+                .unwrap()
+                .is_empty(),
+            "the late connection's unlock freed the member's locks"
+        );
+        late.unregister("g").await.unwrap();
+        let members = second.group_members("g").await.unwrap().members;
+        assert_eq!(members.len(), 1, "the late connection's unregister took it");
+        assert_eq!(second.lock_batch("g", "t", &[0, 1]).await.unwrap(), [0, 1]);
+        // From its own connection, it leaves, and its locks go with it.
+        second.unregister("g").await.unwrap();
+        assert!(second.group_members("g").await.unwrap().members.is_empty());
+        assert_eq!(other.lock_batch("g", "t", &[0, 1]).await.unwrap(), [0, 1]);
     });
 }
 

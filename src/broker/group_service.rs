@@ -625,14 +625,17 @@ impl ShardCtx {
         })
     }
 
+    /// Member `u.client_id` on connection `conn` leaves; one on another connection stays
+    /// (see `GroupState::unregister`).
     pub(super) fn unregister(
         self: &Rc<Self>,
         u: Unregister,
+        conn: u64,
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
         let ctx = self.clone();
         Box::pin(async move {
             let removed = match ctx.groups.borrow_mut().get_mut(&u.group) {
-                Some((s, _)) => s.unregister(&u.client_id),
+                Some((s, _)) => s.unregister(&u.client_id, conn),
                 None => false,
             };
             let decided = steady_ns();

@@ -85,6 +85,8 @@ pub enum MeshRequest {
         op: LockOp,
         group: String,
         client_id: String,
+        /// The requesting connection (`LockTable::lock_batch`).
+        conn: u64,
         topic: String,
         queues: Vec<u32>,
         /// When the request was made ([`super::group_service::steady_ns`]).
@@ -417,10 +419,11 @@ impl ShardCtx {
                 op,
                 group,
                 client_id,
+                conn,
                 topic,
                 queues,
                 stamp,
-            } => match self.local_locks(op, &group, &client_id, &topic, &queues, stamp) {
+            } => match self.local_locks(op, &group, &client_id, conn, &topic, &queues, stamp) {
                 Ok(held) => MeshReply::Queues(held),
                 Err(e) => {
                     MeshReply::Failed(e.error_code().unwrap_or(ErrorCode::Internal), e.message)

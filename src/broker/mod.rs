@@ -899,7 +899,7 @@ impl Handlers for Req<'_> {
     }
 
     fn unregister(&self, m: Unregister) -> Handled {
-        self.later(self.ctx.unregister(m))
+        self.later(self.ctx.unregister(m, self.conn))
     }
 
     fn query_assignment(&self, m: QueryAssignment) -> Handled {
@@ -923,11 +923,11 @@ impl Handlers for Req<'_> {
     }
 
     fn lock_batch(&self, m: LockBatch) -> Handled {
-        self.later(self.ctx.lock_batch(m))
+        self.later(self.ctx.lock_batch(m, self.conn))
     }
 
     fn unlock_batch(&self, m: UnlockBatch) -> Handled {
-        self.later(self.ctx.unlock_batch(m))
+        self.later(self.ctx.unlock_batch(m, self.conn))
     }
 
     fn consumer_send_back(&self, m: ConsumerSendBack) -> Handled {

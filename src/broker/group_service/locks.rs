@@ -3,12 +3,15 @@
 use super::*;
 
 impl ShardCtx {
-    /// Lock or unlock queues on this shard (the queues must be owned here).
+    /// Lock or unlock queues on this shard (the queues must be owned here) for `client_id`
+    /// on connection `conn` (see `LockTable::lock_batch`).
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::broker) fn local_locks(
         &self,
         op: LockOp,
         group: &str,
         client_id: &str,
+        conn: u64,
         topic: &str,
         queues: &[u32],
         stamp: u64,
@@ -47,10 +50,10 @@ impl ShardCtx {
                         ),
                     ));
                 }
-                Ok(locks.lock_batch(group, topic, queues, client_id, now, stamp))
+                Ok(locks.lock_batch(group, topic, queues, client_id, conn, now, stamp))
             }
             LockOp::Unlock => {
-                locks.unlock_batch(group, topic, queues, client_id, stamp);
+                locks.unlock_batch(group, topic, queues, client_id, conn, stamp);
                 Ok(Vec::new())
             }
         }
@@ -62,6 +65,7 @@ impl ShardCtx {
         op: LockOp,
         group: String,
         client_id: String,
+        conn: u64,
         topic: String,
         queues: Vec<u32>,
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
@@ -94,12 +98,13 @@ impl ShardCtx {
             let mut failed = None;
             for (shard, qs) in by_shard {
                 let here = if shard == ctx.id {
-                    ctx.local_locks(op, &group, &client_id, &topic, &qs, stamp)
+                    ctx.local_locks(op, &group, &client_id, conn, &topic, &qs, stamp)
                 } else {
                     let req = MeshRequest::Locks {
                         op,
                         group: group.clone(),
                         client_id: client_id.clone(),
+                        conn,
                         topic: topic.clone(),
                         queues: qs,
                         stamp,
@@ -132,14 +137,23 @@ impl ShardCtx {
     pub(in crate::broker) fn lock_batch(
         self: &Rc<Self>,
         l: LockBatch,
+        conn: u64,
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        self.locks(LockOp::Lock, l.group, l.client_id, l.topic, l.queues)
+        self.locks(LockOp::Lock, l.group, l.client_id, conn, l.topic, l.queues)
     }
 
     pub(in crate::broker) fn unlock_batch(
         self: &Rc<Self>,
         u: UnlockBatch,
+        conn: u64,
     ) -> LocalBoxFuture<'static, Result<Response<'static>, ErrorBody>> {
-        self.locks(LockOp::Unlock, u.group, u.client_id, u.topic, u.queues)
+        self.locks(
+            LockOp::Unlock,
+            u.group,
+            u.client_id,
+            conn,
+            u.topic,
+            u.queues,
+        )
     }
 }

@@ -313,7 +313,19 @@ impl GroupState {
     }
 
     /// The member leaves (it said goodbye). Returns whether it was a member.
-    pub fn unregister(&mut self, client_id: &str) -> bool {
+    /// Member `client_id` leaves, if it is the one on `connection`: an id is one member
+    /// per live connection (`ClientIdInUse`), and an unregister from another connection
+    /// (a process that was expired and replaced by one with the same id, shutting down
+    /// late) took the live member away, its queue locks with it, while it went on
+    /// consuming. Returns whether it left.
+    pub fn unregister(&mut self, client_id: &str, connection: u64) -> bool {
+        if self
+            .members
+            .get(client_id)
+            .is_none_or(|m| m.info.connection != connection)
+        {
+            return false;
+        }
         let left = self.remove(client_id);
         if left {
             self.bump();
@@ -693,8 +705,13 @@ mod tests {
             ["t", "u"].iter().map(|s| s.to_string()).collect()
         );
         let gen = g.generation();
-        assert!(g.unregister("a"));
-        assert!(!g.unregister("a"));
+        // Only from the member's own connection: one with the same id elsewhere (a process
+        // it replaced, shutting down late) does not take it away.
+        assert!(!g.unregister("a", 1));
+        assert_eq!(g.member("a").map(|m| m.connection), Some(9));
+        assert_eq!(g.generation(), gen);
+        assert!(g.unregister("a", 9));
+        assert!(!g.unregister("a", 9));
         assert!(g.generation() > gen);
         assert_eq!(g.members(), vec!["b"]);
         assert!(g.member("a").is_none());
@@ -787,7 +804,7 @@ mod tests {
         assert!(!join(&mut g, member("b", &["t"]), 1));
         assert_eq!((g.strategy(), g.generation()), (&Strategy::Averagely, gen));
         // b leaves: a's declaration applies again.
-        g.unregister("b");
+        g.unregister("b", 1);
         assert_eq!(g.strategy(), &Strategy::AveragelyByCircle);
         // a changes its strategy: a change.
         a.strategy = Strategy::ConsistentHash { virtual_nodes: 8 };
@@ -864,7 +881,7 @@ mod tests {
         join(&mut g, twice, 1);
         let b = member("b", &["t"]).held_bytes();
         assert_eq!(g.held_bytes(), large.held_bytes() + b);
-        assert!(g.unregister("a"));
+        assert!(g.unregister("a", 1));
         assert_eq!(g.held_bytes(), b);
         join(&mut g, member("c", &["t"]), 1);
         assert_eq!(g.connection_closed(2), vec!["b".to_owned()]);

@@ -28,6 +28,12 @@ struct Lock {
     /// Shared by every lock one request took: a client id is stored once per request, not
     /// once per queue.
     holder: Rc<str>,
+    /// The connection of the request that took it: requests of the same client id from
+    /// another connection are another holder's (a process whose member expired, replaced
+    /// by one with the same id, renewed and gave up the new one's locks: two consumers of
+    /// one orderly queue). A client that reconnects has its locks released with its member
+    /// (the connection's close) and takes them again on the new one.
+    conn: u64,
     /// 0: given up by its holder (kept, with the unlock's stamp, for the lock expiry).
     expires_ms: u64,
     /// The stamp of the latest request that took, renewed or gave it up.
@@ -37,6 +43,10 @@ struct Lock {
 impl Lock {
     fn is_live(&self, now_ms: u64) -> bool {
         now_ms < self.expires_ms
+    }
+
+    fn is_held_by(&self, client_id: &str, conn: u64) -> bool {
+        &*self.holder == client_id && self.conn == conn
     }
 }
 
@@ -84,16 +94,18 @@ impl LockTable {
         self.lock_expiry_ms
     }
 
-    /// Locks (or renews) each queue for `client_id` if it is free, expired, or already held
-    /// by that client. Returns the queues it now holds among those asked for, ascending and
+    /// Locks (or renews) each queue for `client_id` on connection `conn` if it is free,
+    /// expired, or already held by that client on that connection. Returns the queues it now holds among those asked for, ascending and
     /// distinct. A request made (`stamp`) before the client's locks here were released, or
     /// before it gave a queue up, takes nothing, or not that queue.
+    #[allow(clippy::too_many_arguments)]
     pub fn lock_batch(
         &mut self,
         group: &str,
         topic: &str,
         queues: &[u32],
         client_id: &str,
+        conn: u64,
         now_ms: u64,
         stamp: u64,
     ) -> Vec<u32> {
@@ -119,7 +131,7 @@ impl LockTable {
         let holder: Rc<str> = Rc::from(client_id);
         for q in asked {
             match table.get_mut(&q) {
-                Some(lock) if &*lock.holder == client_id => {
+                Some(lock) if lock.is_held_by(client_id, conn) => {
                     if lock.expires_ms == 0 && stamp < lock.stamp {
                         // Given up by a later request of the client.
                         continue;
@@ -131,6 +143,7 @@ impl LockTable {
                 Some(lock) => {
                     *lock = Lock {
                         holder: holder.clone(),
+                        conn,
                         expires_ms,
                         stamp,
                     }
@@ -141,6 +154,7 @@ impl LockTable {
                         q,
                         Lock {
                             holder: holder.clone(),
+                            conn,
                             expires_ms,
                             stamp,
                         },
@@ -171,7 +185,7 @@ impl LockTable {
         self.entries + added <= max
     }
 
-    /// Unlocks the queues `client_id` holds among `queues` unless it locked them again
+    /// Unlocks the queues `client_id` holds on connection `conn` among `queues` unless it locked them again
     /// after this request was made (`stamp`); queues held by others (or by nobody) are left
     /// alone. A given-up lock stays, free, until taken or its lock expiry: a lock request of the
     /// client made before this one does not take the queue again.
@@ -181,6 +195,7 @@ impl LockTable {
         topic: &str,
         queues: &[u32],
         client_id: &str,
+        conn: u64,
         stamp: u64,
     ) {
         let Some(table) = self.locks.get_mut(group).and_then(|t| t.get_mut(topic)) else {
@@ -188,7 +203,7 @@ impl LockTable {
         };
         for q in queues {
             if let Some(lock) = table.get_mut(q) {
-                if &*lock.holder == client_id && lock.stamp <= stamp {
+                if lock.is_held_by(client_id, conn) && lock.stamp <= stamp {
                     lock.expires_ms = 0;
                     lock.stamp = stamp;
                 }
@@ -409,29 +424,32 @@ mod tests {
     fn lock_is_exclusive() {
         let mut t = LockTable::new(EXPIRY);
         assert_eq!(
-            t.lock_batch("g", "t", &[2, 0, 1, 1], "a", 0, at(0)),
+            t.lock_batch("g", "t", &[2, 0, 1, 1], "a", 1, 0, at(0)),
             vec![0, 1, 2]
         );
-        assert_eq!(t.lock_batch("g", "t", &[1, 2, 3], "b", 10, at(10)), vec![3]);
+        assert_eq!(
+            t.lock_batch("g", "t", &[1, 2, 3], "b", 1, 10, at(10)),
+            vec![3]
+        );
         check(&t, 1, 10, Some("a"));
         check(&t, 3, 10, Some("b"));
         assert!(!t.is_locked_by("g", "t", 1, "b", 10));
         // Other groups and topics are independent.
-        assert_eq!(t.lock_batch("g2", "t", &[1], "b", 10, at(10)), vec![1]);
-        assert_eq!(t.lock_batch("g", "t2", &[1], "b", 10, at(10)), vec![1]);
+        assert_eq!(t.lock_batch("g2", "t", &[1], "b", 1, 10, at(10)), vec![1]);
+        assert_eq!(t.lock_batch("g", "t2", &[1], "b", 1, 10, at(10)), vec![1]);
     }
 
     #[test]
     fn expiry_lets_another_take_it() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0], "a", 0, at(0));
+        t.lock_batch("g", "t", &[0], "a", 1, 0, at(0));
         check(&t, 0, EXPIRY - 1, Some("a"));
         assert!(t
-            .lock_batch("g", "t", &[0], "b", EXPIRY - 1, at(EXPIRY - 1))
+            .lock_batch("g", "t", &[0], "b", 1, EXPIRY - 1, at(EXPIRY - 1))
             .is_empty());
         check(&t, 0, EXPIRY, None);
         assert_eq!(
-            t.lock_batch("g", "t", &[0], "b", EXPIRY, at(EXPIRY)),
+            t.lock_batch("g", "t", &[0], "b", 1, EXPIRY, at(EXPIRY)),
             vec![0]
         );
         check(&t, 0, EXPIRY, Some("b"));
@@ -440,14 +458,14 @@ mod tests {
     #[test]
     fn renewal_extends() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0], "a", 0, at(0));
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 900, at(900)), vec![0]);
+        t.lock_batch("g", "t", &[0], "a", 1, 0, at(0));
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 900, at(900)), vec![0]);
         check(&t, 0, 1_500, Some("a"));
         assert!(t
-            .lock_batch("g", "t", &[0], "b", 1_500, at(1_500))
+            .lock_batch("g", "t", &[0], "b", 1, 1_500, at(1_500))
             .is_empty());
         // A renewal with an older clock never shortens the lock.
-        t.lock_batch("g", "t", &[0], "a", 100, at(100));
+        t.lock_batch("g", "t", &[0], "a", 1, 100, at(100));
         check(&t, 0, 1_899, Some("a"));
         check(&t, 0, 1_900, None);
     }
@@ -455,14 +473,14 @@ mod tests {
     #[test]
     fn release_client_frees_at_once() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
-        t.lock_batch("g", "t2", &[5], "a", 0, at(0));
-        t.lock_batch("g", "t", &[2], "b", 0, at(0));
-        t.lock_batch("other", "t", &[0], "a", 0, at(0));
+        t.lock_batch("g", "t", &[0, 1], "a", 1, 0, at(0));
+        t.lock_batch("g", "t2", &[5], "a", 1, 0, at(0));
+        t.lock_batch("g", "t", &[2], "b", 1, 0, at(0));
+        t.lock_batch("other", "t", &[0], "a", 1, 0, at(0));
         assert_eq!(t.release_client("g", "a", at(1)), 3);
         assert_eq!(t.release_client("g", "a", at(1)), 0);
         assert_eq!(
-            t.lock_batch("g", "t", &[0, 1, 2], "b", 1, at(1)),
+            t.lock_batch("g", "t", &[0, 1, 2], "b", 1, 1, at(1)),
             vec![0, 1, 2]
         );
         assert_eq!(t.holder("other", "t", 0, 1), Some("a"));
@@ -471,16 +489,16 @@ mod tests {
     #[test]
     fn unlock_only_by_holder() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
-        t.unlock_batch("g", "t", &[0, 1, 7], "b", at(1));
-        t.unlock_batch("nope", "t", &[0], "a", at(1));
+        t.lock_batch("g", "t", &[0, 1], "a", 1, 0, at(0));
+        t.unlock_batch("g", "t", &[0, 1, 7], "b", 1, at(1));
+        t.unlock_batch("nope", "t", &[0], "a", 1, at(1));
         check(&t, 0, 1, Some("a"));
         check(&t, 1, 1, Some("a"));
-        t.unlock_batch("g", "t", &[0], "a", at(1));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(1));
         check(&t, 0, 1, None);
         check(&t, 1, 1, Some("a"));
         assert_eq!((t.len(), t.live_len(1)), (2, 1));
-        t.unlock_batch("g", "t", &[1], "a", at(1));
+        t.unlock_batch("g", "t", &[1], "a", 1, at(1));
         check(&t, 1, 1, None);
         // Given-up locks are kept (with their unlocks' stamps) for the lock expiry.
         t.purge_expired(1);
@@ -495,15 +513,15 @@ mod tests {
     #[test]
     fn a_late_release_keeps_what_the_client_locked_after_it() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0, 1], "a", 0, at(0));
+        t.lock_batch("g", "t", &[0, 1], "a", 1, 0, at(0));
         // Rejoined: queue 0 locked again after the release was decided (at 20); a renewal
         // made before that arrives after it and does not make the lock older.
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(30)), vec![0]);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(10)), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 30, at(30)), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 30, at(10)), vec![0]);
         assert_eq!(t.release_client("g", "a", at(20)), 1);
         check(&t, 0, 40, Some("a"));
         check(&t, 1, 40, None);
-        assert_eq!(t.lock_batch("g", "t", &[0, 1], "b", 40, at(40)), vec![1]);
+        assert_eq!(t.lock_batch("g", "t", &[0, 1], "b", 1, 40, at(40)), vec![1]);
         assert_eq!(t.live_len(40), 2);
         assert_eq!(t.live_len(30 + EXPIRY), 1, "a's lapsed, b's (from 40) held");
     }
@@ -514,12 +532,12 @@ mod tests {
     fn a_lock_request_made_before_a_release_takes_nothing() {
         let mut t = LockTable::new(EXPIRY);
         assert_eq!(t.release_client("g", "a", at(20)), 0);
-        assert!(t.lock_batch("g", "t", &[0], "a", 25, at(10)).is_empty());
+        assert!(t.lock_batch("g", "t", &[0], "a", 1, 25, at(10)).is_empty());
         assert!(t.is_empty());
         check(&t, 0, 25, None);
         // Another client, or this one's later requests, are not affected.
-        assert_eq!(t.lock_batch("g", "t", &[1], "b", 25, at(10)), vec![1]);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 30, at(30)), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[1], "b", 1, 25, at(10)), vec![1]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 30, at(30)), vec![0]);
         // A release is remembered for as long as a lock lasts, then forgotten.
         assert_eq!(t.releases_len(), 1);
         t.purge_expired(20 + EXPIRY - 1);
@@ -533,18 +551,18 @@ mod tests {
     #[test]
     fn lock_and_unlock_of_one_client_apply_in_the_order_they_were_made() {
         let mut t = LockTable::new(EXPIRY);
-        t.lock_batch("g", "t", &[0], "a", 0, at(10));
-        t.lock_batch("g", "t", &[0], "a", 0, at(30));
-        t.unlock_batch("g", "t", &[0], "a", at(20));
+        t.lock_batch("g", "t", &[0], "a", 1, 0, at(10));
+        t.lock_batch("g", "t", &[0], "a", 1, 0, at(30));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(20));
         check(&t, 0, 1, Some("a"));
-        t.unlock_batch("g", "t", &[0], "a", at(40));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(40));
         check(&t, 0, 1, None);
-        assert!(t.lock_batch("g", "t", &[0], "a", 1, at(35)).is_empty());
+        assert!(t.lock_batch("g", "t", &[0], "a", 1, 1, at(35)).is_empty());
         check(&t, 0, 1, None);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, at(50)), vec![0]);
-        t.unlock_batch("g", "t", &[0], "a", at(60));
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 1, at(50)), vec![0]);
+        t.unlock_batch("g", "t", &[0], "a", 1, at(60));
         // A given-up lock is free for anyone else at once.
-        assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, at(55)), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, 1, at(55)), vec![0]);
         check(&t, 0, 1, Some("b"));
     }
 
@@ -555,23 +573,23 @@ mod tests {
     #[test]
     fn an_unlock_is_remembered_across_purges_for_the_lock_expiry() {
         let mut t = LockTable::new(EXPIRY);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 0, at(0)), vec![0]);
-        t.unlock_batch("g", "t", &[0], "a", at(20));
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 0, at(0)), vec![0]);
+        t.unlock_batch("g", "t", &[0], "a", 1, at(20));
         t.purge_expired(500);
-        assert!(t.lock_batch("g", "t", &[0], "a", 600, at(10)).is_empty());
+        assert!(t.lock_batch("g", "t", &[0], "a", 1, 600, at(10)).is_empty());
         check(&t, 0, 600, None);
         assert_eq!(t.live_len(600), 0);
         t.purge_expired(20 + EXPIRY);
         assert!(t.is_empty(), "forgotten past the lock expiry");
         // Forgotten at once when another group's locks need the room, unless the group
         // holds a live lock (its place is not freed anyway).
-        t.lock_batch("g", "t", &[0], "a", 0, at(0));
-        t.unlock_batch("g", "t", &[0], "a", at(20));
-        t.lock_batch("h", "t", &[0, 1], "b", 0, at(0));
-        t.unlock_batch("h", "t", &[0], "b", at(20));
+        t.lock_batch("g", "t", &[0], "a", 1, 0, at(0));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(20));
+        t.lock_batch("h", "t", &[0, 1], "b", 1, 0, at(0));
+        t.unlock_batch("h", "t", &[0], "b", 1, at(20));
         t.forget_given_up(30);
         assert_eq!((t.group_count(), t.len()), (1, 2));
-        assert!(t.lock_batch("h", "t", &[0], "b", 40, at(10)).is_empty());
+        assert!(t.lock_batch("h", "t", &[0], "b", 1, 40, at(10)).is_empty());
     }
 
     #[test]
@@ -582,8 +600,8 @@ mod tests {
         }
         assert_eq!(t.releases_len(), RELEASES_MAX);
         // The oldest went: its late lock requests are served again.
-        assert_eq!(t.lock_batch("g", "t", &[0], "c0", 0, at(0)), vec![0]);
-        assert!(t.lock_batch("g", "t", &[1], "c1", 0, at(0)).is_empty());
+        assert_eq!(t.lock_batch("g", "t", &[0], "c0", 1, 0, at(0)), vec![0]);
+        assert!(t.lock_batch("g", "t", &[1], "c1", 1, 0, at(0)).is_empty());
     }
 
     #[test]
@@ -595,11 +613,12 @@ mod tests {
                 "t",
                 &[0, 1, 2],
                 "a",
+                1,
                 u64::from(i),
                 at(u64::from(i)),
             );
         }
-        t.lock_batch("g", "t", &[0], "b", 5_000, at(5_000));
+        t.lock_batch("g", "t", &[0], "b", 1, 5_000, at(5_000));
         assert_eq!(t.len(), 301);
         t.purge_expired(5_000);
         assert_eq!(t.len(), 1);
@@ -614,7 +633,10 @@ mod tests {
     fn entries_are_bounded_and_renewals_need_no_room() {
         let mut t = LockTable::new(EXPIRY);
         assert!(t.has_room("g", "t", &[0, 1, 2, 2], 3));
-        assert_eq!(t.lock_batch("g", "t", &[0, 1, 2], "a", 0, at(0)), [0, 1, 2]);
+        assert_eq!(
+            t.lock_batch("g", "t", &[0, 1, 2], "a", 1, 0, at(0)),
+            [0, 1, 2]
+        );
         assert!(!t.has_room("g", "t", &[3], 3));
         assert!(!t.has_room("h", "t", &[0], 3));
         assert!(t.has_room("g", "t", &[0, 1, 2], 3), "a renewal");
@@ -624,7 +646,7 @@ mod tests {
         assert_eq!(t.len(), 0);
         assert!(t.has_room("h", "t", &[0, 1, 2], 3));
         assert_eq!(
-            t.lock_batch("h", "t", &[0, 1, 2], "b", 30, at(30)),
+            t.lock_batch("h", "t", &[0, 1, 2], "b", 1, 30, at(30)),
             [0, 1, 2]
         );
         // Lapsed, they make room once purged.
@@ -632,7 +654,7 @@ mod tests {
         t.purge_expired(30 + EXPIRY);
         assert!(t.has_room("g", "t", &[5], 3));
         assert_eq!(t.len(), 0);
-        t.lock_batch("h", "u", &[0, 1], "b", 40 + EXPIRY, at(40 + EXPIRY));
+        t.lock_batch("h", "u", &[0, 1], "b", 1, 40 + EXPIRY, at(40 + EXPIRY));
         t.forget_group("h");
         assert_eq!(t.len(), 0);
     }
@@ -640,14 +662,14 @@ mod tests {
     #[test]
     fn failed_lock_leaves_no_empty_entries() {
         let mut t = LockTable::new(EXPIRY);
-        assert!(t.lock_batch("g", "t", &[], "a", 0, at(0)).is_empty());
+        assert!(t.lock_batch("g", "t", &[], "a", 1, 0, at(0)).is_empty());
         assert!(t.is_empty());
     }
 
     #[test]
     fn expiry_saturates() {
         let mut t = LockTable::new(u64::MAX);
-        assert_eq!(t.lock_batch("g", "t", &[0], "a", 10, at(10)), vec![0]);
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 10, at(10)), vec![0]);
         check(&t, 0, u64::MAX - 1, Some("a"));
     }
 }
