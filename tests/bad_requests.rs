@@ -620,3 +620,57 @@ fn sends_carrying_properties_only_the_broker_sets_are_refused() {
         producer.send("o", own).await.unwrap();
     });
 }
+
+/// A frame over the broker's limit whose sender goes on writing its body, behind requests
+/// whose answers (12 MiB or more) the client is still taking in: every answer arrives, then the
+/// broker's `FrameTooLarge`, not a reset. The broker closed with the client's bytes unread,
+/// which has the kernel reset the connection and drop what it had not sent yet (answers
+/// and the typed error); now it reads on, discarding, until the client closes (a few
+/// seconds at most).
+#[test]
+fn a_frame_over_the_limit_is_refused_with_its_error_while_the_client_writes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::start(&dir.path().join("data"), 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        producer.client().create_topic("t", 1).await.unwrap();
+        for i in 0..4u8 {
+            let m = OutgoingMessage::new(vec![i; 1 << 20]);
+            producer.send("t", m).await.unwrap();
+        }
+    });
+    let pulls = 4;
+    let mut oversize = Vec::new();
+    // Over the default limit (about 5 MiB).
+    let request = Request::SendMessage(send_to("t", 0, vec![7u8; 8 << 20]));
+    encode_request(&request, 99, &mut oversize).unwrap();
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut writing = conn.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for id in 0..pulls {
+            let mut out = Vec::new();
+            encode_request(&Request::Pull(Pull::new("t", 0, 0)), id, &mut out).unwrap();
+            writing.write_all(&out).unwrap();
+        }
+        // The whole frame and more, as a client that does not look at answers would.
+        let _ = writing.write_all(&oversize);
+        let _ = writing.write_all(&oversize);
+    });
+    // A slow reader: the answers wait in the broker's socket when it closes.
+    std::thread::sleep(Duration::from_millis(300));
+    let answers = common::raw::read_answers(&mut conn, pulls as usize + 1);
+    for (id, answer) in &answers[..pulls as usize] {
+        assert!(
+            matches!(answer, Response::Pull(p) if p.meta().count >= 3),
+            "{id}"
+        );
+    }
+    let (_, last) = answers.into_iter().last().unwrap();
+    let (code, message) = error_of(last);
+    assert_eq!(code, ErrorCode::FrameTooLarge, "{message}");
+    drop(conn);
+    writer.join().unwrap();
+}

@@ -53,6 +53,10 @@ pub const CONN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// A receive buffer grown for large frames is kept while they keep coming, and shrunk
 /// back once the connection sends nothing for this long.
 const READ_BUFFER_KEEP_MS: u64 = 100;
+/// How long a closing connection reads on (and drops) what its peer still sends, after
+/// its last answer, before it closes: see the end of [`serve_connection`].
+const LINGER_MS: u64 = 2_000;
+
 /// How often a reader waiting for a place among its connection's requests in flight (it
 /// reads nothing meanwhile) looks whether the peer went.
 const PEER_CHECK_MS: u64 = 200;
@@ -682,6 +686,16 @@ pub async fn serve_connection(
     ctx.connection_closed(conn);
     drop(reading);
     let _ = writer_task.await;
+    // A lingering close: the writer has shut its side down after the last answer; what the
+    // peer still sends is read and dropped until it closes its side, for at most
+    // `LINGER_MS`. Closing with its bytes unread has the kernel reset the connection and
+    // drop what it had not sent yet: answers, and the typed error a protocol fault closes
+    // with (`FrameTooLarge` to a client still writing the frame's body).
+    let mut scratch = vec![0u8; CONN_READ_BUFFER_BYTES];
+    let _ = within(LINGER_MS, async {
+        while let Ok(1..) = reader.read(&mut scratch).await {}
+    })
+    .await;
 }
 
 #[cfg(test)]
