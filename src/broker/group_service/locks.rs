@@ -53,7 +53,12 @@ impl ShardCtx {
                 Ok(locks.lock_batch(group, topic, queues, client_id, conn, now, stamp))
             }
             LockOp::Unlock => {
-                locks.unlock_batch(group, topic, queues, client_id, conn, stamp);
+                // Queues with no entry get a given-up one while there is room under the
+                // same bounds as locks.
+                let remember = (locks.has_group(group)
+                    || locks.group_count() < self.cfg.groups_max)
+                    && locks.has_room(group, topic, queues, LOCKS_PER_SHARD_MAX);
+                locks.unlock_batch(group, topic, queues, client_id, conn, stamp, remember);
                 Ok(Vec::new())
             }
         }

@@ -185,10 +185,15 @@ impl LockTable {
         self.entries + added <= max
     }
 
-    /// Unlocks the queues `client_id` holds on connection `conn` among `queues` unless it locked them again
-    /// after this request was made (`stamp`); queues held by others (or by nobody) are left
-    /// alone. A given-up lock stays, free, until taken or its lock expiry: a lock request of the
-    /// client made before this one does not take the queue again.
+    /// Unlocks the queues `client_id` holds on connection `conn` among `queues` unless it
+    /// locked them again after this request was made (`stamp`); queues held by others are
+    /// left alone. A given-up lock stays, free, until taken or its lock expiry: a lock
+    /// request of the client made before this one does not take the queue again. With
+    /// `remember_absent` (room for the entries: see `has_room`), a queue with no entry
+    /// gets a given-up one too: a lock request made before the unlock and arriving after
+    /// it (by another way between shards) took the queue for a client that had given it
+    /// up, held by nobody consuming until it lapsed.
+    #[allow(clippy::too_many_arguments)]
     pub fn unlock_batch(
         &mut self,
         group: &str,
@@ -197,18 +202,41 @@ impl LockTable {
         client_id: &str,
         conn: u64,
         stamp: u64,
+        remember_absent: bool,
     ) {
-        let Some(table) = self.locks.get_mut(group).and_then(|t| t.get_mut(topic)) else {
-            return;
+        let table = if remember_absent {
+            let topics = self.locks.entry(group.to_owned()).or_default();
+            topics.entry(topic.to_owned()).or_default()
+        } else {
+            match self.locks.get_mut(group).and_then(|t| t.get_mut(topic)) {
+                Some(table) => table,
+                None => return,
+            }
         };
+        let mut added = 0;
         for q in queues {
-            if let Some(lock) = table.get_mut(q) {
-                if lock.is_held_by(client_id, conn) && lock.stamp <= stamp {
-                    lock.expires_ms = 0;
-                    lock.stamp = stamp;
+            match table.get_mut(q) {
+                Some(lock) => {
+                    if lock.is_held_by(client_id, conn) && lock.stamp <= stamp {
+                        lock.expires_ms = 0;
+                        lock.stamp = stamp;
+                    }
                 }
+                None if remember_absent => {
+                    added += 1;
+                    let given_up = Lock {
+                        holder: Rc::from(client_id),
+                        conn,
+                        expires_ms: 0,
+                        stamp,
+                    };
+                    table.insert(*q, given_up);
+                }
+                None => {}
             }
         }
+        self.entries += added;
+        self.drop_empty(group, topic);
     }
 
     /// A member left the group (decided at `stamp`): drops every lock it holds in it, live
@@ -490,15 +518,15 @@ mod tests {
     fn unlock_only_by_holder() {
         let mut t = LockTable::new(EXPIRY);
         t.lock_batch("g", "t", &[0, 1], "a", 1, 0, at(0));
-        t.unlock_batch("g", "t", &[0, 1, 7], "b", 1, at(1));
-        t.unlock_batch("nope", "t", &[0], "a", 1, at(1));
+        t.unlock_batch("g", "t", &[0, 1, 7], "b", 1, at(1), false);
+        t.unlock_batch("nope", "t", &[0], "a", 1, at(1), false);
         check(&t, 0, 1, Some("a"));
         check(&t, 1, 1, Some("a"));
-        t.unlock_batch("g", "t", &[0], "a", 1, at(1));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(1), false);
         check(&t, 0, 1, None);
         check(&t, 1, 1, Some("a"));
         assert_eq!((t.len(), t.live_len(1)), (2, 1));
-        t.unlock_batch("g", "t", &[1], "a", 1, at(1));
+        t.unlock_batch("g", "t", &[1], "a", 1, at(1), false);
         check(&t, 1, 1, None);
         // Given-up locks are kept (with their unlocks' stamps) for the lock expiry.
         t.purge_expired(1);
@@ -553,14 +581,14 @@ mod tests {
         let mut t = LockTable::new(EXPIRY);
         t.lock_batch("g", "t", &[0], "a", 1, 0, at(10));
         t.lock_batch("g", "t", &[0], "a", 1, 0, at(30));
-        t.unlock_batch("g", "t", &[0], "a", 1, at(20));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(20), false);
         check(&t, 0, 1, Some("a"));
-        t.unlock_batch("g", "t", &[0], "a", 1, at(40));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(40), false);
         check(&t, 0, 1, None);
         assert!(t.lock_batch("g", "t", &[0], "a", 1, 1, at(35)).is_empty());
         check(&t, 0, 1, None);
         assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 1, at(50)), vec![0]);
-        t.unlock_batch("g", "t", &[0], "a", 1, at(60));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(60), false);
         // A given-up lock is free for anyone else at once.
         assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, 1, at(55)), vec![0]);
         check(&t, 0, 1, Some("b"));
@@ -574,7 +602,7 @@ mod tests {
     fn an_unlock_is_remembered_across_purges_for_the_lock_expiry() {
         let mut t = LockTable::new(EXPIRY);
         assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 0, at(0)), vec![0]);
-        t.unlock_batch("g", "t", &[0], "a", 1, at(20));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(20), false);
         t.purge_expired(500);
         assert!(t.lock_batch("g", "t", &[0], "a", 1, 600, at(10)).is_empty());
         check(&t, 0, 600, None);
@@ -584,12 +612,36 @@ mod tests {
         // Forgotten at once when another group's locks need the room, unless the group
         // holds a live lock (its place is not freed anyway).
         t.lock_batch("g", "t", &[0], "a", 1, 0, at(0));
-        t.unlock_batch("g", "t", &[0], "a", 1, at(20));
+        t.unlock_batch("g", "t", &[0], "a", 1, at(20), false);
         t.lock_batch("h", "t", &[0, 1], "b", 1, 0, at(0));
-        t.unlock_batch("h", "t", &[0], "b", 1, at(20));
+        t.unlock_batch("h", "t", &[0], "b", 1, at(20), false);
         t.forget_given_up(30);
         assert_eq!((t.group_count(), t.len()), (1, 2));
         assert!(t.lock_batch("h", "t", &[0], "b", 1, 40, at(10)).is_empty());
+    }
+
+    /// An unlock that arrives before a lock request its client made ahead of it (the two
+    /// came to the queue's shard by different ways) leaves a given-up entry: the late
+    /// request takes nothing. Before, the unlock found no entry and recorded nothing, and
+    /// the late request took the queue for a client that had given it up.
+    #[test]
+    fn an_unlock_ahead_of_an_earlier_lock_request_is_remembered() {
+        let mut t = LockTable::new(EXPIRY);
+        t.unlock_batch("g", "t", &[0, 0], "a", 1, at(20), true);
+        assert_eq!((t.len(), t.live_len(25)), (1, 0));
+        assert!(t.lock_batch("g", "t", &[0], "a", 1, 25, at(10)).is_empty());
+        check(&t, 0, 25, None);
+        // A later request of its client takes it, as would anyone else.
+        assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 30, at(30)), vec![0]);
+        // Without room for it, nothing is recorded.
+        t.unlock_batch("g", "t", &[5], "a", 1, at(40), false);
+        t.unlock_batch("h", "t", &[5], "a", 1, at(40), false);
+        assert_eq!((t.len(), t.group_count()), (1, 1));
+        // Forgotten past the lock expiry, as any given-up lock.
+        t.unlock_batch("h", "t", &[1], "b", 1, at(50), true);
+        assert_eq!((t.len(), t.group_count()), (2, 2));
+        t.purge_expired(50 + EXPIRY);
+        assert_eq!((t.len(), t.group_count()), (0, 0));
     }
 
     #[test]
