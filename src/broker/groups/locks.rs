@@ -216,12 +216,11 @@ impl LockTable {
         let mut added = 0;
         for q in queues {
             match table.get_mut(q) {
-                Some(lock) => {
-                    if lock.is_held_by(client_id, conn) && lock.stamp <= stamp {
-                        lock.expires_ms = 0;
-                        lock.stamp = stamp;
-                    }
+                Some(lock) if lock.is_held_by(client_id, conn) && lock.stamp <= stamp => {
+                    lock.expires_ms = 0;
+                    lock.stamp = stamp;
                 }
+                Some(_) => {}
                 None if remember_absent => {
                     added += 1;
                     let given_up = Lock {
