@@ -180,10 +180,6 @@ pub(super) struct Controller {
     /// A renewal of held locks failed: tried again at the next `lock_retry_ms`, not a
     /// whole `lock_renew_ms` later (the leases would lapse meanwhile).
     renew_owed: bool,
-    /// Pending queues whose last lock request's outcome is unknown (it failed, timed out
-    /// or was answered across a reconnect): the broker may hold their locks for this
-    /// member, so they are unlocked if taken away before a lock request settles them.
-    lock_unsure: BTreeSet<MessageQueue>,
 }
 
 /// Stopped queues, for the commit and unlock that follow.
@@ -215,7 +211,6 @@ impl Controller {
             ended_tx,
             ended_rx: Some(ended_rx),
             renew_owed: false,
-            lock_unsure: BTreeSet::new(),
         }
     }
 
@@ -331,19 +326,19 @@ impl Controller {
             let _ = self.commit(&stopped).await;
             let _ = self.unlock(&stopped).await;
         }
-        // Pending queues taken away whose last lock request may have been granted
-        // unseen: their locks are given up, or the next owner waits for them to expire.
-        let unsure: Vec<MessageQueue> = (self.pending.iter())
-            .filter(|mq| !target.contains(*mq) && self.lock_unsure.contains(*mq))
+        // Pending queues taken away: their locks are given up, all of them (an unlock of a
+        // queue not held is a no-op), or the next owner waits for them to expire. Only
+        // those whose last lock request's outcome was unknown were: an answer that left a
+        // queue out may still see it granted (the broker answers what the shards that
+        // answered hold; a shard that timed out may grant it later).
+        let taken_away: Vec<MessageQueue> = (self.pending.iter())
+            .filter(|mq| !target.contains(*mq))
             .cloned()
             .collect();
         self.pending.retain(|mq| target.contains(mq));
-        if !unsure.is_empty() {
+        if !taken_away.is_empty() {
             // Logged inside; the locks expire on the broker otherwise.
-            let _ = self.unlock_queues(&unsure).await;
-            for mq in &unsure {
-                self.lock_unsure.remove(mq);
-            }
+            let _ = self.unlock_queues(&taken_away).await;
         }
         let added: Vec<MessageQueue> = target
             .into_iter()
@@ -404,8 +399,6 @@ impl Controller {
             let Some(tasks) = self.running.remove(mq) else {
                 continue;
             };
-            // (A failed renewal of its lock marked it; stopped, it is unlocked as it goes.)
-            self.lock_unsure.remove(mq);
             tasks.pq.drop_queue();
             tasks.pull.abort();
             lock(&self.shared.queues).remove(mq);
@@ -539,20 +532,11 @@ impl Controller {
             }
             let lapses = self.shared.lapses.load(Ordering::SeqCst);
             let sent_ms = self.shared.now_ms();
-            let asked = ids.iter().map(|&q| MessageQueue::new(topic.to_owned(), q));
             match client.lock_batch(&self.shared.group, topic, &ids).await {
                 Ok(held) => {
-                    let after = client.bootstrap_session();
                     // A lock granted across a reconnect may already be released by the
                     // broker (the old connection closed): not trusted, asked again later.
-                    let settled = before.is_some() && before == after;
-                    for mq in asked {
-                        if settled {
-                            self.lock_unsure.remove(&mq);
-                        } else {
-                            self.lock_unsure.insert(mq);
-                        }
-                    }
+                    let after = client.bootstrap_session();
                     if let (Some(before), Some(after)) = (before, after) {
                         if before == after {
                             answers.push(Granted {
@@ -569,7 +553,6 @@ impl Controller {
                     }
                 }
                 Err(e) => {
-                    self.lock_unsure.extend(asked);
                     if !std::mem::replace(&mut self.lock_failing, true) {
                         self.shared
                             .log(format_args!("locking {topic} {ids:?} failed: {e}"));
