@@ -38,6 +38,10 @@ pub const LOCKS_PER_SHARD_MAX: usize = 1 << 20;
 /// one topic creation.
 pub const CLOSED_CONNS_KEPT: usize = 4096;
 
+/// How many times a shard tells a group's coordinator that a connection of the group
+/// closed before it gives up (each call waits up to the mesh call timeout, a second apart).
+const CLOSE_NOTICE_ATTEMPTS: u32 = 10;
+
 /// Groups a coordinator remembers having deleted (`ShardCtx::deleted_groups`).
 pub const DELETED_GROUPS_KEPT: usize = 1024;
 
@@ -368,10 +372,26 @@ impl ShardCtx {
                 let coordinator = ctx.coordinator_of(&group);
                 if coordinator == ctx.id {
                     ctx.on_connection_closed(&group, conn).await;
-                } else {
-                    let _ = ctx
-                        .call(coordinator, MeshRequest::ConnectionClosed { group, conn })
-                        .await;
+                    return;
+                }
+                // Told until it is heard (it is idempotent): members would leave when their
+                // sessions end anyway, but a transaction producer's registration has no
+                // session, and stayed, checks sent to a connection that is gone.
+                for attempt in 1..=CLOSE_NOTICE_ATTEMPTS {
+                    let notice = MeshRequest::ConnectionClosed {
+                        group: group.clone(),
+                        conn,
+                    };
+                    match ctx.call(coordinator, notice).await {
+                        Ok(_) => return,
+                        Err(_) if ctx.is_stopping() => return,
+                        Err(e) if attempt == CLOSE_NOTICE_ATTEMPTS => crate::warn!(
+                            "ringmq: shard {}: telling shard {coordinator} that a connection of group {group} closed failed {attempt} times, the last: {}; its members leave when their sessions end, its producers stay registered",
+                            ctx.id,
+                            e.message
+                        ),
+                        Err(_) => crate::io::sleep(std::time::Duration::from_secs(1)).await,
+                    }
                 }
             });
         }
