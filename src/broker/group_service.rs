@@ -289,9 +289,12 @@ impl ShardCtx {
         if encode_frame(0, Flags::NONE, &note, &[], &mut frame).is_err() {
             return;
         }
-        for conn in conns {
-            let _ = self.push_to(conn, frame.clone()).await;
-        }
+        // All at once: one after another, a member's connection on a busy shard held up
+        // the others' notices, and the heartbeat answer that waits for them.
+        let pushes = conns
+            .into_iter()
+            .map(|conn| self.push_to(conn, frame.clone()));
+        futures_util::future::join_all(pushes).await;
     }
 
     /// Members left (taken out of the group at `decided`, a [`steady_ns`] stamp): release
@@ -302,21 +305,26 @@ impl ShardCtx {
             return;
         }
         for client_id in &left {
-            for to in 0..self.shard_count {
-                let req = MeshRequest::ReleaseClient {
-                    group: group.to_owned(),
-                    client_id: client_id.clone(),
-                    stamp: decided,
-                };
-                if to == self.id {
-                    self.locks
-                        .borrow_mut()
-                        .release_client(group, client_id, decided);
-                } else {
+            self.locks
+                .borrow_mut()
+                .release_client(group, client_id, decided);
+        }
+        // Every other shard at once (one slow shard held up the others' releases, one after
+        // another), each told of every member that left in turn.
+        let left = &left;
+        let releases = (0..self.shard_count)
+            .filter(|&to| to != self.id)
+            .map(|to| async move {
+                for client_id in left {
+                    let req = MeshRequest::ReleaseClient {
+                        group: group.to_owned(),
+                        client_id: client_id.clone(),
+                        stamp: decided,
+                    };
                     let _ = self.call(to, req).await;
                 }
-            }
-        }
+            });
+        futures_util::future::join_all(releases).await;
         // A group whose offsets were reset keeps its epoch (members compare it), so only a
         // group that never had a reset is forgotten.
         let empty = {
