@@ -382,9 +382,10 @@ impl ShardCtx {
                     ctx.on_connection_closed(&group, conn).await;
                     return;
                 }
-                // Told until it is heard (it is idempotent): members would leave when their
-                // sessions end anyway, but a transaction producer's registration has no
-                // session, and stayed, checks sent to a connection that is gone.
+                // Told until it is heard (it is idempotent; the coordinator acknowledges on
+                // hearing it, before its members' departure runs): members would leave when
+                // their sessions end anyway, but a transaction producer's registration has
+                // no session, and stayed, checks sent to a connection that was gone.
                 for attempt in 1..=CLOSE_NOTICE_ATTEMPTS {
                     let notice = MeshRequest::ConnectionClosed {
                         group: group.clone(),

@@ -397,7 +397,12 @@ impl ShardCtx {
                 MeshReply::Ack
             }
             MeshRequest::ConnectionClosed { group, conn } => {
-                self.on_connection_closed(&group, conn).await;
+                // Heard: acknowledged now, its members' departure (lock releases on every
+                // shard, notices to the rest, each a mesh call) goes on in a task of its
+                // own. Answered after it, a slow departure read as a notice not heard, and
+                // the sender told it again and again.
+                let ctx = self.clone();
+                crate::io::spawn(async move { ctx.on_connection_closed(&group, conn).await });
                 MeshReply::Ack
             }
             MeshRequest::ForwardedConnectionClosed { conn } => {

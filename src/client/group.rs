@@ -309,7 +309,10 @@ impl Client {
 
     /// Locks (or renews the locks of) `queues` of `topic` for this client in `group`;
     /// answers the queues this client now holds, sorted. A queue held by another live
-    /// client is not in the answer.
+    /// client is not in the answer. A lock is held by this client on its bootstrap
+    /// connection: after a reconnect only a member of `group` (a group heartbeat on the
+    /// new connection) has its old locks released and can lock them again at once; a
+    /// client that is not a member waits for its old locks to lapse (`lock_expiry_ms`).
     pub async fn lock_batch(&self, group: &str, topic: &str, queues: &[u32]) -> Result<Vec<u32>> {
         check_group(group)?;
         check_topic(topic)?;

@@ -80,10 +80,12 @@ pub struct ConnSettings {
 /// the connection cap): what frames larger than a base buffer take. A connection takes what
 /// its frame needs all at once (its buffer then grows as the bytes arrive), so none holds
 /// part of what it needs while waiting for the rest: connections doing that would wait on
-/// each other until their frames time out. The one exception: a buffer kept from an
-/// earlier large frame (for [`READ_BUFFER_KEEP_MS`]) may already hold the next frame's
-/// first bytes when that frame needs more; it keeps what it holds counted while it waits
-/// (see `BudgetTaken::grow_to`).
+/// each other until their frames time out. A buffer kept from an earlier large frame (for
+/// [`READ_BUFFER_KEEP_MS`]) reads a base buffer's worth first, and goes back to the base
+/// size when the next frame is larger than it; only when it holds more than a base
+/// buffer's worth of that frame (its bytes came behind an earlier frame's in one read) does
+/// it wait holding it, counted (see `BudgetTaken::grow_to`: it gave it back, and the bytes
+/// it still held were taken again by others).
 ///
 /// The connections from one address (an IPv6 /64, [`share_key`]) take at most a quarter of
 /// it (at least one largest frame): before, about fifty connections from one host that each announced a 5 MiB frame
@@ -610,7 +612,15 @@ pub async fn serve_connection(
             start = 0;
         }
         let needed = decoder.bytes_needed(&buf[..end]).unwrap_or(0);
-        if end == buf.len() {
+        // A buffer kept from an earlier frame, too small for the next one, goes back to the
+        // base size while what it holds of it fits there: it then takes the next frame's
+        // room as a base buffer does, waiting (if it must) holding nothing.
+        if needed > buf.len() && buf.len() > CONN_READ_BUFFER_BYTES && end <= CONN_READ_BUFFER_BYTES
+        {
+            shrink(&mut buf, &mut taken);
+        }
+        let full = end == buf.len();
+        if full {
             let grown = (buf.len() * 2).min(needed.max(end + 1));
             // The whole frame's need at once (see `ReadBudget`), for as long as a stalled
             // frame is waited for at most; then a typed refusal.
@@ -636,8 +646,11 @@ pub async fn serve_connection(
             shrink(&mut buf, &mut taken);
         }
         if buf.len() > CONN_READ_BUFFER_BYTES && end == 0 {
-            // Kept for the next large frame, unless the connection pauses.
-            match within(READ_BUFFER_KEEP_MS, reader.read(&mut buf[..])).await {
+            // Kept for the next large frame, unless the connection pauses. A base buffer's
+            // worth first: a next frame larger than the kept buffer is seen before the
+            // kept room fills with its bytes (the buffer then goes back to the base size).
+            let first = &mut buf[..CONN_READ_BUFFER_BYTES];
+            match within(READ_BUFFER_KEEP_MS, reader.read(first)).await {
                 Some(Ok(0)) | Some(Err(_)) => break,
                 Some(Ok(n)) => end = n,
                 None => shrink(&mut buf, &mut taken),

@@ -106,7 +106,7 @@ fn note_received(run: &Run, counted: u64, duplicates: u64, now: Instant) {
 /// The push consumers of `--group` started so far. Each goes in as soon as it starts, so
 /// whatever ends the run (its end, an error, SIGINT or SIGTERM) finds every member that
 /// must leave the group: [`leave_group`].
-pub(crate) type Started = Arc<Mutex<Vec<PushConsumer>>>;
+pub(crate) type Started = Arc<Mutex<Vec<Arc<PushConsumer>>>>;
 
 /// The end-to-end histograms of the push consumers of `--group`, one each.
 pub(crate) struct PushConsumers {
@@ -116,9 +116,11 @@ pub(crate) struct PushConsumers {
 /// Has every push consumer in `started` leave the group cleanly, all at once (each
 /// commits, gives back its queues and unregisters, so the group is free at once, not when
 /// their sessions time out: a rerun was refused as "members running" meanwhile). Returns
-/// the pull errors they counted.
+/// the pull errors they counted. They stay in `started` until they have left: a leave cut
+/// short (a signal during the run's own) is waited for by the next (a shutdown waits for
+/// one in progress).
 pub(crate) async fn leave_group(started: &Started) -> u64 {
-    let consumers = std::mem::take(&mut *lock(started));
+    let consumers = lock(started).clone();
     let mut pull_errors = 0;
     let mut leaving = Vec::with_capacity(consumers.len());
     for consumer in consumers {
@@ -132,6 +134,7 @@ pub(crate) async fn leave_group(started: &Started) -> u64 {
             Err(e) => eprintln!("ringmq-bench: push consumer {c} shutdown task: {e}"),
         }
     }
+    lock(started).clear();
     pull_errors
 }
 
@@ -240,7 +243,7 @@ pub(crate) async fn start_push_consumers(
             })
             .map_err(fail)?;
         consumer.start().await.map_err(fail)?;
-        lock(started).push(consumer);
+        lock(started).push(Arc::new(consumer));
         push.latencies.push(latencies);
     }
     // Settled: the broker counts every consumer as a member, and each consumes exactly the
@@ -296,7 +299,7 @@ pub(crate) async fn start_push_consumers(
     Ok(push)
 }
 
-fn lock(started: &Started) -> std::sync::MutexGuard<'_, Vec<PushConsumer>> {
+fn lock(started: &Started) -> std::sync::MutexGuard<'_, Vec<Arc<PushConsumer>>> {
     started.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

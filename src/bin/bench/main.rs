@@ -570,8 +570,9 @@ async fn run(cli: Cli, broker: String, started: Started) -> Result<Report, Strin
     })
 }
 
-/// Set once SIGINT or SIGTERM came: the open loop's scheduler (a blocking thread, which
-/// the runtime's drop waits for) stops sending then, not at the end of `--duration`.
+/// Set once SIGINT or SIGTERM came, or the run ended (an error may end it with the open
+/// loop's scheduler going): the scheduler (a blocking thread, which the runtime's drop
+/// waits for) stops sending then, not at the end of `--duration`.
 pub(crate) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// How long push consumers of a run cut short have to leave their group.
@@ -668,6 +669,8 @@ fn main() -> ExitCode {
             }
         }
     });
+    // The open loop's scheduler stops, if a run cut short left it going.
+    INTERRUPTED.store(true, Ordering::Relaxed);
     // Push consumers of a run cut short (a signal, an error) leave the group before the
     // runtime goes: dropped with it, they stayed members until their sessions timed out.
     // A second signal ends the process at once.

@@ -312,7 +312,6 @@ impl GroupState {
         changed
     }
 
-    /// The member leaves (it said goodbye). Returns whether it was a member.
     /// Member `client_id` leaves, if it is the one on `connection`: an id is one member
     /// per live connection (`ClientIdInUse`), and an unregister from another connection
     /// (a process that was expired and replaced by one with the same id, shutting down

@@ -1,5 +1,6 @@
 //! Queue locks for ordered consumption, kept by the shard that owns the queue: per (group,
-//! topic, queue) the client id holding it and when the lock lapses unless renewed.
+//! topic, queue) the client id holding it, on which connection, and when the lock lapses
+//! unless renewed. Only requests of that client id on that connection renew or give it up.
 //!
 //! A lock is held while `now_ms < expires_ms`; locking or renewing sets
 //! `expires_ms = now_ms + lock_expiry_ms` (never moving it backwards). Expired entries stay
@@ -15,7 +16,9 @@
 //! after rejoining; an unlock does not drop a lock the client took again after it; a lock
 //! request made before the client's release, or before its unlock of that queue, does not
 //! take the queue for a client that has given it up (it would sit there, held by nobody
-//! consuming, until it lapsed).
+//! consuming, until it lapsed). For that, an unlock leaves a given-up entry (with its
+//! stamp) on a queue with none, room permitting, and raises the stamp of another's
+//! given-up entry; a given-up entry refuses every lock request made before its stamp.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -31,8 +34,10 @@ struct Lock {
     /// The connection of the request that took it: requests of the same client id from
     /// another connection are another holder's (a process whose member expired, replaced
     /// by one with the same id, renewed and gave up the new one's locks: two consumers of
-    /// one orderly queue). A client that reconnects has its locks released with its member
-    /// (the connection's close) and takes them again on the new one.
+    /// one orderly queue). A member that reconnects has its locks released with it (the
+    /// connection's close) and takes them again on the new one; a client that locks
+    /// without being a member (`Client::lock_batch` takes any group) keeps its locks of a
+    /// closed connection until they lapse, and cannot renew them from a new one.
     conn: u64,
     /// 0: given up by its holder (kept, with the unlock's stamp, for the lock expiry).
     expires_ms: u64,
@@ -140,6 +145,10 @@ impl LockTable {
                     lock.stamp = lock.stamp.max(stamp);
                 }
                 Some(lock) if lock.is_live(now_ms) => continue,
+                // Given up by a request made after this one (its holder's unlock, or
+                // another's that met it): made before the give-up and arriving after it,
+                // in order it would have found the queue held.
+                Some(lock) if lock.expires_ms == 0 && stamp < lock.stamp => continue,
                 Some(lock) => {
                     *lock = Lock {
                         holder: holder.clone(),
@@ -214,17 +223,22 @@ impl LockTable {
             }
         };
         let mut added = 0;
+        let mut holder: Option<Rc<str>> = None;
         for q in queues {
             match table.get_mut(q) {
                 Some(lock) if lock.is_held_by(client_id, conn) && lock.stamp <= stamp => {
                     lock.expires_ms = 0;
                     lock.stamp = stamp;
                 }
+                // Another's given-up entry (the queue's last owner gave it up just before,
+                // as after a rebalance): it takes this unlock's stamp, so a lock request
+                // this client made before it takes nothing either.
+                Some(lock) if lock.expires_ms == 0 => lock.stamp = lock.stamp.max(stamp),
                 Some(_) => {}
                 None if remember_absent => {
                     added += 1;
                     let given_up = Lock {
-                        holder: Rc::from(client_id),
+                        holder: holder.get_or_insert_with(|| Rc::from(client_id)).clone(),
                         conn,
                         expires_ms: 0,
                         stamp,
@@ -588,8 +602,11 @@ mod tests {
         check(&t, 0, 1, None);
         assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 1, at(50)), vec![0]);
         t.unlock_batch("g", "t", &[0], "a", 1, at(60), false);
-        // A given-up lock is free for anyone else at once.
-        assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, 1, at(55)), vec![0]);
+        // A given-up lock is free at once for anyone else's request made after the unlock;
+        // one made before it, arriving after it, takes nothing (in order, it would have
+        // found the queue held).
+        assert!(t.lock_batch("g", "t", &[0], "b", 1, 1, at(55)).is_empty());
+        assert_eq!(t.lock_batch("g", "t", &[0], "b", 1, 1, at(65)), vec![0]);
         check(&t, 0, 1, Some("b"));
     }
 
@@ -632,13 +649,22 @@ mod tests {
         check(&t, 0, 25, None);
         // A later request of its client takes it, as would anyone else.
         assert_eq!(t.lock_batch("g", "t", &[0], "a", 1, 30, at(30)), vec![0]);
+        // The queue's last owner (b) gave it up, then a's unlock came ahead of a's lock
+        // request made before it: the request takes nothing (it found b's entry, and took
+        // the queue).
+        assert_eq!(t.lock_batch("g", "t", &[3], "b", 1, 30, at(30)), vec![3]);
+        t.unlock_batch("g", "t", &[3], "b", 1, at(32), true);
+        t.unlock_batch("g", "t", &[3], "a", 1, at(36), true);
+        assert!(t.lock_batch("g", "t", &[3], "a", 1, 37, at(34)).is_empty());
+        assert_eq!(t.lock_batch("g", "t", &[3], "a", 1, 37, at(37)), vec![3]);
+        t.unlock_batch("g", "t", &[3], "a", 1, at(38), false);
         // Without room for it, nothing is recorded.
         t.unlock_batch("g", "t", &[5], "a", 1, at(40), false);
         t.unlock_batch("h", "t", &[5], "a", 1, at(40), false);
-        assert_eq!((t.len(), t.group_count()), (1, 1));
+        assert_eq!((t.len(), t.group_count()), (2, 1));
         // Forgotten past the lock expiry, as any given-up lock.
         t.unlock_batch("h", "t", &[1], "b", 1, at(50), true);
-        assert_eq!((t.len(), t.group_count()), (2, 2));
+        assert_eq!((t.len(), t.group_count()), (3, 2));
         t.purge_expired(50 + EXPIRY);
         assert_eq!((t.len(), t.group_count()), (0, 0));
     }

@@ -327,10 +327,10 @@ impl Controller {
             let _ = self.unlock(&stopped).await;
         }
         // Pending queues taken away: their locks are given up, all of them (an unlock of a
-        // queue not held is a no-op), or the next owner waits for them to expire. Only
-        // those whose last lock request's outcome was unknown were: an answer that left a
-        // queue out may still see it granted (the broker answers what the shards that
-        // answered hold; a shard that timed out may grant it later).
+        // queue not held takes nothing from its holder), or the next owner waits for them
+        // to expire. Only those whose last lock request's outcome was unknown were: an
+        // answer that left a queue out may still see it granted (the broker answers what
+        // the shards that answered hold; a shard that timed out may grant it later).
         let taken_away: Vec<MessageQueue> = (self.pending.iter())
             .filter(|mq| !target.contains(*mq))
             .cloned()
