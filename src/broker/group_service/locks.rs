@@ -54,10 +54,12 @@ impl ShardCtx {
             }
             LockOp::Unlock => {
                 // Queues with no entry get a given-up one while there is room under the
-                // same bounds as locks.
+                // same bounds as locks, and only in half of the entries' room: given-up
+                // entries stay for the lock expiry, and a table they filled would refuse
+                // lock requests until then.
                 let remember = (locks.has_group(group)
                     || locks.group_count() < self.cfg.groups_max)
-                    && locks.has_room(group, topic, queues, LOCKS_PER_SHARD_MAX);
+                    && locks.has_room(group, topic, queues, LOCKS_PER_SHARD_MAX / 2);
                 locks.unlock_batch(group, topic, queues, client_id, conn, stamp, remember);
                 Ok(Vec::new())
             }

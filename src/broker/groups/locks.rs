@@ -100,9 +100,11 @@ impl LockTable {
     }
 
     /// Locks (or renews) each queue for `client_id` on connection `conn` if it is free,
-    /// expired, or already held by that client on that connection. Returns the queues it now holds among those asked for, ascending and
-    /// distinct. A request made (`stamp`) before the client's locks here were released, or
-    /// before it gave a queue up, takes nothing, or not that queue.
+    /// expired, or already held by that client on that connection. Returns the queues it
+    /// now holds among those asked for, ascending and distinct. A request made (`stamp`)
+    /// before the client's locks here were released, or before a queue was given up (by
+    /// it, or by another whose give-up an unlock of its met), takes nothing, or not that
+    /// queue.
     #[allow(clippy::too_many_arguments)]
     pub fn lock_batch(
         &mut self,
