@@ -443,7 +443,12 @@ fn a_second_live_connection_with_the_same_client_id_is_refused_and_cannot_touch_
                 .is_empty(),
             "the late connection's unlock freed the member's locks"
         );
-        late.unregister("g").await.unwrap();
+        let refused = late.unregister("g").await.unwrap_err();
+        assert_eq!(refused.code(), Some(ErrorCode::ClientIdInUse), "{refused}");
+        assert!(
+            refused.to_string().contains("another connection"),
+            "{refused}"
+        );
         let members = second.group_members("g").await.unwrap().members;
         assert_eq!(members.len(), 1, "the late connection's unregister took it");
         assert_eq!(second.lock_batch("g", "t", &[0, 1]).await.unwrap(), [0, 1]);

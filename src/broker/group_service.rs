@@ -654,8 +654,8 @@ impl ShardCtx {
         })
     }
 
-    /// Member `u.client_id` on connection `conn` leaves; one on another connection stays
-    /// (see `GroupState::unregister`).
+    /// Member `u.client_id` on connection `conn` leaves; one on another connection stays,
+    /// and the request is refused with `ClientIdInUse` (see `GroupState::unregister`).
     pub(super) fn unregister(
         self: &Rc<Self>,
         u: Unregister,
@@ -664,7 +664,9 @@ impl ShardCtx {
         let ctx = self.clone();
         Box::pin(async move {
             let removed = match ctx.groups.borrow_mut().get_mut(&u.group) {
-                Some((s, _)) => s.unregister(&u.client_id, conn),
+                Some((s, _)) => s
+                    .unregister(&u.client_id, conn)
+                    .map_err(|e| err(ErrorCode::ClientIdInUse, e.to_string()))?,
                 None => false,
             };
             let decided = steady_ns();

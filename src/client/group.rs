@@ -215,7 +215,11 @@ impl Client {
     }
 
     /// Leaves `group` at once (the group rebalances without waiting for a timeout); the
-    /// broker releases this client's queue locks of the group.
+    /// broker releases this client's queue locks of the group. Not a member: done, nothing
+    /// changes. Fails with `ErrorCode::ClientIdInUse` when the member with this client id is
+    /// on another connection (an earlier one the broker still sees open, or another
+    /// process with the same id): that member stays until its connection closes or its
+    /// session expires.
     pub async fn unregister(&self, group: &str) -> Result<()> {
         check_group(group)?;
         let request = Unregister {

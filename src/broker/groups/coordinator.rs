@@ -122,7 +122,8 @@ impl MemberInfo {
     }
 }
 
-/// Why a heartbeat is refused ([`GroupState::check_heartbeat`]).
+/// Why a heartbeat ([`GroupState::check_heartbeat`]) or an unregister
+/// ([`GroupState::unregister`]) is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GroupError {
     #[error("invalid client id {client_id:?}: {reason}")]
@@ -137,6 +138,11 @@ pub enum GroupError {
     InvalidStrategy { strategy: String, reason: String },
     #[error("client id {client_id:?} is in use by another live connection in group {group}; give each member its own id")]
     ClientIdInUse { group: String, client_id: String },
+    #[error(
+        "member {client_id:?} of group {group} is on another connection; only that connection's \
+         unregister takes it out (it leaves when that connection closes or its session expires)"
+    )]
+    MemberOnOtherConnection { group: String, client_id: String },
 }
 
 #[derive(Debug, Clone)]
@@ -316,20 +322,25 @@ impl GroupState {
     /// per live connection (`ClientIdInUse`), and an unregister from another connection
     /// (a process that was expired and replaced by one with the same id, shutting down
     /// late) took the live member away, its queue locks with it, while it went on
-    /// consuming. Returns whether it left.
-    pub fn unregister(&mut self, client_id: &str, connection: u64) -> bool {
-        if self
-            .members
-            .get(client_id)
-            .is_none_or(|m| m.info.connection != connection)
-        {
-            return false;
+    /// consuming; that unregister is refused (`MemberOnOtherConnection`), not answered as
+    /// done, so a client whose old connection the broker still sees does not think it
+    /// left. Returns whether it left (false: no such member).
+    pub fn unregister(&mut self, client_id: &str, connection: u64) -> Result<bool, GroupError> {
+        match self.members.get(client_id) {
+            None => return Ok(false),
+            Some(m) if m.info.connection != connection => {
+                return Err(GroupError::MemberOnOtherConnection {
+                    group: self.group.clone(),
+                    client_id: client_id.to_owned(),
+                })
+            }
+            Some(_) => {}
         }
         let left = self.remove(client_id);
         if left {
             self.bump();
         }
-        left
+        Ok(left)
     }
 
     /// A connection closed: the members on it leave. Returns them, sorted.
@@ -706,11 +717,14 @@ mod tests {
         let gen = g.generation();
         // Only from the member's own connection: one with the same id elsewhere (a process
         // it replaced, shutting down late) does not take it away.
-        assert!(!g.unregister("a", 1));
+        assert!(matches!(
+            g.unregister("a", 1),
+            Err(GroupError::MemberOnOtherConnection { .. })
+        ));
         assert_eq!(g.member("a").map(|m| m.connection), Some(9));
         assert_eq!(g.generation(), gen);
-        assert!(g.unregister("a", 9));
-        assert!(!g.unregister("a", 9));
+        assert_eq!(g.unregister("a", 9), Ok(true));
+        assert_eq!(g.unregister("a", 9), Ok(false));
         assert!(g.generation() > gen);
         assert_eq!(g.members(), vec!["b"]);
         assert!(g.member("a").is_none());
@@ -803,7 +817,7 @@ mod tests {
         assert!(!join(&mut g, member("b", &["t"]), 1));
         assert_eq!((g.strategy(), g.generation()), (&Strategy::Averagely, gen));
         // b leaves: a's declaration applies again.
-        g.unregister("b", 1);
+        g.unregister("b", 1).unwrap();
         assert_eq!(g.strategy(), &Strategy::AveragelyByCircle);
         // a changes its strategy: a change.
         a.strategy = Strategy::ConsistentHash { virtual_nodes: 8 };
@@ -880,7 +894,7 @@ mod tests {
         join(&mut g, twice, 1);
         let b = member("b", &["t"]).held_bytes();
         assert_eq!(g.held_bytes(), large.held_bytes() + b);
-        assert!(g.unregister("a", 1));
+        assert_eq!(g.unregister("a", 1), Ok(true));
         assert_eq!(g.held_bytes(), b);
         join(&mut g, member("c", &["t"]), 1);
         assert_eq!(g.connection_closed(2), vec!["b".to_owned()]);
