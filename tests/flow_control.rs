@@ -144,3 +144,108 @@ fn a_slow_disk_makes_the_broker_answer_busy_and_keeps_memory_bounded_and_pulls_s
         "broker RSS grew from {start_rss} to {peak} MiB"
     );
 }
+
+/// A log segment that rolls while connections hold every file descriptor the broker may
+/// open: the sends whose records needed it are answered `DiskFull` saying so (nothing of
+/// them stored), the log is cut back instead of poisoned, and once descriptors are free
+/// again (the connections closed) sends are stored again, without a restart. Every
+/// acknowledged message is there, in order, and nothing else. Before, the failed open
+/// poisoned the log: every later send failed until the broker was restarted.
+#[test]
+fn a_roll_with_no_file_descriptor_left_is_refused_and_sends_resume_once_some_free() {
+    let dir = tempfile::tempdir().unwrap();
+    // 512 descriptors, 1 shard: the broker serves at most 192 connections, keeping 320
+    // for itself; 256 KiB segments, so the log uses them up after a few dozen MiB.
+    let mut broker = BrokerProcess::start_with_file_limit(
+        &dir.path().join("data"),
+        1,
+        &["--segment-bytes", "262144"],
+        512,
+    );
+    let addr = broker.addr_string();
+    let idle: Vec<_> = (0..185)
+        .map(|_| common::raw::served_connection(&addr))
+        .collect();
+    let body = |i: u64| {
+        let mut b = format!("m{i}:").into_bytes();
+        b.resize(4000, b'x');
+        OutgoingMessage::new(b)
+    };
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("fd", 1).await.unwrap();
+        let mut acked = Vec::new();
+        let mut next = 0u64;
+        let send = async |from: u64| {
+            let batch = (from..from + 16).map(body).collect();
+            producer.send_batch("fd", batch).await
+        };
+        // About 1,200 segments' worth at most: the descriptors run out well before.
+        let refusal = loop {
+            assert!(
+                next < 300_000,
+                "every send stored: the descriptors never ran out"
+            );
+            match send(next).await {
+                Ok(r) => {
+                    assert_eq!(r.first_queue_offset, acked.len() as u64);
+                    acked.extend(next..next + 16);
+                }
+                Err(e) => break e,
+            }
+            next += 16;
+        };
+        assert_eq!(refusal.code(), Some(ErrorCode::DiskFull), "{refusal}");
+        assert!(
+            refusal.to_string().contains("no file descriptor left"),
+            "{refusal}"
+        );
+        next += 16;
+        drop(idle);
+        // Descriptors free: sends are stored again once the next look at the disk (every
+        // second) lets appends in.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match send(next).await {
+                Ok(r) => {
+                    assert_eq!(r.first_queue_offset, acked.len() as u64);
+                    acked.extend(next..next + 16);
+                    break;
+                }
+                Err(e) => {
+                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                    assert!(Instant::now() < deadline, "still refused after 30 s: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            next += 16;
+        }
+        let mut stored = Vec::new();
+        let mut offset = 0;
+        loop {
+            let r = client
+                .pull("fd", 0, offset, 256, Duration::ZERO, &[])
+                .await
+                .unwrap();
+            for m in &r.messages {
+                let text = String::from_utf8_lossy(m.body());
+                stored.push(text[1..text.find(':').unwrap()].parse::<u64>().unwrap());
+            }
+            if r.status != PullStatus::Found {
+                break;
+            }
+            offset = r.next_offset;
+        }
+        eprintln!("{} messages acknowledged; refused: {refusal}", acked.len());
+        assert_eq!(stored.len(), acked.len());
+        assert!(
+            stored == acked,
+            "stored messages differ from the acknowledged ones"
+        );
+    });
+    let log = broker.stderr();
+    assert!(log.contains("no file descriptor left"), "{log}");
+    assert!(!log.contains("poisoned"), "{log}");
+    assert!(broker.stop(), "a clean stop (checkpoint)");
+}

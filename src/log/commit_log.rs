@@ -148,11 +148,13 @@ pub enum LogError {
     RecordTooLarge { len: usize, segment_bytes: u64 },
     #[error("invalid record: {0}")]
     InvalidRecord(#[from] RecordError),
-    #[error("disk full: {reason}; nothing of this write was stored")]
+    /// The log was cut (a full disk, no file descriptor left for a new segment) or the
+    /// disk is below the broker's free-space floor; `reason` says which.
+    #[error("{reason}; nothing of this write was stored")]
     DiskFull { reason: String },
     /// Too many cuts (full disks) since the record was appended to know whether one
     /// dropped it.
-    #[error("disk full: {reason}; more cuts were made since this write than are remembered: it may be stored or not")]
+    #[error("{reason}; more cuts were made since this write than are remembered: it may be stored or not")]
     CutUnknown { reason: String },
     #[error("invalid log configuration: {0}")]
     Config(String),
@@ -264,8 +266,8 @@ struct State {
     active: Chunk,
     writer_running: bool,
     poisoned: Option<String>,
-    /// Set when a write found the disk full: appends are refused with `DiskFull` until
-    /// [`CommitLog::space_returned`] clears it.
+    /// Set when a write found the disk full (or no file descriptor left): appends are
+    /// refused with `DiskFull` until [`CommitLog::space_returned`] clears it.
     full: Option<String>,
     /// Removals of segment files past a cut still running (off the shard thread): `full`
     /// is not cleared until they end.
@@ -574,7 +576,7 @@ impl CommitLog {
         };
         if was.is_some() {
             crate::say!(
-                "ringmq: commit log {}: disk space is back, taking writes again",
+                "ringmq: commit log {}: the disk has room, taking writes again",
                 self.inner.dir.display()
             );
         }

@@ -300,7 +300,7 @@ impl MessageStore {
     fn before_append(&self) -> Result<i64, StoreError> {
         if let Some(reason) = &*self.inner.space_low.borrow() {
             return Err(LogError::DiskFull {
-                reason: reason.clone(),
+                reason: format!("disk full: {reason}"),
             }
             .into());
         }

@@ -109,7 +109,9 @@ impl Future for WaitFor<'_> {
                     .iter()
                     .any(|&(e, at)| e > self.epoch && at < self.target);
                 if cut || forgotten {
-                    let reason = (st.full.clone()).unwrap_or_else(|| "the disk was full".into());
+                    let reason = (st.full.clone()).unwrap_or_else(|| {
+                        "disk full (or no file descriptor left): the log was cut".into()
+                    });
                     return Poll::Ready(Err(match cut {
                         true => LogError::DiskFull { reason },
                         false => LogError::CutUnknown { reason },

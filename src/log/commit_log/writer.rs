@@ -9,7 +9,10 @@ use super::*;
 /// A write or an allocation failed. A full disk (nothing acknowledged past what is
 /// readable) is not an integrity event: the log is cut back to its readable end, the appends
 /// waiting past it fail with `DiskFull`, and appends are refused until the space returns.
-/// Anything else poisons the log. `first_written`: the file of `first` when its write went
+/// No file descriptor left to open the next segment (a roll while connections or other
+/// files hold them all) is cut the same way: appends are taken again at the next look at
+/// the disk (every second), and a write that still finds none cuts again. Before, it
+/// poisoned the log until a restart. Anything else poisons the log. `first_written`: the file of `first` when its write went
 /// through (a later chunk of the round failed).
 pub(super) fn write_failed(
     inner: &Rc<Inner>,
@@ -17,12 +20,15 @@ pub(super) fn write_failed(
     first_written: Option<Rc<LogFile>>,
     e: LogError,
 ) {
-    let full = match &e {
-        LogError::Io(io) => crate::io::is_disk_full(io),
-        _ => false,
+    let cause = match &e {
+        LogError::Io(io) if crate::io::is_disk_full(io) => Some("disk full"),
+        LogError::Io(io) if crate::io::is_out_of_descriptors(io) => {
+            Some("no file descriptor left for the log")
+        }
+        _ => None,
     };
-    if full {
-        cut(inner, first, first_written, e.to_string());
+    if let Some(cause) = cause {
+        cut(inner, first, first_written, format!("{cause} ({e})"));
     } else {
         poison(inner, e.to_string());
     }
@@ -30,7 +36,7 @@ pub(super) fn write_failed(
 
 /// Drops everything appended past the readable end: `first` is the first chunk of the
 /// failed round (it starts at or before that end), `first_written` its file when its write
-/// went through.
+/// went through; `reason` says why (a full disk, no descriptor left).
 fn cut(inner: &Rc<Inner>, first: &ReadyChunk, first_written: Option<Rc<LogFile>>, reason: String) {
     let at = inner.readable.value.get();
     debug_assert!(first.start <= at);
@@ -61,7 +67,7 @@ fn cut(inner: &Rc<Inner>, first: &ReadyChunk, first_written: Option<Rc<LogFile>>
         doomed
     };
     crate::warn!(
-        "ringmq: commit log {}: disk full ({reason}); appends after log offset {at} dropped and answered DiskFull, new ones refused until space returns",
+        "ringmq: commit log {}: {reason}; appends after log offset {at} dropped and answered DiskFull, new ones refused until the next look at the disk (every second) finds room",
         inner.dir.display()
     );
     inner.tail.borrow_mut().clear();
