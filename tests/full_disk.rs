@@ -511,7 +511,7 @@ fn held_messages_moved_forward_into_a_full_disk_are_all_delivered() {
     args.extend(["--disk-free-min-mb", "0"]);
     let broker = BrokerProcess::start(&disk.mnt.join("data"), 1, &args);
     let addr = broker.addr_string();
-    let disk_fulls = || broker.stderr().matches("disk full (").count();
+    let disk_fulls = || broker.stderr().matches("appends after log offset").count();
     runtime().block_on(async {
         let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
         let client = producer.client().clone();

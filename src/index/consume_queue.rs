@@ -295,9 +295,12 @@ impl ConsumeQueue {
         Ok(())
     }
 
-    /// Makes room for the entry at `max_offset` (the next append): its file exists and its
-    /// bytes are allocated on disk. A full disk fails here, before the record is written
-    /// anywhere, with [`IndexError::DiskFull`].
+    /// Makes room for the entry at `max_offset` (the next append): its file exists, is
+    /// mapped, and its bytes are allocated on disk. A full disk fails here, before the
+    /// record is written anywhere, with [`IndexError::DiskFull`]; so does a file that
+    /// cannot be mapped again (an idle close unmapped it, and no descriptor is left to open
+    /// it): mapped only by [`put`](Self::put), after the record was in the log, it failed
+    /// there, and the append's undo, mapping it too, poisoned the log.
     pub fn reserve_next(&mut self) -> Result<(), IndexError> {
         self.ensure_segment_for_append()?;
         let (max, file_bytes) = (self.max_offset, self.file_bytes);
@@ -305,11 +308,11 @@ impl ConsumeQueue {
             return Ok(());
         };
         let end = entry_at(max - segment.base) as u64 + CQ_ENTRY_BYTES;
-        if end <= segment.allocated_to {
-            // Allocated before the file was last closed: no need to map it just for this.
+        let allocated = end <= segment.allocated_to;
+        let (open, path) = segment.file_and_path_mut(file_bytes)?;
+        if allocated {
             return Ok(());
         }
-        let (open, path) = segment.file_and_path_mut(file_bytes)?;
         open.backing.ensure(end, CQ_ALLOC_STEP, path)
     }
 

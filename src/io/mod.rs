@@ -7,7 +7,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod error;
 mod iopoll;
+pub use error::{is_disk_full, is_out_of_descriptors};
+use error::{with_context, OsError};
 use iopoll::probe_iopoll_once;
 
 /// An I/O operation that fault-injection tests can make fail.
@@ -17,55 +20,6 @@ pub enum FailPoint {
     /// A write that finds the disk full (ENOSPC).
     WriteNoSpace,
     Fdatasync,
-}
-
-/// Whether an I/O error says the process (EMFILE) or the system (ENFILE) has no file
-/// descriptor left.
-pub fn is_out_of_descriptors(e: &io::Error) -> bool {
-    matches!(os_code(e), Some(libc::EMFILE) | Some(libc::ENFILE))
-}
-
-/// The OS error code of `e`, also through the operation and path [`with_context`] names.
-fn os_code(e: &io::Error) -> Option<i32> {
-    e.raw_os_error().or_else(|| {
-        let inner = e.get_ref()?.downcast_ref::<Contexted>()?;
-        inner.source.raw_os_error()
-    })
-}
-
-/// An I/O error with the operation and the file it was about; its OS code stays readable
-/// (`is_disk_full`, `is_out_of_descriptors`).
-#[derive(Debug)]
-struct Contexted {
-    what: String,
-    source: io::Error,
-}
-
-impl std::fmt::Display for Contexted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.what, self.source)
-    }
-}
-
-impl std::error::Error for Contexted {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
-    }
-}
-
-/// `e`, saying it came from `op` on `path`.
-fn with_context(e: impl Into<io::Error>, op: &str, path: &Path) -> io::Error {
-    let source: io::Error = e.into();
-    let what = format!("{op} {}", path.display());
-    io::Error::new(source.kind(), Contexted { what, source })
-}
-
-/// Whether an I/O error says the disk (or the quota) is full.
-pub fn is_disk_full(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-    ) || matches!(os_code(e), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 /// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new
@@ -91,6 +45,18 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| with_context(e, "fsync", dir))
+}
+
+/// Opens directory `dir` for [`sync_open_dir`]: a directory synced often (a log's, at each
+/// roll) keeps its descriptor, so that its sync never needs one (none may be left).
+/// Blocking.
+pub fn open_dir(dir: &Path) -> io::Result<std::fs::File> {
+    std::fs::File::open(dir).map_err(|e| with_context(e, "open", dir))
+}
+
+/// fsyncs `dir`, opened as `handle` by [`open_dir`]. Blocking.
+pub fn sync_open_dir(handle: &std::fs::File, dir: &Path) -> io::Result<()> {
+    handle.sync_all().map_err(|e| with_context(e, "fsync", dir))
 }
 
 /// fsyncs the directory holding `path` (its name made, replaced or removed). Blocking.
@@ -414,7 +380,7 @@ impl LogFile {
                 dsync,
             }),
             Err(e) => {
-                let e: io::Error = e.into();
+                let e = e.os_error();
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     warn_buffered_once(path);
                     use std::os::unix::fs::OpenOptionsExt;
@@ -697,22 +663,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::{WriteBuf, IO_ALIGN};
-
-    /// An error that names its operation and file still says what the OS said.
-    #[test]
-    fn an_error_with_its_context_keeps_its_os_code() {
-        use std::io::Error;
-        let path = std::path::Path::new("/data/seg");
-        let named = |code| super::with_context(Error::from_raw_os_error(code), "open", path);
-        let no_fd = named(libc::EMFILE);
-        assert!(super::is_out_of_descriptors(&no_fd) && !super::is_disk_full(&no_fd));
-        assert!(no_fd.to_string().starts_with("open /data/seg: "), "{no_fd}");
-        assert!(super::is_out_of_descriptors(&named(libc::ENFILE)));
-        let full = named(libc::EDQUOT);
-        assert!(super::is_disk_full(&full) && !super::is_out_of_descriptors(&full));
-        assert!(!super::is_out_of_descriptors(&named(libc::EIO)));
-        assert!(!super::is_out_of_descriptors(&Error::other("EMFILE")));
-    }
 
     #[test]
     fn a_write_buffer_keeps_its_bytes_as_it_grows_and_pads_its_last_block() {

@@ -317,6 +317,9 @@ impl State {
 struct Inner {
     tail: RefCell<TailCache>,
     dir: PathBuf,
+    /// `dir` kept open: a roll syncs it without taking a descriptor (the new segment's is
+    /// the only one a roll needs).
+    dir_handle: std::sync::Arc<std::fs::File>,
     cfg: LogConfig,
     st: RefCell<State>,
     readable: Watermark,
@@ -479,9 +482,14 @@ impl CommitLog {
             chunk_cap: CHUNK_CAP_MIN,
         };
         debug_assert_eq!(st.active.bytes.len() as u64, end - start);
+        let dir_handle = {
+            let dir = dir.to_owned();
+            crate::io::blocking(move || crate::io::open_dir(&dir)).await?
+        };
         let inner = Rc::new(Inner {
             tail: RefCell::new(TailCache::default()),
             dir: dir.to_owned(),
+            dir_handle: std::sync::Arc::new(dir_handle),
             cfg,
             st: RefCell::new(st),
             readable: Watermark::default(),

@@ -773,3 +773,33 @@ fn give_spare(queue: &mut ConsumeQueue) {
 
 mod checks;
 mod spares;
+
+/// The next append's file is mapped when its room is reserved, before the record goes to
+/// the log: a file that cannot be mapped again (an idle close unmapped it, and no
+/// descriptor is left to open it; here it is out of the way) fails the reservation with
+/// nothing changed. Before, it failed the entry's write, the record already in the log.
+#[test]
+fn the_next_appends_file_is_mapped_when_its_room_is_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = open(dir.path(), 100);
+    for q in 0..3 {
+        queue.reserve_next().unwrap();
+        queue.put(q, entry(q)).unwrap();
+    }
+    sync(&mut queue);
+    queue.close_idle(&mut Vec::new());
+    queue.close_idle(&mut Vec::new());
+    assert_eq!(queue.mapped_files(), 0);
+    let bases = file_bases(dir.path());
+    assert_eq!(bases.len(), 1);
+    let file = dir.path().join(crate::index::numbered_file_name(bases[0]));
+    let aside = dir.path().join("aside");
+    std::fs::rename(&file, &aside).unwrap();
+    assert!(queue.reserve_next().is_err(), "reserved without its file");
+    assert_eq!(queue.max_offset(), 3);
+    std::fs::rename(&aside, &file).unwrap();
+    queue.reserve_next().unwrap();
+    assert_eq!(queue.mapped_files(), 1);
+    queue.put(3, entry(3)).unwrap();
+    assert_eq!(queue.get(3).unwrap(), Some(entry(3)));
+}

@@ -154,12 +154,14 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
         return Ok(f);
     }
     let file = LogFile::open(&path, true, inner.cfg.flush == FlushMode::Sync).await?;
+    // The new file's directory entry must be durable before any record in it is. Before
+    // the allocation: a sync that finds no descriptor left (a cut, tried again a second
+    // later) has not allocated the segment's whole size each time.
+    let (handle, dir) = (inner.dir_handle.clone(), inner.dir.clone());
+    crate::io::blocking(move || crate::io::sync_open_dir(&handle, &dir)).await?;
     if inner.cfg.preallocate {
         file.preallocate(inner.cfg.segment_bytes).await?;
     }
-    // The new file's directory entry must be durable before any record in it is.
-    let dir = inner.dir.clone();
-    crate::io::blocking(move || crate::io::sync_dir(&dir)).await?;
     let file = Rc::new(file);
     if let Some(s) = inner.st.borrow_mut().segments.get_mut(&seg_base) {
         s.file = Some(file.clone());
