@@ -676,8 +676,17 @@ impl Running {
         }
         self.leave.send_replace(true);
         ended("membership", self.membership.await);
-        if let Err(e) = shared.client.unregister(&shared.group).await {
-            first_error.get_or_insert(e);
+        match shared.client.unregister(&shared.group).await {
+            Ok(()) => {}
+            // The member is on an earlier connection of this client that the broker has
+            // not seen close yet (it reconnected): the member leaves when the broker does,
+            // or at the end of its session. Nothing of this consumer's waits on it.
+            Err(e) if e.code() == Some(crate::protocol::ErrorCode::ClientIdInUse) => {
+                shared.log(format_args!("leaving the group: {e}"));
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
         }
         first_error.map_or(Ok(()), Err)
     }
