@@ -530,6 +530,14 @@ impl Controller {
                 self.shared.rejoin.notify_one();
                 continue;
             }
+            // Nor while this client is not surely a member (its heartbeats unanswered or
+            // refused for most of a session): the broker may have dropped it and given
+            // these queues to others, and a renewal took back those not locked again yet,
+            // for a member whose leases were void (it consumed nothing), their new owner
+            // waiting. The locks lapse; an acknowledged heartbeat locks again.
+            if !self.shared.membership_fresh() {
+                continue;
+            }
             let lapses = self.shared.lapses.load(Ordering::SeqCst);
             let sent_ms = self.shared.now_ms();
             match client.lock_batch(&self.shared.group, topic, &ids).await {

@@ -4,6 +4,17 @@
 use super::*;
 use std::time::Instant;
 
+/// An orderly member of group `g` on topic `t`, every call a success, started.
+async fn started_orderly(config: ClientConfig, options: PushConsumerOptions) -> PushConsumer {
+    let consumer = PushConsumer::new(config, "g", options).unwrap();
+    consumer.subscribe("t", "*").unwrap();
+    consumer
+        .register_orderly(|_| OrderlyStatus::Success)
+        .unwrap();
+    consumer.start().await.unwrap();
+    consumer
+}
+
 /// What the fake saw on which connection, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Seen {
@@ -69,12 +80,7 @@ async fn an_orderly_member_locks_on_a_new_connection_only_once_its_heartbeat_is_
         lock_retry_ms: 50,
         ..PushConsumerOptions::default()
     };
-    let consumer = PushConsumer::new(fake.config(), "g", options).unwrap();
-    consumer.subscribe("t", "*").unwrap();
-    consumer
-        .register_orderly(|_| OrderlyStatus::Success)
-        .unwrap();
-    consumer.start().await.unwrap();
+    let consumer = started_orderly(fake.config(), options).await;
 
     // Wait for a lock granted on a connection after the first, and the queue consumed
     // again under it.
@@ -300,12 +306,7 @@ async fn pending_queue_taken_away(answered_without_it: bool) {
         lock_retry_ms: 50,
         ..PushConsumerOptions::default()
     };
-    let consumer = PushConsumer::new(config, "g", options).unwrap();
-    consumer.subscribe("t", "*").unwrap();
-    consumer
-        .register_orderly(|_| OrderlyStatus::Success)
-        .unwrap();
-    consumer.start().await.unwrap();
+    let consumer = started_orderly(config, options).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while unlocked.lock().unwrap().is_empty() {
         assert!(
@@ -621,4 +622,72 @@ async fn a_consumer_dropped_during_a_call_shuts_down_cleanly() {
         assert!(tokio::time::Instant::now() < deadline, "no unregister");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// An orderly member whose heartbeats are refused (its rejoin after an expiry refused, say)
+/// stops asking for its locks once it is no longer surely a member: the broker may have
+/// given its queues to others, and each renewal took back any not yet locked again, for a
+/// member whose leases were void (it consumed nothing), the new owner waiting meanwhile.
+#[tokio::test]
+async fn an_orderly_member_whose_heartbeats_are_refused_stops_renewing_its_locks() {
+    // When heartbeats began to be refused, and when each lock request came.
+    let refusing: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let locks: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let (refuse, lock_times) = (refusing.clone(), locks.clone());
+    let handler: Handler = Arc::new(move |_ctx, id, request| match request {
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_)
+            if refuse.lock().unwrap().is_some() =>
+        {
+            vec![Out::Frame(error(id, ErrorCode::LimitReached, "group full"))]
+        }
+        Request::GroupHeartbeat(_) | Request::QueryAssignment(_) => {
+            vec![Out::Frame(answer(id, &assignment(1, "t", &[0])))]
+        }
+        Request::LockBatch(l) => {
+            let mut times = lock_times.lock().unwrap();
+            times.push(Instant::now());
+            // Heartbeats are refused from the second (the first renewal) on.
+            if times.len() == 2 {
+                refuse.lock().unwrap().get_or_insert_with(Instant::now);
+            }
+            let locked = crate::protocol::Locked { queues: l.queues };
+            vec![Out::Frame(answer(id, &Response::Locked(locked)))]
+        }
+        other => idle_topic(id, other, "t", 1),
+    });
+    let fake = Fake::start(1, handler).await;
+    // The broker's session: 1 s (its shortest).
+    *fake.limits.lock().unwrap() = (1_000, 60_000);
+    let options = PushConsumerOptions {
+        heartbeat_interval_ms: 100,
+        lock_renew_ms: 100,
+        lock_valid_ms: 500,
+        lock_retry_ms: 50,
+        suspend_ms: 10,
+        ..PushConsumerOptions::default()
+    };
+    let consumer = started_orderly(fake.config(), options).await;
+    // The last heartbeat answered came before the refusals began: 900 ms after it (the
+    // session less a heartbeat interval) the member is no longer surely one. Lock
+    // requests are watched for 1.2 s past that (the first 400 ms of it are slack).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let since = loop {
+        if let Some(at) = *refusing.lock().unwrap() {
+            break at;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never locked twice");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    while since.elapsed() < Duration::from_millis(2_100) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late: Vec<Duration> = (locks.lock().unwrap().iter())
+        .filter_map(|&at| at.checked_duration_since(since))
+        .filter(|&after| after > Duration::from_millis(1_300))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "lock requests after the membership lapsed: {late:?}"
+    );
+    let _ = consumer.shutdown().await;
 }
