@@ -2,17 +2,20 @@
 //! flight against a broker whose disk is slow (a testing delay on every log write, sync
 //! flush) get `BrokerBusy` answers (retriable: the producer waits them out and sends
 //! again) instead of queuing without bound; the broker's memory stays bounded, every
-//! acknowledged message is stored, and pulls keep being served meanwhile.
+//! acknowledged message is stored, and pulls keep being served meanwhile. Out of file
+//! descriptors, a log roll refuses its sends and the log takes them again once some free;
+//! a connection's place is held until the requests it handed over end.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::broker::BrokerProcess;
 use common::runtime;
 use ringmq::client::{Client, ClientConfig, OutgoingMessage, Producer, PullStatus};
-use ringmq::protocol::ErrorCode;
+use ringmq::protocol::{encode_request, ErrorCode, Heartbeat, Pull, Response};
 
 #[test]
 fn a_slow_disk_makes_the_broker_answer_busy_and_keeps_memory_bounded_and_pulls_served() {
@@ -248,4 +251,122 @@ fn a_roll_with_no_file_descriptor_left_is_refused_and_sends_resume_once_some_fre
     assert!(log.contains("no file descriptor left"), "{log}");
     assert!(!log.contains("poisoned"), "{log}");
     assert!(broker.stop(), "a clean stop (checkpoint)");
+}
+
+/// A connection's place among `--connections-max` is held until the requests it handed to
+/// the shard end, not only until the connection does: a client that resets its connection
+/// while its send waits for a slow disk (answers to other requests still being written
+/// to it, so the broker's writer fails at once) cannot take another place until the send
+/// is done (by doing it again and again, it would leave requests running past the cap).
+/// Before, the place was freed when the connection ended, the send still running.
+#[test]
+fn a_connections_place_is_held_until_the_requests_it_handed_over_end() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // 8 MiB to pull, stored before the disk is made slow.
+    let mut broker = BrokerProcess::start(&data, 1, &[]);
+    let addr = broker.addr_string();
+    runtime().block_on(async {
+        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
+        let client = producer.client().clone();
+        client.create_topic("big", 1).await.unwrap();
+        client.create_topic("slow", 1).await.unwrap();
+        for _ in 0..2 {
+            let big: Vec<_> = (0..16)
+                .map(|_| OutgoingMessage::new(vec![7u8; 256 << 10]))
+                .collect();
+            producer.send_batch("big", big).await.unwrap();
+        }
+    });
+    assert!(broker.stop());
+    let broker = BrokerProcess::start(
+        &data,
+        1,
+        &[
+            "--flush",
+            "sync",
+            "--testing-write-delay-us",
+            "5000000",
+            "--connections-max",
+            "1",
+            "--conn-timeout-ms",
+            "1000",
+        ],
+    );
+    let addr = broker.addr_string();
+    let mut conn = common::raw::served_connection(&addr);
+    let mut frames = Vec::new();
+    let mut send = common::raw::send_to("slow", 0, b"held");
+    send.wait_durable = true;
+    encode_request(&send.into(), 1, &mut frames).unwrap();
+    for id in 2..8 {
+        encode_request(&Pull::new("big", 0, 0).into(), id, &mut frames).unwrap();
+    }
+    // Written, then not read until its receive buffer holds 64 KiB of answers, then reset.
+    conn.write_all(&frames).unwrap();
+    let sent = Instant::now();
+    let deadline = sent + Duration::from_secs(20);
+    loop {
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, on a socket this test owns.
+        unsafe {
+            libc::ioctl(conn.as_raw_fd(), libc::FIONREAD, &mut queued);
+        }
+        if queued >= 64 << 10 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{queued} bytes of answers came");
+        std::thread::yield_now();
+    }
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on the socket `conn` holds open, with a struct on the stack of
+    // the size given.
+    let set = unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0);
+    drop(conn);
+    // The send's write takes 5 s: no other connection is served before it is done.
+    let deadline = sent + Duration::from_secs(20);
+    let served = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no other connection served in 20 s"
+        );
+        let mut other = TcpStream::connect(&addr).unwrap();
+        let hb = Heartbeat {
+            client_id: "other".into(),
+        };
+        match common::raw::answer_on(&mut other, hb.into()) {
+            Some(Response::Empty(_)) => break other,
+            Some(Response::Error(e)) => {
+                assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
+            }
+            Some(other) => panic!("{other:?}"),
+            None => {}
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let waited = sent.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5),
+        "another connection served {waited:?} after the requests were sent, the send still running"
+    );
+    drop(served);
+    let mut conn = common::raw::served_connection(&addr);
+    match common::raw::answer_on(&mut conn, Pull::new("slow", 0, 0).into()) {
+        Some(Response::Pull(p)) => assert_eq!(p.meta().count, 1),
+        other => panic!("{other:?}"),
+    }
 }

@@ -277,7 +277,8 @@ impl Outbox {
 #[derive(Default)]
 struct InFlight {
     count: Cell<usize>,
-    /// Wakes the reader waiting for a place (the only one that waits).
+    /// Wakes the reader waiting for a place, or, once the connection closed, the wait for
+    /// its requests to end (one waits at a time).
     freed: Notify,
 }
 
@@ -308,8 +309,9 @@ impl Drop for InFlightPlace {
     fn drop(&mut self) {
         let count = self.0.count.get();
         self.0.count.set(count - 1);
-        if count == CONN_IN_FLIGHT_MAX {
-            // Kept if the reader is not waiting yet: its next wait returns at once.
+        // The reader waits when all are taken; `HandedOver::ended`, for none taken.
+        if count == CONN_IN_FLIGHT_MAX || count == 1 {
+            // Kept if none waits yet: the next wait returns at once (and looks again).
             self.0.freed.notify_one();
         }
     }
@@ -459,9 +461,16 @@ async fn write_answers(
         outbox.bytes.set(outbox.bytes.get().saturating_sub(written));
         outbox.space.notify_waiters();
         if !matches!(result, Some(Ok(()))) {
-            // A broken or stalled peer: nothing more is written.
+            // A broken or stalled peer: nothing more is written, and nothing more read. The
+            // reader may be waiting for a request a peer that stopped reading never sends:
+            // the connection ends now, not when the peer next sends or closes.
             outbox.close();
             let _ = writer.close().await;
+            // SAFETY: `fd` is the connection's socket, held open by the reader, which
+            // outlives this task (`serve_connection` awaits it); shutdown closes nothing.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RD);
+            }
             return;
         }
     }
@@ -483,13 +492,15 @@ fn closing_error(decoder: &FrameDecoder, partial: &[u8], body: &ErrorBody) -> Ve
 }
 
 /// Serves one connection until the peer closes it, breaks the protocol, stalls, or the
-/// writer fails.
+/// writer fails. Returns with the socket closed; the requests it handed to the shard may
+/// still run (a writer that failed does not wait for them): the caller holds the
+/// connection's place until [`HandedOver::ended`].
 pub async fn serve_connection(
     ctx: Rc<ShardCtx>,
     stream: TcpStream,
     settings: ConnSettings,
     read_budget: Rc<ReadBudget>,
-) {
+) -> HandedOver {
     let ConnSettings { limits, timeout_ms } = settings;
     let _ = stream.set_nodelay(true);
     if let Err(e) = crate::protocol::keepalive::keep_alive(stream.as_raw_fd()) {
@@ -709,6 +720,21 @@ pub async fn serve_connection(
         while let Ok(1..) = reader.read(&mut scratch).await {}
     })
     .await;
+    HandedOver(in_flight)
+}
+
+/// The requests a closed connection handed to the shard, some perhaps still running.
+pub struct HandedOver(Rc<InFlight>);
+
+impl HandedOver {
+    /// Waits until every one has ended: with long polls and waits for answer room ending
+    /// with their connection, those left are sends waiting for the disk and requests
+    /// waiting for another shard, each bounded by its own timeout.
+    pub async fn ended(self) {
+        while self.0.count.get() > 0 {
+            self.0.freed.notified().await;
+        }
+    }
 }
 
 #[cfg(test)]

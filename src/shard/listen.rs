@@ -245,8 +245,13 @@ pub async fn accept_loop(
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
                 live.0.borrow_mut().insert(fd);
                 glommio::spawn_local(async move {
-                    serve_connection(ctx, stream, settings, budget).await;
+                    let handed_over = serve_connection(ctx, stream, settings, budget).await;
                     live.0.borrow_mut().remove(&fd);
+                    // The place is the connection's until the requests it handed to the
+                    // shard end too: a client that resets its connection while they run
+                    // (its writer failing) could otherwise open another meanwhile, and
+                    // more requests would run than the cap allows.
+                    handed_over.ended().await;
                     drop(slot);
                 })
                 .detach();
