@@ -466,8 +466,8 @@ async fn write_answers(
             // the connection ends now, not when the peer next sends or closes.
             outbox.close();
             let _ = writer.close().await;
-            // SAFETY: `fd` is the connection's socket, held open by the reader, which
-            // outlives this task (`serve_connection` awaits it); shutdown closes nothing.
+            // SAFETY: `fd` is the connection's socket, held open by this task's write half
+            // (both halves share the stream); shutdown closes nothing.
             unsafe {
                 libc::shutdown(fd, libc::SHUT_RD);
             }
@@ -727,9 +727,10 @@ pub async fn serve_connection(
 pub struct HandedOver(Rc<InFlight>);
 
 impl HandedOver {
-    /// Waits until every one has ended: with long polls and waits for answer room ending
-    /// with their connection, those left are sends waiting for the disk and requests
-    /// waiting for another shard, each bounded by its own timeout.
+    /// Waits until every one has ended. Long polls and waits for answer room end with
+    /// their connection; requests waiting for another shard end within the mesh's call
+    /// timeout; sends waiting for the disk end when it answers (as long as a connection
+    /// that closes normally, whose writer waits for them, holds its place).
     pub async fn ended(self) {
         while self.0.count.get() > 0 {
             self.0.freed.notified().await;

@@ -167,6 +167,8 @@ pub(super) struct Controller {
     offsets_epoch: Option<u64>,
     /// Lock requests are failing (logged once, not every `lock_retry_ms`).
     lock_failing: bool,
+    /// Lock requests are held back: this client is not surely a member (said once).
+    lock_held_back: bool,
     /// Orderly queues stopped while a listener call of theirs still runs: nothing
     /// consumes them, their locks are still renewed (the next owner must not start before
     /// the call ends), and they are neither locked nor started again until their orderly
@@ -207,6 +209,7 @@ impl Controller {
             pending: BTreeSet::new(),
             offsets_epoch: None,
             lock_failing: false,
+            lock_held_back: false,
             handing_over: BTreeMap::new(),
             ended_tx,
             ended_rx: Some(ended_rx),
@@ -536,7 +539,16 @@ impl Controller {
             // for a member whose leases were void (it consumed nothing), their new owner
             // waiting. The locks lapse; an acknowledged heartbeat locks again.
             if !self.shared.membership_fresh() {
+                if !std::mem::replace(&mut self.lock_held_back, true) {
+                    self.shared.log(format_args!(
+                        "not surely a member (heartbeats unanswered or refused for most of a session): no lock requests until one is acknowledged"
+                    ));
+                }
                 continue;
+            }
+            if std::mem::take(&mut self.lock_held_back) {
+                self.shared
+                    .log(format_args!("a member again: lock requests resume"));
             }
             let lapses = self.shared.lapses.load(Ordering::SeqCst);
             let sent_ms = self.shared.now_ms();

@@ -154,9 +154,8 @@ pub(super) async fn ensure_file(inner: &Inner, seg_base: u64) -> Result<Rc<LogFi
         return Ok(f);
     }
     let file = LogFile::open(&path, true, inner.cfg.flush == FlushMode::Sync).await?;
-    // The new file's directory entry must be durable before any record in it is. Before
-    // the allocation: a sync that finds no descriptor left (a cut, tried again a second
-    // later) has not allocated the segment's whole size each time.
+    // The new file's directory entry must be durable before any record in it is (synced
+    // through the directory's kept descriptor: a roll needs no other than the file's).
     let (handle, dir) = (inner.dir_handle.clone(), inner.dir.clone());
     crate::io::blocking(move || crate::io::sync_open_dir(&handle, &dir)).await?;
     if inner.cfg.preallocate {
