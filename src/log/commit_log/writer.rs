@@ -12,8 +12,8 @@ use super::*;
 /// No file descriptor left to open the next segment (a roll while connections or other
 /// files hold them all) is cut the same way: appends are taken again at the next look at
 /// the disk (every second), and a write that still finds none cuts again. Before, it
-/// poisoned the log until a restart. Anything else poisons the log. `first_written`: the file of `first` when its write went
-/// through (a later chunk of the round failed).
+/// poisoned the log until a restart. Anything else poisons the log. `first_written`: the
+/// file of `first` when its write went through (a later chunk of the round failed).
 pub(super) fn write_failed(
     inner: &Rc<Inner>,
     first: &ReadyChunk,
