@@ -666,23 +666,9 @@ fn a_frame_over_the_limit_is_refused_with_its_error_while_the_client_writes_on()
     });
     // A slow reader: it starts reading once its socket's receive buffer is about full of
     // answers (about 124 KiB here), so more wait in the broker's when it closes.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut queued: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int, on a socket this test owns.
-        unsafe {
-            libc::ioctl(
-                std::os::fd::AsRawFd::as_raw_fd(&conn),
-                libc::FIONREAD,
-                &mut queued,
-            );
-        }
-        if queued >= 96 << 10 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{queued} bytes of answers came");
-        std::thread::yield_now();
-    }
+    common::eventually("the receive buffer about full of answers", || {
+        common::raw::queued_bytes(&conn) >= 96 << 10
+    });
     let answers = common::raw::read_answers(&mut conn, pulls as usize + 1);
     for (id, answer) in &answers[..pulls as usize] {
         assert!(

@@ -174,79 +174,78 @@ fn a_roll_with_no_file_descriptor_left_is_refused_and_sends_resume_once_some_fre
         b.resize(4000, b'x');
         OutgoingMessage::new(b)
     };
-    runtime().block_on(async {
-        let producer = Producer::connect(ClientConfig::new(&addr)).await.unwrap();
-        let client = producer.client().clone();
-        client.create_topic("fd", 1).await.unwrap();
-        let mut acked = Vec::new();
-        let mut next = 0u64;
-        let send = async |from: u64| {
-            let batch = (from..from + 16).map(body).collect();
-            producer.send_batch("fd", batch).await
-        };
-        // About 1,200 segments' worth at most: the descriptors run out well before.
-        let refusal = loop {
-            assert!(
-                next < 300_000,
-                "every send stored: the descriptors never ran out"
-            );
-            match send(next).await {
-                Ok(r) => {
-                    assert_eq!(r.first_queue_offset, acked.len() as u64);
-                    acked.extend(next..next + 16);
-                }
-                Err(e) => break e,
-            }
-            next += 16;
-        };
-        assert_eq!(refusal.code(), Some(ErrorCode::DiskFull), "{refusal}");
+    let rt = runtime();
+    let producer = rt
+        .block_on(Producer::connect(ClientConfig::new(&addr)))
+        .unwrap();
+    let client = producer.client().clone();
+    rt.block_on(client.create_topic("fd", 1)).unwrap();
+    let mut acked = Vec::new();
+    let mut next = 0u64;
+    let send = |from: u64| {
+        let batch = (from..from + 16).map(body).collect();
+        rt.block_on(producer.send_batch("fd", batch))
+    };
+    // About 1,200 segments' worth at most: the descriptors run out well before.
+    let refusal = loop {
         assert!(
-            refusal.to_string().contains("no file descriptor left"),
-            "{refusal}"
+            next < 300_000,
+            "every send stored: the descriptors never ran out"
         );
+        match send(next) {
+            Ok(r) => {
+                assert_eq!(r.first_queue_offset, acked.len() as u64);
+                acked.extend(next..next + 16);
+            }
+            Err(e) => break e,
+        }
         next += 16;
-        drop(idle);
-        // Descriptors free: sends are stored again once the next look at the disk (every
-        // second) lets appends in.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match send(next).await {
-                Ok(r) => {
-                    assert_eq!(r.first_queue_offset, acked.len() as u64);
-                    acked.extend(next..next + 16);
-                    break;
-                }
-                Err(e) => {
-                    assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
-                    assert!(Instant::now() < deadline, "still refused after 30 s: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+    };
+    assert_eq!(refusal.code(), Some(ErrorCode::DiskFull), "{refusal}");
+    assert!(
+        refusal.to_string().contains("no file descriptor left"),
+        "{refusal}"
+    );
+    next += 16;
+    drop(idle);
+    // Descriptors free: sends are stored again once the next look at the disk (every
+    // second) lets appends in.
+    common::eventually("a send stored once descriptors are free", || {
+        let from = next;
+        next += 16;
+        match send(from) {
+            Ok(r) => {
+                assert_eq!(r.first_queue_offset, acked.len() as u64);
+                acked.extend(from..from + 16);
+                true
             }
-            next += 16;
+            Err(e) => {
+                assert_eq!(e.code(), Some(ErrorCode::DiskFull), "{e}");
+                false
+            }
         }
-        let mut stored = Vec::new();
-        let mut offset = 0;
-        loop {
-            let r = client
-                .pull("fd", 0, offset, 256, Duration::ZERO, &[])
-                .await
-                .unwrap();
-            for m in &r.messages {
-                let text = String::from_utf8_lossy(m.body());
-                stored.push(text[1..text.find(':').unwrap()].parse::<u64>().unwrap());
-            }
-            if r.status != PullStatus::Found {
-                break;
-            }
-            offset = r.next_offset;
-        }
-        eprintln!("{} messages acknowledged; refused: {refusal}", acked.len());
-        assert_eq!(stored.len(), acked.len());
-        assert!(
-            stored == acked,
-            "stored messages differ from the acknowledged ones"
-        );
     });
+    let mut stored = Vec::new();
+    let mut offset = 0;
+    loop {
+        let r = rt
+            .block_on(client.pull("fd", 0, offset, 256, Duration::ZERO, &[]))
+            .unwrap();
+        for m in &r.messages {
+            let text = String::from_utf8_lossy(m.body());
+            stored.push(text[1..text.find(':').unwrap()].parse::<u64>().unwrap());
+        }
+        if r.status != PullStatus::Found {
+            break;
+        }
+        offset = r.next_offset;
+    }
+    eprintln!("{} messages acknowledged; refused: {refusal}", acked.len());
+    assert_eq!(stored.len(), acked.len());
+    assert!(
+        stored == acked,
+        "stored messages differ from the acknowledged ones"
+    );
     let log = broker.stderr();
     assert!(log.contains("no file descriptor left"), "{log}");
     assert!(!log.contains("poisoned"), "{log}");
@@ -307,19 +306,11 @@ fn a_connections_place_is_held_until_the_requests_it_handed_over_end() {
     // Written, then not read until its receive buffer holds 64 KiB of answers, then reset.
     conn.write_all(&frames).unwrap();
     let sent = Instant::now();
-    let deadline = sent + Duration::from_secs(20);
-    loop {
-        let mut queued: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int, on a socket this test owns.
-        unsafe {
-            libc::ioctl(conn.as_raw_fd(), libc::FIONREAD, &mut queued);
-        }
-        if queued >= 64 << 10 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{queued} bytes of answers came");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    common::eventually_within(
+        "64 KiB of answers in the receive buffer",
+        Duration::from_secs(20),
+        || common::raw::queued_bytes(&conn) >= 64 << 10,
+    );
     let linger = libc::linger {
         l_onoff: 1,
         l_linger: 0,
@@ -339,26 +330,22 @@ fn a_connections_place_is_held_until_the_requests_it_handed_over_end() {
     drop(conn);
     // The send's write takes 5 s at least (10 with the zeros written ahead of it after
     // the restart): no other connection is served before it is done.
-    let deadline = sent + Duration::from_secs(40);
-    let served = loop {
-        assert!(
-            Instant::now() < deadline,
-            "no other connection served in 40 s"
-        );
+    let mut served = None;
+    common::eventually_within("another connection served", Duration::from_secs(40), || {
         let mut other = TcpStream::connect(&addr).unwrap();
         let hb = Heartbeat {
             client_id: "other".into(),
         };
         match common::raw::answer_on(&mut other, hb.into()) {
-            Some(Response::Empty(_)) => break other,
+            Some(Response::Empty(_)) => served = Some(other),
             Some(Response::Error(e)) => {
                 assert_eq!(e.error_code(), Some(ErrorCode::TooManyConnections), "{e}")
             }
             Some(other) => panic!("{other:?}"),
             None => {}
         }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        served.is_some()
+    });
     let waited = sent.elapsed();
     assert!(
         waited >= Duration::from_secs(5),

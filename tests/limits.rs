@@ -524,7 +524,8 @@ fn long_polls(n: u64, queues: u32, poll_ms: u32) -> Vec<u8> {
 
 /// Waits until metric `name`, summed over the samples labelled `want`, meets `done`.
 fn wait_metric(metrics: &str, name: &str, want: &[(&str, &str)], done: impl Fn(f64) -> bool) {
-    use common::metrics::{eventually, scrape_any, sum};
+    use common::eventually;
+    use common::metrics::{scrape_any, sum};
     eventually(name, || done(sum(&scrape_any(metrics), name, want)));
 }
 

@@ -10,7 +10,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::broker::BrokerProcess;
-use common::metrics::{eventually, scrape, sum};
+use common::eventually;
+use common::metrics::{scrape, sum};
 use common::{free_port, runtime};
 use prometheus_parse::Value;
 use ringmq::client::{

@@ -539,7 +539,7 @@ fn a_send_back_is_answered_once_its_copy_is_durable() {
                 .unwrap();
             on_shard[owner("sb", r.queue_id, 2) as usize].get_or_insert(r.msg_id);
         }
-        common::metrics::eventually("the metrics are published", || {
+        common::eventually("the metrics are published", || {
             common::metrics::scrape_any(&metrics)
                 .samples
                 .iter()
@@ -551,7 +551,7 @@ fn a_send_back_is_answered_once_its_copy_is_durable() {
             let r = client.send_back(group, &msg_id, 0, 16).await.unwrap();
             assert!(!r.dead_lettered);
             want += 1.0;
-            common::metrics::eventually("an fdatasync made for the send-back", || syncs() >= want);
+            common::eventually("an fdatasync made for the send-back", || syncs() >= want);
         }
     });
 }

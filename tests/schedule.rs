@@ -436,7 +436,7 @@ fn a_message_whose_topic_is_gone_goes_to_the_undeliverable_topic_after_waiting()
         .map(|s| s["undeliverable_total"].as_u64().unwrap())
         .sum();
     assert_eq!(shown, 1, "{stats}");
-    common::metrics::eventually("the undeliverable counter", || {
+    common::eventually("the undeliverable counter", || {
         let s = common::metrics::scrape_any(&metrics);
         common::metrics::sum(&s, "ringmq_schedule_undeliverable_total", &[]) == 1.0
     });
@@ -553,7 +553,7 @@ fn a_held_message_does_not_keep_retention_from_deleting_the_log() {
         // in a publication that counts the statistics requests above, all sent after the
         // first segment went, so after the move was recorded.
         let mut wheel = f64::NAN;
-        common::metrics::eventually("a publication after the statistics requests", || {
+        common::eventually("a publication after the statistics requests", || {
             let s = common::metrics::scrape_any(&metrics);
             wheel = common::metrics::sum(&s, "ringmq_schedule_wheel_entries", &[]);
             common::metrics::sum(&s, "ringmq_requests_total", &[("kind", "ScheduleStats")]) >= 1.0

@@ -43,9 +43,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// fsyncs directory `dir` (its entries: names made or removed). Blocking. Errors name the
 /// directory.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| with_context(e, "fsync", dir))
+    sync_open_dir(&open_dir(dir)?, dir)
 }
 
 /// Opens directory `dir` for [`sync_open_dir`]: a directory synced often (a log's, at each

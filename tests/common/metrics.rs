@@ -1,7 +1,5 @@
 //! The broker's Prometheus endpoint, read by a real Prometheus text parser.
 
-use std::time::{Duration, Instant};
-
 use prometheus_parse::{Scrape, Value};
 
 /// The metrics published at `addr` now, which must have been published once.
@@ -38,14 +36,4 @@ pub fn sum(s: &Scrape, metric: &str, want: &[(&str, &str)]) -> f64 {
         .filter(|x| want.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
         .map(|x| number(&x.value))
         .sum()
-}
-
-/// Polls `ok` every 100 ms until it holds, for up to 15 s: the broker publishes its metrics
-/// once a second and signals what the tests wait for in no other way.
-pub fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !ok() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }

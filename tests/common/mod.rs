@@ -57,6 +57,22 @@ pub async fn send_8_mib(producer: &ringmq::client::Producer, topic: &str) {
     }
 }
 
+/// Polls `ok` every 100 ms until it holds, for up to 15 s: for what the broker signals in
+/// no other way (its metrics, published once a second; a refusal that lasts until its next
+/// look at something).
+pub fn eventually(what: &str, ok: impl FnMut() -> bool) {
+    eventually_within(what, std::time::Duration::from_secs(15), ok)
+}
+
+/// [`eventually`], for up to `within`.
+pub fn eventually_within(what: &str, within: std::time::Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !ok() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A tokio runtime for a test's client side (two workers, like the test machine's cores).
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -133,3 +133,17 @@ pub fn served_connection(addr: &str) -> TcpStream {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Bytes of answers waiting in `conn`'s receive buffer, not read yet (FIONREAD).
+pub fn queued_bytes(conn: &TcpStream) -> usize {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int, on a socket the caller holds open.
+    unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(conn),
+            libc::FIONREAD,
+            &mut queued,
+        );
+    }
+    usize::try_from(queued).unwrap_or(0)
+}
